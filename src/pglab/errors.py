@@ -1,0 +1,24 @@
+"""Errors a user can cause. The CLI turns them into one sentence and exit code 2."""
+
+
+class UserError(Exception):
+    """A problem the user can fix (plan, path, permission, missing binary, busy port).
+
+    The message is shown as is: one sentence naming the field or the thing and what to do.
+    """
+
+
+class PlanError(UserError):
+    """The plan is invalid; ``problems`` holds one line per problem, each naming a field path."""
+
+    def __init__(self, problems: list[str]):
+        self.problems = problems
+        super().__init__("\n".join(problems))
+
+
+class RunInterrupted(Exception):
+    """Raised inside the runner when SIGINT/SIGTERM arrives, so teardown runs in ``finally`` blocks."""
+
+    def __init__(self, signal_name: str = "SIGINT"):
+        self.signal_name = signal_name
+        super().__init__(f"interrupted by {signal_name}")

@@ -1,0 +1,75 @@
+"""Matrix → points. A point is one combination of axis values; it runs ``run.repeats`` times."""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from pglab.plan.schema import CustomWorkload, Plan, Workload
+
+
+@dataclass(frozen=True)
+class Point:
+    index: int
+    workload: Workload
+    clients: int
+    jobs: int
+    synchronous_commit: str
+    parameters: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def workload_name(self) -> str:
+        return self.workload if isinstance(self.workload, str) else self.workload.name
+
+    @property
+    def axes(self) -> dict[str, Any]:
+        """The axis values, as they appear as columns in tables (parameters as ``parameters.<name>``)."""
+        out: dict[str, Any] = {
+            "workload": self.workload_name,
+            "synchronous_commit": self.synchronous_commit,
+            "clients": self.clients,
+            "jobs": self.jobs,
+        }
+        for name, value in self.parameters.items():
+            out[f"parameters.{name}"] = value
+        return out
+
+    @property
+    def key(self) -> str:
+        """Stable identity of the point across reruns of the same plan (used to resume)."""
+        blob = json.dumps(self.axes, sort_keys=True, default=str)
+        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+    def label(self) -> str:
+        extra = "".join(f" {k.split('.', 1)[1]}={v}" for k, v in self.axes.items() if k.startswith("parameters."))
+        return f"{self.workload_name} sc={self.synchronous_commit} c={self.clients} j={self.jobs}{extra}"
+
+
+def default_jobs(clients: int, cores: int | None = None) -> int:
+    """pgbench threads: one per core at most, never more than clients."""
+    return max(1, min(clients, cores or os.cpu_count() or 1))
+
+
+def expand(plan: Plan, cores: int | None = None) -> list[Point]:
+    """Every combination of the axes. Parameters vary slowest (they may need a restart), clients fastest."""
+    m = plan.matrix
+    names = list(m.parameters)
+    param_combos = list(itertools.product(*(m.parameters[n] for n in names))) or [()]
+    points: list[Point] = []
+    for combo in param_combos:
+        params = dict(zip(names, combo, strict=True))
+        for wl, sc, clients in itertools.product(m.workload, m.synchronous_commit, m.clients):
+            jobs_axis = m.jobs or [default_jobs(clients, cores)]
+            for jobs in jobs_axis:
+                points.append(Point(len(points), wl, clients, min(jobs, clients), sc, params))
+    return points
+
+
+def is_read_only(workload: Workload) -> bool:
+    if isinstance(workload, CustomWorkload):
+        return all(s.builtin == "select-only" for s in workload.scripts)
+    return workload == "select-only"

@@ -1,0 +1,64 @@
+"""Helpers shared by the probes: grouping samples back into rows and picking the rows of a window.
+
+Probes emit one ``Sample`` per metric; summaries need all metrics of one tick of one source together
+(a rate is only exact when recomputed from the raw deltas and the tick's own ``dt``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from pglab.probes.base import Sample, in_window
+
+
+@dataclass(slots=True)
+class Row:
+    """All metrics one source emitted at one tick."""
+
+    source: str
+    ts: float
+    values: dict[str, float | None]
+
+    def get(self, metric: str, default: float = 0.0) -> float:
+        v = self.values.get(metric)
+        return default if v is None else float(v)
+
+
+def rows(samples: Iterable[Sample]) -> list[Row]:
+    """Group samples by (source, ts), in time order."""
+    by_key: dict[tuple[str, float], Row] = {}
+    for s in samples:
+        key = (s.source, s.ts)
+        row = by_key.get(key)
+        if row is None:
+            row = by_key[key] = Row(s.source, s.ts, {})
+        row.values[s.metric] = s.value
+    return sorted(by_key.values(), key=lambda r: (r.ts, r.source))
+
+
+def rows_in_window(samples: Iterable[Sample], start: float, end: float, *, rate: bool) -> list[Row]:
+    """Rows whose interval middle lies in [start, end].
+
+    A rate row carries its own measured ``dt`` metric; a gauge (a snapshot at ``ts``) is an instant (dt 0).
+    """
+    out = []
+    for row in rows(samples):
+        dt = row.get("dt") if rate else 0.0
+        if in_window(Sample(row.ts, row.source, "", None), start, end, dt):
+            out.append(row)
+    return out
+
+
+def counter_delta(new: int, old: int, bits: int = 32) -> int:
+    """Delta of a monotonically increasing kernel counter, tolerating one wrap of a ``bits``-wide counter.
+
+    A counter that went backwards without having been near the wrap point was reset (device re-attached,
+    statistics reset): the delta is 0 rather than a huge or negative spike.
+    """
+    if new >= old:
+        return new - old
+    limit = 1 << bits
+    if old < limit:
+        return new + limit - old
+    return 0

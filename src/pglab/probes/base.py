@@ -1,0 +1,131 @@
+"""The probe protocol and the sampler that runs probes on one shared clock.
+
+Every probe measures one layer (a block device, the CPU, PostgreSQL's statistics …). The sampler calls
+``sample`` at the probe's interval, aligned to whole multiples of that interval on the epoch clock, so
+samples from different probes, pgbench's progress lines and scenario events line up in time.
+A sample carries the *end* of its interval as ``ts`` and the interval length ``dt`` when it is a rate.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol, runtime_checkable
+
+
+def now() -> float:
+    """The run's clock: epoch seconds with sub-second precision (same clock as pgbench's timestamps)."""
+    return time.time()
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    ts: float  # epoch seconds, end of the sampled interval
+    source: str  # e.g. "disk:vda", "cpu", "pg:n0", "repl:n1", "waits"
+    metric: str  # e.g. "r_s", "w_await_ms", "Lock:tuple"
+    value: float | None
+
+
+@dataclass
+class ProbeContext:
+    """What probes may look at. Built by the runner from the target's endpoints for each run."""
+
+    # libpq connection string of the primary (and of each standby, by node name)
+    primary_conninfo: str
+    standby_conninfos: dict[str, str] = field(default_factory=dict)
+    # directories whose block devices are sampled: label -> path (e.g. "data" -> lab/n0/data)
+    paths: dict[str, Path] = field(default_factory=dict)
+    # callables so that pids started after the probe (pgbench) are seen
+    server_pids: Callable[[], Sequence[int]] = lambda: ()
+    client_pids: Callable[[], Sequence[int]] = lambda: ()
+    wait_hz: float = 5.0
+
+
+@runtime_checkable
+class Probe(Protocol):
+    name: str
+    interval: float
+
+    def open(self) -> None:
+        """Take the baseline (first counters, connections). Errors here are the user's to fix."""
+
+    def sample(self, ts: float) -> list[Sample]:
+        """Return samples for the interval ending at ``ts`` (deltas since the previous call)."""
+
+    def close(self) -> None:
+        """Release connections and files."""
+
+    def summarize(self, samples: Sequence[Sample], start: float, end: float) -> dict[str, float]:
+        """Summary figures over the measured window [start, end] from this probe's own samples."""
+
+
+def in_window(sample: Sample, start: float, end: float, dt: float) -> bool:
+    """A sample belongs to the window when the middle of its interval lies inside it."""
+    mid = sample.ts - dt / 2.0
+    return start <= mid <= end
+
+
+class Sampler:
+    """Runs each probe in its own thread at its own interval; collects samples in memory."""
+
+    def __init__(self, probes: Sequence[Probe], on_error: Callable[[str, BaseException], None] | None = None):
+        self.probes = list(probes)
+        self.samples: list[Sample] = []
+        self.errors: list[str] = []
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._on_error = on_error
+
+    def start(self) -> None:
+        for probe in self.probes:
+            probe.open()
+        for probe in self.probes:
+            t = threading.Thread(target=self._loop, args=(probe,), name=f"probe-{probe.name}", daemon=True)
+            t.start()
+            self._threads.append(t)
+
+    def _loop(self, probe: Probe) -> None:
+        interval = probe.interval
+        next_tick = (int(now() / interval) + 1) * interval
+        while not self._stop.is_set():
+            delay = next_tick - now()
+            if delay > 0 and self._stop.wait(delay):
+                break
+            try:
+                got = probe.sample(now())
+            except Exception as exc:  # a probe failing must not kill the run; it is recorded
+                self.errors.append(f"{probe.name}: {exc}")
+                if self._on_error:
+                    self._on_error(probe.name, exc)
+                got = []
+            with self._lock:
+                self.samples.extend(got)
+            next_tick += interval
+            late = now() - next_tick
+            if late > 0:  # skip missed ticks rather than bursting
+                next_tick += (int(late / interval) + 1) * interval
+
+    def stop(self) -> list[Sample]:
+        self._stop.set()
+        for t in self._threads:
+            t.join(timeout=10)
+        for probe in self.probes:
+            try:
+                probe.close()
+            except Exception as exc:
+                self.errors.append(f"{probe.name}: close: {exc}")
+        with self._lock:
+            return list(self.samples)
+
+    def summarize(self, start: float, end: float) -> dict[str, float]:
+        out: dict[str, float] = {}
+        with self._lock:
+            samples = list(self.samples)
+        for probe in self.probes:
+            mine = [s for s in samples if s.source == probe.name or s.source.startswith(probe.name + ":")]
+            out.update(probe.summarize(mine, start, end))
+        return out

@@ -1,0 +1,1 @@
+"""Targets: where PostgreSQL runs (local lab; later Kubernetes and external servers)."""

@@ -1,0 +1,76 @@
+"""What a target gives the runner: endpoints to connect to, server processes to watch, paths to probe."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+
+def _quote(value: str) -> str:
+    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """One PostgreSQL server. Credentials are in ``passfile``; a password never appears in a conninfo."""
+
+    name: str
+    role: str  # "primary" | "standby"
+    host: str  # unix socket directory or address
+    port: int
+    user: str
+    dbname: str
+    passfile: Path
+
+    def conninfo(self, **extra: str | int) -> str:
+        parts = {
+            "host": self.host,
+            "port": str(self.port),
+            "user": self.user,
+            "dbname": self.dbname,
+            "passfile": str(self.passfile),
+            "connect_timeout": "10",
+            **{k: str(v) for k, v in extra.items()},
+        }
+        return " ".join(f"{k}={_quote(v)}" for k, v in parts.items())
+
+    def env(self) -> dict[str, str]:
+        """libpq environment for client programs (pgbench, psql)."""
+        return {
+            "PGHOST": self.host,
+            "PGPORT": str(self.port),
+            "PGUSER": self.user,
+            "PGDATABASE": self.dbname,
+            "PGPASSFILE": str(self.passfile),
+        }
+
+
+@dataclass(frozen=True)
+class Endpoints:
+    primary: Endpoint
+    standbys: list[Endpoint] = field(default_factory=list)
+
+
+class Target(Protocol):
+    """A place where PostgreSQL runs. The local lab is one; Kubernetes and external servers are others."""
+
+    bindir: Path
+
+    def provision(self, parameters: dict[str, Any]) -> Endpoints:
+        """Bring the topology up (once) and put ``parameters`` in force (reload, or restart when needed)."""
+
+    def server_pids(self) -> list[int]:
+        """Postmaster pids of every instance (probes add their children)."""
+
+    def probe_paths(self) -> dict[str, Path]:
+        """Directories whose block devices the disk probe samples, by label (``n0.data``, ``n0.wal`` …)."""
+
+    def health(self) -> str | None:
+        """None when every instance is up; otherwise what is wrong, in one sentence."""
+
+    def describe(self) -> dict[str, Any]:
+        """Topology facts stored with the results (instances, ports, paths, replication)."""
+
+    def teardown(self, keep: bool = False) -> None:
+        """Stop everything this target started; remove its files unless ``keep``."""

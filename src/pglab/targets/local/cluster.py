@@ -1,0 +1,481 @@
+"""The embedded local lab: a primary plus streaming standbys built from the system's PostgreSQL.
+
+Layout of a lab directory (owned by pglab; the servers' parts owned by the server user when root):
+
+    <lab>/secrets/pgpass        client credentials (0600, owner: the user running pglab)
+    <lab>/server/pgpass         replication credentials (0600, owner: the server user)
+    <lab>/sock/                 unix sockets of every instance
+    <lab>/n0/data  <lab>/n0/wal primary (data and WAL bases can be moved elsewhere by the plan)
+    <lab>/n1/...                standbys, built with pg_basebackup -R
+    <lab>/logs/n0.log           server logs
+    <lab>/lab.json              what runs where (pids, ports), so a lab left behind can be found and cleaned
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+from pglab.errors import UserError
+from pglab.plan.schema import LocalTarget
+from pglab.targets.base import Endpoint, Endpoints
+from pglab.targets.local.postgres_bin import ServerUser, find_bindir, resolve_server_user
+
+SUPERUSER = "pglab"
+DBNAME = "pglab"
+Log = Callable[[str], None]
+
+
+class LabError(Exception):
+    """A server step failed (not the user's input): the message carries the tool's own words."""
+
+
+def conf_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if isinstance(value, int | float):
+        return str(value)
+    return "'" + str(value).replace("'", "''") + "'"
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Node:
+    name: str
+    role: str
+    data: Path
+    wal: Path
+    port: int
+    log: Path
+
+    def postmaster_pid(self) -> int | None:
+        try:
+            first = (self.data / "postmaster.pid").read_text().splitlines()[0]
+            pid = int(first)
+            os.kill(pid, 0)
+            return pid
+        except (OSError, ValueError, IndexError):
+            return None
+
+
+class LocalLab:
+    """Implements the Target protocol on this host."""
+
+    def __init__(self, spec: LocalTarget, base_dir: Path, log: Log = lambda _m: None):
+        self.spec = spec
+        self.log = log
+        self.bindir = find_bindir(spec.bindir)
+        self.server_user: ServerUser | None = resolve_server_user(spec.run_as)
+        self.base_dir = base_dir
+        self.lab_dir: Path | None = None
+        self.nodes: list[Node] = []
+        self.parameters: dict[str, Any] = {}
+        self._created_dirs: list[Path] = []
+        self._started = False
+        self._sync_enabled = False  # set once the standbys stream, or the build itself would wait on them
+
+    # ---------------------------------------------------------------- helpers
+    def _abs(self, value: str) -> Path:
+        p = Path(value).expanduser()
+        return (p if p.is_absolute() else self.base_dir / p).resolve()
+
+    def _chown(self, path: Path) -> None:
+        if self.server_user:
+            os.chown(path, self.server_user.uid, self.server_user.gid)
+
+    def _mkdir_server(self, path: Path, mode: int = 0o700) -> None:
+        path.mkdir(parents=True, exist_ok=True)
+        os.chmod(path, mode)
+        self._chown(path)
+
+    def _server_env(self) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("PG")}
+        env.update(LC_ALL="C", LANG="C", HOME=str(self.lab_dir), PGPASSFILE=str(self._server_passfile))
+        return env
+
+    def _run(self, args: list[str], timeout: float = 300) -> subprocess.CompletedProcess[str]:
+        """Run a PostgreSQL program as the server user; raise LabError with its own message on failure."""
+        kwargs: dict[str, Any] = self.server_user.popen_kwargs() if self.server_user else {}
+        try:
+            proc = subprocess.run(
+                args, capture_output=True, text=True, timeout=timeout, env=self._server_env(),
+                cwd=self.lab_dir, start_new_session=True, check=False, **kwargs,
+            )
+        except subprocess.TimeoutExpired:
+            raise LabError(f"{Path(args[0]).name} did not finish within {timeout:.0f} s") from None
+        if proc.returncode != 0:
+            tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
+            raise LabError(f"{Path(args[0]).name} failed: {' / '.join(tail)}")
+        return proc
+
+    def _bin(self, name: str) -> str:
+        return str(self.bindir / name)
+
+    @property
+    def _server_passfile(self) -> Path:
+        assert self.lab_dir is not None
+        return self.lab_dir / "server" / "pgpass"
+
+    @property
+    def client_passfile(self) -> Path:
+        assert self.lab_dir is not None
+        return self.lab_dir / "secrets" / "pgpass"
+
+    @property
+    def sock_dir(self) -> Path:
+        assert self.lab_dir is not None
+        return self.lab_dir / "sock"
+
+    # ---------------------------------------------------------------- lifecycle
+    def provision(self, parameters: dict[str, Any]) -> Endpoints:
+        if not self._started:
+            self._create()
+        self._apply(parameters)
+        return self.endpoints()
+
+    def endpoints(self) -> Endpoints:
+        def ep(n: Node) -> Endpoint:
+            return Endpoint(n.name, n.role, str(self.sock_dir), n.port, SUPERUSER, DBNAME, self.client_passfile)
+
+        return Endpoints(ep(self.nodes[0]), [ep(n) for n in self.nodes[1:]])
+
+    def _prepare_dirs(self) -> None:
+        spec = self.spec
+        if spec.paths.lab:
+            lab = self._abs(spec.paths.lab)
+            if lab.exists() and any(lab.iterdir()):
+                raise UserError(f"target.local.paths.lab: '{lab}' is not empty; give an empty or new directory.")
+            try:
+                lab.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise UserError(f"target.local.paths.lab: cannot create '{lab}' ({exc.strerror}).") from None
+            self._created_dirs.append(lab)
+        else:
+            lab = Path(tempfile.mkdtemp(prefix="pglab-lab-"))
+            self._created_dirs.append(lab)
+        self.lab_dir = lab
+        os.chmod(lab, 0o711)  # the server user must traverse it, nobody needs to list it
+        self._check_traversable(lab, "target.local.paths.lab")
+        (lab / "secrets").mkdir(mode=0o700)
+        self._mkdir_server(lab / "server")
+        self._mkdir_server(lab / "sock", 0o755)
+        self._mkdir_server(lab / "logs", 0o755)
+
+        data_base = self._abs(spec.paths.data) if spec.paths.data else lab
+        wal_base = self._abs(spec.paths.wal) if spec.paths.wal else lab
+        for field, base in (("data", data_base), ("wal", wal_base)):
+            if base == lab:
+                continue
+            try:
+                base.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise UserError(f"target.local.paths.{field}: cannot create '{base}' ({exc.strerror}).") from None
+            self._check_traversable(base, f"target.local.paths.{field}")
+        self.nodes = []
+        for i in range(spec.instances):
+            name = f"n{i}"
+            data = data_base / name / "data" if data_base != lab else lab / name / "data"
+            wal = wal_base / name / "wal" if wal_base != lab else lab / name / "wal"
+            for d in (data, wal):
+                if d.exists():
+                    raise UserError(f"'{d}' already exists; remove it or choose other target.local.paths.")
+            for d in {data.parent, wal.parent}:
+                if not d.exists():
+                    self._mkdir_server(d)
+                    self._created_dirs.append(d)
+            port = free_port()
+            self.nodes.append(Node(name, "primary" if i == 0 else "standby", data, wal, port,
+                                   lab / "logs" / f"{name}.log"))
+
+    def _check_traversable(self, path: Path, field: str) -> None:
+        if not self.server_user:
+            if not os.access(path, os.W_OK | os.X_OK):
+                raise UserError(f"{field}: '{path}' is not writable; choose a directory you can write to.")
+            return
+        probe = subprocess.run(["test", "-x", str(path)], user=self.server_user.uid, group=self.server_user.gid,
+                               extra_groups=[], check=False)
+        if probe.returncode != 0:
+            raise UserError(
+                f"{field}: the server user '{self.server_user.name}' cannot reach '{path}' (a parent directory "
+                "is not searchable); choose a directory under a world-searchable path such as /var/tmp."
+            )
+
+    def _write_secrets(self) -> str:
+        password = secrets.token_urlsafe(24)
+        line = f"*:*:*:{SUPERUSER}:{password}\n"
+        for path in (self.client_passfile, self._server_passfile):
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(line)
+        self._chown(self._server_passfile)
+        return password
+
+    def _create(self) -> None:
+        self._prepare_dirs()
+        assert self.lab_dir is not None
+        password = self._write_secrets()
+        self._write_state()
+        primary = self.nodes[0]
+        self.log(f"initdb {primary.name} (data {primary.data}, WAL {primary.wal})")
+        pwfile = self.lab_dir / "server" / "initdb.pw"
+        fd = os.open(pwfile, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(password + "\n")
+        self._chown(pwfile)
+        try:
+            self._run([self._bin("initdb"), "-D", str(primary.data), "--waldir", str(primary.wal),
+                       "-U", SUPERUSER, f"--pwfile={pwfile}", "--auth=scram-sha-256", "-E", "UTF8",
+                       "--locale=C", "--no-sync", "--no-instructions"])
+        finally:
+            pwfile.unlink(missing_ok=True)
+        with open(primary.data / "postgresql.conf", "a") as f:
+            f.write("\ninclude = 'pglab.conf'\n")
+        (primary.data / "pg_hba.conf").write_text(
+            "# written by pglab: loopback and unix sockets only, passwords never in clear\n"
+            f"local all {SUPERUSER} scram-sha-256\n"
+            f"host all {SUPERUSER} 127.0.0.1/32 scram-sha-256\n"
+            f"local replication {SUPERUSER} scram-sha-256\n"
+            f"host replication {SUPERUSER} 127.0.0.1/32 scram-sha-256\n"
+        )
+        self._write_conf(primary)
+        self._started = True  # from here on, teardown has something to stop
+        self._start(primary)
+        with self.connect(primary, dbname="postgres") as conn:
+            conn.execute(f"CREATE DATABASE {DBNAME}")
+        for node in self.nodes[1:]:
+            self.log(f"pg_basebackup {node.name} from {primary.name}")
+            conninfo = (f"host=127.0.0.1 port={primary.port} user={SUPERUSER} "
+                        f"passfile={self._server_passfile} application_name={node.name}")
+            self._run([self._bin("pg_basebackup"), "-D", str(node.data), "--waldir", str(node.wal), "-R",
+                       "-X", "stream", "-C", "-S", node.name, "-c", "fast", "--no-sync", "-d", conninfo])
+            self._write_conf(node)
+            self._start(node)
+        self._sync_enabled = True
+        self._write_conf(primary)
+        with self.connect(primary) as conn:
+            conn.execute("SELECT pg_reload_conf()")
+        self.wait_streaming()
+
+    def _base_conf(self, node: Node) -> dict[str, Any]:
+        standby_names = ", ".join(n.name for n in self.nodes[1:])
+        sync = self.spec.synchronous
+        conf: dict[str, Any] = {
+            "listen_addresses": "127.0.0.1",
+            "port": node.port,
+            "unix_socket_directories": str(self.sock_dir),
+            "wal_level": "replica",
+            "max_wal_senders": 10,
+            "max_replication_slots": 10,
+            "hot_standby": True,
+            "cluster_name": node.name,
+            "log_checkpoints": True,
+        }
+        if sync is not None and standby_names and self._sync_enabled:
+            conf["synchronous_standby_names"] = f"{sync.method.upper()} {sync.number} ({standby_names})"
+        return conf
+
+    def _write_conf(self, node: Node) -> None:
+        conf = {**self._base_conf(node), **self.parameters}
+        path = node.data / "pglab.conf"
+        path.write_text("# written by pglab for every run; do not edit\n"
+                        + "".join(f"{k} = {conf_value(v)}\n" for k, v in conf.items()))
+        self._chown(path)
+
+    def _pg_ctl(self, node: Node, *args: str, timeout: float = 120) -> None:
+        self._run([self._bin("pg_ctl"), "-D", str(node.data), "-w", "-t", str(int(timeout)), *args],
+                  timeout=timeout + 10)
+
+    def _start(self, node: Node) -> None:
+        try:
+            self._pg_ctl(node, "-l", str(node.log), "start")
+        except LabError as exc:
+            tail = self.log_tail(node)
+            raise LabError(f"{node.name} did not start: {exc}; server log: {tail}") from None
+        self._write_state()
+
+    def log_tail(self, node: Node, lines: int = 3) -> str:
+        try:
+            text = node.log.read_text(errors="replace").strip().splitlines()
+        except OSError:
+            return "(no log)"
+        return " / ".join(text[-lines:])
+
+    def connect(self, node: Node, dbname: str = DBNAME, **kwargs: Any) -> psycopg.Connection[Any]:
+        return psycopg.connect(
+            host=str(self.sock_dir), port=node.port, user=SUPERUSER, dbname=dbname,
+            passfile=str(self.client_passfile), autocommit=True, connect_timeout=10,
+            application_name="pglab-control", **kwargs,
+        )
+
+    def wait_streaming(self, timeout: float = 60) -> None:
+        """Wait until every standby streams from the primary with the expected sync state."""
+        standbys = {n.name for n in self.nodes[1:]}
+        if not standbys:
+            return
+        want = {"any": "quorum", "first": "sync"}[self.spec.synchronous.method] if self.spec.synchronous else "async"
+        deadline = time.monotonic() + timeout
+        seen: dict[str, tuple[str, str]] = {}
+        while time.monotonic() < deadline:
+            with self.connect(self.nodes[0]) as conn:
+                rows = conn.execute("SELECT application_name, state, sync_state FROM pg_stat_replication").fetchall()
+            seen = {r[0]: (r[1], r[2]) for r in rows}
+            ok = all(seen.get(s, ("", ""))[0] == "streaming" for s in standbys)
+            if ok and (want != "sync" or any(v[1] == "sync" for v in seen.values())):
+                if want == "quorum" and not all(seen[s][1] == "quorum" for s in standbys):
+                    time.sleep(0.2)
+                    continue
+                return
+            time.sleep(0.2)
+        raise LabError(f"standbys not streaming after {timeout:.0f} s: {seen or 'none connected'}")
+
+    # ---------------------------------------------------------------- settings
+    def _apply(self, parameters: dict[str, Any]) -> None:
+        """Put the parameters in force: reload, and restart (standbys first) when PostgreSQL asks for it."""
+        if parameters == self.parameters:
+            return
+        self._validate(parameters)
+        self.parameters = dict(parameters)
+        for node in self.nodes:
+            self._write_conf(node)
+        for node in self.nodes:
+            with self.connect(node) as conn:
+                conn.execute("SELECT pg_reload_conf()")
+        with self.connect(self.nodes[0]) as conn:
+            pending = [r[0] for r in conn.execute("SELECT name FROM pg_settings WHERE pending_restart")]
+        if pending:
+            self.log(f"restart for {', '.join(sorted(pending))}")
+            self.restart()
+
+    def _validate(self, parameters: dict[str, Any]) -> None:
+        """Ask PostgreSQL itself (postgres -C) whether names and values are valid, before writing them."""
+        if not parameters:
+            return
+        args = [self._bin("postgres"), "-D", str(self.nodes[0].data), "-C", next(iter(parameters))]
+        for name, value in parameters.items():
+            args += ["-c", f"{name}={conf_value(value).strip(chr(39))}"]
+        try:
+            self._run(args, timeout=30)
+        except LabError as exc:
+            message = str(exc).removeprefix("postgres failed: ").replace("FATAL:  ", "")
+            message = re.sub(r"^\S+ \S+ \S+ \[\d+\] ", "", message)
+            name = next((n for n in parameters if f'"{n}"' in message), None)
+            field = f"parameters.{name}" if name else "parameters"
+            raise UserError(f"{field}: PostgreSQL rejects it ({message}); fix the plan.") from None
+
+    def restart(self) -> None:
+        """Rolling restart: standbys first, then the primary; wait until streaming again."""
+        for node in [*self.nodes[1:], self.nodes[0]]:
+            try:
+                self._pg_ctl(node, "-m", "fast", "-l", str(node.log), "restart")
+            except LabError as exc:
+                raise LabError(f"{node.name} did not restart: {exc}; server log: {self.log_tail(node)}") from None
+        self._write_state()
+        self.wait_streaming()
+
+    # ---------------------------------------------------------------- Target protocol
+    def server_pids(self) -> list[int]:
+        return [p for n in self.nodes if (p := n.postmaster_pid())]
+
+    def probe_paths(self) -> dict[str, Path]:
+        out: dict[str, Path] = {}
+        for n in self.nodes:
+            out[f"{n.name}.data"] = n.data
+            out[f"{n.name}.wal"] = n.wal
+        return out
+
+    def health(self) -> str | None:
+        down = [n.name for n in self.nodes if n.postmaster_pid() is None]
+        if down:
+            return f"instance(s) {', '.join(down)} not running"
+        return None
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "kind": "local",
+            "lab_dir": str(self.lab_dir),
+            "bindir": str(self.bindir),
+            "server_user": self.server_user.name if self.server_user else None,
+            "synchronous_standby_names": self._base_conf(self.nodes[0]).get("synchronous_standby_names")
+            if self.nodes else None,
+            "nodes": [
+                {"name": n.name, "role": n.role, "port": n.port, "data": str(n.data), "wal": str(n.wal)}
+                for n in self.nodes
+            ],
+        }
+
+    def _write_state(self) -> None:
+        if not self.lab_dir:
+            return
+        state = {
+            "pglab_pid": os.getpid(),
+            "created": time.time(),
+            "nodes": [{"name": n.name, "data": str(n.data), "wal": str(n.wal), "port": n.port,
+                       "pid": n.postmaster_pid()} for n in self.nodes],
+        }
+        tmp = self.lab_dir / "lab.json.tmp"
+        tmp.write_text(json.dumps(state, indent=1))
+        tmp.replace(self.lab_dir / "lab.json")
+
+    def stop_node(self, node: Node) -> None:
+        pid = node.postmaster_pid()
+        if pid is None:
+            return
+        for mode in ("fast", "immediate"):
+            try:
+                self._pg_ctl(node, "-m", mode, "stop", timeout=30)
+                return
+            except LabError:
+                continue
+        kill_tree(pid)
+
+    def teardown(self, keep: bool = False) -> None:
+        for node in reversed(self.nodes):
+            try:
+                self.stop_node(node)
+            except Exception as exc:  # teardown must go on with the others
+                self.log(f"stopping {node.name}: {exc}")
+        if keep:
+            if self.lab_dir:
+                self.log(f"lab kept in {self.lab_dir}")
+            return
+        for d in reversed(self._created_dirs):
+            shutil.rmtree(d, ignore_errors=True)
+        self._created_dirs.clear()
+
+
+def kill_tree(pid: int) -> None:
+    """SIGKILL a process and its descendants (last resort when pg_ctl cannot stop a server)."""
+    children: list[int] = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            if int(fields[1]) == pid:
+                children.append(int(entry.name))
+        except (OSError, IndexError, ValueError):
+            continue
+    for p in [pid, *children]:
+        try:
+            os.kill(p, signal.SIGKILL)
+        except ProcessLookupError:
+            pass

@@ -1,0 +1,74 @@
+"""Finding the system's PostgreSQL binaries and the unprivileged user that runs the servers."""
+
+from __future__ import annotations
+
+import os
+import pwd
+import re
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from pglab.errors import UserError
+
+NEEDED = ("initdb", "pg_ctl", "postgres", "pg_basebackup", "pgbench")
+INSTALL_HINT = "install PostgreSQL (./setup.sh install, or apt-get install postgresql postgresql-contrib)"
+
+
+def find_bindir(explicit: str | None = None) -> Path:
+    """The plan's bindir, else $PGLAB_PG_BINDIR, else the newest /usr/lib/postgresql/*/bin, else PATH."""
+    candidates: list[Path] = []
+    if explicit:
+        candidates = [Path(explicit)]
+    elif os.environ.get("PGLAB_PG_BINDIR"):
+        candidates = [Path(os.environ["PGLAB_PG_BINDIR"])]
+    else:
+        root = Path("/usr/lib/postgresql")
+        if root.is_dir():
+            versions = sorted(
+                (p for p in root.iterdir() if re.fullmatch(r"\d+(\.\d+)?", p.name)),
+                key=lambda p: float(p.name),
+                reverse=True,
+            )
+            candidates = [v / "bin" for v in versions]
+        which = shutil.which("initdb")
+        if which:
+            candidates.append(Path(which).resolve().parent)
+    for c in candidates:
+        if all((c / b).is_file() and os.access(c / b, os.X_OK) for b in NEEDED):
+            return c
+    where = str(candidates[0]) if explicit or os.environ.get("PGLAB_PG_BINDIR") else "this machine"
+    missing = [b for b in NEEDED if not candidates or not (candidates[0] / b).exists()]
+    raise UserError(f"PostgreSQL binaries ({', '.join(missing or NEEDED)}) not found in {where}; {INSTALL_HINT}.")
+
+
+@dataclass(frozen=True)
+class ServerUser:
+    """Who the servers run as. None of this applies when pglab itself is not root."""
+
+    name: str
+    uid: int
+    gid: int
+
+    def popen_kwargs(self) -> dict[str, object]:
+        return {"user": self.uid, "group": self.gid, "extra_groups": []}
+
+
+def resolve_server_user(run_as: str | None) -> ServerUser | None:
+    """PostgreSQL refuses to run as root: as root, run the servers as ``run_as`` (default ``postgres``)."""
+    if os.geteuid() != 0:
+        if run_as:
+            me = pwd.getpwuid(os.geteuid()).pw_name
+            if run_as != me:
+                raise UserError(f"target.local.run_as: pglab runs as '{me}', not root, so it cannot run the "
+                                f"servers as '{run_as}'; remove run_as or run pglab as root.")
+        return None
+    name = run_as or os.environ.get("PGLAB_RUN_AS") or "postgres"
+    try:
+        pw = pwd.getpwnam(name)
+    except KeyError:
+        raise UserError(f"target.local.run_as: user '{name}' does not exist; PostgreSQL cannot run as root, "
+                        f"so create an unprivileged user (useradd --system {name}) or name one.") from None
+    if pw.pw_uid == 0:
+        raise UserError("target.local.run_as: PostgreSQL cannot run as root; name an unprivileged user.")
+    return ServerUser(name, pw.pw_uid, pw.pw_gid)

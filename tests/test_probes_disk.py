@@ -1,0 +1,308 @@
+"""The disk probe against the real kernel counters, fio and iostat.
+
+The write-count test runs on a fresh ext4 filesystem on a loop device (when we may create one) so that no
+other process on the machine writes to the measured device and the bound can be tight; elsewhere the
+comparisons with iostat run on the real disk behind /var/tmp.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from statistics import fmean as mean
+
+import pytest
+
+from pglab.probes import DiskProbe, ProbeContext, Sample, Sampler, now, resolve_device
+from pglab.probes._util import rows, rows_in_window
+from pglab.probes.disk import describe_block
+
+needs_fio = pytest.mark.skipif(shutil.which("fio") is None, reason="fio is not installed")
+needs_iostat = pytest.mark.skipif(shutil.which("iostat") is None, reason="iostat (sysstat) is not installed")
+
+FIO_WRITES = 1024  # 8 MiB in 8 KiB writes
+
+
+def _kname_of_mount_source(directory: Path) -> str:
+    """The kernel name of the device findmnt says the directory is on, as lsblk names it."""
+    source = subprocess.run(
+        ["findmnt", "-no", "SOURCE", "--target", str(directory)], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    return subprocess.run(
+        ["lsblk", "-ndo", "KNAME", source], capture_output=True, text=True, check=True
+    ).stdout.strip()
+
+
+def _sleep_to_next_second() -> float:
+    t = now()
+    time.sleep(int(t) + 1.0 - t)
+    return now()
+
+
+@pytest.fixture
+def scratch() -> Iterator[Path]:
+    d = Path(tempfile.mkdtemp(prefix="pglab-disk-", dir="/var/tmp"))
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def loop_fs() -> Iterator[tuple[Path, str, Path]]:
+    """A fresh ext4 on a loop device: (mount point, loop device name, backing file). Skips if impossible."""
+    if os.geteuid() != 0 or shutil.which("losetup") is None or shutil.which("mkfs.ext4") is None:
+        pytest.skip("creating a loop device needs root, losetup and mkfs.ext4")
+    base = Path(tempfile.mkdtemp(prefix="pglab-loop-", dir="/var/tmp"))
+    image, mnt = base / "disk.img", base / "mnt"
+    mnt.mkdir()
+    dev = ""
+    mounted = False
+    try:
+        with open(image, "wb") as f:
+            f.truncate(64 * 1024 * 1024)
+        got = subprocess.run(["losetup", "-f", "--show", str(image)], capture_output=True, text=True)
+        if got.returncode != 0:
+            pytest.skip(f"losetup failed: {got.stderr.strip()}")
+        dev = got.stdout.strip()
+        # no lazy init: otherwise ext4lazyinit writes to the device in the background while we count
+        subprocess.run(["mkfs.ext4", "-q", "-E", "lazy_itable_init=0,lazy_journal_init=0", dev], check=True)
+        got = subprocess.run(["mount", dev, str(mnt)], capture_output=True, text=True)
+        if got.returncode != 0:
+            pytest.skip(f"mounting a loop device failed: {got.stderr.strip()}")
+        mounted = True
+        yield mnt, Path(dev).name, image
+    finally:
+        if mounted:
+            subprocess.run(["umount", str(mnt)], check=False)
+        if dev:
+            subprocess.run(["losetup", "-d", dev], check=False)
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def _fio(directory: Path, *extra: str) -> dict:
+    cmd = [
+        "fio",
+        "--name=burst",
+        f"--directory={directory}",
+        "--rw=write",
+        "--bs=8k",
+        "--size=8m",
+        "--fdatasync=1",
+        "--direct=1",
+        "--ioengine=sync",
+        "--output-format=json",
+        *extra,
+    ]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+    return json.loads(out[out.index("{") :])
+
+
+def test_tmpfs_path_has_no_block_device() -> None:
+    info = resolve_device("/dev/shm")
+    assert info.device is None
+    assert info.kind == "none"
+    assert info.reason == "tmpfs has no block device"
+    probe = DiskProbe(ProbeContext("", paths={"shm": Path("/dev/shm")}))
+    probe.open()
+    assert probe.describe()["shm"]["device"] is None
+    time.sleep(0.05)
+    assert probe.sample(now()) == []  # no zeros pretending the storage was idle
+    assert probe.summarize([], 0, now()) == {}
+
+
+def test_missing_path_is_a_clear_error(tmp_path: Path) -> None:
+    from pglab.errors import UserError
+
+    probe = DiskProbe(ProbeContext("", paths={"data": tmp_path / "nope"}))
+    with pytest.raises(UserError, match=r"disk probe .* data \("):
+        probe.open()
+
+
+def test_device_is_the_one_findmnt_shows(scratch: Path) -> None:
+    info = resolve_device(scratch)
+    assert info.device == _kname_of_mount_source(scratch)
+    assert info.kind in {"disk", "partition", "dm", "loop"}
+    assert info.chain[0] == info.device
+    # two labels on the same device are sampled once
+    probe = DiskProbe(ProbeContext("", paths={"data": scratch, "wal": scratch.parent}))
+    probe.resolve()
+    assert list(probe.devices) == [info.device]
+    assert probe.describe()["wal"]["labels"] == ["data", "wal"]
+
+
+def test_loop_device_resolution(loop_fs: tuple[Path, str, Path]) -> None:
+    mnt, dev, image = loop_fs
+    info = resolve_device(mnt)
+    assert info.device == dev == _kname_of_mount_source(mnt)
+    assert info.kind == "loop"
+    assert info.backing_file == str(image)
+    # the chain goes on to the device holding the image file
+    assert info.chain[:2] == (dev, f"file:{image}")
+    assert info.chain[2] == resolve_device(image.parent).device
+
+
+@needs_fio
+def test_fio_synced_writes_are_all_counted(loop_fs: tuple[Path, str, Path]) -> None:
+    """Every synced 8 KiB write fio completes reaches the device once, plus ext4's journal writes.
+
+    Measured on ext4 (data=ordered): a synced write into freshly allocated space costs exactly 3 device
+    writes (the data, the journal's descriptor+metadata, the commit record); overwriting costs ~2. So the
+    count must lie in [N, 3N + a few writes for file creation and fio's layout].
+    """
+    mnt, dev, _ = loop_fs
+    target = mnt / "fio"
+    target.mkdir()
+    probe = DiskProbe(ProbeContext("", paths={"data": target}))
+    sampler = Sampler([probe])
+    sampler.start()
+    try:
+        time.sleep(0.3)
+        t0 = now()
+        result = _fio(target)
+        t1 = now()
+        time.sleep(1.3)  # let the tick after fio's last write happen
+    finally:
+        samples = sampler.stop()
+    assert not sampler.errors
+    issued = result["jobs"][0]["write"]["total_ios"]
+    assert issued == FIO_WRITES
+    # every tick overlapping fio's run has its middle in [t0 - 1, t1 + 1]
+    window = [r for r in rows_in_window(samples, t0 - 1, t1 + 1, rate=True) if r.source == f"disk:{dev}"]
+    counted = sum(r.get("d_writes") for r in window)
+    print(f"fio writes {issued}, device writes {counted} ({counted / issued:.2f}x)")
+    assert issued <= counted <= 3 * issued + 64, (issued, counted)
+    summary = probe.summarize(samples, t0 - 1, t1 + 1)
+    window_s = sum(r.get("dt") for r in window)
+    assert summary["write_iops"] * window_s == pytest.approx(counted)
+    assert summary[f"disk.{dev}.write_iops"] == pytest.approx(summary["write_iops"])
+    assert summary["write_mb_s"] * window_s >= 8  # at least fio's 8 MiB of data reached the device
+
+
+@needs_fio
+@needs_iostat
+def test_agrees_with_iostat_second_by_second(scratch: Path) -> None:
+    """Same device, same seconds: our w/s and w_await match ``iostat -dxy 1`` within 5 %.
+
+    iostat prints two decimals, so await values (~0.1 ms on a fast disk) also get ±0.005 ms of slack.
+    """
+    seconds = 5
+    dev = resolve_device(scratch).device
+    assert dev is not None
+    probe = DiskProbe(ProbeContext("", paths={"data": scratch}))
+    sampler = Sampler([probe])
+    sampler.start()
+    fio = subprocess.Popen(
+        [
+            "fio",
+            "--name=steady",
+            f"--directory={scratch}",
+            "--rw=write",
+            "--bs=8k",
+            "--size=8m",
+            "--fdatasync=1",
+            "--direct=1",
+            "--ioengine=sync",
+            "--rate_iops=250",
+            "--time_based",
+            f"--runtime={seconds + 3}",
+            "--output-format=json",
+        ],
+        stdout=subprocess.DEVNULL,
+    )
+    try:
+        _sleep_to_next_second()  # fio is running steadily from here on
+        t0 = _sleep_to_next_second()  # iostat's seconds then start on the sampler's whole seconds
+        out = subprocess.run(
+            ["iostat", "-dxy", "-o", "JSON", "1", str(seconds), dev],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        time.sleep(0.2)
+    finally:
+        fio.wait(timeout=30)
+        samples = sampler.stop()
+    stats = json.loads(out)["sysstat"]["hosts"][0]["statistics"]
+    io_ws = [s["disk"][0]["w/s"] for s in stats]
+    io_await = [s["disk"][0]["w_await"] for s in stats]
+    ours = [r for r in rows(samples) if r.source == f"disk:{dev}" and t0 + 0.5 < r.ts <= t0 + seconds + 0.5]
+    assert len(ours) == len(io_ws) == seconds
+    our_ws = [r.get("w_s") for r in ours]
+    our_await = [r.get("w_await_ms") for r in ours]
+    print(f"w/s iostat {mean(io_ws):.1f} ours {mean(our_ws):.1f}", end="; ")
+    print(f"w_await iostat {mean(io_await):.4f} ours {mean(our_await):.4f}")
+    assert mean(io_ws) > 200
+    assert mean(our_ws) == pytest.approx(mean(io_ws), rel=0.05), (our_ws, io_ws)
+    assert abs(mean(our_await) - mean(io_await)) <= 0.05 * mean(io_await) + 0.005, (our_await, io_await)
+
+
+def _disk_samples(ts: float, dev: str, **raw: float) -> list[Sample]:
+    return [Sample(ts, f"disk:{dev}", k, v) for k, v in raw.items()]
+
+
+def test_window_figures_are_ratios_of_sums() -> None:
+    """Latency over a window is Σticks/Σios, not the mean of per-second latencies; rates use Σdt."""
+    probe = DiskProbe(ProbeContext(""))
+    samples = [
+        *_disk_samples(10.0, "vda", d_reads=0, d_writes=100, d_read_ticks=0, d_write_ticks=100, d_rsect=0,
+                       d_wsect=1600, d_io_ticks=500, dt=1.0, util_pct=50.0),
+        *_disk_samples(11.0, "vda", d_reads=10, d_writes=300, d_read_ticks=50, d_write_ticks=900, d_rsect=80,
+                       d_wsect=4800, d_io_ticks=900, dt=1.0, util_pct=90.0),
+        *_disk_samples(12.0, "vda", d_reads=99, d_writes=99, d_read_ticks=99, d_write_ticks=99, d_rsect=0,
+                       d_wsect=0, d_io_ticks=0, dt=1.0, util_pct=0.0),  # outside the window
+        *_disk_samples(11.0, "vdb", d_reads=20, d_writes=0, d_read_ticks=20, d_write_ticks=0, d_rsect=160,
+                       d_wsect=0, d_io_ticks=100, dt=0.5, util_pct=20.0),
+    ]  # fmt: skip
+    s = probe.summarize(samples, 9.5, 11.0)
+    assert s["disk.vda.write_iops"] == pytest.approx(200.0)
+    assert s["disk.vda.write_latency_ms"] == pytest.approx(1000 / 400)
+    assert s["disk.vda.util_pct"] == pytest.approx(1400 / 2000 * 100)
+    assert s["disk.vdb.read_iops"] == pytest.approx(40.0)
+    assert s["read_iops"] == pytest.approx(5.0 + 40.0)
+    assert s["read_latency_ms"] == pytest.approx(70 / 30)
+    assert s["write_mb_s"] == pytest.approx(6400 * 512 / 2**20 / 2)
+    assert s["util_pct_max"] == 90.0
+    assert s["total_iops"] == pytest.approx(s["read_iops"] + s["write_iops"])
+
+
+def _fake_block(sysfs: Path, path: str, majmin: str | None = None, **files: str) -> Path:
+    d = sysfs / "devices" / path
+    d.mkdir(parents=True, exist_ok=True)
+    for name, text in files.items():
+        f = d / name.replace("__", "/")
+        f.parent.mkdir(parents=True, exist_ok=True)
+        f.write_text(text + "\n")
+    if majmin:
+        (sysfs / "dev" / "block").mkdir(parents=True, exist_ok=True)
+        (sysfs / "dev" / "block" / majmin).symlink_to(d)
+    return d
+
+
+def test_partition_and_device_mapper_chains(tmp_path: Path) -> None:
+    """This kernel has neither partition tables on loop devices nor device-mapper, so the sysfs layout the
+    kernel exposes for them (a partition is a subdirectory of its disk with a ``partition`` file; a dm
+    device has ``dm/name`` and ``slaves/``) is built here as files and resolved."""
+    sysfs = tmp_path / "sys"
+    disk = _fake_block(sysfs, "pci0/block/sda", "8:0")
+    part = _fake_block(sysfs, "pci0/block/sda/sda2", "8:2", partition="2")
+    dm = _fake_block(sysfs, "virtual/block/dm-0", "253:0", dm__name="vg0-pgdata")
+    (dm / "slaves").mkdir()
+    (dm / "slaves" / "sda2").symlink_to(part)
+    assert disk.exists()
+
+    got = describe_block(8, 2, sysfs=sysfs)
+    assert got is not None
+    name, kind, chain, _ = got
+    assert (name, kind, chain) == ("sda2", "partition", ("sda2", "sda"))
+
+    got = describe_block(253, 0, sysfs=sysfs)
+    assert got is not None
+    name, kind, chain, extras = got
+    assert (name, kind, chain) == ("dm-0", "dm", ("dm-0", "sda2", "sda"))
+    assert extras["dm_name"] == "vg0-pgdata"
+    assert describe_block(9, 9, sysfs=sysfs) is None
