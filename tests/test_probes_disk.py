@@ -20,7 +20,7 @@ from statistics import fmean as mean
 import pytest
 
 from pglab.probes import DiskProbe, ProbeContext, Sample, Sampler, now, resolve_device
-from pglab.probes._util import rows, rows_in_window
+from pglab.probes._util import counter_delta, rows, rows_in_window
 from pglab.probes.disk import describe_block
 
 needs_fio = pytest.mark.skipif(shutil.which("fio") is None, reason="fio is not installed")
@@ -147,16 +147,22 @@ def test_loop_device_resolution(loop_fs: tuple[Path, str, Path]) -> None:
 
 
 @needs_fio
-def test_fio_synced_writes_are_all_counted(loop_fs: tuple[Path, str, Path]) -> None:
+def test_fio_synced_writes_are_all_counted(request: pytest.FixtureRequest, scratch: Path) -> None:
     """Every synced 8 KiB write fio completes reaches the device once, plus ext4's journal writes.
 
     Measured on ext4 (data=ordered): a synced write into freshly allocated space costs exactly 3 device
-    writes (the data, the journal's descriptor+metadata, the commit record); overwriting costs ~2. So the
-    count must lie in [N, 3N + a few writes for file creation and fio's layout].
+    writes (the data, the journal's descriptor+metadata, the commit record; 3082 for 1024 writes here);
+    overwriting costs ~2. So on a device only fio writes to, the count lies in [N, 3N + a few writes for
+    file creation and fio's layout]. Without a loop device of our own (not root), the test runs on the disk
+    behind /var/tmp, where other processes' writes make only the lower bound meaningful.
     """
-    mnt, dev, _ = loop_fs
-    target = mnt / "fio"
+    try:
+        mnt, _, _ = request.getfixturevalue("loop_fs")
+        target, isolated = mnt / "fio", True
+    except pytest.skip.Exception:
+        target, isolated = scratch / "fio", False
     target.mkdir()
+    dev = resolve_device(target).device
     probe = DiskProbe(ProbeContext("", paths={"data": target}))
     sampler = Sampler([probe])
     sampler.start()
@@ -175,7 +181,9 @@ def test_fio_synced_writes_are_all_counted(loop_fs: tuple[Path, str, Path]) -> N
     window = [r for r in rows_in_window(samples, t0 - 1, t1 + 1, rate=True) if r.source == f"disk:{dev}"]
     counted = sum(r.get("d_writes") for r in window)
     print(f"fio writes {issued}, device writes {counted} ({counted / issued:.2f}x)")
-    assert issued <= counted <= 3 * issued + 64, (issued, counted)
+    assert counted >= issued, (issued, counted)
+    if isolated:
+        assert counted <= 3 * issued + 64, (issued, counted)
     summary = probe.summarize(samples, t0 - 1, t1 + 1)
     window_s = sum(r.get("dt") for r in window)
     assert summary["write_iops"] * window_s == pytest.approx(counted)
@@ -306,3 +314,11 @@ def test_partition_and_device_mapper_chains(tmp_path: Path) -> None:
     assert (name, kind, chain) == ("dm-0", "dm", ("dm-0", "sda2", "sda"))
     assert extras["dm_name"] == "vg0-pgdata"
     assert describe_block(9, 9, sysfs=sysfs) is None
+
+
+def test_counter_wrap_and_reset() -> None:
+    """32-bit millisecond counters wrap (iostat's rule); a 64-bit count that goes back was reset: 0."""
+    assert counter_delta(5, 2**32 - 5, 32) == 10
+    assert counter_delta(7, 3, 32) == 4
+    assert counter_delta(3, 10**12, 64) == 0
+    assert counter_delta(3, 2**40, 32) == 0

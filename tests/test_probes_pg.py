@@ -303,3 +303,62 @@ def test_default_probes_cover_every_layer() -> None:
     assert [p.name for p in probes] == ["disk", "cpu", "mem", "pg", "repl", "waits"]
     assert all(isinstance(p, Probe) for p in probes)
     assert next(p for p in probes if p.name == "waits").interval == pytest.approx(0.2)
+
+
+def test_replication_probe_with_a_real_standby(server: Server) -> None:
+    """A streaming standby made with pg_basebackup -R: one ``repl:<name>`` source with lags and distances."""
+    standby = server.base / "standby"
+    port = _free_port()
+    started = False
+    try:
+        subprocess.run(
+            [server.bin("pg_basebackup"), "-D", str(standby), *server.client_args(), "-R", "-X", "stream",
+             "-c", "fast", "--no-sync"],
+            check=True,
+            capture_output=True,
+            **_as_server_user(),
+        )  # fmt: skip
+        opts = f"-p {port} -k {server.base} -c listen_addresses='' -c cluster_name=standby1"
+        subprocess.run(
+            [server.bin("pg_ctl"), "-D", str(standby), "-o", opts, "-l", str(server.base / "standby.log"),
+             "-w", "start"],
+            check=True,
+            capture_output=True,
+            **_as_server_user(),
+        )  # fmt: skip
+        started = True
+        probe = ReplicationProbe(ProbeContext(server.conninfo))
+        probe.open()
+        samples: list[Sample] = []
+        t0 = now()
+        with psycopg.connect(server.conninfo, autocommit=True) as conn:
+            conn.execute("CREATE TABLE IF NOT EXISTS repl_probe (x int)")
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                conn.execute("INSERT INTO repl_probe SELECT generate_series(1, 1000)")
+                got = probe.sample(now())
+                samples.extend(got)
+                if any(s.metric == "streaming" and s.value == 1.0 for s in got) and len(samples) > 20:
+                    break
+                time.sleep(0.2)
+        probe.close()
+        t1 = now()
+        sources = {s.source for s in samples}
+        assert sources == {"repl:standby1"}
+        summary = probe.summarize(samples, t0, t1)
+        assert {"replay_lsn_distance_max_bytes", "repl.standby1.replay_lsn_distance_max_bytes"} <= set(
+            summary
+        )
+        assert summary["replay_lsn_distance_max_bytes"] >= 0
+        # lags are known (measured, or 0 because caught up) while WAL flows
+        assert summary.get("write_lag_max_ms", 0.0) >= 0.0
+        assert "replay_lag_max_ms" in summary
+        assert all(s.value in (0.0, 1.0) for s in samples if s.metric in ("streaming", "sync"))
+    finally:
+        if started:
+            subprocess.run(
+                [server.bin("pg_ctl"), "-D", str(standby), "-m", "immediate", "stop"],
+                capture_output=True,
+                **_as_server_user(),
+            )
+        shutil.rmtree(standby, ignore_errors=True)

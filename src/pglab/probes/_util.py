@@ -51,14 +51,15 @@ def rows_in_window(samples: Iterable[Sample], start: float, end: float, *, rate:
 
 
 def counter_delta(new: int, old: int, bits: int = 32) -> int:
-    """Delta of a monotonically increasing kernel counter, tolerating one wrap of a ``bits``-wide counter.
+    """Delta of a monotonically increasing kernel counter.
 
-    A counter that went backwards without having been near the wrap point was reset (device re-attached,
-    statistics reset): the delta is 0 rather than a huge or negative spike.
+    A ``bits``-wide counter below 64 bits may wrap once between reads (as iostat assumes for 32-bit
+    counters). A counter that went backwards otherwise was reset (device re-attached, statistics reset):
+    the delta is 0 rather than a huge or negative spike.
     """
     if new >= old:
         return new - old
     limit = 1 << bits
-    if old < limit:
+    if bits < 64 and old < limit:
         return new + limit - old
     return 0

@@ -57,11 +57,16 @@ class _Proc:
 
 def _read_stat(pid: int) -> tuple[int, int, int, int] | None:
     """(ppid, starttime, utime+stime, cutime+cstime) of a process in clock ticks, or None if it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read()
+    try:  # os.open/os.read: half the cost of open(); this runs for every tracked process every tick
+        fd = os.open(f"/proc/{pid}/stat", os.O_RDONLY)
     except OSError:
         return None
+    try:
+        data = os.read(fd, 4096)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
     # comm may contain spaces and parentheses: the fields start after the last ')'
     rest = data[data.rfind(b")") + 2 :].split()
     # rest[0]=state [1]=ppid … [11]=utime [12]=stime [13]=cutime [14]=cstime … [19]=starttime

@@ -32,7 +32,7 @@ DISKSTATS = Path("/proc/diskstats")
 SECTOR = 512
 MIB = 1024 * 1024
 
-# Kernel counter widths: io_ticks is printed from an unsigned int (ms), the others are unsigned long.
+# Kernel counter widths: the millisecond counters are printed as unsigned int, the counts as unsigned long.
 _WIDE = 64
 _NARROW = 32
 
@@ -105,10 +105,6 @@ def _mount_of(real: str, dev: str, mounts: Sequence[_Mount]) -> _Mount | None:
     return None
 
 
-def _sys_name(sysdir: Path) -> str:
-    return sysdir.name
-
-
 def _read(p: Path) -> str | None:
     try:
         return p.read_text().strip()
@@ -117,22 +113,22 @@ def _read(p: Path) -> str | None:
 
 
 def describe_block(
-    major: int, minor: int, *, sysfs: Path = SYSFS, mountinfo: Path = MOUNTINFO, _depth: int = 0
+    major: int, minor: int, *, sysfs: Path = SYSFS, mountinfo: Path = MOUNTINFO
 ) -> tuple[str, str, tuple[str, ...], dict[str, str | None]] | None:
     """(kernel name, kind, chain, extras) of block device major:minor, or None if it is not one."""
     link = sysfs / "dev" / "block" / f"{major}:{minor}"
     if not link.exists():
         return None
     sysdir = Path(os.path.realpath(link))
-    return _describe_sysdir(sysdir, sysfs=sysfs, mountinfo=mountinfo, depth=_depth)
+    return _describe_sysdir(sysdir, sysfs=sysfs, mountinfo=mountinfo, depth=0)
 
 
 def _describe_sysdir(
     sysdir: Path, *, sysfs: Path, mountinfo: Path, depth: int
 ) -> tuple[str, str, tuple[str, ...], dict[str, str | None]]:
-    name = _sys_name(sysdir)
+    name = sysdir.name
     extras: dict[str, str | None] = {}
-    if depth > 8:  # a loop file on a loop device on … : stop, the chain is already informative
+    if depth > 8:  # a stack deeper than any real one: stop, the chain is already informative
         return name, "disk", (name,), extras
     if (sysdir / "partition").exists():
         parent = sysdir.parent
@@ -147,15 +143,8 @@ def _describe_sysdir(
         extras["backing_file"] = backing
         chain: tuple[str, ...] = (name, f"file:{backing}")
         file_path = backing.removesuffix(" (deleted)")
-        try:
-            st = os.stat(file_path)
-            below = describe_block(
-                os.major(st.st_dev), os.minor(st.st_dev), sysfs=sysfs, mountinfo=mountinfo, _depth=depth + 1
-            )
-            if below is not None:
-                chain = (*chain, *below[2])
-        except OSError:
-            pass
+        if os.path.exists(file_path):  # the file's own device (resolved like any path: btrfs, dm …)
+            chain = (*chain, *resolve_device(file_path, sysfs=sysfs, mountinfo=mountinfo).chain)
         return name, "loop", chain, extras
     # md RAID and other stacked devices list their members as slaves; a plain disk has none.
     return name, "disk", (name, *_slaves_chain(sysdir, sysfs, mountinfo, depth)), extras

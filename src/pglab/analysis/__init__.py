@@ -1,0 +1,1 @@
+"""Analysis of stored runs: aggregation over repeats (later: steady state, bottleneck, cost, compare)."""

@@ -1,0 +1,198 @@
+"""Command line: run, report, plan validate|schema. User errors end in one sentence and exit code 2."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+from pglab.errors import PlanError, UserError
+from pglab.plan.expand import Point
+from pglab.plan.load import load_plan
+from pglab.plan.schema import Plan
+from pglab.workloads.pgbench import ProgressPoint
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="Reproducible PostgreSQL platform benchmarks from one plan file.")
+plan_app = typer.Typer(no_args_is_help=True, help="Check a plan, or print its JSON Schema.")
+app.add_typer(plan_app, name="plan")
+
+out = Console()
+err = Console(stderr=True)
+FORMATS = ("table", "markdown", "csv", "json")
+
+
+class ProgressView:
+    """Live progress: the current point, its phase, pgbench's current TPS, and the sweep's ETA."""
+
+    def __init__(self, console: Console):
+        self.console = console
+        self.bar = Progress(
+            SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
+            TextColumn("{task.completed:.0f}/{task.total:.0f} runs"),
+            TextColumn("[bold]{task.fields[tps]}"), TimeElapsedColumn(), TextColumn("ETA {task.fields[eta]}"),
+            console=console, transient=False,
+        )
+        self.task: Any = None
+        self.started = time.monotonic()
+        self.estimate: float | None = None
+        self.done = 0
+        self.total = 0
+
+    def __enter__(self) -> ProgressView:
+        self.bar.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.bar.stop()
+
+    def log(self, message: str) -> None:
+        self.bar.console.print(f"[dim]{message}[/dim]")
+
+    def sweep_started(self, runs: int, estimate_s: float | None) -> None:
+        self.total, self.estimate = runs, estimate_s
+        self.task = self.bar.add_task("provisioning", total=runs, tps="", eta=self._eta())
+
+    def _eta(self) -> str:
+        elapsed = time.monotonic() - self.started
+        if self.done:
+            remaining = elapsed / self.done * (self.total - self.done)
+        elif self.estimate:
+            remaining = self.estimate
+        else:
+            return "?"
+        return time.strftime("%M:%S", time.gmtime(remaining)) if remaining < 3600 else f"{remaining / 3600:.1f} h"
+
+    def run_started(self, point: Point, repeat: int, phase: str) -> None:
+        self.bar.update(self.task, description=f"{point.label()} #{repeat} {phase}", tps="",
+                             eta=self._eta())
+
+    def progress(self, p: ProgressPoint) -> None:
+        self.bar.update(self.task, tps=f"{p.tps:,.0f} tps", eta=self._eta())
+
+    def run_finished(self, point: Point, repeat: int, status: str, metrics: dict[str, Any]) -> None:
+        self.done += 1
+        self.bar.update(self.task, advance=1, eta=self._eta())
+        if status == "ok":
+            self.log(f"{point.label()} #{repeat}: {metrics.get('tps', 0):,.1f} tps, "
+                     f"p99 {metrics.get('latency_p99_ms') or 0:.2f} ms")
+        else:
+            self.bar.console.print(f"[yellow]{point.label()} #{repeat}: {status}"
+                                        f"{': ' + str(metrics['reason']) if metrics.get('reason') else ''}")
+
+
+@app.command()
+def run(
+    plan_file: Path = typer.Argument(..., help="plan (YAML)"),
+    results: Path | None = typer.Option(None, "--results", help="results folder (default results/<name>-<time>)"),
+    keep: bool = typer.Option(False, "--keep", help="leave the lab running and its files in place"),
+    fmt: str = typer.Option("table", "--format", help="table printed at the end: " + "|".join(FORMATS)),
+) -> None:
+    """Run a plan: provision, sweep the matrix, store every run, print the table."""
+    from pglab.report.tables import point_table, render
+    from pglab.runner import Runner, check_results_dir
+    from pglab.store import Store
+
+    _check_format(fmt)
+    plan, text = _load(plan_file)
+    results = results or Path("results") / f"{plan.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    check_results_dir(results)
+    runner = Runner(plan, text, plan_file.resolve().parent, results, keep=keep)
+    with ProgressView(err) as view:
+        runner.ui = view
+        outcome = runner.run()
+    store = Store.open(results, create=False)
+    columns, rows = point_table(store, outcome.sweep_id)
+    store.close()
+    out.print(render(columns, rows, fmt, title=f"{plan.name} — {results}"), end="", soft_wrap=True,
+              markup=False, highlight=False)
+    err.print(f"results: {results}  ({outcome.ok} ok, {outcome.failed} failed)")
+    for f in outcome.failures:
+        err.print(f"[yellow]failed: {f}")
+    if outcome.interrupted:
+        err.print("[yellow]interrupted: the lab was torn down; completed runs are stored.")
+        raise typer.Exit(130)
+    if outcome.failed:
+        raise typer.Exit(1)
+
+
+@app.command()
+def report(
+    results: Path = typer.Argument(..., help="results folder written by 'pglab run'"),
+    fmt: str = typer.Option("table", "--format", help="|".join(FORMATS)),
+    per_run: bool = typer.Option(False, "--per-run", help="one row per run, with run_id and its folder"),
+    sweep: int | None = typer.Option(None, "--sweep", help="sweep id (default: the latest)"),
+) -> None:
+    """Print the results table again, from the store."""
+    from pglab.report.tables import point_table, render, run_table
+    from pglab.store import Store
+
+    _check_format(fmt)
+    store = Store.open(results, create=False)
+    try:
+        if store.latest_sweep_id() is None:
+            raise UserError(f"'{results}' holds no sweep yet; run a plan into it first.")
+        columns, rows = (run_table if per_run else point_table)(store, sweep)
+    finally:
+        store.close()
+    out.print(render(columns, rows, fmt), end="", soft_wrap=True, markup=False, highlight=False)
+
+
+@plan_app.command("validate")
+def plan_validate(plan_file: Path = typer.Argument(..., help="plan (YAML)")) -> None:
+    """Check a plan; exit 0, or exit 2 with one line per problem naming the field path."""
+    from pglab.plan.expand import expand
+
+    plan, _ = _load(plan_file)
+    n = len(expand(plan))
+    out.print(f"{plan_file}: valid — {n} points × {plan.run.repeats} repeats = {n * plan.run.repeats} runs")
+
+
+@plan_app.command("schema")
+def plan_schema() -> None:
+    """Print the plan's JSON Schema (for editors)."""
+    print(json.dumps(Plan.model_json_schema(), indent=2))
+
+
+def _check_format(fmt: str) -> None:
+    if fmt not in FORMATS:
+        raise UserError(f"--format: '{fmt}' is not one of {', '.join(FORMATS)}.")
+
+
+def _load(path: Path) -> tuple[Plan, str]:
+    return load_plan(path)
+
+
+def main() -> None:
+    try:
+        app(standalone_mode=False)
+    except PlanError as exc:
+        for line in exc.problems:
+            err.print(line, markup=False, highlight=False)
+        sys.exit(2)
+    except UserError as exc:
+        err.print(f"error: {exc}", markup=False, highlight=False)
+        sys.exit(2)
+    except typer.Exit as exc:
+        sys.exit(exc.exit_code)
+    except typer.Abort:
+        sys.exit(130)
+    except KeyboardInterrupt:
+        sys.exit(130)
+    except Exception as exc:  # click's own usage errors
+        import click
+
+        if isinstance(exc, click.exceptions.ClickException):
+            exc.show()
+            sys.exit(2)
+        raise
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""Reports: tables from the store (terminal, Markdown, CSV, JSON)."""

@@ -1,0 +1,340 @@
+"""The sweep loop: for each point × repeat — provision, reset the dataset, probe, run pgbench, store.
+
+Nothing else lives here: what a target, a workload, a probe or the store does is in its own module.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import json
+import signal
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType
+from typing import Any, Protocol
+
+import psycopg
+
+from pglab import __version__, environment
+from pglab.errors import RunInterrupted, UserError
+from pglab.plan.expand import Point, expand
+from pglab.plan.schema import Plan
+from pglab.probes import ProbeContext, Sample, Sampler, default_probes
+from pglab.probes.base import now
+from pglab.store.sqlite import Store
+from pglab.targets.base import Endpoints
+from pglab.targets.local.cluster import LabError, LocalLab
+from pglab.workloads import pgbench
+from pglab.workloads.pgbench import PgbenchError, PgbenchProcess, ProgressPoint
+
+
+class Observer(Protocol):
+    """What the runner tells the user interface (the CLI shows a live progress bar)."""
+
+    def log(self, message: str) -> None: ...
+    def sweep_started(self, runs: int, estimate_s: float | None) -> None: ...
+    def run_started(self, point: Point, repeat: int, phase: str) -> None: ...
+    def progress(self, p: ProgressPoint) -> None: ...
+    def run_finished(self, point: Point, repeat: int, status: str, metrics: dict[str, Any]) -> None: ...
+
+
+class SilentObserver:
+    def log(self, message: str) -> None:
+        pass
+
+    def sweep_started(self, runs: int, estimate_s: float | None) -> None:
+        pass
+
+    def run_started(self, point: Point, repeat: int, phase: str) -> None:
+        pass
+
+    def progress(self, p: ProgressPoint) -> None:
+        pass
+
+    def run_finished(self, point: Point, repeat: int, status: str, metrics: dict[str, Any]) -> None:
+        pass
+
+
+class RunFailed(Exception):
+    """One run could not complete (pgbench error, an instance down): recorded, and the sweep goes on."""
+
+
+@dataclass
+class SweepResult:
+    sweep_id: int
+    results_dir: Path
+    ok: int = 0
+    failed: int = 0
+    interrupted: bool = False
+    failures: list[str] = field(default_factory=list)
+
+
+def plan_hash(plan_text: str) -> str:
+    return hashlib.sha256(plan_text.encode()).hexdigest()
+
+
+class _Signals:
+    """SIGINT/SIGTERM become RunInterrupted in the main thread; ignored while tearing down."""
+
+    def __init__(self) -> None:
+        self._saved: dict[int, Any] = {}
+
+    def __enter__(self) -> _Signals:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            self._saved[sig] = signal.signal(sig, self._raise)
+        return self
+
+    @staticmethod
+    def _raise(signum: int, _frame: FrameType | None) -> None:
+        raise RunInterrupted(signal.Signals(signum).name)
+
+    def shield(self) -> None:
+        for sig in self._saved:
+            signal.signal(sig, signal.SIG_IGN)
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, handler in self._saved.items():
+            signal.signal(sig, handler)
+
+
+class Runner:
+    def __init__(self, plan: Plan, plan_text: str, plan_dir: Path, results_dir: Path,
+                 observer: Observer | None = None, keep: bool = False):
+        self.plan = plan
+        self.plan_text = plan_text
+        self.plan_dir = plan_dir
+        self.results_dir = results_dir
+        self.ui: Observer = observer or SilentObserver()
+        self.keep = keep
+        self.points = expand(plan)
+        self._pgbench: PgbenchProcess | None = None
+
+    # ------------------------------------------------------------ the sweep
+    def run(self) -> SweepResult:
+        plan = self.plan
+        assert plan.target.local is not None
+        target = LocalLab(plan.target.local, self.plan_dir, log=self.ui.log)  # checks binaries and user
+        store = Store.open(self.results_dir)
+        sweep_id = store.begin_sweep(plan.name, self.plan_text, plan_hash(self.plan_text), __version__)
+        result = SweepResult(sweep_id, self.results_dir)
+        point_ids = store.add_points(sweep_id, [(p.index, p.key, p.axes) for p in self.points])
+        repeats = plan.run.repeats
+        per_run = (plan.run.warmup + (plan.run.measured_seconds or 0) + 3) if plan.run.measured_seconds else None
+        self.ui.sweep_started(len(self.points) * repeats, per_run * len(self.points) * repeats if per_run else None)
+        status, reason = "done", None
+        with _Signals() as signals:
+            try:
+                endpoints = target.provision(self._parameters(self.points[0]))
+                store.set_sweep_info(sweep_id, environment.capture(
+                    endpoints.primary.conninfo(), target.probe_paths(), target.bindir, self.plan_text),
+                    target.describe())
+                self._ensure_dataset(target, endpoints)
+                for point in self.points:
+                    for repeat in range(1, repeats + 1):
+                        ok = self._one_run(store, target, sweep_id, point_ids[point.key], point, repeat)
+                        if ok is True:
+                            result.ok += 1
+                        else:
+                            result.failed += 1
+                            result.failures.append(f"{point.label()} #{repeat}: {ok}")
+                        if plan.run.pause:
+                            time.sleep(plan.run.pause)
+            except RunInterrupted as exc:
+                status, reason = "interrupted", f"interrupted by {exc.signal_name}"
+                result.interrupted = True
+            except BaseException as exc:
+                status, reason = "failed", str(exc)
+                raise
+            finally:
+                signals.shield()
+                self._stop_pgbench()
+                try:
+                    target.teardown(keep=self.keep)
+                finally:
+                    store.end_sweep(sweep_id, status, reason)
+                    store.close()
+        return result
+
+    def _parameters(self, point: Point) -> dict[str, Any]:
+        return {**self.plan.postgres.parameters, **point.parameters,
+                "synchronous_commit": point.synchronous_commit}
+
+    def _ensure_dataset(self, target: LocalLab, endpoints: Endpoints) -> None:
+        ds = self.plan.dataset
+        with psycopg.connect(endpoints.primary.conninfo(), autocommit=True) as conn:
+            state = pgbench.dataset_state(conn)
+        if state != {"scale": ds.scale, "partitions": ds.partitions or 0}:
+            self.ui.log(f"loading the dataset: pgbench -i -s {ds.scale}")
+            seconds = pgbench.initialise(target.bindir, endpoints.primary, ds, self.results_dir / "dataset")
+            self.ui.log(f"dataset loaded in {seconds:.1f} s")
+
+    # ------------------------------------------------------------ one run
+    def _one_run(self, store: Store, target: LocalLab, sweep_id: int, point_id: int, point: Point,
+                 repeat: int) -> bool | str:
+        """Returns True, or the reason the run failed. RunInterrupted propagates after marking the run."""
+        run_id, run_dir = store.start_run(sweep_id, point_id, point.index, repeat)
+        sampler: Sampler | None = None
+        try:
+            self.ui.run_started(point, repeat, "prepare")
+            endpoints = target.provision(self._parameters(point))
+            if problem := target.health():
+                raise RunFailed(problem)
+            self._prepare_dataset(target, endpoints, run_dir)
+            settings = self._settings(endpoints, run_dir)
+            ctx = ProbeContext(
+                primary_conninfo=endpoints.primary.conninfo(application_name="pglab-probe"),
+                standby_conninfos={s.name: s.conninfo(application_name="pglab-probe") for s in endpoints.standbys},
+                paths=target.probe_paths(),
+                server_pids=target.server_pids,
+                client_pids=lambda: [self._pgbench.pid] if self._pgbench else [],
+                wait_hz=self.plan.probes.wait_hz,
+            )
+            sampler = Sampler(default_probes(ctx) if self.plan.probes.enabled else [])
+            sampler.start()
+            run = self.plan.run
+            if run.warmup > 0:
+                self.ui.run_started(point, repeat, "warm-up")
+                self._pgbench_once(target, endpoints, point, run_dir, "warmup", seconds=run.warmup,
+                                   transactions=None, log=False)
+            self.ui.run_started(point, repeat, "measure")
+            launched = now()
+            measured = self._pgbench_once(target, endpoints, point, run_dir, "pgbench",
+                                          seconds=run.measured_seconds, transactions=run.transactions, log=True)
+            ended = now()
+            _wait_for_tick(ended)  # let every 1 s probe take the sample that closes the window
+            samples = sampler.stop()
+            result = pgbench.finish_run(measured[0], measured[1], run_dir / "pgbench_log", launched, ended)
+            window = (result.window_start, result.window_end)
+            metrics = self._metrics(result)
+            metrics.update(sampler.summarize(*window))
+            if sampler.errors:
+                (run_dir / "probe-errors.txt").write_text("\n".join(sampler.errors) + "\n")
+            series = [(p.ts, "pgbench", m, v) for p in result.progress
+                      for m, v in (("tps", p.tps), ("latency_ms", p.latency_ms), ("stddev_ms", p.stddev_ms),
+                                   ("failed", p.failed), ("lag_ms", p.lag_ms)) if v is not None]
+            series += [(s.ts, s.source, s.metric, s.value) for s in samples]
+            _write_samples(run_dir / "probes.csv", samples)
+            _write_json(run_dir / "run.json", {"run_id": run_id, "point": point.axes, "repeat": repeat,
+                                               "window": window, "command": result.command, "metrics": metrics})
+            store.finish_run(run_id, "ok", window=window, settings=settings, metrics=metrics, series=series)
+            self.ui.run_finished(point, repeat, "ok", metrics)
+            return True
+        except RunInterrupted as exc:
+            self._stop_pgbench()
+            if sampler:
+                sampler.stop()
+            store.finish_run(run_id, "interrupted", reason=f"interrupted by {exc.signal_name}")
+            self.ui.run_finished(point, repeat, "interrupted", {})
+            raise
+        except (RunFailed, PgbenchError, LabError, psycopg.Error) as exc:
+            self._stop_pgbench()
+            if sampler:
+                sampler.stop()
+            reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            store.finish_run(run_id, "failed", reason=reason)
+            self.ui.run_finished(point, repeat, "failed", {"reason": reason})
+            return reason
+
+    def _prepare_dataset(self, target: LocalLab, endpoints: Endpoints, run_dir: Path) -> None:
+        ds = self.plan.dataset
+        if ds.reset == "reinit":
+            pgbench.initialise(target.bindir, endpoints.primary, ds, run_dir)
+        with psycopg.connect(endpoints.primary.conninfo(application_name="pglab-control"),
+                             autocommit=True) as conn:
+            if ds.reset == "vacuum":
+                pgbench.reset_for_run(conn)
+            _wait_replay(conn)
+
+    def _settings(self, endpoints: Endpoints, run_dir: Path) -> dict[str, Any]:
+        with psycopg.connect(endpoints.primary.conninfo(application_name="pglab-control"),
+                             autocommit=True) as conn:
+            rows = conn.execute("SELECT name, setting, unit FROM pg_settings WHERE source NOT IN "
+                                "('default', 'override') ORDER BY name").fetchall()
+        settings = {n: {"setting": s, "unit": u} for n, s, u in rows}
+        _write_json(run_dir / "settings.json", settings)
+        return settings
+
+    def _pgbench_once(self, target: LocalLab, endpoints: Endpoints, point: Point, run_dir: Path, name: str,
+                      seconds: float | None, transactions: int | None, log: bool) -> tuple[PgbenchProcess, int]:
+        args = pgbench.run_args(target.bindir, point.workload, point.clients, point.jobs, self.plan.run,
+                                self.plan_dir, seconds=seconds, transactions=transactions,
+                                log_prefix=run_dir / "pgbench_log" if log else None)
+        proc = PgbenchProcess(args, endpoints.primary, run_dir, name, on_progress=self.ui.progress)
+        self._pgbench = proc
+        try:
+            rc = proc.wait()
+        finally:
+            self._pgbench = None
+        if name == "warmup" and rc != 0:
+            err = proc.stderr_path.read_text().strip().splitlines()
+            raise PgbenchError(f"warm-up pgbench exited with code {rc}: {(err or ['no message'])[-1]}")
+        return proc, rc
+
+    def _stop_pgbench(self) -> None:
+        if self._pgbench is not None:
+            self._pgbench.stop()
+            self._pgbench = None
+
+    @staticmethod
+    def _metrics(result: pgbench.PgbenchRun) -> dict[str, float | None]:
+        s = result.summary
+        m: dict[str, float | None] = {
+            "tps": s.tps,
+            "latency_avg_ms": s.latency_avg_ms,
+            "latency_stddev_ms": s.latency_stddev_ms,
+            "initial_connection_ms": s.initial_connection_ms,
+            "transactions": float(s.transactions),
+            "failed": float(s.failed),
+            "window_s": result.window_end - result.window_start,
+        }
+        if result.log:
+            m.update({
+                "latency_p50_ms": result.log.percentiles_ms[50],
+                "latency_p95_ms": result.log.percentiles_ms[95],
+                "latency_p99_ms": result.log.percentiles_ms[99],
+                "latency_max_ms": result.log.latency_max_ms,
+                "latency_log_mean_ms": result.log.latency_mean_ms,
+                "logged_transactions": float(result.log.count),
+            })
+        return m
+
+
+def _wait_for_tick(t: float) -> None:
+    time.sleep(max(0.0, (int(t) + 1 - t) + 0.25))
+
+
+def _wait_replay(conn: psycopg.Connection[Any], timeout: float = 60) -> None:
+    """Start every run with standbys caught up, so one run's replication backlog never leaks into the next."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        behind = conn.execute(
+            "SELECT count(*) FROM pg_stat_replication "
+            "WHERE replay_lsn IS NULL OR replay_lsn < pg_current_wal_lsn()").fetchone()
+        if behind is None or behind[0] == 0:
+            return
+        time.sleep(0.1)
+    raise RunFailed(f"standbys did not catch up within {timeout:.0f} s before the run")
+
+
+def _write_samples(path: Path, samples: list[Sample]) -> None:
+    tmp = path.with_suffix(".tmp")
+    with open(tmp, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["ts", "source", "metric", "value"])
+        for s in samples:
+            w.writerow([f"{s.ts:.3f}", s.source, s.metric, "" if s.value is None else s.value])
+    tmp.replace(path)
+
+
+def _write_json(path: Path, data: Any) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=1, default=str))
+    tmp.replace(path)
+
+
+def check_results_dir(path: Path) -> None:
+    if path.exists() and not path.is_dir():
+        raise UserError(f"--results: '{path}' is a file; give a folder.")
+

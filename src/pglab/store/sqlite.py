@@ -1,0 +1,256 @@
+"""The results store: ``DIR/results.db`` (SQLite) and ``DIR/runs/<run_id>/`` (raw artifacts).
+
+Each run is written in one transaction when it ends, so a crash leaves either the whole run or a row
+still marked ``running`` (turned into ``interrupted`` by the next open). The schema carries its version
+in ``PRAGMA user_version``; migrations are applied in order on open.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+import uuid
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pglab.errors import UserError
+
+SCHEMA_VERSION = 1
+
+MIGRATIONS: dict[int, str] = {
+    1: """
+    CREATE TABLE sweeps (
+        id INTEGER PRIMARY KEY,
+        plan_name TEXT NOT NULL,
+        plan_text TEXT NOT NULL,
+        plan_hash TEXT NOT NULL,
+        pglab_version TEXT NOT NULL,
+        started REAL NOT NULL,
+        finished REAL,
+        status TEXT NOT NULL,              -- running | done | interrupted | failed
+        reason TEXT,
+        environment TEXT,                  -- JSON: versions, kernel, CPU, memory, paths, devices, settings
+        target TEXT                        -- JSON: topology as built
+    );
+    CREATE TABLE points (
+        id INTEGER PRIMARY KEY,
+        sweep_id INTEGER NOT NULL REFERENCES sweeps(id),
+        idx INTEGER NOT NULL,
+        key TEXT NOT NULL,
+        axes TEXT NOT NULL,                -- JSON: axis name -> value
+        UNIQUE (sweep_id, key)
+    );
+    CREATE TABLE runs (
+        id TEXT PRIMARY KEY,
+        sweep_id INTEGER NOT NULL REFERENCES sweeps(id),
+        point_id INTEGER NOT NULL REFERENCES points(id),
+        repeat INTEGER NOT NULL,
+        status TEXT NOT NULL,              -- running | ok | failed | interrupted
+        reason TEXT,
+        started REAL NOT NULL,
+        ended REAL,
+        window_start REAL,                 -- measured window on the run's clock (epoch s), warm-up outside
+        window_end REAL,
+        dir TEXT NOT NULL,                 -- artifact folder, relative to the results folder
+        settings TEXT                      -- JSON: settings in force for this run
+    );
+    CREATE INDEX runs_point ON runs(point_id);
+    CREATE TABLE run_metrics (
+        run_id TEXT NOT NULL REFERENCES runs(id),
+        name TEXT NOT NULL,
+        value REAL,
+        PRIMARY KEY (run_id, name)
+    );
+    CREATE TABLE series (
+        run_id TEXT NOT NULL REFERENCES runs(id),
+        ts REAL NOT NULL,
+        source TEXT NOT NULL,
+        metric TEXT NOT NULL,
+        value REAL
+    );
+    CREATE INDEX series_run ON series(run_id, source, metric);
+    CREATE TABLE events (
+        run_id TEXT REFERENCES runs(id),
+        sweep_id INTEGER REFERENCES sweeps(id),
+        ts REAL NOT NULL,
+        kind TEXT NOT NULL,
+        detail TEXT
+    );
+    """,
+}
+
+
+@dataclass(frozen=True)
+class RunRow:
+    id: str
+    sweep_id: int
+    point_id: int
+    repeat: int
+    status: str
+    reason: str | None
+    dir: str
+    axes: dict[str, Any]
+    metrics: dict[str, float | None]
+
+
+class Store:
+    def __init__(self, results_dir: Path, conn: sqlite3.Connection):
+        self.dir = results_dir
+        self.conn = conn
+
+    @classmethod
+    def open(cls, results_dir: str | Path, create: bool = True) -> Store:
+        d = Path(results_dir)
+        db = d / "results.db"
+        if not create and not db.is_file():
+            raise UserError(f"'{d}' holds no pglab results (no results.db); give the folder a run wrote.")
+        try:
+            d.mkdir(parents=True, exist_ok=True)
+            (d / "runs").mkdir(exist_ok=True)
+            conn = sqlite3.connect(db, timeout=30, isolation_level=None)
+        except (OSError, sqlite3.Error) as exc:
+            raise UserError(f"results folder '{d}': cannot open it ({exc}); choose a writable folder.") from None
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("PRAGMA foreign_keys=ON")
+        store = cls(d, conn)
+        store._migrate()
+        return store
+
+    def _migrate(self) -> None:
+        version = self.conn.execute("PRAGMA user_version").fetchone()[0]
+        if version > SCHEMA_VERSION:
+            raise UserError(f"'{self.dir}/results.db' was written by a newer pglab (schema {version}); "
+                            "upgrade pglab to read it.")
+        for v in range(version + 1, SCHEMA_VERSION + 1):
+            with self.tx():
+                for stmt in _statements(MIGRATIONS[v]):
+                    self.conn.execute(stmt)
+                self.conn.execute(f"PRAGMA user_version = {v}")
+        # runs left 'running' by a process that died are interrupted, not silently half-there
+        with self.tx():
+            self.conn.execute("UPDATE runs SET status='interrupted', reason=coalesce(reason, 'pglab stopped "
+                              "before the run finished') WHERE status='running'")
+
+    @contextmanager
+    def tx(self) -> Iterator[sqlite3.Connection]:
+        self.conn.execute("BEGIN IMMEDIATE")
+        try:
+            yield self.conn
+        except BaseException:
+            self.conn.execute("ROLLBACK")
+            raise
+        self.conn.execute("COMMIT")
+
+    def close(self) -> None:
+        self.conn.close()
+
+    # ------------------------------------------------------------ writing
+    def begin_sweep(self, plan_name: str, plan_text: str, plan_hash: str, version: str) -> int:
+        with self.tx():
+            cur = self.conn.execute(
+                "INSERT INTO sweeps (plan_name, plan_text, plan_hash, pglab_version, started, status) "
+                "VALUES (?, ?, ?, ?, ?, 'running')", (plan_name, plan_text, plan_hash, version, time.time()))
+            return int(cur.lastrowid or 0)
+
+    def set_sweep_info(self, sweep_id: int, environment: dict[str, Any], target: dict[str, Any]) -> None:
+        with self.tx():
+            self.conn.execute("UPDATE sweeps SET environment=?, target=? WHERE id=?",
+                              (json.dumps(environment, default=str), json.dumps(target, default=str), sweep_id))
+
+    def end_sweep(self, sweep_id: int, status: str, reason: str | None = None) -> None:
+        with self.tx():
+            self.conn.execute("UPDATE sweeps SET status=?, reason=?, finished=? WHERE id=?",
+                              (status, reason, time.time(), sweep_id))
+
+    def add_points(self, sweep_id: int, points: Iterable[tuple[int, str, dict[str, Any]]]) -> dict[str, int]:
+        ids: dict[str, int] = {}
+        with self.tx():
+            for idx, key, axes in points:
+                cur = self.conn.execute(
+                    "INSERT INTO points (sweep_id, idx, key, axes) VALUES (?, ?, ?, ?)",
+                    (sweep_id, idx, key, json.dumps(axes)))
+                ids[key] = int(cur.lastrowid or 0)
+        return ids
+
+    def start_run(self, sweep_id: int, point_id: int, point_idx: int, repeat: int) -> tuple[str, Path]:
+        run_id = f"p{point_idx:03d}-r{repeat}-{uuid.uuid4().hex[:6]}"
+        rel = Path("runs") / run_id
+        (self.dir / rel).mkdir(parents=True)
+        with self.tx():
+            self.conn.execute(
+                "INSERT INTO runs (id, sweep_id, point_id, repeat, status, started, dir) "
+                "VALUES (?, ?, ?, ?, 'running', ?, ?)", (run_id, sweep_id, point_id, repeat, time.time(), str(rel)))
+        return run_id, self.dir / rel
+
+    def finish_run(self, run_id: str, status: str, *, reason: str | None = None,
+                   window: tuple[float, float] | None = None, settings: dict[str, Any] | None = None,
+                   metrics: dict[str, float | None] | None = None,
+                   series: Iterable[tuple[float, str, str, float | None]] = ()) -> None:
+        """Everything about a run in one transaction: a crash leaves the run whole or still 'running'."""
+        with self.tx():
+            self.conn.execute(
+                "UPDATE runs SET status=?, reason=?, ended=?, window_start=?, window_end=?, settings=? WHERE id=?",
+                (status, reason, time.time(), window[0] if window else None, window[1] if window else None,
+                 json.dumps(settings, default=str) if settings is not None else None, run_id))
+            if metrics:
+                self.conn.executemany("INSERT OR REPLACE INTO run_metrics (run_id, name, value) VALUES (?, ?, ?)",
+                                      [(run_id, k, _num(v)) for k, v in metrics.items()])
+            self.conn.executemany("INSERT INTO series (run_id, ts, source, metric, value) VALUES (?, ?, ?, ?, ?)",
+                                  [(run_id, ts, src, m, _num(v)) for ts, src, m, v in series])
+
+    def add_event(self, ts: float, kind: str, detail: str = "", run_id: str | None = None,
+                  sweep_id: int | None = None) -> None:
+        with self.tx():
+            self.conn.execute("INSERT INTO events (run_id, sweep_id, ts, kind, detail) VALUES (?, ?, ?, ?, ?)",
+                              (run_id, sweep_id, ts, kind, detail))
+
+    # ------------------------------------------------------------ reading
+    def sweeps(self) -> list[dict[str, Any]]:
+        cur = self.conn.execute("SELECT * FROM sweeps ORDER BY id")
+        cols = [c[0] for c in cur.description]
+        return [dict(zip(cols, row, strict=True)) for row in cur]
+
+    def latest_sweep_id(self) -> int | None:
+        row = self.conn.execute("SELECT max(id) FROM sweeps").fetchone()
+        return int(row[0]) if row and row[0] is not None else None
+
+    def runs(self, sweep_id: int | None = None) -> list[RunRow]:
+        sql = ("SELECT r.id, r.sweep_id, r.point_id, r.repeat, r.status, r.reason, r.dir, p.axes, p.idx "
+               "FROM runs r JOIN points p ON p.id = r.point_id")
+        args: tuple[Any, ...] = ()
+        if sweep_id is not None:
+            sql += " WHERE r.sweep_id = ?"
+            args = (sweep_id,)
+        sql += " ORDER BY r.sweep_id, p.idx, r.repeat, r.started"
+        rows = self.conn.execute(sql, args).fetchall()
+        metrics: dict[str, dict[str, float | None]] = {}
+        for run_id, name, value in self.conn.execute("SELECT run_id, name, value FROM run_metrics"):
+            metrics.setdefault(run_id, {})[name] = value
+        return [RunRow(r[0], r[1], r[2], r[3], r[4], r[5], r[6], json.loads(r[7]), metrics.get(r[0], {}))
+                for r in rows]
+
+    def series(self, run_id: str, source: str | None = None) -> list[tuple[float, str, str, float | None]]:
+        sql = "SELECT ts, source, metric, value FROM series WHERE run_id = ?"
+        args: tuple[Any, ...] = (run_id,)
+        if source:
+            sql += " AND source = ?"
+            args += (source,)
+        return [tuple(r) for r in self.conn.execute(sql + " ORDER BY ts", args)]  # type: ignore[misc]
+
+
+def _num(v: Any) -> float | None:
+    if v is None:
+        return None
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return None
+    return f if f == f else None  # NaN is stored as NULL
+
+
+def _statements(script: str) -> list[str]:
+    return [s.strip() for s in script.split(";") if s.strip() and not s.strip().startswith("--")]

@@ -1,0 +1,1 @@
+"""Workloads: what runs against the database (pgbench) and on the storage (fio, later)."""

@@ -1,0 +1,313 @@
+"""pgbench: dataset initialisation and reset, one run with progress and per-transaction log, parsing.
+
+Figures come from pgbench itself: TPS is the ``tps = … (without initial connection time)`` line of its
+output; percentiles are computed from its per-transaction log (``-l``), latency series from its
+``-P 1 --progress-timestamp`` lines, so every number can be recomputed from the artifacts.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from pglab.plan.load import resolve_path
+from pglab.plan.schema import CustomWorkload, Dataset, Run
+from pglab.targets.base import Endpoint
+
+PGBENCH_TABLES = ("pgbench_accounts", "pgbench_branches", "pgbench_tellers", "pgbench_history")
+PERCENTILES = (50, 95, 99)
+
+_PROGRESS = re.compile(
+    r"^progress: (?P<t>[\d.]+) s, (?P<tps>[\d.]+) tps, lat (?P<lat>[\d.]+|NaN) ms stddev (?P<sd>[\d.]+|NaN)"
+    r"(?:, (?P<failed>\d+) failed)?(?:, lag (?P<lag>[\d.]+) ms)?"
+)
+
+
+class PgbenchError(Exception):
+    """pgbench failed; the message carries pgbench's own last words."""
+
+
+@dataclass
+class ProgressPoint:
+    ts: float  # epoch seconds, end of the 1-second interval
+    tps: float
+    latency_ms: float | None
+    stddev_ms: float | None
+    failed: int | None
+    lag_ms: float | None
+
+
+@dataclass
+class PgbenchSummary:
+    """What pgbench printed at the end of a run."""
+
+    tps: float
+    latency_avg_ms: float | None
+    latency_stddev_ms: float | None
+    initial_connection_ms: float | None
+    transactions: int
+    failed: int
+    duration_s: float | None
+
+
+@dataclass
+class LogStats:
+    count: int
+    latency_mean_ms: float
+    percentiles_ms: dict[int, float]
+    latency_max_ms: float
+    first_start: float
+    last_end: float
+
+
+@dataclass
+class PgbenchRun:
+    summary: PgbenchSummary
+    log: LogStats | None
+    progress: list[ProgressPoint]
+    window_start: float
+    window_end: float
+    command: list[str]
+    returncode: int
+    files: list[Path] = field(default_factory=list)
+
+
+# ------------------------------------------------------------------ parsing
+def parse_summary(text: str) -> PgbenchSummary:
+    def num(pattern: str) -> float | None:
+        m = re.search(pattern, text, re.MULTILINE)
+        return float(m.group(1)) if m else None
+
+    tps = num(r"^tps = ([\d.]+) \(without initial connection time\)")
+    if tps is None:
+        raise PgbenchError("pgbench printed no 'tps = … (without initial connection time)' line")
+    processed = num(r"^number of transactions actually processed: (\d+)")
+    return PgbenchSummary(
+        tps=tps,
+        latency_avg_ms=num(r"^latency average = ([\d.]+) ms"),
+        latency_stddev_ms=num(r"^latency stddev = ([\d.]+) ms"),
+        initial_connection_ms=num(r"^initial connection time = ([\d.]+) ms"),
+        transactions=int(processed or 0),
+        failed=int(num(r"^number of failed transactions: (\d+)") or 0),
+        duration_s=num(r"^duration: ([\d.]+) s"),
+    )
+
+
+def parse_progress_line(line: str) -> ProgressPoint | None:
+    m = _PROGRESS.match(line.strip())
+    if not m:
+        return None
+
+    def f(name: str) -> float | None:
+        v = m.group(name)
+        return None if v is None or v == "NaN" else float(v)
+
+    failed = m.group("failed")
+    return ProgressPoint(float(m.group("t")), float(m.group("tps")), f("lat"), f("sd"),
+                         int(failed) if failed is not None else None, f("lag"))
+
+
+def read_transaction_log(files: Sequence[Path]) -> tuple[np.ndarray, np.ndarray]:
+    """Latencies (ms) and completion times (epoch s) of the successful transactions in pgbench's -l logs.
+
+    Line format: client_id transaction_no time script_no time_epoch time_us [schedule_lag] [retries];
+    ``time`` is the latency in µs, or ``failed``/``skipped`` for transactions that did not complete.
+    """
+    lat: list[int] = []
+    end: list[float] = []
+    for path in files:
+        with open(path) as f:
+            for line in f:
+                parts = line.split()
+                if len(parts) < 6 or not parts[2].isdigit():
+                    continue
+                lat.append(int(parts[2]))
+                end.append(int(parts[4]) + int(parts[5]) / 1e6)
+    return np.asarray(lat, dtype=np.float64) / 1000.0, np.asarray(end, dtype=np.float64)
+
+
+def log_stats(latency_ms: np.ndarray, end_ts: np.ndarray) -> LogStats | None:
+    """Percentiles by linear interpolation between closest ranks (numpy's default, Excel's PERCENTILE.INC)."""
+    if latency_ms.size == 0:
+        return None
+    pct = np.percentile(latency_ms, PERCENTILES)
+    return LogStats(
+        count=int(latency_ms.size),
+        latency_mean_ms=float(latency_ms.mean()),
+        percentiles_ms={p: float(v) for p, v in zip(PERCENTILES, pct, strict=True)},
+        latency_max_ms=float(latency_ms.max()),
+        first_start=float((end_ts - latency_ms / 1000.0).min()),
+        last_end=float(end_ts.max()),
+    )
+
+
+# ------------------------------------------------------------------ command lines
+def script_args(workload: str | CustomWorkload, base_dir: Path) -> list[str]:
+    if isinstance(workload, str):
+        return ["-b", workload]
+    args: list[str] = []
+    for s in workload.scripts:
+        if s.builtin:
+            args += ["-b", f"{s.builtin}@{s.weight}"]
+        else:
+            assert s.file is not None
+            args += ["-f", f"{resolve_path(s.file, base_dir)}@{s.weight}"]
+    return args
+
+
+def run_args(bindir: Path, workload: str | CustomWorkload, clients: int, jobs: int, run: Run,
+             base_dir: Path, *, seconds: float | None, transactions: int | None,
+             log_prefix: Path | None) -> list[str]:
+    args = [str(bindir / "pgbench"), "-n", "-c", str(clients), "-j", str(jobs), "-M", run.protocol,
+            "-P", "1", "--progress-timestamp"]
+    if transactions is not None:
+        args += ["-t", str(transactions)]
+    else:
+        args += ["-T", str(max(1, round(seconds or 1)))]
+    if run.rate:
+        args += ["-R", f"{run.rate:g}"]
+    if log_prefix is not None:
+        args += ["-l", f"--log-prefix={log_prefix}"]
+        if run.sampling_rate < 1:
+            args += [f"--sampling-rate={run.sampling_rate:g}"]
+    return args + script_args(workload, base_dir)
+
+
+# ------------------------------------------------------------------ running
+class PgbenchProcess:
+    """One pgbench invocation: started in its own session so that a terminal Ctrl-C reaches pglab only,
+    and pglab decides how pgbench ends."""
+
+    def __init__(self, args: list[str], endpoint: Endpoint, out_dir: Path, name: str,
+                 on_progress: Callable[[ProgressPoint], None] | None = None,
+                 env_extra: dict[str, str] | None = None):
+        self.args = args
+        self.out_dir = out_dir
+        self.name = name
+        self.on_progress = on_progress
+        self.progress: list[ProgressPoint] = []
+        env = {k: v for k, v in os.environ.items() if not k.startswith("PG")}
+        env.update(endpoint.env())
+        env.update(env_extra or {})
+        self.stdout_path = out_dir / f"{name}.out"
+        self.stderr_path = out_dir / f"{name}.err"
+        self._stdout = open(self.stdout_path, "w")  # noqa: SIM115 - closed in wait()
+        self.proc = subprocess.Popen(args, cwd=out_dir, env=env, stdout=self._stdout, stderr=subprocess.PIPE,
+                                     text=True, start_new_session=True)
+        self._reader = threading.Thread(target=self._read_stderr, daemon=True)
+        self._reader.start()
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def _read_stderr(self) -> None:
+        assert self.proc.stderr is not None
+        with open(self.stderr_path, "w") as err:
+            for line in self.proc.stderr:
+                err.write(line)
+                p = parse_progress_line(line)
+                if p is not None:
+                    self.progress.append(p)
+                    if self.on_progress:
+                        self.on_progress(p)
+
+    def wait(self, timeout: float | None = None) -> int:
+        try:
+            rc = self.proc.wait(timeout=timeout)
+        finally:
+            self._reader.join(timeout=5)
+            self._stdout.close()
+        return rc
+
+    def stop(self, grace: float = 5.0) -> None:
+        """Interrupt pgbench (it then prints what it has), then kill it if it lingers."""
+        if self.proc.poll() is None:
+            for sig, wait in ((signal.SIGINT, grace), (signal.SIGKILL, 5.0)):
+                try:
+                    os.killpg(self.proc.pid, sig)
+                except ProcessLookupError:
+                    break
+                try:
+                    self.proc.wait(timeout=wait)
+                    break
+                except subprocess.TimeoutExpired:
+                    continue
+        self.wait(timeout=5)
+
+
+def finish_run(proc: PgbenchProcess, rc: int, log_prefix: Path, launched: float, ended: float) -> PgbenchRun:
+    out = proc.stdout_path.read_text()
+    if rc != 0:
+        err = proc.stderr_path.read_text().strip().splitlines()
+        last = [line for line in err if not line.startswith("progress:")][-2:]
+        raise PgbenchError(f"pgbench exited with code {rc}: {' / '.join(last) or 'no message'}")
+    summary = parse_summary(out)
+    log_files = sorted(log_prefix.parent.glob(log_prefix.name + ".*"))
+    lat, end = read_transaction_log(log_files)
+    stats = log_stats(lat, end)
+    if stats is not None:
+        start, stop = stats.first_start, stats.last_end
+    elif proc.progress:
+        start, stop = proc.progress[0].ts - 1.0, proc.progress[-1].ts
+    else:
+        start, stop = launched, ended
+    return PgbenchRun(summary, stats, list(proc.progress), start, stop, proc.args, rc,
+                      [proc.stdout_path, proc.stderr_path, *log_files])
+
+
+# ------------------------------------------------------------------ dataset
+def dataset_state(conn: Any) -> dict[str, int] | None:
+    """The scale and partition count of the pgbench dataset present, or None."""
+    exists = conn.execute("SELECT count(*) FROM pg_class WHERE relname = ANY(%s) AND relkind IN ('r','p')",
+                          (list(PGBENCH_TABLES),)).fetchone()[0]
+    if exists != len(PGBENCH_TABLES):
+        return None
+    scale = conn.execute("SELECT count(*) FROM pgbench_branches").fetchone()[0]
+    parts = conn.execute(
+        "SELECT count(*) FROM pg_inherits WHERE inhparent = 'pgbench_accounts'::regclass").fetchone()[0]
+    return {"scale": int(scale), "partitions": int(parts)}
+
+
+def init_args(bindir: Path, dataset: Dataset) -> list[str]:
+    args = [str(bindir / "pgbench"), "-i", "-s", str(dataset.scale), "-q", "--init-steps=dtGvp"]
+    if dataset.partitions:
+        args += [f"--partitions={dataset.partitions}"]
+    return args
+
+
+def initialise(bindir: Path, endpoint: Endpoint, dataset: Dataset, out_dir: Path) -> float:
+    """pgbench -i at the plan's scale; output kept as an artifact. Returns seconds taken."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PG")}
+    env.update(endpoint.env())
+    t0 = time.monotonic()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with open(out_dir / "pgbench-init.out", "w") as out:
+        proc = subprocess.run(init_args(bindir, dataset), env=env, stdout=out, stderr=subprocess.STDOUT,
+                              start_new_session=True, check=False, cwd=out_dir)
+    if proc.returncode != 0:
+        tail = (out_dir / "pgbench-init.out").read_text().strip().splitlines()[-2:]
+        raise PgbenchError(f"pgbench -i failed: {' / '.join(tail)}")
+    return time.monotonic() - t0
+
+
+def reset_for_run(conn: Any) -> None:
+    """Bring the dataset to a known state before a run (see docs/methodology.md, "Dataset state").
+
+    Write workloads append to pgbench_history and leave dead tuples in accounts/tellers/branches;
+    truncating the history, vacuuming and checkpointing gives every run the same starting point:
+    no dead tuples, fresh statistics, no dirty buffers waiting to be flushed inside the window.
+    """
+    conn.execute("TRUNCATE pgbench_history")
+    conn.execute("VACUUM (ANALYZE) pgbench_branches, pgbench_tellers, pgbench_accounts, pgbench_history")
+    conn.execute("CHECKPOINT")
