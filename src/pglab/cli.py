@@ -22,9 +22,11 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
                   help="Reproducible PostgreSQL platform benchmarks from one plan file.")
 plan_app = typer.Typer(no_args_is_help=True, help="Check a plan, or print its JSON Schema.")
 app.add_typer(plan_app, name="plan")
+lab_app = typer.Typer(no_args_is_help=True, help="Labs kept with --keep (or left behind).")
+app.add_typer(lab_app, name="lab")
 
-out = Console()
-err = Console(stderr=True)
+out = Console(soft_wrap=True)
+err = Console(stderr=True, soft_wrap=True)
 FORMATS = ("table", "markdown", "csv", "json")
 
 
@@ -158,6 +160,15 @@ def plan_validate(plan_file: Path = typer.Argument(..., help="plan (YAML)")) -> 
 def plan_schema() -> None:
     """Print the plan's JSON Schema (for editors)."""
     print(json.dumps(Plan.model_json_schema(), indent=2))
+
+
+@lab_app.command("clean")
+def lab_clean(lab_dir: Path = typer.Argument(..., help="lab directory (printed by 'pglab run --keep')")) -> None:
+    """Stop the servers of a kept lab and remove its files."""
+    from pglab.targets.local.cluster import clean_lab
+
+    stopped = clean_lab(lab_dir)
+    out.print(f"{lab_dir}: removed" + (f"; stopped {', '.join(stopped)}" if stopped else ""))
 
 
 def _check_format(fmt: str) -> None:

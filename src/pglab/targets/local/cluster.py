@@ -479,3 +479,32 @@ def kill_tree(pid: int) -> None:
             os.kill(p, signal.SIGKILL)
         except ProcessLookupError:
             pass
+
+
+def clean_lab(lab_dir: Path) -> list[str]:
+    """Stop every server a lab directory's lab.json names and remove the lab. Returns what was stopped.
+
+    Used for labs kept with ``--keep`` and for labs left behind by a pglab that was killed.
+    """
+    state_file = lab_dir / "lab.json"
+    try:
+        state = json.loads(state_file.read_text())
+    except (OSError, ValueError):
+        raise UserError(f"'{lab_dir}' is not a pglab lab (no readable lab.json).") from None
+    stopped = []
+    for n in state.get("nodes", []):
+        node = Node(n["name"], "", Path(n["data"]), Path(n["wal"]), int(n["port"]), lab_dir / "logs")
+        pid = node.postmaster_pid()
+        if pid is not None:
+            os.kill(pid, signal.SIGQUIT)  # immediate shutdown: the postmaster takes its children down
+            deadline = time.monotonic() + 10
+            while node.postmaster_pid() == pid and time.monotonic() < deadline:
+                time.sleep(0.1)
+            if node.postmaster_pid() == pid:
+                kill_tree(pid)
+            stopped.append(f"{node.name} (pid {pid})")
+        for d in (node.data.parent, node.wal.parent):
+            if d.is_dir() and not d.is_relative_to(lab_dir):
+                shutil.rmtree(d, ignore_errors=True)
+    shutil.rmtree(lab_dir, ignore_errors=True)
+    return stopped

@@ -1,0 +1,130 @@
+"""Plans: validation names the field path, the CLI exits 2 and starts nothing; expansion is the product."""
+
+from __future__ import annotations
+
+import glob
+import json
+import tempfile
+from pathlib import Path
+
+import pytest
+from conftest import pglab, processes_mentioning
+
+from pglab.errors import PlanError
+from pglab.plan import expand, parse_plan
+
+GOOD = """
+name: t
+matrix:
+  workload: [tpcb-like, select-only]
+  synchronous_commit: [local, "on", remote_apply]
+  clients: [1, 4, 8]
+  parameters: {work_mem: [4MB, 64MB]}
+run: {duration: 5s, warmup: 1s, repeats: 2}
+"""
+
+
+def problems(text: str) -> list[str]:
+    with pytest.raises(PlanError) as info:
+        parse_plan(text)
+    return info.value.problems
+
+
+def test_every_combination_is_a_point() -> None:
+    plan = parse_plan(GOOD)
+    points = expand(plan, cores=2)
+    assert len(points) == 2 * 3 * 3 * 2
+    assert len({p.key for p in points}) == len(points)
+    assert {p.jobs for p in points if p.clients == 1} == {1}
+    assert {p.jobs for p in points if p.clients == 8} == {2}
+    assert points[0].axes["parameters.work_mem"] == "4MB"
+    assert plan.run.warmup == 1.0 and plan.run.measured_seconds == 5.0
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("name: t\nmatrix: {clients: [1, 4, -8]}", "matrix.clients[2]: must be a positive integer"),
+        ("name: t\nmatrix: {clients: [1, 'x']}", "matrix.clients[1]: must be a positive integer"),
+        ("name: t\nmatrix: {synchronous_commit: [maybe]}", "matrix.synchronous_commit[0]: must be"),
+        ("name: t\nmatrix: {workload: [tpcb-like, nope]}", "matrix.workload[1]: must be one of tpcb-like"),
+        ("name: t\nrun: {duration: 10 parsecs}", "run.duration: must be a duration"),
+        ("name: t\nrun: {duration: 5, transactions: 10}", "run: give either 'duration' or 'transactions'"),
+        ("name: t\ndataset: {scale: 0}", "dataset.scale: must be a positive integer"),
+        ("name: t\nbogus: 1", "bogus: unknown field"),
+        ("name: t\ntarget: {local: {instances: 1, synchronous: {number: 1}}}", "target.local: synchronous.number"),
+        ("name: t\npostgres: {parameters: {port: 5}}", "postgres.parameters: 'port' is managed by pglab"),
+        ("matrix: {clients: [1]}", "name: is required"),
+        ("name: t\nmatrix: [1, 2]", "matrix: must be a mapping"),
+        ("- just\n- a list", "the plan must be a YAML mapping"),
+        ("name: t\nmatrix: {clients: [1, 2}", "not valid YAML at line 2"),
+    ],
+)
+def test_invalid_plans_name_the_field(text: str, expected: str) -> None:
+    got = problems(text)
+    assert any(line.startswith(expected) or expected in line for line in got), got
+
+
+def test_custom_script_file_must_exist(tmp_path: Path) -> None:
+    text = "name: t\nmatrix:\n  workload: [{name: mix, scripts: [{file: missing.sql, weight: 2}]}]\n"
+    with pytest.raises(PlanError) as info:
+        parse_plan(text, base_dir=tmp_path)
+    assert info.value.problems == [
+        "matrix.workload[0].scripts[0].file: no such file 'missing.sql' (relative paths are relative to the "
+        "plan's folder)"
+    ]
+    (tmp_path / "mine.sql").write_text("SELECT 1;\n")
+    plan = parse_plan(text.replace("missing.sql", "mine.sql"), base_dir=tmp_path)
+    assert expand(plan)[0].workload_name == "mix"
+
+
+def test_yaml_alias_bomb_is_refused() -> None:
+    lines = ["a: &a [x, x, x, x, x, x, x, x, x]"]
+    for i in range(1, 16):
+        prev = chr(ord("a") + i - 1)
+        cur = chr(ord("a") + i)
+        lines.append(f"{cur}: &{cur} [{', '.join(['*' + prev] * 9)}]")
+    got = problems("\n".join(lines))
+    assert "YAML aliases" in got[0]
+
+
+def _labs() -> set[str]:
+    return set(glob.glob(str(Path(tempfile.gettempdir()) / "pglab-lab-*")))
+
+
+def test_cli_rejects_a_broken_plan_and_starts_nothing(plan_file, tmp_path: Path) -> None:
+    bad = plan_file("name: broken\nmatrix:\n  clients: [1, 4, -8]\n  workload: [tpcb-like, nope]\nextra: 1\n")
+    results = tmp_path / "results"
+    before = _labs()
+    for args in (["plan", "validate", str(bad)], ["run", str(bad), "--results", str(results)]):
+        proc = pglab(*args)
+        assert proc.returncode == 2, proc.stderr
+        lines = proc.stderr.strip().splitlines()
+        assert "matrix.clients[2]: must be a positive integer" in lines
+        assert any(line.startswith("matrix.workload[1]:") for line in lines)
+        assert any(line.startswith("extra: unknown field") for line in lines)
+        assert "Traceback" not in proc.stderr
+    assert not results.exists()
+    assert _labs() == before
+    assert processes_mentioning(str(tmp_path)) == []
+
+
+def test_cli_validate_accepts_the_quickstart() -> None:
+    proc = pglab("plan", "validate", "examples/quickstart.yaml", check=True)
+    assert "18 points" in proc.stdout
+
+
+def test_cli_schema_is_json_schema() -> None:
+    proc = pglab("plan", "schema", check=True)
+    schema = json.loads(proc.stdout)
+    assert schema["title"] == "Plan"
+    assert "matrix" in schema["properties"]
+
+
+def test_cli_errors_for_a_missing_file_and_a_non_utf8_plan(tmp_path: Path) -> None:
+    proc = pglab("plan", "validate", str(tmp_path / "nope.yaml"))
+    assert proc.returncode == 2 and "no such plan file" in proc.stderr
+    binary = tmp_path / "bin.yaml"
+    binary.write_bytes(b"name: \xff\xfe\n")
+    proc = pglab("plan", "validate", str(binary))
+    assert proc.returncode == 2 and "not UTF-8" in proc.stderr and "Traceback" not in proc.stderr
