@@ -21,7 +21,7 @@ from pglab import __version__, environment
 from pglab.errors import RunInterrupted, UserError
 from pglab.plan.expand import Point, expand
 from pglab.plan.schema import Plan
-from pglab.probes import ProbeContext, Sample, Sampler, default_probes
+from pglab.probes import ProbeContext, ProbeOpenError, Sample, Sampler, default_probes
 from pglab.probes.base import now
 from pglab.store.sqlite import Store
 from pglab.targets.base import Endpoints
@@ -228,7 +228,7 @@ class Runner:
             store.finish_run(run_id, "interrupted", reason=f"interrupted by {exc.signal_name}")
             self.ui.run_finished(point, repeat, "interrupted", {})
             raise
-        except (RunFailed, PgbenchError, LabError, psycopg.Error) as exc:
+        except (RunFailed, PgbenchError, LabError, ProbeOpenError, psycopg.Error) as exc:
             self._stop_pgbench()
             if sampler:
                 sampler.stop()

@@ -81,8 +81,18 @@ class Sampler:
         self._on_error = on_error
 
     def start(self) -> None:
-        for probe in self.probes:
-            probe.open()
+        opened: list[Probe] = []
+        try:
+            for probe in self.probes:
+                probe.open()
+                opened.append(probe)
+        except BaseException:
+            for probe in opened:  # do not leak the connections of the probes already open
+                try:
+                    probe.close()
+                except Exception:
+                    pass
+            raise
         for probe in self.probes:
             t = threading.Thread(target=self._loop, args=(probe,), name=f"probe-{probe.name}", daemon=True)
             t.start()

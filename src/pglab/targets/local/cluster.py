@@ -448,15 +448,15 @@ class LocalLab:
         kill_tree(pid)
 
     def teardown(self, keep: bool = False) -> None:
+        if keep:
+            if self.lab_dir:
+                self.log(f"lab kept running in {self.lab_dir} (remove it with: pglab lab clean {self.lab_dir})")
+            return
         for node in reversed(self.nodes):
             try:
                 self.stop_node(node)
             except Exception as exc:  # teardown must go on with the others
                 self.log(f"stopping {node.name}: {exc}")
-        if keep:
-            if self.lab_dir:
-                self.log(f"lab kept in {self.lab_dir}")
-            return
         for d in reversed(self._created_dirs):
             shutil.rmtree(d, ignore_errors=True)
         self._created_dirs.clear()

@@ -1,0 +1,228 @@
+"""End to end: a real 3-node lab, a real pgbench sweep, the store and the report agree with pgbench.
+
+One sweep (kept with --keep so the topology can be inspected afterwards) serves every test here.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import re
+import shutil
+import sqlite3
+import statistics
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from conftest import pglab, processes_mentioning
+
+RECORD_SC = """\
+BEGIN;
+SELECT pg_advisory_xact_lock(4242);
+CREATE TABLE IF NOT EXISTS sc_seen (ts timestamptz NOT NULL, sc text NOT NULL);
+INSERT INTO sc_seen VALUES (clock_timestamp(), current_setting('synchronous_commit'));
+END;
+"""
+
+SEED_COLUMNS = ["workload", "synchronous_commit", "clients", "tps", "latency_avg_ms", "latency_p95_ms",
+                "latency_p99_ms", "read_iops", "write_iops", "total_iops", "read_latency_ms", "write_latency_ms",
+                "cpu_pct", "wal_mb_s", "replay_lag_max_ms", "repeats"]
+
+
+@pytest.fixture(scope="module")
+def sweep() -> Any:
+    base = Path(tempfile.mkdtemp(prefix="pglab-test-"))
+    os.chmod(base, 0o711)  # the server user must reach the WAL base below it
+    wal_base = base / "walbase"
+    (base / "record_sc.sql").write_text(RECORD_SC)
+    plan = base / "plan.yaml"
+    plan.write_text(f"""
+name: e2e
+target:
+  local:
+    instances: 3
+    synchronous: {{method: any, number: 1}}
+    paths: {{wal: {wal_base}}}
+postgres:
+  parameters: {{shared_buffers: 64MB}}
+dataset: {{scale: 2}}
+matrix:
+  workload:
+    - name: mix
+      scripts: [{{builtin: tpcb-like, weight: 4}}, {{file: record_sc.sql, weight: 1}}]
+  synchronous_commit: [local, remote_apply]
+  clients: [2]
+run: {{duration: 3s, warmup: 1s, repeats: 2}}
+""")
+    results = base / "results"
+    proc = pglab("run", str(plan), "--results", str(results), "--keep", "--format", "csv")
+    db = sqlite3.connect(results / "results.db")
+    target = json.loads(db.execute("SELECT target FROM sweeps").fetchone()[0] or "{}")
+    lab = Path(target["lab_dir"]) if target.get("lab_dir") else None
+    try:
+        yield {"proc": proc, "results": results, "db": db, "lab": lab, "wal_base": wal_base, "target": target}
+    finally:
+        db.close()
+        if lab is not None:
+            pglab("lab", "clean", str(lab))
+            assert processes_mentioning(str(lab)) == []
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def _lab_conn(sweep: Any, node: int = 0) -> psycopg.Connection[Any]:
+    lab: Path = sweep["lab"]
+    port = sweep["target"]["nodes"][node]["port"]
+    return psycopg.connect(host=str(lab / "sock"), port=port, user="pglab", dbname="pglab",
+                           passfile=str(lab / "secrets" / "pgpass"), autocommit=True)
+
+
+def _runs(sweep: Any) -> list[dict[str, Any]]:
+    db = sweep["db"]
+    cur = db.execute("SELECT r.id, r.status, r.dir, r.window_start, r.window_end, p.axes FROM runs r "
+                     "JOIN points p ON p.id = r.point_id ORDER BY r.started")
+    out = []
+    for run_id, status, d, ws, we, axes in cur.fetchall():
+        metrics = dict(db.execute("SELECT name, value FROM run_metrics WHERE run_id=?", (run_id,)).fetchall())
+        out.append({"id": run_id, "status": status, "dir": sweep["results"] / d, "window": (ws, we),
+                    "axes": json.loads(axes), "metrics": metrics})
+    return out
+
+
+def test_the_sweep_completes(sweep: Any) -> None:
+    proc = sweep["proc"]
+    assert proc.returncode == 0, proc.stderr
+    runs = _runs(sweep)
+    assert len(runs) == 4 and {r["status"] for r in runs} == {"ok"}
+
+
+def test_topology_is_what_the_plan_says(sweep: Any) -> None:
+    with _lab_conn(sweep) as conn:
+        rows = conn.execute("SELECT application_name, state, sync_state FROM pg_stat_replication "
+                            "ORDER BY application_name").fetchall()
+        assert rows == [("n1", "streaming", "quorum"), ("n2", "streaming", "quorum")]
+        assert conn.execute("SHOW synchronous_standby_names").fetchone()[0] == "ANY 1 (n1, n2)"
+        walfile = conn.execute("SELECT pg_walfile_name(pg_current_wal_lsn())").fetchone()[0]
+        assert conn.execute("SELECT pg_is_in_recovery()").fetchone()[0] is False
+    for i, node in enumerate(sweep["target"]["nodes"]):
+        wal_dir = sweep["wal_base"] / node["name"] / "wal"
+        assert Path(node["wal"]) == wal_dir
+        pg_wal = Path(node["data"]) / "pg_wal"
+        assert pg_wal.is_symlink() and pg_wal.resolve() == wal_dir.resolve()
+        segments = [p.name for p in wal_dir.iterdir() if re.fullmatch(r"[0-9A-F]{24}", p.name)]
+        assert segments, f"no WAL segment in {wal_dir}"
+        if i == 0:
+            assert walfile in segments
+        with _lab_conn(sweep, i) as conn:
+            assert conn.execute("SELECT pg_is_in_recovery()").fetchone()[0] is (i > 0)
+
+
+def test_benchmark_sessions_see_the_points_synchronous_commit(sweep: Any) -> None:
+    with _lab_conn(sweep) as conn:
+        rows = conn.execute("SELECT extract(epoch FROM ts)::float8, sc FROM sc_seen").fetchall()
+    checked = 0
+    for run in _runs(sweep):
+        start, end = run["window"]
+        seen = {sc for ts, sc in rows if start <= ts <= end}
+        assert seen == {run["axes"]["synchronous_commit"]}, (run["id"], seen)
+        checked += 1
+    assert checked == 4
+
+
+def test_stored_tps_is_pgbench_own_figure(sweep: Any) -> None:
+    for run in _runs(sweep):
+        text = (run["dir"] / "pgbench.out").read_text()
+        m = re.search(r"^tps = ([\d.]+) \(without initial connection time\)$", text, re.MULTILINE)
+        assert m, text
+        assert run["metrics"]["tps"] == float(m.group(1))
+        avg = re.search(r"^latency average = ([\d.]+) ms$", text, re.MULTILINE)
+        assert avg and run["metrics"]["latency_avg_ms"] == float(avg.group(1))
+
+
+def test_percentiles_recomputed_from_the_raw_log(sweep: Any) -> None:
+    for run in _runs(sweep):
+        latencies = []
+        for log in run["dir"].glob("pgbench_log.*"):
+            for line in log.read_text().splitlines():
+                fields = line.split()
+                if fields[2].isdigit():
+                    latencies.append(int(fields[2]) / 1000.0)
+        assert len(latencies) == run["metrics"]["transactions"]
+        q = statistics.quantiles(latencies, n=100, method="inclusive")
+        assert run["metrics"]["latency_p95_ms"] == pytest.approx(q[94], rel=1e-9)
+        assert run["metrics"]["latency_p99_ms"] == pytest.approx(q[98], rel=1e-9)
+        assert run["metrics"]["latency_max_ms"] == pytest.approx(max(latencies), rel=1e-9)
+
+
+def test_warm_up_is_outside_the_measured_window(sweep: Any) -> None:
+    for run in _runs(sweep):
+        warm = [float(line.split()[1]) for line in (run["dir"] / "warmup.err").read_text().splitlines()
+                if line.startswith("progress:")]
+        start, end = run["window"]
+        assert warm and max(warm) <= start + 0.05
+        series = sweep["db"].execute("SELECT ts FROM series WHERE run_id=? AND source='pgbench' AND "
+                                     "metric='tps'", (run["id"],)).fetchall()
+        inside = [ts for (ts,) in series if start <= ts - 0.5 <= end]
+        assert 2 <= len(inside) <= 4, series
+
+
+def test_probes_sampled_the_window(sweep: Any) -> None:
+    for run in _runs(sweep):
+        m = run["metrics"]
+        assert m["write_iops"] > 0  # tpcb-like commits write WAL
+        assert m["wal_mb_s"] > 0
+        # backends publish their commit counts at most once a second, so a 3 s window sees part of them
+        assert 0.3 * m["tps"] < m["commits_s"] < 1.25 * m["tps"]
+        assert 0 < m["cpu_pct"] <= 100
+        assert m["replay_lag_max_ms"] is not None
+        sources = {s for (s,) in sweep["db"].execute("SELECT DISTINCT source FROM series WHERE run_id=?",
+                                                     (run["id"],))}
+        assert {"cpu", "pg", "waits", "mem"} <= sources and any(s.startswith("disk:") for s in sources)
+        assert {"repl:n1", "repl:n2"} <= sources
+
+
+def test_the_table_and_the_report_agree_with_the_store(sweep: Any) -> None:
+    printed = list(csv.DictReader(io.StringIO(sweep["proc"].stdout)))
+    report = pglab("report", str(sweep["results"]), "--format", "csv", check=True)
+    rows = list(csv.DictReader(io.StringIO(report.stdout)))
+    assert rows == printed
+    assert len(rows) == 2
+    assert list(rows[0])[: len(SEED_COLUMNS)] == SEED_COLUMNS
+    runs = _runs(sweep)
+    for row in rows:
+        for column in SEED_COLUMNS:
+            assert row[column] != "", column
+        mine = [r for r in runs if r["axes"]["synchronous_commit"] == row["synchronous_commit"]]
+        assert int(row["repeats"]) == 2
+        assert float(row["tps"]) == pytest.approx(statistics.mean(r["metrics"]["tps"] for r in mine), rel=1e-12)
+        assert float(row["tps_ci95"]) > 0
+    per_run = pglab("report", str(sweep["results"]), "--format", "json", "--per-run", check=True)
+    listed = json.loads(per_run.stdout)
+    assert {r["run_id"] for r in listed} == {r["id"] for r in runs}
+    assert all((sweep["results"] / r["dir"] / "pgbench.out").is_file() for r in listed)
+    table = pglab("report", str(sweep["results"]), check=True).stdout
+    assert "±" in table and "remote_apply" in table
+
+
+def test_environment_is_stored(sweep: Any) -> None:
+    env = json.loads(sweep["db"].execute("SELECT environment FROM sweeps").fetchone()[0])
+    assert env["postgres"]["version_num"] >= 130000
+    assert "shared_buffers" in env["postgres"]["non_default_settings"]
+    assert env["cpu"]["count"] >= 1 and env["memory"]["total_bytes"] > 0
+    assert env["paths"]["n0.wal"]["fstype"] and env["paths"]["n0.wal"]["mount_options"]
+    assert "name: e2e" in env["plan"]
+
+
+def test_no_password_in_artifacts(sweep: Any) -> None:
+    password = (sweep["lab"] / "secrets" / "pgpass").read_text().strip().rsplit(":", 1)[1]
+    assert len(password) >= 20
+    assert oct((sweep["lab"] / "secrets" / "pgpass").stat().st_mode & 0o777) == "0o600"
+    for path in sweep["results"].rglob("*"):
+        if path.is_file():
+            assert password.encode() not in path.read_bytes(), path
+    for log in (sweep["lab"] / "logs").iterdir():
+        assert password.encode() not in log.read_bytes()
