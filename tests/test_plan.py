@@ -8,8 +8,8 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from conftest import pglab, processes_mentioning
 
+from conftest import pglab, processes_mentioning
 from pglab.errors import PlanError
 from pglab.plan import expand, parse_plan
 

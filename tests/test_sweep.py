@@ -19,6 +19,7 @@ from typing import Any
 
 import psycopg
 import pytest
+
 from conftest import pglab, processes_mentioning
 
 RECORD_SC = """\

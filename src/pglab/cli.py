@@ -182,7 +182,8 @@ def _load(path: Path) -> tuple[Plan, str]:
 
 def main() -> None:
     try:
-        app(standalone_mode=False)
+        rc = app(standalone_mode=False)  # click returns typer.Exit's code instead of raising it here
+        sys.exit(rc if isinstance(rc, int) else 0)
     except PlanError as exc:
         for line in exc.problems:
             err.print(line, markup=False, highlight=False)
@@ -196,11 +197,11 @@ def main() -> None:
         sys.exit(130)
     except KeyboardInterrupt:
         sys.exit(130)
-    except Exception as exc:  # click's own usage errors
-        import click
-
-        if isinstance(exc, click.exceptions.ClickException):
-            exc.show()
+    except Exception as exc:
+        # usage errors of the command-line parser (typer vendors click, so match by shape, not by class)
+        show = getattr(exc, "show", None)
+        if callable(show) and hasattr(exc, "exit_code"):
+            show()
             sys.exit(2)
         raise
 

@@ -75,33 +75,44 @@ def field_path(loc: tuple[Any, ...]) -> str:
     return out or "plan"
 
 
-_UNION_TAGS = ("literal[", "CustomWorkload", "str", "int", "float", "bool", "function-")
+_MODEL_TAGS = {"CustomWorkload"}
+_SCALAR_TAGS = {"str", "int", "float", "bool"}
+
+
+def _union_tag(part: Any) -> bool:
+    return isinstance(part, str) and (part in _MODEL_TAGS or part in _SCALAR_TAGS or part.startswith("literal["))
 
 
 def format_errors(exc: ValidationError) -> list[str]:
-    """One line per problem, each starting with the field path; union alternatives collapsed."""
+    """One line per problem, each starting with the field path; union alternatives collapsed.
+
+    For a union (a built-in workload name or a custom workload mapping), a mapping is judged against the
+    mapping branch only, and anything else gets one line listing what is accepted.
+    """
     lines: list[str] = []
-    seen: set[str] = set()
+    skipped: list[tuple[Any, ...]] = []
     for err in exc.errors(include_url=False):
         loc = tuple(err["loc"])
-        cut = next((i for i, part in enumerate(loc) if isinstance(part, str) and part.startswith(_UNION_TAGS)
-                    and i > 0 and _is_union_member(loc, i)), None)
-        if cut is not None:
-            path = field_path(loc[:cut])
-            msg = _union_message(loc[:cut])
+        cut = next((i for i, part in enumerate(loc) if i > 0 and _union_tag(part)), None)
+        if cut is None:
+            line = f"{field_path(loc)}: {_message(err)}"
         else:
-            path = field_path(loc)
-            msg = _message(err)
-        line = f"{path}: {msg}"
-        if line not in seen:
-            seen.add(line)
+            tag, is_mapping = loc[cut], isinstance(err.get("input"), dict) and len(loc) == cut + 1
+            nested = len(loc) > cut + 1  # an error inside the branch's own fields
+            if tag in _MODEL_TAGS and (nested or is_mapping):
+                line = f"{field_path(loc[:cut] + loc[cut + 1:])}: {_message(err)}"
+            elif tag not in _MODEL_TAGS and isinstance(err.get("input"), dict):
+                skipped.append(loc[:cut])  # a mapping was given: the scalar branches do not apply
+                continue
+            else:
+                line = f"{field_path(loc[:cut])}: {_union_message(loc[:cut])}"
+        if line not in lines:
             lines.append(line)
+    for loc in skipped:
+        path = field_path(loc)
+        if not any(line.startswith(path + ":") or line.startswith(path + ".") for line in lines):
+            lines.append(f"{path}: {_union_message(loc)}")
     return lines
-
-
-def _is_union_member(loc: tuple[Any, ...], i: int) -> bool:
-    # a union tag follows a list index or a field name of a union-typed field
-    return True
 
 
 def _union_message(loc: tuple[Any, ...]) -> str:
@@ -123,7 +134,7 @@ def _message(err: Any) -> str:
     for prefix in ("Value error, ", "Assertion failed, "):
         msg = msg.removeprefix(prefix)
     msg = msg.replace("Input should be", "must be").replace("Input should have", "must have")
-    if kind in ("model_type", "dict_type") or kind.endswith("_type") and "dictionary" in msg:
+    if kind in ("model_type", "dict_type") or (kind.endswith("_type") and "dictionary" in msg):
         return "must be a mapping (key: value)"
     if kind == "list_type":
         return "must be a list"

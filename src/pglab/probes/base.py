@@ -8,6 +8,7 @@ A sample carries the *end* of its interval as ``ts`` and the interval length ``d
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -88,10 +89,8 @@ class Sampler:
                 opened.append(probe)
         except BaseException:
             for probe in opened:  # do not leak the connections of the probes already open
-                try:
+                with contextlib.suppress(Exception):
                     probe.close()
-                except Exception:
-                    pass
             raise
         for probe in self.probes:
             t = threading.Thread(target=self._loop, args=(probe,), name=f"probe-{probe.name}", daemon=True)

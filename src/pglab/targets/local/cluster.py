@@ -13,6 +13,7 @@ Layout of a lab directory (owned by pglab; the servers' parts owned by the serve
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -475,10 +476,8 @@ def kill_tree(pid: int) -> None:
         except (OSError, IndexError, ValueError):
             continue
     for p in [pid, *children]:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.kill(p, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
 
 
 def clean_lab(lab_dir: Path) -> list[str]:
