@@ -94,7 +94,15 @@ class TimedProbe:
 
 
 def proc_cpu_s(pid: int) -> float | None:
-    """utime+stime of a process in seconds, or None when it is gone."""
+    """CPU time of a process in seconds, or None when it is gone.
+
+    /proc/<pid>/schedstat (ns) rather than /stat (clock ticks of 10 ms): a probe backend uses a few ms per
+    second, below the resolution of /stat over a 10 s run.
+    """
+    try:
+        return int(Path(f"/proc/{pid}/schedstat").read_text().split()[0]) / 1e9
+    except (OSError, IndexError, ValueError):
+        pass
     try:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except (OSError, IndexError):
@@ -123,6 +131,7 @@ class RunResult:
     elapsed_s: float  # wall time of the pgbench process, start to exit
     pglab_cpu_cores: float  # CPU of this Python process (probe threads, pgbench stderr reader) per second
     probe_backend_cpu_cores: float | None  # CPU of the probes' server backends per second (B only)
+    probe_backends: int = 0  # how many such backends were found
     probe_errors: list[str] = field(default_factory=list)
 
 
@@ -224,7 +233,8 @@ class Bench:
         elapsed = t1 - t0
         cpu = (ru1.ru_utime - ru0.ru_utime) + (ru1.ru_stime - ru0.ru_stime)
         return RunResult(pair, arm, summary.tps, summary.latency_avg_ms, summary.transactions, elapsed,
-                         cpu / elapsed, backend_s / elapsed if backend_s is not None else None, errors)
+                         cpu / elapsed, backend_s / elapsed if backend_s is not None else None,
+                         len(backend_cpu0), errors)
 
     def close(self) -> None:
         if self.sampler is not None:
@@ -410,8 +420,9 @@ def report(args: argparse.Namespace, bench: Bench, results: list[RunResult], sta
     backend = [b.probe_backend_cpu_cores for b in b_runs if b.probe_backend_cpu_cores is not None]
     print(f"{'all':>6} {'':>7} {'':>6} {'':>8} {'':>9} {'':>7} {total:>6.2f}%")
     if backend:
-        print(f"probe backends (server side of the probes' queries): {statistics.fmean(backend) * 100:.2f} % "
-              "of one core")
+        n = max(b.probe_backends for b in b_runs)
+        print(f"probe backends ({n} server processes, the server side of the probes' queries): "
+              f"{statistics.fmean(backend) * 100:.2f} % of one core")
     a_cpu = statistics.fmean(a.pglab_cpu_cores for _, a, _ in pairs) * 100
     b_cpu = statistics.fmean(b.pglab_cpu_cores for b in b_runs) * 100
     print(f"whole pglab process: {a_cpu:.2f} % of one core in A, {b_cpu:.2f} % in B")

@@ -15,7 +15,8 @@ import pytest
 from conftest import processes_mentioning
 
 
-def _children(pid: int, name: str) -> list[int]:
+def _children(pid: int, name: str, arg: str) -> list[int]:
+    """Child processes of ``pid`` named ``name`` with ``arg`` on their command line."""
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -26,7 +27,7 @@ def _children(pid: int, name: str) -> list[int]:
             continue
         comm = stat[stat.index("(") + 1 : stat.rindex(")")]
         ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        if ppid == pid and comm == name:
+        if ppid == pid and comm == name and arg in (entry / "cmdline").read_bytes().decode().split("\0"):
             found.append(int(entry.name))
     return found
 
@@ -56,7 +57,7 @@ run: {duration: 120s, repeats: 2}
     deadline = time.monotonic() + 120
     try:
         while time.monotonic() < deadline and proc.poll() is None:
-            pgbench_pids = _children(proc.pid, "pgbench")
+            pgbench_pids = _children(proc.pid, "pgbench", "-T")  # the measured run, not pgbench -i
             if pgbench_pids:
                 break
             time.sleep(0.2)

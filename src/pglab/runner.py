@@ -194,10 +194,13 @@ class Runner:
             sampler = Sampler(default_probes(ctx) if self.plan.probes.enabled else [])
             sampler.start()
             run = self.plan.run
+            events: list[tuple[float, str, str]] = []
             if run.warmup > 0:
                 self.ui.run_started(point, repeat, "warm-up")
+                events.append((now(), "warmup-start", f"{run.warmup:g} s"))
                 self._pgbench_once(target, endpoints, point, run_dir, "warmup", seconds=run.warmup,
                                    transactions=None, log=False)
+                events.append((now(), "warmup-end", ""))
             self.ui.run_started(point, repeat, "measure")
             launched = now()
             measured = self._pgbench_once(target, endpoints, point, run_dir, "pgbench",
@@ -218,7 +221,9 @@ class Runner:
             _write_samples(run_dir / "probes.csv", samples)
             _write_json(run_dir / "run.json", {"run_id": run_id, "point": point.axes, "repeat": repeat,
                                                "window": window, "command": result.command, "metrics": metrics})
-            store.finish_run(run_id, "ok", window=window, settings=settings, metrics=metrics, series=series)
+            events += [(window[0], "window-start", ""), (window[1], "window-end", "")]
+            store.finish_run(run_id, "ok", window=window, settings=settings, metrics=metrics, series=series,
+                             events=events)
             self.ui.run_finished(point, repeat, "ok", metrics)
             return True
         except RunInterrupted as exc:

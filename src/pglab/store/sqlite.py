@@ -189,7 +189,8 @@ class Store:
     def finish_run(self, run_id: str, status: str, *, reason: str | None = None,
                    window: tuple[float, float] | None = None, settings: dict[str, Any] | None = None,
                    metrics: dict[str, float | None] | None = None,
-                   series: Iterable[tuple[float, str, str, float | None]] = ()) -> None:
+                   series: Iterable[tuple[float, str, str, float | None]] = (),
+                   events: Iterable[tuple[float, str, str]] = ()) -> None:
         """Everything about a run in one transaction: a crash leaves the run whole or still 'running'."""
         with self.tx():
             self.conn.execute(
@@ -201,12 +202,8 @@ class Store:
                                       [(run_id, k, _num(v)) for k, v in metrics.items()])
             self.conn.executemany("INSERT INTO series (run_id, ts, source, metric, value) VALUES (?, ?, ?, ?, ?)",
                                   [(run_id, ts, src, m, _num(v)) for ts, src, m, v in series])
-
-    def add_event(self, ts: float, kind: str, detail: str = "", run_id: str | None = None,
-                  sweep_id: int | None = None) -> None:
-        with self.tx():
-            self.conn.execute("INSERT INTO events (run_id, sweep_id, ts, kind, detail) VALUES (?, ?, ?, ?, ?)",
-                              (run_id, sweep_id, ts, kind, detail))
+            self.conn.executemany("INSERT INTO events (run_id, ts, kind, detail) VALUES (?, ?, ?, ?)",
+                                  [(run_id, ts, kind, detail) for ts, kind, detail in events])
 
     # ------------------------------------------------------------ reading
     def sweeps(self) -> list[dict[str, Any]]:
