@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+
 from conftest import processes_mentioning
 
 
@@ -64,7 +65,7 @@ run: {duration: 120s, repeats: 2}
         assert pgbench_pids, f"pgbench never started: {proc.stderr.read() if proc.poll() is not None else ''}"
         time.sleep(1.5)  # well inside the measured run
         os.kill(proc.pid, sig)
-        stdout, stderr = proc.communicate(timeout=120)
+        _stdout, stderr = proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -106,6 +106,7 @@ def run(
     results = results or Path("results") / f"{plan.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     check_results_dir(results)
     runner = Runner(plan, text, plan_file.resolve().parent, results, keep=keep)
+    started = time.monotonic()
     with ProgressView(err) as view:
         runner.ui = view
         outcome = runner.run()
@@ -114,7 +115,9 @@ def run(
     store.close()
     out.print(render(columns, rows, fmt, title=f"{plan.name} — {results}"), end="", soft_wrap=True,
               markup=False, highlight=False)
-    err.print(f"results: {results}  ({outcome.ok} ok, {outcome.failed} failed)")
+    elapsed = time.monotonic() - started
+    err.print(f"results: {results}  ({outcome.ok} ok, {outcome.failed} failed; "
+              f"{int(elapsed // 60)} min {elapsed % 60:.0f} s, lab setup and teardown included)")
     for f in outcome.failures:
         err.print(f"[yellow]failed: {f}")
     if outcome.interrupted:
