@@ -110,14 +110,21 @@ def proc_cpu_s(pid: int) -> float | None:
     return (int(fields[11]) + int(fields[12])) / CLK_TCK
 
 
-def probe_backend_pids(endpoints: Endpoints) -> list[int]:
-    """The server processes serving the probes' connections, on every node."""
-    pids: list[int] = []
+# which probe a backend serves, told by the last query it ran (all probes share one application_name)
+_BACKEND_PROBE = {"pg_stat_activity": "waits", "pg_stat_replication": "repl", "pg_stat_database": "pg"}
+
+
+def probe_backends(endpoints: Endpoints) -> dict[int, str]:
+    """The server processes serving the probes' connections on every node: pid -> probe name."""
+    out: dict[int, str] = {}
     for ep in [endpoints.primary, *endpoints.standbys]:
         with psycopg.connect(ep.conninfo(application_name="pglab-control"), autocommit=True) as conn:
-            rows = conn.execute("SELECT pid FROM pg_stat_activity WHERE application_name = 'pglab-probe'")
-            pids += [int(r[0]) for r in rows]
-    return pids
+            rows = conn.execute("SELECT pid, query FROM pg_stat_activity "
+                                "WHERE application_name = 'pglab-probe'")
+            for pid, query in rows:
+                name = next((n for key, n in _BACKEND_PROBE.items() if key in (query or "")), "other")
+                out[int(pid)] = f"{ep.name}:{name}" if ep.role != "primary" else name
+    return out
 
 
 # ------------------------------------------------------------------ one run
@@ -130,8 +137,8 @@ class RunResult:
     transactions: int
     elapsed_s: float  # wall time of the pgbench process, start to exit
     pglab_cpu_cores: float  # CPU of this Python process (probe threads, pgbench stderr reader) per second
-    probe_backend_cpu_cores: float | None  # CPU of the probes' server backends per second (B only)
-    probe_backends: int = 0  # how many such backends were found
+    # CPU of the probes' server backends per second, by probe (B only)
+    probe_backend_cpu_cores: dict[str, float] = field(default_factory=dict)
     probe_errors: list[str] = field(default_factory=list)
 
 
@@ -206,26 +213,28 @@ class Bench:
         run_dir = self.work / f"run-{pair}-{arm}"
         run_dir.mkdir()
         self._prepare()
-        backend_pids: list[int] = []
         backend_cpu0: dict[int, float] = {}
-        if arm == "B":
+        if arm == "B" and not self.args.aa:
             probes: list[Probe] = []
             for p in default_probes(self._context()):
                 cost = self.costs.setdefault(p.name, ProbeCost(p.name, p.interval))
                 probes.append(TimedProbe(p, cost))
             self.sampler = Sampler(probes)
             self.sampler.start()
-            backend_pids = probe_backend_pids(self.endpoints)
-            backend_cpu0 = {p: c for p in backend_pids if (c := proc_cpu_s(p)) is not None}
+            backend_cpu0 = {p: c for p in probe_backends(self.endpoints) if (c := proc_cpu_s(p)) is not None}
         ru0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.monotonic()
         try:
             summary = self._pgbench(run_dir, seconds or self.args.duration)
         finally:
             ru1, t1 = resource.getrusage(resource.RUSAGE_SELF), time.monotonic()
-            backend_s: float | None = None
+            backend_s: dict[str, float] = {}
             errors: list[str] = []
             if self.sampler is not None:
-                backend_s = sum(c - backend_cpu0[p] for p in backend_cpu0 if (c := proc_cpu_s(p)) is not None)
+                cpu1 = {p: c for p in backend_cpu0 if (c := proc_cpu_s(p)) is not None}
+                with contextlib.suppress(psycopg.Error):  # named now: each has run its own query by the end
+                    for pid, name in probe_backends(self.endpoints).items():
+                        if pid in cpu1:
+                            backend_s[name] = backend_s.get(name, 0.0) + cpu1[pid] - backend_cpu0[pid]
                 sampler, self.sampler = self.sampler, None
                 sampler.stop()
                 errors = list(sampler.errors)
@@ -233,8 +242,7 @@ class Bench:
         elapsed = t1 - t0
         cpu = (ru1.ru_utime - ru0.ru_utime) + (ru1.ru_stime - ru0.ru_stime)
         return RunResult(pair, arm, summary.tps, summary.latency_avg_ms, summary.transactions, elapsed,
-                         cpu / elapsed, backend_s / elapsed if backend_s is not None else None,
-                         len(backend_cpu0), errors)
+                         cpu / elapsed, {k: v / elapsed for k, v in backend_s.items()}, errors)
 
     def close(self) -> None:
         if self.sampler is not None:
@@ -316,6 +324,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--wait-hz", type=float, default=5.0, help="wait-event probe rate (pglab's default 5)")
     ap.add_argument("--set", action="append", default=[], type=_param, metavar="NAME=VALUE",
                     help="a PostgreSQL parameter for the lab (repeatable)")
+    ap.add_argument("--aa", action="store_true",
+                    help="A/A control: B runs without probes too, to see the noise floor of the ratio")
     ap.add_argument("--json", type=Path, default=None, help="write every figure to this file")
     args = ap.parse_args(argv)
     if args.pairs < 1 or args.duration < 1 or args.clients < 1:
@@ -389,18 +399,29 @@ def report(args: argparse.Namespace, bench: Bench, results: list[RunResult], sta
     b_runs = [b for _, _, b in pairs]
     measured_b = sum(b.elapsed_s for b in b_runs)
     costs = cost_rows(bench.costs, measured_b)
+    # server-side CPU of each probe's connection, as a share of one core over the B runs
+    backend: dict[str, float] = {}
+    for b in b_runs:
+        for name, cores in b.probe_backend_cpu_cores.items():
+            backend[name] = backend.get(name, 0.0) + cores * b.elapsed_s / measured_b * 100
+    a_cpu = statistics.fmean(a.pglab_cpu_cores for _, a, _ in pairs) * 100
+    b_cpu = statistics.fmean(b.pglab_cpu_cores for b in b_runs) * 100
+    probe_cpu = (b_cpu - a_cpu) + sum(backend.values())  # % of one core
+    ncpu = os.cpu_count() or 1
 
     print()
+    label = "B/A" if not args.aa else "B/A (A/A: no probes in B)"
     print(f"{'pair':>4} {'order':>5} {'TPS A':>10} {'TPS B':>10} {'B/A':>7} {'pglab CPU A':>11} "
           f"{'pglab CPU B':>11} {'probe backends':>14}")
     for p, a, b in pairs:
         order = "AB" if p % 2 == 1 else "BA"
-        backend = f"{b.probe_backend_cpu_cores * 100:.2f} %" if b.probe_backend_cpu_cores is not None else "-"
+        be = f"{sum(b.probe_backend_cpu_cores.values()) * 100:.2f} %" if b.probe_backend_cpu_cores else "-"
         print(f"{p:>4} {order:>5} {a.tps:>10.1f} {b.tps:>10.1f} {b.tps / a.tps:>7.4f} "
-              f"{a.pglab_cpu_cores * 100:>9.2f} % {b.pglab_cpu_cores * 100:>9.2f} % {backend:>14}")
+              f"{a.pglab_cpu_cores * 100:>9.2f} % {b.pglab_cpu_cores * 100:>9.2f} % {be:>14}")
+    print("(CPU columns: share of one core, over the run; probe backends: the probes' server processes)")
     print()
     ci = f"[{rs['ci95_low']:.4f}, {rs['ci95_high']:.4f}]" if rs["ci95_low"] is not None else "n/a (1 pair)"
-    print(f"median B/A {rs['median']:.4f}   geometric mean {rs['geomean']:.4f}   "
+    print(f"{label}: median {rs['median']:.4f}   geometric mean {rs['geomean']:.4f}   "
           f"mean {rs['mean']:.4f}, Student-t 95 % CI {ci}")
     median = float(rs["median"] or 0)
     low = rs["ci95_low"]
@@ -408,42 +429,50 @@ def report(args: argparse.Namespace, bench: Bench, results: list[RunResult], sta
     print(f"target B/A ≥ {TARGET_RATIO}: {verdict} by the median"
           + (f"; CI lower bound {low:.4f} {'≥' if low >= TARGET_RATIO else '<'} {TARGET_RATIO}"
              if low is not None else ""))
+    if not costs:
+        _write_json(args, bench, results, pairs, rs, costs, backend, a_cpu, b_cpu, started)
+        return
     print()
-    print("probe cost: time inside each probe's sample(), timed on the Sampler's own calls during the B runs")
-    print("(CPU = CPU time of the probe's thread in this process; % core = that CPU over the B runs' time)")
+    print("probe cost, measured in the B runs: each probe's sample() timed on the Sampler's own calls")
+    print("(CPU ms: CPU of the probe's thread per call; % core: that CPU over the B runs' time;")
+    print(" backend: CPU of the probe's server connection, from /proc/<pid>/schedstat)")
     print(f"{'probe':>6} {'every':>7} {'calls':>6} {'wall ms':>8} {'wall p99':>9} {'CPU ms':>7} "
-          f"{'% core':>7}")
+          f"{'% core':>7} {'backend':>8}")
     for c in costs:
+        be = f"{backend[c.probe]:>7.2f}%" if c.probe in backend else f"{'-':>8}"
         print(f"{c.probe:>6} {c.interval_s:>6.2f}s {c.calls:>6} {c.wall_mean_ms:>8.3f} {c.wall_p99_ms:>9.3f} "
-              f"{c.cpu_mean_ms:>7.3f} {c.cpu_core_pct:>6.2f}%")
+              f"{c.cpu_mean_ms:>7.3f} {c.cpu_core_pct:>6.2f}% {be}")
     total = sum(c.cpu_core_pct for c in costs)
-    backend = [b.probe_backend_cpu_cores for b in b_runs if b.probe_backend_cpu_cores is not None]
-    print(f"{'all':>6} {'':>7} {'':>6} {'':>8} {'':>9} {'':>7} {total:>6.2f}%")
-    if backend:
-        n = max(b.probe_backends for b in b_runs)
-        print(f"probe backends ({n} server processes, the server side of the probes' queries): "
-              f"{statistics.fmean(backend) * 100:.2f} % of one core")
-    a_cpu = statistics.fmean(a.pglab_cpu_cores for _, a, _ in pairs) * 100
-    b_cpu = statistics.fmean(b.pglab_cpu_cores for b in b_runs) * 100
+    print(f"{'all':>6} {'':>7} {'':>6} {'':>8} {'':>9} {'':>7} {total:>6.2f}% {sum(backend.values()):>7.2f}%")
     print(f"whole pglab process: {a_cpu:.2f} % of one core in A, {b_cpu:.2f} % in B")
+    print(f"CPU taken by the probes (pglab B - A, plus backends): {probe_cpu:.2f} % of one core = "
+          f"{probe_cpu / ncpu:.2f} % of this {ncpu}-core machine")
+    print("  (about the share of TPS a CPU-bound run could lose to them: an estimate, not the A/B result)")
+    _write_json(args, bench, results, pairs, rs, costs, backend, a_cpu, b_cpu, started)
 
-    if args.json:
-        args.json.write_text(json.dumps({
-            "benchmark": "probe-overhead",
-            "started": started,
-            "machine": machine(),
-            "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
-            | {"jobs": bench.jobs},
-            "runs": [asdict(r) for r in results],
-            "pairs": [{"pair": p, "order": "AB" if p % 2 == 1 else "BA", "tps_a": a.tps, "tps_b": b.tps,
-                       "ratio": b.tps / a.tps} for p, a, b in pairs],
-            "ratio": rs,
-            "target": TARGET_RATIO,
-            "probe_cost": [asdict(c) for c in costs],
-            "probe_backend_cpu_core_pct": statistics.fmean(backend) * 100 if backend else None,
-            "pglab_cpu_core_pct": {"A": a_cpu, "B": b_cpu},
-        }, indent=1))
-        print(f"written {args.json}")
+
+def _write_json(args: argparse.Namespace, bench: Bench, results: list[RunResult],
+                pairs: list[tuple[int, RunResult, RunResult]], rs: dict[str, float | None],
+                costs: list[CostRow], backend: dict[str, float], a_cpu: float, b_cpu: float,
+                started: float) -> None:
+    if not args.json:
+        return
+    args.json.write_text(json.dumps({
+        "benchmark": "probe-overhead",
+        "started": started,
+        "machine": machine(),
+        "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
+        | {"jobs": bench.jobs},
+        "runs": [asdict(r) for r in results],
+        "pairs": [{"pair": p, "order": "AB" if p % 2 == 1 else "BA", "tps_a": a.tps, "tps_b": b.tps,
+                   "ratio": b.tps / a.tps} for p, a, b in pairs],
+        "ratio": rs,
+        "target": TARGET_RATIO,
+        "probe_cost": [asdict(c) for c in costs],
+        "probe_backend_core_pct": backend,
+        "pglab_cpu_core_pct": {"A": a_cpu, "B": b_cpu},
+    }, indent=1))
+    print(f"written {args.json}")
 
 
 if __name__ == "__main__":

@@ -105,7 +105,7 @@ class Runner:
         self.plan = plan
         self.plan_text = plan_text
         self.plan_dir = plan_dir
-        self.results_dir = results_dir
+        self.results_dir = results_dir.resolve()  # pgbench runs in the run folder: paths must be absolute
         self.ui: Observer = observer or SilentObserver()
         self.keep = keep
         self.points = expand(plan)
