@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
@@ -16,7 +17,8 @@ from pglab.errors import PlanError, UserError
 from pglab.plan.expand import Point
 from pglab.plan.load import load_plan
 from pglab.plan.schema import Plan
-from pglab.workloads.pgbench import ProgressPoint
+from pglab.targets.local.cluster import LabError
+from pglab.workloads.pgbench import PgbenchError, ProgressPoint
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Reproducible PostgreSQL platform benchmarks from one plan file.")
@@ -194,6 +196,10 @@ def main() -> None:
     except UserError as exc:
         err.print(f"error: {exc}", markup=False, highlight=False)
         sys.exit(2)
+    except (LabError, PgbenchError, psycopg.Error) as exc:
+        # not the user's input, but still no traceback: the tool's own words and a non-zero exit
+        err.print(f"error: {str(exc).strip()}", markup=False, highlight=False)
+        sys.exit(1)
     except typer.Exit as exc:
         sys.exit(exc.exit_code)
     except typer.Abort:
