@@ -23,9 +23,6 @@ from pglab.probes import DiskProbe, ProbeContext, Sample, Sampler, now, resolve_
 from pglab.probes._util import counter_delta, rows, rows_in_window
 from pglab.probes.disk import describe_block
 
-needs_fio = pytest.mark.skipif(shutil.which("fio") is None, reason="fio is not installed")
-needs_iostat = pytest.mark.skipif(shutil.which("iostat") is None, reason="iostat (sysstat) is not installed")
-
 FIO_WRITES = 1024  # 8 MiB in 8 KiB writes
 
 
@@ -146,7 +143,6 @@ def test_loop_device_resolution(loop_fs: tuple[Path, str, Path]) -> None:
     assert info.chain[2] == resolve_device(image.parent).device
 
 
-@needs_fio
 def test_fio_synced_writes_are_all_counted(request: pytest.FixtureRequest, scratch: Path) -> None:
     """Every synced 8 KiB write fio completes reaches the device once, plus ext4's journal writes.
 
@@ -191,8 +187,6 @@ def test_fio_synced_writes_are_all_counted(request: pytest.FixtureRequest, scrat
     assert summary["write_mb_s"] * window_s >= 8  # at least fio's 8 MiB of data reached the device
 
 
-@needs_fio
-@needs_iostat
 def test_agrees_with_iostat_second_by_second(scratch: Path) -> None:
     """Same device, same seconds: our w/s and w_await match ``iostat -dxy 1`` within 5 %.
 

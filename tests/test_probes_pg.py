@@ -37,15 +37,11 @@ from pglab.probes import (
 )
 from pglab.probes._util import rows_in_window
 from pglab.probes.pgstats import _query_for
+from pglab.targets.local.postgres_bin import find_bindir
 
-BINDIR = Path(os.environ.get("PGLAB_PG_BINDIR", "/usr/lib/postgresql/15/bin"))
+BINDIR = find_bindir()
 RUN_SECONDS = 7
 RATE = 400  # tps; this 2-core machine does ~900 with 2 clients
-
-pytestmark = pytest.mark.skipif(
-    not (BINDIR / "initdb").exists(), reason=f"PostgreSQL binaries not found in {BINDIR}"
-)
-
 
 @dataclass
 class Server:

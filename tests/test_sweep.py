@@ -13,7 +13,9 @@ import re
 import shutil
 import sqlite3
 import statistics
+import subprocess
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -227,3 +229,34 @@ def test_no_password_in_artifacts(sweep: Any) -> None:
             assert password.encode() not in path.read_bytes(), path
     for log in (sweep["lab"] / "logs").iterdir():
         assert password.encode() not in log.read_bytes()
+
+
+def test_synced_writes_on_the_data_path_are_counted_on_its_device(sweep: Any) -> None:
+    """A known burst of synced 8 KiB writes into the primary's data directory, seen by the disk probe."""
+    from pglab.probes import DiskProbe, ProbeContext, Sampler, now, resolve_device
+
+    data = Path(sweep["target"]["nodes"][0]["data"])
+    scratch = data / "pglab-fio-test"
+    scratch.mkdir()
+    device = resolve_device(data).device
+    findmnt = subprocess.run(["findmnt", "-no", "MAJ:MIN", "--target", str(data)], capture_output=True,
+                             text=True, check=True).stdout.strip()
+    assert Path(f"/sys/dev/block/{findmnt}").resolve().name == device
+    probe = DiskProbe(ProbeContext("", paths={"n0.data": data}))
+    sampler = Sampler([probe])
+    sampler.start()
+    try:
+        t0 = now()
+        fio = subprocess.run(["fio", "--name=burst", f"--directory={scratch}", "--rw=write", "--bs=8k",
+                              "--size=4m", "--fdatasync=1", "--ioengine=psync", "--output-format=json"],
+                             capture_output=True, text=True, check=True)
+        t1 = now()
+        time.sleep(1.3)
+    finally:
+        samples = sampler.stop()
+        shutil.rmtree(scratch, ignore_errors=True)
+    issued = json.loads(fio.stdout)["jobs"][0]["write"]["total_ios"]
+    assert issued == 512
+    counted = sum(s.value or 0 for s in samples
+                  if s.source == f"disk:{device}" and s.metric == "d_writes" and t0 - 1 <= s.ts - 0.5 <= t1 + 1)
+    assert counted >= issued
