@@ -198,11 +198,9 @@ class Bench:
         a = self.args
         args = pgbench.run_args(self.lab.bindir, a.workload, a.clients, self.jobs, self.run_spec, self.work,
                                 seconds=seconds, transactions=None, log_prefix=run_dir / "pgbench_log")
-        self.proc = PgbenchProcess(args, self.endpoints.primary, run_dir, "pgbench")
-        try:
-            rc = self.proc.wait()
-        finally:
-            proc, self.proc = self.proc, None
+        proc = self.proc = PgbenchProcess(args, self.endpoints.primary, run_dir, "pgbench")
+        rc = proc.wait()  # interrupted, self.proc stays set so that close() stops pgbench
+        self.proc = None
         if rc != 0:
             err = [x for x in proc.stderr_path.read_text().splitlines() if not x.startswith("progress:")]
             raise PgbenchError(f"pgbench exited with code {rc}: {' / '.join(err[-2:]) or 'no message'}")
@@ -347,7 +345,8 @@ def _terminate(signum: int, _frame: FrameType | None) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     saved = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
-    signal.signal(signal.SIGTERM, _terminate)  # SIGTERM tears the lab down like Ctrl-C
+    for sig in saved:  # Ctrl-C and SIGTERM both tear the lab down (SIGINT even if the parent ignored it)
+        signal.signal(sig, _terminate)
     work = Path(tempfile.mkdtemp(prefix="pglab-overhead-"))
     bench: Bench | None = None
     results: list[RunResult] = []
@@ -366,7 +365,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             got = {arm: bench.one_run(pair, arm) for arm in order}
             results += [got[order[0]], got[order[1]]]
             a, b = got["A"], got["B"]
-            print(f"  pair {pair} ({order[0]}{order[1]}): A {a.tps:10.1f}  B {b.tps:10.1f}  "
+            print(f"  pair {pair:>2} ({order[0]}{order[1]}): A {a.tps:10.1f}  B {b.tps:10.1f}  "
                   f"B/A {b.tps / a.tps:.4f}", flush=True)
             for e in b.probe_errors:
                 print(f"    probe error: {e}", flush=True)

@@ -41,6 +41,19 @@ def _alive(pid: int) -> bool:
     return state != "Z"
 
 
+def _clean_lab_of(results: Path) -> None:
+    from pglab.targets.local.cluster import clean_lab
+
+    try:
+        db = sqlite3.connect(results / "results.db")
+        target = db.execute("SELECT target FROM sweeps").fetchone()
+        db.close()
+    except sqlite3.Error:
+        return
+    if target and target[0]:
+        clean_lab(Path(json.loads(target[0])["lab_dir"]))
+
+
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_interrupt_mid_run_leaves_nothing_running(tmp_path: Path, sig: signal.Signals) -> None:
     plan = tmp_path / "plan.yaml"
@@ -67,9 +80,10 @@ run: {duration: 120s, repeats: 2}
         os.kill(proc.pid, sig)
         _stdout, stderr = proc.communicate(timeout=120)
     finally:
-        if proc.poll() is None:
+        if proc.poll() is None:  # the test failed: do not leave its lab behind
             proc.kill()
             proc.wait()
+            _clean_lab_of(results)
     assert proc.returncode == 130, stderr
     assert "Traceback" not in stderr
     db = sqlite3.connect(results / "results.db")

@@ -270,6 +270,9 @@ class Runner:
         self._pgbench = proc
         try:
             rc = proc.wait()
+        except BaseException:  # an interrupt while waiting: pgbench lives in its own session, stop it here
+            proc.stop()
+            raise
         finally:
             self._pgbench = None
         if name == "warmup" and rc != 0:
