@@ -13,7 +13,8 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-from pglab.errors import PlanError, UserError
+from pglab import __version__
+from pglab.errors import PlanError, RunInterrupted, UserError
 from pglab.plan.expand import Point
 from pglab.plan.load import load_plan
 from pglab.plan.schema import Plan
@@ -99,7 +100,7 @@ def run(
     fmt: str = typer.Option("table", "--format", help="table printed at the end: " + "|".join(FORMATS)),
 ) -> None:
     """Run a plan: provision, sweep the matrix, store every run, print the table."""
-    from pglab.report.tables import point_table, render
+    from pglab.report.tables import full_report
     from pglab.runner import Runner, check_results_dir
     from pglab.store import Store
 
@@ -113,10 +114,9 @@ def run(
         runner.ui = view
         outcome = runner.run()
     store = Store.open(results, create=False)
-    columns, rows = point_table(store, outcome.sweep_id)
+    text = full_report(store, fmt, outcome.sweep_id, title=f"{plan.name} — {results}")
     store.close()
-    out.print(render(columns, rows, fmt, title=f"{plan.name} — {results}"), end="", soft_wrap=True,
-              markup=False, highlight=False)
+    out.print(text, end="", soft_wrap=True, markup=False, highlight=False)
     elapsed = time.monotonic() - started
     err.print(f"results: {results}  ({outcome.ok} ok, {outcome.failed} failed; "
               f"{int(elapsed // 60)} min {elapsed % 60:.0f} s, lab setup and teardown included)")
@@ -135,20 +135,86 @@ def report(
     fmt: str = typer.Option("table", "--format", help="|".join(FORMATS)),
     per_run: bool = typer.Option(False, "--per-run", help="one row per run, with run_id and its folder"),
     sweep: int | None = typer.Option(None, "--sweep", help="sweep id (default: the latest)"),
+    table: str | None = typer.Option(None, "--table", help="database|storage (CSV/JSON hold one table; "
+                                     "default: database when there is one)"),
 ) -> None:
-    """Print the results table again, from the store."""
-    from pglab.report.tables import point_table, render, run_table
+    """Print the results tables again, from the store: storage (fio) and database (pgbench)."""
+    from pglab.report.tables import full_report
     from pglab.store import Store
 
     _check_format(fmt)
+    if table not in (None, "database", "storage"):
+        raise UserError(f"--table: '{table}' is not one of database, storage.")
     store = Store.open(results, create=False)
     try:
         if store.latest_sweep_id() is None:
             raise UserError(f"'{results}' holds no sweep yet; run a plan into it first.")
-        columns, rows = (run_table if per_run else point_table)(store, sweep)
+        text = full_report(store, fmt, sweep, per_run=per_run, table=table)
     finally:
         store.close()
-    out.print(render(columns, rows, fmt), end="", soft_wrap=True, markup=False, highlight=False)
+    out.print(text, end="", soft_wrap=True, markup=False, highlight=False)
+
+
+@app.command("fio")
+def fio_command(
+    paths: list[Path] = typer.Option(..., "--path", help="directory to measure (repeatable)"),
+    profiles: list[str] = typer.Option([], "--profile", help="profile (repeatable; default: the four of a plan)"),
+    job_files: list[Path] = typer.Option([], "--job-file", help="a custom fio job file (repeatable)"),
+    runtime: str = typer.Option("30s", "--runtime", help="seconds per job"),
+    size: str = typer.Option("1GiB", "--size", help="test file size per job"),
+    results: Path | None = typer.Option(None, "--results", help="results folder (default results/fio-<time>)"),
+    fmt: str = typer.Option("table", "--format", help="|".join(FORMATS)),
+) -> None:
+    """Benchmark storage with fio on the given paths: 8 KiB random, WAL-like fdatasync, 1 MiB sequential."""
+    from pydantic import ValidationError
+
+    from pglab.plan.schema import Storage
+    from pglab.report.tables import full_report
+    from pglab.runner import interrupt_signals
+    from pglab.storage import measure, plan_jobs
+    from pglab.store import Store
+    from pglab.workloads import fio
+
+    _check_format(fmt)
+    spec: dict[str, Any] = {"runtime": runtime, "size": size}
+    if profiles:
+        spec["profiles"] = profiles
+    try:
+        storage = Storage.model_validate(spec)
+    except ValidationError as exc:
+        from pglab.plan.load import format_errors
+
+        raise UserError("; ".join(line.replace("profiles", "--profile", 1) for line in format_errors(exc))
+                        + ".") from None
+    for f in job_files:
+        if not f.is_file():
+            raise UserError(f"--job-file: no such file '{f}'.")
+    jobs = plan_jobs(storage.profiles if (profiles or not job_files) else [], job_files)
+    size_bytes = fio.parse_size(storage.size)
+    labelled = {str(p): (p, "--path") for p in paths}
+    fio.find_fio()
+    for p, field in labelled.values():
+        fio.check_path(p, size_bytes, field=field)
+    results = results or Path("results") / f"fio-{time.strftime('%Y%m%d-%H%M%S')}"
+    store = Store.open(results)
+    command = " ".join(sys.argv[1:])
+    sweep_id = store.begin_sweep("fio", f"# pglab {command}\n", "", __version__)
+    status = "failed"
+    try:
+        with interrupt_signals():
+            measure(store, sweep_id, labelled, jobs, runtime_s=storage.runtime, size_bytes=size_bytes,
+                    log=lambda m: err.print(f"[dim]{m}[/dim]"))
+        status = "done"
+    except RunInterrupted:
+        status = "interrupted"
+        err.print("[yellow]interrupted: fio stopped and its test files removed.")
+        raise typer.Exit(130) from None
+    finally:
+        store.end_sweep(sweep_id, status)
+        text = full_report(store, fmt, sweep_id, table="storage")
+        store.close()
+    out.print(text, end="", soft_wrap=True, markup=False, highlight=False)
+    err.print(f"results: {results}")
 
 
 @plan_app.command("validate")

@@ -17,16 +17,17 @@ from typing import Any, Protocol
 
 import psycopg
 
-from pglab import __version__, environment
+from pglab import __version__, environment, storage
 from pglab.errors import RunInterrupted, UserError
 from pglab.plan.expand import Point, expand
+from pglab.plan.load import resolve_path
 from pglab.plan.schema import Plan
 from pglab.probes import ProbeContext, ProbeOpenError, Sample, Sampler, default_probes
 from pglab.probes.base import now
 from pglab.store.sqlite import Store
 from pglab.targets.base import Endpoints
 from pglab.targets.local.cluster import LabError, LocalLab
-from pglab.workloads import pgbench
+from pglab.workloads import fio, pgbench
 from pglab.workloads.pgbench import PgbenchError, PgbenchProcess, ProgressPoint
 
 
@@ -73,6 +74,11 @@ class SweepResult:
 
 def plan_hash(plan_text: str) -> str:
     return hashlib.sha256(plan_text.encode()).hexdigest()
+
+
+def interrupt_signals() -> _Signals:
+    """SIGINT/SIGTERM → RunInterrupted in the main thread, for the duration of a ``with`` block."""
+    return _Signals()
 
 
 class _Signals:
@@ -130,6 +136,8 @@ class Runner:
                 store.set_sweep_info(sweep_id, environment.capture(
                     endpoints.primary.conninfo(), target.probe_paths(), target.bindir, self.plan_text),
                     target.describe())
+                if plan.storage is not None:
+                    self._storage_phase(store, sweep_id, target)
                 self._ensure_dataset(target, endpoints)
                 for point in self.points:
                     for repeat in range(1, repeats + 1):
@@ -156,6 +164,15 @@ class Runner:
                     store.end_sweep(sweep_id, status, reason)
                     store.close()
         return result
+
+    def _storage_phase(self, store: Store, sweep_id: int, target: LocalLab) -> None:
+        spec = self.plan.storage
+        assert spec is not None
+        self.ui.log(f"storage phase: fio on {', '.join(spec.paths)} ({spec.runtime:g} s per job)")
+        jobs = storage.plan_jobs(spec.profiles, [resolve_path(f, self.plan_dir) for f in spec.job_files])
+        paths = {label: p for label, p in target.storage_paths().items() if label in spec.paths}
+        storage.measure(store, sweep_id, paths, jobs, runtime_s=spec.runtime, size_bytes=fio.parse_size(spec.size),
+                        log=self.ui.log)
 
     def _parameters(self, point: Point) -> dict[str, Any]:
         return {**self.plan.postgres.parameters, **point.parameters,

@@ -155,6 +155,11 @@ def _check_files(plan: Plan, base_dir: Path) -> list[str]:
                                 "(relative paths are relative to the plan's folder)")
             elif f.stat().st_size > MAX_PLAN_BYTES:
                 problems.append(f"matrix.workload[{i}].scripts[{j}].file: '{script.file}' is larger than 1 MiB")
+    if plan.storage is not None:
+        for i, name in enumerate(plan.storage.job_files):
+            if not resolve_path(name, base_dir).is_file():
+                problems.append(f"storage.job_files[{i}]: no such file '{name}' "
+                                "(relative paths are relative to the plan's folder)")
     return problems
 
 

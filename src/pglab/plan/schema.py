@@ -257,6 +257,34 @@ class Probes(Strict):
     enabled: bool = True
 
 
+_SIZE = re.compile(r"^\s*\d+(\.\d+)?\s*([kmgt]i?b?)?\s*$", re.IGNORECASE)
+
+
+def _size(value: Any) -> str:
+    if isinstance(value, bool) or not isinstance(value, int | str) or not _SIZE.match(str(value)):
+        raise PydanticCustomError("size", "must be a size such as 256MiB, 1GiB or a number of bytes")
+    return str(value)
+
+
+class Storage(Strict):
+    """The storage phase: fio on the lab's own data and WAL paths, before the database phase."""
+
+    profiles: list[Literal["randread-8k", "randwrite-8k", "wal-fdatasync-8k", "seqread-1m", "seqwrite-1m",
+                           "mixed-70-30-8k"]] = Field(
+        default_factory=lambda: ["randread-8k", "randwrite-8k", "wal-fdatasync-8k", "seqwrite-1m"])
+    job_files: list[str] = Field(default_factory=list, description="custom fio job files (plan-relative)")
+    runtime: Seconds = Field(30.0, description="seconds per fio job")
+    size: Annotated[str, BeforeValidator(_size)] = Field("1GiB", description="size of each job's test file")
+    paths: list[Literal["data", "wal"]] = Field(default_factory=lambda: ["data", "wal"], min_length=1)
+
+    @field_validator("runtime")
+    @classmethod
+    def _runtime(cls, v: float) -> float:
+        if v < 1:
+            raise PydanticCustomError("runtime", "must be at least 1 second")
+        return v
+
+
 class Plan(Strict):
     name: str
     description: str | None = None
@@ -266,6 +294,7 @@ class Plan(Strict):
     matrix: Matrix = Field(default_factory=Matrix)
     run: Run = Field(default_factory=Run)
     probes: Probes = Field(default_factory=Probes)
+    storage: Storage | None = Field(None, description="run fio on the lab's paths before the database phase")
 
     @field_validator("name")
     @classmethod

@@ -21,7 +21,8 @@ METRIC_COLUMNS = (
     "read_latency_ms", "write_latency_ms", "cpu_pct", "wal_mb_s", "replay_lag_max_ms",
 )
 CI_COLUMNS = ("tps", "latency_avg_ms", "latency_p95_ms", "latency_p99_ms")
-DECIMALS = {"tps": 1, "read_iops": 1, "write_iops": 1, "total_iops": 1, "cpu_pct": 1, "wal_mb_s": 2}
+DECIMALS = {"tps": 1, "read_iops": 1, "write_iops": 1, "total_iops": 1, "cpu_pct": 1, "wal_mb_s": 2, "iops": 0,
+            "mb_s": 1, "lat_mean_ms": 3, "lat_p99_ms": 3, "lat_p999_ms": 3}
 
 
 def _extra_axes(runs: list[RunRow]) -> list[str]:
@@ -77,6 +78,47 @@ def run_table(store: Store, sweep_id: int | None = None) -> tuple[list[str], lis
     return columns, rows
 
 
+STORAGE_COLUMNS = ["path", "device", "profile", "iops", "mb_s", "lat_mean_ms", "lat_p99_ms", "lat_p999_ms", "note",
+                   "label", "job", "direction", "lat_p50_ms", "json_file"]
+STORAGE_SHOWN = ["path", "device", "profile", "iops", "mb_s", "lat_mean_ms", "lat_p99_ms", "lat_p999_ms", "note"]
+STORAGE_HEADERS = {"iops": "IOPS", "mb_s": "MB/s", "lat_mean_ms": "lat mean ms", "lat_p99_ms": "p99 ms",
+                   "lat_p999_ms": "p99.9 ms"}
+
+
+def storage_table(store: Store, sweep_id: int | None = None) -> tuple[list[str], list[dict[str, Any]]]:
+    """One row per fio job and direction: figures as fio's JSON has them (latencies in ms)."""
+    sweep_id = sweep_id if sweep_id is not None else store.latest_sweep_id()
+    rows = []
+    for r in store.fio_results(sweep_id) if sweep_id is not None else []:
+        profile = r["job"]
+        rows.append({
+            "path": r["label"] if r["label"] in ("data", "wal") else r["path"],
+            "device": r["device"] or "(none)",
+            "profile": f"{profile} {r['direction']}" if _two_directions(store, sweep_id, r) else profile,
+            "iops": r["iops"], "mb_s": r["bw_mb_s"], "lat_mean_ms": r["lat_mean_ms"], "lat_p99_ms": r["lat_p99_ms"],
+            "lat_p999_ms": r["lat_p999_ms"], "note": r["note"] or "", "label": r["label"], "job": r["job"],
+            "direction": r["direction"], "lat_p50_ms": r["lat_p50_ms"], "json_file": r["json_file"],
+        })
+    return list(STORAGE_COLUMNS), rows
+
+
+def _two_directions(store: Store, sweep_id: int, row: dict[str, Any]) -> bool:
+    return bool(store.conn.execute(
+        "SELECT count(DISTINCT direction) > 1 FROM fio_results WHERE sweep_id = ? AND label = ? AND job = ?",
+        (sweep_id, row["label"], row["job"])).fetchone()[0])
+
+
+def ceilings_text(store: Store, sweep_id: int | None = None) -> str:
+    sweep_id = sweep_id if sweep_id is not None else store.latest_sweep_id()
+    if sweep_id is None:
+        return ""
+    lines = []
+    for label, values in store.ceilings(sweep_id).items():
+        parts = ", ".join(f"{k} {v:,.1f}" for k, v in values.items() if v is not None)
+        lines.append(f"storage ceilings ({label}): {parts}")
+    return "\n".join(lines) + ("\n" if lines else "")
+
+
 def _fmt(col: str, value: Any) -> str:
     if value is None:
         return ""
@@ -99,7 +141,8 @@ def display_columns(columns: list[str]) -> list[str]:
     return [c for c in columns if not c.endswith("_ci95")]
 
 
-def render(columns: list[str], rows: list[dict[str, Any]], fmt: str, title: str | None = None) -> str:
+def render(columns: list[str], rows: list[dict[str, Any]], fmt: str, title: str | None = None,
+           shown: list[str] | None = None, headers: dict[str, str] | None = None) -> str:
     if fmt == "json":
         return json.dumps([{c: r.get(c) for c in columns} for r in rows], indent=2)
     if fmt == "csv":
@@ -109,17 +152,40 @@ def render(columns: list[str], rows: list[dict[str, Any]], fmt: str, title: str 
         for r in rows:
             w.writerow({c: ("" if r.get(c) is None else r.get(c)) for c in columns})
         return buf.getvalue()
-    shown = display_columns(columns)
+    shown = shown or display_columns(columns)
+    headers = headers or {}
     if fmt == "markdown":
-        lines = ["| " + " | ".join(shown) + " |", "|" + "|".join("---" for _ in shown) + "|"]
+        lines = ["| " + " | ".join(headers.get(c, c) for c in shown) + " |", "|" + "|".join("---" for _ in shown) + "|"]
         lines += ["| " + " | ".join(_cell(c, r) for c in shown) + " |" for r in rows]
         return "\n".join(lines) + "\n"
     table = Table(title=title, title_justify="left", show_lines=False, header_style="bold")
     for c in shown:
-        left = c in ("workload", "synchronous_commit", "status", "run_id", "dir", "reason")
-        table.add_column(c, justify="left" if left else "right", no_wrap=True, min_width=len(c))
+        left = c in ("workload", "synchronous_commit", "status", "run_id", "dir", "reason", "path", "device", "profile",
+                     "note")
+        name = headers.get(c, c)
+        table.add_column(name, justify="left" if left else "right", no_wrap=c != "note", min_width=len(name),
+                         max_width=60 if c == "note" else None)
     for r in rows:
         table.add_row(*(_cell(c, r) for c in shown))
     console = Console(width=1000, record=True, file=io.StringIO())
     console.print(table)
     return "\n".join(line.rstrip() for line in console.export_text().splitlines()) + "\n"
+
+
+def full_report(store: Store, fmt: str, sweep_id: int | None = None, per_run: bool = False,
+                table: str | None = None, title: str | None = None) -> str:
+    """What `pglab report` and the end of `pglab run` print: the storage table (when fio ran), its ceilings,
+    and the database table. CSV and JSON hold one table: the database one unless ``table='storage'``."""
+    fio_columns, fio_rows = storage_table(store, sweep_id)
+    db_columns, db_rows = (run_table if per_run else point_table)(store, sweep_id)
+    if fmt in ("csv", "json"):
+        which = table or ("database" if db_rows or not fio_rows else "storage")
+        return render(fio_columns, fio_rows, fmt) if which == "storage" else render(db_columns, db_rows, fmt)
+    parts = []
+    if fio_rows and table in (None, "storage"):
+        parts.append(render(fio_columns, fio_rows, fmt, title="storage (fio)", shown=STORAGE_SHOWN,
+                            headers=STORAGE_HEADERS))
+        parts.append(ceilings_text(store, sweep_id))
+    if (db_rows or not fio_rows) and table in (None, "database"):
+        parts.append(render(db_columns, db_rows, fmt, title=title))
+    return "\n".join(p for p in parts if p)

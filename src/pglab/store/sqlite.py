@@ -19,7 +19,7 @@ from typing import Any
 
 from pglab.errors import UserError
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 MIGRATIONS: dict[int, str] = {
     1: """
@@ -79,6 +79,36 @@ MIGRATIONS: dict[int, str] = {
         ts REAL NOT NULL,
         kind TEXT NOT NULL,
         detail TEXT
+    );
+    """,
+    2: """
+    CREATE TABLE fio_results (
+        id INTEGER PRIMARY KEY,
+        sweep_id INTEGER NOT NULL REFERENCES sweeps(id),
+        label TEXT NOT NULL,               -- data | wal | the path given to pglab fio
+        path TEXT NOT NULL,
+        device TEXT,                       -- block device behind the path (NULL: none, e.g. tmpfs)
+        profile TEXT NOT NULL,
+        job TEXT NOT NULL,
+        direction TEXT NOT NULL,           -- read | write
+        iops REAL, bw_mb_s REAL, lat_mean_ms REAL, lat_p50_ms REAL, lat_p99_ms REAL, lat_p999_ms REAL,
+        started REAL, ended REAL,
+        note TEXT,                         -- burst / cache findings, one sentence each
+        json_file TEXT                     -- fio's JSON output (with the job's options), relative to the results folder
+    );
+    CREATE TABLE fio_series (
+        fio_id INTEGER NOT NULL REFERENCES fio_results(id),
+        ts REAL NOT NULL,
+        iops REAL,
+        lat_ms REAL
+    );
+    CREATE INDEX fio_series_id ON fio_series(fio_id);
+    CREATE TABLE ceilings (
+        sweep_id INTEGER NOT NULL REFERENCES sweeps(id),
+        label TEXT NOT NULL,
+        name TEXT NOT NULL,                -- commit_flush_per_s, randread_iops_qd32, seqwrite_mb_s …
+        value REAL,
+        PRIMARY KEY (sweep_id, label, name)
     );
     """,
 }
@@ -205,7 +235,37 @@ class Store:
             self.conn.executemany("INSERT INTO events (run_id, ts, kind, detail) VALUES (?, ?, ?, ?)",
                                   [(run_id, ts, kind, detail) for ts, kind, detail in events])
 
+    def save_fio(self, sweep_id: int, label: str, device: str | None, results: Iterable[Any],
+                 ceilings: dict[str, float]) -> None:
+        """One path's storage results, their per-second series and its ceilings, in one transaction."""
+        with self.tx():
+            for r in results:
+                cur = self.conn.execute(
+                    "INSERT INTO fio_results (sweep_id, label, path, device, profile, job, direction, iops, bw_mb_s, "
+                    "lat_mean_ms, lat_p50_ms, lat_p99_ms, lat_p999_ms, started, ended, note, json_file) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    (sweep_id, label, str(r.path), device, r.profile, r.job, r.direction, r.iops, r.bw_mb_s,
+                     r.lat_mean_ms, r.lat_p50_ms, r.lat_p99_ms, r.lat_p999_ms, r.started, r.ended,
+                     " ".join(f.message for f in r.findings) or None, _relative(r.json_file, self.dir)))
+                fio_id = cur.lastrowid
+                self.conn.executemany("INSERT INTO fio_series (fio_id, ts, iops, lat_ms) VALUES (?, ?, ?, ?)",
+                                      [(fio_id, ts, _num(iops), _num(lat)) for ts, iops, lat in r.series])
+            self.conn.executemany("INSERT OR REPLACE INTO ceilings (sweep_id, label, name, value) VALUES (?, ?, ?, ?)",
+                                  [(sweep_id, label, k, _num(v)) for k, v in ceilings.items()])
+
     # ------------------------------------------------------------ reading
+    def fio_results(self, sweep_id: int) -> list[dict[str, Any]]:
+        cur = self.conn.execute("SELECT * FROM fio_results WHERE sweep_id = ? ORDER BY id", (sweep_id,))
+        cols = [c[0] for c in cur.description]
+        return [dict(zip(cols, row, strict=True)) for row in cur]
+
+    def ceilings(self, sweep_id: int) -> dict[str, dict[str, float]]:
+        out: dict[str, dict[str, float]] = {}
+        for label, name, value in self.conn.execute(
+                "SELECT label, name, value FROM ceilings WHERE sweep_id = ? ORDER BY label, name", (sweep_id,)):
+            out.setdefault(label, {})[name] = value
+        return out
+
     def sweeps(self) -> list[dict[str, Any]]:
         cur = self.conn.execute("SELECT * FROM sweeps ORDER BY id")
         cols = [c[0] for c in cur.description]
@@ -247,6 +307,13 @@ def _num(v: Any) -> float | None:
     except (TypeError, ValueError):
         return None
     return f if f == f else None  # NaN is stored as NULL
+
+
+def _relative(path: Any, base: Path) -> str | None:
+    if path is None:
+        return None
+    p = Path(path)
+    return str(p.relative_to(base)) if p.is_relative_to(base) else str(p)
 
 
 def _statements(script: str) -> list[str]:

@@ -66,6 +66,9 @@ class Target(Protocol):
     def probe_paths(self) -> dict[str, Path]:
         """Directories whose block devices the disk probe samples, by label (``n0.data``, ``n0.wal`` …)."""
 
+    def storage_paths(self) -> dict[str, tuple[Path, str]]:
+        """Where the storage phase runs fio (``data``, ``wal``), with the plan field that names each."""
+
     def health(self) -> str | None:
         """None when every instance is up; otherwise what is wrong, in one sentence."""
 

@@ -403,6 +403,12 @@ class LocalLab:
             out[f"{n.name}.wal"] = n.wal
         return out
 
+    def storage_paths(self) -> dict[str, tuple[Path, str]]:
+        """Where the storage phase runs fio: beside the primary's data and WAL directories, on their devices."""
+        primary = self.nodes[0]
+        return {"data": (primary.data.parent, "target.local.paths.data"),
+                "wal": (primary.wal.parent, "target.local.paths.wal")}
+
     def health(self) -> str | None:
         down = [n.name for n in self.nodes if n.postmaster_pid() is None]
         if down:
