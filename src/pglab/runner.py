@@ -17,7 +17,7 @@ from typing import Any, Protocol
 
 import psycopg
 
-from pglab import __version__, environment, storage
+from pglab import __version__, environment
 from pglab.errors import RunInterrupted, UserError
 from pglab.plan.expand import Point, expand
 from pglab.plan.load import resolve_path
@@ -27,7 +27,7 @@ from pglab.probes.base import now
 from pglab.store.sqlite import Store
 from pglab.targets.base import Endpoints
 from pglab.targets.local.cluster import LabError, LocalLab
-from pglab.workloads import fio, pgbench
+from pglab.workloads import pgbench
 from pglab.workloads.pgbench import PgbenchError, PgbenchProcess, ProgressPoint
 
 
@@ -166,6 +166,9 @@ class Runner:
         return result
 
     def _storage_phase(self, store: Store, sweep_id: int, target: LocalLab) -> None:
+        from pglab import storage
+        from pglab.workloads import fio
+
         spec = self.plan.storage
         assert spec is not None
         self.ui.log(f"storage phase: fio on {', '.join(spec.paths)} ({spec.runtime:g} s per job)")
