@@ -61,6 +61,7 @@ matrix:
   synchronous_commit: [local, remote_apply]
   clients: [2]
 run: {{duration: 3s, warmup: 1s, repeats: 2}}
+storage: {{profiles: [wal-fdatasync-8k], runtime: 2s, size: 16MiB}}
 """)
     results = base / "results"
     proc = pglab("run", str(plan), "--results", str(results), "--keep", "--format", "csv")
@@ -260,3 +261,23 @@ def test_synced_writes_on_the_data_path_are_counted_on_its_device(sweep: Any) ->
     counted = sum(s.value or 0 for s in samples
                   if s.source == f"disk:{device}" and s.metric == "d_writes" and t0 - 1 <= s.ts - 0.5 <= t1 + 1)
     assert counted >= issued
+
+
+def test_storage_phase_ran_on_the_lab_paths_once_per_device(sweep: Any) -> None:
+    db = sweep["db"]
+    rows = db.execute("SELECT label, path, device, profile, iops, json_file FROM fio_results").fetchall()
+    # data and WAL bases are two folders on one device: measured once, as 'data'
+    assert [(r[0], r[3]) for r in rows] == [("data", "wal-fdatasync-8k")]
+    _label, path, device, _profile, iops, json_file = rows[0]
+    assert Path(path) == Path(sweep["target"]["nodes"][0]["data"]).parent
+    fio_json = json.loads((sweep["results"] / json_file).read_text())
+    assert iops == fio_json["jobs"][0]["write"]["iops"]
+    ceilings = dict(db.execute("SELECT name, value FROM ceilings WHERE label='data'").fetchall())
+    assert ceilings["commit_flush_per_s"] == iops
+    assert not list(Path(path).glob(".pglab-fio-*"))  # fio's test files are gone
+    report = pglab("report", str(sweep["results"]), check=True).stdout
+    assert "storage (fio)" in report and "wal-fdatasync-8k" in report and "commit_flush_per_s" in report
+    assert "remote_apply" in report  # and the database table after it
+    storage_csv = pglab("report", str(sweep["results"]), "--format", "csv", "--table", "storage", check=True)
+    rows_csv = list(csv.DictReader(io.StringIO(storage_csv.stdout)))
+    assert [r["job"] for r in rows_csv] == ["wal-fdatasync-8k-qd1"] and rows_csv[0]["device"] == device

@@ -1,0 +1,63 @@
+"""`pglab fio`: the profile table from real fio on this machine's disk, figures as fio's JSON has them."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import tempfile
+from pathlib import Path
+
+import pytest
+from conftest import pglab
+
+
+@pytest.fixture
+def scratch() -> Path:
+    d = Path(tempfile.mkdtemp(prefix="pglab-fio-cli-", dir="/var/tmp"))
+    yield d
+    import shutil
+
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def test_pglab_fio_prints_the_profile_table_with_fio_figures(scratch: Path, tmp_path: Path) -> None:
+    results = tmp_path / "results"
+    args = ["fio", "--path", str(scratch), "--profile", "randread-8k", "--profile", "wal-fdatasync-8k",
+            "--runtime", "2s", "--size", "16MiB", "--results", str(results)]
+    table = pglab(*args, check=True).stdout
+    for header in ("path", "device", "profile", "IOPS", "MB/s", "lat mean ms", "p99 ms", "p99.9 ms", "note"):
+        assert header in table
+    assert "randread-8k-qd32" in table and "wal-fdatasync-8k" in table
+    listed = pglab("report", str(results), "--format", "csv", check=True).stdout
+    rows = list(csv.DictReader(io.StringIO(listed)))
+    assert {r["profile"] for r in rows} == {"randread-8k-qd1", "randread-8k-qd32", "wal-fdatasync-8k-qd1"}
+    for row in rows:
+        job = json.loads((results / row["json_file"]).read_text())["jobs"][0][row["direction"]]
+        assert float(row["iops"]) == job["iops"]
+        assert float(row["lat_mean_ms"]) == pytest.approx(job["lat_ns"]["mean"] / 1e6, rel=1e-12)
+        assert float(row["lat_p99_ms"]) == pytest.approx(job["lat_ns"]["percentile"]["99.000000"] / 1e6, rel=1e-12)
+        assert float(row["mb_s"]) == pytest.approx(job["bw_bytes"] / 1048576, rel=1e-12)
+    assert not list(scratch.iterdir())  # test files removed
+
+
+@pytest.mark.parametrize(
+    ("extra", "expected"),
+    [
+        (["--path", "/nonexistent/pglab"], "--path /nonexistent/pglab does not exist"),
+        (["--profile", "bogus"], "--profile"),
+        (["--size", "1000000GiB"], "free"),
+        (["--runtime", "soon"], "runtime"),
+    ],
+)
+def test_pglab_fio_bad_input_is_one_sentence_and_exit_2(scratch: Path, tmp_path: Path, extra: list[str],
+                                                        expected: str) -> None:
+    args = ["fio", "--results", str(tmp_path / "r")]
+    if "--path" not in extra:
+        args += ["--path", str(scratch)]
+    proc = pglab(*args, *extra)
+    assert proc.returncode == 2, proc.stderr
+    assert expected in proc.stderr and "Traceback" not in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "r").exists()
+    assert not list(scratch.iterdir())
