@@ -5,10 +5,12 @@ from __future__ import annotations
 import csv
 import io
 import json
+import shutil
 import tempfile
 from pathlib import Path
 
 import pytest
+
 from conftest import pglab
 
 
@@ -16,8 +18,6 @@ from conftest import pglab
 def scratch() -> Path:
     d = Path(tempfile.mkdtemp(prefix="pglab-fio-cli-", dir="/var/tmp"))
     yield d
-    import shutil
-
     shutil.rmtree(d, ignore_errors=True)
 
 
