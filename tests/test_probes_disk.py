@@ -188,31 +188,45 @@ def test_fio_synced_writes_are_all_counted(request: pytest.FixtureRequest, scrat
 
 
 def test_agrees_with_iostat_second_by_second(scratch: Path) -> None:
-    """Same device, same seconds: our w/s and w_await match ``iostat -dxy 1`` within 5 %.
+    """Same device, same seconds: our r/s, w/s, r_await and w_await match ``iostat -dxy 1`` within 5 %.
 
-    iostat prints two decimals, so await values (~0.1 ms on a fast disk) also get ±0.005 ms of slack.
+    Two fio jobs run side by side at a steady rate: synced 8 KiB direct writes, and 8 KiB direct random
+    reads of a file written and synced beforehand (direct I/O bypasses the page cache, so every read reaches
+    the device whatever the machine's memory). iostat prints two decimals, so await values (~0.1 ms on a
+    fast disk) also get ±0.005 ms of slack.
     """
     seconds = 5
     dev = resolve_device(scratch).device
     assert dev is not None
+    data = scratch / "reads.dat"
+    with open(data, "wb") as f:  # written and synced now, so no writeback lands inside the window
+        block = os.urandom(1024 * 1024)
+        for _ in range(64):
+            f.write(block)
+        f.flush()
+        os.fsync(f.fileno())
     probe = DiskProbe(ProbeContext("", paths={"data": scratch}))
     sampler = Sampler([probe])
     sampler.start()
     fio = subprocess.Popen(
         [
             "fio",
+            "--time_based",
+            f"--runtime={seconds + 3}",
+            "--bs=8k",
+            "--direct=1",
+            "--rate_iops=250",
+            "--output-format=json",
             "--name=steady",
             f"--directory={scratch}",
             "--rw=write",
-            "--bs=8k",
             "--size=8m",
             "--fdatasync=1",
-            "--direct=1",
             "--ioengine=sync",
-            "--rate_iops=250",
-            "--time_based",
-            f"--runtime={seconds + 3}",
-            "--output-format=json",
+            "--name=reads",
+            f"--filename={data}",
+            "--rw=randread",
+            "--ioengine=psync",
         ],
         stdout=subprocess.DEVNULL,
     )
@@ -230,17 +244,18 @@ def test_agrees_with_iostat_second_by_second(scratch: Path) -> None:
         fio.wait(timeout=30)
         samples = sampler.stop()
     stats = json.loads(out)["sysstat"]["hosts"][0]["statistics"]
-    io_ws = [s["disk"][0]["w/s"] for s in stats]
-    io_await = [s["disk"][0]["w_await"] for s in stats]
     ours = [r for r in rows(samples) if r.source == f"disk:{dev}" and t0 + 0.5 < r.ts <= t0 + seconds + 0.5]
-    assert len(ours) == len(io_ws) == seconds
-    our_ws = [r.get("w_s") for r in ours]
-    our_await = [r.get("w_await_ms") for r in ours]
-    print(f"w/s iostat {mean(io_ws):.1f} ours {mean(our_ws):.1f}", end="; ")
-    print(f"w_await iostat {mean(io_await):.4f} ours {mean(our_await):.4f}")
-    assert mean(io_ws) > 200
-    assert mean(our_ws) == pytest.approx(mean(io_ws), rel=0.05), (our_ws, io_ws)
-    assert abs(mean(our_await) - mean(io_await)) <= 0.05 * mean(io_await) + 0.005, (our_await, io_await)
+    assert len(ours) == len(stats) == seconds
+    for ios, key, unit in (("r/s", "r_s", "r_await"), ("w/s", "w_s", "w_await")):
+        io_rate = [s["disk"][0][ios] for s in stats]
+        io_await = [s["disk"][0][unit] for s in stats]
+        our_rate = [r.get(key) for r in ours]
+        our_await = [r.get(f"{unit}_ms") for r in ours]
+        print(f"{ios} iostat {mean(io_rate):.1f} ours {mean(our_rate):.1f}", end="; ")
+        print(f"{unit} iostat {mean(io_await):.4f} ours {mean(our_await):.4f}", end="; ")
+        assert mean(io_rate) > 200
+        assert mean(our_rate) == pytest.approx(mean(io_rate), rel=0.05), (ios, our_rate, io_rate)
+        assert abs(mean(our_await) - mean(io_await)) <= 0.05 * mean(io_await) + 0.005, (unit, our_await, io_await)
 
 
 def _disk_samples(ts: float, dev: str, **raw: float) -> list[Sample]:

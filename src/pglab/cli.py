@@ -19,6 +19,7 @@ from pglab.plan.expand import Point
 from pglab.plan.load import load_plan
 from pglab.plan.schema import Plan
 from pglab.targets.local.cluster import LabError
+from pglab.workloads.fio import FioError
 from pglab.workloads.pgbench import PgbenchError, ProgressPoint
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -262,7 +263,7 @@ def main() -> None:
     except UserError as exc:
         err.print(f"error: {exc}", markup=False, highlight=False)
         sys.exit(2)
-    except (LabError, PgbenchError, psycopg.Error) as exc:
+    except (LabError, PgbenchError, FioError, psycopg.Error) as exc:
         # not the user's input, but still no traceback: the tool's own words and a non-zero exit
         err.print(f"error: {str(exc).strip()}", markup=False, highlight=False)
         sys.exit(1)

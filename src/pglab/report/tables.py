@@ -79,7 +79,8 @@ def run_table(store: Store, sweep_id: int | None = None) -> tuple[list[str], lis
 
 
 STORAGE_COLUMNS = ["path", "device", "profile", "iops", "mb_s", "lat_mean_ms", "lat_p99_ms", "lat_p999_ms", "note",
-                   "label", "job", "direction", "lat_p50_ms", "json_file"]
+                   "label", "job", "direction", "lat_p50_ms", "sync_lat_mean_ms", "sync_lat_p99_ms",
+                   "sync_lat_p999_ms", "json_file"]
 STORAGE_SHOWN = ["path", "device", "profile", "iops", "mb_s", "lat_mean_ms", "lat_p99_ms", "lat_p999_ms", "note"]
 STORAGE_HEADERS = {"iops": "IOPS", "mb_s": "MB/s", "lat_mean_ms": "lat mean ms", "lat_p99_ms": "p99 ms",
                    "lat_p999_ms": "p99.9 ms"}
@@ -91,13 +92,19 @@ def storage_table(store: Store, sweep_id: int | None = None) -> tuple[list[str],
     rows = []
     for r in store.fio_results(sweep_id) if sweep_id is not None else []:
         profile = r["job"]
+        notes = [r["note"]] if r["note"] else []
+        if r["sync_lat_mean_ms"] is not None:  # fio reports write() and fdatasync() apart; a commit pays both
+            notes.insert(0, f"fdatasync after each write: mean {r['sync_lat_mean_ms']:.3f} ms, "
+                            f"p99 {r['sync_lat_p99_ms']:.3f} ms, p99.9 {r['sync_lat_p999_ms']:.3f} ms")
         rows.append({
             "path": r["label"] if r["label"] in ("data", "wal") else r["path"],
             "device": r["device"] or "(none)",
             "profile": f"{profile} {r['direction']}" if _two_directions(store, sweep_id, r) else profile,
             "iops": r["iops"], "mb_s": r["bw_mb_s"], "lat_mean_ms": r["lat_mean_ms"], "lat_p99_ms": r["lat_p99_ms"],
-            "lat_p999_ms": r["lat_p999_ms"], "note": r["note"] or "", "label": r["label"], "job": r["job"],
-            "direction": r["direction"], "lat_p50_ms": r["lat_p50_ms"], "json_file": r["json_file"],
+            "lat_p999_ms": r["lat_p999_ms"], "note": "; ".join(notes), "label": r["label"], "job": r["job"],
+            "direction": r["direction"], "lat_p50_ms": r["lat_p50_ms"], "sync_lat_mean_ms": r["sync_lat_mean_ms"],
+            "sync_lat_p99_ms": r["sync_lat_p99_ms"], "sync_lat_p999_ms": r["sync_lat_p999_ms"],
+            "json_file": r["json_file"],
         })
     return list(STORAGE_COLUMNS), rows
 
@@ -114,7 +121,8 @@ def ceilings_text(store: Store, sweep_id: int | None = None) -> str:
         return ""
     lines = []
     for label, values in store.ceilings(sweep_id).items():
-        parts = ", ".join(f"{k} {v:,.1f}" for k, v in values.items() if v is not None)
+        parts = ", ".join(f"{k} {v:,.3f}" if abs(v) < 10 else f"{k} {v:,.0f}" for k, v in values.items()
+                          if v is not None)
         lines.append(f"storage ceilings ({label}): {parts}")
     return "\n".join(lines) + ("\n" if lines else "")
 

@@ -92,9 +92,11 @@ MIGRATIONS: dict[int, str] = {
         job TEXT NOT NULL,
         direction TEXT NOT NULL,           -- read | write
         iops REAL, bw_mb_s REAL, lat_mean_ms REAL, lat_p50_ms REAL, lat_p99_ms REAL, lat_p999_ms REAL,
+        sync_lat_mean_ms REAL, sync_lat_p99_ms REAL, sync_lat_p999_ms REAL,  -- fdatasync after each write
         started REAL, ended REAL,
         note TEXT,                         -- burst / cache findings, one sentence each
-        json_file TEXT                     -- fio's JSON output (with the job's options), relative to the results folder
+        json_file TEXT,                    -- fio's JSON output, relative to the results folder
+        options TEXT                       -- JSON: the job's fio options
     );
     CREATE TABLE fio_series (
         fio_id INTEGER NOT NULL REFERENCES fio_results(id),
@@ -242,11 +244,13 @@ class Store:
             for r in results:
                 cur = self.conn.execute(
                     "INSERT INTO fio_results (sweep_id, label, path, device, profile, job, direction, iops, bw_mb_s, "
-                    "lat_mean_ms, lat_p50_ms, lat_p99_ms, lat_p999_ms, started, ended, note, json_file) "
-                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    "lat_mean_ms, lat_p50_ms, lat_p99_ms, lat_p999_ms, sync_lat_mean_ms, sync_lat_p99_ms, "
+                    "sync_lat_p999_ms, started, ended, note, json_file, options) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     (sweep_id, label, str(r.path), device, r.profile, r.job, r.direction, r.iops, r.bw_mb_s,
-                     r.lat_mean_ms, r.lat_p50_ms, r.lat_p99_ms, r.lat_p999_ms, r.started, r.ended,
-                     " ".join(f.message for f in r.findings) or None, _relative(r.json_file, self.dir)))
+                     r.lat_mean_ms, r.lat_p50_ms, r.lat_p99_ms, r.lat_p999_ms, r.sync_lat_mean_ms, r.sync_lat_p99_ms,
+                     r.sync_lat_p999_ms, r.started, r.ended, " ".join(f.message for f in r.findings) or None,
+                     _relative(r.json_file, self.dir), json.dumps(r.options)))
                 fio_id = cur.lastrowid
                 self.conn.executemany("INSERT INTO fio_series (fio_id, ts, iops, lat_ms) VALUES (?, ?, ?, ?)",
                                       [(fio_id, ts, _num(iops), _num(lat)) for ts, iops, lat in r.series])

@@ -19,6 +19,11 @@ Profiles (PostgreSQL's page is 8 KiB):
 - ``mixed-70-30-8k``: random 70 % reads / 30 % writes, direct, libaio, QD 16 (a loaded OLTP database, between
   the two random queue depths above).
 
+A custom job file (``custom_jobs``) gives one job per section, [global] merged in; pglab still decides
+where fio writes (a scratch folder under the path: ``directory`` and absolute file names are refused) and
+what it logs, and runs are time based; the file's own ``size``, ``runtime`` or ``ramp_time`` win over the
+command's. ``numjobs`` > 1 is reported as one group (``group_reporting``), its series summed over threads.
+
 Timestamps: fio writes its logs with ``log_unix_epoch=1``, so every per-second point is already on the epoch
 clock (the end of its 1 s window). fio 3.33 does not log the last, unfinished window of the IOPS log, so a
 job of N seconds usually yields N-1 or N points; latency points are paired with the IOPS point of the same
@@ -40,6 +45,7 @@ Detection on a result (thresholds and why):
 
 from __future__ import annotations
 
+import bisect
 import configparser
 import contextlib
 import errno
@@ -265,9 +271,10 @@ def check_path(path: Path, size_bytes: int, field: str = "--path") -> None:
     except OSError as exc:
         raise UserError(f"{what} is not writable ({exc.strerror}); fix its permissions or mount, or give "
                         f"another directory.") from None
-    free = shutil.disk_usage(path).free
+    usage = shutil.disk_usage(path)
+    free = usage.free
     need = size_bytes + SPACE_MARGIN
-    if free < need:
+    if usage.total > 0 and free < need:  # a filesystem of no stated size (ramfs) cannot be checked
         raise UserError(f"{what} has {_human(free)} free but the fio profiles need {_human(need)} "
                         f"({_human(size_bytes)} of data + {_human(SPACE_MARGIN)} margin); free some space or "
                         f"use a smaller size.")
@@ -343,6 +350,7 @@ def _check_direct_io(scratch: Path, jobs: Sequence[JobSpec], path: Path, field: 
     try:
         fd = os.open(probe, os.O_CREAT | os.O_WRONLY | os.O_DIRECT, 0o600)
     except OSError as exc:
+        probe.unlink(missing_ok=True)  # created even when O_DIRECT is refused
         if exc.errno != errno.EINVAL:
             raise
         raise UserError(f"{field} {path} is on a filesystem without direct I/O (tmpfs?), which job {needs[0]} "
@@ -420,7 +428,9 @@ def _run_one(cmd: list[str], job: JobSpec, path: Path, out_dir: Path) -> list[Fi
         err_file.unlink()
     data = _read_json(json_file)
     if rc != 0 or data is None or not data.get("jobs") or data["jobs"][0].get("error"):
-        last = " / ".join(words.splitlines()[-2:]) or "no message"
+        lines = [line.strip() for line in words.splitlines() if line.strip()]
+        said = [line for line in lines if line.startswith("fio:")] or lines[-2:]
+        last = " / ".join(said[:2]) or "no message"
         raise FioError(f"fio job {job.name} on {path} failed (exit code {rc}): {last}")
     return parse_results(data, job, str(path), json_file, _log_files(out_dir, job))
 
@@ -472,18 +482,21 @@ def _series(log_files: Sequence[Path], job: str, direction: str) -> list[tuple[f
     code = _DIR_CODE[direction]
     per_thread: list[list[tuple[float, float, float | None]]] = []
     files = {f.name: f for f in log_files}
-    i = 1
-    while f"{job}_iops.{i}.log" in files:
-        iops = [(t, v) for t, v, d in read_log(files[f"{job}_iops.{i}.log"]) if d == code]
-        lat_file = files.get(f"{job}_lat.{i}.log")
-        lat = [(t, v) for t, v, d in read_log(lat_file) if d == code] if lat_file else []
+    thread = 1
+    while f"{job}_iops.{thread}.log" in files:
+        iops = [(t, v) for t, v, d in read_log(files[f"{job}_iops.{thread}.log"]) if d == code]
+        lat_file = files.get(f"{job}_lat.{thread}.log")
+        lat = sorted((t, k, v) for k, (t, v, d) in enumerate(read_log(lat_file) if lat_file else []) if d == code)
+        lat_ts = [t for t, _, _ in lat]
         points: list[tuple[float, float, float | None]] = []
         for t, v in iops:
-            near = [(abs(lt - t), k) for k, (lt, _) in enumerate(lat) if abs(lt - t) < 0.5]
-            lat_ms = lat[min(near)[1]][1] / 1e6 if near else None  # the window's regular sample, not the flush
-            points.append((t, v, lat_ms))
+            # the latency sample of the same window: the nearest in time, the earlier of two at the same time
+            # (fio writes the last window's remainder at exit with the same timestamp)
+            lo = bisect.bisect_left(lat_ts, t - 0.5)
+            near = [(abs(lat[j][0] - t), j) for j in range(lo, min(lo + 4, len(lat))) if abs(lat[j][0] - t) < 0.5]
+            points.append((t, v, lat[min(near)[1]][2] / 1e6 if near else None))
         per_thread.append(points)
-        i += 1
+        thread += 1
     if not per_thread:
         return []
     if len(per_thread) == 1:
@@ -507,7 +520,8 @@ def parse_results(data: dict[str, Any], job: JobSpec, path: str, json_file: Path
                   log_files: list[Path]) -> list[FioResult]:
     """The results of one fio JSON (one job, or one group with group_reporting) and its logs."""
     j = data["jobs"][0]
-    runtime_s = float(j.get("job_runtime", 0)) / 1000.0
+    # each direction's "runtime" (ms): job_runtime is summed over the threads under group_reporting
+    runtime_s = max(float(j.get(d, {}).get("runtime", 0)) for d in ("read", "write", "trim")) / 1000.0
     ended = float(data.get("timestamp_ms", data.get("timestamp", time.time()) * 1000)) / 1000.0
     first_iops = [t for f in log_files if "_iops." in f.name for t, _, _ in read_log(f)]
     started = ended - runtime_s
