@@ -136,16 +136,16 @@ def report(
     fmt: str = typer.Option("table", "--format", help="|".join(FORMATS)),
     per_run: bool = typer.Option(False, "--per-run", help="one row per run, with run_id and its folder"),
     sweep: int | None = typer.Option(None, "--sweep", help="sweep id (default: the latest)"),
-    table: str | None = typer.Option(None, "--table", help="database|storage (CSV/JSON hold one table; "
-                                     "default: database when there is one)"),
+    table: str | None = typer.Option(None, "--table", help="database|storage|durability (CSV/JSON hold one "
+                                     "table; default: database when there is one)"),
 ) -> None:
     """Print the results tables again, from the store: storage (fio) and database (pgbench)."""
     from pglab.report.tables import full_report
     from pglab.store import Store
 
     _check_format(fmt)
-    if table not in (None, "database", "storage"):
-        raise UserError(f"--table: '{table}' is not one of database, storage.")
+    if table not in (None, "database", "storage", "durability"):
+        raise UserError(f"--table: '{table}' is not one of database, storage, durability.")
     store = Store.open(results, create=False)
     try:
         if store.latest_sweep_id() is None:

@@ -21,6 +21,8 @@ METRIC_COLUMNS = (
     "read_latency_ms", "write_latency_ms", "cpu_pct", "wal_mb_s", "replay_lag_max_ms",
 )
 CI_COLUMNS = ("tps", "latency_avg_ms", "latency_p95_ms", "latency_p99_ms")
+UNSTABLE_CV = 0.05  # repeats whose TPS spread (coefficient of variation) exceeds 5 % are flagged
+DURABILITY_ORDER = ("off", "local", "remote_write", "on", "remote_apply")
 DECIMALS = {"tps": 1, "read_iops": 1, "write_iops": 1, "total_iops": 1, "cpu_pct": 1, "wal_mb_s": 2, "iops": 0,
             "mb_s": 1, "lat_mean_ms": 3, "lat_p99_ms": 3, "lat_p999_ms": 3}
 
@@ -44,7 +46,7 @@ def point_table(store: Store, sweep_id: int | None = None) -> tuple[list[str], l
     runs = store.runs(sweep_id)
     extra = _extra_axes(runs)
     columns = [*AXIS_COLUMNS, *extra, *METRIC_COLUMNS, "repeats", "failed_runs"]
-    columns += [f"{c}_ci95" for c in CI_COLUMNS]
+    columns += [f"{c}_ci95" for c in CI_COLUMNS] + ["tps_cv_pct", "unstable"]
     groups: OrderedDict[int, list[RunRow]] = OrderedDict()
     for r in runs:
         groups.setdefault(r.point_id, []).append(r)
@@ -57,6 +59,10 @@ def point_table(store: Store, sweep_id: int | None = None) -> tuple[list[str], l
             row[c] = e.mean if e else None
             if c in CI_COLUMNS:
                 row[f"{c}_ci95"] = e.ci95 if e else None
+            if c == "tps":
+                cv = e.cv if e else None
+                row["tps_cv_pct"] = cv * 100 if cv is not None else None
+                row["unstable"] = bool(cv is not None and cv > UNSTABLE_CV)
         row["repeats"] = len(ok)
         row["failed_runs"] = len(group) - len(ok)
         rows.append(row)
@@ -133,7 +139,10 @@ def _fmt(col: str, value: Any) -> str:
     if isinstance(value, float):
         if math.isnan(value):
             return ""
-        return f"{value:.{DECIMALS.get(col, 2)}f}"
+        if col.endswith("_pct") and "_vs_" in col:
+            return f"{value:+.1f} %"
+        decimals = 1 if col.endswith("_tps") else DECIMALS.get(col, 2)
+        return f"{value:.{decimals}f}"
     return str(value)
 
 
@@ -146,7 +155,47 @@ def _cell(col: str, row: dict[str, Any]) -> str:
 
 
 def display_columns(columns: list[str]) -> list[str]:
-    return [c for c in columns if not c.endswith("_ci95")]
+    return [c for c in columns if not c.endswith("_ci95") and c not in ("tps_cv_pct", "unstable")]
+
+
+def durability_table(store: Store, sweep_id: int | None = None) -> tuple[list[str], list[dict[str, Any]]]:
+    """The price of durability: TPS and latency per synchronous_commit level side by side, with the % change
+    against 'off' when it was measured, else against 'local'. One row per workload × clients (× other axes)."""
+    columns, points = point_table(store, sweep_id)
+    levels = [lv for lv in DURABILITY_ORDER if any(p["synchronous_commit"] == lv for p in points)]
+    if len(levels) < 2:
+        return [], []
+    base = "off" if "off" in levels else ("local" if "local" in levels else levels[0])
+    keys = [c for c in columns if c not in METRIC_COLUMNS and c not in ("synchronous_commit", "repeats",
+            "failed_runs", "tps_cv_pct", "unstable") and not c.endswith("_ci95")]
+    groups: OrderedDict[tuple[Any, ...], dict[str, dict[str, Any]]] = OrderedDict()
+    for p in points:
+        groups.setdefault(tuple(p.get(k) for k in keys), {})[p["synchronous_commit"]] = p
+    out_columns = [*keys, "base"]
+    for lv in levels:
+        out_columns += [f"{lv}_tps", f"{lv}_latency_avg_ms"]
+        if lv != base:
+            out_columns += [f"{lv}_tps_vs_base_pct", f"{lv}_latency_vs_base_pct"]
+    rows = []
+    for key, by_level in groups.items():
+        row: dict[str, Any] = dict(zip(keys, key, strict=True))
+        row["base"] = base
+        ref = by_level.get(base, {})
+        for lv in levels:
+            p = by_level.get(lv, {})
+            row[f"{lv}_tps"] = p.get("tps")
+            row[f"{lv}_latency_avg_ms"] = p.get("latency_avg_ms")
+            if lv != base:
+                row[f"{lv}_tps_vs_base_pct"] = _pct(p.get("tps"), ref.get("tps"))
+                row[f"{lv}_latency_vs_base_pct"] = _pct(p.get("latency_avg_ms"), ref.get("latency_avg_ms"))
+        rows.append(row)
+    return out_columns, rows
+
+
+def _pct(value: float | None, ref: float | None) -> float | None:
+    if value is None or not ref:
+        return None
+    return (value - ref) / ref * 100.0
 
 
 def render(columns: list[str], rows: list[dict[str, Any]], fmt: str, title: str | None = None,
@@ -180,15 +229,22 @@ def render(columns: list[str], rows: list[dict[str, Any]], fmt: str, title: str 
     return "\n".join(line.rstrip() for line in console.export_text().splitlines()) + "\n"
 
 
+TABLES = ("database", "storage", "durability")
+
+
 def full_report(store: Store, fmt: str, sweep_id: int | None = None, per_run: bool = False,
                 table: str | None = None, title: str | None = None) -> str:
     """What `pglab report` and the end of `pglab run` print: the storage table (when fio ran), its ceilings,
-    and the database table. CSV and JSON hold one table: the database one unless ``table='storage'``."""
+    the database table and the price of durability (when several synchronous_commit levels ran).
+    CSV and JSON hold one table: the database one unless ``table`` names another."""
     fio_columns, fio_rows = storage_table(store, sweep_id)
     db_columns, db_rows = (run_table if per_run else point_table)(store, sweep_id)
+    dur_columns, dur_rows = durability_table(store, sweep_id)
     if fmt in ("csv", "json"):
         which = table or ("database" if db_rows or not fio_rows else "storage")
-        return render(fio_columns, fio_rows, fmt) if which == "storage" else render(db_columns, db_rows, fmt)
+        chosen = {"storage": (fio_columns, fio_rows), "durability": (dur_columns, dur_rows)}.get(
+            which, (db_columns, db_rows))
+        return render(*chosen, fmt)
     parts = []
     if fio_rows and table in (None, "storage"):
         parts.append(render(fio_columns, fio_rows, fmt, title="storage (fio)", shown=STORAGE_SHOWN,
@@ -196,4 +252,15 @@ def full_report(store: Store, fmt: str, sweep_id: int | None = None, per_run: bo
         parts.append(ceilings_text(store, sweep_id))
     if (db_rows or not fio_rows) and table in (None, "database"):
         parts.append(render(db_columns, db_rows, fmt, title=title))
+    if dur_rows and table in (None, "durability") and not per_run:
+        headers = {}
+        for c in dur_columns:
+            for suffix, name in (("_tps_vs_base_pct", "Δ tps"), ("_latency_vs_base_pct", "Δ lat"),
+                                 ("_latency_avg_ms", "lat ms"), ("_tps", "tps")):
+                if c.endswith(suffix):
+                    headers[c] = f"{c[: -len(suffix)]} {name}"
+                    break
+        parts.append(render(dur_columns, dur_rows, fmt, title="price of durability: synchronous_commit levels side "
+                            f"by side, Δ = % vs {dur_rows[0]['base']}", shown=[c for c in dur_columns if c != "base"],
+                            headers=headers))
     return "\n".join(p for p in parts if p)

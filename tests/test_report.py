@@ -1,0 +1,75 @@
+"""Report tables from a store built through the real Store API, checked against hand-computed values."""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+from pathlib import Path
+
+import pytest
+
+from conftest import pglab
+from pglab.report.tables import durability_table, point_table
+from pglab.store import Store
+
+
+def _store(tmp_path: Path, tps: dict[tuple[str, str, int], list[float]]) -> Path:
+    store = Store.open(tmp_path / "r")
+    sweep = store.begin_sweep("t", "name: t\n", "h", "0")
+    points = [(i, f"k{i}", {"workload": wl, "synchronous_commit": sc, "clients": c, "jobs": 1})
+              for i, (wl, sc, c) in enumerate(tps)]
+    ids = store.add_points(sweep, points)
+    for (i, key, _axes), values in zip(points, tps.values(), strict=True):
+        for rep, value in enumerate(values, 1):
+            run_id, _ = store.start_run(sweep, ids[key], i, rep)
+            store.finish_run(run_id, "ok", metrics={"tps": value, "latency_avg_ms": 1000.0 / value})
+    store.end_sweep(sweep, "done")
+    store.close()
+    return tmp_path / "r"
+
+
+def test_mean_ci_cv_and_unstable_flag(tmp_path: Path) -> None:
+    results = _store(tmp_path, {("tpcb-like", "local", 4): [100.0, 110.0], ("tpcb-like", "on", 4): [90.0, 90.5]})
+    store = Store.open(results, create=False)
+    _, rows = point_table(store)
+    local, on = rows
+    sd = math.sqrt(((100 - 105) ** 2 + (110 - 105) ** 2) / 1)
+    assert local["tps"] == 105.0 and local["repeats"] == 2
+    assert local["tps_ci95"] == pytest.approx(12.706204736 * sd / math.sqrt(2), rel=1e-9)  # t(0.975, 1 df)
+    assert local["tps_cv_pct"] == pytest.approx(sd / 105 * 100)
+    assert local["unstable"] is True  # 6.7 % > 5 %
+    assert on["unstable"] is False  # 0.4 %
+
+
+def test_price_of_durability_against_local(tmp_path: Path) -> None:
+    results = _store(tmp_path, {
+        ("tpcb-like", "local", 1): [200.0], ("tpcb-like", "on", 1): [150.0], ("tpcb-like", "remote_apply", 1): [100.0],
+        ("tpcb-like", "local", 8): [800.0], ("tpcb-like", "on", 8): [720.0], ("tpcb-like", "remote_apply", 8): [600.0],
+    })
+    store = Store.open(results, create=False)
+    columns, rows = durability_table(store)
+    assert [(r["workload"], r["clients"]) for r in rows] == [("tpcb-like", 1), ("tpcb-like", 8)]
+    assert rows[0]["base"] == "local"
+    assert rows[0]["on_tps_vs_base_pct"] == pytest.approx(-25.0)
+    assert rows[0]["remote_apply_tps_vs_base_pct"] == pytest.approx(-50.0)
+    assert rows[1]["on_tps_vs_base_pct"] == pytest.approx(-10.0)
+    assert rows[1]["remote_apply_latency_vs_base_pct"] == pytest.approx((1000 / 600 - 1000 / 800) / (1000 / 800) * 100)
+    assert "local_tps_vs_base_pct" not in columns
+    text = pglab("report", str(results), check=True).stdout
+    assert "price of durability" in text and "-25.0 %" in text
+    listed = list(csv.DictReader(io.StringIO(
+        pglab("report", str(results), "--format", "csv", "--table", "durability", check=True).stdout)))
+    assert float(listed[1]["on_tps_vs_base_pct"]) == pytest.approx(-10.0)
+
+
+def test_off_is_the_base_when_measured(tmp_path: Path) -> None:
+    results = _store(tmp_path, {("select-only", "off", 1): [1000.0], ("select-only", "local", 1): [900.0]})
+    _, rows = durability_table(Store.open(results, create=False))
+    assert rows[0]["base"] == "off" and rows[0]["local_tps_vs_base_pct"] == pytest.approx(-10.0)
+
+
+def test_one_level_has_no_durability_table(tmp_path: Path) -> None:
+    results = _store(tmp_path, {("select-only", "on", 1): [1000.0], ("select-only", "on", 2): [1900.0]})
+    assert durability_table(Store.open(results, create=False)) == ([], [])
+    assert "price of durability" not in pglab("report", str(results), check=True).stdout
