@@ -73,3 +73,17 @@ def test_one_level_has_no_durability_table(tmp_path: Path) -> None:
     results = _store(tmp_path, {("select-only", "on", 1): [1000.0], ("select-only", "on", 2): [1900.0]})
     assert durability_table(Store.open(results, create=False)) == ([], [])
     assert "price of durability" not in pglab("report", str(results), check=True).stdout
+
+
+def test_compare_two_folders_from_the_cli(tmp_path: Path) -> None:
+    a = _store(tmp_path / "a", {("tpcb-like", "on", 4): [100.0, 101.0, 99.0], ("tpcb-like", "on", 8): [200.0, 190.0]})
+    b = _store(tmp_path / "b", {("tpcb-like", "on", 4): [120.0, 121.0, 119.0], ("tpcb-like", "on", 8): [195.0, 205.0]})
+    text = pglab("compare", str(a), str(b), check=True).stdout
+    assert "faster" in text and "no significant difference" in text
+    rows = list(csv.DictReader(io.StringIO(pglab("compare", str(a), str(b), "--format", "csv", check=True).stdout)))
+    assert [r["tps_verdict"] for r in rows] == ["faster", "no significant difference"]
+    assert float(rows[0]["tps_delta_pct"]) == pytest.approx(20.0)
+    within = pglab("compare", str(a), "--axis", "clients", "--a", "4", "--b", "8", "--format", "json", check=True)
+    assert '"tps_verdict": "faster"' in within.stdout
+    bad = pglab("compare", str(a))
+    assert bad.returncode == 2 and "give two results folders" in bad.stderr

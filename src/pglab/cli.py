@@ -156,6 +156,50 @@ def report(
     out.print(text, end="", soft_wrap=True, markup=False, highlight=False)
 
 
+@app.command()
+def compare(
+    a: Path = typer.Argument(..., help="results folder A (the reference)"),
+    b: Path | None = typer.Argument(None, help="results folder B (omit to compare two values of --axis in A)"),
+    axis: str | None = typer.Option(None, "--axis", help="compare two configurations within A along this axis"),
+    value_a: str | None = typer.Option(None, "--a", help="the --axis value of configuration A"),
+    value_b: str | None = typer.Option(None, "--b", help="the --axis value of configuration B"),
+    fmt: str = typer.Option("table", "--format", help="|".join(FORMATS)),
+) -> None:
+    """Δ % of TPS and latency per matching point, with a Welch 95 % interval and a verdict."""
+    from pglab.analysis.compare import compare_stores, compare_within
+    from pglab.report.tables import render
+    from pglab.store import Store
+
+    _check_format(fmt)
+    if b is None and not (axis and value_a is not None and value_b is not None):
+        raise UserError("compare: give two results folders, or one folder with --axis, --a and --b.")
+    if b is not None and axis:
+        raise UserError("compare: --axis compares within one folder; give one folder or drop --axis.")
+    store_a = Store.open(a, create=False)
+    try:
+        if b is None:
+            assert axis is not None
+            columns, rows = compare_within(store_a, axis, value_a, value_b)
+            title = f"{axis}: {value_b} vs {value_a} in {a}"
+        else:
+            store_b = Store.open(b, create=False)
+            try:
+                columns, rows = compare_stores(store_a, store_b)
+            finally:
+                store_b.close()
+            title = f"{b} vs {a}"
+    finally:
+        store_a.close()
+    metric_columns = ("tps_a", "tps_b", "tps_delta_pct", "tps_ci95_low_pct", "tps_ci95_high_pct", "tps_verdict",
+                      "latency_avg_ms_delta_pct", "latency_avg_ms_verdict", "runs_a", "runs_b")
+    shown = [c for c in columns if c in metric_columns or not c.startswith(("tps_", "latency_", "runs_"))]
+    headers = {"tps_a": "A tps", "tps_b": "B tps", "tps_delta_pct": "Δ tps %", "tps_ci95_low_pct": "95 % low",
+               "tps_ci95_high_pct": "95 % high", "tps_verdict": "verdict", "latency_avg_ms_delta_pct": "Δ lat %",
+               "latency_avg_ms_verdict": "latency verdict", "runs_a": "A runs", "runs_b": "B runs"}
+    out.print(render(columns, rows, fmt, title=f"{title} (Δ % and 95 % interval of B − A, Welch)", shown=shown,
+                     headers=headers), end="", soft_wrap=True, markup=False, highlight=False)
+
+
 @app.command("fio")
 def fio_command(
     paths: list[Path] = typer.Option(..., "--path", help="directory to measure (repeatable)"),

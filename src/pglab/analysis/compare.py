@@ -1,0 +1,204 @@
+"""`pglab compare`: matching points of two result sets, the difference of their means with a Welch 95 % interval,
+and a verdict (faster / slower / no significant difference) that never rests on a single run."""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from scipy import stats
+
+from pglab.errors import UserError
+from pglab.store.sqlite import RunRow, Store
+
+DEFAULT_METRICS = ("tps", "latency_avg_ms", "latency_p99_ms")
+
+FASTER = "faster"
+SLOWER = "slower"
+NO_DIFFERENCE = "no significant difference"
+SINGLE_RUN = "single run"
+NO_DATA = "no data"
+ONLY_IN_A = "only in A"
+ONLY_IN_B = "only in B"
+
+METRIC_SUFFIXES = ("a", "b", "delta_pct", "ci95_low_pct", "ci95_high_pct", "p_value", "verdict")
+
+
+@dataclass(frozen=True)
+class Difference:
+    metric: str
+    a_mean: float
+    b_mean: float
+    a_n: int
+    b_n: int
+    delta_pct: float                        # (b - a) / a * 100; NaN when a_mean is 0
+    ci95_pct: tuple[float, float] | None    # 95 % Welch interval of (b - a), as % of a_mean; None when n < 2
+    p_value: float | None                   # Welch's t-test; None when a side has < 2 runs
+    verdict: str                            # faster | slower | no significant difference | single run
+
+
+def lower_is_better(metric: str) -> bool:
+    """Latencies, lags and durations: lower is better. Everything else (tps, IOPS …): higher is better."""
+    m = metric.lower()
+    return "latency" in m or "lag" in m or m.endswith(("_ms", "_s", "_us"))
+
+
+def _clean(values: Sequence[float | None]) -> list[float]:
+    return [float(v) for v in values if v is not None and not math.isnan(float(v))]
+
+
+def difference(metric: str, a_values: Sequence[float | None], b_values: Sequence[float | None]) -> Difference | None:
+    """B against A for one metric; None when a side has no value at all."""
+    xa, xb = _clean(a_values), _clean(b_values)
+    if not xa or not xb:
+        return None
+    na, nb = len(xa), len(xb)
+    ma, mb = sum(xa) / na, sum(xb) / nb
+    diff = mb - ma
+    delta_pct = diff / ma * 100 if ma != 0 else math.nan
+    if na < 2 or nb < 2:
+        return Difference(metric, ma, mb, na, nb, delta_pct, None, None, SINGLE_RUN)
+    va = sum((x - ma) ** 2 for x in xa) / (na - 1)
+    vb = sum((x - mb) ** 2 for x in xb) / (nb - 1)
+    se2 = va / na + vb / nb
+    if se2 == 0:  # no spread on either side: the difference is exactly what was measured
+        low = high = diff
+        p_value = 1.0 if diff == 0 else 0.0
+    else:
+        df = se2 ** 2 / ((va / na) ** 2 / (na - 1) + (vb / nb) ** 2 / (nb - 1))
+        half = float(stats.t.ppf(0.975, df)) * math.sqrt(se2)
+        low, high = diff - half, diff + half
+        p_value = float(stats.ttest_ind(xb, xa, equal_var=False).pvalue)
+    if low > 0 or high < 0:
+        better = (high < 0) if lower_is_better(metric) else (low > 0)
+        verdict = FASTER if better else SLOWER
+    else:
+        verdict = NO_DIFFERENCE
+    ci = (low / ma * 100, high / ma * 100) if ma != 0 else (math.nan, math.nan)
+    return Difference(metric, ma, mb, na, nb, delta_pct, ci, p_value, verdict)
+
+
+def _norm(value: Any) -> str:
+    """Axis values compared as text, so that CLI input "on" matches a stored "on" (or a YAML true)."""
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    text = str(value).strip().lower()
+    return {"true": "on", "false": "off", "yes": "on", "no": "off"}.get(text, text)
+
+
+def _key(axes: dict[str, Any], ignore: Sequence[str]) -> tuple[tuple[str, str], ...]:
+    return tuple(sorted((k, _norm(v)) for k, v in axes.items() if k not in ignore))
+
+
+def _group(runs: Sequence[RunRow], ignore: Sequence[str]) -> OrderedDict[tuple[tuple[str, str], ...], list[RunRow]]:
+    groups: OrderedDict[tuple[tuple[str, str], ...], list[RunRow]] = OrderedDict()
+    for r in runs:
+        if r.status == "ok":
+            groups.setdefault(_key(r.axes, ignore), []).append(r)
+    return groups
+
+
+def _none_if_nan(v: float | None) -> float | None:
+    return None if v is None or math.isnan(v) else v
+
+
+def compare_runs(a: Sequence[RunRow], b: Sequence[RunRow], metrics: Sequence[str] = DEFAULT_METRICS,
+                 ignore_axes: Sequence[str] = ()) -> tuple[list[str], list[dict[str, Any]]]:
+    """One row per point (axes minus ``ignore_axes``) of A or B, ``ok`` runs only; columns usable with
+    :func:`pglab.report.tables.render`. Points on one side only get the verdict "only in A" / "only in B"."""
+    ga, gb = _group(a, ignore_axes), _group(b, ignore_axes)
+    axis_names: list[str] = []
+    for r in (*a, *b):
+        for k in r.axes:
+            if k not in ignore_axes and k not in axis_names:
+                axis_names.append(k)
+    columns = [*axis_names, "runs_a", "runs_b"]
+    for m in metrics:
+        columns += [f"{m}_{s}" for s in METRIC_SUFFIXES]
+    rows: list[dict[str, Any]] = []
+    keys = list(ga) + [k for k in gb if k not in ga]
+    for key in keys:
+        ra, rb = ga.get(key, []), gb.get(key, [])
+        first = (ra or rb)[0]
+        row: dict[str, Any] = {n: first.axes.get(n) for n in axis_names}
+        row["runs_a"], row["runs_b"] = len(ra), len(rb)
+        for m in metrics:
+            row.update({f"{m}_{s}": None for s in METRIC_SUFFIXES})
+            va, vb = [r.metrics.get(m) for r in ra], [r.metrics.get(m) for r in rb]
+            if not ra or not rb:
+                side, vals = ("a", va) if ra else ("b", vb)
+                xs = _clean(vals)
+                row[f"{m}_{side}"] = sum(xs) / len(xs) if xs else None
+                row[f"{m}_verdict"] = ONLY_IN_A if ra else ONLY_IN_B
+                continue
+            d = difference(m, va, vb)
+            if d is None:
+                xa, xb = _clean(va), _clean(vb)
+                row[f"{m}_a"] = sum(xa) / len(xa) if xa else None
+                row[f"{m}_b"] = sum(xb) / len(xb) if xb else None
+                row[f"{m}_verdict"] = NO_DATA
+                continue
+            row[f"{m}_a"], row[f"{m}_b"] = d.a_mean, d.b_mean
+            row[f"{m}_delta_pct"] = _none_if_nan(d.delta_pct)
+            if d.ci95_pct is not None:
+                row[f"{m}_ci95_low_pct"] = _none_if_nan(d.ci95_pct[0])
+                row[f"{m}_ci95_high_pct"] = _none_if_nan(d.ci95_pct[1])
+            row[f"{m}_p_value"] = d.p_value
+            row[f"{m}_verdict"] = d.verdict
+        rows.append(row)
+    return columns, rows
+
+
+def _sweep_runs(store: Store, sweep: int | None) -> list[RunRow]:
+    sweep = sweep if sweep is not None else store.latest_sweep_id()
+    if sweep is None:
+        raise UserError(f"'{store.dir}' holds no sweep to compare; run a plan there first.")
+    return store.runs(sweep)
+
+
+def compare_stores(store_a: Store, store_b: Store, sweep_a: int | None = None, sweep_b: int | None = None,
+                   **kw: Any) -> tuple[list[str], list[dict[str, Any]]]:
+    """Two result folders, the latest sweep of each unless told; B is measured against A."""
+    return compare_runs(_sweep_runs(store_a, sweep_a), _sweep_runs(store_b, sweep_b), **kw)
+
+
+def compare_within(store: Store, axis: str, value_a: Any, value_b: Any, sweep: int | None = None,
+                   **kw: Any) -> tuple[list[str], list[dict[str, Any]]]:
+    """Two configurations in one result folder: runs with ``axes[axis] == value_a`` (A) against ``== value_b``
+    (B), matched on the other axes. Values compare as text ("on" matches a stored "on")."""
+    runs = _sweep_runs(store, sweep)
+    present = [r.axes[axis] for r in runs if axis in r.axes]
+    if not present:
+        names = sorted({k for r in runs for k in r.axes})
+        raise UserError(f"no run has the axis '{axis}'; axes present: {', '.join(names) or '(none)'}.")
+    a = [r for r in runs if axis in r.axes and _norm(r.axes[axis]) == _norm(value_a)]
+    b = [r for r in runs if axis in r.axes and _norm(r.axes[axis]) == _norm(value_b)]
+    known = sorted({str(v) for v in present})
+    for value, side in ((value_a, a), (value_b, b)):
+        if not side:
+            raise UserError(f"no run has {axis}={value}; values present: {', '.join(known)}.")
+    ignore = tuple(dict.fromkeys((*kw.pop("ignore_axes", ()), axis)))
+    return compare_runs(a, b, ignore_axes=ignore, **kw)
+
+
+def uplift_rows(columns: list[str], rows: list[dict[str, Any]], metric: str = "tps",
+                ) -> tuple[list[str], list[dict[str, Any]]]:
+    """The published "uplift" table for one metric: per point, A, B, Δ % with its interval and the verdict."""
+    axes = [c for c in columns if c not in ("runs_a", "runs_b") and not any(
+        c.endswith(f"_{s}") and c[: -len(s) - 1] in _metrics_of(columns) for s in METRIC_SUFFIXES)]
+    out_cols = [*axes, "a", "b", "uplift_pct", "ci95_low_pct", "ci95_high_pct", "verdict"]
+    out = []
+    for r in rows:
+        row = {c: r.get(c) for c in axes}
+        row.update({"a": r.get(f"{metric}_a"), "b": r.get(f"{metric}_b"), "uplift_pct": r.get(f"{metric}_delta_pct"),
+                    "ci95_low_pct": r.get(f"{metric}_ci95_low_pct"), "ci95_high_pct": r.get(f"{metric}_ci95_high_pct"),
+                    "verdict": r.get(f"{metric}_verdict")})
+        out.append(row)
+    return out_cols, out
+
+
+def _metrics_of(columns: list[str]) -> set[str]:
+    return {c[: -len("_verdict")] for c in columns if c.endswith("_verdict")}
