@@ -352,9 +352,12 @@ def test_path_without_direct_io_is_a_clear_error(no_direct_io_dir: Path, tmp_pat
 
 
 _INTERRUPTED = """
+import signal
 import sys
 from pathlib import Path
 from pglab.workloads import fio
+# a shell's background jobs start with SIGINT ignored, and Python then keeps it ignored: restore the default
+signal.signal(signal.SIGINT, signal.default_int_handler)
 print("ready", flush=True)
 try:
     fio.run_jobs(Path(sys.argv[1]), fio.jobs_for("randread-8k"), runtime_s=30, size_bytes=32 << 20,
