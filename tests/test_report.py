@@ -87,3 +87,40 @@ def test_compare_two_folders_from_the_cli(tmp_path: Path) -> None:
     assert '"tps_verdict": "faster"' in within.stdout
     bad = pglab("compare", str(a))
     assert bad.returncode == 2 and "give two results folders" in bad.stderr
+
+
+def _with_cost(results: Path, cost: str) -> None:
+    import sqlite3
+
+    db = sqlite3.connect(results / "results.db")
+    db.execute("UPDATE sweeps SET plan_text = ?", (f"name: t\ncost: {cost}\n",))
+    db.commit()
+    db.close()
+
+
+def test_cost_per_tps_and_cheaper_per_tps(tmp_path: Path) -> None:
+    a = _store(tmp_path / "a", {("tpcb-like", "on", 4): [400.0, 420.0], ("tpcb-like", "on", 8): [500.0, 520.0],
+                                ("select-only", "on", 8): [10000.0]})
+    b = _store(tmp_path / "b", {("tpcb-like", "on", 4): [900.0], ("tpcb-like", "on", 8): [1200.0]})
+    _with_cost(a, "{monthly: 1000, breakdown: {compute: 700, storage: 300}}")
+    _with_cost(b, "{monthly: 900}")
+    from pglab.analysis.cost import cost_table
+
+    _, rows = cost_table(Store.open(a, create=False))
+    tpcb = next(r for r in rows if r["workload"] == "tpcb-like")
+    assert tpcb["peak_tps"] == 510.0 and tpcb["at_clients"] == 8
+    assert tpcb["per_tps"] == pytest.approx(1000 / 510)
+    assert "cost at peak TPS" in pglab("report", str(a), check=True).stdout
+    text = pglab("compare", str(a), str(b), check=True).stdout
+    cheaper = (1 - (900 / 1200) / (1000 / 510)) * 100
+    assert f"{cheaper:.1f} % cheaper per TPS" in text
+    assert "select-only: B" not in text  # only on one side
+
+
+def test_cost_breakdown_must_add_up() -> None:
+    from pglab.errors import PlanError
+    from pglab.plan import parse_plan
+
+    with pytest.raises(PlanError) as info:
+        parse_plan("name: t\ncost: {monthly: 100, breakdown: {compute: 50}}\n")
+    assert info.value.problems == ["cost: breakdown adds up to 50, not to monthly (100)"]

@@ -136,16 +136,16 @@ def report(
     fmt: str = typer.Option("table", "--format", help="|".join(FORMATS)),
     per_run: bool = typer.Option(False, "--per-run", help="one row per run, with run_id and its folder"),
     sweep: int | None = typer.Option(None, "--sweep", help="sweep id (default: the latest)"),
-    table: str | None = typer.Option(None, "--table", help="database|storage|durability (CSV/JSON hold one "
-                                     "table; default: database when there is one)"),
+    table: str | None = typer.Option(None, "--table", help="database|storage|durability|cost (CSV/JSON hold "
+                                     "one table; default: database when there is one)"),
 ) -> None:
     """Print the results tables again, from the store: storage (fio) and database (pgbench)."""
     from pglab.report.tables import full_report
     from pglab.store import Store
 
     _check_format(fmt)
-    if table not in (None, "database", "storage", "durability"):
-        raise UserError(f"--table: '{table}' is not one of database, storage, durability.")
+    if table not in (None, "database", "storage", "durability", "cost"):
+        raise UserError(f"--table: '{table}' is not one of database, storage, durability, cost.")
     store = Store.open(results, create=False)
     try:
         if store.latest_sweep_id() is None:
@@ -167,10 +167,12 @@ def compare(
 ) -> None:
     """Δ % of TPS and latency per matching point, with a Welch 95 % interval and a verdict."""
     from pglab.analysis.compare import compare_stores, compare_within
+    from pglab.analysis.cost import cost_comparison
     from pglab.report.tables import render
     from pglab.store import Store
 
     _check_format(fmt)
+    cost_lines: list[str] = []
     if b is None and not (axis and value_a is not None and value_b is not None):
         raise UserError("compare: give two results folders, or one folder with --axis, --a and --b.")
     if b is not None and axis:
@@ -185,6 +187,7 @@ def compare(
             store_b = Store.open(b, create=False)
             try:
                 columns, rows = compare_stores(store_a, store_b)
+                cost_lines = cost_comparison(store_a, store_b)
             finally:
                 store_b.close()
             title = f"{b} vs {a}"
@@ -198,6 +201,9 @@ def compare(
                "latency_avg_ms_verdict": "latency verdict", "runs_a": "A runs", "runs_b": "B runs"}
     out.print(render(columns, rows, fmt, title=f"{title} (Δ % and 95 % interval of B − A, Welch)", shown=shown,
                      headers=headers), end="", soft_wrap=True, markup=False, highlight=False)
+    if fmt in ("table", "markdown"):
+        for line in cost_lines:
+            out.print(line, markup=False, highlight=False)
 
 
 @app.command("fio")

@@ -285,6 +285,23 @@ class Storage(Strict):
         return v
 
 
+class Cost(Strict):
+    """What the configuration costs per month, to turn TPS into cost per TPS."""
+
+    monthly: float = Field(gt=0, description="price per month of the whole configuration")
+    currency: str = Field("USD", pattern=r"^[A-Z]{3}$")
+    breakdown: dict[str, float] = Field(default_factory=dict, description="optional parts (compute, storage …)")
+
+    @model_validator(mode="after")
+    def _parts_add_up(self) -> Cost:
+        if self.breakdown:
+            total = sum(self.breakdown.values())
+            if abs(total - self.monthly) > 0.01 * self.monthly:
+                raise PydanticCustomError("cost", "breakdown adds up to {total}, not to monthly ({monthly})",
+                                          {"total": f"{total:g}", "monthly": f"{self.monthly:g}"})
+        return self
+
+
 class Plan(Strict):
     name: str
     description: str | None = None
@@ -295,6 +312,7 @@ class Plan(Strict):
     run: Run = Field(default_factory=Run)
     probes: Probes = Field(default_factory=Probes)
     storage: Storage | None = Field(None, description="run fio on the lab's paths before the database phase")
+    cost: Cost | None = Field(None, description="monthly price, for cost per TPS")
 
     @field_validator("name")
     @classmethod

@@ -12,6 +12,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from pglab.analysis.cost import cost_table
 from pglab.analysis.stats import estimate
 from pglab.store.sqlite import RunRow, Store
 
@@ -23,7 +24,8 @@ METRIC_COLUMNS = (
 CI_COLUMNS = ("tps", "latency_avg_ms", "latency_p95_ms", "latency_p99_ms")
 UNSTABLE_CV = 0.05  # repeats whose TPS spread (coefficient of variation) exceeds 5 % are flagged
 DURABILITY_ORDER = ("off", "local", "remote_write", "on", "remote_apply")
-DECIMALS = {"tps": 1, "read_iops": 1, "write_iops": 1, "total_iops": 1, "cpu_pct": 1, "wal_mb_s": 2, "iops": 0,
+DECIMALS = {"per_tps": 4, "peak_tps": 1,
+            "tps": 1, "read_iops": 1, "write_iops": 1, "total_iops": 1, "cpu_pct": 1, "wal_mb_s": 2, "iops": 0,
             "mb_s": 1, "lat_mean_ms": 3, "lat_p99_ms": 3, "lat_p999_ms": 3}
 
 
@@ -229,7 +231,7 @@ def render(columns: list[str], rows: list[dict[str, Any]], fmt: str, title: str 
     return "\n".join(line.rstrip() for line in console.export_text().splitlines()) + "\n"
 
 
-TABLES = ("database", "storage", "durability")
+TABLES = ("database", "storage", "durability", "cost")
 
 
 def full_report(store: Store, fmt: str, sweep_id: int | None = None, per_run: bool = False,
@@ -240,10 +242,11 @@ def full_report(store: Store, fmt: str, sweep_id: int | None = None, per_run: bo
     fio_columns, fio_rows = storage_table(store, sweep_id)
     db_columns, db_rows = (run_table if per_run else point_table)(store, sweep_id)
     dur_columns, dur_rows = durability_table(store, sweep_id)
+    cost_columns, cost_rows = cost_table(store, sweep_id)
     if fmt in ("csv", "json"):
         which = table or ("database" if db_rows or not fio_rows else "storage")
-        chosen = {"storage": (fio_columns, fio_rows), "durability": (dur_columns, dur_rows)}.get(
-            which, (db_columns, db_rows))
+        chosen = {"storage": (fio_columns, fio_rows), "durability": (dur_columns, dur_rows),
+                  "cost": (cost_columns, cost_rows)}.get(which, (db_columns, db_rows))
         return render(*chosen, fmt)
     parts = []
     if fio_rows and table in (None, "storage"):
@@ -263,4 +266,7 @@ def full_report(store: Store, fmt: str, sweep_id: int | None = None, per_run: bo
         parts.append(render(dur_columns, dur_rows, fmt, title="price of durability: synchronous_commit levels side "
                             f"by side, Δ = % vs {dur_rows[0]['base']}", shown=[c for c in dur_columns if c != "base"],
                             headers=headers))
+    if cost_rows and table in (None, "cost") and not per_run:
+        parts.append(render(cost_columns, cost_rows, fmt, title="cost at peak TPS",
+                            headers={"per_tps": f"{cost_rows[0]['currency']}/TPS·month", "peak_tps": "peak tps"}))
     return "\n".join(p for p in parts if p)

@@ -1,0 +1,61 @@
+"""Cost per TPS: the plan's monthly price over the peak TPS each workload reached."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from pglab.plan.schema import Cost
+from pglab.store.sqlite import Store
+
+
+def sweep_cost(store: Store, sweep_id: int) -> Cost | None:
+    """The ``cost:`` block of the plan the sweep ran (None when the plan had none)."""
+    row = store.conn.execute("SELECT plan_text FROM sweeps WHERE id = ?", (sweep_id,)).fetchone()
+    try:
+        data = yaml.safe_load(row[0]) if row else None
+        return Cost.model_validate(data["cost"]) if isinstance(data, dict) and data.get("cost") else None
+    except (yaml.YAMLError, ValidationError):
+        return None
+
+
+def cost_table(store: Store, sweep_id: int | None = None) -> tuple[list[str], list[dict[str, Any]]]:
+    """One row per workload: peak TPS (mean over repeats of the best point), monthly price, price per TPS."""
+    from pglab.report.tables import point_table
+
+    sweep_id = sweep_id if sweep_id is not None else store.latest_sweep_id()
+    cost = sweep_cost(store, sweep_id) if sweep_id is not None else None
+    if cost is None:
+        return [], []
+    _, points = point_table(store, sweep_id)
+    best: dict[str, dict[str, Any]] = {}
+    for p in points:
+        if p["tps"] is not None and (p["workload"] not in best or p["tps"] > best[p["workload"]]["tps"]):
+            best[p["workload"]] = p
+    columns = ["workload", "peak_tps", "at_clients", "at_synchronous_commit", "monthly", "currency", "per_tps"]
+    rows = [{"workload": wl, "peak_tps": p["tps"], "at_clients": p["clients"],
+             "at_synchronous_commit": p["synchronous_commit"], "monthly": cost.monthly, "currency": cost.currency,
+             "per_tps": cost.monthly / p["tps"]} for wl, p in best.items()]
+    return columns, rows
+
+
+def cost_comparison(store_a: Store, store_b: Store) -> list[str]:
+    """One sentence per workload present on both sides: how much cheaper (or dearer) per TPS B is than A."""
+    a_id, b_id = store_a.latest_sweep_id(), store_b.latest_sweep_id()
+    _, rows_a = cost_table(store_a, a_id)
+    _, rows_b = cost_table(store_b, b_id)
+    by_a = {r["workload"]: r for r in rows_a}
+    lines = []
+    for rb in rows_b:
+        ra = by_a.get(rb["workload"])
+        if ra is None or ra["currency"] != rb["currency"]:
+            continue
+        change = (rb["per_tps"] - ra["per_tps"]) / ra["per_tps"] * 100
+        word = "cheaper" if change < 0 else "dearer"
+        lines.append(f"{rb['workload']}: B costs {rb['per_tps']:.4f} {rb['currency']}/TPS·month vs "
+                     f"{ra['per_tps']:.4f} for A at peak TPS: {abs(change):.1f} % {word} per TPS "
+                     f"(peak {rb['peak_tps']:,.0f} vs {ra['peak_tps']:,.0f} TPS; monthly {rb['monthly']:g} vs "
+                     f"{ra['monthly']:g})")
+    return lines
