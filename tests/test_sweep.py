@@ -200,6 +200,7 @@ def test_the_table_and_the_report_agree_with_the_store(sweep: Any) -> None:
     for row in rows:
         for column in SEED_COLUMNS:
             assert row[column] != "", column
+        assert row["bottleneck"]  # a verdict, or "none stood out"
         mine = [r for r in runs if r["axes"]["synchronous_commit"] == row["synchronous_commit"]]
         assert int(row["repeats"]) == 2
         assert float(row["tps"]) == pytest.approx(statistics.mean(r["metrics"]["tps"] for r in mine), rel=1e-12)

@@ -6,12 +6,14 @@ import csv
 import io
 import json
 import math
+import os
 from collections import OrderedDict
 from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
+from pglab.analysis.bottleneck import attribute, describe, mean_metrics, storage_ceiling_share
 from pglab.analysis.cost import cost_table
 from pglab.analysis.stats import estimate
 from pglab.store.sqlite import RunRow, Store
@@ -47,8 +49,9 @@ def point_table(store: Store, sweep_id: int | None = None) -> tuple[list[str], l
     sweep_id = sweep_id if sweep_id is not None else store.latest_sweep_id()
     runs = store.runs(sweep_id)
     extra = _extra_axes(runs)
-    columns = [*AXIS_COLUMNS, *extra, *METRIC_COLUMNS, "repeats", "failed_runs"]
-    columns += [f"{c}_ci95" for c in CI_COLUMNS] + ["tps_cv_pct", "unstable"]
+    columns = [*AXIS_COLUMNS, *extra, *METRIC_COLUMNS, "repeats", "failed_runs", "bottleneck"]
+    columns += [f"{c}_ci95" for c in CI_COLUMNS] + ["tps_cv_pct", "unstable", "storage_ceiling_pct"]
+    cores, ceilings = _cores(store, sweep_id), _data_ceilings(store, sweep_id)
     groups: OrderedDict[int, list[RunRow]] = OrderedDict()
     for r in runs:
         groups.setdefault(r.point_id, []).append(r)
@@ -67,8 +70,27 @@ def point_table(store: Store, sweep_id: int | None = None) -> tuple[list[str], l
                 row["unstable"] = bool(cv is not None and cv > UNSTABLE_CV)
         row["repeats"] = len(ok)
         row["failed_runs"] = len(group) - len(ok)
+        means = mean_metrics(ok)
+        row["bottleneck"] = describe(attribute(means, cores, group[0].axes.get("jobs"), ceilings)) if ok else ""
+        share = storage_ceiling_share(means, ceilings) if ok else None
+        row["storage_ceiling_pct"] = share * 100 if share is not None else None
         rows.append(row)
     return columns, rows
+
+
+def _cores(store: Store, sweep_id: int | None) -> int:
+    row = store.conn.execute("SELECT environment FROM sweeps WHERE id = ?", (sweep_id,)).fetchone()
+    try:
+        return int(json.loads(row[0])["cpu"]["affinity"]) if row and row[0] else (os.cpu_count() or 1)
+    except (KeyError, TypeError, ValueError):
+        return os.cpu_count() or 1
+
+
+def _data_ceilings(store: Store, sweep_id: int | None) -> dict[str, float] | None:
+    if sweep_id is None:
+        return None
+    by_label = store.ceilings(sweep_id)
+    return by_label.get("data") or next(iter(by_label.values()), None)
 
 
 def run_table(store: Store, sweep_id: int | None = None) -> tuple[list[str], list[dict[str, Any]]]:
@@ -157,7 +179,8 @@ def _cell(col: str, row: dict[str, Any]) -> str:
 
 
 def display_columns(columns: list[str]) -> list[str]:
-    return [c for c in columns if not c.endswith("_ci95") and c not in ("tps_cv_pct", "unstable")]
+    return [c for c in columns if not c.endswith("_ci95") and c not in ("tps_cv_pct", "unstable",
+                                                                        "storage_ceiling_pct")]
 
 
 def durability_table(store: Store, sweep_id: int | None = None) -> tuple[list[str], list[dict[str, Any]]]:
@@ -169,7 +192,7 @@ def durability_table(store: Store, sweep_id: int | None = None) -> tuple[list[st
         return [], []
     base = "off" if "off" in levels else ("local" if "local" in levels else levels[0])
     keys = [c for c in columns if c not in METRIC_COLUMNS and c not in ("synchronous_commit", "repeats",
-            "failed_runs", "tps_cv_pct", "unstable") and not c.endswith("_ci95")]
+            "failed_runs", "tps_cv_pct", "unstable", "bottleneck", "storage_ceiling_pct") and not c.endswith("_ci95")]
     groups: OrderedDict[tuple[Any, ...], dict[str, dict[str, Any]]] = OrderedDict()
     for p in points:
         groups.setdefault(tuple(p.get(k) for k in keys), {})[p["synchronous_commit"]] = p

@@ -1,0 +1,134 @@
+"""Which resource bounds a result, each verdict with the figures behind it.
+
+Rules over the figures the probes stored for the measured window (shares of active backends per wait event,
+CPU of the host, of the servers and of pgbench, device utilisation) and, when the storage phase ran, the
+fio ceilings. A rule fires when its figure passes a threshold; the verdicts are ordered by how far past.
+Thresholds are deliberately plain, so a reader can check a verdict against the run's own numbers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+HOST_CPU_BUSY_PCT = 90.0  # the host's cores are all but saturated
+SERVER_CORES_SHARE = 0.85  # servers use this share of the cores available to them
+CLIENT_THREAD_BUSY = 0.85  # each pgbench thread near one full core
+WAIT_SHARE = 0.30  # a wait class holding this share of active backends is what they are waiting on
+DEVICE_UTIL_PCT = 90.0  # the device is busy nearly all the time
+CEILING_SHARE = 0.80  # IOPS this close to what fio measured on the same device
+
+WAL_WAITS = ("IO:WALSync", "IO:WALWrite", "LWLock:WALWrite", "IO:WALInitSync", "IO:WALInitWrite")
+SYNC_REP_WAITS = ("IPC:SyncRep",)
+CLIENT_WAITS = ("Client:ClientRead",)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    resource: str  # cpu | client | sync-replication | wal-flush | locks | storage
+    score: float  # figure / threshold: > 1 means past it; verdicts sort by it
+    evidence: str  # the figures, in words
+
+    def __str__(self) -> str:
+        return f"{self.resource} ({self.evidence})"
+
+
+def _share(metrics: dict[str, float | None], names: tuple[str, ...]) -> float:
+    return sum(metrics.get(f"wait.{n}") or 0.0 for n in names)
+
+
+def _lock_share(metrics: dict[str, float | None]) -> float:
+    total = 0.0
+    for name, value in metrics.items():
+        if name.startswith(("wait.Lock:", "wait.LWLock:")) and name.removeprefix("wait.") not in WAL_WAITS:
+            total += value or 0.0
+    return total
+
+
+def attribute(metrics: dict[str, float | None], cores: int, jobs: int | None = None,
+              ceilings: dict[str, float] | None = None) -> list[Verdict]:
+    """Every rule that fires, the cause first. An empty list means nothing stood out.
+
+    Two orderings are not by score: a saturated host CPU comes first (backends then also wait for a starved
+    pgbench, which is a symptom); and row/transaction lock waits come after what the lock *holders* wait on
+    (with 8 clients on 2 branches, most backends queue behind the one committing, and the committing one waits
+    for the standbys or the WAL flush: that is the cause, found among the backends not waiting on a lock).
+    """
+    out: list[Verdict] = []
+    busy = metrics.get("cpu_pct")
+    server = metrics.get("server_cpu_cores")
+    client = metrics.get("client_cpu_cores")
+    client_read = _share(metrics, CLIENT_WAITS)
+    host_saturated = busy is not None and busy >= HOST_CPU_BUSY_PCT
+    if host_saturated:
+        assert busy is not None
+        detail = f"host CPU {busy:.0f} % busy"
+        if server is not None:
+            detail += f", servers {server:.2f} of {cores} cores"
+        if client is not None:
+            detail += f", pgbench {client:.2f}"
+        if client_read >= WAIT_SHARE:
+            detail += f"; {client_read * 100:.0f} % of active backends wait for the starved pgbench"
+        out.append(Verdict("cpu", 100.0 + busy / HOST_CPU_BUSY_PCT, detail))
+    elif server is not None and server >= SERVER_CORES_SHARE * cores:
+        out.append(Verdict("cpu", server / (SERVER_CORES_SHARE * cores), f"servers {server:.2f} of {cores} cores"))
+    if client is not None and jobs and client >= CLIENT_THREAD_BUSY * jobs:
+        out.append(Verdict("client", client / (CLIENT_THREAD_BUSY * jobs),
+                           f"pgbench {client:.2f} cores for {jobs} thread(s)"))
+    row_locks = sum(v or 0.0 for k, v in metrics.items() if k.startswith("wait.Lock:"))
+    queued = row_locks >= WAIT_SHARE and row_locks < 0.99
+    scale = 1.0 / (1.0 - row_locks) if queued else 1.0
+    for resource, share, words in (
+        ("sync-replication", _share(metrics, SYNC_REP_WAITS), "waiting for standbys (IPC:SyncRep)"),
+        ("wal-flush", _share(metrics, WAL_WAITS), "waiting on WAL write/flush"),
+        ("client", 0.0 if host_saturated else client_read, "waiting for pgbench (Client:ClientRead)"),
+    ):
+        effective = share * scale
+        if effective >= WAIT_SHARE:
+            where = (f"{effective * 100:.0f} % of the backends not queued on a lock ({share * 100:.0f} % of all)"
+                     if queued else f"{share * 100:.0f} % of active backends")
+            out.append(Verdict(resource, effective / WAIT_SHARE, f"{where} {words}"))
+    locks = _lock_share(metrics)
+    if locks >= WAIT_SHARE:
+        out.append(Verdict("locks", 0.5 * locks / WAIT_SHARE,
+                           f"{locks * 100:.0f} % of active backends waiting on locks (Lock/LWLock)"))
+    util = metrics.get("util_pct_max")
+    if util is not None and util >= DEVICE_UTIL_PCT:
+        out.append(Verdict("storage", util / DEVICE_UTIL_PCT, f"device {util:.0f} % utilised at peak"))
+    for figure, ceiling_name, what in (("write_iops", "randwrite_iops_qd32", "random-write IOPS"),
+                                       ("read_iops", "randread_iops_qd32", "random-read IOPS")):
+        value, ceiling = metrics.get(figure), (ceilings or {}).get(ceiling_name)
+        if value is not None and ceiling and value >= CEILING_SHARE * ceiling:
+            out.append(Verdict("storage", value / (CEILING_SHARE * ceiling),
+                               f"{value:,.0f} {figure.replace('_', ' ')} = {value / ceiling * 100:.0f} % of the "
+                               f"fio ceiling ({ceiling:,.0f} {what} at QD 32)"))
+    out.sort(key=lambda v: v.score, reverse=True)
+    merged: dict[str, Verdict] = {}
+    for v in out:  # one verdict per resource: the strongest
+        merged.setdefault(v.resource, v)
+    return list(merged.values())
+
+
+def storage_ceiling_share(metrics: dict[str, float | None], ceilings: dict[str, float] | None) -> float | None:
+    """Total IOPS as a share of the fio random-IOPS ceiling (reads and writes weighted by their mix)."""
+    if not ceilings:
+        return None
+    r, w = metrics.get("read_iops") or 0.0, metrics.get("write_iops") or 0.0
+    cr, cw = ceilings.get("randread_iops_qd32"), ceilings.get("randwrite_iops_qd32")
+    if not (cr or cw):
+        return None
+    return (r / cr if cr else 0.0) + (w / cw if cw else 0.0)
+
+
+def describe(verdicts: list[Verdict]) -> str:
+    return "; ".join(str(v) for v in verdicts) if verdicts else "none stood out"
+
+
+def mean_metrics(runs: list[Any]) -> dict[str, float | None]:
+    """The mean of every stored figure over the runs (a point's view for the rules above)."""
+    sums: dict[str, list[float]] = {}
+    for r in runs:
+        for k, v in r.metrics.items():
+            if v is not None:
+                sums.setdefault(k, []).append(float(v))
+    return {k: sum(vs) / len(vs) for k, vs in sums.items()}

@@ -1,0 +1,45 @@
+"""Bottleneck rules on figures measured by real runs on this 2-core machine (scale 2, 8 clients, 5 s)."""
+
+from __future__ import annotations
+
+from pglab.analysis.bottleneck import attribute, describe, storage_ceiling_share
+
+# select-only, 8 clients, 2 pgbench threads: the host is saturated, backends wait for the starved pgbench
+CPU_BOUND = {"cpu_pct": 96.0, "server_cpu_cores": 1.56, "client_cpu_cores": 0.29, "wait.Client:ClientRead": 0.42,
+             "wait.CPU": 0.55}
+# tpcb-like, remote_apply, standbys applying 20 ms late: committers wait for standbys, the rest queue behind them
+SYNC_REP_BOUND = {"cpu_pct": 35.0, "server_cpu_cores": 0.5, "client_cpu_cores": 0.05,
+                  "wait.Lock:transactionid": 0.68, "wait.IPC:SyncRep": 0.22, "wait.Lock:tuple": 0.09,
+                  "wait.LWLock:LockManager": 0.01}
+# tpcb-like, local: the lock holders wait on the WAL flush
+WAL_BOUND = {"cpu_pct": 70.0, "wait.Lock:transactionid": 0.69, "wait.Lock:tuple": 0.08, "wait.IO:WALSync": 0.08,
+             "wait.LWLock:WALWrite": 0.06, "wait.CPU": 0.05}
+
+
+def test_cpu_bound_select_only() -> None:
+    verdicts = attribute(CPU_BOUND, cores=2, jobs=2)
+    assert [v.resource for v in verdicts] == ["cpu"]
+    assert "host CPU 96 % busy" in verdicts[0].evidence and "starved pgbench" in verdicts[0].evidence
+
+
+def test_sync_rep_is_the_cause_behind_lock_queues() -> None:
+    verdicts = attribute(SYNC_REP_BOUND, cores=2, jobs=2)
+    assert [v.resource for v in verdicts] == ["sync-replication", "locks"]
+    assert "22 % of all" in verdicts[0].evidence
+
+
+def test_wal_flush_behind_lock_queues() -> None:
+    assert [v.resource for v in attribute(WAL_BOUND, cores=2, jobs=2)] == ["wal-flush", "locks"]
+
+
+def test_client_bound_and_nothing_stands_out() -> None:
+    verdicts = attribute({"cpu_pct": 60.0, "client_cpu_cores": 1.9}, cores=4, jobs=2)
+    assert [v.resource for v in verdicts] == ["client"]
+    assert describe(attribute({"cpu_pct": 20.0}, cores=2, jobs=1)) == "none stood out"
+
+
+def test_storage_against_the_fio_ceiling() -> None:
+    ceilings = {"randwrite_iops_qd32": 10000.0, "randread_iops_qd32": 20000.0}
+    verdicts = attribute({"cpu_pct": 30.0, "write_iops": 9000.0, "read_iops": 1000.0}, cores=2, ceilings=ceilings)
+    assert verdicts[0].resource == "storage" and "90 % of the fio ceiling" in verdicts[0].evidence
+    assert storage_ceiling_share({"write_iops": 5000.0, "read_iops": 2000.0}, ceilings) == 0.6
