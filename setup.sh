@@ -8,6 +8,7 @@ set -euo pipefail
 cd "$(dirname "$0")"
 
 APT_PACKAGES=(postgresql postgresql-contrib fio sysstat python3 python3-venv python3-pip procps util-linux)
+TEST_APT_PACKAGES=(chromium)  # the HTML report's browser test (Debian's Chromium; no downloaded browser)
 
 sudo_cmd() {
     if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi
@@ -15,7 +16,7 @@ sudo_cmd() {
 
 install_system_packages() {
     local missing=()
-    for p in "${APT_PACKAGES[@]}"; do
+    for p in "${APT_PACKAGES[@]}" "$@"; do
         dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
     done
     if [ ${#missing[@]} -gt 0 ]; then
@@ -62,7 +63,8 @@ case "${1:-}" in
         install_all
         exec .venv/bin/pglab run examples/quickstart.yaml --results results/quickstart ;;
     test)
-        install_all
+        install_system_packages "${TEST_APT_PACKAGES[@]}"
+        install_python_packages
         .venv/bin/ruff check src tests bench
         exec .venv/bin/python -m pytest -q tests ;;
     *)

@@ -282,3 +282,40 @@ def test_storage_phase_ran_on_the_lab_paths_once_per_device(sweep: Any) -> None:
     storage_csv = pglab("report", str(sweep["results"]), "--format", "csv", "--table", "storage", check=True)
     rows_csv = list(csv.DictReader(io.StringIO(storage_csv.stdout)))
     assert [r["job"] for r in rows_csv] == ["wal-fdatasync-8k-qd1"] and rows_csv[0]["device"] == device
+
+
+def test_html_report_works_offline_in_chromium(sweep: Any, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Debian's Chromium, headless: no console error, no request from the page, every chart drawn."""
+    out = tmp_path_factory.mktemp("html-report")
+    report = out / "report.html"
+    pglab("report", str(sweep["results"]), "--html", str(report), check=True)
+    html = report.read_text()
+    chart_ids = re.findall(r'<div id="([^"]+)" class="(?:chart|small)"></div>', html)
+    assert len(chart_ids) == 3 + 4  # three summary charts, one per successful run
+    for section in ("Summary", "Per configuration", "Price of durability", "Storage profiles", "Runs", "Environment"):
+        assert section in html
+    markup = re.sub(r"<script>.*?</script>", "", html, flags=re.DOTALL)  # the page's own markup, not plotly's code
+    assert re.search(r'(src|href)="https?://', markup) is None
+    chromium = shutil.which("chromium")
+    assert chromium, "Debian's chromium is installed by ./setup.sh test"
+    flags = [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+             "--disable-background-networking", "--disable-component-update", "--disable-sync",
+             f"--user-data-dir={out / 'profile'}", "--host-resolver-rules=MAP * ~NOTFOUND",
+             "--enable-logging=stderr", "--v=0", f"--log-net-log={out / 'net.json'}", "--virtual-time-budget=8000",
+             "--window-size=1400,4000"]
+    shot = subprocess.run([*flags, f"--screenshot={out / 'report.png'}", report.as_uri()], capture_output=True,
+                          text=True, timeout=120)
+    assert (out / "report.png").stat().st_size > 10_000, shot.stderr[-2000:]
+    print(f"screenshot: {out / 'report.png'}")
+    console = [line for line in shot.stderr.splitlines() if "CONSOLE" in line]
+    assert not [line for line in console if "Uncaught" in line or "rror" in line], console
+    net = json.loads((out / "net.json").read_text())
+    kinds = {v: k for k, v in net["constants"]["logEventTypes"].items()}
+    requests = [e.get("params", {}) for e in net["events"] if kinds.get(e["type"]) == "URL_REQUEST_START_JOB"]
+    from_page = [r.get("url") for r in requests if "url" in r and r.get("initiator") != "not an origin"]
+    assert from_page == []
+    dom = subprocess.run([*flags, "--dump-dom", report.as_uri()], capture_output=True, text=True, timeout=120).stdout
+    for chart_id in chart_ids:
+        start = dom.index(f'id="{chart_id}"')
+        block = dom[start: dom.find("</script>", start)]
+        assert 'class="main-svg"' in block and ("class=\"scatterlayer" in block or "scatterlayer" in block), chart_id

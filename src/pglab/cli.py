@@ -138,6 +138,7 @@ def report(
     sweep: int | None = typer.Option(None, "--sweep", help="sweep id (default: the latest)"),
     table: str | None = typer.Option(None, "--table", help="database|storage|durability|cost (CSV/JSON hold "
                                      "one table; default: database when there is one)"),
+    html: Path | None = typer.Option(None, "--html", help="also write the self-contained HTML report to this file"),
 ) -> None:
     """Print the results tables again, from the store: storage (fio) and database (pgbench)."""
     from pglab.report.tables import full_report
@@ -151,6 +152,14 @@ def report(
         if store.latest_sweep_id() is None:
             raise UserError(f"'{results}' holds no sweep yet; run a plan into it first.")
         text = full_report(store, fmt, sweep, per_run=per_run, table=table)
+        if html is not None:
+            from pglab.report import html as html_report
+
+            try:
+                html_report.write(store, html, sweep)
+            except OSError as exc:
+                raise UserError(f"--html: cannot write '{html}' ({exc.strerror}).") from None
+            err.print(f"HTML report: {html}")
     finally:
         store.close()
     out.print(text, end="", soft_wrap=True, markup=False, highlight=False)
