@@ -11,6 +11,7 @@ from jinja2 import Environment, PackageLoader, select_autoescape
 from plotly.offline import get_plotlyjs
 
 from pglab.analysis.cost import cost_table
+from pglab.analysis.steady import find_dips
 from pglab.report.tables import durability_table, point_table, run_table, storage_table
 from pglab.store.sqlite import Store
 
@@ -80,6 +81,14 @@ def build(store: Store, sweep_id: int | None = None) -> str:
         if costs:
             summary.append(f"price of durability, {row['workload']} at {row['clients']} clients (TPS vs "
                            f"{row['base']}): {', '.join(costs)}.")
+    unsteady = [p for p in points if p.get("tps_dips")]
+    if unsteady:
+        summary.append(f"{len(unsteady)} point(s) had TPS dips (> 30 % below the run's median) inside the window: "
+                       + ", ".join(f"{p['workload']} {p['synchronous_commit']} {p['clients']} clients"
+                                   for p in unsteady[:6]) + ("…" if len(unsteady) > 6 else "") + ".")
+    unstable = [p for p in points if p.get("unstable")]
+    if unstable:
+        summary.append(f"{len(unstable)} point(s) unstable (TPS CV over repeats > 5 %).")
     summary += [f"storage {r['path']} {r['profile']}: {r['note']}" for r in fio_rows if r.get("note")]
     summary += [f"{r['workload']}: {r['per_tps']:.4f} {r['currency']} per TPS·month at peak." for r in cost_rows]
 
@@ -140,9 +149,14 @@ def _run_chart(store: Store, run: dict[str, Any]) -> dict[str, Any]:
     shapes = [{"type": "line", "x0": ts - t0, "x1": ts - t0, "yref": "paper", "y0": 0, "y1": 1,
                "line": {"dash": "dash", "width": 1}} for kind, ts in events.items()
               if kind in ("warmup-end", "window-start", "window-end")]
+    if "window-start" in events and "window-end" in events:
+        tps = [(ts, v) for ts, src, m, v in rows if src == "pgbench" and m == "tps" and v is not None]
+        for dip in find_dips(tps, events["window-start"], events["window-end"]):  # shaded: TPS dips
+            shapes.append({"type": "rect", "x0": dip.start - t0, "x1": dip.end - t0, "yref": "paper", "y0": 0,
+                           "y1": 1, "fillcolor": "red", "opacity": 0.12, "line": {"width": 0}})
     chart = _line_chart(f"run_{run['run_id'].replace('-', '_')}",
                         f"run {run['run_id']}: {run['workload']} {run['synchronous_commit']} "
-                        f"{run['clients']} clients (dashed: warm-up end, measured window)",
+                        f"{run['clients']} clients (dashed: warm-up end, measured window; shaded: TPS dips)",
                         traces, "seconds", "TPS / IOPS", css="small", shapes=shapes)
     chart["layout"] = json.dumps({**json.loads(chart["layout"]),
                                   "yaxis2": {"title": {"text": "ms"}, "overlaying": "y", "side": "right"}})

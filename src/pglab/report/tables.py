@@ -16,6 +16,7 @@ from rich.table import Table
 from pglab.analysis.bottleneck import attribute, describe, mean_metrics, storage_ceiling_share
 from pglab.analysis.cost import cost_table
 from pglab.analysis.stats import estimate
+from pglab.analysis.steady import find_dips
 from pglab.store.sqlite import RunRow, Store
 
 AXIS_COLUMNS = ("workload", "synchronous_commit", "clients")
@@ -50,7 +51,7 @@ def point_table(store: Store, sweep_id: int | None = None) -> tuple[list[str], l
     runs = store.runs(sweep_id)
     extra = _extra_axes(runs)
     columns = [*AXIS_COLUMNS, *extra, *METRIC_COLUMNS, "repeats", "failed_runs", "bottleneck"]
-    columns += [f"{c}_ci95" for c in CI_COLUMNS] + ["tps_cv_pct", "unstable", "storage_ceiling_pct"]
+    columns += [f"{c}_ci95" for c in CI_COLUMNS] + ["tps_cv_pct", "unstable", "storage_ceiling_pct", "tps_dips"]
     cores, ceilings = _cores(store, sweep_id), _data_ceilings(store, sweep_id)
     groups: OrderedDict[int, list[RunRow]] = OrderedDict()
     for r in runs:
@@ -72,10 +73,20 @@ def point_table(store: Store, sweep_id: int | None = None) -> tuple[list[str], l
         row["failed_runs"] = len(group) - len(ok)
         means = mean_metrics(ok)
         row["bottleneck"] = describe(attribute(means, cores, group[0].axes.get("jobs"), ceilings)) if ok else ""
+        dips = [len(_dips(store, r)) for r in ok]
+        row["tps_dips"] = sum(dips) / len(dips) if dips else None
         share = storage_ceiling_share(means, ceilings) if ok else None
         row["storage_ceiling_pct"] = share * 100 if share is not None else None
         rows.append(row)
     return columns, rows
+
+
+def _dips(store: Store, run: RunRow) -> list[Any]:
+    window = store.conn.execute("SELECT window_start, window_end FROM runs WHERE id = ?", (run.id,)).fetchone()
+    if not window or window[0] is None:
+        return []
+    series = [(ts, v) for ts, _src, _m, v in store.series(run.id, "pgbench") if _m == "tps" and v is not None]
+    return find_dips(series, window[0], window[1])
 
 
 def _cores(store: Store, sweep_id: int | None) -> int:
@@ -180,7 +191,7 @@ def _cell(col: str, row: dict[str, Any]) -> str:
 
 def display_columns(columns: list[str]) -> list[str]:
     return [c for c in columns if not c.endswith("_ci95") and c not in ("tps_cv_pct", "unstable",
-                                                                        "storage_ceiling_pct")]
+                                                                        "storage_ceiling_pct", "tps_dips")]
 
 
 def durability_table(store: Store, sweep_id: int | None = None) -> tuple[list[str], list[dict[str, Any]]]:
@@ -192,7 +203,8 @@ def durability_table(store: Store, sweep_id: int | None = None) -> tuple[list[st
         return [], []
     base = "off" if "off" in levels else ("local" if "local" in levels else levels[0])
     keys = [c for c in columns if c not in METRIC_COLUMNS and c not in ("synchronous_commit", "repeats",
-            "failed_runs", "tps_cv_pct", "unstable", "bottleneck", "storage_ceiling_pct") and not c.endswith("_ci95")]
+            "failed_runs", "tps_cv_pct", "unstable", "bottleneck", "storage_ceiling_pct", "tps_dips")
+            and not c.endswith("_ci95")]
     groups: OrderedDict[tuple[Any, ...], dict[str, dict[str, Any]]] = OrderedDict()
     for p in points:
         groups.setdefault(tuple(p.get(k) for k in keys), {})[p["synchronous_commit"]] = p
