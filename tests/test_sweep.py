@@ -213,6 +213,16 @@ def test_the_table_and_the_report_agree_with_the_store(sweep: Any) -> None:
     assert "±" in table and "remote_apply" in table
 
 
+def test_server_logs_are_kept_and_checkpoints_become_events(sweep: Any) -> None:
+    logs = sweep["results"] / "server-logs"
+    assert sorted(p.name for p in logs.iterdir()) == ["n0.log", "n1.log", "n2.log"]
+    starts = [line for line in (logs / "n0.log").read_text().splitlines() if "checkpoint starting:" in line]
+    events = sweep["db"].execute("SELECT ts, detail FROM events WHERE kind = 'checkpoint-start'").fetchall()
+    assert len(events) == len(starts) >= 4  # at least the CHECKPOINT before each of the 4 runs
+    started, finished = sweep["db"].execute("SELECT started, finished FROM sweeps").fetchone()
+    assert all(started - 5 <= ts <= finished + 5 for ts, _ in events)  # on the run's clock, not shifted by hours
+
+
 def test_environment_is_stored(sweep: Any) -> None:
     env = json.loads(sweep["db"].execute("SELECT environment FROM sweeps").fetchone()[0])
     assert env["postgres"]["version_num"] >= 130000

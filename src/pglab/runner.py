@@ -8,9 +8,12 @@ from __future__ import annotations
 import csv
 import hashlib
 import json
+import re
+import shutil
 import signal
 import time
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from types import FrameType
 from typing import Any, Protocol
@@ -159,6 +162,7 @@ class Runner:
                 signals.shield()
                 self._stop_pgbench()
                 try:
+                    self._keep_server_logs(store, sweep_id, target)
                     target.teardown(keep=self.keep)
                 finally:
                     store.end_sweep(sweep_id, status, reason)
@@ -176,6 +180,19 @@ class Runner:
         paths = {label: p for label, p in target.storage_paths().items() if label in spec.paths}
         storage.measure(store, sweep_id, paths, jobs, runtime_s=spec.runtime, size_bytes=fio.parse_size(spec.size),
                         log=self.ui.log)
+
+    def _keep_server_logs(self, store: Store, sweep_id: int, target: LocalLab) -> None:
+        """Copy the server logs into the results (artifacts) and store checkpoint starts as sweep events."""
+        try:
+            logs_dir = self.results_dir / "server-logs"
+            logs_dir.mkdir(exist_ok=True)
+            for name, path in target.server_logs().items():
+                shutil.copyfile(path, logs_dir / f"{name}.log")
+            primary_log = logs_dir / "n0.log"
+            if primary_log.is_file():
+                store.add_events(sweep_id, checkpoint_events(primary_log.read_text(errors="replace")))
+        except OSError as exc:  # artifacts are best effort here: teardown must still happen
+            self.ui.log(f"server logs not kept: {exc}")
 
     def _parameters(self, point: Point) -> dict[str, Any]:
         return {**self.plan.postgres.parameters, **point.parameters,
@@ -327,6 +344,26 @@ class Runner:
                 "logged_transactions": float(result.log.count),
             })
         return m
+
+
+_LOG_TIME = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)?) (UTC|GMT)")
+
+
+def checkpoint_events(log_text: str) -> list[tuple[float, str, str]]:
+    """(epoch ts, "checkpoint-start", reason) for every "checkpoint starting: …" line of a server log.
+
+    pg_stat_bgwriter counts a checkpoint when it completes; the log says when it began, which is when its
+    flush storm starts (log_line_prefix is PostgreSQL's default '%m [%p] ', logged in UTC here)."""
+    events = []
+    for line in log_text.splitlines():
+        if "checkpoint starting:" not in line:
+            continue
+        m = _LOG_TIME.match(line)
+        if m:
+            when = datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S.%f" if "." in m.group(1) else "%Y-%m-%d %H:%M:%S")
+            events.append((when.replace(tzinfo=UTC).timestamp(), "checkpoint-start",
+                           line.split("checkpoint starting:", 1)[1].strip()))
+    return events
 
 
 def _wait_for_tick(t: float) -> None:

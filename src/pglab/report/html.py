@@ -120,7 +120,7 @@ def build(store: Store, sweep_id: int | None = None) -> str:
     charts[-1]["layout"] = json.dumps({**json.loads(charts[-1]["layout"]),
                                        "yaxis2": {"title": {"text": "ms"}, "overlaying": "y", "side": "right"}})
     for run in [r for r in runs if r["status"] == "ok"][:MAX_SERIES_RUNS]:
-        charts.append(_run_chart(store, run))
+        charts.append(_run_chart(store, run, sweep_id))
     env = sweep.get("environment")
     environment = json.dumps(json.loads(env), indent=1) if env else "(not captured)"
     templates = Environment(loader=PackageLoader("pglab.report", "templates"), autoescape=select_autoescape())
@@ -129,7 +129,7 @@ def build(store: Store, sweep_id: int | None = None) -> str:
         summary=summary, tables=tables, charts=charts, environment=environment, plotly_js=get_plotlyjs())
 
 
-def _run_chart(store: Store, run: dict[str, Any]) -> dict[str, Any]:
+def _run_chart(store: Store, run: dict[str, Any], sweep_id: int) -> dict[str, Any]:
     """TPS, latency, write IOPS and replay lag of one run, its warm-up and window marked."""
     rows = store.series(run["run_id"])
     events = dict(store.conn.execute("SELECT kind, ts FROM events WHERE run_id = ?", (run["run_id"],)).fetchall())
@@ -149,6 +149,10 @@ def _run_chart(store: Store, run: dict[str, Any]) -> dict[str, Any]:
     shapes = [{"type": "line", "x0": ts - t0, "x1": ts - t0, "yref": "paper", "y0": 0, "y1": 1,
                "line": {"dash": "dash", "width": 1}} for kind, ts in events.items()
               if kind in ("warmup-end", "window-start", "window-end")]
+    if rows:
+        for ts, reason in store.sweep_events(sweep_id, "checkpoint-start", rows[0][0] - 1, rows[-1][0]):
+            shapes.append({"type": "line", "x0": ts - t0, "x1": ts - t0, "yref": "paper", "y0": 0, "y1": 1,
+                           "line": {"dash": "dot", "width": 2, "color": "purple"}, "name": f"checkpoint ({reason})"})
     if "window-start" in events and "window-end" in events:
         tps = [(ts, v) for ts, src, m, v in rows if src == "pgbench" and m == "tps" and v is not None]
         for dip in find_dips(tps, events["window-start"], events["window-end"]):  # shaded: TPS dips
@@ -156,7 +160,8 @@ def _run_chart(store: Store, run: dict[str, Any]) -> dict[str, Any]:
                            "y1": 1, "fillcolor": "red", "opacity": 0.12, "line": {"width": 0}})
     chart = _line_chart(f"run_{run['run_id'].replace('-', '_')}",
                         f"run {run['run_id']}: {run['workload']} {run['synchronous_commit']} "
-                        f"{run['clients']} clients (dashed: warm-up end, measured window; shaded: TPS dips)",
+                        f"{run['clients']} clients (dashed: warm-up end, measured window; "
+                        "dotted: checkpoint starts; shaded: TPS dips)",
                         traces, "seconds", "TPS / IOPS", css="small", shapes=shapes)
     chart["layout"] = json.dumps({**json.loads(chart["layout"]),
                                   "yaxis2": {"title": {"text": "ms"}, "overlaying": "y", "side": "right"}})

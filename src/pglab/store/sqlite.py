@@ -237,6 +237,17 @@ class Store:
             self.conn.executemany("INSERT INTO events (run_id, ts, kind, detail) VALUES (?, ?, ?, ?)",
                                   [(run_id, ts, kind, detail) for ts, kind, detail in events])
 
+    def add_events(self, sweep_id: int, events: Iterable[tuple[float, str, str]]) -> None:
+        """Sweep-level events (not tied to one run), e.g. checkpoint starts from the server log."""
+        with self.tx():
+            self.conn.executemany("INSERT INTO events (sweep_id, ts, kind, detail) VALUES (?, ?, ?, ?)",
+                                  [(sweep_id, ts, kind, detail) for ts, kind, detail in events])
+
+    def sweep_events(self, sweep_id: int, kind: str, start: float, end: float) -> list[tuple[float, str]]:
+        return [(ts, detail) for ts, detail in self.conn.execute(
+            "SELECT ts, detail FROM events WHERE sweep_id = ? AND kind = ? AND ts BETWEEN ? AND ? ORDER BY ts",
+            (sweep_id, kind, start, end))]
+
     def save_fio(self, sweep_id: int, label: str, device: str | None, results: Iterable[Any],
                  ceilings: dict[str, float]) -> None:
         """One path's storage results, their per-second series and its ceilings, in one transaction."""

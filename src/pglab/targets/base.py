@@ -75,5 +75,8 @@ class Target(Protocol):
     def describe(self) -> dict[str, Any]:
         """Topology facts stored with the results (instances, ports, paths, replication)."""
 
+    def server_logs(self) -> dict[str, Path]:
+        """Server logs by instance name, to keep as artifacts."""
+
     def teardown(self, keep: bool = False) -> None:
         """Stop everything this target started; remove its files unless ``keep``."""

@@ -289,6 +289,7 @@ class LocalLab:
             "hot_standby": True,
             "cluster_name": node.name,
             "log_checkpoints": True,
+            "log_timezone": "UTC",  # the runner reads checkpoint times from the log
         }
         if sync is not None and standby_names and self._sync_enabled:
             conf["synchronous_standby_names"] = f"{sync.method.upper()} {sync.number} ({standby_names})"
@@ -453,6 +454,10 @@ class LocalLab:
             except LabError:
                 continue
         kill_tree(pid)
+
+    def server_logs(self) -> dict[str, Path]:
+        """Each instance's server log (kept by the runner as artifacts before the lab is removed)."""
+        return {n.name: n.log for n in self.nodes if n.log.is_file()}
 
     def teardown(self, keep: bool = False) -> None:
         if keep:
