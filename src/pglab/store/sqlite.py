@@ -300,7 +300,10 @@ class Store:
         sql += " ORDER BY r.sweep_id, p.idx, r.repeat, r.started"
         rows = self.conn.execute(sql, args).fetchall()
         metrics: dict[str, dict[str, float | None]] = {}
-        for run_id, name, value in self.conn.execute("SELECT run_id, name, value FROM run_metrics"):
+        metric_sql = "SELECT m.run_id, m.name, m.value FROM run_metrics m"
+        if sweep_id is not None:
+            metric_sql += " JOIN runs r ON r.id = m.run_id WHERE r.sweep_id = ?"
+        for run_id, name, value in self.conn.execute(metric_sql, args):
             metrics.setdefault(run_id, {})[name] = value
         return [RunRow(r[0], r[1], r[2], r[3], r[4], r[5], r[6], json.loads(r[7]), metrics.get(r[0], {}))
                 for r in rows]
