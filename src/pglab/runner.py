@@ -144,12 +144,12 @@ class Runner:
                 self._ensure_dataset(target, endpoints)
                 for point in self.points:
                     for repeat in range(1, repeats + 1):
-                        ok = self._one_run(store, target, sweep_id, point_ids[point.key], point, repeat)
-                        if ok is True:
+                        failure = self._one_run(store, target, sweep_id, point_ids[point.key], point, repeat)
+                        if failure is None:
                             result.ok += 1
                         else:
                             result.failed += 1
-                            result.failures.append(f"{point.label()} #{repeat}: {ok}")
+                            result.failures.append(f"{point.label()} #{repeat}: {failure}")
                         if plan.run.pause:
                             time.sleep(plan.run.pause)
             except RunInterrupted as exc:
@@ -209,8 +209,8 @@ class Runner:
 
     # ------------------------------------------------------------ one run
     def _one_run(self, store: Store, target: LocalLab, sweep_id: int, point_id: int, point: Point,
-                 repeat: int) -> bool | str:
-        """Returns True, or the reason the run failed. RunInterrupted propagates after marking the run."""
+                 repeat: int) -> str | None:
+        """None when the run succeeded, else why it failed. RunInterrupted propagates after marking the run."""
         run_id, run_dir = store.start_run(sweep_id, point_id, point.index, repeat)
         sampler: Sampler | None = None
         try:
@@ -262,7 +262,7 @@ class Runner:
             store.finish_run(run_id, "ok", window=window, settings=settings, metrics=metrics, series=series,
                              events=events)
             self.ui.run_finished(point, repeat, "ok", metrics)
-            return True
+            return None
         except RunInterrupted as exc:
             self._stop_pgbench()
             if sampler:
