@@ -16,6 +16,7 @@ from pglab.analysis.compare import (
     compare_within,
     difference,
     uplift_rows,
+    uplift_tables,
 )
 from pglab.errors import UserError
 from pglab.report.tables import render
@@ -227,3 +228,24 @@ def test_compare_runs_directly(tmp_path: Path) -> None:
     columns, rows = compare_runs(runs, runs, metrics=("tps",))
     assert columns[:6] == ["workload", "synchronous_commit", "clients", "jobs", "runs_a", "runs_b"]
     assert rows[0]["tps_verdict"] == "no significant difference"
+
+
+def test_uplift_tables_one_per_configuration_pair(tmp_path: Path) -> None:
+    store = make_store(tmp_path / "r", [
+        (axes(1, **{"parameters.wal_compression": "off"}), tps_runs(100, 101, 99)),
+        (axes(1, **{"parameters.wal_compression": "on"}), tps_runs(150, 151, 149)),
+        (axes(1, **{"parameters.wal_compression": "lz4"}), tps_runs(100, 102, 98)),
+        (axes(8, **{"parameters.wal_compression": "off"}), tps_runs(400, 404, 396)),
+        (axes(8, **{"parameters.wal_compression": "on"}), tps_runs(300, 303, 297)),
+        (axes(8, **{"parameters.wal_compression": "lz4"}), tps_runs(410, 400, 390)),
+    ])
+    tables = uplift_tables(store)
+    assert [t[0].split(" (")[0] for t in tables] == ["uplift: parameters.wal_compression=on vs "
+                                                    "parameters.wal_compression=off",
+                                                    "uplift: parameters.wal_compression=lz4 vs "
+                                                    "parameters.wal_compression=off"]
+    _, on_rows = tables[0][1], tables[0][2]
+    assert [(r["clients"], round(r["uplift_pct"], 6), r["verdict"]) for r in on_rows] == [
+        (1, 50.0, "faster"), (8, -25.0, "slower")]
+    assert [r["verdict"] for r in tables[1][2]] == ["no significant difference"] * 2
+    assert uplift_tables(make_store(tmp_path / "s", [(axes(1), tps_runs(1, 2))])) == []

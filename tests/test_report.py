@@ -124,3 +124,29 @@ def test_cost_breakdown_must_add_up() -> None:
     with pytest.raises(PlanError) as info:
         parse_plan("name: t\ncost: {monthly: 100, breakdown: {compute: 50}}\n")
     assert info.value.problems == ["cost: breakdown adds up to 50, not to monthly (100)"]
+
+
+def test_uplift_of_a_configuration_axis_in_report_and_compare(tmp_path: Path) -> None:
+    store = Store.open(tmp_path / "r")
+    sweep = store.begin_sweep("t", "name: t\n", "h", "0")
+    tps = {("off", 4): [100.0, 102.0, 98.0], ("lz4", 4): [150.0, 153.0, 147.0]}
+    points = [(i, f"k{i}", {"workload": "tpcb-like", "synchronous_commit": "on", "clients": c, "jobs": 1,
+                            "parameters.wal_compression": v}) for i, (v, c) in enumerate(tps)]
+    ids = store.add_points(sweep, points)
+    for (i, key, _), values in zip(points, tps.values(), strict=True):
+        for rep, value in enumerate(values, 1):
+            run_id, _ = store.start_run(sweep, ids[key], i, rep)
+            store.finish_run(run_id, "ok", metrics={"tps": value})
+    store.end_sweep(sweep, "done")
+    store.close()
+    results = tmp_path / "r"
+    text = pglab("report", str(results), check=True).stdout
+    assert "uplift: parameters.wal_compression=lz4 vs parameters.wal_compression=off" in text
+    assert "+50.0 %" in text and "faster" in text
+    rows = list(csv.DictReader(io.StringIO(
+        pglab("report", str(results), "--format", "csv", "--table", "uplift", check=True).stdout)))
+    assert len(rows) == 1 and float(rows[0]["uplift_pct"]) == pytest.approx(50.0)
+    assert float(rows[0]["a"]) == pytest.approx(100.0) and rows[0]["verdict"] == "faster"
+    same = pglab("compare", str(results), "--axis", "parameters.wal_compression", "--a", "off", "--b", "lz4",
+                 "--uplift", "--format", "json", check=True).stdout
+    assert '"uplift_pct": 50.0' in same.replace("50.00000000000001", "50.0")

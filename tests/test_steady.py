@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pglab.analysis.steady import find_dips
+from pglab.analysis.steady import find_dips, tie_to_checkpoints
 
 
 def _series(values: list[float], t0: float = 1000.0) -> list[tuple[float, float]]:
@@ -24,3 +24,12 @@ def test_warm_up_seconds_before_the_window_are_not_dips() -> None:
     series = _series([100, 200, 1000, 1000, 1000, 1000])  # the first two seconds are the warm-up
     assert find_dips(series, 1002.0, 1006.0) == []
     assert len(find_dips(series, 1000.0, 1006.0)) == 1
+
+
+def test_a_dip_is_tied_to_the_checkpoint_that_began_just_before_it() -> None:
+    dips = find_dips(_series([1000, 1000, 1000, 1000, 400, 300, 1000, 1000, 1000, 1000, 350, 1000]), 1000.0, 1012.0)
+    assert [(d.start, d.end) for d in dips] == [(1004.0, 1006.0), (1010.0, 1011.0)]
+    tied = tie_to_checkpoints(dips, [990.0, 1002.5])  # the first began 14 s before the first dip: too early
+    assert tied[0].checkpoint == 1002.5 and tied[1].checkpoint is None
+    assert tied[0].describe(1000.0).endswith("checkpoint started at 2 s")
+    assert tie_to_checkpoints(dips, [1007.0])[0].checkpoint is None  # began after the dip ended

@@ -302,7 +302,8 @@ def test_html_report_works_offline_in_chromium(sweep: Any, tmp_path_factory: pyt
     html = report.read_text()
     chart_ids = re.findall(r'<div id="([^"]+)" class="(?:chart|small)"></div>', html)
     assert len(chart_ids) == 3 + 4  # three summary charts, one per successful run
-    for section in ("Summary", "Per configuration", "Price of durability", "Storage profiles", "Runs", "Environment"):
+    for section in ("Summary", "Per configuration", "Price of durability", "Uplift", "Storage profiles", "Runs",
+                    "Environment"):
         assert section in html
     markup = re.sub(r"<script>.*?</script>", "", html, flags=re.DOTALL)  # the page's own markup, not plotly's code
     assert re.search(r'(src|href)="https?://', markup) is None

@@ -136,17 +136,17 @@ def report(
     fmt: str = typer.Option("table", "--format", help="|".join(FORMATS)),
     per_run: bool = typer.Option(False, "--per-run", help="one row per run, with run_id and its folder"),
     sweep: int | None = typer.Option(None, "--sweep", help="sweep id (default: the latest)"),
-    table: str | None = typer.Option(None, "--table", help="database|storage|durability|cost (CSV/JSON hold "
-                                     "one table; default: database when there is one)"),
+    table: str | None = typer.Option(None, "--table", help="database|storage|durability|cost|uplift (CSV/JSON "
+                                     "hold one table; default: database when there is one)"),
     html: Path | None = typer.Option(None, "--html", help="also write the self-contained HTML report to this file"),
 ) -> None:
     """Print the results tables again, from the store: storage (fio) and database (pgbench)."""
-    from pglab.report.tables import full_report
+    from pglab.report.tables import TABLES, full_report
     from pglab.store import Store
 
     _check_format(fmt)
-    if table not in (None, "database", "storage", "durability", "cost"):
-        raise UserError(f"--table: '{table}' is not one of database, storage, durability, cost.")
+    if table not in (None, *TABLES):
+        raise UserError(f"--table: '{table}' is not one of {', '.join(TABLES)}.")
     store = Store.open(results, create=False)
     try:
         if store.latest_sweep_id() is None:
@@ -165,6 +165,38 @@ def report(
     out.print(text, end="", soft_wrap=True, markup=False, highlight=False)
 
 
+@app.command("export")
+def export_command(
+    results: Path = typer.Argument(..., help="results folder written by 'pglab run'"),
+    fmt: str = typer.Option(..., "--format", help="csv|json|parquet (JSON: one array of records per file)"),
+    to: Path | None = typer.Option(None, "--to", help="output folder (default: RESULTS/export)"),
+    sweep: int | None = typer.Option(None, "--sweep", help="sweep id (default: the latest)"),
+) -> None:
+    """Write points, runs, series, events and storage tables as files, one per table, for other tools."""
+    from pglab.report.export import FORMATS as EXPORT_FORMATS
+    from pglab.report.export import export
+    from pglab.store import Store
+
+    if fmt not in EXPORT_FORMATS:
+        raise UserError(f"--format: '{fmt}' is not one of {', '.join(EXPORT_FORMATS)}.")
+    store = Store.open(results, create=False)
+    try:
+        ids = [s["id"] for s in store.sweeps()]
+        if not ids:
+            raise UserError(f"'{results}' holds no sweep yet; run a plan into it first.")
+        if sweep is not None and sweep not in ids:
+            raise UserError(f"--sweep: '{results}' holds no sweep {sweep}; it holds {', '.join(map(str, ids))}.")
+        target = to if to is not None else results / "export"
+        try:
+            written = export(store, target, fmt, sweep)
+        except OSError as exc:
+            raise UserError(f"--to: cannot write into '{target}' ({exc.strerror or exc}).") from None
+    finally:
+        store.close()
+    for path in written:
+        out.print(str(path), markup=False, highlight=False)
+
+
 @app.command()
 def compare(
     a: Path = typer.Argument(..., help="results folder A (the reference)"),
@@ -173,9 +205,11 @@ def compare(
     value_a: str | None = typer.Option(None, "--a", help="the --axis value of configuration A"),
     value_b: str | None = typer.Option(None, "--b", help="the --axis value of configuration B"),
     fmt: str = typer.Option("table", "--format", help="|".join(FORMATS)),
+    uplift: bool = typer.Option(False, "--uplift", help="the published shape: TPS of A and B per point, uplift % "
+                                "with its interval and verdict (and $/TPS when both plans have a cost)"),
 ) -> None:
     """Δ % of TPS and latency per matching point, with a Welch 95 % interval and a verdict."""
-    from pglab.analysis.compare import compare_stores, compare_within
+    from pglab.analysis.compare import compare_stores, compare_within, uplift_rows
     from pglab.analysis.cost import cost_comparison
     from pglab.report.tables import render
     from pglab.store import Store
@@ -202,6 +236,16 @@ def compare(
             title = f"{b} vs {a}"
     finally:
         store_a.close()
+    if uplift:
+        from pglab.report.tables import UPLIFT_HEADERS
+
+        ucols, urows = uplift_rows(columns, rows)
+        out.print(render(ucols, urows, fmt, title=f"uplift: {title} (TPS, Δ % and Welch 95 % interval of B − A)",
+                         headers=UPLIFT_HEADERS), end="", soft_wrap=True, markup=False, highlight=False)
+        if fmt in ("table", "markdown"):
+            for line in cost_lines:
+                out.print(line, markup=False, highlight=False)
+        return
     metric_columns = ("tps_a", "tps_b", "tps_delta_pct", "tps_ci95_low_pct", "tps_ci95_high_pct", "tps_verdict",
                       "latency_avg_ms_delta_pct", "latency_avg_ms_verdict", "runs_a", "runs_b")
     shown = [c for c in columns if c in metric_columns or not c.startswith(("tps_", "latency_", "runs_"))]

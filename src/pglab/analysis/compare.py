@@ -202,3 +202,24 @@ def uplift_rows(columns: list[str], rows: list[dict[str, Any]], metric: str = "t
 
 def _metrics_of(columns: list[str]) -> set[str]:
     return {c[: -len("_verdict")] for c in columns if c.endswith("_verdict")}
+
+
+UPLIFT_SKIPPED_AXES = ("clients", "jobs", "workload", "synchronous_commit")  # sweeps or own tables, not configs
+
+
+def uplift_tables(store: Store, sweep: int | None = None) -> list[tuple[str, list[str], list[dict[str, Any]]]]:
+    """Within one sweep, every configuration axis (a parameter, later a CPU limit …) with several values: each
+    value against the first, per client count — the published "config B vs A" table, one per pair."""
+    runs = _sweep_runs(store, sweep)
+    values: dict[str, list[Any]] = {}
+    for r in runs:
+        for k, v in r.axes.items():
+            if k not in UPLIFT_SKIPPED_AXES and _norm(v) not in [_norm(x) for x in values.setdefault(k, [])]:
+                values[k].append(v)
+    out = []
+    for axis, vs in values.items():
+        for other in vs[1:]:
+            columns, rows = compare_within(store, axis, vs[0], other, sweep, metrics=("tps",))
+            ucols, urows = uplift_rows(columns, rows)
+            out.append((f"uplift: {axis}={other} vs {axis}={vs[0]} (TPS, Δ % and Welch 95 % interval)", ucols, urows))
+    return out

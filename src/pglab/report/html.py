@@ -10,6 +10,7 @@ from typing import Any
 from jinja2 import Environment, PackageLoader, select_autoescape
 from plotly.offline import get_plotlyjs
 
+from pglab.analysis.compare import uplift_tables
 from pglab.analysis.cost import cost_table
 from pglab.analysis.steady import find_dips
 from pglab.report.tables import durability_table, point_table, run_table, storage_table
@@ -66,6 +67,7 @@ def build(store: Store, sweep_id: int | None = None) -> str:
     fio_columns, fio_rows = storage_table(store, sweep_id)
     dur_columns, dur_rows = durability_table(store, sweep_id)
     cost_columns, cost_rows = cost_table(store, sweep_id)
+    uplifts = uplift_tables(store, sweep_id) if runs else []
 
     summary = [f"{len(points)} points, {sum(1 for r in runs if r['status'] == 'ok')} successful runs "
                f"({sum(1 for r in runs if r['status'] != 'ok')} failed or interrupted); sweep {sweep['status']}."]
@@ -81,11 +83,18 @@ def build(store: Store, sweep_id: int | None = None) -> str:
         if costs:
             summary.append(f"price of durability, {row['workload']} at {row['clients']} clients (TPS vs "
                            f"{row['base']}): {', '.join(costs)}.")
+    for up_title, _, up_rows in uplifts:
+        parts = [f"{r['uplift_pct']:+.1f} % at {r['clients']} clients ({r['verdict']})" for r in up_rows
+                 if r.get("uplift_pct") is not None]
+        if parts:
+            summary.append(f"{up_title.split(' (')[0]}: {', '.join(parts)}.")
     unsteady = [p for p in points if p.get("tps_dips")]
     if unsteady:
+        at_checkpoint = sum(1 for p in unsteady if p.get("tps_dips_at_checkpoint"))
         summary.append(f"{len(unsteady)} point(s) had TPS dips (> 30 % below the run's median) inside the window: "
                        + ", ".join(f"{p['workload']} {p['synchronous_commit']} {p['clients']} clients"
-                                   for p in unsteady[:6]) + ("…" if len(unsteady) > 6 else "") + ".")
+                                   for p in unsteady[:6]) + ("…" if len(unsteady) > 6 else "")
+                       + f"; in {at_checkpoint} of them a checkpoint had started just before (runs table: 'dips').")
     unstable = [p for p in points if p.get("unstable")]
     if unstable:
         summary.append(f"{len(unstable)} point(s) unstable (TPS CV over repeats > 5 %).")
@@ -97,13 +106,18 @@ def build(store: Store, sweep_id: int | None = None) -> str:
                        "95 % intervals are in the CSV export; the bottleneck comes from the run's own figures.")]
     if dur_rows:
         tables.append(_section("durability", "Price of durability", dur_columns, dur_rows))
+    for i, (up_title, up_columns, up_rows) in enumerate(uplifts):
+        tables.append(_section(f"uplift{i}", up_title[0].upper() + up_title[1:], up_columns, up_rows))
+    if not uplifts:
+        tables.append(_section("uplift", "Uplift", [], [], "This sweep varies no configuration axis (a parameter "
+                               "list, …); compare two result folders with 'pglab compare A B --uplift'."))
     if cost_rows:
         tables.append(_section("cost", "Cost at peak TPS", cost_columns, cost_rows))
     if fio_rows:
         tables.append(_section("storage", "Storage profiles (fio)", fio_columns, fio_rows))
     tables.append(_section("runs", "Runs (every figure traces to its run id and folder)",
                            ["run_id", "status", "workload", "synchronous_commit", "clients", "tps", "latency_p99_ms",
-                            "dir", "reason"], runs))
+                            "dips", "dir", "reason"], runs))
 
     charts = [
         _line_chart("tps_vs_clients", "TPS vs clients", _by_configuration(points, "tps"), "clients", "TPS"),

@@ -16,7 +16,7 @@ from rich.table import Table
 from pglab.analysis.bottleneck import attribute, describe, mean_metrics, storage_ceiling_share
 from pglab.analysis.cost import cost_table
 from pglab.analysis.stats import estimate
-from pglab.analysis.steady import find_dips
+from pglab.analysis.steady import Dip, find_dips, tie_to_checkpoints
 from pglab.store.sqlite import RunRow, Store
 
 AXIS_COLUMNS = ("workload", "synchronous_commit", "clients")
@@ -51,7 +51,8 @@ def point_table(store: Store, sweep_id: int | None = None) -> tuple[list[str], l
     runs = store.runs(sweep_id)
     extra = _extra_axes(runs)
     columns = [*AXIS_COLUMNS, *extra, *METRIC_COLUMNS, "repeats", "failed_runs", "bottleneck"]
-    columns += [f"{c}_ci95" for c in CI_COLUMNS] + ["tps_cv_pct", "unstable", "storage_ceiling_pct", "tps_dips"]
+    columns += [f"{c}_ci95" for c in CI_COLUMNS] + ["tps_cv_pct", "unstable", "storage_ceiling_pct", "tps_dips",
+                "tps_dips_at_checkpoint"]
     cores, ceilings = _cores(store, sweep_id), _data_ceilings(store, sweep_id)
     groups: OrderedDict[int, list[RunRow]] = OrderedDict()
     for r in runs:
@@ -73,20 +74,33 @@ def point_table(store: Store, sweep_id: int | None = None) -> tuple[list[str], l
         row["failed_runs"] = len(group) - len(ok)
         means = mean_metrics(ok)
         row["bottleneck"] = describe(attribute(means, cores, group[0].axes.get("jobs"), ceilings)) if ok else ""
-        dips = [len(_dips(store, r)) for r in ok]
-        row["tps_dips"] = sum(dips) / len(dips) if dips else None
+        dips = [_dips(store, r) for r in ok]
+        row["tps_dips"] = sum(len(d) for d in dips) / len(dips) if dips else None
+        row["tps_dips_at_checkpoint"] = (sum(sum(x.checkpoint is not None for x in d) for d in dips) / len(dips)
+                                         if dips else None)
         share = storage_ceiling_share(means, ceilings) if ok else None
         row["storage_ceiling_pct"] = share * 100 if share is not None else None
         rows.append(row)
     return columns, rows
 
 
-def _dips(store: Store, run: RunRow) -> list[Any]:
-    window = store.conn.execute("SELECT window_start, window_end FROM runs WHERE id = ?", (run.id,)).fetchone()
-    if not window or window[0] is None:
+def _window(store: Store, run_id: str) -> tuple[float, float] | None:
+    window = store.conn.execute("SELECT window_start, window_end FROM runs WHERE id = ?",
+                                (run_id,)).fetchone()
+    return (window[0], window[1]) if window and window[0] is not None else None
+
+
+def _dips(store: Store, run: RunRow) -> list[Dip]:
+    """The run's TPS dips inside its window, each tied to the checkpoint that began just before it, if any."""
+    window = _window(store, run.id)
+    if window is None:
         return []
     series = [(ts, v) for ts, _src, _m, v in store.series(run.id, "pgbench") if _m == "tps" and v is not None]
-    return find_dips(series, window[0], window[1])
+    dips = find_dips(series, *window)
+    if not dips:
+        return []
+    checkpoints = [ts for ts, _ in store.sweep_events(run.sweep_id, "checkpoint-start", window[0] - 60, window[1])]
+    return tie_to_checkpoints(dips, checkpoints)
 
 
 def _cores(store: Store, sweep_id: int | None) -> int:
@@ -108,11 +122,14 @@ def run_table(store: Store, sweep_id: int | None = None) -> tuple[list[str], lis
     sweep_id = sweep_id if sweep_id is not None else store.latest_sweep_id()
     runs = store.runs(sweep_id)
     extra = _extra_axes(runs)
-    columns = ["run_id", "repeat", "status", *AXIS_COLUMNS, *extra, *METRIC_COLUMNS, "dir", "reason"]
+    columns = ["run_id", "repeat", "status", *AXIS_COLUMNS, *extra, *METRIC_COLUMNS, "dips", "dir", "reason"]
     rows = []
     for r in runs:
+        window = _window(store, r.id)
+        dips = _dips(store, r) if r.status == "ok" and window else []
         row: dict[str, Any] = {"run_id": r.id, "repeat": r.repeat, "status": r.status, "dir": r.dir,
-                               "reason": r.reason}
+                               "reason": r.reason,
+                               "dips": "; ".join(d.describe(window[0]) for d in dips) if window else None}
         row.update({c: r.axes.get(c) for c in (*AXIS_COLUMNS, *extra)})
         row.update({c: r.metrics.get(c) for c in METRIC_COLUMNS})
         rows.append(row)
@@ -174,7 +191,7 @@ def _fmt(col: str, value: Any) -> str:
     if isinstance(value, float):
         if math.isnan(value):
             return ""
-        if col.endswith("_pct") and "_vs_" in col:
+        if col.endswith("_pct") and ("_vs_" in col or col in ("uplift_pct", "ci95_low_pct", "ci95_high_pct")):
             return f"{value:+.1f} %"
         decimals = 1 if col.endswith("_tps") else DECIMALS.get(col, 2)
         return f"{value:.{decimals}f}"
@@ -191,7 +208,8 @@ def _cell(col: str, row: dict[str, Any]) -> str:
 
 def display_columns(columns: list[str]) -> list[str]:
     return [c for c in columns if not c.endswith("_ci95") and c not in ("tps_cv_pct", "unstable",
-                                                                        "storage_ceiling_pct", "tps_dips")]
+                                                                        "storage_ceiling_pct", "tps_dips",
+                                                                        "tps_dips_at_checkpoint")]
 
 
 def durability_table(store: Store, sweep_id: int | None = None) -> tuple[list[str], list[dict[str, Any]]]:
@@ -203,7 +221,8 @@ def durability_table(store: Store, sweep_id: int | None = None) -> tuple[list[st
         return [], []
     base = "off" if "off" in levels else ("local" if "local" in levels else levels[0])
     keys = [c for c in columns if c not in METRIC_COLUMNS and c not in ("synchronous_commit", "repeats",
-            "failed_runs", "tps_cv_pct", "unstable", "bottleneck", "storage_ceiling_pct", "tps_dips")
+            "failed_runs", "tps_cv_pct", "unstable", "bottleneck", "storage_ceiling_pct", "tps_dips",
+            "tps_dips_at_checkpoint")
             and not c.endswith("_ci95")]
     groups: OrderedDict[tuple[Any, ...], dict[str, dict[str, Any]]] = OrderedDict()
     for p in points:
@@ -255,10 +274,10 @@ def render(columns: list[str], rows: list[dict[str, Any]], fmt: str, title: str 
     table = Table(title=title, title_justify="left", show_lines=False, header_style="bold")
     for c in shown:
         left = c in ("workload", "synchronous_commit", "status", "run_id", "dir", "reason", "path", "device", "profile",
-                     "note")
+                     "note", "dips")
         name = headers.get(c, c)
-        table.add_column(name, justify="left" if left else "right", no_wrap=c != "note", min_width=len(name),
-                         max_width=60 if c == "note" else None)
+        table.add_column(name, justify="left" if left else "right", no_wrap=c not in ("note", "dips"),
+                         min_width=len(name), max_width=60 if c in ("note", "dips") else None)
     for r in rows:
         table.add_row(*(_cell(c, r) for c in shown))
     console = Console(width=1000, record=True, file=io.StringIO())
@@ -266,7 +285,21 @@ def render(columns: list[str], rows: list[dict[str, Any]], fmt: str, title: str 
     return "\n".join(line.rstrip() for line in console.export_text().splitlines()) + "\n"
 
 
-TABLES = ("database", "storage", "durability", "cost")
+TABLES = ("database", "storage", "durability", "cost", "uplift")
+UPLIFT_HEADERS = {"a": "A tps", "b": "B tps", "uplift_pct": "uplift %", "ci95_low_pct": "95 % low",
+                  "ci95_high_pct": "95 % high"}
+
+
+def uplift_table(store: Store, sweep_id: int | None = None) -> tuple[list[str], list[dict[str, Any]]]:
+    """Every uplift table of the sweep in one, each row naming its comparison (for CSV/JSON)."""
+    from pglab.analysis.compare import uplift_tables
+
+    columns: list[str] = ["comparison"]
+    rows: list[dict[str, Any]] = []
+    for title, cols, table_rows in uplift_tables(store, sweep_id):
+        columns += [c for c in cols if c not in columns]
+        rows += [{"comparison": title.split(" (")[0].removeprefix("uplift: "), **r} for r in table_rows]
+    return (columns, rows) if rows else ([], [])
 
 
 def full_report(store: Store, fmt: str, sweep_id: int | None = None, per_run: bool = False,
@@ -282,6 +315,8 @@ def full_report(store: Store, fmt: str, sweep_id: int | None = None, per_run: bo
         which = table or ("database" if db_rows or not fio_rows else "storage")
         chosen = {"storage": (fio_columns, fio_rows), "durability": (dur_columns, dur_rows),
                   "cost": (cost_columns, cost_rows)}.get(which, (db_columns, db_rows))
+        if which == "uplift":
+            chosen = uplift_table(store, sweep_id)
         return render(*chosen, fmt)
     parts = []
     if fio_rows and table in (None, "storage"):
@@ -301,6 +336,11 @@ def full_report(store: Store, fmt: str, sweep_id: int | None = None, per_run: bo
         parts.append(render(dur_columns, dur_rows, fmt, title="price of durability: synchronous_commit levels side "
                             f"by side, Δ = % vs {dur_rows[0]['base']}", shown=[c for c in dur_columns if c != "base"],
                             headers=headers))
+    if table in (None, "uplift") and not per_run and db_rows:
+        from pglab.analysis.compare import uplift_tables
+
+        for up_title, up_columns, up_rows in uplift_tables(store, sweep_id):
+            parts.append(render(up_columns, up_rows, fmt, title=up_title, headers=UPLIFT_HEADERS))
     if cost_rows and table in (None, "cost") and not per_run:
         parts.append(render(cost_columns, cost_rows, fmt, title="cost at peak TPS",
                             headers={"per_tps": f"{cost_rows[0]['currency']}/TPS·month", "peak_tps": "peak tps"}))
