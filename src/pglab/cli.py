@@ -99,8 +99,13 @@ def run(
     results: Path | None = typer.Option(None, "--results", help="results folder (default results/<name>-<time>)"),
     keep: bool = typer.Option(False, "--keep", help="leave the lab running and its files in place"),
     fmt: str = typer.Option("table", "--format", help="table printed at the end: " + "|".join(FORMATS)),
+    force_new: bool = typer.Option(False, "--force-new", help="start a new sweep in a results folder that holds "
+                                   "another plan's (or an unfinished) sweep, instead of resuming or refusing"),
 ) -> None:
-    """Run a plan: provision, sweep the matrix, store every run, print the table."""
+    """Run a plan: provision, sweep the matrix, store every run, print the table.
+
+    Run again into the same --results folder after an interruption (Ctrl-C, a crash, a kill) and the sweep
+    resumes: completed runs are kept, unfinished ones are run again."""
     from pglab.report.tables import full_report
     from pglab.runner import Runner, check_results_dir
     from pglab.store import Store
@@ -109,7 +114,7 @@ def run(
     plan, text = _load(plan_file)
     results = results or Path("results") / f"{plan.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     check_results_dir(results)
-    runner = Runner(plan, text, plan_file.resolve().parent, results, keep=keep)
+    runner = Runner(plan, text, plan_file.resolve().parent, results, keep=keep, force_new=force_new)
     started = time.monotonic()
     with ProgressView(err) as view:
         runner.ui = view
@@ -119,7 +124,8 @@ def run(
     store.close()
     out.print(text, end="", soft_wrap=True, markup=False, highlight=False)
     elapsed = time.monotonic() - started
-    err.print(f"results: {results}  ({outcome.ok} ok, {outcome.failed} failed; "
+    before = f", {outcome.already_done} completed before this resume" if outcome.resumed else ""
+    err.print(f"results: {results}  ({outcome.ok} ok, {outcome.failed} failed{before}; "
               f"{int(elapsed // 60)} min {elapsed % 60:.0f} s, lab setup and teardown included)")
     for f in outcome.failures:
         err.print(f"[yellow]failed: {f}")
@@ -338,12 +344,28 @@ def plan_schema() -> None:
 
 
 @lab_app.command("clean")
-def lab_clean(lab_dir: Path = typer.Argument(..., help="lab directory (printed by 'pglab run --keep')")) -> None:
-    """Stop the servers of a kept lab and remove its files."""
+def lab_clean(lab_dir: Path | None = typer.Argument(None, help="lab directory (printed by 'pglab run --keep'); omit "
+                                                    "it to clean every lab left behind by a pglab that died")) -> None:
+    """Stop the servers of a kept lab and remove its files; without a directory, clean up orphaned labs."""
+    from pglab.targets.local import registry
     from pglab.targets.local.cluster import clean_lab
 
+    for message in registry.reap_orphans():
+        err.print(message, markup=False, highlight=False)
+    if lab_dir is None:
+        return
     stopped = clean_lab(lab_dir)
     out.print(f"{lab_dir}: removed" + (f"; stopped {', '.join(stopped)}" if stopped else ""))
+
+
+@lab_app.command("list")
+def lab_list() -> None:
+    """Labs registered by this user's pglab: running with their pglab, kept (--keep), or orphaned."""
+    from pglab.targets.local import registry
+
+    for e in registry.entries():
+        state = "kept" if e.kept else ("in use by pglab pid " + str(e.owner_pid) if e.owner_alive() else "orphaned")
+        out.print(f"{e.lab_dir}  {state}", markup=False, highlight=False)
 
 
 def _check_format(fmt: str) -> None:

@@ -6,12 +6,16 @@ Nothing else lives here: what a target, a workload, a probe or the store does is
 from __future__ import annotations
 
 import csv
+import fcntl
 import hashlib
 import json
+import os
 import re
 import shutil
 import signal
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -29,6 +33,7 @@ from pglab.probes import ProbeContext, ProbeOpenError, Sample, Sampler, default_
 from pglab.probes.base import now
 from pglab.store.sqlite import Store
 from pglab.targets.base import Endpoints
+from pglab.targets.local import registry
 from pglab.targets.local.cluster import LabError, LocalLab
 from pglab.workloads import pgbench
 from pglab.workloads.pgbench import PgbenchError, PgbenchProcess, ProgressPoint
@@ -73,10 +78,39 @@ class SweepResult:
     failed: int = 0
     interrupted: bool = False
     failures: list[str] = field(default_factory=list)
+    already_done: int = 0  # runs a resumed sweep had completed before
+    resumed: bool = False
 
 
-def plan_hash(plan_text: str) -> str:
-    return hashlib.sha256(plan_text.encode()).hexdigest()
+def plan_hash(plan_text: str, files: list[Path] | None = None) -> str:
+    """The plan's identity for resuming: its text and the bytes of every file it names (scripts, fio jobs)."""
+    h = hashlib.sha256(plan_text.encode())
+    for f in files or []:
+        h.update(b"\0" + str(f).encode() + b"\0")
+        try:
+            h.update(f.read_bytes())
+        except OSError:
+            h.update(b"(unreadable)")
+    return h.hexdigest()
+
+
+@contextmanager
+def results_lock(results_dir: Path) -> Iterator[None]:
+    """One writer per results folder: a second pglab run into it is refused instead of mixing two sweeps."""
+    results_dir.mkdir(parents=True, exist_ok=True)
+    fd = os.open(results_dir / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+            raise UserError(f"--results: '{results_dir}' is being written by another pglab (pid {holder}); wait "
+                            "for it to end or choose another folder.") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        yield
+    finally:
+        os.close(fd)  # releases the lock; the file stays, harmless
 
 
 def interrupt_signals() -> _Signals:
@@ -110,48 +144,106 @@ class _Signals:
 
 class Runner:
     def __init__(self, plan: Plan, plan_text: str, plan_dir: Path, results_dir: Path,
-                 observer: Observer | None = None, keep: bool = False):
+                 observer: Observer | None = None, keep: bool = False, force_new: bool = False):
         self.plan = plan
         self.plan_text = plan_text
         self.plan_dir = plan_dir
         self.results_dir = results_dir.resolve()  # pgbench runs in the run folder: paths must be absolute
         self.ui: Observer = observer or SilentObserver()
         self.keep = keep
+        self.force_new = force_new
         self.points = expand(plan)
         self._pgbench: PgbenchProcess | None = None
+        self._logs_dir = self.results_dir / "server-logs"
+
+    def _plan_files(self) -> list[Path]:
+        files = [resolve_path(f, self.plan_dir) for f in (self.plan.storage.job_files if self.plan.storage else [])]
+        for wl in self.plan.matrix.workload:
+            if not isinstance(wl, str):
+                files += [resolve_path(sc.file, self.plan_dir) for sc in wl.scripts if sc.file]
+        return files
+
+    def _open_sweep(self, store: Store) -> tuple[int, bool]:
+        """A new sweep, or the one this folder holds for the same plan (resume). A different plan is refused."""
+        fingerprint = plan_hash(self.plan_text, self._plan_files())
+        previous = [s for s in store.sweeps() if s["plan_hash"]]  # `pglab fio` sweeps have no plan
+        last = previous[-1] if previous else None
+        if last is not None and not self.force_new:
+            if last["plan_hash"] != fingerprint:
+                raise UserError(
+                    f"--results: '{self.results_dir}' holds a sweep of a different plan ('{last['plan_name']}', or "
+                    "this plan before a change); give a new folder, or add --force-new to start a new sweep there.")
+            dropped = store.reopen_sweep(last["id"])
+            if dropped:
+                aside = self.results_dir / "discarded"
+                aside.mkdir(exist_ok=True)
+                for d in dropped:
+                    if d.is_dir():
+                        d.replace(aside / d.name)
+                self.ui.log(f"{len(dropped)} unfinished run(s) of the previous attempt set aside in {aside}")
+            self._logs_dir = self.results_dir / "server-logs" / time.strftime("resumed-%Y%m%d-%H%M%S")
+            return last["id"], True
+        return store.begin_sweep(self.plan.name, self.plan_text, fingerprint, __version__), False
 
     # ------------------------------------------------------------ the sweep
     def run(self) -> SweepResult:
         plan = self.plan
         assert plan.target.local is not None
+        for message in registry.reap_orphans():
+            self.ui.log(message)
         target = LocalLab(plan.target.local, self.plan_dir, log=self.ui.log)  # checks binaries and user
-        store = Store.open(self.results_dir)
-        sweep_id = store.begin_sweep(plan.name, self.plan_text, plan_hash(self.plan_text), __version__)
-        result = SweepResult(sweep_id, self.results_dir)
-        point_ids = store.add_points(sweep_id, [(p.index, p.key, p.axes) for p in self.points])
+        with results_lock(self.results_dir):
+            store = Store.open(self.results_dir)
+            try:
+                store.recover()
+                sweep_id, resumed = self._open_sweep(store)
+            except BaseException:
+                store.close()
+                raise
+            return self._sweep(store, target, sweep_id, resumed)
+
+    def _sweep(self, store: Store, target: LocalLab, sweep_id: int, resumed: bool) -> SweepResult:
+        plan = self.plan
+        result = SweepResult(sweep_id, self.results_dir, resumed=resumed)
+        if resumed:
+            point_ids = store.point_ids(sweep_id)
+            done = store.completed_runs(sweep_id)
+        else:
+            point_ids = store.add_points(sweep_id, [(p.index, p.key, p.axes) for p in self.points])
+            done = set()
         repeats = plan.run.repeats
+        todo = [(p, r) for p in self.points for r in range(1, repeats + 1) if (p.key, r) not in done]
+        result.already_done = len(self.points) * repeats - len(todo)
+        if resumed:
+            self.ui.log(f"resuming sweep {sweep_id}: {result.already_done} of {len(self.points) * repeats} runs "
+                        f"already complete, {len(todo)} to go")
+        if not todo and (plan.storage is None or store.storage_done(sweep_id)):
+            store.end_sweep(sweep_id, "done")
+            store.close()
+            return result
         per_run = (plan.run.warmup + (plan.run.measured_seconds or 0) + 3) if plan.run.measured_seconds else None
-        self.ui.sweep_started(len(self.points) * repeats, per_run * len(self.points) * repeats if per_run else None)
+        self.ui.sweep_started(len(todo), per_run * len(todo) if per_run else None)
         status, reason = "done", None
         with _Signals() as signals:
             try:
-                endpoints = target.provision(self._parameters(self.points[0]))
+                endpoints = target.provision(self._parameters(todo[0][0] if todo else self.points[0]))
                 store.set_sweep_info(sweep_id, environment.capture(
                     endpoints.primary.conninfo(), target.probe_paths(), target.bindir, self.plan_text),
                     target.describe())
-                if plan.storage is not None:
+                if plan.storage is not None and not store.storage_done(sweep_id):
                     self._storage_phase(store, sweep_id, target)
-                self._ensure_dataset(target, endpoints)
-                for point in self.points:
-                    for repeat in range(1, repeats + 1):
-                        failure = self._one_run(store, target, sweep_id, point_ids[point.key], point, repeat)
-                        if failure is None:
-                            result.ok += 1
-                        else:
-                            result.failed += 1
-                            result.failures.append(f"{point.label()} #{repeat}: {failure}")
-                        if plan.run.pause:
-                            time.sleep(plan.run.pause)
+                    store.add_events(sweep_id, [(now(), "storage-done", "")])
+                if todo:
+                    self._ensure_dataset(target, endpoints)
+                for point, repeat in todo:
+                    failure = self._one_run(store, target, sweep_id, point_ids[point.key], point, repeat)
+                    if failure is None:
+                        result.ok += 1
+                    else:
+                        result.failed += 1
+                        result.failures.append(f"{point.label()} #{repeat}: {failure}")
+                    if plan.run.pause:
+                        time.sleep(plan.run.pause)
             except RunInterrupted as exc:
                 status, reason = "interrupted", f"interrupted by {exc.signal_name}"
                 result.interrupted = True
@@ -184,8 +276,8 @@ class Runner:
     def _keep_server_logs(self, store: Store, sweep_id: int, target: LocalLab) -> None:
         """Copy the server logs into the results (artifacts) and store checkpoint starts as sweep events."""
         try:
-            logs_dir = self.results_dir / "server-logs"
-            logs_dir.mkdir(exist_ok=True)
+            logs_dir = self._logs_dir
+            logs_dir.mkdir(parents=True, exist_ok=True)
             for name, path in target.server_logs().items():
                 shutil.copyfile(path, logs_dir / f"{name}.log")
             primary_log = logs_dir / "n0.log"

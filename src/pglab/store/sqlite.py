@@ -1,8 +1,8 @@
 """The results store: ``DIR/results.db`` (SQLite) and ``DIR/runs/<run_id>/`` (raw artifacts).
 
 Each run is written in one transaction when it ends, so a crash leaves either the whole run or a row
-still marked ``running`` (turned into ``interrupted`` by the next open). The schema carries its version
-in ``PRAGMA user_version``; migrations are applied in order on open.
+still marked ``running`` (turned into ``interrupted`` by the next writer, see :meth:`Store.recover`). The
+schema carries its version in ``PRAGMA user_version``; migrations are applied in order on open.
 """
 
 from __future__ import annotations
@@ -162,10 +162,15 @@ class Store:
                 for stmt in _statements(MIGRATIONS[v]):
                     self.conn.execute(stmt)
                 self.conn.execute(f"PRAGMA user_version = {v}")
-        # runs left 'running' by a process that died are interrupted, not silently half-there
+
+    def recover(self) -> None:
+        """Called by the only writer (it holds the folder's lock): whatever is still marked running was left
+        by a pglab that died, and is interrupted, not silently half-there."""
         with self.tx():
             self.conn.execute("UPDATE runs SET status='interrupted', reason=coalesce(reason, 'pglab stopped "
                               "before the run finished') WHERE status='running'")
+            self.conn.execute("UPDATE sweeps SET status='interrupted', reason=coalesce(reason, 'pglab stopped "
+                              "before the sweep finished') WHERE status='running'")
 
     @contextmanager
     def tx(self) -> Iterator[sqlite3.Connection]:
@@ -187,6 +192,39 @@ class Store:
                 "INSERT INTO sweeps (plan_name, plan_text, plan_hash, pglab_version, started, status) "
                 "VALUES (?, ?, ?, ?, ?, 'running')", (plan_name, plan_text, plan_hash, version, time.time()))
             return int(cur.lastrowid or 0)
+
+    def reopen_sweep(self, sweep_id: int) -> list[Path]:
+        """Resume a sweep: its runs that did not end 'ok' are dropped (rows, series, metrics, events) so each
+        point × repeat ends up with exactly one run; their folders are returned for the caller to set aside.
+        A storage phase that did not finish is dropped too, to be measured again."""
+        with self.tx():
+            dropped = [self.dir / d for (d,) in self.conn.execute(
+                "SELECT dir FROM runs WHERE sweep_id = ? AND status != 'ok'", (sweep_id,))]
+            gone = "SELECT id FROM runs WHERE sweep_id = ? AND status != 'ok'"
+            for table in ("run_metrics", "series", "events"):
+                self.conn.execute(f"DELETE FROM {table} WHERE run_id IN ({gone})", (sweep_id,))
+            self.conn.execute("DELETE FROM runs WHERE sweep_id = ? AND status != 'ok'", (sweep_id,))
+            if not self.storage_done(sweep_id):
+                self.conn.execute("DELETE FROM fio_series WHERE fio_id IN (SELECT id FROM fio_results "
+                                  "WHERE sweep_id = ?)", (sweep_id,))
+                self.conn.execute("DELETE FROM fio_results WHERE sweep_id = ?", (sweep_id,))
+                self.conn.execute("DELETE FROM ceilings WHERE sweep_id = ?", (sweep_id,))
+            self.conn.execute("UPDATE sweeps SET status='running', reason=NULL, finished=NULL WHERE id = ?",
+                              (sweep_id,))
+        return dropped
+
+    def storage_done(self, sweep_id: int) -> bool:
+        return self.conn.execute("SELECT 1 FROM events WHERE sweep_id = ? AND kind = 'storage-done'",
+                                 (sweep_id,)).fetchone() is not None
+
+    def completed_runs(self, sweep_id: int) -> set[tuple[str, int]]:
+        """(point key, repeat) of every run of the sweep that ended 'ok'."""
+        return {(k, r) for k, r in self.conn.execute(
+            "SELECT p.key, r.repeat FROM runs r JOIN points p ON p.id = r.point_id "
+            "WHERE r.sweep_id = ? AND r.status = 'ok'", (sweep_id,))}
+
+    def point_ids(self, sweep_id: int) -> dict[str, int]:
+        return dict(self.conn.execute("SELECT key, id FROM points WHERE sweep_id = ?", (sweep_id,)).fetchall())
 
     def set_sweep_info(self, sweep_id: int, environment: dict[str, Any], target: dict[str, Any]) -> None:
         with self.tx():

@@ -34,6 +34,7 @@ import psycopg
 from pglab.errors import UserError
 from pglab.plan.schema import LocalTarget
 from pglab.targets.base import Endpoint, Endpoints
+from pglab.targets.local import registry
 from pglab.targets.local.postgres_bin import ServerUser, find_bindir, resolve_server_user
 
 SUPERUSER = "pglab"
@@ -233,6 +234,7 @@ class LocalLab:
     def _create(self) -> None:
         self._prepare_dirs()
         assert self.lab_dir is not None
+        registry.register(self.lab_dir, [d for d in self._created_dirs if not d.is_relative_to(self.lab_dir)])
         password = self._write_secrets()
         self._write_state()
         primary = self.nodes[0]
@@ -462,6 +464,7 @@ class LocalLab:
     def teardown(self, keep: bool = False) -> None:
         if keep:
             if self.lab_dir:
+                registry.mark_kept(self.lab_dir)
                 self.log(f"lab kept running in {self.lab_dir} (remove it with: pglab lab clean {self.lab_dir})")
             return
         for node in reversed(self.nodes):
@@ -472,6 +475,8 @@ class LocalLab:
         for d in reversed(self._created_dirs):
             shutil.rmtree(d, ignore_errors=True)
         self._created_dirs.clear()
+        if self.lab_dir:
+            registry.unregister(self.lab_dir)
 
 
 def kill_tree(pid: int) -> None:
@@ -491,16 +496,21 @@ def kill_tree(pid: int) -> None:
             os.kill(p, signal.SIGKILL)
 
 
-def clean_lab(lab_dir: Path) -> list[str]:
-    """Stop every server a lab directory's lab.json names and remove the lab. Returns what was stopped.
+def clean_lab(lab_dir: Path, unregister_entry: bool = True) -> list[str]:
+    """Stop every server a lab directory's lab.json names, and any pgbench or fio still working on it, and remove
+    the lab. Returns what was stopped.
 
     Used for labs kept with ``--keep`` and for labs left behind by a pglab that was killed.
     """
+    lab_dir = lab_dir.resolve()
     state_file = lab_dir / "lab.json"
     try:
         state = json.loads(state_file.read_text())
     except (OSError, ValueError):
         raise UserError(f"'{lab_dir}' is not a pglab lab (no readable lab.json).") from None
+    node_dirs = [Path(n[k]).parent for n in state.get("nodes", []) for k in ("data", "wal")]
+    registry.kill_all([p for p in registry.processes_using([lab_dir / "sock", *node_dirs])
+                       if not _is_postmaster_child(p)])  # clients first: pgbench, fio
     stopped = []
     for n in state.get("nodes", []):
         node = Node(n["name"], "", Path(n["data"]), Path(n["wal"]), int(n["port"]), lab_dir / "logs")
@@ -517,4 +527,15 @@ def clean_lab(lab_dir: Path) -> list[str]:
             if d.is_dir() and not d.is_relative_to(lab_dir):
                 shutil.rmtree(d, ignore_errors=True)
     shutil.rmtree(lab_dir, ignore_errors=True)
+    if unregister_entry:
+        registry.unregister(lab_dir)
     return stopped
+
+
+def _is_postmaster_child(pid: int) -> bool:
+    """Server processes are stopped through their postmaster, not killed one by one."""
+    try:
+        comm = Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return False
+    return comm in ("postgres", "postmaster") or comm.startswith("postgres")

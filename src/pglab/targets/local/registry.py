@@ -1,0 +1,176 @@
+"""Every local lab a pglab process builds is registered, so that one left behind by a killed pglab is found.
+
+A registry entry is a small JSON file per lab in ``<state>/labs/`` (``$PGLAB_STATE_DIR``, else
+``$XDG_STATE_HOME/pglab``, else ``~/.local/state/pglab``). It names the lab directory, the directories created
+for it, and the pglab process that owns it (pid and that process's start time, so a reused pid is not
+mistaken for the owner). It is written before the first server starts and removed once the lab is torn
+down. A lab kept with ``--keep`` stays registered, marked kept, until ``pglab lab clean``.
+
+When the owner is gone and the lab was not kept, the lab is an orphan: its servers, and any pgbench or fio
+still working on its directories, are stopped and its files removed by the next ``pglab run`` or
+``pglab lab clean``, which says so.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+
+def state_dir() -> Path:
+    if os.environ.get("PGLAB_STATE_DIR"):
+        return Path(os.environ["PGLAB_STATE_DIR"])
+    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(base) / "pglab"
+
+
+def _labs_dir() -> Path:
+    d = state_dir() / "labs"
+    d.mkdir(parents=True, exist_ok=True, mode=0o700)
+    return d
+
+
+def _entry_file(lab_dir: Path) -> Path:
+    return _labs_dir() / (str(lab_dir.resolve()).strip("/").replace("/", "_") + ".json")
+
+
+def process_start_time(pid: int) -> int | None:
+    """Clock ticks since boot at which ``pid`` started (field 22 of /proc/pid/stat); None when it is gone."""
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+@dataclass(frozen=True)
+class Entry:
+    lab_dir: Path
+    owner_pid: int
+    owner_start: int | None
+    kept: bool
+    dirs: tuple[Path, ...]  # directories created for the lab outside it (data/WAL bases given in the plan)
+    file: Path
+
+    def owner_alive(self) -> bool:
+        return self.owner_start is not None and process_start_time(self.owner_pid) == self.owner_start
+
+
+def _write(path: Path, data: dict[str, Any]) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=1))
+    tmp.replace(path)
+
+
+def register(lab_dir: Path, dirs: list[Path]) -> None:
+    pid = os.getpid()
+    _write(_entry_file(lab_dir), {"lab_dir": str(lab_dir), "owner_pid": pid, "owner_start": process_start_time(pid),
+                                  "kept": False, "dirs": [str(d) for d in dirs], "created": time.time()})
+
+
+def mark_kept(lab_dir: Path) -> None:
+    path = _entry_file(lab_dir)
+    with contextlib.suppress(OSError, ValueError):
+        data = json.loads(path.read_text())
+        data["kept"] = True
+        _write(path, data)
+
+
+def unregister(lab_dir: Path) -> None:
+    with contextlib.suppress(OSError):
+        _entry_file(lab_dir).unlink()
+
+
+def entries() -> list[Entry]:
+    out = []
+    for f in sorted(_labs_dir().glob("*.json")):
+        try:
+            d = json.loads(f.read_text())
+            out.append(Entry(Path(d["lab_dir"]), int(d["owner_pid"]), d.get("owner_start"), bool(d.get("kept")),
+                             tuple(Path(p) for p in d.get("dirs", [])), f))
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    return out
+
+
+def processes_using(paths: list[Path]) -> list[int]:
+    """Pids (other than this process and its ancestors) whose command line, environment or working directory
+    names one of ``paths``: servers, pgbench (PGHOST is the lab's socket directory), fio (its scratch folder)."""
+    texts = [str(p) for p in paths if str(p) not in ("", "/")]
+    mine = {os.getpid(), *_ancestors()}
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) in mine:
+            continue
+        try:
+            cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        try:
+            cwd = os.readlink(entry / "cwd")
+            env = (entry / "environ").read_bytes().decode(errors="replace")  # pgbench: PGHOST=<lab>/sock
+        except OSError:
+            cwd = env = ""
+        if any(t in cmd or t in env or cwd == t or cwd.startswith(t + "/") for t in texts):
+            found.append(int(entry.name))
+    return found
+
+
+def _ancestors() -> list[int]:
+    out, pid = [], os.getppid()
+    while pid > 1:
+        out.append(pid)
+        try:
+            pid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            break
+    return out
+
+
+def kill_all(pids: list[int]) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and any(process_start_time(p) is not None and _alive(p) for p in pids):
+        time.sleep(0.05)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
+
+
+def reap(entry: Entry) -> str:
+    """Stop everything an orphaned lab left running and remove its files. Returns one sentence saying what."""
+    from pglab.targets.local.cluster import clean_lab
+
+    stopped: list[str] = []
+    if (entry.lab_dir / "lab.json").is_file():
+        with contextlib.suppress(Exception):
+            stopped = clean_lab(entry.lab_dir, unregister_entry=False)
+    leftovers = processes_using([entry.lab_dir, *entry.dirs])
+    kill_all(leftovers)
+    shutil.rmtree(entry.lab_dir, ignore_errors=True)
+    for d in entry.dirs:
+        shutil.rmtree(d, ignore_errors=True)
+    with contextlib.suppress(OSError):
+        entry.file.unlink()
+    what = ", ".join(stopped) if stopped else "no server was running"
+    extra = f"; killed {len(leftovers)} other process(es) still using it" if leftovers else ""
+    return (f"cleaned up lab {entry.lab_dir} left behind by pglab pid {entry.owner_pid} (no longer running): "
+            f"stopped {what}{extra}")
+
+
+def reap_orphans() -> list[str]:
+    """Clean every registered lab whose pglab is gone and that was not kept; one sentence per lab."""
+    return [reap(e) for e in entries() if not e.kept and not e.owner_alive()]
