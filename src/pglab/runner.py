@@ -367,6 +367,8 @@ class Runner:
             if sampler:
                 sampler.stop()
             reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            if (problem := target.health()) and problem not in reason:
+                reason += f"; {problem}"
             store.finish_run(run_id, "failed", reason=reason)
             self.ui.run_finished(point, repeat, "failed", {"reason": reason})
             return reason
@@ -397,8 +399,19 @@ class Runner:
                                 log_prefix=run_dir / "pgbench_log" if log else None)
         proc = PgbenchProcess(args, endpoints.primary, run_dir, name, on_progress=self.ui.progress)
         self._pgbench = proc
+        started = time.monotonic()
+        # a run that outlives its duration this long is stuck (commits waiting for a standby that is gone)
+        deadline = started + seconds + max(30.0, seconds) if seconds else None
         try:
-            rc = proc.wait()
+            while (rc := proc.poll_for(1.0)) is None:
+                if problem := target.health():
+                    proc.stop()
+                    raise RunFailed(f"{problem} ({time.monotonic() - started:.1f} s into the {name} run)")
+                if deadline is not None and time.monotonic() > deadline:
+                    proc.stop()
+                    raise RunFailed(f"pgbench did not end {time.monotonic() - started - seconds:.0f} s after its "
+                                    f"{seconds:g} s: transactions stuck (a synchronous standby not answering?)")
+            proc.wait()
         except BaseException:  # an interrupt while waiting: pgbench lives in its own session, stop it here
             proc.stop()
             raise

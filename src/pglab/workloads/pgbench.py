@@ -222,6 +222,13 @@ class PgbenchProcess:
                     if self.on_progress:
                         self.on_progress(p)
 
+    def poll_for(self, seconds: float) -> int | None:
+        """Wait up to ``seconds`` for pgbench to end; its exit code, or None while it still runs."""
+        try:
+            return self.proc.wait(timeout=seconds)
+        except subprocess.TimeoutExpired:
+            return None
+
     def wait(self, timeout: float | None = None) -> int:
         try:
             rc = self.proc.wait(timeout=timeout)
@@ -251,7 +258,8 @@ def finish_run(proc: PgbenchProcess, rc: int, log_prefix: Path, launched: float,
     if rc != 0:
         err = proc.stderr_path.read_text().strip().splitlines()
         last = [line for line in err if not line.startswith("progress:")][-2:]
-        raise PgbenchError(f"pgbench exited with code {rc}: {' / '.join(last) or 'no message'}")
+        how = f"was killed by {signal.Signals(-rc).name}" if rc < 0 else f"exited with code {rc}"
+        raise PgbenchError(f"pgbench {how}: {' / '.join(last) or 'no message'}")
     summary = parse_summary(out)
     log_files = sorted(log_prefix.parent.glob(log_prefix.name + ".*"))
     lat, end = read_transaction_log(log_files)

@@ -73,10 +73,10 @@ class Node:
         try:
             first = (self.data / "postmaster.pid").read_text().splitlines()[0]
             pid = int(first)
-            os.kill(pid, 0)
-            return pid
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
         except (OSError, ValueError, IndexError):
             return None
+        return None if state == "Z" else pid  # a killed postmaster may linger unreaped as a zombie
 
 
 class LocalLab:
@@ -151,6 +151,8 @@ class LocalLab:
     def provision(self, parameters: dict[str, Any]) -> Endpoints:
         if not self._started:
             self._create()
+        elif restarted := self.repair():
+            self.log(f"restarted {', '.join(restarted)} (found not running)")
         self._apply(parameters)
         return self.endpoints()
 
@@ -384,6 +386,23 @@ class LocalLab:
             name = next((n for n in parameters if f'"{n}"' in message), None)
             field = f"parameters.{name}" if name else "parameters"
             raise UserError(f"{field}: PostgreSQL rejects it ({message}); fix the plan.") from None
+
+    def repair(self) -> list[str]:
+        """Start again the instances found down (killed during a run): the primary first, through crash recovery,
+        then the standbys, which reconnect and catch up; wait until they stream. Returns the names restarted."""
+        down = [n for n in self.nodes if n.postmaster_pid() is None]
+        for node in down:
+            for attempt in range(20):
+                try:
+                    self._start(node)
+                    break
+                except LabError:  # a killed postmaster's backends may still hold its shared memory for a moment
+                    if attempt == 19:
+                        raise
+                    time.sleep(0.5)
+        if down:
+            self.wait_streaming()
+        return [n.name for n in down]
 
     def restart(self) -> None:
         """Rolling restart: standbys first, then the primary; wait until streaming again."""
