@@ -232,15 +232,28 @@ def test_environment_is_stored(sweep: Any) -> None:
     assert "name: e2e" in env["plan"]
 
 
-def test_no_password_in_artifacts(sweep: Any) -> None:
-    password = (sweep["lab"] / "secrets" / "pgpass").read_text().strip().rsplit(":", 1)[1]
+def test_no_password_in_artifacts(sweep: Any, tmp_path: Path) -> None:
+    """The generated password lives in two owner-only passfiles and nowhere else: not in the store, the run
+    folders, the server logs, the reports and exports, the lab's other files, the registry, nor the output."""
+    lab: Path = sweep["lab"]
+    passfiles = {lab / "secrets" / "pgpass", lab / "server" / "pgpass"}
+    password = (lab / "secrets" / "pgpass").read_text().strip().rsplit(":", 1)[1]
     assert len(password) >= 20
-    assert oct((sweep["lab"] / "secrets" / "pgpass").stat().st_mode & 0o777) == "0o600"
-    for path in sweep["results"].rglob("*"):
-        if path.is_file():
-            assert password.encode() not in path.read_bytes(), path
-    for log in (sweep["lab"] / "logs").iterdir():
-        assert password.encode() not in log.read_bytes()
+    for f in passfiles:
+        assert oct(f.stat().st_mode & 0o777) == "0o600"
+    assert oct((lab / "secrets").stat().st_mode & 0o777) == "0o700"
+    pglab("report", str(sweep["results"]), "--html", str(tmp_path / "report.html"), check=True)
+    pglab("export", str(sweep["results"]), "--format", "csv", "--to", str(tmp_path / "export"), check=True)
+    from pglab.targets.local.registry import state_dir
+
+    scanned = 0
+    for root in (sweep["results"], tmp_path, lab, state_dir()):
+        for path in root.rglob("*"):
+            if path.is_file() and path not in passfiles and not path.is_symlink():
+                assert password.encode() not in path.read_bytes(), path
+                scanned += 1
+    assert scanned > 100
+    assert password not in sweep["proc"].stdout + sweep["proc"].stderr
 
 
 def test_synced_writes_on_the_data_path_are_counted_on_its_device(sweep: Any) -> None:
