@@ -43,7 +43,7 @@ class ProgressView:
             SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
             TextColumn("{task.completed:.0f}/{task.total:.0f} runs"),
             TextColumn("[bold]{task.fields[tps]}"), TimeElapsedColumn(), TextColumn("ETA {task.fields[eta]}"),
-            console=console, transient=False,
+            console=console, transient=False, disable=not console.is_terminal,  # logs only when not a terminal
         )
         self.task: Any = None
         self.started = time.monotonic()

@@ -125,8 +125,9 @@ class LocalLab:
         except subprocess.TimeoutExpired:
             raise LabError(f"{Path(args[0]).name} did not finish within {timeout:.0f} s") from None
         if proc.returncode != 0:
-            tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
-            raise LabError(f"{Path(args[0]).name} failed: {' / '.join(tail)}")
+            lines = (proc.stderr or proc.stdout).strip().splitlines()
+            cause = [line for line in lines[:-3] if "No space left on device" in line][:1]  # the root cause first
+            raise LabError(f"{Path(args[0]).name} failed: {' / '.join(cause + lines[-3:])}")
         return proc
 
     def _bin(self, name: str) -> str:
@@ -250,6 +251,10 @@ class LocalLab:
             self._run([self._bin("initdb"), "-D", str(primary.data), "--waldir", str(primary.wal),
                        "-U", SUPERUSER, f"--pwfile={pwfile}", "--auth=scram-sha-256", "-E", "UTF8",
                        "--locale=C", "--no-sync", "--no-instructions"])
+        except LabError as exc:
+            wal_full = str(primary.wal) in str(exc) and self.spec.paths.wal
+            raise self._no_space(exc, "initdb", "target.local.paths.wal" if wal_full else "target.local.paths.data",
+                                 primary.wal.parent if wal_full else primary.data.parent) from None
         finally:
             pwfile.unlink(missing_ok=True)
         with open(primary.data / "postgresql.conf", "a") as f:
@@ -263,17 +268,21 @@ class LocalLab:
         )
         self._write_conf(primary)
         self._started = True  # from here on, teardown has something to stop
-        self._start(primary)
+        self._start(primary, may_move=True)
         with self.connect(primary, dbname="postgres") as conn:
             conn.execute(f"CREATE DATABASE {DBNAME}")
         for node in self.nodes[1:]:
             self.log(f"pg_basebackup {node.name} from {primary.name}")
             conninfo = (f"host=127.0.0.1 port={primary.port} user={SUPERUSER} "
                         f"passfile={self._server_passfile} application_name={node.name}")
-            self._run([self._bin("pg_basebackup"), "-D", str(node.data), "--waldir", str(node.wal), "-R",
-                       "-X", "stream", "-C", "-S", node.name, "-c", "fast", "--no-sync", "-d", conninfo])
+            try:
+                self._run([self._bin("pg_basebackup"), "-D", str(node.data), "--waldir", str(node.wal), "-R",
+                           "-X", "stream", "-C", "-S", node.name, "-c", "fast", "--no-sync", "-d", conninfo])
+            except LabError as exc:
+                raise self._no_space(exc, f"pg_basebackup of {node.name}", "target.local.paths.data",
+                                     node.data.parent) from None
             self._write_conf(node)
-            self._start(node)
+            self._start(node, may_move=True)
         self._sync_enabled = True
         self._write_conf(primary)
         with self.connect(primary) as conn:
@@ -310,13 +319,33 @@ class LocalLab:
         self._run([self._bin("pg_ctl"), "-D", str(node.data), "-w", "-t", str(int(timeout)), *args],
                   timeout=timeout + 10)
 
-    def _start(self, node: Node) -> None:
-        try:
-            self._pg_ctl(node, "-l", str(node.log), "start")
-        except LabError as exc:
-            tail = self.log_tail(node)
-            raise LabError(f"{node.name} did not start: {exc}; server log: {tail}") from None
+    def _start(self, node: Node, may_move: bool = False) -> None:
+        """Start a server. On its first start (``may_move``), a port taken meanwhile by another program (the
+        port was free when chosen) moves the node to another free port instead of failing."""
+        for _attempt in range(5):
+            try:
+                self._pg_ctl(node, "-l", str(node.log), "start")
+                break
+            except LabError as exc:
+                tail = self.log_tail(node)
+                if may_move and "Address already in use" in self.log_tail(node, 12):
+                    taken, node.port = node.port, free_port()
+                    self.log(f"port {taken} is taken by another program; {node.name} moves to port {node.port}")
+                    self._write_conf(node)
+                    continue
+                raise LabError(f"{node.name} did not start: {exc}; server log: {tail}") from None
+        else:
+            raise LabError(f"{node.name} did not start: every port tried was taken")
         self._write_state()
+
+    def _no_space(self, exc: LabError, what: str, field: str, path: Path) -> Exception:
+        """A full disk during the build is the user's to fix: say which path, not a program's stack of errors."""
+        if "No space left on device" in str(exc):
+            given = self.spec.paths.wal if field.endswith(".wal") else self.spec.paths.data
+            path = self._abs(given) if given else (self.lab_dir or path)
+            return UserError(f"{field}: no space left on the device of '{path}' during {what}; free some space "
+                             "there or choose another path.")
+        return exc
 
     def log_tail(self, node: Node, lines: int = 3) -> str:
         try:
