@@ -63,9 +63,10 @@ def expand(plan: Plan, cores: int | None = None) -> list[Point]:
     for combo in param_combos:
         params = dict(zip(names, combo, strict=True))
         for wl, sc, clients in itertools.product(m.workload, m.synchronous_commit, m.clients):
-            jobs_axis = m.jobs or [default_jobs(clients, cores)]
+            # pgbench cannot run more threads than clients: jobs [4, 8] at 2 clients are one point, not two
+            jobs_axis = dict.fromkeys(min(j, clients) for j in m.jobs or [default_jobs(clients, cores)])
             for jobs in jobs_axis:
-                points.append(Point(len(points), wl, clients, min(jobs, clients), sc, params))
+                points.append(Point(len(points), wl, clients, jobs, sc, params))
     return points
 
 

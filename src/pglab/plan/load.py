@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import re
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -9,28 +12,31 @@ import yaml
 from pydantic import ValidationError
 
 from pglab.errors import PlanError
-from pglab.plan.schema import BUILTIN_WORKLOADS, CustomWorkload, Plan
+from pglab.plan.schema import BUILTIN_WORKLOADS, CustomWorkload, Plan, show
 
 MAX_PLAN_BYTES = 1 << 20
 MAX_ALIASES = 100
+MAX_DEPTH = 64  # a plan is about 8 levels deep
+MAX_NODES = 200_000  # values in the plan once YAML aliases are expanded
 
 
 def load_plan(path: str | Path) -> tuple[Plan, str]:
     """Read and validate a plan file; return the plan and its text (stored with every run)."""
     p = Path(path)
+    label = str(path) if str(path).isprintable() else show(path, 200)  # the plan file, in messages
     try:
         if not p.is_file():
-            raise PlanError([f"{path}: no such plan file"])
+            raise PlanError([f"{label}: no such plan file"])
         raw = p.read_bytes()[: MAX_PLAN_BYTES + 1]
     except OSError as exc:
-        raise PlanError([f"{path}: cannot read the plan file ({exc.strerror})"]) from None
+        raise PlanError([f"{label}: cannot read the plan file ({exc.strerror})"]) from None
     if len(raw) > MAX_PLAN_BYTES:
-        raise PlanError([f"{path}: the plan file is larger than 1 MiB"])
+        raise PlanError([f"{label}: the plan file is larger than 1 MiB"])
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise PlanError([f"{path}: the plan is not UTF-8 text (bad byte at offset {exc.start})"]) from None
-    plan = parse_plan(text, source=str(path), base_dir=p.resolve().parent)
+        raise PlanError([f"{label}: the plan is not UTF-8 text (bad byte at offset {exc.start})"]) from None
+    plan = parse_plan(text, source=label, base_dir=p.resolve().parent)
     return plan, text
 
 
@@ -48,39 +54,184 @@ def parse_plan(text: str, source: str = "plan", base_dir: Path | None = None) ->
     return plan
 
 
+class _DuplicateKey(yaml.YAMLError):
+    def __init__(self, path: tuple[Any, ...], line: int):
+        self.path, self.line = path, line
+
+
+def _refuse_tag(loader: Any, node: yaml.Node) -> Any:
+    raise yaml.constructor.ConstructorError(None, None, f"the YAML tag {node.tag} is not allowed in a plan",
+                                            node.start_mark)
+
+
+_Loader: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml when it is there: 3-4 times faster
+
+
+class _PlanLoader(_Loader):  # type: ignore[misc]
+    """SafeLoader that refuses duplicate keys (naming their path) and tags a plan has no use for; dates stay text."""
+
+    paths: dict[int, tuple[Any, ...]]  # id(mapping node) → its path, from _inspect
+
+    def construct_mapping(self, node: yaml.Node, deep: bool = False) -> dict[Any, Any]:
+        if isinstance(node, yaml.MappingNode):
+            seen: set[Any] = set()
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue  # '<<: *base' may be overridden by the mapping's own keys
+                key = self.construct_object(key_node, deep=deep)
+                try:
+                    duplicate = key in seen
+                    seen.add(key)
+                except TypeError:
+                    continue  # unhashable: the base class says so
+                if duplicate:
+                    raise _DuplicateKey((*self.paths.get(id(node), ()), _Key(key)), key_node.start_mark.line + 1)
+        return super().construct_mapping(node, deep=deep)  # type: ignore[no-any-return]
+
+
+_PlanLoader.add_constructor("tag:yaml.org,2002:timestamp", yaml.SafeLoader.construct_yaml_str)  # dates: text
+for _tag in ("binary", "set", "omap", "pairs"):
+    _PlanLoader.add_constructor(f"tag:yaml.org,2002:{_tag}", _refuse_tag)
+
+
 def _yaml(text: str, source: str) -> Any:
     if "\x00" in text:
         raise PlanError([f"{source}: the plan contains a NUL character"])
     try:
-        aliases = sum(1 for ev in yaml.parse(text, Loader=yaml.SafeLoader) if isinstance(ev, yaml.AliasEvent))
-        if aliases > MAX_ALIASES:
-            raise PlanError([f"{source}: the plan uses more than {MAX_ALIASES} YAML aliases; write it out"])
-        return yaml.safe_load(text)
+        _shape(text, source)
+        loader = _PlanLoader(text)
+        try:
+            node = loader.get_single_node()
+            if node is None:
+                return None
+            loader.paths = _inspect(node, source)
+            return loader.construct_document(node)
+        finally:
+            loader.dispose()
+    except _DuplicateKey as exc:
+        raise PlanError([f"{field_path(exc.path)}: duplicate key (line {exc.line}); keep only one"]) from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise PlanError([f"{source}: not valid YAML{where}: {problem}"]) from None
+        problem = (getattr(exc, "problem", None) or str(exc).splitlines()[0]).replace("tag:yaml.org,2002:", "!!")
+        raise PlanError([f"{source}: not valid YAML{where}: {show(problem, 120)[1:-1]}"]) from None
+    except ValueError as exc:  # int() refuses more than 4300 digits
+        what = "a number with thousands of digits" if "digits" in str(exc) else show(exc, 120)
+        raise PlanError([f"{source}: the plan holds a value YAML cannot read ({what})"]) from None
     except RecursionError:
         raise PlanError([f"{source}: the plan is nested too deeply"]) from None
 
 
-def field_path(loc: tuple[Any, ...]) -> str:
-    out = ""
-    for part in loc:
-        if isinstance(part, int):
-            out += f"[{part}]"
-        else:
-            out += ("." if out else "") + str(part)
-    return out or "plan"
+def _shape(text: str, source: str) -> None:
+    """Refuse, from the YAML events alone (no recursion), plans nested too deeply or with too many aliases."""
+    depth = aliases = 0
+    for event in yaml.parse(text, Loader=_Loader):
+        if isinstance(event, yaml.CollectionStartEvent):
+            depth += 1
+            if depth > MAX_DEPTH:
+                raise PlanError([f"{source}: the plan is nested too deeply (more than {MAX_DEPTH} levels)"])
+        elif isinstance(event, yaml.CollectionEndEvent):
+            depth -= 1
+        elif isinstance(event, yaml.AliasEvent):
+            aliases += 1
+            if aliases > MAX_ALIASES:
+                raise PlanError([f"{source}: the plan uses more than {MAX_ALIASES} YAML aliases; write it out"])
+
+
+def _inspect(root: yaml.Node, source: str) -> dict[int, tuple[Any, ...]]:
+    """Walk the node graph once: refuse an alias inside its own anchor and plans that aliases blow up
+    (each node's expanded size is counted once, so this is linear); return the path of every mapping."""
+    paths: dict[int, tuple[Any, ...]] = {}
+    sizes: dict[int, int] = {}
+    active: set[int] = set()
+
+    def size(node: yaml.Node, path: tuple[Any, ...]) -> int:
+        if id(node) in sizes:
+            return sizes[id(node)]
+        if id(node) in active:
+            line = node.start_mark.line + 1
+            raise PlanError([f"{source}: the YAML anchor at line {line} is used inside itself (a loop)"])
+        active.add(id(node))
+        total = 1
+        if isinstance(node, yaml.MappingNode):
+            paths[id(node)] = path
+            for key_node, value_node in node.value:
+                key = _Key(key_node.value if isinstance(key_node, yaml.ScalarNode) else "?")
+                total += size(key_node, path) + size(value_node, (*path, key))
+        elif isinstance(node, yaml.SequenceNode):
+            for i, item in enumerate(node.value):
+                total += size(item, (*path, i))
+        active.discard(id(node))
+        sizes[id(node)] = total
+        if total > MAX_NODES:
+            raise PlanError([f"{source}: the plan expands to more than {MAX_NODES} values through YAML aliases; "
+                             "write it out"])
+        return total
+
+    size(root, ())
+    return paths
 
 
 _MODEL_TAGS = {"CustomWorkload"}
-_SCALAR_TAGS = {"str", "int", "float", "bool"}
 
 
-def _union_tag(part: Any) -> bool:
-    return isinstance(part, str) and (part in _MODEL_TAGS or part in _SCALAR_TAGS or part.startswith("literal["))
+class _Key:
+    """A mapping key in a path (a bare int in a pydantic location is a list index)."""
+
+    def __init__(self, key: Any):
+        self.key = key
+
+
+_PLAIN = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,62}")
+
+
+def _key_text(key: Any) -> str:
+    if isinstance(key, str):
+        return key if _PLAIN.fullmatch(key) else show(key, 40)
+    if key is None:
+        return "null"
+    if isinstance(key, bool):
+        return "true" if key else "false"
+    if isinstance(key, int | float):
+        return show(key, 40)[1:-1]
+    return show(key, 40)
+
+
+def field_path(loc: tuple[Any, ...]) -> str:
+    """``matrix.workload[0].scripts[1].file``; keys that are not plain names are quoted, e.g. ``run.'a b'``."""
+    out = ""
+    for part in loc:
+        if isinstance(part, int) and not isinstance(part, bool):
+            out += f"[{part}]"
+        else:
+            key = part.key if isinstance(part, _Key) else part
+            out += ("." if out else "") + _key_text(key)
+    return out or "plan"
+
+
+def _union_cut(loc: tuple[Any, ...]) -> int | None:
+    """Where the branch tag sits in an error location inside the schema's one union: matrix.workload[i] is a
+    built-in name or a custom workload (matched by position, so a user's key named like a tag is no tag)."""
+    if (len(loc) > 3 and loc[:2] == ("matrix", "workload") and isinstance(loc[2], int) and isinstance(loc[3], str)
+            and (loc[3] in _MODEL_TAGS or loc[3].startswith("literal["))):
+        return 3
+    return None
+
+
+def _location(err: Any) -> tuple[Any, ...]:
+    """pydantic's location with mapping keys marked as keys (a bare int is a list index)."""
+    loc = list(err["loc"])
+    if "[key]" in loc:  # a dict's key failed its own validation: loc is (..., key, '[key]')
+        i = loc.index("[key]")
+        loc[i - 1 : i + 1] = [_Key(err.get("input", loc[i - 1]))]
+    elif err["type"] == "invalid_key" and loc:  # a key that is not text: pydantic's loc shows it mangled
+        loc[-1] = _Key(err.get("input"))
+    elif err["type"] == "extra_forbidden" and loc:
+        loc[-1] = _Key(loc[-1])
+    at = (err.get("ctx") or {}).get("at")
+    if at:
+        loc += at.split(".")
+    return tuple(loc)
 
 
 def format_errors(exc: ValidationError) -> list[str]:
@@ -92,8 +243,8 @@ def format_errors(exc: ValidationError) -> list[str]:
     lines: list[str] = []
     skipped: list[tuple[Any, ...]] = []
     for err in exc.errors(include_url=False):
-        loc = tuple(err["loc"])
-        cut = next((i for i, part in enumerate(loc) if i > 0 and _union_tag(part)), None)
+        loc = _location(err)
+        cut = _union_cut(loc)
         if cut is None:
             line = f"{field_path(loc)}: {_message(err)}"
         else:
@@ -119,8 +270,6 @@ def _union_message(loc: tuple[Any, ...]) -> str:
     if "workload" in loc:
         return (f"must be one of {', '.join(BUILTIN_WORKLOADS)}, or a custom workload "
                 "{name: ..., scripts: [{file: ..., weight: ...}]}")
-    if "parameters" in loc:
-        return "must be a string, a number or a boolean"
     return "has the wrong type"
 
 
@@ -128,8 +277,10 @@ def _message(err: Any) -> str:
     kind = err["type"]
     if kind == "missing":
         return "is required"
-    if kind == "extra_forbidden":
+    if kind in ("extra_forbidden", "invalid_key"):
         return "unknown field; remove it or check its spelling"
+    if "[key]" in err["loc"] and kind == "string_type":
+        return "is not a valid name; names here are text"
     msg = str(err["msg"])
     for prefix in ("Value error, ", "Assertion failed, "):
         msg = msg.removeprefix(prefix)
@@ -138,31 +289,53 @@ def _message(err: Any) -> str:
         return "must be a mapping (key: value)"
     if kind == "list_type":
         return "must be a list"
+    if kind in ("too_short", "too_long"):
+        ctx = err.get("ctx") or {}
+        if kind == "too_short":
+            low = ctx.get("min_length")
+            return "must not be empty" if low == 1 else f"must have at least {low} items"
+        return f"must have at most {ctx.get('max_length')} items"
     return msg
 
 
 def _check_files(plan: Plan, base_dir: Path) -> list[str]:
-    problems = []
+    """Files the plan names must be readable regular files inside the plan's folder (symbolic links included)."""
+    files: list[tuple[str, str]] = []
     for i, wl in enumerate(plan.matrix.workload):
-        if not isinstance(wl, CustomWorkload):
-            continue
-        for j, script in enumerate(wl.scripts):
-            if script.file is None:
-                continue
-            f = resolve_path(script.file, base_dir)
-            if not f.is_file():
-                problems.append(f"matrix.workload[{i}].scripts[{j}].file: no such file '{script.file}' "
-                                "(relative paths are relative to the plan's folder)")
-            elif f.stat().st_size > MAX_PLAN_BYTES:
-                problems.append(f"matrix.workload[{i}].scripts[{j}].file: '{script.file}' is larger than 1 MiB")
+        if isinstance(wl, CustomWorkload):
+            files += [(f"matrix.workload[{i}].scripts[{j}].file", s.file) for j, s in enumerate(wl.scripts) if s.file]
     if plan.storage is not None:
-        for i, name in enumerate(plan.storage.job_files):
-            if not resolve_path(name, base_dir).is_file():
-                problems.append(f"storage.job_files[{i}]: no such file '{name}' "
-                                "(relative paths are relative to the plan's folder)")
+        files += [(f"storage.job_files[{i}]", name) for i, name in enumerate(plan.storage.job_files)]
+    problems = []
+    for field, name in files:
+        problem = _file_problem(name, base_dir)
+        if problem:
+            problems.append(f"{field}: {problem}")
     return problems
 
 
+def _file_problem(name: str, base_dir: Path) -> str | None:
+    shown = show(name)
+    try:
+        base = base_dir.resolve()
+        if not (base / name).resolve().is_relative_to(base):
+            return f"{shown} leads out of the plan's folder (through a symbolic link); copy the file next to the plan"
+        f = base_dir / name  # as pgbench and fio will open it ('missing/../x.sql' does not resolve on disk)
+        st = f.stat()
+    except (FileNotFoundError, NotADirectoryError):
+        return f"no such file {shown} (relative paths are relative to the plan's folder)"
+    except (OSError, RuntimeError) as exc:  # RuntimeError: a symbolic link loop (Python < 3.13)
+        reason = getattr(exc, "strerror", None) or "symbolic link loop"
+        return f"cannot read {shown} ({reason})"
+    if not stat.S_ISREG(st.st_mode):
+        return f"{shown} is not a regular file"
+    if st.st_size > MAX_PLAN_BYTES:
+        return f"{shown} is larger than 1 MiB"
+    if not os.access(f, os.R_OK):
+        return f"cannot read {shown} (permission denied)"
+    return None
+
+
 def resolve_path(value: str, base_dir: Path) -> Path:
-    p = Path(value).expanduser()
-    return p if p.is_absolute() else (base_dir / p)
+    """Where a file named in the plan is: relative to the plan's folder (the schema refuses other paths)."""
+    return base_dir / value

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+import posixpath
 import re
 from typing import Annotated, Any, Literal
 
@@ -10,10 +12,104 @@ from pydantic_core import PydanticCustomError
 
 BUILTIN_WORKLOADS = ("tpcb-like", "select-only", "simple-update")
 SYNC_COMMIT_LEVELS = ("off", "local", "remote_write", "on", "remote_apply")
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|min|h)?\s*$")
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
-_PARAM = re.compile(r"^[a-z_][a-z0-9_.]{0,62}$")
+_DURATION = re.compile(r"\s*(\d+(?:\.\d+)?)\s*(ms|s|m|min|h)?\s*", re.ASCII)
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
+_PARAM = re.compile(r"[a-z_][a-z0-9_.]{0,62}")
+_USER = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,31}")
+_CURRENCY = re.compile(r"[A-Z]{3}")
+_LABEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9_ .-]{0,62}")
 MAX_CLIENTS = 10_000
+MAX_SCALE = 100_000
+MAX_PARTITIONS = 10_000
+MAX_WEIGHT = 10_000
+MAX_TRANSACTIONS = 1_000_000_000
+MAX_REPEATS = 1000
+MAX_RATE = 10_000_000
+MAX_PRICE = 1e12
+MAX_POINTS = 10_000
+MAX_RUNS = 100_000
+MAX_TEXT = 4096  # paths and free text; PATH_MAX on Linux
+MAX_VALUE = 1024  # a PostgreSQL parameter value given as text
+WEEK = 7 * 24 * 3600
+_INT64 = 1 << 63
+
+
+def show(value: object, limit: int = 60) -> str:
+    """A value for a one-line message: quoted, at most ``limit`` characters, control characters escaped."""
+    try:
+        text = str(value)
+    except ValueError:  # an int too long to print
+        return "a number with thousands of digits"
+    cut = len(text) > limit
+    text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text[:limit])
+    return "'" + text + ("…'" if cut else "'")
+
+
+def _int_between(low: int, high: int, what: str = "a positive integer") -> Any:
+    def check(value: Any) -> int:
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise PydanticCustomError("int", f"must be {what}")
+        if value > high:
+            raise PydanticCustomError("int", "must be at most {high}", {"high": high})
+        return value
+
+    return BeforeValidator(check)
+
+
+def _number_between(low: float, high: float, *, low_open: bool = False) -> Any:
+    """A YAML number (not a string, not a boolean), finite, in [low, high] (or (low, high])."""
+
+    def check(value: Any) -> float:
+        if isinstance(value, bool) or not isinstance(value, int | float) or (
+                isinstance(value, float) and not math.isfinite(value)):  # an int is exact, however large
+            raise PydanticCustomError("number", "must be a number")
+        if value < low or (low_open and value == low):
+            raise PydanticCustomError("number", "must be greater than {low}" if low_open else "must be at least {low}",
+                                      {"low": f"{low:g}"})
+        if value > high:
+            raise PydanticCustomError("number", "must be at most {high}", {"high": f"{high:g}"})
+        return float(value)
+
+    return BeforeValidator(check)
+
+
+def _control_chars(text: str, multiline: bool) -> bool:
+    allowed = "\n\t" if multiline else ""
+    return any(not c.isprintable() and c not in allowed for c in text)
+
+
+def _text(limit: int = MAX_TEXT, *, multiline: bool = False, pattern: re.Pattern[str] | None = None,
+          what: str = "text") -> Any:
+    def check(value: Any) -> str:
+        if not isinstance(value, str):
+            raise PydanticCustomError("text", f"must be {what}")
+        if len(value) > limit:
+            raise PydanticCustomError("text", "must be at most {limit} characters long", {"limit": limit})
+        if _control_chars(value, multiline):
+            raise PydanticCustomError("text", "must not contain control characters (line breaks, tabs, NUL)"
+                                      if not multiline else "must not contain control characters (NUL …)")
+        if pattern is not None and not pattern.fullmatch(value):
+            raise PydanticCustomError("text", f"must be {what}")
+        return value
+
+    return BeforeValidator(check)
+
+
+def _plan_file(value: Any) -> str:
+    """A file next to the plan: a relative path that stays inside the plan's folder (checked again on disk)."""
+    if not isinstance(value, str) or not value.strip():
+        raise PydanticCustomError("file", "must be the path of a file, relative to the plan's folder")
+    if len(value) > MAX_TEXT:
+        raise PydanticCustomError("file", "must be at most {limit} characters long", {"limit": MAX_TEXT})
+    if _control_chars(value, multiline=False):
+        raise PydanticCustomError("file", "must not contain control characters (line breaks, tabs, NUL)")
+    if value.startswith(("/", "~")):
+        raise PydanticCustomError("file", "must be relative to the plan's folder, not {shown}; copy the file next "
+                                  "to the plan", {"shown": "an absolute path" if value[0] == "/" else "'~'"})
+    if posixpath.normpath(value).split("/")[0] == "..":
+        raise PydanticCustomError("file", "{shown} leads out of the plan's folder; copy the file next to the plan",
+                                  {"shown": show(value)})
+    return value
 
 
 def _positive_int(value: Any) -> int:
@@ -22,51 +118,70 @@ def _positive_int(value: Any) -> int:
     return value
 
 
-def _non_negative_int(value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise PydanticCustomError("non_negative_int", "must be an integer ≥ 0")
-    return value
-
-
 def _seconds(value: Any) -> float:
     """Accept 60, 60.5, "60s", "500ms", "2m", "1h"; return seconds."""
     if isinstance(value, bool):
         raise PydanticCustomError("duration", "must be a duration such as 30, '30s', '2m' or '500ms'")
+    if isinstance(value, int) and not 0 <= value <= WEEK:  # before float(): a huge int does not fit one
+        raise PydanticCustomError("duration", "must be between 0 and one week")
     if isinstance(value, int | float):
         seconds = float(value)
-    elif isinstance(value, str) and (m := _DURATION.match(value)):
+    elif isinstance(value, str) and len(value) <= 64 and (m := _DURATION.fullmatch(value)):
         unit = m.group(2) or "s"
         seconds = float(m.group(1)) * {"ms": 0.001, "s": 1, "m": 60, "min": 60, "h": 3600}[unit]
     else:
         raise PydanticCustomError("duration", "must be a duration such as 30, '30s', '2m' or '500ms'")
-    if not 0 <= seconds <= 7 * 24 * 3600:
+    if not 0 <= seconds <= WEEK:  # also refuses NaN
         raise PydanticCustomError("duration", "must be between 0 and one week")
     return seconds
 
 
+def _param_value(value: Any) -> str | int | float | bool:
+    """A PostgreSQL parameter value: text (one line, written quoted into postgresql.conf), a number or a boolean."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int):
+        if not -_INT64 <= value < _INT64:
+            raise PydanticCustomError("param_value", "must be a number PostgreSQL can hold (64 bits at most)")
+        return value
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise PydanticCustomError("param_value", "must be a finite number")
+        return value
+    if isinstance(value, str):
+        if len(value) > MAX_VALUE:
+            raise PydanticCustomError("param_value", "must be at most {limit} characters long", {"limit": MAX_VALUE})
+        if _control_chars(value, multiline=False):
+            raise PydanticCustomError("param_value", "must not contain control characters (line breaks, tabs, NUL)")
+        return value
+    raise PydanticCustomError("param_value", "must be a string, a number or a boolean")
+
+
 PositiveInt = Annotated[int, BeforeValidator(_positive_int)]
-NonNegativeInt = Annotated[int, BeforeValidator(_non_negative_int)]
 Seconds = Annotated[float, BeforeValidator(_seconds)]
-ParamValue = str | int | float | bool
+ParamValue = Annotated[str | int | float | bool, BeforeValidator(_param_value)]
+PlanFile = Annotated[str, BeforeValidator(_plan_file)]
+Text = Annotated[str, _text()]
+Clients = Annotated[int, _int_between(1, MAX_CLIENTS)]
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class Synchronous(Strict):
     """Quorum (``any``) or priority (``first``) synchronous replication: ``ANY number (standbys…)``."""
 
     method: Literal["any", "first"] = "any"
-    number: PositiveInt = 1
+    number: Annotated[int, _int_between(1, 8)] = 1
 
 
 class LabPaths(Strict):
     """Where the lab lives. ``data`` and ``wal`` may be on different devices to separate WAL."""
 
-    lab: str | None = Field(None, description="lab directory (default: a new temporary directory)")
-    data: str | None = Field(None, description="base directory of the data directories (default: lab)")
-    wal: str | None = Field(None, description="base directory of the WAL directories (default: lab)")
+    lab: Text | None = Field(None, description="lab directory (default: a new temporary directory)")
+    data: Text | None = Field(None, description="base directory of the data directories (default: lab)")
+    wal: Text | None = Field(None, description="base directory of the WAL directories (default: lab)")
 
 
 class LocalTarget(Strict):
@@ -75,8 +190,9 @@ class LocalTarget(Strict):
         default_factory=Synchronous, description="null for asynchronous replication"
     )
     paths: LabPaths = Field(default_factory=LabPaths)
-    run_as: str | None = Field(None, description="unprivileged user for the servers when pglab runs as root")
-    bindir: str | None = Field(None, description="PostgreSQL bin directory (default: newest installed)")
+    run_as: Annotated[str, _text(32, pattern=_USER, what="a user name")] | None = Field(
+        None, description="unprivileged user for the servers when pglab runs as root")
+    bindir: Text | None = Field(None, description="PostgreSQL bin directory (default: newest installed)")
 
     @field_validator("instances")
     @classmethod
@@ -121,8 +237,8 @@ class Postgres(Strict):
 
 
 def _check_param_name(name: str) -> None:
-    if not _PARAM.match(name):
-        raise PydanticCustomError("param", "'{name}' is not a PostgreSQL parameter name", {"name": name[:64]})
+    if not _PARAM.fullmatch(name):
+        raise PydanticCustomError("param", "{name} is not a PostgreSQL parameter name", {"name": show(name)})
     if name in ("port", "listen_addresses", "unix_socket_directories", "synchronous_standby_names",
                 "primary_conninfo", "data_directory", "hba_file", "ident_file", "include", "include_dir"):
         raise PydanticCustomError(
@@ -135,8 +251,8 @@ def _check_param_name(name: str) -> None:
 
 
 class Dataset(Strict):
-    scale: PositiveInt = 10
-    partitions: PositiveInt | None = None
+    scale: Annotated[int, _int_between(1, MAX_SCALE)] = 10
+    partitions: Annotated[int, _int_between(1, MAX_PARTITIONS)] | None = None
     reset: Literal["vacuum", "reinit"] = Field(
         "vacuum",
         description="before each run: 'vacuum' (truncate history, VACUUM ANALYZE, CHECKPOINT) "
@@ -148,26 +264,24 @@ class Script(Strict):
     """One part of a mixed workload: a built-in script or a custom file, with a weight (pgbench @W)."""
 
     builtin: Literal["tpcb-like", "select-only", "simple-update"] | None = None
-    file: str | None = None
-    weight: PositiveInt = 1
+    file: PlanFile | None = Field(None, description="pgbench script, relative to the plan's folder")
+    weight: Annotated[int, _int_between(1, MAX_WEIGHT)] = 1
 
     @model_validator(mode="after")
     def _one(self) -> Script:
         if (self.builtin is None) == (self.file is None):
             raise PydanticCustomError("script", "give exactly one of 'builtin' or 'file'")
-        if self.file is not None and ("\x00" in self.file or not self.file.strip()):
-            raise PydanticCustomError("script", "'file' must be a path to a pgbench script")
         return self
 
 
 class CustomWorkload(Strict):
     name: str
-    scripts: list[Script] = Field(min_length=1)
+    scripts: list[Script] = Field(min_length=1, max_length=100)
 
     @field_validator("name")
     @classmethod
     def _name(cls, v: str) -> str:
-        if not _NAME.match(v):
+        if not _NAME.fullmatch(v):
             raise PydanticCustomError("name", "must be 1-63 letters, digits, '-', '_' or '.'")
         if v in BUILTIN_WORKLOADS:
             raise PydanticCustomError("name", "'{name}' is a built-in workload name", {"name": v})
@@ -182,18 +296,15 @@ class Matrix(Strict):
     """Axes; every combination is one point."""
 
     workload: list[Workload] = Field(default_factory=lambda: ["tpcb-like"], min_length=1)
-    clients: list[PositiveInt] = Field(default_factory=lambda: [1], min_length=1)
-    jobs: list[PositiveInt] | None = Field(None, description="default: min(clients, cores)")
+    clients: list[Clients] = Field(default_factory=lambda: [1], min_length=1)
+    jobs: list[Clients] | None = Field(None, min_length=1, description="default: min(clients, cores)")
     synchronous_commit: list[SyncCommit] = Field(default_factory=lambda: ["on"], min_length=1)
     parameters: dict[str, list[ParamValue]] = Field(default_factory=dict)
 
-    @field_validator("clients")
+    @field_validator("clients", "jobs")
     @classmethod
-    def _clients(cls, v: list[int]) -> list[int]:
-        for c in v:
-            if c > MAX_CLIENTS:
-                raise PydanticCustomError("clients", "must be at most {n}", {"n": MAX_CLIENTS})
-        return _unique(v)
+    def _clients(cls, v: list[int] | None) -> list[int] | None:
+        return v if v is None else _unique(v)
 
     @field_validator("synchronous_commit")
     @classmethod
@@ -207,7 +318,9 @@ class Matrix(Strict):
             _check_param_name(name)
             if not values:
                 raise PydanticCustomError("param", "axis 'parameters.{name}' needs at least one value",
-                                          {"name": name})
+                                          {"name": name, "at": name})
+            if len({(type(x), x) for x in values}) != len(values):
+                raise PydanticCustomError("param", "values must be unique", {"at": name})
         return v
 
     @field_validator("workload")
@@ -218,6 +331,23 @@ class Matrix(Strict):
             raise PydanticCustomError("workload", "workload names must be unique")
         return v
 
+    @model_validator(mode="after")
+    def _size(self) -> Matrix:
+        axes = {"workload": len(self.workload), "synchronous_commit": len(self.synchronous_commit),
+                "clients": len(self.clients), "jobs": len(self.jobs or [1])}
+        axes.update({f"parameters.{name}": len(values) for name, values in self.parameters.items()})
+        if math.prod(axes.values()) > MAX_POINTS:
+            sizes = " × ".join(f"{n} {axis}" for axis, n in axes.items() if n > 1)
+            raise PydanticCustomError("matrix", "{sizes} make {points} points, more than {max}; shorten an axis",
+                                      {"sizes": sizes, "points": math.prod(axes.values()), "max": MAX_POINTS})
+        return self
+
+    @property
+    def points(self) -> int:
+        """How many points the axes make (at most; see expand)."""
+        return math.prod([len(self.workload), len(self.synchronous_commit), len(self.clients), len(self.jobs or [1]),
+                          *(len(values) for values in self.parameters.values())])
+
 
 def _unique(values: list[Any]) -> list[Any]:
     if len(set(values)) != len(values):
@@ -227,22 +357,28 @@ def _unique(values: list[Any]) -> list[Any]:
 
 class Run(Strict):
     duration: Seconds | None = Field(None, description="measured seconds per run (default 60 s)")
-    transactions: PositiveInt | None = Field(None, description="transactions per client instead of duration")
+    transactions: Annotated[int, _int_between(1, MAX_TRANSACTIONS)] | None = Field(
+        None, description="transactions per client instead of duration")
     warmup: Seconds = Field(0.0, description="run before the measured window, outside it")
-    repeats: PositiveInt = 1
-    rate: float | None = Field(None, gt=0, description="target transactions/s (pgbench -R)")
-    sampling_rate: float = Field(1.0, gt=0, le=1, description="share of transactions logged (pgbench --sampling-rate)")
+    repeats: Annotated[int, _int_between(1, MAX_REPEATS)] = 1
+    rate: Annotated[float, _number_between(0, MAX_RATE, low_open=True)] | None = Field(
+        None, description="target transactions/s (pgbench -R)")
+    sampling_rate: Annotated[float, _number_between(0, 1, low_open=True)] = Field(
+        1.0, description="share of transactions logged (pgbench --sampling-rate)")
     protocol: Literal["simple", "extended", "prepared"] = "simple"
     pause: Seconds = Field(0.0, description="idle seconds between runs")
+
+    @field_validator("duration")
+    @classmethod
+    def _duration(cls, v: float | None) -> float | None:
+        if v is not None and v < 1:
+            raise PydanticCustomError("run", "must be at least 1 second")
+        return v
 
     @model_validator(mode="after")
     def _duration_or_tx(self) -> Run:
         if self.duration is not None and self.transactions is not None:
             raise PydanticCustomError("run", "give either 'duration' or 'transactions', not both")
-        if self.duration is not None and self.duration < 1:
-            raise PydanticCustomError("run", "'duration' must be at least 1 second")
-        if self.repeats > 1000:
-            raise PydanticCustomError("run", "'repeats' must be at most 1000")
         return self
 
     @property
@@ -253,17 +389,36 @@ class Run(Strict):
 
 
 class Probes(Strict):
-    wait_hz: float = Field(5.0, ge=1, le=50, description="wait-event sampling rate")
+    wait_hz: Annotated[float, _number_between(1, 50)] = Field(5.0, description="wait-event sampling rate")
     enabled: bool = True
 
 
-_SIZE = re.compile(r"^\s*\d+(\.\d+)?\s*([kmgt]i?b?)?\s*$", re.IGNORECASE)
+_SIZE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([kmgtp]?)(i?b?)\s*", re.IGNORECASE | re.ASCII)
+_SIZE_UNITS = {"": 0, "k": 1, "m": 2, "g": 3, "t": 4, "p": 5}
+MIN_SIZE, MAX_SIZE = 1 << 20, 1 << 50
 
 
 def _size(value: Any) -> str:
-    if isinstance(value, bool) or not isinstance(value, int | str) or not _SIZE.match(str(value)):
-        raise PydanticCustomError("size", "must be a size such as 256MiB, 1GiB or a number of bytes")
-    return str(value)
+    """A fio size: bytes, or a number with a binary unit (fio's kb_base=1024): 256MiB, 1G, 512m; 1 MiB … 1 PiB."""
+    bad = "must be a size such as 256MiB, 1GiB or a number of bytes"
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        raise PydanticCustomError("size", bad)
+    if isinstance(value, int):
+        size = value
+    else:
+        m = _SIZE.fullmatch(value) if len(value) <= 64 else None
+        if not m or (m.group(2) == "" and m.group(3).lower() not in ("", "b")):
+            raise PydanticCustomError("size", bad)
+        exact = float(m.group(1)) * 1024 ** _SIZE_UNITS[m.group(2).lower()]
+        if not math.isfinite(exact) or exact > MAX_SIZE:
+            size = MAX_SIZE + 1
+        elif exact != int(exact):
+            raise PydanticCustomError("size", "must be a whole number of bytes")
+        else:
+            size = int(exact)
+    if not MIN_SIZE <= size <= MAX_SIZE:
+        raise PydanticCustomError("size", "must be between 1 MiB and 1 PiB")
+    return str(value).strip()
 
 
 class Storage(Strict):
@@ -272,7 +427,8 @@ class Storage(Strict):
     profiles: list[Literal["randread-8k", "randwrite-8k", "wal-fdatasync-8k", "seqread-1m", "seqwrite-1m",
                            "mixed-70-30-8k"]] = Field(
         default_factory=lambda: ["randread-8k", "randwrite-8k", "wal-fdatasync-8k", "seqwrite-1m"])
-    job_files: list[str] = Field(default_factory=list, description="custom fio job files (plan-relative)")
+    job_files: list[PlanFile] = Field(default_factory=list, max_length=100,
+                                      description="custom fio job files (relative to the plan's folder)")
     runtime: Seconds = Field(30.0, description="seconds per fio job")
     size: Annotated[str, BeforeValidator(_size)] = Field("1GiB", description="size of each job's test file")
     paths: list[Literal["data", "wal"]] = Field(default_factory=lambda: ["data", "wal"], min_length=1)
@@ -284,13 +440,21 @@ class Storage(Strict):
             raise PydanticCustomError("runtime", "must be at least 1 second")
         return v
 
+    @field_validator("profiles", "paths")
+    @classmethod
+    def _distinct(cls, v: list[str]) -> list[str]:
+        return _unique(v)
+
 
 class Cost(Strict):
     """What the configuration costs per month, to turn TPS into cost per TPS."""
 
-    monthly: float = Field(gt=0, description="price per month of the whole configuration")
-    currency: str = Field("USD", pattern=r"^[A-Z]{3}$")
-    breakdown: dict[str, float] = Field(default_factory=dict, description="optional parts (compute, storage …)")
+    monthly: Annotated[float, _number_between(0, MAX_PRICE, low_open=True)] = Field(
+        description="price per month of the whole configuration")
+    currency: Annotated[str, _text(64, pattern=_CURRENCY, what="a currency code such as USD or EUR")] = "USD"
+    breakdown: dict[Annotated[str, _text(63, pattern=_LABEL, what="a label (letters, digits, ' ', '-', '_', '.')")],
+                    Annotated[float, _number_between(0, MAX_PRICE)]] = Field(
+        default_factory=dict, description="optional parts (compute, storage …)")
 
     @model_validator(mode="after")
     def _parts_add_up(self) -> Cost:
@@ -304,7 +468,7 @@ class Cost(Strict):
 
 class Plan(Strict):
     name: str
-    description: str | None = None
+    description: Annotated[str, _text(MAX_TEXT, multiline=True)] | None = None
     target: Target = Field(default_factory=lambda: Target(local=LocalTarget()))
     postgres: Postgres = Field(default_factory=Postgres)
     dataset: Dataset = Field(default_factory=Dataset)
@@ -317,6 +481,16 @@ class Plan(Strict):
     @field_validator("name")
     @classmethod
     def _name(cls, v: str) -> str:
-        if not _NAME.match(v):
+        if not _NAME.fullmatch(v):
             raise PydanticCustomError("name", "must be 1-63 letters, digits, '-', '_' or '.'")
         return v
+
+    @model_validator(mode="after")
+    def _runs(self) -> Plan:
+        runs = self.matrix.points * self.run.repeats
+        if runs > MAX_RUNS:
+            raise PydanticCustomError("plan", "{points} points × {repeats} repeats make {runs} runs, more than "
+                                      "{max}; lower run.repeats or shorten an axis",
+                                      {"points": self.matrix.points, "repeats": self.run.repeats, "runs": runs,
+                                       "max": MAX_RUNS, "at": "run.repeats"})
+        return self
