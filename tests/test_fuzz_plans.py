@@ -108,8 +108,8 @@ LEAVES: dict[Path_, str] = {
     ("matrix", "workload", 2, "scripts", 0, "builtin"): "literal",
     ("matrix", "workload", 2, "scripts", 0, "weight"): "int",
     ("matrix", "workload", 2, "scripts", 1, "weight"): "int",
-    ("matrix", "synchronous_commit", 0): "literal",
-    ("matrix", "synchronous_commit", 2): "literal",
+    ("matrix", "synchronous_commit", 0): "level",
+    ("matrix", "synchronous_commit", 2): "level",
     ("matrix", "clients", 0): "int",
     ("matrix", "clients", 2): "int",
     ("matrix", "jobs", 1): "int",
@@ -132,7 +132,7 @@ LEAVES: dict[Path_, str] = {
 # the mappings that are models (unknown keys are refused) and their fields
 MODELS: dict[Path_, set[str]] = {
     (): {"name", "description", "target", "postgres", "dataset", "matrix", "run", "probes", "storage", "cost"},
-    ("target",): {"local"},
+    ("target",): {"local", "external"},
     ("target", "local"): {"instances", "synchronous", "paths", "run_as", "bindir"},
     ("target", "local", "synchronous"): {"method", "number"},
     ("target", "local", "paths"): {"lab", "data", "wal"},
@@ -245,6 +245,9 @@ def bad_value(kind: str) -> st.SearchStrategy[Any]:
     if kind == "fraction":  # (0, 1]
         return st.one_of(negative, non_finite, st.floats(min_value=1.0001, allow_infinity=False), huge_int,
                          st.booleans(), garbage_text, containers, st.just(0))
+    if kind == "level":  # a synchronous_commit level: YAML's bare on/off (booleans) are the levels 'on'/'off'
+        return st.one_of(garbage_text.filter(lambda s: s not in ALLOWED_LITERALS), st.integers(),
+                         st.floats(), huge_text, control_text, st.lists(st.integers(), max_size=2))
     if kind == "literal":
         return st.one_of(garbage_text.filter(lambda s: s not in ALLOWED_LITERALS), st.integers(),
                          st.floats(), st.booleans(), huge_text, control_text, st.lists(st.integers(), max_size=2))

@@ -128,3 +128,10 @@ def test_cli_errors_for_a_missing_file_and_a_non_utf8_plan(tmp_path: Path) -> No
     binary.write_bytes(b"name: \xff\xfe\n")
     proc = pglab("plan", "validate", str(binary))
     assert proc.returncode == 2 and "not UTF-8" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_bare_on_and_off_are_synchronous_commit_levels() -> None:
+    from pglab.plan import parse_plan
+
+    plan = parse_plan("name: t\nmatrix: {synchronous_commit: [off, local, on]}\n")
+    assert plan.matrix.synchronous_commit == ["off", "local", "on"]

@@ -101,6 +101,8 @@ def run(
     fmt: str = typer.Option("table", "--format", help="table printed at the end: " + "|".join(FORMATS)),
     force_new: bool = typer.Option(False, "--force-new", help="start a new sweep in a results folder that holds "
                                    "another plan's (or an unfinished) sweep, instead of resuming or refusing"),
+    allow_destructive: bool = typer.Option(False, "--allow-destructive", help="let pglab write to an external "
+                                           "target whose plan says destructive: true (load, reset, write workloads)"),
 ) -> None:
     """Run a plan: provision, sweep the matrix, store every run, print the table.
 
@@ -114,7 +116,8 @@ def run(
     plan, text = _load(plan_file)
     results = results or Path("results") / f"{plan.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     check_results_dir(results)
-    runner = Runner(plan, text, plan_file.resolve().parent, results, keep=keep, force_new=force_new)
+    runner = Runner(plan, text, plan_file.resolve().parent, results, keep=keep, force_new=force_new,
+                    allow_destructive=allow_destructive)
     started = time.monotonic()
     with ProgressView(err) as view:
         runner.ui = view

@@ -32,7 +32,7 @@ from pglab.plan.schema import Plan
 from pglab.probes import ProbeContext, ProbeOpenError, Sample, Sampler, default_probes
 from pglab.probes.base import now
 from pglab.store.sqlite import Store
-from pglab.targets.base import Endpoints
+from pglab.targets.base import Endpoints, Target
 from pglab.targets.local import registry
 from pglab.targets.local.cluster import LabError, LocalLab
 from pglab.workloads import pgbench
@@ -144,7 +144,8 @@ class _Signals:
 
 class Runner:
     def __init__(self, plan: Plan, plan_text: str, plan_dir: Path, results_dir: Path,
-                 observer: Observer | None = None, keep: bool = False, force_new: bool = False):
+                 observer: Observer | None = None, keep: bool = False, force_new: bool = False,
+                 allow_destructive: bool = False):
         self.plan = plan
         self.plan_text = plan_text
         self.plan_dir = plan_dir
@@ -152,6 +153,7 @@ class Runner:
         self.ui: Observer = observer or SilentObserver()
         self.keep = keep
         self.force_new = force_new
+        self.allow_destructive = allow_destructive
         self.points = expand(plan)
         self._pgbench: PgbenchProcess | None = None
         self._logs_dir = self.results_dir / "server-logs"
@@ -187,11 +189,10 @@ class Runner:
 
     # ------------------------------------------------------------ the sweep
     def run(self) -> SweepResult:
-        plan = self.plan
-        assert plan.target.local is not None
         for message in registry.reap_orphans():
             self.ui.log(message)
-        target = LocalLab(plan.target.local, self.plan_dir, log=self.ui.log)  # checks binaries and user
+        target = self._target()
+        target.preflight()  # refusals happen here, before a results folder or a server exists
         with results_lock(self.results_dir):
             store = Store.open(self.results_dir)
             try:
@@ -202,7 +203,17 @@ class Runner:
                 raise
             return self._sweep(store, target, sweep_id, resumed)
 
-    def _sweep(self, store: Store, target: LocalLab, sweep_id: int, resumed: bool) -> SweepResult:
+    def _target(self) -> Target:
+        if self.plan.target.external is not None:
+            from pglab.targets.external import ExternalServer
+
+            return ExternalServer(self.plan.target.external, self.plan, self.allow_destructive)
+        if self.allow_destructive:
+            raise UserError("--allow-destructive: only an external target needs it; the local lab is pglab's own.")
+        assert self.plan.target.local is not None
+        return LocalLab(self.plan.target.local, self.plan_dir, log=self.ui.log)  # checks binaries and user
+
+    def _sweep(self, store: Store, target: Target, sweep_id: int, resumed: bool) -> SweepResult:
         plan = self.plan
         result = SweepResult(sweep_id, self.results_dir, resumed=resumed)
         if resumed:
@@ -261,7 +272,7 @@ class Runner:
                     store.close()
         return result
 
-    def _storage_phase(self, store: Store, sweep_id: int, target: LocalLab) -> None:
+    def _storage_phase(self, store: Store, sweep_id: int, target: Target) -> None:
         from pglab import storage
         from pglab.workloads import fio
 
@@ -273,7 +284,7 @@ class Runner:
         storage.measure(store, sweep_id, paths, jobs, runtime_s=spec.runtime, size_bytes=fio.parse_size(spec.size),
                         log=self.ui.log)
 
-    def _keep_server_logs(self, store: Store, sweep_id: int, target: LocalLab) -> None:
+    def _keep_server_logs(self, store: Store, sweep_id: int, target: Target) -> None:
         """Copy the server logs into the results (artifacts) and store checkpoint starts as sweep events."""
         try:
             logs_dir = self._logs_dir
@@ -290,7 +301,7 @@ class Runner:
         return {**self.plan.postgres.parameters, **point.parameters,
                 "synchronous_commit": point.synchronous_commit}
 
-    def _ensure_dataset(self, target: LocalLab, endpoints: Endpoints) -> None:
+    def _ensure_dataset(self, target: Target, endpoints: Endpoints) -> None:
         ds = self.plan.dataset
         with psycopg.connect(endpoints.primary.conninfo(), autocommit=True) as conn:
             state = pgbench.dataset_state(conn)
@@ -300,7 +311,7 @@ class Runner:
             self.ui.log(f"dataset loaded in {seconds:.1f} s")
 
     # ------------------------------------------------------------ one run
-    def _one_run(self, store: Store, target: LocalLab, sweep_id: int, point_id: int, point: Point,
+    def _one_run(self, store: Store, target: Target, sweep_id: int, point_id: int, point: Point,
                  repeat: int) -> str | None:
         """None when the run succeeded, else why it failed. RunInterrupted propagates after marking the run."""
         run_id, run_dir = store.start_run(sweep_id, point_id, point.index, repeat)
@@ -373,8 +384,10 @@ class Runner:
             self.ui.run_finished(point, repeat, "failed", {"reason": reason})
             return reason
 
-    def _prepare_dataset(self, target: LocalLab, endpoints: Endpoints, run_dir: Path) -> None:
+    def _prepare_dataset(self, target: Target, endpoints: Endpoints, run_dir: Path) -> None:
         ds = self.plan.dataset
+        if target.read_only:  # a server pglab may not write to: the dataset is used as it is
+            return
         if ds.reset == "reinit":
             pgbench.initialise(target.bindir, endpoints.primary, ds, run_dir)
         with psycopg.connect(endpoints.primary.conninfo(application_name="pglab-control"),
@@ -392,7 +405,7 @@ class Runner:
         _write_json(run_dir / "settings.json", settings)
         return settings
 
-    def _pgbench_once(self, target: LocalLab, endpoints: Endpoints, point: Point, run_dir: Path, name: str,
+    def _pgbench_once(self, target: Target, endpoints: Endpoints, point: Point, run_dir: Path, name: str,
                       seconds: float | None, transactions: int | None, log: bool) -> tuple[PgbenchProcess, int]:
         args = pgbench.run_args(target.bindir, point.workload, point.clients, point.jobs, self.plan.run,
                                 self.plan_dir, seconds=seconds, transactions=transactions,

@@ -215,13 +215,54 @@ class LocalTarget(Strict):
         return self
 
 
+EXTERNAL_KEYS = ("host", "port", "user", "dbname", "sslmode")
+
+
+class ExternalTarget(Strict):
+    """An existing server pglab does not own: measured, never reconfigured, written only with double consent."""
+
+    conninfo: Annotated[str, _text(1024)] = Field(
+        description="libpq connection string: host, port, user, dbname (and sslmode); the password goes in a passfile")
+    passfile: Text | None = Field(None, description="libpq password file (default: $PGPASSFILE or ~/.pgpass)")
+    destructive: bool = Field(False, description="let pglab load/reset the pgbench dataset and run write workloads; "
+                              "also needs --allow-destructive on the command line")
+    bindir: Text | None = Field(None, description="directory of pgbench (default: newest installed)")
+
+    @field_validator("conninfo")
+    @classmethod
+    def _conninfo(cls, v: str) -> str:
+        from psycopg.conninfo import conninfo_to_dict
+
+        try:
+            params = conninfo_to_dict(v)
+        except Exception:
+            raise PydanticCustomError("conninfo", "is not a libpq connection string (key=value …)") from None
+        if "password" in params:
+            raise PydanticCustomError("conninfo", "holds a password; put it in a passfile (target.external.passfile)")
+        unknown = sorted(set(params) - set(EXTERNAL_KEYS))
+        if unknown:
+            raise PydanticCustomError("conninfo", "'{key}' is not supported here; use only {keys}",
+                                      {"key": unknown[0], "keys": ", ".join(EXTERNAL_KEYS)})
+        missing = [k for k in ("host", "user", "dbname") if not params.get(k)]
+        if missing:
+            raise PydanticCustomError("conninfo", "needs {keys}", {"keys": ", ".join(missing)})
+        return v
+
+    def parameters(self) -> dict[str, str]:
+        from psycopg.conninfo import conninfo_to_dict
+
+        return {k: str(v) for k, v in conninfo_to_dict(self.conninfo).items()}
+
+
 class Target(Strict):
     local: LocalTarget | None = None
+    external: ExternalTarget | None = None
 
     @model_validator(mode="after")
     def _one(self) -> Target:
-        if self.local is None:
-            raise PydanticCustomError("target", "one target is needed; use 'local: {}' for the embedded lab")
+        if (self.local is None) == (self.external is None):
+            raise PydanticCustomError("target", "give exactly one target: 'local: {}' for the embedded lab, or "
+                                      "'external: {conninfo: …}' for an existing server")
         return self
 
 
@@ -289,7 +330,12 @@ class CustomWorkload(Strict):
 
 
 Workload = Literal["tpcb-like", "select-only", "simple-update"] | CustomWorkload
-SyncCommit = Literal["off", "local", "remote_write", "on", "remote_apply"]
+def _sync_level(value: Any) -> Any:
+    """YAML 1.1 reads unquoted on/off as booleans; for synchronous_commit they can only mean the levels."""
+    return {True: "on", False: "off"}.get(value, value) if isinstance(value, bool) else value
+
+
+SyncCommit = Annotated[Literal["off", "local", "remote_write", "on", "remote_apply"], BeforeValidator(_sync_level)]
 
 
 class Matrix(Strict):
@@ -484,6 +530,18 @@ class Plan(Strict):
         if not _NAME.fullmatch(v):
             raise PydanticCustomError("name", "must be 1-63 letters, digits, '-', '_' or '.'")
         return v
+
+    @model_validator(mode="after")
+    def _external_is_not_reconfigured(self) -> Plan:
+        if self.target.external is None:
+            return self
+        for given, field in ((self.postgres.parameters, "postgres.parameters"),
+                             (self.matrix.parameters, "matrix.parameters"), (self.storage, "storage")):
+            if given:
+                raise PydanticCustomError("external", "an external target is measured as it is (pglab never "
+                                          "changes its settings nor runs fio on its disks); remove this",
+                                          {"at": field})
+        return self
 
     @model_validator(mode="after")
     def _runs(self) -> Plan:

@@ -22,6 +22,8 @@ class Endpoint:
     user: str
     dbname: str
     passfile: Path
+    sslmode: str | None = None
+    options: str | None = None  # session settings ("-c name=value …"), e.g. on a server pglab must not reconfigure
 
     def conninfo(self, **extra: str | int) -> str:
         parts = {
@@ -31,19 +33,26 @@ class Endpoint:
             "dbname": self.dbname,
             "passfile": str(self.passfile),
             "connect_timeout": "10",
+            **({"sslmode": self.sslmode} if self.sslmode else {}),
+            **({"options": self.options} if self.options else {}),
             **{k: str(v) for k, v in extra.items()},
         }
         return " ".join(f"{k}={_quote(v)}" for k, v in parts.items())
 
     def env(self) -> dict[str, str]:
         """libpq environment for client programs (pgbench, psql)."""
-        return {
+        env = {
             "PGHOST": self.host,
             "PGPORT": str(self.port),
             "PGUSER": self.user,
             "PGDATABASE": self.dbname,
             "PGPASSFILE": str(self.passfile),
         }
+        if self.sslmode:
+            env["PGSSLMODE"] = self.sslmode
+        if self.options:
+            env["PGOPTIONS"] = self.options
+        return env
 
 
 @dataclass(frozen=True)
@@ -56,6 +65,13 @@ class Target(Protocol):
     """A place where PostgreSQL runs. The local lab is one; Kubernetes and external servers are others."""
 
     bindir: Path
+
+    @property
+    def read_only(self) -> bool:
+        """True when pglab may not write to the target (an existing server without consent to write)."""
+
+    def preflight(self) -> None:
+        """Refuse, with one sentence, what the target cannot do; nothing may have been started yet."""
 
     def provision(self, parameters: dict[str, Any]) -> Endpoints:
         """Bring the topology up (once) and put ``parameters`` in force (reload, or restart when needed)."""

@@ -51,7 +51,7 @@ def conf_value(value: Any) -> str:
         return "on" if value else "off"
     if isinstance(value, int | float):
         return str(value)
-    return "'" + str(value).replace("'", "''") + "'"
+    return "'" + str(value).replace("\\", "\\\\").replace("'", "''") + "'"  # postgresql.conf escapes both
 
 
 def free_port() -> int:
@@ -149,6 +149,11 @@ class LocalLab:
         return self.lab_dir / "sock"
 
     # ---------------------------------------------------------------- lifecycle
+    read_only = False  # pglab's own lab
+
+    def preflight(self) -> None:
+        """Binaries and the server user were checked on construction; paths are checked as they are created."""
+
     def provision(self, parameters: dict[str, Any]) -> Endpoints:
         if not self._started:
             self._create()

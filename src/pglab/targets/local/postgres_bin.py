@@ -15,7 +15,12 @@ NEEDED = ("initdb", "pg_ctl", "postgres", "pg_basebackup", "pgbench")
 INSTALL_HINT = "install PostgreSQL (./setup.sh install, or apt-get install postgresql postgresql-contrib)"
 
 
-def find_bindir(explicit: str | None = None) -> Path:
+def find_client_bindir(explicit: str | None = None) -> Path:
+    """Where pgbench is, for a server pglab does not build (the server binaries are not needed)."""
+    return find_bindir(explicit, needed=("pgbench",))
+
+
+def find_bindir(explicit: str | None = None, needed: tuple[str, ...] = NEEDED) -> Path:
     """The plan's bindir, else $PGLAB_PG_BINDIR, else the newest /usr/lib/postgresql/*/bin, else PATH."""
     candidates: list[Path] = []
     if explicit:
@@ -31,15 +36,15 @@ def find_bindir(explicit: str | None = None) -> Path:
                 reverse=True,
             )
             candidates = [v / "bin" for v in versions]
-        which = shutil.which("initdb")
+        which = shutil.which(needed[0])
         if which:
             candidates.append(Path(which).resolve().parent)
     for c in candidates:
-        if all((c / b).is_file() and os.access(c / b, os.X_OK) for b in NEEDED):
+        if all((c / b).is_file() and os.access(c / b, os.X_OK) for b in needed):
             return c
     where = str(candidates[0]) if explicit or os.environ.get("PGLAB_PG_BINDIR") else "this machine"
-    missing = [b for b in NEEDED if not candidates or not (candidates[0] / b).exists()]
-    raise UserError(f"PostgreSQL binaries ({', '.join(missing or NEEDED)}) not found in {where}; {INSTALL_HINT}.")
+    missing = [b for b in needed if not candidates or not (candidates[0] / b).exists()]
+    raise UserError(f"PostgreSQL binaries ({', '.join(missing or needed)}) not found in {where}; {INSTALL_HINT}.")
 
 
 @dataclass(frozen=True)

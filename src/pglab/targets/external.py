@@ -1,0 +1,136 @@
+"""An existing PostgreSQL server that pglab does not own: it connects, measures, and never reconfigures it.
+
+Safety is the point of this target. pglab writes to it (loads or resets the pgbench dataset, runs a workload
+that writes) only when the plan says ``destructive: true`` *and* the command line says ``--allow-destructive``;
+even then it refuses when the database holds tables other than pgbench's. Without both, the benchmark
+sessions run with ``default_transaction_read_only = on``, so not even a custom script can write, and only a
+dataset that is already there can be used. Per-point settings (``synchronous_commit``) are session options,
+never server settings.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+from pglab.errors import UserError
+from pglab.plan.schema import ExternalTarget, Plan
+from pglab.targets.base import Endpoint, Endpoints
+from pglab.targets.local.postgres_bin import find_client_bindir
+from pglab.workloads import pgbench
+
+PGBENCH_TABLE_PATTERN = r"^pgbench_(accounts|branches|tellers|history)(_\d+)?$"
+
+
+def _default_passfile() -> Path:
+    return Path(os.environ.get("PGPASSFILE") or Path.home() / ".pgpass")
+
+
+class ExternalServer:
+    """Implements the Target protocol for a server reached by a connection string."""
+
+    def __init__(self, spec: ExternalTarget, plan: Plan, allow_destructive: bool):
+        self.spec = spec
+        self.plan = plan
+        self.allow_destructive = allow_destructive
+        self.bindir = find_client_bindir(spec.bindir)
+        self.writes = spec.destructive and allow_destructive
+        params = spec.parameters()
+        self._endpoint = Endpoint("primary", "primary", params["host"], int(params.get("port", 5432)),
+                                  params["user"], params["dbname"],
+                                  Path(spec.passfile).expanduser() if spec.passfile else _default_passfile(),
+                                  sslmode=params.get("sslmode"))
+        self.session: dict[str, Any] = {}
+
+    # ------------------------------------------------------------ safety, before anything starts
+    def preflight(self) -> None:
+        """Connect, then refuse what would write without the plan's and the command line's consent."""
+        if self.spec.destructive and not self.allow_destructive:
+            raise UserError("target.external.destructive is true: add --allow-destructive to the command to let "
+                            f"pglab write to {self._where()}.")
+        if self.allow_destructive and not self.spec.destructive:
+            raise UserError("--allow-destructive: the plan does not say target.external.destructive: true; both "
+                            "are needed before pglab writes to a server it does not own.")
+        try:
+            with psycopg.connect(self._endpoint.conninfo(application_name="pglab-control"), autocommit=True) as c:
+                state = pgbench.dataset_state(c)
+                others = [r[0] for r in c.execute(
+                    "SELECT n.nspname || '.' || c.relname FROM pg_class c "
+                    "JOIN pg_namespace n ON n.oid = c.relnamespace "
+                    "WHERE c.relkind IN ('r', 'p', 'v', 'm', 'f') AND n.nspname NOT IN ('pg_catalog', "
+                    "'information_schema') AND n.nspname NOT LIKE 'pg\\_toast%%' AND n.nspname NOT LIKE 'pg\\_temp%%' "
+                    "AND c.relname !~ %s ORDER BY 1", (PGBENCH_TABLE_PATTERN,))]
+        except psycopg.Error as exc:
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise UserError(f"target.external.conninfo: cannot connect to {self._where()} ({first}); check the "
+                            "connection string and the passfile.") from None
+        if self.writes:
+            if others:
+                shown = ", ".join(others[:5]) + (f" and {len(others) - 5} more" if len(others) > 5 else "")
+                raise UserError(f"target.external: {self._where()} holds tables that are not pgbench's ({shown}); "
+                                "pglab writes only to a database dedicated to the benchmark.")
+            return
+        wanted = {"scale": self.plan.dataset.scale, "partitions": self.plan.dataset.partitions or 0}
+        if state != wanted:
+            found = "no pgbench dataset" if state is None else f"a dataset of scale {state['scale']}"
+            raise UserError(f"dataset: {self._where()} has {found}, the plan wants scale {wanted['scale']}; loading "
+                            "it writes, so set target.external.destructive: true and add --allow-destructive, or "
+                            "match dataset.scale to what is there.")
+        writers = [w if isinstance(w, str) else w.name for w in self.plan.matrix.workload if w != "select-only"]
+        if writers:
+            raise UserError(f"matrix.workload: {', '.join(writers)} may write, and {self._where()} is read-only for "
+                            "pglab; use select-only, or set target.external.destructive: true and add "
+                            "--allow-destructive.")
+
+    def _where(self) -> str:
+        e = self._endpoint
+        return f"database '{e.dbname}' on {e.host}:{e.port}"
+
+    # ------------------------------------------------------------ the Target protocol
+    @property
+    def read_only(self) -> bool:
+        return not self.writes
+
+    def provision(self, parameters: dict[str, Any]) -> Endpoints:
+        """Nothing to build, nothing reconfigured: per-point settings become the sessions' own options."""
+        options = {k: v for k, v in parameters.items() if k == "synchronous_commit"}
+        if self.read_only:
+            options["default_transaction_read_only"] = "on"
+        self.session = options
+        return self.endpoints()
+
+    def endpoints(self) -> Endpoints:
+        options = " ".join(f"-c {k}={v}" for k, v in self.session.items())
+        return Endpoints(replace(self._endpoint, options=options or None), [])
+
+    def server_pids(self) -> list[int]:
+        return []
+
+    def probe_paths(self) -> dict[str, Path]:
+        return {}
+
+    def storage_paths(self) -> dict[str, tuple[Path, str]]:
+        return {}
+
+    def health(self) -> str | None:
+        try:
+            with psycopg.connect(self._endpoint.conninfo(application_name="pglab-control"), autocommit=True) as c:
+                c.execute("SELECT 1")
+        except psycopg.Error as exc:
+            return f"{self._where()} does not answer ({str(exc).strip().splitlines()[0]})"
+        return None
+
+    def describe(self) -> dict[str, Any]:
+        e = self._endpoint
+        return {"kind": "external", "host": e.host, "port": e.port, "dbname": e.dbname, "user": e.user,
+                "writes_allowed": self.writes, "session_options": self.session}
+
+    def server_logs(self) -> dict[str, Path]:
+        return {}
+
+    def teardown(self, keep: bool = False) -> None:
+        """Nothing was started, so nothing is stopped."""

@@ -1,0 +1,126 @@
+"""An external target: a real server this test starts (pglab does not own it). pglab measures it read-only
+unless the plan says destructive and the command line says --allow-destructive, and even then refuses a
+database holding tables that are not pgbench's."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from conftest import pglab
+from pglab.plan.schema import Dataset, LocalTarget
+from pglab.targets.local.cluster import LocalLab
+from pglab.workloads import pgbench
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[dict[str, Any]]:
+    base = Path(tempfile.mkdtemp(prefix="pglab-test-"))
+    lab = LocalLab(LocalTarget(instances=1, synchronous=None), base)
+    try:
+        ep = lab.provision({}).primary
+        pgbench.initialise(lab.bindir, ep, Dataset(scale=1), base / "init")
+        with psycopg.connect(ep.conninfo(), autocommit=True) as conn:
+            conn.execute("CREATE TABLE customers (id int PRIMARY KEY, name text)")
+            conn.execute("INSERT INTO customers SELECT g, 'c' || g FROM generate_series(1, 100) g")
+        yield {"ep": ep, "conninfo": f"host={ep.host} port={ep.port} user={ep.user} dbname={ep.dbname}",
+               "passfile": str(ep.passfile)}
+    finally:
+        lab.teardown()
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def _plan(tmp_path: Path, server: dict[str, Any], extra: str = "", workload: str = "select-only",
+          scale: int = 1, sc: str = "[local]") -> Path:
+    plan = tmp_path / "plan.yaml"
+    plan.write_text(f"""
+name: external
+target: {{external: {{conninfo: "{server['conninfo']}", passfile: {server['passfile']}{extra}}}}}
+dataset: {{scale: {scale}}}
+matrix: {{workload: [{workload}], clients: [2], synchronous_commit: {sc}}}
+run: {{duration: 2s}}
+""")
+    return plan
+
+
+def _writes(server: dict[str, Any]) -> tuple[int, int]:
+    """Rows ever inserted, updated or deleted in user tables, and the customers' checksum."""
+    with psycopg.connect(server["ep"].conninfo(), autocommit=True) as conn:
+        conn.execute("SELECT pg_stat_force_next_flush()")
+        touched = conn.execute("SELECT coalesce(sum(n_tup_ins + n_tup_upd + n_tup_del), 0) "
+                               "FROM pg_stat_user_tables").fetchone()[0]
+        customers = conn.execute("SELECT sum(hashtext(name)) FROM customers").fetchone()[0] or 0
+    return int(touched), int(customers)
+
+
+def _refused(proc: Any, *words: str) -> None:
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr
+    for w in words:
+        assert w in proc.stderr, proc.stderr
+
+
+def test_read_only_benchmark_writes_nothing(tmp_path: Path, server: dict[str, Any]) -> None:
+    before = _writes(server)
+    proc = pglab("run", str(_plan(tmp_path, server, sc="[off]")), "--results", str(tmp_path / "r"),
+                 "--format", "json")
+    assert proc.returncode == 0, proc.stderr
+    rows = json.loads(proc.stdout)
+    assert rows[0]["tps"] > 0 and rows[0]["workload"] == "select-only"
+    assert _writes(server) == before  # no row written, the foreign table untouched
+    settings = json.loads(next((tmp_path / "r" / "runs").glob("*/settings.json")).read_text())
+    assert settings["default_transaction_read_only"]["setting"] == "on"  # the sessions could not have written
+    assert settings["synchronous_commit"]["setting"] == "off"  # the point's level, as a session option
+
+
+def test_write_workload_or_missing_dataset_refused_without_consent(tmp_path: Path, server: dict[str, Any]) -> None:
+    before = _writes(server)
+    _refused(pglab("run", str(_plan(tmp_path, server, workload="tpcb-like")), "--results", str(tmp_path / "a")),
+             "matrix.workload: tpcb-like may write", "--allow-destructive")
+    _refused(pglab("run", str(_plan(tmp_path, server, scale=3)), "--results", str(tmp_path / "b")),
+             "dataset:", "a dataset of scale 1, the plan wants scale 3")
+    _refused(pglab("run", str(_plan(tmp_path, server, extra=", destructive: true")), "--results",
+                   str(tmp_path / "c")), "target.external.destructive is true: add --allow-destructive")
+    _refused(pglab("run", str(_plan(tmp_path, server)), "--results", str(tmp_path / "d"), "--allow-destructive"),
+             "--allow-destructive: the plan does not say target.external.destructive: true")
+    assert not any((tmp_path / d).exists() for d in "abcd")  # refused before anything was created
+    assert _writes(server) == before
+
+
+def test_destructive_with_both_consents_still_refuses_foreign_tables(tmp_path: Path, server: dict[str, Any]) -> None:
+    plan = _plan(tmp_path, server, extra=", destructive: true", workload="tpcb-like", scale=2)
+    before = _writes(server)
+    _refused(pglab("run", str(plan), "--results", str(tmp_path / "a"), "--allow-destructive"),
+             "holds tables that are not pgbench's (public.customers)")
+    assert _writes(server) == before
+    with psycopg.connect(server["ep"].conninfo(), autocommit=True) as conn:
+        conn.execute("DROP TABLE customers")  # now the database holds pgbench's tables only
+    proc = pglab("run", str(plan), "--results", str(tmp_path / "b"), "--allow-destructive", "--format", "json")
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)[0]["tps"] > 0
+    with psycopg.connect(server["ep"].conninfo(), autocommit=True) as conn:
+        assert conn.execute("SELECT count(*) FROM pgbench_branches").fetchone()[0] == 2  # loaded at the plan's scale
+        assert conn.execute("SELECT count(*) FROM pgbench_history").fetchone()[0] > 0
+
+
+def test_plan_rules_for_external_targets(tmp_path: Path, server: dict[str, Any]) -> None:
+    plan = tmp_path / "p.yaml"
+    for target, extra, expected in (
+        (f'conninfo: "{server["conninfo"]} password=hunter2"', "", "target.external.conninfo: holds a password"),
+        ('conninfo: "host=/tmp dbname=x"', "", "target.external.conninfo: needs user"),
+        (f'conninfo: "{server["conninfo"]} options=-cwork_mem=1GB"', "", "'options' is not supported here"),
+        (f'conninfo: "{server["conninfo"]}"', "postgres: {parameters: {work_mem: 4MB}}",
+         "postgres.parameters: an external target is measured as it is"),
+        (f'conninfo: "{server["conninfo"]}"', "storage: {runtime: 2s}", "storage: an external target"),
+    ):
+        plan.write_text(f"name: x\ntarget: {{external: {{{target}}}}}\n{extra}\n")
+        proc = pglab("plan", "validate", str(plan))
+        assert proc.returncode == 2 and expected in proc.stderr, proc.stderr
+        assert "hunter2" not in proc.stderr
