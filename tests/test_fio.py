@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import processes_mentioning
+from conftest import pglab, processes_mentioning
 from pglab.errors import RunInterrupted, UserError
 from pglab.workloads import fio
 from pglab.workloads.fio import FioResult, JobSpec
@@ -472,3 +472,31 @@ def test_ceilings_only_what_was_measured() -> None:
     assert fio.ceilings([]) == {}
     with pytest.raises(ValueError, match="one path"):
         fio.ceilings([*results, _result("/wal", "randread-8k", "randread-8k-qd32", "read", 1)])
+
+
+def test_fio_left_by_a_killed_pglab_is_stopped_by_the_next_command(disk_dir: Path, tmp_path: Path) -> None:
+    proc = subprocess.Popen([sys.executable, "-m", "pglab.cli", "fio", "--path", str(disk_dir), "--profile",
+                             "randwrite-8k", "--runtime", "60s", "--size", "16MiB", "--results", str(tmp_path / "r")],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    def fio_running() -> bool:
+        for line in processes_mentioning(str(disk_dir)):
+            try:
+                if Path(f"/proc/{line.split(':', 1)[0]}/comm").read_text().strip() == "fio":
+                    return True
+            except OSError:
+                continue
+        return False
+
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not fio_running():
+        time.sleep(0.1)
+    time.sleep(0.5)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert processes_mentioning(str(disk_dir)), "fio should outlive the killed pglab"
+    assert _scratch_left(disk_dir)
+    cleaned = pglab("lab", "clean")
+    assert cleaned.returncode == 0, cleaned.stderr
+    assert f"left behind by pglab pid {proc.pid}" in cleaned.stderr and "fio process" in cleaned.stderr
+    assert processes_mentioning(str(disk_dir)) == []
+    assert _scratch_left(disk_dir) == []

@@ -289,6 +289,10 @@ def fio_command(
     from pglab.workloads import fio
 
     _check_format(fmt)
+    from pglab.targets.local import registry
+
+    for message in registry.reap_orphans():
+        err.print(message, markup=False, highlight=False)
     spec: dict[str, Any] = {"runtime": runtime, "size": size}
     if profiles:
         spec["profiles"] = profiles

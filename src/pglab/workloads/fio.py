@@ -64,6 +64,7 @@ from pathlib import Path
 from typing import Any
 
 from pglab.errors import UserError
+from pglab.targets.local import registry
 
 PROFILE_NAMES: tuple[str, ...] = (
     "randread-8k",
@@ -387,6 +388,7 @@ def run_jobs(path: Path, jobs: Sequence[JobSpec], *, runtime_s: float, size_byte
     scratch: Path | None = None
     try:
         scratch = Path(tempfile.mkdtemp(prefix=".pglab-fio-", dir=path))
+        registry.register(scratch, [])  # if pglab is killed, the next pglab stops this fio and removes its files
         _check_direct_io(scratch, jobs, path, field)
         for job in jobs:
             if on_job is not None:
@@ -397,6 +399,7 @@ def run_jobs(path: Path, jobs: Sequence[JobSpec], *, runtime_s: float, size_byte
     finally:
         if scratch is not None:
             shutil.rmtree(scratch, ignore_errors=True)
+            registry.unregister(scratch)
     return results
 
 

@@ -1,14 +1,15 @@
 """Every local lab a pglab process builds is registered, so that one left behind by a killed pglab is found.
 
-A registry entry is a small JSON file per lab in ``<state>/labs/`` (``$PGLAB_STATE_DIR``, else
-``$XDG_STATE_HOME/pglab``, else ``~/.local/state/pglab``). It names the lab directory, the directories created
-for it, and the pglab process that owns it (pid and that process's start time, so a reused pid is not
-mistaken for the owner). It is written before the first server starts and removed once the lab is torn
-down. A lab kept with ``--keep`` stays registered, marked kept, until ``pglab lab clean``.
+The scratch folders of fio runs are registered the same way. A registry entry is a small JSON file per lab in
+``<state>/labs/`` (``$PGLAB_STATE_DIR``, else ``$XDG_STATE_HOME/pglab``, else ``~/.local/state/pglab``). It
+names the lab directory, the directories created for it, and the pglab process that owns it (pid and that
+process's start time, so a reused pid is not mistaken for the owner). It is written before the first server
+starts and removed once the lab is torn down. A lab kept with ``--keep`` stays registered, marked kept, until
+``pglab lab clean``.
 
 When the owner is gone and the lab was not kept, the lab is an orphan: its servers, and any pgbench or fio
-still working on its directories, are stopped and its files removed by the next ``pglab run`` or
-``pglab lab clean``, which says so.
+still working on its directories, are stopped and its files removed by the next ``pglab run``, ``pglab fio``
+or ``pglab lab clean``, which says so.
 """
 
 from __future__ import annotations
@@ -165,6 +166,10 @@ def reap(entry: Entry) -> str:
         shutil.rmtree(d, ignore_errors=True)
     with contextlib.suppress(OSError):
         entry.file.unlink()
+    if entry.lab_dir.name.startswith(".pglab-fio-"):
+        return (f"cleaned up fio scratch folder {entry.lab_dir} left behind by pglab pid {entry.owner_pid} (no "
+                f"longer running)" + (f"; killed {len(leftovers)} fio process(es) still writing there"
+                                      if leftovers else ""))
     what = ", ".join(stopped) if stopped else "no server was running"
     extra = f"; killed {len(leftovers)} other process(es) still using it" if leftovers else ""
     return (f"cleaned up lab {entry.lab_dir} left behind by pglab pid {entry.owner_pid} (no longer running): "
