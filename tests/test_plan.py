@@ -105,7 +105,7 @@ def test_cli_rejects_a_broken_plan_and_starts_nothing(plan_file, tmp_path: Path)
         assert any(line.startswith("extra: unknown field") for line in lines)
         assert "Traceback" not in proc.stderr
     assert not results.exists()
-    assert _labs() == before
+    assert _labs() <= before  # no lab created (one left by a dead pglab may have been reaped meanwhile)
     assert processes_mentioning(str(tmp_path)) == []
 
 
