@@ -43,3 +43,14 @@ def test_storage_against_the_fio_ceiling() -> None:
     verdicts = attribute({"cpu_pct": 30.0, "write_iops": 9000.0, "read_iops": 1000.0}, cores=2, ceilings=ceilings)
     assert verdicts[0].resource == "storage" and "90 % of the fio ceiling" in verdicts[0].evidence
     assert storage_ceiling_share({"write_iops": 5000.0, "read_iops": 2000.0}, ceilings) == 0.6
+
+
+def test_a_cpu_quota_is_named_before_a_busy_host() -> None:
+    verdicts = attribute({"cpu_pct": 100.0, "server_cpu_cores": 0.3, "limit_cpus": 0.25, "primary_cpu_cores": 0.24,
+                          "cpu_throttled_pct": 71.0}, cores=2, jobs=2)
+    assert [v.resource for v in verdicts] == ["cpu"]
+    assert verdicts[0].evidence == ("primary 0.24 of its 0.25-core quota, throttled in 71 % of CFS periods; "
+                                    "host CPU 100 % busy")
+    quiet = attribute({"cpu_pct": 40.0, "limit_cpus": 2.0, "primary_cpu_cores": 0.5, "cpu_throttled_pct": 1.0},
+                      cores=2, jobs=1)
+    assert quiet == []

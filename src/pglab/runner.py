@@ -33,7 +33,7 @@ from pglab.probes import ProbeContext, ProbeOpenError, Sample, Sampler, default_
 from pglab.probes.base import now
 from pglab.store.sqlite import Store
 from pglab.targets.base import Endpoints, Target
-from pglab.targets.local import registry
+from pglab.targets.local import cgroups, registry
 from pglab.targets.local.cluster import LabError, LocalLab
 from pglab.workloads import pgbench
 from pglab.workloads.pgbench import PgbenchError, PgbenchProcess, ProgressPoint
@@ -235,9 +235,12 @@ class Runner:
         per_run = (plan.run.warmup + (plan.run.measured_seconds or 0) + 3) if plan.run.measured_seconds else None
         self.ui.sweep_started(len(todo), per_run * len(todo) if per_run else None)
         status, reason = "done", None
+        first = todo[0][0] if todo else self.points[0]
+        if plan.matrix.cpus:  # the scaling loop: build the lab at its first step, no restart needed for it
+            target.cpus_axis, target.cpus = True, first.cpus
         with _Signals() as signals:
             try:
-                endpoints = target.provision(self._parameters(todo[0][0] if todo else self.points[0]))
+                endpoints = target.provision(self._parameters(first))
                 store.set_sweep_info(sweep_id, environment.capture(
                     endpoints.primary.conninfo(), target.probe_paths(), target.bindir, self.plan_text),
                     target.describe())
@@ -319,8 +322,14 @@ class Runner:
         try:
             self.ui.run_started(point, repeat, "prepare")
             endpoints = target.provision(self._parameters(point))
+            if point.cpus is not None:
+                target.set_cpus(point.cpus)
+            store.add_events(sweep_id, target.take_events())
             if problem := target.health():
                 raise RunFailed(problem)
+            limits = target.limits_in_force()
+            if limits:
+                _write_json(run_dir / "limits.json", limits)
             self._prepare_dataset(target, endpoints, run_dir)
             settings = self._settings(endpoints, run_dir)
             ctx = ProbeContext(
@@ -342,16 +351,17 @@ class Runner:
                                    transactions=None, log=False)
                 events.append((now(), "warmup-end", ""))
             self.ui.run_started(point, repeat, "measure")
-            launched = now()
+            cpu_before, launched = target.cpu_stats(), now()
             measured = self._pgbench_once(target, endpoints, point, run_dir, "pgbench",
                                           seconds=run.measured_seconds, transactions=run.transactions, log=True)
-            ended = now()
+            cpu_after, ended = target.cpu_stats(), now()
             _wait_for_tick(ended)  # let every 1 s probe take the sample that closes the window
             samples = sampler.stop()
             result = pgbench.finish_run(measured[0], measured[1], run_dir / "pgbench_log", launched, ended)
             window = (result.window_start, result.window_end)
             metrics = self._metrics(result)
             metrics.update(sampler.summarize(*window))
+            metrics.update(_limit_metrics(limits, cpu_before, cpu_after, ended - launched))
             if sampler.errors:
                 (run_dir / "probe-errors.txt").write_text("\n".join(sampler.errors) + "\n")
             series = [(p.ts, "pgbench", m, v) for p in result.progress
@@ -410,6 +420,7 @@ class Runner:
         args = pgbench.run_args(target.bindir, point.workload, point.clients, point.jobs, self.plan.run,
                                 self.plan_dir, seconds=seconds, transactions=transactions,
                                 log_prefix=run_dir / "pgbench_log" if log else None)
+        args = cgroups.wrap(args, target.client_procs_files())  # pgbench in its own cgroup, when the plan asks
         proc = PgbenchProcess(args, endpoints.primary, run_dir, name, on_progress=self.ui.progress)
         self._pgbench = proc
         started = time.monotonic()
@@ -462,6 +473,25 @@ class Runner:
                 "logged_transactions": float(result.log.count),
             })
         return m
+
+
+def _limit_metrics(limits: dict[str, Any], before: dict[str, dict[str, float]], after: dict[str, dict[str, float]],
+                   seconds: float) -> dict[str, float | None]:
+    """The limits in force during the run, and the primary's CPU use and throttling from its own cgroup."""
+    if not limits:
+        return {}
+    out: dict[str, float | None] = {"limits_applied": 1.0 if limits.get("applied") else 0.0}
+    primary = limits.get("n0") or {}
+    if primary.get("cpus") is not None:
+        out["limit_cpus"] = primary["cpus"]
+    if (limits.get("client") or {}).get("cpus") is not None:
+        out["limit_client_cpus"] = limits["client"]["cpus"]
+    b, a = before.get("n0"), after.get("n0")
+    if b and a and seconds > 0:
+        out["primary_cpu_cores"] = (a["usage_s"] - b["usage_s"]) / seconds
+        periods = a["periods"] - b["periods"]
+        out["cpu_throttled_pct"] = (a["throttled"] - b["throttled"]) / periods * 100 if periods > 0 else 0.0
+    return out
 
 
 _LOG_TIME = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)?) (UTC|GMT)")

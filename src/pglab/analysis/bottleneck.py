@@ -17,6 +17,7 @@ CLIENT_THREAD_BUSY = 0.85  # each pgbench thread near one full core
 WAIT_SHARE = 0.30  # a wait class holding this share of active backends is what they are waiting on
 DEVICE_UTIL_PCT = 90.0  # the device is busy nearly all the time
 CEILING_SHARE = 0.80  # IOPS this close to what fio measured on the same device
+THROTTLED_PCT = 20.0  # the CFS scheduler throttled the primary's cgroup in this share of its periods
 
 WAL_WAITS = ("IO:WALSync", "IO:WALWrite", "LWLock:WALWrite", "IO:WALInitSync", "IO:WALInitWrite")
 SYNC_REP_WAITS = ("IPC:SyncRep",)
@@ -72,6 +73,17 @@ def attribute(metrics: dict[str, float | None], cores: int, jobs: int | None = N
         out.append(Verdict("cpu", 100.0 + busy / HOST_CPU_BUSY_PCT, detail))
     elif server is not None and server >= SERVER_CORES_SHARE * cores:
         out.append(Verdict("cpu", server / (SERVER_CORES_SHARE * cores), f"servers {server:.2f} of {cores} cores"))
+    quota, primary = metrics.get("limit_cpus"), metrics.get("primary_cpu_cores")
+    throttled = metrics.get("cpu_throttled_pct")
+    if quota and ((primary is not None and primary >= SERVER_CORES_SHARE * quota)
+                  or (throttled is not None and throttled >= THROTTLED_PCT)):
+        score = max((primary or 0.0) / (SERVER_CORES_SHARE * quota), (throttled or 0.0) / THROTTLED_PCT)
+        detail = f"primary {primary or 0.0:.2f} of its {quota:g}-core quota"
+        if throttled is not None:
+            detail += f", throttled in {throttled:.0f} % of CFS periods"
+        if host_saturated:
+            detail += f"; host CPU {busy:.0f} % busy"
+        out.append(Verdict("cpu", 200.0 + score, detail))  # the quota is the direct bound, before the host
     if client is not None and jobs and client >= CLIENT_THREAD_BUSY * jobs:
         out.append(Verdict("client", client / (CLIENT_THREAD_BUSY * jobs),
                            f"pgbench {client:.2f} cores for {jobs} thread(s)"))

@@ -20,6 +20,7 @@ class Point:
     jobs: int
     synchronous_commit: str
     parameters: dict[str, Any] = field(default_factory=dict)
+    cpus: float | None = None  # the CPU-limit axis (matrix.cpus); None: the target's own resources
 
     @property
     def workload_name(self) -> str:
@@ -34,6 +35,8 @@ class Point:
             "clients": self.clients,
             "jobs": self.jobs,
         }
+        if self.cpus is not None:
+            out["cpus"] = self.cpus
         for name, value in self.parameters.items():
             out[f"parameters.{name}"] = value
         return out
@@ -46,7 +49,8 @@ class Point:
 
     def label(self) -> str:
         extra = "".join(f" {k.split('.', 1)[1]}={v}" for k, v in self.axes.items() if k.startswith("parameters."))
-        return f"{self.workload_name} sc={self.synchronous_commit} c={self.clients} j={self.jobs}{extra}"
+        cpus = f" cpus={self.cpus:g}" if self.cpus is not None else ""
+        return f"{self.workload_name} sc={self.synchronous_commit} c={self.clients} j={self.jobs}{cpus}{extra}"
 
 
 def default_jobs(clients: int, cores: int | None = None) -> int:
@@ -55,18 +59,20 @@ def default_jobs(clients: int, cores: int | None = None) -> int:
 
 
 def expand(plan: Plan, cores: int | None = None) -> list[Point]:
-    """Every combination of the axes. Parameters vary slowest (they may need a restart), clients fastest."""
+    """Every combination of the axes. CPU steps vary slowest (each is a rolling restart), then parameters (they
+    may need one), clients fastest."""
     m = plan.matrix
     names = list(m.parameters)
     param_combos = list(itertools.product(*(m.parameters[n] for n in names))) or [()]
     points: list[Point] = []
-    for combo in param_combos:
-        params = dict(zip(names, combo, strict=True))
-        for wl, sc, clients in itertools.product(m.workload, m.synchronous_commit, m.clients):
-            # pgbench cannot run more threads than clients: jobs [4, 8] at 2 clients are one point, not two
-            jobs_axis = dict.fromkeys(min(j, clients) for j in m.jobs or [default_jobs(clients, cores)])
-            for jobs in jobs_axis:
-                points.append(Point(len(points), wl, clients, jobs, sc, params))
+    for cpus in m.cpus or [None]:
+        for combo in param_combos:
+            params = dict(zip(names, combo, strict=True))
+            for wl, sc, clients in itertools.product(m.workload, m.synchronous_commit, m.clients):
+                # pgbench cannot run more threads than clients: jobs [4, 8] at 2 clients are one point, not two
+                jobs_axis = dict.fromkeys(min(j, clients) for j in m.jobs or [default_jobs(clients, cores)])
+                for jobs in jobs_axis:
+                    points.append(Point(len(points), wl, clients, jobs, sc, params, cpus))
     return points
 
 

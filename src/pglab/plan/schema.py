@@ -184,6 +184,32 @@ class LabPaths(Strict):
     wal: Text | None = Field(None, description="base directory of the WAL directories (default: lab)")
 
 
+_CPUSET = re.compile(r"\d{1,4}(-\d{1,4})?(,\d{1,4}(-\d{1,4})?){0,63}")
+Cpus = Annotated[float, _number_between(0.0, 1024.0, low_open=True)]
+
+
+class Resources(Strict):
+    """Limits per instance, through cgroups (like a Kubernetes pod's requests = limits: Guaranteed QoS)."""
+
+    cpus: Cpus | None = Field(None, description="CPU quota in cores (1.5 = 150 ms of CPU time per 100 ms)")
+    memory: Annotated[str, BeforeValidator(lambda v: _size(v))] | None = Field(
+        None, description="memory limit (cgroup memory.max), e.g. 4GiB")
+    read_iops: Annotated[int, _int_between(1, 10**9)] | None = Field(None, description="read IOs per second")
+    write_iops: Annotated[int, _int_between(1, 10**9)] | None = Field(None, description="write IOs per second")
+    read_mbps: Annotated[float, _number_between(0.0, 10**6, low_open=True)] | None = Field(
+        None, description="read MiB per second")
+    write_mbps: Annotated[float, _number_between(0.0, 10**6, low_open=True)] | None = Field(
+        None, description="write MiB per second")
+
+
+class Client(Strict):
+    """pgbench's own budget, so that server and client do not steal from each other unseen."""
+
+    cpus: Cpus | None = Field(None, description="CPU quota of pgbench, in cores")
+    cpuset: Annotated[str, _text(256, pattern=_CPUSET, what="a CPU list such as 1 or 0-1,3")] | None = Field(
+        None, description="CPUs pgbench may run on (cpuset), e.g. '1'")
+
+
 class LocalTarget(Strict):
     instances: PositiveInt = Field(3, description="primary + standbys")
     synchronous: Synchronous | None = Field(
@@ -193,6 +219,11 @@ class LocalTarget(Strict):
     run_as: Annotated[str, _text(32, pattern=_USER, what="a user name")] | None = Field(
         None, description="unprivileged user for the servers when pglab runs as root")
     bindir: Text | None = Field(None, description="PostgreSQL bin directory (default: newest installed)")
+    resources: Resources | None = Field(None, description="CPU, memory and IO limits of each instance (cgroups)")
+    client: Client | None = Field(None, description="pgbench's own cgroup: CPU quota and/or cpuset")
+    limits: Literal["strict", "best-effort"] = Field(
+        "strict", description="strict: fail when limits cannot be applied; best-effort: run, and record that "
+        "they were not")
 
     @field_validator("instances")
     @classmethod
@@ -346,6 +377,13 @@ class Matrix(Strict):
     jobs: list[Clients] | None = Field(None, min_length=1, description="default: min(clients, cores)")
     synchronous_commit: list[SyncCommit] = Field(default_factory=lambda: ["on"], min_length=1)
     parameters: dict[str, list[ParamValue]] = Field(default_factory=dict)
+    cpus: list[Cpus] | None = Field(None, min_length=1, description="CPU limit per instance as an axis: the "
+                                    "scaling loop (a rolling restart between steps)")
+
+    @field_validator("cpus")
+    @classmethod
+    def _cpus(cls, v: list[float] | None) -> list[float] | None:
+        return v if v is None else _unique(v)
 
     @field_validator("clients", "jobs")
     @classmethod
@@ -382,6 +420,7 @@ class Matrix(Strict):
         axes = {"workload": len(self.workload), "synchronous_commit": len(self.synchronous_commit),
                 "clients": len(self.clients), "jobs": len(self.jobs or [1])}
         axes.update({f"parameters.{name}": len(values) for name, values in self.parameters.items()})
+        axes["cpus"] = len(self.cpus or [1])
         if math.prod(axes.values()) > MAX_POINTS:
             sizes = " × ".join(f"{n} {axis}" for axis, n in axes.items() if n > 1)
             raise PydanticCustomError("matrix", "{sizes} make {points} points, more than {max}; shorten an axis",
@@ -392,7 +431,7 @@ class Matrix(Strict):
     def points(self) -> int:
         """How many points the axes make (at most; see expand)."""
         return math.prod([len(self.workload), len(self.synchronous_commit), len(self.clients), len(self.jobs or [1]),
-                          *(len(values) for values in self.parameters.values())])
+                          len(self.cpus or [1]), *(len(values) for values in self.parameters.values())])
 
 
 def _unique(values: list[Any]) -> list[Any]:
@@ -536,7 +575,8 @@ class Plan(Strict):
         if self.target.external is None:
             return self
         for given, field in ((self.postgres.parameters, "postgres.parameters"),
-                             (self.matrix.parameters, "matrix.parameters"), (self.storage, "storage")):
+                             (self.matrix.parameters, "matrix.parameters"), (self.storage, "storage"),
+                             (self.matrix.cpus, "matrix.cpus")):
             if given:
                 raise PydanticCustomError("external", "an external target is measured as it is (pglab never "
                                           "changes its settings nor runs fio on its disks); remove this",

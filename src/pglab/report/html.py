@@ -13,7 +13,7 @@ from plotly.offline import get_plotlyjs
 from pglab.analysis.compare import uplift_tables
 from pglab.analysis.cost import cost_table
 from pglab.analysis.steady import find_dips
-from pglab.report.tables import durability_table, point_table, run_table, storage_table
+from pglab.report.tables import durability_table, limits_note, point_table, run_table, storage_table
 from pglab.store.sqlite import Store
 
 MAX_SERIES_RUNS = 24  # per-run time series charts; the rest of the runs are in the tables
@@ -95,6 +95,8 @@ def build(store: Store, sweep_id: int | None = None) -> str:
                        + ", ".join(f"{p['workload']} {p['synchronous_commit']} {p['clients']} clients"
                                    for p in unsteady[:6]) + ("…" if len(unsteady) > 6 else "")
                        + f"; in {at_checkpoint} of them a checkpoint had started just before (runs table: 'dips').")
+    if note := limits_note(store, sweep_id):
+        summary.insert(0, note[0].upper() + note[1:] + ".")
     unstable = [p for p in points if p.get("unstable")]
     if unstable:
         summary.append(f"{len(unstable)} point(s) unstable (TPS CV over repeats > 5 %).")

@@ -285,6 +285,17 @@ def render(columns: list[str], rows: list[dict[str, Any]], fmt: str, title: str 
     return "\n".join(line.rstrip() for line in console.export_text().splitlines()) + "\n"
 
 
+def limits_note(store: Store, sweep_id: int | None = None) -> str | None:
+    """A warning when the plan's resource limits were not in force (limits: best-effort) for some runs."""
+    sweep_id = sweep_id if sweep_id is not None else store.latest_sweep_id()
+    runs = store.runs(sweep_id)
+    missing = [r for r in runs if r.metrics.get("limits_applied") == 0.0]
+    if not missing:
+        return None
+    return (f"resource limits were NOT applied in {len(missing)} of {len(runs)} run(s) (limits: best-effort); "
+            "their figures are those of an unlimited lab; see limits.json in each run folder")
+
+
 TABLES = ("database", "storage", "durability", "cost", "uplift")
 UPLIFT_HEADERS = {"a": "A tps", "b": "B tps", "uplift_pct": "uplift %", "ci95_low_pct": "95 % low",
                   "ci95_high_pct": "95 % high"}
@@ -341,6 +352,8 @@ def full_report(store: Store, fmt: str, sweep_id: int | None = None, per_run: bo
 
         for up_title, up_columns, up_rows in uplift_tables(store, sweep_id):
             parts.append(render(up_columns, up_rows, fmt, title=up_title, headers=UPLIFT_HEADERS))
+    if (note := limits_note(store, sweep_id)) and table in (None, "database"):
+        parts.append(note + "\n")
     if cost_rows and table in (None, "cost") and not per_run:
         parts.append(render(cost_columns, cost_rows, fmt, title="cost at peak TPS",
                             headers={"per_tps": f"{cost_rows[0]['currency']}/TPS·month", "peak_tps": "peak tps"}))

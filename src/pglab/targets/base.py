@@ -96,3 +96,21 @@ class Target(Protocol):
 
     def teardown(self, keep: bool = False) -> None:
         """Stop everything this target started; remove its files unless ``keep``."""
+
+    cpus_axis: bool
+    cpus: float | None
+
+    def set_cpus(self, cpus: float | None) -> float | None:
+        """A step of the CPU scaling loop (new limits, rolling restart); its seconds, or None when unchanged."""
+
+    def take_events(self) -> list[tuple[float, str, str]]:
+        """Target events since the last call (restarts, CPU steps), for the sweep's timeline."""
+
+    def limits_in_force(self) -> dict[str, Any]:
+        """Resource limits as the kernel reports them ({} when the target has none)."""
+
+    def cpu_stats(self) -> dict[str, dict[str, float]]:
+        """Per instance: CPU seconds used and CFS throttling counters, for deltas over a window."""
+
+    def client_procs_files(self) -> list[Path]:
+        """cgroup.procs files pgbench must enter before it runs (its own budget), or []."""

@@ -134,3 +134,22 @@ class ExternalServer:
 
     def teardown(self, keep: bool = False) -> None:
         """Nothing was started, so nothing is stopped."""
+
+    # no cgroups, no lab events: a server pglab does not own is not limited or restarted by it
+    cpus_axis = False
+    cpus: float | None = None
+
+    def set_cpus(self, cpus: float | None) -> float | None:
+        return None
+
+    def take_events(self) -> list[tuple[float, str, str]]:
+        return []
+
+    def limits_in_force(self) -> dict[str, Any]:
+        return {}
+
+    def cpu_stats(self) -> dict[str, dict[str, float]]:
+        return {}
+
+    def client_procs_files(self) -> list[Path]:
+        return []

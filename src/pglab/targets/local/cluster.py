@@ -34,8 +34,9 @@ import psycopg
 from pglab.errors import UserError
 from pglab.plan.schema import LocalTarget
 from pglab.targets.base import Endpoint, Endpoints
-from pglab.targets.local import registry
+from pglab.targets.local import cgroups, registry
 from pglab.targets.local.postgres_bin import ServerUser, find_bindir, resolve_server_user
+from pglab.workloads.fio import parse_size
 
 SUPERUSER = "pglab"
 DBNAME = "pglab"
@@ -94,6 +95,11 @@ class LocalLab:
         self._created_dirs: list[Path] = []
         self._started = False
         self._sync_enabled = False  # set once the standbys stream, or the build itself would wait on them
+        self.groups: dict[str, cgroups.Group] = {}  # per instance, when the plan gives resources
+        self.client_group: cgroups.Group | None = None
+        self.limits_problem: str | None = None  # why limits are not applied (limits: best-effort)
+        self.cpus: float | None = spec.resources.cpus if spec.resources else None
+        self._events: list[tuple[float, str, str]] = []
 
     # ---------------------------------------------------------------- helpers
     def _abs(self, value: str) -> Path:
@@ -148,6 +154,97 @@ class LocalLab:
         assert self.lab_dir is not None
         return self.lab_dir / "sock"
 
+    # ---------------------------------------------------------------- limits (cgroups)
+    def _limits(self, cpus: float | None) -> cgroups.Limits:
+        r = self.spec.resources
+        mib = 1024 * 1024
+        return cgroups.Limits(
+            cpus=cpus, memory_bytes=parse_size(r.memory) if r and r.memory else None,
+            read_iops=r.read_iops if r else None, write_iops=r.write_iops if r else None,
+            read_bps=round(r.read_mbps * mib) if r and r.read_mbps else None,
+            write_bps=round(r.write_mbps * mib) if r and r.write_mbps else None)
+
+    def _make_groups(self) -> None:
+        """One cgroup per instance (when the plan gives resources or a CPU axis) and one for pgbench."""
+        assert self.lab_dir is not None
+        wants_servers = self.spec.resources is not None or self.cpus_axis
+        client = self.spec.client
+        if not wants_servers and client is None:
+            return
+        top = f"pglab-{self.lab_dir.name}"
+        field = "target.local.resources"
+        try:
+            if wants_servers:
+                for node in self.nodes:
+                    devices = sorted({cgroups.device_of(d) for d in (node.data.parent, node.wal.parent)})
+                    group = cgroups.Group(f"{top}/{node.name}", self._limits(self.cpus), devices)
+                    self.groups[node.name] = group
+                    group.apply()
+            if client is not None:
+                field = "target.local.client"
+                self.client_group = cgroups.Group(f"{top}/client", cgroups.Limits(cpus=client.cpus,
+                                                                                 cpuset=client.cpuset))
+                self.client_group.apply()
+        except cgroups.CgroupError as exc:
+            for g in [*self.groups.values(), *([self.client_group] if self.client_group else [])]:
+                g.remove()
+            self.groups, self.client_group = {}, None
+            if self.spec.limits == "strict":
+                raise UserError(f"{field}: the limits cannot be applied here ({exc}); run pglab as "
+                                "root on a host with cgroups, or set target.local.limits: best-effort.") from None
+            self.limits_problem = str(exc)
+            self.log(f"limits NOT applied (limits: best-effort): {exc}")
+
+    cpus_axis = False  # set by the runner when the plan sweeps matrix.cpus
+
+    def _enter_group(self, node: Node) -> None:
+        group = self.groups.get(node.name)
+        pid = node.postmaster_pid()
+        if group is not None and pid is not None:
+            group.add_tree(pid)
+
+    def limits_in_force(self) -> dict[str, Any]:
+        """What the kernel reports for every group now (stored with each run)."""
+        if self.limits_problem:
+            return {"applied": False, "reason": self.limits_problem}
+        out: dict[str, Any] = {"applied": bool(self.groups or self.client_group)}
+        for name, g in self.groups.items():
+            out[name] = g.in_force()
+        if self.client_group is not None:
+            out["client"] = self.client_group.in_force()
+        return out
+
+    def cpu_stats(self) -> dict[str, dict[str, float]]:
+        """CPU used and CFS throttling per instance group, to take deltas over a measured window."""
+        out = {}
+        for name, g in self.groups.items():
+            with contextlib.suppress(cgroups.CgroupError, ValueError):
+                out[name] = g.cpu_stat()
+        return out
+
+    def client_procs_files(self) -> list[Path]:
+        return self.client_group.procs_files() if self.client_group else []
+
+    def set_cpus(self, cpus: float | None) -> float | None:
+        """A step of the CPU scaling loop: new quota on every instance, then a rolling restart (standbys first,
+        then the primary) as an operator would roll it, waiting until all stream again. Returns its seconds."""
+        if cpus == self.cpus or not self.groups:
+            return None
+        started = time.monotonic()
+        self.cpus = cpus
+        for g in self.groups.values():
+            g.apply(self._limits(cpus))
+        self.restart()
+        seconds = time.monotonic() - started
+        self._events.append((time.time(), "cpu-step", f"cpus={cpus:g}: rolling restart took {seconds:.1f} s"))
+        self.log(f"CPU limit {cpus:g} per instance: rolling restart took {seconds:.1f} s")
+        return seconds
+
+    def take_events(self) -> list[tuple[float, str, str]]:
+        """Lab events since the last call (CPU steps, restarts after a fault), for the sweep's timeline."""
+        out, self._events = self._events, []
+        return out
+
     # ---------------------------------------------------------------- lifecycle
     read_only = False  # pglab's own lab
 
@@ -159,6 +256,7 @@ class LocalLab:
             self._create()
         elif restarted := self.repair():
             self.log(f"restarted {', '.join(restarted)} (found not running)")
+            self._events.append((time.time(), "repair", f"restarted {', '.join(restarted)} (found not running)"))
         self._apply(parameters)
         return self.endpoints()
 
@@ -243,6 +341,7 @@ class LocalLab:
         self._prepare_dirs()
         assert self.lab_dir is not None
         registry.register(self.lab_dir, [d for d in self._created_dirs if not d.is_relative_to(self.lab_dir)])
+        self._make_groups()
         password = self._write_secrets()
         self._write_state()
         primary = self.nodes[0]
@@ -330,6 +429,7 @@ class LocalLab:
         for _attempt in range(5):
             try:
                 self._pg_ctl(node, "-l", str(node.log), "start")
+                self._enter_group(node)
                 break
             except LabError as exc:
                 tail = self.log_tail(node)
@@ -443,6 +543,7 @@ class LocalLab:
         for node in [*self.nodes[1:], self.nodes[0]]:
             try:
                 self._pg_ctl(node, "-m", "fast", "-l", str(node.log), "restart")
+                self._enter_group(node)
             except LabError as exc:
                 raise LabError(f"{node.name} did not restart: {exc}; server log: {self.log_tail(node)}") from None
         self._write_state()
@@ -525,6 +626,9 @@ class LocalLab:
                 self.stop_node(node)
             except Exception as exc:  # teardown must go on with the others
                 self.log(f"stopping {node.name}: {exc}")
+        for g in [*self.groups.values(), *([self.client_group] if self.client_group else [])]:
+            g.remove()
+        self.groups, self.client_group = {}, None
         for d in reversed(self._created_dirs):
             shutil.rmtree(d, ignore_errors=True)
         self._created_dirs.clear()
@@ -580,6 +684,8 @@ def clean_lab(lab_dir: Path, unregister_entry: bool = True) -> list[str]:
             if d.is_dir() and not d.is_relative_to(lab_dir):
                 shutil.rmtree(d, ignore_errors=True)
     shutil.rmtree(lab_dir, ignore_errors=True)
+    with contextlib.suppress(OSError):
+        cgroups.remove_named(f"pglab-{lab_dir.name}")
     if unregister_entry:
         registry.unregister(lab_dir)
     return stopped

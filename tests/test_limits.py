@@ -1,0 +1,109 @@
+"""Resource limits through cgroups: applied to each instance and to pgbench, read back and stored with every
+run; the CPU scaling loop restarts the cluster between steps and the quota shows in the figures."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sqlite3
+import tempfile
+from pathlib import Path
+
+from conftest import pglab, processes_mentioning
+from pglab.targets.local import cgroups
+
+
+def _cgroup_of(pid: int, controller: str) -> str:
+    for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
+        _, names, path = line.split(":", 2)
+        if controller in names.split(","):
+            return path
+    return ""
+
+
+def test_limits_applied_read_back_and_the_cpu_scaling_loop() -> None:
+    base = Path(tempfile.mkdtemp(prefix="pglab-test-"))
+    os.chmod(base, 0o711)
+    plan = base / "plan.yaml"
+    plan.write_text("""
+name: limits
+target:
+  local:
+    instances: 2
+    synchronous: {number: 1}
+    resources: {memory: 1GiB, write_iops: 5000, read_mbps: 500}
+    client: {cpus: 1.5}
+dataset: {scale: 1}
+matrix: {workload: [select-only], clients: [4], cpus: [0.25, 1]}
+run: {duration: 3s, repeats: 1}
+""")
+    results = base / "r"
+    lab: Path | None = None
+    limits: dict[float, dict] = {}
+    try:
+        proc = pglab("run", str(plan), "--results", str(results), "--keep", "--format", "json")
+        assert proc.returncode == 0, proc.stderr
+        db = sqlite3.connect(results / "results.db")
+        target = json.loads(db.execute("SELECT target FROM sweeps").fetchone()[0])
+        lab = Path(target["lab_dir"])
+        rows = {row["cpus"]: row for row in json.loads(proc.stdout)}
+        # the quota is what bounds select-only: a quarter core gives far less than a full one
+        assert rows[0.25]["tps"] < 0.5 * rows[1.0]["tps"], rows
+        assert rows[0.25]["bottleneck"].startswith("cpu (primary"), rows[0.25]["bottleneck"]
+        assert "quota" in rows[0.25]["bottleneck"]
+        # the limits in force, as the kernel reports them, are stored with each run
+        limits.update({json.loads(p.read_text())["n0"]["cpus"]: json.loads(p.read_text())
+                       for p in (results / "runs").glob("*/limits.json")})
+        assert sorted(limits) == [0.25, 1.0]
+        for lim in limits.values():
+            assert lim["applied"] is True and lim["n1"]["cpus"] == lim["n0"]["cpus"]
+            assert lim["n0"]["memory_bytes"] == 1024**3
+            assert lim["client"]["cpus"] == 1.5
+            io = json.dumps(lim["n0"].get("io_max"))
+            assert "5000" in io and str(500 * 1024 * 1024) in io
+        metrics = dict(db.execute("SELECT m.name, m.value FROM run_metrics m JOIN runs r ON r.id = m.run_id "
+                                  "JOIN points p ON p.id = r.point_id WHERE p.axes LIKE '%\"cpus\": 0.25%'"))
+        assert metrics["limit_cpus"] == 0.25 and metrics["limits_applied"] == 1.0
+        assert metrics["primary_cpu_cores"] <= 0.25 * 1.15  # the primary never used more than its quota
+        assert metrics["cpu_throttled_pct"] > 20
+        # one rolling restart between the two steps, recorded on the sweep's timeline
+        steps = db.execute("SELECT detail FROM events WHERE kind = 'cpu-step'").fetchall()
+        assert len(steps) == 1 and steps[0][0].startswith("cpus=1: rolling restart took")
+        db.close()
+        # every server process and pgbench ran inside their groups
+        state = json.loads((lab / "lab.json").read_text())
+        for node in state["nodes"]:
+            pid = int((Path(node["data"]) / "postmaster.pid").read_text().split()[0])
+            assert _cgroup_of(pid, "cpu").endswith(f"pglab-{lab.name}/{node['name']}")
+            for child in cgroups._descendants(pid):
+                assert _cgroup_of(child, "cpu").endswith(f"pglab-{lab.name}/{node['name']}")
+        client = Path(limits[1.0]["client"]["path"])
+        usage = client / ("cpuacct.usage" if (client / "cpuacct.usage").exists() else "cpu.stat")
+        assert usage.exists() and any(int(x) > 0 for x in usage.read_text().split() if x.isdigit())
+    finally:
+        if lab is not None:
+            pglab("lab", "clean", str(lab))
+            assert processes_mentioning(str(lab)) == []
+            groups = [g["path"] for lim in limits.values() for g in (lim["n0"], lim["client"])]
+            assert groups and not any(Path(p).exists() for p in groups)  # the cgroups went with the lab
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def test_limits_that_cannot_be_applied(tmp_path: Path) -> None:
+    plan = tmp_path / "plan.yaml"
+    bad_cpu = (os.cpu_count() or 1) + 60  # no such CPU: the kernel refuses the cpuset
+    text = ("name: limits\ntarget: {local: {instances: 1, synchronous: null, client: {cpuset: '%d'}%s}}\n"
+            "dataset: {scale: 1}\nrun: {transactions: 50}\n")
+    plan.write_text(text % (bad_cpu, ""))
+    strict = pglab("run", str(plan), "--results", str(tmp_path / "a"))
+    assert strict.returncode == 2 and "target.local.client: the limits cannot be applied here" in strict.stderr
+    assert "best-effort" in strict.stderr and "Traceback" not in strict.stderr
+    plan.write_text(text % (bad_cpu, ", limits: best-effort"))
+    loose = pglab("run", str(plan), "--results", str(tmp_path / "b"), "--format", "json")
+    assert loose.returncode == 0, loose.stderr
+    assert "limits NOT applied" in loose.stderr
+    (limits,) = [json.loads(p.read_text()) for p in (tmp_path / "b" / "runs").glob("*/limits.json")]
+    assert limits["applied"] is False and "cpuset" in limits["reason"]
+    report = pglab("report", str(tmp_path / "b"), check=True).stdout
+    assert "NOT applied" in report
