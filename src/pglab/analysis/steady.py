@@ -34,7 +34,9 @@ class Dip:
 
 def find_dips(series: Sequence[tuple[float, float]], start: float, end: float) -> list[Dip]:
     """``series``: (epoch ts at the end of each second, TPS). Only seconds wholly inside [start, end] count."""
-    inside = sorted((ts, v) for ts, v in series if ts - 1.0 >= start - 0.5 and ts <= end + 0.5)
+    # pgbench's progress seconds count from its launch; the window from its first transaction, a few ms later.
+    # Only whole seconds inside it count: the launch second is a ramp (connections opening), not a dip.
+    inside = sorted((ts, v) for ts, v in series if ts - 1.0 >= start - 0.05 and ts <= end + 0.05)
     if len(inside) < 3:
         return []
     median = statistics.median(v for _, v in inside)

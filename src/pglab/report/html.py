@@ -32,7 +32,9 @@ def _cell(value: Any) -> str:
 def _section(sid: str, title: str, columns: list[str], rows: list[dict[str, Any]], note: str = "",
              headers: dict[str, str] | None = None) -> dict[str, Any]:
     text = {c for c in columns if rows and isinstance(rows[0].get(c), str)}
-    return {"id": sid, "title": title, "columns": columns, "headers": headers or {}, "text": text, "note": note,
+    long = {c for c in columns if c in ("bottleneck", "note", "dips", "reason")}
+    return {"id": sid, "title": title, "columns": columns, "headers": headers or {}, "text": text, "long": long,
+            "note": note,
             "rows": [{c: _cell(r.get(c)) for c in columns} for r in rows]}
 
 

@@ -99,7 +99,9 @@ def _dips(store: Store, run: RunRow) -> list[Dip]:
     dips = find_dips(series, *window)
     if not dips:
         return []
-    checkpoints = [ts for ts, _ in store.sweep_events(run.sweep_id, "checkpoint-start", window[0] - 60, window[1])]
+    # an "immediate" checkpoint is the one the reset before the run forces and waits for: done before the window
+    checkpoints = [ts for ts, reason in store.sweep_events(run.sweep_id, "checkpoint-start", window[0] - 60, window[1])
+                   if "immediate" not in (reason or "")]
     return tie_to_checkpoints(dips, checkpoints)
 
 
