@@ -54,3 +54,10 @@ def test_a_cpu_quota_is_named_before_a_busy_host() -> None:
     quiet = attribute({"cpu_pct": 40.0, "limit_cpus": 2.0, "primary_cpu_cores": 0.5, "cpu_throttled_pct": 1.0},
                       cores=2, jobs=1)
     assert quiet == []
+
+
+def test_a_client_at_its_own_quota_is_named() -> None:
+    verdicts = attribute({"cpu_pct": 60.0, "client_cpu_cores": 0.49, "limit_client_cpus": 0.5,
+                          "client_throttled_pct": 80.0, "wait.Client:ClientRead": 0.7}, cores=2, jobs=2)
+    assert verdicts[0].resource == "client"
+    assert verdicts[0].evidence == "pgbench 0.49 of its 0.5-core quota, throttled in 80 % of CFS periods"

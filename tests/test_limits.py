@@ -107,3 +107,15 @@ def test_limits_that_cannot_be_applied(tmp_path: Path) -> None:
     assert limits["applied"] is False and "cpuset" in limits["reason"]
     report = pglab("report", str(tmp_path / "b"), check=True).stdout
     assert "NOT applied" in report
+
+
+def test_a_client_held_to_a_small_quota_is_recognised(tmp_path: Path) -> None:
+    plan = tmp_path / "plan.yaml"
+    plan.write_text("name: client\ntarget: {local: {instances: 1, synchronous: null, client: {cpus: 0.1}}}\n"
+                    "dataset: {scale: 1}\nmatrix: {workload: [select-only], clients: [4]}\n"
+                    "run: {duration: 3s, repeats: 1}\n")
+    proc = pglab("run", str(plan), "--results", str(tmp_path / "r"), "--format", "json")
+    assert proc.returncode == 0, proc.stderr
+    (row,) = json.loads(proc.stdout)
+    assert row["bottleneck"].startswith("client (pgbench"), row["bottleneck"]
+    assert "of its 0.1-core quota" in row["bottleneck"]

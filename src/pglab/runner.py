@@ -486,11 +486,15 @@ def _limit_metrics(limits: dict[str, Any], before: dict[str, dict[str, float]], 
         out["limit_cpus"] = primary["cpus"]
     if (limits.get("client") or {}).get("cpus") is not None:
         out["limit_client_cpus"] = limits["client"]["cpus"]
-    b, a = before.get("n0"), after.get("n0")
-    if b and a and seconds > 0:
-        out["primary_cpu_cores"] = (a["usage_s"] - b["usage_s"]) / seconds
-        periods = a["periods"] - b["periods"]
-        out["cpu_throttled_pct"] = (a["throttled"] - b["throttled"]) / periods * 100 if periods > 0 else 0.0
+    for group, prefix in (("n0", "primary"), ("client", "client")):
+        b, a = before.get(group), after.get(group)
+        if b and a and seconds > 0:
+            out[f"{prefix}_cgroup_cpu_cores"] = (a["usage_s"] - b["usage_s"]) / seconds
+            periods = a["periods"] - b["periods"]
+            throttled = (a["throttled"] - b["throttled"]) / periods * 100 if periods > 0 else 0.0
+            out["cpu_throttled_pct" if group == "n0" else "client_throttled_pct"] = throttled
+    if "primary_cgroup_cpu_cores" in out:
+        out["primary_cpu_cores"] = out.pop("primary_cgroup_cpu_cores")
     return out
 
 

@@ -84,6 +84,13 @@ def attribute(metrics: dict[str, float | None], cores: int, jobs: int | None = N
         if host_saturated:
             detail += f"; host CPU {busy:.0f} % busy"
         out.append(Verdict("cpu", 200.0 + score, detail))  # the quota is the direct bound, before the host
+    client_quota, client_throttled = metrics.get("limit_client_cpus"), metrics.get("client_throttled_pct")
+    if client_quota and ((client is not None and client >= SERVER_CORES_SHARE * client_quota)
+                         or (client_throttled is not None and client_throttled >= THROTTLED_PCT)):
+        score = max((client or 0.0) / (SERVER_CORES_SHARE * client_quota), (client_throttled or 0.0) / THROTTLED_PCT)
+        out.append(Verdict("client", 150.0 + score, f"pgbench {client or 0.0:.2f} of its {client_quota:g}-core quota"
+                           + (f", throttled in {client_throttled:.0f} % of CFS periods"
+                              if client_throttled is not None else "")))
     if client is not None and jobs and client >= CLIENT_THREAD_BUSY * jobs:
         out.append(Verdict("client", client / (CLIENT_THREAD_BUSY * jobs),
                            f"pgbench {client:.2f} cores for {jobs} thread(s)"))

@@ -215,9 +215,10 @@ class LocalLab:
         return out
 
     def cpu_stats(self) -> dict[str, dict[str, float]]:
-        """CPU used and CFS throttling per instance group, to take deltas over a measured window."""
+        """CPU used and CFS throttling per instance group (and pgbench's), for deltas over a measured window."""
         out = {}
-        for name, g in self.groups.items():
+        named = {**self.groups, **({"client": self.client_group} if self.client_group else {})}
+        for name, g in named.items():
             with contextlib.suppress(cgroups.CgroupError, ValueError):
                 out[name] = g.cpu_stat()
         return out
