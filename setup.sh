@@ -9,6 +9,11 @@ cd "$(dirname "$0")"
 
 APT_PACKAGES=(postgresql postgresql-contrib fio sysstat python3 python3-venv python3-pip procps util-linux)
 TEST_APT_PACKAGES=(chromium)  # the HTML report's browser test (Debian's Chromium; no downloaded browser)
+# Toxiproxy shapes the replication links (latency, bandwidth). It is built from the Go module proxy (no release
+# download), checksum-verified by the Go checksum database. v2.8.0 is the newest whose go.mod and dependencies
+# build with Go 1.19, Debian 12's golang-go (v2.9.0 needs Go 1.22).
+TOXIPROXY_VERSION=v2.8.0
+GO_MIN_MINOR=19
 
 sudo_cmd() {
     if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi
@@ -51,9 +56,64 @@ install_python_packages() {
     fi
 }
 
+go_in_tools() {
+    # Every cache, download, temporary and telemetry file of the Go build stays in .tools/go; the user's go env
+    # file (a proxy setting, say) is still read.
+    local tools="$PWD/.tools/go"
+    mkdir -p "$tools/tmp"
+    env GOENV="${GOENV:-${XDG_CONFIG_HOME:-${HOME:-/nonexistent}/.config}/go/env}" XDG_CONFIG_HOME="$tools/config" \
+        GOPATH="$tools" GOMODCACHE="$tools/pkg/mod" GOCACHE="$tools/cache" GOTMPDIR="$tools/tmp" GOBIN="$tools/bin" \
+        GOFLAGS="-mod=mod -modcacherw" GOTOOLCHAIN=local CGO_ENABLED=0 "$@"
+}
+
+find_go() {
+    # A go new enough for the pinned toxiproxy: the one on PATH, else one the distribution installed.
+    local g v
+    for g in "$(command -v go || true)" /usr/lib/go/bin/go /usr/lib/go-1.*/bin/go; do
+        [ -n "$g" ] && [ -x "$g" ] || continue
+        v="$(go_in_tools "$g" env GOVERSION 2>/dev/null)" || continue
+        if [[ "$v" =~ ^go1\.([0-9]+) ]] && [ "${BASH_REMATCH[1]}" -ge "$GO_MIN_MINOR" ]; then
+            echo "$g"; return 0
+        fi
+    done
+    return 1
+}
+
+install_go() {
+    echo "setup: installing Go from the distribution (golang-go), to build toxiproxy"
+    sudo_cmd apt-get update -qq
+    sudo_cmd env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends golang-go >/dev/null
+    find_go >/dev/null && return 0
+    # A release whose golang-go is older (Ubuntu 22.04: 1.18) has newer ones as golang-1.NN-go.
+    local pkg
+    pkg="$(apt-cache pkgnames golang-1. | grep -E '^golang-1\.[0-9]+-go$' | sort -V | tail -n 1 || true)"
+    if [ -n "$pkg" ]; then
+        sudo_cmd env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$pkg" >/dev/null
+    fi
+}
+
+install_toxiproxy() {
+    local bin=.tools/bin/toxiproxy-server go
+    if [ -x "$bin" ] && [ "$("$bin" --version 2>/dev/null)" = "toxiproxy-server version ${TOXIPROXY_VERSION#v}" ]; then
+        return
+    fi
+    go="$(find_go)" || { install_go; go="$(find_go)"; } || {
+        echo "setup: Go >= 1.$GO_MIN_MINOR is needed to build toxiproxy; install golang-go (>= 1.$GO_MIN_MINOR)." >&2
+        exit 2
+    }
+    local module=github.com/Shopify/toxiproxy/v2
+    echo "setup: building toxiproxy-server $TOXIPROXY_VERSION with $(go_in_tools "$go" env GOVERSION) (once, 1-2 min)"
+    go_in_tools "$go" install -trimpath -ldflags "-s -w -X $module.Version=${TOXIPROXY_VERSION#v}" \
+        "$module/cmd/server@$TOXIPROXY_VERSION"
+    mkdir -p .tools/bin
+    mv -f .tools/go/bin/server "$bin"
+    rm -rf .tools/go/cache .tools/go/tmp  # the build cache (~100 MB) is not needed again; the verified sources stay
+}
+
 install_all() {
-    install_system_packages
+    install_system_packages "$@"
     install_python_packages
+    install_toxiproxy
 }
 
 case "${1:-}" in
@@ -63,8 +123,7 @@ case "${1:-}" in
         install_all
         exec .venv/bin/pglab run examples/quickstart.yaml --results results/quickstart ;;
     test)
-        install_system_packages "${TEST_APT_PACKAGES[@]}"
-        install_python_packages
+        install_all "${TEST_APT_PACKAGES[@]}"
         .venv/bin/ruff check src tests bench
         exec .venv/bin/python -m pytest -q tests ;;
     *)
