@@ -210,6 +210,27 @@ class Client(Strict):
         None, description="CPUs pgbench may run on (cpuset), e.g. '1'")
 
 
+class Network(Strict):
+    """The replication link between the primary and each standby, shaped through Toxiproxy."""
+
+    latency_ms: Annotated[int, _int_between(0, 10_000, "a whole number of milliseconds, 0 or more")] = Field(
+        0, description="added round trip (half each way): what every synchronous commit pays on top")
+    jitter_ms: Annotated[int, _int_between(0, 10_000, "a whole number of milliseconds, 0 or more")] = Field(
+        0, description="spread of the added round trip (uniform ±)")
+    bandwidth_kbps: Annotated[int, _int_between(8, 10**9, "a whole number of kbit/s, at least 8")] | None = Field(
+        None, description="primary → standby bandwidth cap in kbit/s (a multiple of 8)")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Network:
+        if self.jitter_ms > self.latency_ms:
+            raise PydanticCustomError("network", "jitter_ms ({j}) must be at most latency_ms ({l}): a delay cannot "
+                                      "be negative", {"j": self.jitter_ms, "l": self.latency_ms, "at": "jitter_ms"})
+        if self.bandwidth_kbps is not None and self.bandwidth_kbps % 8:
+            raise PydanticCustomError("network", "must be a multiple of 8 (Toxiproxy shapes whole kB/s)",
+                                      {"at": "bandwidth_kbps"})
+        return self
+
+
 class LocalTarget(Strict):
     instances: PositiveInt = Field(3, description="primary + standbys")
     synchronous: Synchronous | None = Field(
@@ -221,6 +242,7 @@ class LocalTarget(Strict):
     bindir: Text | None = Field(None, description="PostgreSQL bin directory (default: newest installed)")
     resources: Resources | None = Field(None, description="CPU, memory and IO limits of each instance (cgroups)")
     client: Client | None = Field(None, description="pgbench's own cgroup: CPU quota and/or cpuset")
+    network: Network | None = Field(None, description="replication link latency/bandwidth through Toxiproxy")
     limits: Literal["strict", "best-effort"] = Field(
         "strict", description="strict: fail when limits cannot be applied; best-effort: run, and record that "
         "they were not")

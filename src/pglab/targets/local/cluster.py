@@ -100,6 +100,8 @@ class LocalLab:
         self.limits_problem: str | None = None  # why limits are not applied (limits: best-effort)
         self.cpus: float | None = spec.resources.cpus if spec.resources else None
         self._events: list[tuple[float, str, str]] = []
+        self.toxiproxy: Any = None  # ToxiproxyServer when the plan shapes the replication links
+        self.proxy_ports: dict[str, int] = {}
 
     # ---------------------------------------------------------------- helpers
     def _abs(self, value: str) -> Path:
@@ -376,9 +378,12 @@ class LocalLab:
         self._start(primary, may_move=True)
         with self.connect(primary, dbname="postgres") as conn:
             conn.execute(f"CREATE DATABASE {DBNAME}")
+        self._start_proxies()
         for node in self.nodes[1:]:
             self.log(f"pg_basebackup {node.name} from {primary.name}")
-            conninfo = (f"host=127.0.0.1 port={primary.port} user={SUPERUSER} "
+            # through the node's proxy (not shaped yet), so that -R writes the proxy into primary_conninfo
+            port = self.proxy_ports.get(node.name, primary.port)
+            conninfo = (f"host=127.0.0.1 port={port} user={SUPERUSER} "
                         f"passfile={self._server_passfile} application_name={node.name}")
             try:
                 self._run([self._bin("pg_basebackup"), "-D", str(node.data), "--waldir", str(node.wal), "-R",
@@ -393,6 +398,37 @@ class LocalLab:
         with self.connect(primary) as conn:
             conn.execute("SELECT pg_reload_conf()")
         self.wait_streaming()
+        self._shape_links()
+
+    def _start_proxies(self) -> None:
+        """One Toxiproxy proxy per standby in front of the primary, when the plan shapes the network."""
+        net = self.spec.network
+        if net is None or len(self.nodes) < 2:
+            return
+        from pglab.targets.local.toxiproxy import ToxiproxyServer
+
+        assert self.lab_dir is not None
+        workdir = self.lab_dir / "toxiproxy"
+        workdir.mkdir(exist_ok=True)
+        self.toxiproxy = ToxiproxyServer(workdir, self.lab_dir / "logs" / "toxiproxy.log")
+        for node in self.nodes[1:]:
+            self.proxy_ports[node.name] = self.toxiproxy.create_proxy(node.name, self.nodes[0].port)
+
+    def _shape_links(self) -> None:
+        net = self.spec.network
+        if self.toxiproxy is None or net is None:
+            return
+        for name in self.proxy_ports:
+            self.toxiproxy.set_link(name, net.latency_ms, net.jitter_ms, net.bandwidth_kbps)
+        self.log(f"replication links shaped: +{net.latency_ms} ms round trip ± {net.jitter_ms} ms"
+                 + (f", {net.bandwidth_kbps} kbit/s" if net.bandwidth_kbps else ""))
+
+    def links_in_force(self) -> dict[str, Any]:
+        """Each standby's link as Toxiproxy reports it (stored with every run)."""
+        if self.toxiproxy is None:
+            return {}
+        return {name: {**self.toxiproxy.link(name).__dict__, "proxy_port": port}
+                for name, port in self.proxy_ports.items()}
 
     def _base_conf(self, node: Node) -> dict[str, Any]:
         standby_names = ", ".join(n.name for n in self.nodes[1:])
@@ -582,9 +618,11 @@ class LocalLab:
             "synchronous_standby_names": self._base_conf(self.nodes[0]).get("synchronous_standby_names")
             if self.nodes else None,
             "nodes": [
-                {"name": n.name, "role": n.role, "port": n.port, "data": str(n.data), "wal": str(n.wal)}
+                {"name": n.name, "role": n.role, "port": n.port, "data": str(n.data), "wal": str(n.wal),
+                 **({"via_proxy_port": self.proxy_ports[n.name]} if n.name in self.proxy_ports else {})}
                 for n in self.nodes
             ],
+            "network": self.spec.network.model_dump() if self.spec.network else None,
         }
 
     def _write_state(self) -> None:
@@ -627,6 +665,9 @@ class LocalLab:
                 self.stop_node(node)
             except Exception as exc:  # teardown must go on with the others
                 self.log(f"stopping {node.name}: {exc}")
+        if self.toxiproxy is not None:
+            self.toxiproxy.stop()
+            self.toxiproxy = None
         for g in [*self.groups.values(), *([self.client_group] if self.client_group else [])]:
             g.remove()
         self.groups, self.client_group = {}, None
@@ -667,7 +708,7 @@ def clean_lab(lab_dir: Path, unregister_entry: bool = True) -> list[str]:
     except (OSError, ValueError):
         raise UserError(f"'{lab_dir}' is not a pglab lab (no readable lab.json).") from None
     node_dirs = [Path(n[k]).parent for n in state.get("nodes", []) for k in ("data", "wal")]
-    registry.kill_all([p for p in registry.processes_using([lab_dir / "sock", *node_dirs])
+    registry.kill_all([p for p in registry.processes_using([lab_dir / "sock", lab_dir / "toxiproxy", *node_dirs])
                        if not _is_postmaster_child(p)])  # clients first: pgbench, fio
     stopped = []
     for n in state.get("nodes", []):
