@@ -103,7 +103,8 @@ def test_server_cpu_counts_the_whole_tree_including_short_lived_children() -> No
     ncpu = os.cpu_count() or 1
     assert all(0.0 <= r.get("server_cores") <= ncpu + 0.1 for r in rows(samples))
     summary = probe.summarize(samples, s, s + 2)
-    assert summary["server_cpu_cores"] >= 0.8
+    # the tree burned its CPU inside these two seconds: their mean is its total over two (however busy the host)
+    assert summary["server_cpu_cores"] == pytest.approx(reported_s / 2, rel=0.25)
     assert summary["client_cpu_cores"] == 0.0
 
 
