@@ -14,6 +14,12 @@ TEST_APT_PACKAGES=(chromium)  # the HTML report's browser test (Debian's Chromiu
 # build with Go 1.19, Debian 12's golang-go (v2.9.0 needs Go 1.22).
 TOXIPROXY_VERSION=v2.8.0
 GO_MIN_MINOR=19
+# cnpg-check (tools/cnpg-check) strictly decodes rendered Kubernetes manifests into CloudNativePG's published Go
+# types; its modules (github.com/cloudnative-pg/api v1.29.0, k8s.io/api v0.35.3) need Go >= 1.25. An older system
+# Go fetches this pinned toolchain from the module proxy (golang.org/toolchain, checksum-verified by GOSUMDB)
+# into .tools/go; nothing is installed system-wide.
+CNPG_CHECK_GO_MIN_MINOR=25
+CNPG_CHECK_TOOLCHAIN=go1.25.5
 
 sudo_cmd() {
     if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi
@@ -67,12 +73,12 @@ go_in_tools() {
 }
 
 find_go() {
-    # A go new enough for the pinned toxiproxy: the one on PATH, else one the distribution installed.
-    local g v
+    # A go new enough (default: for the pinned toxiproxy): the one on PATH, else one the distribution installed.
+    local g v min="${1:-$GO_MIN_MINOR}"
     for g in "$(command -v go || true)" /usr/lib/go/bin/go /usr/lib/go-1.*/bin/go; do
         [ -n "$g" ] && [ -x "$g" ] || continue
         v="$(go_in_tools "$g" env GOVERSION 2>/dev/null)" || continue
-        if [[ "$v" =~ ^go1\.([0-9]+) ]] && [ "${BASH_REMATCH[1]}" -ge "$GO_MIN_MINOR" ]; then
+        if [[ "$v" =~ ^go1\.([0-9]+) ]] && [ "${BASH_REMATCH[1]}" -ge "$min" ]; then
             echo "$g"; return 0
         fi
     done
@@ -110,10 +116,41 @@ install_toxiproxy() {
     rm -rf .tools/go/cache .tools/go/tmp  # the build cache (~100 MB) is not needed again; the verified sources stay
 }
 
+pinned_toolchain() {
+    # The pinned Go toolchain as a module (what GOTOOLCHAIN=goX.Y.Z does, but also from Go 1.19): downloaded into
+    # .tools/go/pkg/mod and verified against the checksum database; module zips carry no modes, hence the chmod.
+    local base="$1" arch dir
+    case "$(uname -m)" in x86_64) arch=amd64 ;; aarch64 | arm64) arch=arm64 ;; *) arch="$(uname -m)" ;; esac
+    dir="$(go_in_tools "$base" mod download -json "golang.org/toolchain@v0.0.1-$CNPG_CHECK_TOOLCHAIN.linux-$arch" |
+        sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')"
+    [ -n "$dir" ] && [ -f "$dir/bin/go" ] || return 1
+    chmod -R u+x "$dir/bin" "$dir/pkg/tool"
+    echo "$dir/bin/go"
+}
+
+install_cnpg_check() {
+    # Rebuilt when its sources change (the stamp holds their digest); the module sources stay in .tools/go.
+    local bin=.tools/bin/cnpg-check stamp=.tools/bin/.cnpg-check.sources digest go
+    digest="$(cat tools/cnpg-check/go.mod tools/cnpg-check/go.sum tools/cnpg-check/*.go | sha256sum | cut -d' ' -f1)"
+    if [ -x "$bin" ] && [ "$(cat "$stamp" 2>/dev/null)" = "$digest" ]; then
+        return
+    fi
+    go="$(find_go "$CNPG_CHECK_GO_MIN_MINOR")" || go="$(pinned_toolchain "$(find_go)")" || {
+        echo "setup: could not fetch Go $CNPG_CHECK_TOOLCHAIN from the module proxy to build cnpg-check." >&2
+        exit 2
+    }
+    echo "setup: building cnpg-check with $(go_in_tools "$go" env GOVERSION) (once, 1-2 min)"
+    mkdir -p .tools/bin
+    (cd tools/cnpg-check && go_in_tools "$go" build -trimpath -ldflags "-s -w" -o "../../$bin" .)
+    echo "$digest" > "$stamp"
+    rm -rf .tools/go/cache .tools/go/tmp
+}
+
 install_all() {
     install_system_packages "$@"
     install_python_packages
     install_toxiproxy
+    install_cnpg_check
 }
 
 case "${1:-}" in
