@@ -132,7 +132,7 @@ LEAVES: dict[Path_, str] = {
 # the mappings that are models (unknown keys are refused) and their fields
 MODELS: dict[Path_, set[str]] = {
     (): {"name", "description", "target", "postgres", "dataset", "matrix", "run", "probes", "storage", "cost"},
-    ("target",): {"local", "external"},
+    ("target",): {"local", "external", "kubernetes"},
     ("target", "local"): {"instances", "synchronous", "paths", "run_as", "bindir"},
     ("target", "local", "synchronous"): {"method", "number"},
     ("target", "local", "paths"): {"lab", "data", "wal"},

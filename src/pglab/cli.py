@@ -28,6 +28,8 @@ plan_app = typer.Typer(no_args_is_help=True, help="Check a plan, or print its JS
 app.add_typer(plan_app, name="plan")
 lab_app = typer.Typer(no_args_is_help=True, help="Labs kept with --keep (or left behind).")
 app.add_typer(lab_app, name="lab")
+k8s_app = typer.Typer(no_args_is_help=True, help="Kubernetes target (CloudNativePG): manifests of a plan.")
+app.add_typer(k8s_app, name="k8s")
 
 out = Console(soft_wrap=True)
 err = Console(stderr=True, soft_wrap=True)
@@ -114,6 +116,9 @@ def run(
 
     _check_format(fmt)
     plan, text = _load(plan_file)
+    if plan.target.kubernetes is not None:
+        raise UserError("running a plan on a Kubernetes target is not available yet; 'pglab k8s render "
+                        f"{plan_file} -o DIR' writes its manifests for review or kubectl apply.")
     results = results or Path("results") / f"{plan.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     check_results_dir(results)
     runner = Runner(plan, text, plan_file.resolve().parent, results, keep=keep, force_new=force_new,
@@ -373,6 +378,20 @@ def lab_list() -> None:
     for e in registry.entries():
         state = "kept" if e.kept else ("in use by pglab pid " + str(e.owner_pid) if e.owner_alive() else "orphaned")
         out.print(f"{e.lab_dir}  {state}", markup=False, highlight=False)
+
+
+@k8s_app.command("render")
+def k8s_render(plan_file: Path = typer.Argument(..., help="plan (YAML) with 'target: kubernetes'"),
+               out_dir: Path = typer.Option(..., "-o", "--output", help="folder for the YAML files")) -> None:
+    """Write every manifest of a plan (namespace, RBAC, Cluster, fio and pgbench Jobs) without a cluster."""
+    from pglab.targets.kubernetes.render import render, write
+
+    plan, _ = _load(plan_file)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise UserError(f"-o: {out_dir} exists and is not a folder.")
+    paths = write(render(plan, plan_file.resolve().parent), out_dir)
+    out.print(f"{out_dir}: {len(paths)} manifests written (check them: .tools/bin/cnpg-check {out_dir}/*.yaml)",
+              markup=False, highlight=False)
 
 
 def _check_format(fmt: str) -> None:

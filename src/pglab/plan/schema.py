@@ -307,15 +307,131 @@ class ExternalTarget(Strict):
         return {k: str(v) for k, v in conninfo_to_dict(self.conninfo).items()}
 
 
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,38}[a-z0-9])?")  # short enough for the names pglab derives
+_LABEL_KEY = re.compile(r"([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+                        r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?")
+_LABEL_VALUE = re.compile(r"([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?")
+_IMAGE = re.compile(r"[a-z0-9][a-z0-9._/:@-]{0,254}", re.ASCII)
+_QUANTITY = re.compile(r"\d{1,15}(\.\d{1,6})?(Ki|Mi|Gi|Ti|Pi|k|M|G|T|P)?", re.ASCII)
+_CPU = re.compile(r"\d{1,6}(\.\d{1,3})?|\d{1,9}m", re.ASCII)
+# postgresql.conf settings CloudNativePG fixes itself (its webhook refuses them in .spec.postgresql.parameters)
+K8S_FIXED_PARAMETERS = frozenset({
+    "archive_command", "archive_mode", "cluster_name", "hot_standby", "log_destination", "log_directory",
+    "log_filename", "logging_collector", "primary_slot_name", "restore_command", "shared_preload_libraries", "ssl",
+    "ssl_ca_file", "ssl_cert_file", "ssl_key_file", "unix_socket_group", "unix_socket_permissions"})
+DnsLabel = Annotated[str, _text(40, pattern=_DNS_LABEL, what="a DNS label: lower-case letters, digits and '-', at "
+                                "most 40 characters")]
+Image = Annotated[str, _text(255, pattern=_IMAGE, what="a container image reference such as "
+                             "ghcr.io/cloudnative-pg/postgresql:17.5")]
+Quantity = Annotated[str, _text(32, pattern=_QUANTITY, what="a Kubernetes quantity such as 100Gi or 512Mi")]
+
+
+def _cpu(value: Any) -> str:
+    """Cores as Kubernetes writes them: 2, 1.5 or 500m (text, so that requests and limits render identically)."""
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        if not (math.isfinite(value) and 0 < value <= 1024):
+            raise PydanticCustomError("cpu", "must be a number of cores between 0 and 1024, such as 2 or '500m'")
+        value = f"{value:g}"
+    if not isinstance(value, str) or not _CPU.fullmatch(value) or float(value.rstrip("m") or 0) == 0:
+        raise PydanticCustomError("cpu", "must be a number of cores such as 2, 1.5 or '500m'")
+    return value
+
+
+class Toleration(Strict):
+    """A taint the pods tolerate (dedicated benchmark nodes are usually tainted)."""
+
+    key: Annotated[str, _text(253, pattern=_LABEL_KEY, what="a label key")] | None = None
+    operator: Literal["Equal", "Exists"] = "Equal"
+    value: Annotated[str, _text(63, pattern=_LABEL_VALUE, what="a label value")] | None = None
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
+
+
+class Placement(Strict):
+    """Which nodes pods may use; ``anti_affinity: required`` keeps them off the nodes of the pods they avoid."""
+
+    node_selector: dict[Annotated[str, _text(253, pattern=_LABEL_KEY, what="a label key")],
+                        Annotated[str, _text(63, pattern=_LABEL_VALUE, what="a label value")]] = Field(
+        default_factory=dict, description="node labels the pods require")
+    tolerations: list[Toleration] = Field(default_factory=list, max_length=32)
+    anti_affinity: Literal["required", "preferred", "none"] = Field(
+        "required", description="database: one instance per node; clients: never on a database node")
+    topology_key: Annotated[str, _text(253, pattern=_LABEL_KEY, what="a label key")] = Field(
+        "kubernetes.io/hostname", description="the node label that makes two nodes 'apart'")
+
+
+class K8sStorage(Strict):
+    """A volume claimed from a storage class: ``class`` (default: the cluster's default class) and ``size``."""
+
+    storage_class: Annotated[str, _text(253, pattern=_LABEL_KEY, what="a storage class name")] | None = Field(
+        None, alias="class", description="storage class (default: the cluster's default class)")
+    size: Quantity = Field("10Gi", description="volume size, e.g. 100Gi")
+
+
+class K8sResources(Strict):
+    """CPU and memory of each instance, written as requests = limits so that pods get Guaranteed QoS."""
+
+    cpu: Annotated[str, BeforeValidator(_cpu)] = Field(description="cores, e.g. 2, 1.5 or '500m'")
+    memory: Quantity = Field(description="memory, e.g. 8Gi")
+
+
+class K8sSynchronous(Synchronous):
+    """CloudNativePG's .spec.postgresql.synchronous: quorum or priority, and what happens with too few standbys."""
+
+    data_durability: Literal["required", "preferred"] = Field(
+        "required", description="required: writes wait for enough standbys; preferred: the quorum shrinks when "
+        "standbys are missing")
+
+
+class K8sClients(Placement):
+    """The pods that run pgbench and fio, placed apart from the database by default."""
+
+    image: Image | None = Field(None, description="image with pgbench (default: the database image)")
+    fio_image: Image = Field("docker.io/library/debian:bookworm-slim", description="image for fio jobs; fio is "
+                             "installed at start (apt-get) when the image lacks it")
+    cpu: Annotated[str, BeforeValidator(_cpu)] | None = Field(None, description="pgbench's cores (requests = limits)")
+    memory: Quantity | None = Field(None, description="pgbench's memory (requests = limits)")
+
+
+class KubernetesTarget(Strict):
+    """A CloudNativePG ``Cluster`` pglab creates in a namespace, with pgbench and fio as Jobs on client nodes."""
+
+    kubeconfig: Text | None = Field(None, description="kubeconfig file (default: $KUBECONFIG or ~/.kube/config)")
+    context: Annotated[str, _text(253)] | None = Field(None, description="kubeconfig context (default: current)")
+    namespace: DnsLabel = "pglab"
+    cluster_name: DnsLabel = Field("pglab", description="name of the Cluster (and prefix of what pglab creates)")
+    instances: Annotated[int, _int_between(1, 16)] = Field(3, description="primary + standbys")
+    image: Image = Field("ghcr.io/cloudnative-pg/postgresql:17.5", description="PostgreSQL operand image")
+    storage: K8sStorage = Field(default_factory=K8sStorage, description="data volumes (.spec.storage)")
+    wal_storage: K8sStorage | None = Field(None, description="separate WAL volumes (.spec.walStorage)")
+    resources: K8sResources = Field(description="per instance; requests = limits (Guaranteed QoS)")
+    synchronous: K8sSynchronous | None = Field(default_factory=K8sSynchronous,
+                                               description="null for asynchronous replication")
+    database: Placement = Field(default_factory=Placement, description="where the instances run")
+    clients: K8sClients = Field(default_factory=K8sClients, description="where pgbench and fio run")
+
+    @model_validator(mode="after")
+    def _sync_fits(self) -> KubernetesTarget:
+        if self.instances == 1 and "synchronous" not in self.model_fields_set:
+            object.__setattr__(self, "synchronous", None)  # a lone primary has nobody to wait for
+        if self.synchronous is not None and self.synchronous.number >= self.instances:
+            raise PydanticCustomError(
+                "synchronous", "synchronous.number ({number}) must be lower than instances ({instances}), as "
+                "CloudNativePG requires; raise instances or set synchronous: null",
+                {"number": self.synchronous.number, "instances": self.instances, "at": "synchronous.number"})
+        return self
+
+
 class Target(Strict):
     local: LocalTarget | None = None
     external: ExternalTarget | None = None
+    kubernetes: KubernetesTarget | None = None
 
     @model_validator(mode="after")
     def _one(self) -> Target:
-        if (self.local is None) == (self.external is None):
-            raise PydanticCustomError("target", "give exactly one target: 'local: {}' for the embedded lab, or "
-                                      "'external: {conninfo: …}' for an existing server")
+        if sum(t is not None for t in (self.local, self.external, self.kubernetes)) != 1:
+            raise PydanticCustomError("target", "give exactly one target: 'local: {}' for the embedded lab, "
+                                      "'external: {conninfo: …}' for an existing server, or 'kubernetes: {…}' for a "
+                                      "CloudNativePG cluster")
         return self
 
 
@@ -603,6 +719,28 @@ class Plan(Strict):
                 raise PydanticCustomError("external", "an external target is measured as it is (pglab never "
                                           "changes its settings nor runs fio on its disks); remove this",
                                           {"at": field})
+        return self
+
+    @model_validator(mode="after")
+    def _kubernetes_fits(self) -> Plan:
+        """What the Kubernetes target cannot do yet is refused here, not discovered half-way through a sweep."""
+        k8s = self.target.kubernetes
+        if k8s is None:
+            return self
+        for name in self.postgres.parameters:
+            if name in K8S_FIXED_PARAMETERS:
+                raise PydanticCustomError("kubernetes", "'{name}' is managed by CloudNativePG and cannot be set on a "
+                                          "Kubernetes target", {"name": name, "at": f"postgres.parameters.{name}"})
+        for given, field, why in (
+                (self.matrix.cpus, "matrix.cpus", "patching resources between steps"),
+                (self.matrix.parameters, "matrix.parameters", "changing parameters between points"),
+                (self.storage and self.storage.job_files, "storage.job_files", "custom fio job files")):
+            if given:
+                raise PydanticCustomError("kubernetes", "{why} is not available on a Kubernetes target yet; remove "
+                                          "this", {"why": why, "at": field})
+        if self.storage and k8s.wal_storage is None and self.storage.paths == ["wal"]:
+            raise PydanticCustomError("kubernetes", "'wal' needs target.kubernetes.wal_storage: without it the WAL "
+                                      "is on the data volume", {"at": "storage.paths"})
         return self
 
     @model_validator(mode="after")

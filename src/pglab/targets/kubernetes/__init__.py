@@ -1,0 +1,1 @@
+"""Kubernetes target: a CloudNativePG cluster, pgbench and fio as Jobs (``render`` builds every manifest)."""

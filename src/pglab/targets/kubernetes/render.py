@@ -1,0 +1,390 @@
+"""Plan → Kubernetes manifests: the CloudNativePG Cluster, fio and pgbench Jobs, and the RBAC pglab needs.
+
+Pure functions of the plan (no cluster, no client library): ``pglab k8s render`` writes them for review or GitOps,
+and the orchestration applies the very same objects, so what was reviewed (and strictly decoded by cnpg-check) is
+what runs. Results leave the pods through their logs (a base64 tarball between markers), so pglab needs no exec
+permission to bring back fio's per-second logs or pgbench's output.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from pglab.plan.expand import Point, expand
+from pglab.plan.schema import K8sStorage, KubernetesTarget, Placement, Plan
+from pglab.workloads import fio
+from pglab.workloads.pgbench import init_args, run_args
+
+CNPG_API = "postgresql.cnpg.io/v1"
+MANAGED_BY = {"app.kubernetes.io/managed-by": "pglab"}
+RESULTS_DIR = "/results"
+SCRIPTS_DIR = "/scripts"
+VOLUME_DIR = "/volume"
+BEGIN_MARK = "----- pglab results begin -----"
+END_MARK = "----- pglab results end -----"
+GIB = 1 << 30
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """One file of the rendered set: its name in the output folder and the object it holds."""
+
+    filename: str
+    body: dict[str, Any]
+
+    @property
+    def kind(self) -> str:
+        return str(self.body["kind"])
+
+    @property
+    def name(self) -> str:
+        return str(self.body["metadata"]["name"])
+
+
+def target_of(plan: Plan) -> KubernetesTarget:
+    k8s = plan.target.kubernetes
+    if k8s is None:
+        from pglab.errors import UserError
+
+        raise UserError(f"plan '{plan.name}' has no 'target: kubernetes'; only a Kubernetes plan renders manifests.")
+    return k8s
+
+
+def _meta(k8s: KubernetesTarget, name: str, component: str, **extra: Any) -> dict[str, Any]:
+    labels = {**MANAGED_BY, "pglab/cluster": k8s.cluster_name, "pglab/component": component}
+    return {"name": name, "namespace": k8s.namespace, "labels": labels, **extra}
+
+
+def param_value(value: str | int | float | bool) -> str:
+    """CloudNativePG takes every parameter as text (it quotes them itself): booleans as on/off."""
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    return str(value)
+
+
+def _storage(s: K8sStorage) -> dict[str, Any]:
+    out: dict[str, Any] = {"size": s.size}
+    if s.storage_class is not None:
+        out["storageClass"] = s.storage_class
+    return out
+
+
+def _tolerations(p: Placement) -> list[dict[str, Any]]:
+    return [t.model_dump(exclude_none=True) for t in p.tolerations]
+
+
+# ------------------------------------------------------------------ the database
+def cluster(plan: Plan) -> dict[str, Any]:
+    """The CloudNativePG Cluster: instances, image, volumes, Guaranteed QoS, placement, synchronous replication."""
+    k8s = target_of(plan)
+    postgresql: dict[str, Any] = {}
+    if plan.postgres.parameters:
+        postgresql["parameters"] = {k: param_value(v) for k, v in plan.postgres.parameters.items()}
+    if k8s.synchronous is not None:
+        postgresql["synchronous"] = {"method": k8s.synchronous.method, "number": k8s.synchronous.number,
+                                     "dataDurability": k8s.synchronous.data_durability}
+    db = k8s.database
+    affinity: dict[str, Any] = {"enablePodAntiAffinity": db.anti_affinity != "none", "topologyKey": db.topology_key}
+    if db.anti_affinity != "none":
+        affinity["podAntiAffinityType"] = db.anti_affinity
+    if db.node_selector:
+        affinity["nodeSelector"] = dict(db.node_selector)
+    if db.tolerations:
+        affinity["tolerations"] = _tolerations(db)
+    amounts = {"cpu": k8s.resources.cpu, "memory": k8s.resources.memory}
+    spec: dict[str, Any] = {
+        "instances": k8s.instances,
+        "imageName": k8s.image,
+        "postgresql": postgresql,
+        "bootstrap": {"initdb": {"database": "app", "owner": "app"}},
+        "storage": _storage(k8s.storage),
+        "resources": {"requests": dict(amounts), "limits": dict(amounts)},  # equal: Guaranteed QoS
+        "affinity": affinity,
+    }
+    if k8s.wal_storage is not None:
+        spec["walStorage"] = _storage(k8s.wal_storage)
+    meta = _meta(k8s, k8s.cluster_name, "database", annotations={"pglab/plan": plan.name})
+    return {"apiVersion": CNPG_API, "kind": "Cluster", "metadata": meta, "spec": spec}
+
+
+# ------------------------------------------------------------------ client pods
+def _client_pod(k8s: KubernetesTarget, image: str, script: str, *, env: list[dict[str, Any]] | None = None,
+                volumes: list[dict[str, Any]] | None = None, mounts: list[dict[str, Any]] | None = None,
+                avoid_database: bool = True) -> dict[str, Any]:
+    """A pod template on client nodes: selectors, tolerations, and (required) anti-affinity to the instances."""
+    c = k8s.clients
+    container: dict[str, Any] = {
+        "name": "main", "image": image, "command": ["/bin/sh", "-c", script],
+        "volumeMounts": [{"name": "results", "mountPath": RESULTS_DIR}, *(mounts or [])],
+    }
+    if env:
+        container["env"] = env
+    amounts = {k: v for k, v in (("cpu", c.cpu), ("memory", c.memory)) if v is not None}
+    if amounts:
+        container["resources"] = {"requests": dict(amounts), "limits": dict(amounts)}
+    spec: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "automountServiceAccountToken": False,  # benchmark pods never talk to the API
+        "containers": [container],
+        "volumes": [{"name": "results", "emptyDir": {}}, *(volumes or [])],
+    }
+    if c.node_selector:
+        spec["nodeSelector"] = dict(c.node_selector)
+    if c.tolerations:
+        spec["tolerations"] = _tolerations(c)
+    if avoid_database and c.anti_affinity != "none":
+        term = {"labelSelector": {"matchLabels": {"cnpg.io/cluster": k8s.cluster_name}},
+                "topologyKey": c.topology_key}
+        anti = ({"requiredDuringSchedulingIgnoredDuringExecution": [term]} if c.anti_affinity == "required" else
+                {"preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 100, "podAffinityTerm": term}]})
+        spec["affinity"] = {"podAntiAffinity": anti}
+    return spec
+
+
+def _job(k8s: KubernetesTarget, name: str, component: str, pod: dict[str, Any],
+         annotations: dict[str, str] | None = None) -> dict[str, Any]:
+    labels = {**MANAGED_BY, "pglab/cluster": k8s.cluster_name, "pglab/component": component}
+    meta = _meta(k8s, name, component)
+    if annotations:
+        meta["annotations"] = annotations
+    return {"apiVersion": "batch/v1", "kind": "Job", "metadata": meta,
+            "spec": {"backoffLimit": 0, "template": {"metadata": {"labels": labels}, "spec": pod}}}
+
+
+def _ship_results() -> str:
+    """Shell that prints RESULTS_DIR as a base64 tarball between markers: pglab reads it from the pod's log."""
+    return (f"echo '{BEGIN_MARK}'; tar -C {RESULTS_DIR} -czf - . | base64; echo '{END_MARK}'")
+
+
+# ------------------------------------------------------------------ storage phase (fio)
+def fio_volumes(plan: Plan) -> list[tuple[str, K8sStorage]]:
+    """The volumes the storage phase measures: data, and WAL when it has its own volume."""
+    k8s = target_of(plan)
+    if plan.storage is None:
+        return []
+    out = [("data", k8s.storage)] if "data" in plan.storage.paths else []
+    if "wal" in plan.storage.paths and k8s.wal_storage is not None:
+        out.append(("wal", k8s.wal_storage))
+    return out
+
+
+def _pvc_size(plan: Plan) -> str:
+    """Room for fio's test file and its logs, in whole GiB."""
+    assert plan.storage is not None
+    need = fio.parse_size(plan.storage.size) + fio.SPACE_MARGIN
+    return f"{max(1, math.ceil(need / GIB))}Gi"
+
+
+def fio_script(plan: Plan) -> str:
+    """fio's jobs (the storage issue's profiles, same options as on a local lab), one after the other."""
+    assert plan.storage is not None
+    size = fio.parse_size(plan.storage.size)
+    lines = ["set -eu", "command -v fio >/dev/null || { apt-get update -qq && "
+             "apt-get install -y -qq --no-install-recommends fio >/dev/null; }",
+             "fio --version > " + RESULTS_DIR + "/fio-version.txt"]
+    for profile in plan.storage.profiles:
+        for job in fio.jobs_for(profile):
+            cmd = fio._command("fio", job, Path(VOLUME_DIR), Path(RESULTS_DIR), plan.storage.runtime, size, 0.0,
+                               builtin=True)
+            lines.append(shlex.join(cmd))
+    lines.append(f"rm -f {VOLUME_DIR}/{fio.DATA_FILE}")
+    lines.append(_ship_results())
+    return "\n".join(lines)
+
+
+def fio_manifests(plan: Plan) -> list[Manifest]:
+    """Per measured volume: a PVC of its storage class and a Job running the profiles on it."""
+    k8s = target_of(plan)
+    out: list[Manifest] = []
+    for role, storage in fio_volumes(plan):
+        name = f"{k8s.cluster_name}-fio-{role}"
+        pvc_spec: dict[str, Any] = {"accessModes": ["ReadWriteOnce"],
+                                    "resources": {"requests": {"storage": _pvc_size(plan)}}}
+        if storage.storage_class is not None:
+            pvc_spec["storageClassName"] = storage.storage_class
+        pvc = {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": _meta(k8s, name, "fio"),
+               "spec": pvc_spec}
+        # fio runs where the database will: on database nodes, so the volume is measured from the same place
+        pod = _client_pod(k8s, k8s.clients.fio_image, fio_script(plan), avoid_database=False,
+                          volumes=[{"name": "volume", "persistentVolumeClaim": {"claimName": name}}],
+                          mounts=[{"name": "volume", "mountPath": VOLUME_DIR}])
+        db = k8s.database
+        pod.pop("nodeSelector", None)
+        pod.pop("tolerations", None)
+        pod["containers"][0].pop("resources", None)  # the client's budget is pgbench's, not fio's
+        if db.node_selector:
+            pod["nodeSelector"] = dict(db.node_selector)
+        if db.tolerations:
+            pod["tolerations"] = _tolerations(db)
+        out += [Manifest(f"20-fio-{role}-pvc.yaml", pvc),
+                Manifest(f"21-fio-{role}-job.yaml", _job(k8s, name, "fio", pod, {"pglab/volume": role}))]
+    return out
+
+
+# ------------------------------------------------------------------ database phase (pgbench)
+def _pg_env(k8s: KubernetesTarget, synchronous_commit: str | None = None) -> list[dict[str, Any]]:
+    """libpq's environment: the primary's service, credentials from the operator's '<cluster>-app' secret."""
+    secret = f"{k8s.cluster_name}-app"
+    env: list[dict[str, Any]] = [{"name": "PGHOST", "value": f"{k8s.cluster_name}-rw"}, {"name": "PGPORT", "value":
+                                                                                         "5432"}]
+    for var, key in (("PGUSER", "username"), ("PGPASSWORD", "password"), ("PGDATABASE", "dbname")):
+        env.append({"name": var, "valueFrom": {"secretKeyRef": {"name": secret, "key": key}}})
+    if synchronous_commit is not None:
+        env.append({"name": "PGOPTIONS", "value": f"-c synchronous_commit={synchronous_commit}"})
+    return env
+
+
+def _script_files(plan: Plan) -> list[str]:
+    files: list[str] = []
+    for w in plan.matrix.workload:
+        if not isinstance(w, str):
+            files += [s.file for s in w.scripts if s.file is not None and s.file not in files]
+    return files
+
+
+def _config_key(file: str) -> str:
+    return re.sub(r"[^-._a-zA-Z0-9]", "_", file)
+
+
+def scripts_configmap(plan: Plan, base_dir: Path) -> Manifest | None:
+    """Custom pgbench scripts, read from the plan's folder, in a ConfigMap mounted at SCRIPTS_DIR."""
+    files = _script_files(plan)
+    if not files:
+        return None
+    k8s = target_of(plan)
+    data = {_config_key(f): (base_dir / f).read_text() for f in files}
+    body = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": _meta(k8s, f"{k8s.cluster_name}-scripts", "pgbench"),
+            "data": data}
+    return Manifest("30-pgbench-scripts.yaml", body)
+
+
+def _scripts_volume(plan: Plan) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    files = _script_files(plan)
+    if not files:
+        return [], []
+    k8s = target_of(plan)
+    items = [{"key": _config_key(f), "path": f} for f in files]
+    return ([{"name": "scripts", "configMap": {"name": f"{k8s.cluster_name}-scripts", "items": items}}],
+            [{"name": "scripts", "mountPath": SCRIPTS_DIR, "readOnly": True}])
+
+
+def client_cores(k8s: KubernetesTarget) -> int:
+    """Default pgbench threads come from the client pod's CPU (else the instances'), not from this machine."""
+    cpu = k8s.clients.cpu or k8s.resources.cpu
+    cores = float(cpu[:-1]) / 1000 if cpu.endswith("m") else float(cpu)
+    return max(1, math.ceil(cores))
+
+
+def pgbench_init(plan: Plan) -> Manifest:
+    k8s = target_of(plan)
+    args = ["pgbench", *init_args(Path(), plan.dataset)[1:]]
+    script = (f"set -eu\n{shlex.join(args)} > {RESULTS_DIR}/init.log 2>&1 || rc=$?\ncat {RESULTS_DIR}/init.log\n"
+              f"{_ship_results()}\nexit ${{rc:-0}}")
+    pod = _client_pod(k8s, k8s.clients.image or k8s.image, script, env=_pg_env(k8s))
+    return Manifest("40-pgbench-init-job.yaml", _job(k8s, f"{k8s.cluster_name}-pgbench-init", "pgbench-init", pod))
+
+
+def pgbench_run(plan: Plan, point: Point, repeat: int = 1) -> Manifest:
+    """One run of one point: pgbench with the point's clients, jobs, workload and synchronous_commit (PGOPTIONS)."""
+    k8s = target_of(plan)
+    seconds = plan.run.measured_seconds
+    if seconds is not None:
+        seconds += plan.run.warmup
+    args = run_args(Path(), point.workload, point.clients, point.jobs, plan.run, Path(SCRIPTS_DIR),
+                    seconds=seconds, transactions=plan.run.transactions, log_prefix=Path(RESULTS_DIR) / "pgbench")
+    args[0] = "pgbench"
+    script = (f"set -eu\ncd {RESULTS_DIR}\n{shlex.join(args)} > pgbench.out 2> pgbench.err || rc=$?\n"
+              f"{_ship_results()}\nexit ${{rc:-0}}")
+    volumes, mounts = _scripts_volume(plan)
+    pod = _client_pod(k8s, k8s.clients.image or k8s.image, script, env=_pg_env(k8s, point.synchronous_commit),
+                      volumes=volumes, mounts=mounts)
+    name = f"{k8s.cluster_name}-run-{point.index:04d}-{repeat}"
+    notes = {"pglab/point": point.label(), "pglab/point-key": point.key, "pglab/repeat": str(repeat)}
+    return Manifest(f"50-run-{point.index:04d}-{repeat}-job.yaml", _job(k8s, name, "pgbench-run", pod, notes))
+
+
+# ------------------------------------------------------------------ access
+def rbac(plan: Plan) -> list[Manifest]:
+    """The least pglab needs in the benchmark namespace: a ServiceAccount, a Role and its RoleBinding.
+
+    Clusters (create, watch, patch for a later CPU axis, delete); Jobs and PVCs it creates and deletes; pods to
+    follow Jobs, read their logs (results) and delete the primary (failover scenario); ConfigMaps for custom
+    scripts; events to explain a pod that never starts. No secrets: pgbench gets credentials from the kubelet.
+    """
+    k8s = target_of(plan)
+    name = f"{k8s.cluster_name}-pglab"
+    rules = [
+        {"apiGroups": ["postgresql.cnpg.io"], "resources": ["clusters"],
+         "verbs": ["get", "list", "watch", "create", "patch", "delete"]},
+        {"apiGroups": ["postgresql.cnpg.io"], "resources": ["clusters/status"], "verbs": ["get"]},
+        {"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["get", "list", "watch", "create", "delete"]},
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch", "delete"]},
+        {"apiGroups": [""], "resources": ["pods/log"], "verbs": ["get"]},
+        {"apiGroups": [""], "resources": ["persistentvolumeclaims", "configmaps"],
+         "verbs": ["get", "list", "create", "delete"]},
+        {"apiGroups": [""], "resources": ["events"], "verbs": ["list"]},
+    ]
+    sa = {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": _meta(k8s, name, "rbac")}
+    role = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": _meta(k8s, name, "rbac"),
+            "rules": rules}
+    binding = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+               "metadata": _meta(k8s, name, "rbac"),
+               "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+               "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": k8s.namespace}]}
+    return [Manifest("01-serviceaccount.yaml", sa), Manifest("02-role.yaml", role),
+            Manifest("03-rolebinding.yaml", binding)]
+
+
+def namespace(plan: Plan) -> Manifest:
+    k8s = target_of(plan)
+    meta = {"name": k8s.namespace, "labels": dict(MANAGED_BY)}
+    return Manifest("00-namespace.yaml", {"apiVersion": "v1", "kind": "Namespace", "metadata": meta})
+
+
+def render(plan: Plan, base_dir: Path) -> list[Manifest]:
+    """Every manifest of the plan, in apply order: access, database, storage phase, then one Job per run."""
+    k8s = target_of(plan)
+    out = [namespace(plan), *rbac(plan),
+           Manifest("10-cluster.yaml", cluster(plan)), *fio_manifests(plan)]
+    scripts = scripts_configmap(plan, base_dir)
+    if scripts is not None:
+        out.append(scripts)
+    out.append(pgbench_init(plan))
+    for point in expand(plan, cores=client_cores(k8s)):
+        for repeat in range(1, plan.run.repeats + 1):
+            out.append(pgbench_run(plan, point, repeat))
+    return out
+
+
+class _Dumper(yaml.SafeDumper):
+    """Shell scripts as literal blocks (``|``), readable in review, instead of folded quoted strings."""
+
+
+def _text(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
+    style = "|" if "\n" in value else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+
+
+_Dumper.add_representer(str, _text)
+
+
+def to_yaml(body: dict[str, Any]) -> str:
+    return yaml.dump(body, Dumper=_Dumper, sort_keys=False, default_flow_style=False, width=120)
+
+
+def write(manifests: list[Manifest], out_dir: Path) -> list[Path]:
+    """One YAML file per manifest; files of an earlier render that this one does not produce are left alone."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = []
+    for m in manifests:
+        path = out_dir / m.filename
+        path.write_text(to_yaml(m.body))
+        written.append(path)
+    return written
