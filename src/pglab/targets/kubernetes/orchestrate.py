@@ -1,0 +1,217 @@
+"""Create → wait → collect → clean up, over the official ``kubernetes`` client, with the rendered manifests.
+
+Every object applied is one ``render`` produced (so what cnpg-check decoded is what runs). Results come back
+through pod logs (a base64 tarball between markers), so pglab needs no exec permission. Whatever was created is
+deleted again on the way out, also after a failure or Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import io
+import tarfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kubernetes import client, config
+from kubernetes.client.rest import ApiException
+
+from pglab.plan.schema import Plan
+from pglab.targets.kubernetes.render import BEGIN_MARK, END_MARK, Manifest, render, target_of
+
+CNPG = ("postgresql.cnpg.io", "v1", "clusters")
+HEALTHY = "Cluster in healthy state"
+
+
+class K8sError(Exception):
+    """The cluster refused or failed something pglab asked for; the message says what and where."""
+
+
+@dataclass
+class JobOutcome:
+    """A finished Job: whether it succeeded, its log (results markers removed) and where its files went."""
+
+    name: str
+    succeeded: bool
+    log: str
+    files: list[str] = field(default_factory=list)
+
+
+def api_client(plan: Plan) -> client.ApiClient:
+    """A client for the plan's kubeconfig and context (default: $KUBECONFIG or ~/.kube/config, current context)."""
+    k8s = target_of(plan)
+    return config.new_client_from_config(config_file=k8s.kubeconfig, context=k8s.context)
+
+
+def extract_results(log: str, dest: Path) -> tuple[str, list[str]]:
+    """Split a pod log into its text and the files of the results tarball, written under ``dest``."""
+    if BEGIN_MARK not in log:
+        return log, []
+    text, _, rest = log.partition(BEGIN_MARK)
+    blob, found, after = rest.partition(END_MARK)
+    if not found:
+        raise K8sError("the pod's log ends inside its results (truncated log?)")
+    try:
+        data = base64.b64decode("".join(blob.split()), validate=True)
+        names: list[str] = []
+        with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
+            dest.mkdir(parents=True, exist_ok=True)
+            for member in tar.getmembers():
+                if not member.isfile():
+                    continue  # directories are implied; links and devices have no business here
+                rel = Path(member.name)
+                if rel.is_absolute() or ".." in rel.parts:
+                    raise tarfile.TarError(f"{member.name!r} leads out of the results folder")
+                source = tar.extractfile(member)
+                assert source is not None
+                (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+                (dest / rel).write_bytes(source.read())
+                names.append(str(rel))
+    except (binascii.Error, tarfile.TarError, OSError) as exc:
+        raise K8sError(f"the results in the pod's log cannot be read: {exc}") from None
+    return text + after, sorted(names)
+
+
+class Orchestrator:
+    """Applies a plan's manifests in order and undoes them; each step waits for the operator or the Job."""
+
+    def __init__(self, plan: Plan, base_dir: Path, api: client.ApiClient, *, poll_s: float = 2.0,
+                 ready_timeout_s: float = 1800.0, job_timeout_s: float | None = None,
+                 log: Callable[[str], None] = lambda _: None):
+        self.plan, self.base_dir, self.log = plan, base_dir, log
+        self.k8s = target_of(plan)
+        self.ns = self.k8s.namespace
+        self.core, self.batch = client.CoreV1Api(api), client.BatchV1Api(api)
+        self.rbac, self.custom = client.RbacAuthorizationV1Api(api), client.CustomObjectsApi(api)
+        self.poll_s, self.ready_timeout_s = poll_s, ready_timeout_s
+        seconds = (plan.run.measured_seconds or 3600) + plan.run.warmup
+        self.job_timeout_s = job_timeout_s or max(600.0, 3 * seconds + 600)
+        self.created: list[Manifest] = []
+
+    # -------------------------------------------------------------- create / delete one object
+    def create(self, m: Manifest) -> None:
+        body, kind = m.body, m.kind
+        try:
+            if kind == "Namespace":
+                self.core.create_namespace(body)
+            elif kind == "Cluster":
+                self.custom.create_namespaced_custom_object(*CNPG[:2], self.ns, CNPG[2], body)
+            else:
+                getattr(self._api(kind), f"create_namespaced_{_snake(kind)}")(self.ns, body)
+        except ApiException as exc:
+            if exc.status == 409 and kind == "Namespace":
+                return  # an existing namespace is used, and left in place
+            raise K8sError(f"creating {kind}/{m.name} in {self.ns}: {_reason(exc)}") from None
+        self.created.append(m)
+
+    def delete(self, m: Manifest) -> None:
+        kind, name = m.kind, m.name
+        try:
+            if kind == "Namespace":
+                self.core.delete_namespace(name)
+            elif kind == "Cluster":
+                self.custom.delete_namespaced_custom_object(*CNPG[:2], self.ns, CNPG[2], name)
+            else:
+                getattr(self._api(kind), f"delete_namespaced_{_snake(kind)}")(
+                    name, self.ns, propagation_policy="Background")  # a Job's pods go with it
+        except ApiException as exc:
+            if exc.status != 404:
+                raise K8sError(f"deleting {kind}/{name} in {self.ns}: {_reason(exc)}") from None
+
+    def _api(self, kind: str) -> Any:
+        return {"Job": self.batch, "Role": self.rbac, "RoleBinding": self.rbac}.get(kind, self.core)
+
+    def cleanup(self) -> list[str]:
+        """Delete everything this orchestrator created, newest first; returns the problems, never raises."""
+        problems = []
+        while self.created:
+            m = self.created.pop()
+            try:
+                self.delete(m)
+            except K8sError as exc:
+                problems.append(str(exc))
+        return problems
+
+    # -------------------------------------------------------------- waiting
+    def wait_cluster_ready(self) -> dict[str, Any]:
+        """Until the operator reports every instance ready and the cluster healthy."""
+        deadline = time.monotonic() + self.ready_timeout_s
+        status: dict[str, Any] = {}
+        while True:
+            try:
+                obj = self.custom.get_namespaced_custom_object(*CNPG[:2], self.ns, CNPG[2], self.k8s.cluster_name)
+            except ApiException as exc:
+                raise K8sError(f"reading Cluster/{self.k8s.cluster_name}: {_reason(exc)}") from None
+            status = obj.get("status") or {}
+            if status.get("readyInstances") == self.k8s.instances and status.get("phase") == HEALTHY:
+                return status
+            if time.monotonic() > deadline:
+                raise K8sError(f"Cluster/{self.k8s.cluster_name} not ready after {self.ready_timeout_s:.0f} s "
+                               f"(phase: {status.get('phase', 'none')}, ready instances: "
+                               f"{status.get('readyInstances', 0)} of {self.k8s.instances})")
+            time.sleep(self.poll_s)
+
+    def run_job(self, m: Manifest, dest: Path) -> JobOutcome:
+        """Create a Job, wait for it to end, bring back its log and results, delete it."""
+        self.create(m)
+        deadline = time.monotonic() + self.job_timeout_s
+        try:
+            while True:
+                try:
+                    st = self.batch.read_namespaced_job_status(m.name, self.ns).status
+                except ApiException as exc:
+                    raise K8sError(f"reading Job/{m.name}: {_reason(exc)}") from None
+                if st is not None and (st.succeeded or st.failed):
+                    break
+                if time.monotonic() > deadline:
+                    raise K8sError(f"Job/{m.name} still running after {self.job_timeout_s:.0f} s")
+                time.sleep(self.poll_s)
+            pods = self.core.list_namespaced_pod(self.ns, label_selector=f"job-name={m.name}").items
+            if not pods:
+                raise K8sError(f"Job/{m.name} ended without a pod to read")
+            raw = self.core.read_namespaced_pod_log(pods[0].metadata.name, self.ns)
+            text, files = extract_results(raw, dest)
+            outcome = JobOutcome(m.name, bool(st.succeeded), text, files)
+        finally:
+            self.created.remove(m)
+            self.delete(m)
+        (dest / "pod.log").parent.mkdir(parents=True, exist_ok=True)
+        (dest / "pod.log").write_text(outcome.log)
+        return outcome
+
+    # -------------------------------------------------------------- the whole plan
+    def run(self, out_dir: Path) -> list[JobOutcome]:
+        """Access, database, storage phase, init, every run; everything created is deleted at the end."""
+        manifests = render(self.plan, self.base_dir)
+        outcomes: list[JobOutcome] = []
+        try:
+            for m in manifests:
+                if m.kind == "Job":
+                    continue
+                self.create(m)
+                if m.kind == "Cluster":
+                    self.log(f"waiting for Cluster/{m.name} ({self.k8s.instances} instances)")
+                    self.wait_cluster_ready()
+            for m in (m for m in manifests if m.kind == "Job"):
+                self.log(f"running Job/{m.name}")
+                outcome = self.run_job(m, out_dir / m.name)
+                outcomes.append(outcome)
+                if not outcome.succeeded and m.body["metadata"]["labels"]["pglab/component"] == "pgbench-init":
+                    raise K8sError(f"Job/{m.name} failed: {outcome.log.strip()[-300:]}")
+        finally:
+            problems = self.cleanup()
+            for p in problems:
+                self.log(f"cleanup: {p}")
+        return outcomes
+
+
+def _snake(kind: str) -> str:
+    return "".join("_" + c.lower() if c.isupper() else c for c in kind).lstrip("_")
+
+
+def _reason(exc: ApiException) -> str:
+    return f"{exc.status} {exc.reason}".strip()
