@@ -1,0 +1,390 @@
+"""Dataset first load and reset: the fast path (load alone, snapshot, restore) against pgbench -i.
+
+Why: a plan that asks for a fresh dataset before every point pays the load each time, and the first load of a lab
+pays it once with the WAL on. The targets (issue "fast dataset reuse"): the fast first load ≥ 2× faster than
+``pgbench -i -s N``, and a reset by restoring the snapshot ≥ 10× faster than re-initialising.
+
+How: one server (a lab of one instance, pglab's own settings: wal_level=replica …), then
+
+(a) first load, ``--repeats`` rounds, the order of the arms rotating from round to round:
+    - ``pgbench -i -s N``: plain, pgbench's default steps (client-side COPY), the issue's reference;
+    - ``pglab today``: the command pglab runs now (``pgbench.init_args``: ``-q --init-steps=dtGvp``);
+    - ``fast``: restart with ``fast_load_settings`` (wal_level=minimal, fsync=off …), ``fast_load``, restart with
+      the lab's settings (so the snapshot's checkpoint says wal_level=replica, as standbys need), clean stop,
+      ``sync_tree`` of data and WAL: everything the safe path needs before the snapshot. The snapshot itself is
+      timed apart.
+    Every arm starts with no pgbench tables, after a CHECKPOINT and a sync.
+
+(b) reset, ``--repeats`` rounds, each arm after ``--dirty`` seconds of tpcb-like so there is something to undo
+    (before a restore arm, the cluster is first brought back to the snapshot, untimed, when a re-init arm replaced
+    its tables: in a sweep the cluster to reset is always the snapshot plus one run):
+    - ``restore``: immediate stop (what the run wrote is discarded), ``restore(method="auto")`` (a reflink copy
+      where the filesystem can, else the old cluster patched where it stands: only differing blocks written; then
+      fsync and rename), start, first connection;
+    - ``restore, copy``: the same with every byte copied (what "auto" avoids without reflinks);
+    - ``re-init plain`` and ``re-init pglab today``: ``pgbench -i -s N`` into the running server, as the two
+      commands above.
+
+    .venv/bin/python bench/dataset.py                      # scale 100, 3 repeats
+    .venv/bin/python bench/dataset.py --scale 20 --repeats 5 --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime as dt
+import json
+import os
+import platform
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from pglab.plan.schema import Dataset, LabPaths, LocalTarget
+from pglab.targets.local import dataset_fast as df
+from pglab.targets.local.cluster import LocalLab
+from pglab.workloads import pgbench
+
+TARGET_LOAD = 2.0
+TARGET_RESET = 10.0
+HERE = Path(__file__).resolve().parent
+LOADAVG_START = os.getloadavg()  # how busy the shared machine was: 1, 5, 15 minutes
+
+
+@dataclass
+class Timing:
+    phase: str  # "load" | "reset"
+    arm: str
+    round: int
+    seconds: float
+    parts: dict[str, float] = field(default_factory=dict)
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+class Bench:
+    def __init__(self, args: argparse.Namespace, work: Path):
+        self.args = args
+        self.work = work
+        paths = LabPaths(lab=str(args.lab_dir)) if args.lab_dir else LabPaths()
+        self.lab = LocalLab(LocalTarget(instances=1, synchronous=None, paths=paths), work)
+        self.dataset = Dataset(scale=args.scale, partitions=args.partitions)
+        self.fast = df.fast_load_settings(self.lab.bindir, self.dataset, fsync=args.fsync)
+        self.snap: df.Snapshot | None = None
+        self.snap_dir = work / "snapshot"
+        self.snap_report: df.CopyReport | None = None
+        self.reinit_since_restore = True  # the load phase leaves pgbench's tables, not the snapshot's files
+
+    @property
+    def node(self) -> Any:
+        return self.lab.nodes[0]
+
+    def setup(self) -> None:
+        self.lab.provision({})
+
+    def _env(self) -> dict[str, str]:
+        ep = self.lab.endpoints().primary
+        return {k: v for k, v in os.environ.items() if not k.startswith("PG")} | ep.env()
+
+    def _pgbench(self, argv: list[str]) -> str:
+        proc = subprocess.run(argv, env=self._env(), capture_output=True, text=True, check=False)
+        if proc.returncode != 0:
+            raise RuntimeError(f"{' '.join(argv[:3])} failed: {proc.stderr.strip().splitlines()[-1:]}")
+        return next((ln for ln in proc.stderr.splitlines() if ln.startswith("done in")), "")
+
+    def _clean_start(self) -> None:
+        """No pgbench tables, nothing dirty: every arm starts from the same place."""
+        if self.node.postmaster_pid() is None:
+            self.lab._start(self.node)
+        with self.lab.connect(self.node) as conn:
+            conn.execute("DROP TABLE IF EXISTS " + ", ".join(pgbench.PGBENCH_TABLES))
+            conn.execute("CHECKPOINT")
+        subprocess.run(["sync"], check=False)
+
+    def plain_args(self) -> list[str]:
+        argv = [str(self.lab.bindir / "pgbench"), "-i", "-q", "-s", str(self.args.scale)]
+        return argv + ([f"--partitions={self.args.partitions}"] if self.args.partitions else [])
+
+    # ------------------------------------------------------------ (a) first load
+    def load_pgbench(self, rnd: int, arm: str, argv: list[str]) -> Timing:
+        self._clean_start()
+        t0 = time.monotonic()
+        done = self._pgbench(argv)
+        t1 = time.monotonic()
+        with self.lab.connect(self.node) as conn:  # for information: what a checkpoint then still writes
+            conn.execute("CHECKPOINT")
+        return Timing("load", arm, rnd, t1 - t0, {"checkpoint_after": time.monotonic() - t1}, {"pgbench": done})
+
+    def load_fast(self, rnd: int) -> Timing:
+        self._clean_start()
+        parts: dict[str, float] = {}
+        t0 = time.monotonic()
+        self.lab._apply(self.fast.parameters)
+        parts["restart into load settings"] = time.monotonic() - t0
+        report = df.fast_load(self.lab.endpoints().primary, self.dataset, self.fast, self.work / "load")
+        parts |= {f"load: {k}": v for k, v in report.steps.items()}
+        t = time.monotonic()
+        self.lab._apply({})
+        parts["restart with the lab's settings"] = time.monotonic() - t
+        t = time.monotonic()
+        self.lab._pg_ctl(self.node, "-m", "fast", "stop")
+        parts["clean stop"] = time.monotonic() - t
+        parts["sync data and WAL"] = df.sync_tree(self.node.data)
+        total = time.monotonic() - t0
+        if self.snap is not None:
+            shutil.rmtree(self.snap.dir)
+        snap, rep = df.snapshot(self.node.data, self.node.wal, self.snap_dir, bindir=self.lab.bindir)
+        self.snap, self.snap_report = snap, rep
+        self.lab._start(self.node)
+        return Timing("load", "fast", rnd, total, parts,
+                      {"snapshot_s": rep.seconds, "snapshot_sync_s": rep.sync_seconds, "snapshot_bytes": rep.bytes,
+                       "snapshot_method": rep.method, "wal_segments_left_out": rep.skipped_wal_segments})
+
+    # ------------------------------------------------------------ (b) reset
+    def dirty(self) -> None:
+        if self.node.postmaster_pid() is None:
+            self.lab._start(self.node)
+        if self.args.dirty > 0:
+            self._pgbench([str(self.lab.bindir / "pgbench"), "-n", "-c", "2", "-j", "2", "-T",
+                           str(self.args.dirty), "-b", "tpcb-like"])
+
+    def reset_restore(self, rnd: int, method: str) -> Timing:
+        assert self.snap is not None
+        if self.reinit_since_restore:  # as in a sweep: the cluster to reset is the snapshot plus one run
+            self.lab._pg_ctl(self.node, "-m", "immediate", "stop")
+            df.restore(self.snap, self.node.data, self.node.wal)
+            self.lab._start(self.node)
+            self.reinit_since_restore = False
+        self.dirty()
+        parts: dict[str, float] = {}
+        t0 = time.monotonic()
+        self.lab._pg_ctl(self.node, "-m", "immediate", "stop")
+        parts["immediate stop"] = time.monotonic() - t0
+        report = df.restore(self.snap, self.node.data, self.node.wal, method=method)
+        parts[f"restore ({report.method})"] = report.seconds - report.sync_seconds
+        parts["restore: fsync"] = report.sync_seconds
+        t = time.monotonic()
+        self.lab._start(self.node)
+        with self.lab.connect(self.node) as conn:
+            conn.execute("SELECT 1")
+        parts["start, first connection"] = time.monotonic() - t
+        total = time.monotonic() - t0
+        with self.lab.connect(self.node) as conn:
+            ok = conn.execute("SELECT sum(abalance) = 0 AND count(*) = %s FROM pgbench_accounts",
+                              (self.args.scale * 100_000,)).fetchone()
+        if ok != (True,):
+            raise RuntimeError("the restored dataset is not the snapshot's")
+        arm = "restore" if method == "auto" else f"restore, {method}"
+        return Timing("reset", arm, rnd, total, parts,
+                      {"method": report.method, "bytes": report.bytes, "files": report.files,
+                       "compared_bytes": report.compared_bytes, "rewritten_bytes": report.rewritten_bytes,
+                       "removed": report.removed})
+
+    def reset_reinit(self, rnd: int, arm: str, argv: list[str]) -> Timing:
+        self.dirty()
+        self.reinit_since_restore = True
+        t0 = time.monotonic()
+        done = self._pgbench(argv)
+        return Timing("reset", arm, rnd, time.monotonic() - t0, {}, {"pgbench": done})
+
+    def close(self) -> None:
+        self.lab.teardown()
+
+
+# ------------------------------------------------------------------ reporting
+def machine(paths: Sequence[Path]) -> dict[str, Any]:
+    model = ""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    dft = subprocess.run(["df", "-T", *map(str, paths)], capture_output=True, text=True, check=False).stdout
+    return {"nproc": os.cpu_count(), "cpu_model": model, "kernel": platform.release(),
+            "python": platform.python_version(), "memory_gib": round(df._memory_bytes() / 2**30, 1),
+            "df_T": dft.strip().splitlines()}
+
+
+def medians(timings: list[Timing]) -> dict[tuple[str, str], float]:
+    by: dict[tuple[str, str], list[float]] = {}
+    for t in timings:
+        by.setdefault((t.phase, t.arm), []).append(t.seconds)
+    return {k: statistics.median(v) for k, v in by.items()}
+
+
+def part_medians(timings: list[Timing], phase: str, arm: str) -> dict[str, float]:
+    rows = [t.parts for t in timings if t.phase == phase and t.arm == arm]
+    keys = list(dict.fromkeys(k for r in rows for k in r))
+    return {k: statistics.median(r.get(k, 0.0) for r in rows) for k in keys}
+
+
+def report(args: argparse.Namespace, bench: Bench, timings: list[Timing], started: float) -> dict[str, Any]:
+    med = medians(timings)
+    print()
+    print(f"scale {args.scale}{f', {args.partitions} partitions' if args.partitions else ''}, "
+          f"{args.repeats} rounds; medians (min … max) in seconds")
+    for phase in ("load", "reset"):
+        for (ph, arm), m in med.items():
+            if ph != phase:
+                continue
+            vals = [t.seconds for t in timings if t.phase == ph and t.arm == arm]
+            print(f"  {phase:5} {arm:24} {m:8.2f}   ({min(vals):.2f} … {max(vals):.2f})")
+    ratios: dict[str, float] = {}
+
+    def ratio(name: str, num: tuple[str, str], den: tuple[str, str]) -> None:
+        if num in med and den in med and med[den] > 0:
+            ratios[name] = med[num] / med[den]
+
+    ratio("load: pgbench -i / fast", ("load", "pgbench -i"), ("load", "fast"))
+    ratio("load: pglab today / fast", ("load", "pglab today"), ("load", "fast"))
+    ratio("reset: re-init plain / restore", ("reset", "re-init plain"), ("reset", "restore"))
+    ratio("reset: re-init pglab today / restore", ("reset", "re-init pglab today"), ("reset", "restore"))
+    print()
+    for name, r in ratios.items():
+        target = TARGET_LOAD if name.startswith("load") else TARGET_RESET
+        print(f"  {name:40} {r:6.2f}×   target ≥ {target:g}×: {'met' if r >= target else 'NOT met'}")
+    print()
+    print("fast load, median of its parts:")
+    for k, v in part_medians(timings, "load", "fast").items():
+        print(f"  {k:48} {v:7.2f}")
+    for arm in ("restore", "restore, copy"):
+        rows = [t for t in timings if t.phase == "reset" and t.arm == arm]
+        if not rows:
+            continue
+        print(f"{arm}, median of its parts:")
+        for k, v in part_medians(timings, "reset", arm).items():
+            print(f"  {k:48} {v:7.2f}")
+        info = rows[-1].info
+        print(f"  (last round: {info['method']}, {info['files']} files, {info['bytes'] / 2**20:.0f} MiB"
+              + (f", compared {info['compared_bytes'] / 2**20:.0f} MiB, rewrote {info['rewritten_bytes'] / 2**20:.1f}"
+                 f" MiB, removed {info['removed']}" if info["method"] == "patch" else "") + ")")
+    snap = bench.snap_report
+    if snap is not None:
+        print(f"snapshot: {snap.bytes / 2**20:.0f} MiB in {snap.seconds:.2f} s (fsync {snap.sync_seconds:.2f} s), "
+              f"copied by {snap.method}; filesystems {snap.filesystems}")
+    out = {
+        "benchmark": "dataset-first-load-and-reset",
+        "started": started,
+        "finished": time.time(),
+        "command": "bench/dataset.py " + " ".join(sys.argv[1:]),
+        "machine": machine([bench.lab.lab_dir or bench.work, bench.snap_dir.parent]) | {
+            "loadavg_start": LOADAVG_START, "loadavg_end": os.getloadavg()},
+        "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+        "fast_load": {"parameters": bench.fast.parameters, "pgbench": bench.fast.pgbench_args[1:],
+                      "parallel": bench.fast.parallel, "notes": bench.fast.notes},
+        "reflink_supported": df.reflink_supported(bench.node.data.parent, bench.snap_dir.parent),
+        "snapshot": asdict(snap) if snap else None,
+        "timings": [asdict(t) for t in timings],
+        "medians_s": {f"{ph}: {arm}": v for (ph, arm), v in med.items()},
+        "parts_medians_s": {"load: fast": part_medians(timings, "load", "fast"),
+                            "reset: restore": part_medians(timings, "reset", "restore"),
+                            "reset: restore, copy": part_medians(timings, "reset", "restore, copy")},
+        "ratios": ratios,
+        "targets": {"load": TARGET_LOAD, "reset": TARGET_RESET},
+    }
+    return out
+
+
+# ------------------------------------------------------------------ main
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    ap.add_argument("--scale", type=int, default=100)
+    ap.add_argument("--partitions", type=int, default=None)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--dirty", type=int, default=10, help="seconds of tpcb-like before each reset arm")
+    ap.add_argument("--fsync", action="store_true", help="keep fsync on during the fast load (default off)")
+    ap.add_argument("--skip", action="append", default=[], choices=["load", "reset", "copy"],
+                    help="leave a phase out (repeatable); copy: the restore by full copy")
+    ap.add_argument("--lab-dir", type=Path, default=None,
+                    help="an empty directory for the lab (default: a new one under $TMPDIR), e.g. on a reflink "
+                         "filesystem")
+    ap.add_argument("--snapshot-dir", type=Path, default=None, help="a directory to hold the snapshot (default: "
+                    "$TMPDIR); keep it on the data's filesystem for reflinks")
+    ap.add_argument("--json", type=Path, default=None,
+                    help=f"default: {HERE / 'measurements'}/dataset-<date>.json")
+    args = ap.parse_args(argv)
+    if args.repeats < 1 or args.scale < 1:
+        ap.error("--repeats and --scale must be at least 1")
+    if args.json is None:
+        args.json = HERE / "measurements" / f"dataset-{dt.date.today().isoformat()}.json"
+    return args
+
+
+def _terminate(signum: int, _frame: FrameType | None) -> None:
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    for sig in saved:
+        signal.signal(sig, _terminate)
+    work = Path(tempfile.mkdtemp(prefix="pglab-dataset-", dir=args.snapshot_dir))  # the snapshot goes in here
+    bench: Bench | None = None
+    timings: list[Timing] = []
+    started = time.time()
+
+    def rounds(arms: list[Callable[[int], Timing]], n: int) -> None:
+        """Every arm once per round, the order rotating from round to round (drift falls on every arm)."""
+        for rnd in range(1, n + 1):
+            k = (rnd - 1) % len(arms)
+            for arm in arms[k:] + arms[:k]:
+                timing = arm(rnd)
+                timings.append(timing)
+                print(f"  {timing.phase:5} round {timing.round} {timing.arm:24} {timing.seconds:8.2f} s", flush=True)
+
+    try:
+        bench = Bench(args, work)
+        bench.setup()
+        print(f"dataset bench: scale {args.scale}, {args.repeats} rounds, lab in {bench.lab.lab_dir}, "
+              f"snapshot in {bench.snap_dir}", flush=True)
+        lab_today = pgbench.init_args(bench.lab.bindir, bench.dataset)
+        load_arms: list[Callable[[int], Timing]] = [
+            lambda r: bench.load_pgbench(r, "pgbench -i", bench.plain_args()),
+            lambda r: bench.load_pgbench(r, "pglab today", lab_today),
+            bench.load_fast,
+        ]
+        if "load" in args.skip:
+            rounds([bench.load_fast], 1)  # the snapshot is still needed
+        else:
+            rounds(load_arms, args.repeats)
+        if "reset" not in args.skip:
+            reset_arms: list[Callable[[int], Timing]] = [
+                lambda r: bench.reset_restore(r, "auto"),
+                lambda r: bench.reset_reinit(r, "re-init plain", bench.plain_args()),
+                lambda r: bench.reset_reinit(r, "re-init pglab today", lab_today),
+            ]
+            if "copy" not in args.skip:
+                reset_arms.insert(1, lambda r: bench.reset_restore(r, "copy"))
+            rounds(reset_arms, args.repeats)
+        out = report(args, bench, timings, started)
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(out, indent=1, default=str))
+        print(f"written {args.json}")
+    except KeyboardInterrupt:
+        print("interrupted; tearing the lab down", file=sys.stderr)
+        return 130
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, signal.SIG_IGN)
+        try:
+            if bench is not None:
+                bench.close()
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+            for sig, handler in saved.items():
+                signal.signal(sig, handler)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
