@@ -201,7 +201,7 @@ def test_commit_rate_matches_pgbench_tps(run: Run) -> None:
     interior = _summary(run, "pg", run.start + 1, run.start + RUN_SECONDS - 1)
     print(f"pgbench tps {run.tps:.1f}, pg probe commits/s {interior['commits_s']:.1f}")
     assert run.tps == pytest.approx(RATE, rel=0.1)  # else the machine was too busy to hold the rate
-    assert interior["commits_s"] == pytest.approx(run.tps, rel=0.15)  # stats are published ~1/s: a busy host lags
+    assert interior["commits_s"] == pytest.approx(run.tps, rel=0.10)
 
 
 def test_all_commits_are_counted_over_the_run(run: Run) -> None:

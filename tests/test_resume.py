@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 from conftest import pglab, processes_mentioning
+from test_interrupt import _children
 
 PLAN = """
 name: resumable
@@ -24,19 +25,8 @@ run: {duration: 2s, repeats: 2}
 
 
 def _pgbench_children(pid: int) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-            args = (entry / "cmdline").read_bytes().decode().split("\0")
-        except OSError:
-            continue
-        ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        if ppid == pid and stat[stat.index("(") + 1: stat.rindex(")")] == "pgbench" and "-T" in args:
-            found.append(int(entry.name))
-    return found
+    """The measured pgbench (not pgbench -i) started by ``pid``."""
+    return _children(pid, "pgbench", "-T")
 
 
 def _ok_runs(results: Path) -> list[tuple[str, str, int]]:
