@@ -330,7 +330,7 @@ class Runner:
             limits = target.limits_in_force()
             if limits:
                 _write_json(run_dir / "limits.json", limits)
-            links = target.links_in_force() if hasattr(target, "links_in_force") else {}
+            links = target.links_in_force()
             if links:  # the replication links as Toxiproxy shapes them during this run
                 _write_json(run_dir / "network.json", links)
             self._prepare_dataset(target, endpoints, run_dir)

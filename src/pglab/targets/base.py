@@ -114,3 +114,6 @@ class Target(Protocol):
 
     def client_procs_files(self) -> list[Path]:
         """cgroup.procs files pgbench must enter before it runs (its own budget), or []."""
+
+    def links_in_force(self) -> dict[str, Any]:
+        """Replication links as shaped now (latency, bandwidth per standby), or {} when not shaped."""

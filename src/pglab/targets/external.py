@@ -153,3 +153,6 @@ class ExternalServer:
 
     def client_procs_files(self) -> list[Path]:
         return []
+
+    def links_in_force(self) -> dict[str, Any]:
+        return {}
