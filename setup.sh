@@ -7,7 +7,7 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 
-APT_PACKAGES=(postgresql postgresql-contrib fio sysstat python3 python3-venv python3-pip procps util-linux)
+APT_PACKAGES=(postgresql postgresql-contrib fio sysstat python3 python3-venv python3-pip procps util-linux etcd-server etcd-client)
 TEST_APT_PACKAGES=(chromium)  # the HTML report's browser test (Debian's Chromium; no downloaded browser)
 # Toxiproxy shapes the replication links (latency, bandwidth). It is built from the Go module proxy (no release
 # download), checksum-verified by the Go checksum database. v2.8.0 is the newest whose go.mod and dependencies
@@ -34,6 +34,12 @@ install_system_packages() {
         echo "setup: installing system packages: ${missing[*]}"
         sudo_cmd apt-get update -qq
         sudo_cmd env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+        # Debian's etcd-server starts a system etcd on the default ports. pglab's HA labs start their own etcd on free
+        # ports with data under the lab, so one installed here is stopped and disabled (one that was installed
+        # before is someone else's and left alone).
+        if [[ " ${missing[*]} " == *" etcd-server "* ]] && [ -d /run/systemd/system ]; then
+            sudo_cmd systemctl disable --now etcd.service >/dev/null 2>&1 || true
+        fi
     fi
     # Debian's postgresql package starts a default cluster; pglab builds its own labs and needs none.
 }

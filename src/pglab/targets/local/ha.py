@@ -1,0 +1,933 @@
+"""The HA lab: N PostgreSQL instances run by Patroni, with one etcd as the DCS, all on this host.
+
+Where LocalLab (cluster.py) wires streaming replication by hand, here Patroni owns each instance: it bootstraps the
+first one, clones the others, manages ``synchronous_standby_names`` (quorum ``ANY k`` or priority), and fails over
+when the leader's lock in etcd expires. pglab starts etcd and the Patroni processes, waits for a leader and
+streaming replicas, and can switch over, kill a primary and watch the election.
+
+Layout of a lab directory (owned by pglab; the servers' parts owned by the server user when root):
+
+    <lab>/secrets/pgpass        client credentials (0600, owner: the user running pglab)
+    <lab>/server/               Patroni's pgpass files (0700, owner: the server user)
+    <lab>/etcd/                 etcd's data directory
+    <lab>/sock/                 unix sockets of every instance
+    <lab>/n0/patroni.yml        n0's Patroni configuration (0600: it holds the passwords)
+    <lab>/n0/data  <lab>/n0/wal data and WAL (bases can be moved elsewhere by the plan's paths)
+    <lab>/logs/etcd.log  <lab>/logs/patroni-n0.log  <lab>/logs/n0.log (PostgreSQL's own log)
+    <lab>/lab.json              what runs where; its ``nodes`` have the fields cluster.clean_lab reads, and
+                                ``kind: ha`` tells clean_ha_lab it is an HA lab
+
+Timings (``TIMINGS``, overridable per lab): Patroni 4.1 raises a ``ttl`` below 20 s to 20 s and wants
+``loop_wait + 2 * retry_timeout <= ttl``. The leader lock therefore lives 20 s: killing the leader node elects a
+new one after at most ``ttl`` (the lock expires; the kill fell somewhere within a ``loop_wait`` after its last
+refresh) plus one HA cycle (``loop_wait``) plus one DCS/PostgreSQL operation (``retry_timeout``):
+``failover_budget``. ``loop_wait`` 1 s keeps that short and reacts to a crashed postgres within a second;
+``retry_timeout`` 6 s tolerates an etcd fsync or a query stalled for seconds on a loaded 2-core host without
+demoting the leader, and leaves 7 s of the ttl unused (1 + 2 × 6 = 13 <= 20). ``failsafe_mode`` keeps a leader
+that can still reach every member running while etcd itself stalls. ``primary_start_timeout`` is Patroni's default
+(300 s): a leader whose postgres crashed but whose Patroni is alive restarts it in place, see
+``kill_primary_postgres``.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+import psycopg
+import yaml
+from psycopg.conninfo import make_conninfo
+
+from pglab.errors import UserError
+from pglab.plan.schema import LocalTarget
+from pglab.targets.base import Endpoint, Endpoints
+from pglab.targets.local import registry
+from pglab.targets.local.cluster import DBNAME, SUPERUSER, LabError, conf_value
+from pglab.targets.local.postgres_bin import ServerUser, find_bindir, resolve_server_user
+
+Log = Callable[[str], None]
+HOST = "127.0.0.1"
+REPLICATION_USER = "replicator"
+NAMESPACE = "/pglab/"
+TIMINGS: dict[str, int] = {"ttl": 20, "loop_wait": 1, "retry_timeout": 6, "primary_start_timeout": 300}
+# Direct connections only: a proxy named in http_proxy must never see the lab's loopback API calls.
+_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+_PROXY_VARS = ("http_proxy", "https_proxy", "no_proxy", "all_proxy")
+
+
+@dataclass(frozen=True)
+class Member:
+    """One instance as Patroni's ``/cluster`` reports it."""
+
+    name: str
+    role: str  # leader | quorum_standby | sync_standby | replica
+    state: str  # running (leader) | streaming | starting | stopped | …
+    lag: int | None  # bytes behind the leader; None for the leader or when unknown
+    timeline: int | None
+    port: int | None
+    api_url: str
+
+
+@dataclass(frozen=True)
+class Kill:
+    """A fault injected: which node, which pids got SIGKILL, and when (time.monotonic())."""
+
+    node: str
+    pids: tuple[int, ...]
+    at: float
+
+
+@dataclass(frozen=True)
+class Transition:
+    """A change of leader: from whom, to whom, on which timeline, and how long it took."""
+
+    old: str
+    new: str
+    timeline: int  # the new leader's, read from the WAL it writes
+    seconds: float
+
+
+@dataclass
+class HANode:
+    name: str
+    data: Path
+    wal: Path
+    port: int
+    rest_port: int
+    config: Path
+    log: Path  # Patroni's output
+    pg_log: Path  # PostgreSQL's log (logging_collector)
+    proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def api_url(self) -> str:
+        return f"http://{HOST}:{self.rest_port}"
+
+    def postmaster_pid(self) -> int | None:
+        return _postmaster_pid(self.data)
+
+
+def _postmaster_pid(data: Path) -> int | None:
+    try:
+        pid = int((data / "postmaster.pid").read_text().splitlines()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    return pid if _alive(pid) else None
+
+
+def _alive(pid: int) -> bool:
+    """Running and not a zombie (a killed postmaster is reparented to init, which may not reap it at once)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
+
+
+def _comm(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (children, grandchildren …), read from /proc."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(int(entry.name))
+    out, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+def _freeze_and_kill(pids: list[int]) -> None:
+    """SIGSTOP all first, then SIGKILL: none of them can react to the others' death (a power cut, not a shutdown)."""
+    for sig in (signal.SIGSTOP, signal.SIGKILL):
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
+
+
+def _free_ports(n: int) -> list[int]:
+    """``n`` distinct free ports on loopback (held together while chosen, so none is handed out twice)."""
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.bind((HOST, 0))
+            socks.append(s)
+        return [int(s.getsockname()[1]) for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def find_etcd() -> Path:
+    found = shutil.which("etcd") or ("/usr/bin/etcd" if os.access("/usr/bin/etcd", os.X_OK) else None)
+    if not found:
+        raise UserError("etcd, the HA lab's DCS, is not installed; run ./setup.sh install "
+                        "(or apt-get install etcd-server).")
+    return Path(found)
+
+
+def find_patroni() -> Path:
+    """The ``patroni`` entry point beside this Python (the project's virtualenv), else on PATH."""
+    beside = Path(sys.executable).parent / "patroni"
+    if beside.is_file() and os.access(beside, os.X_OK):
+        return beside
+    found = shutil.which("patroni")
+    if not found:
+        raise UserError("patroni is not installed in pglab's environment; run ./setup.sh install.")
+    return Path(found)
+
+
+def check_timings(timings: dict[str, int]) -> None:
+    """Patroni silently rewrites values that break its rules; refuse them instead, so what is recorded holds."""
+    ttl, loop_wait, retry = timings["ttl"], timings["loop_wait"], timings["retry_timeout"]
+    if ttl < 20 or loop_wait < 1 or retry < 3:
+        raise UserError(f"HA timings: Patroni needs ttl >= 20, loop_wait >= 1 and retry_timeout >= 3 "
+                        f"(given ttl={ttl}, loop_wait={loop_wait}, retry_timeout={retry}).")
+    if loop_wait + 2 * retry > ttl:
+        raise UserError(f"HA timings: Patroni needs loop_wait + 2 * retry_timeout <= ttl "
+                        f"({loop_wait} + 2 * {retry} > {ttl}).")
+
+
+class HALab:
+    """Patroni + etcd on this host, from a ``target.local`` spec. ``start()``, then faults, then ``teardown()``."""
+
+    def __init__(self, spec: LocalTarget, base_dir: Path, log: Log = lambda _m: None,
+                 timings: dict[str, int] | None = None):
+        self.spec = spec
+        self.base_dir = base_dir
+        self.log = log
+        self.timings = {**TIMINGS, **(timings or {})}
+        check_timings(self.timings)
+        self.bindir = find_bindir(spec.bindir)
+        self.etcd_bin = find_etcd()
+        self.patroni_bin = find_patroni()
+        self.server_user: ServerUser | None = resolve_server_user(spec.run_as)
+        self.lab_dir: Path | None = None
+        self.nodes: list[HANode] = []
+        self.parameters: dict[str, Any] = {}
+        self.etcd_proc: subprocess.Popen[bytes] | None = None
+        self.etcd_port = 0
+        self.etcd_peer_port = 0
+        self.killed: set[str] = set()  # nodes whose Patroni was killed (not restarted)
+        self._created_dirs: list[Path] = []
+        self._logs: list[IO[bytes]] = []
+        self._rest_auth = ""
+        self.build_seconds: float | None = None
+
+    # ---------------------------------------------------------------- timings
+    @property
+    def failover_budget(self) -> float:
+        """Upper bound of a failover after the leader node dies: lock expiry (ttl), one HA cycle (loop_wait), one
+        DCS/PostgreSQL operation (retry_timeout) for the election and promotion."""
+        t = self.timings
+        return float(t["ttl"] + t["loop_wait"] + t["retry_timeout"])
+
+    @property
+    def name(self) -> str:
+        assert self.lab_dir is not None
+        return self.lab_dir.name
+
+    # ---------------------------------------------------------------- helpers
+    def _abs(self, value: str) -> Path:
+        p = Path(value).expanduser()
+        return (p if p.is_absolute() else self.base_dir / p).resolve()
+
+    def _chown(self, path: Path) -> None:
+        if self.server_user:
+            os.chown(path, self.server_user.uid, self.server_user.gid)
+
+    def _mkdir_server(self, path: Path, mode: int = 0o700) -> None:
+        path.mkdir(parents=True, exist_ok=True)
+        os.chmod(path, mode)
+        self._chown(path)
+
+    def _write_private(self, path: Path, text: str, server: bool) -> None:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        if server:
+            self._chown(path)
+
+    def _env(self) -> dict[str, str]:
+        drop = ("PG", "PATRONI_", "ETCD_", "ETCDCTL_")
+        env = {k: v for k, v in os.environ.items() if not k.startswith(drop) and k.lower() not in _PROXY_VARS}
+        env.update(LC_ALL="C", LANG="C", HOME=str(self.lab_dir), TMPDIR=str(self.lab_dir / "server"))
+        return env
+
+    def _spawn(self, args: list[str], log_path: Path) -> subprocess.Popen[bytes]:
+        """A lab daemon as the server user, in its own session, its output appended to ``log_path``."""
+        kwargs: dict[str, Any] = self.server_user.popen_kwargs() if self.server_user else {}
+        out = open(log_path, "ab")  # noqa: SIM115 - kept open for the daemon's lifetime, closed in stop()
+        self._logs.append(out)
+        return subprocess.Popen(args, cwd=self.lab_dir, env=self._env(), stdin=subprocess.DEVNULL, stdout=out,
+                                stderr=subprocess.STDOUT, start_new_session=True, **kwargs)
+
+    def _request(self, url: str, method: str = "GET", body: Any = None, timeout: float = 5) -> tuple[int, Any]:
+        data = None if body is None else json.dumps(body).encode()
+        headers = {"Content-Type": "application/json"}
+        if method != "GET":
+            headers["Authorization"] = self._rest_auth
+        req = urllib.request.Request(url, data=data, method=method, headers=headers)
+        try:
+            with _OPENER.open(req, timeout=timeout) as resp:
+                status, raw = resp.status, resp.read()
+        except urllib.error.HTTPError as exc:
+            status, raw = exc.code, exc.read()
+        text = raw.decode(errors="replace")
+        try:
+            return status, json.loads(text)
+        except ValueError:
+            return status, text
+
+    def _node(self, name: str) -> HANode:
+        for n in self.nodes:
+            if n.name == name:
+                return n
+        raise KeyError(name)
+
+    def _tail(self, path: Path, lines: int = 3) -> str:
+        try:
+            text = path.read_text(errors="replace").strip().splitlines()
+        except OSError:
+            return "(no log)"
+        return " / ".join(text[-lines:])
+
+    # ---------------------------------------------------------------- build
+    def _prepare_dirs(self) -> None:
+        spec = self.spec
+        if spec.paths.lab:
+            lab = self._abs(spec.paths.lab)
+            if lab.exists() and any(lab.iterdir()):
+                raise UserError(f"target.local.paths.lab: '{lab}' is not empty; give an empty or new directory.")
+            lab.mkdir(parents=True, exist_ok=True)
+        else:
+            lab = Path(tempfile.mkdtemp(prefix="pglab-ha-"))
+        self._created_dirs.append(lab)
+        self.lab_dir = lab
+        os.chmod(lab, 0o711)  # the server user must traverse it, nobody needs to list it
+        (lab / "secrets").mkdir(mode=0o700)
+        self._mkdir_server(lab / "server")
+        self._mkdir_server(lab / "etcd")
+        self._mkdir_server(lab / "sock", 0o755)
+        self._mkdir_server(lab / "logs", 0o755)
+        data_base = self._abs(spec.paths.data) if spec.paths.data else lab
+        wal_base = self._abs(spec.paths.wal) if spec.paths.wal else lab
+        ports = _free_ports(2 * spec.instances + 2)
+        self.etcd_port, self.etcd_peer_port = ports[-2:]
+        self.nodes = []
+        for i in range(spec.instances):
+            name = f"n{i}"
+            data, wal = data_base / name / "data", wal_base / name / "wal"
+            for d in (data, wal):
+                if d.exists():
+                    raise UserError(f"'{d}' already exists; remove it or choose other target.local.paths.")
+            for d in dict.fromkeys((lab / name, data.parent, wal.parent)):
+                if not d.exists():
+                    self._mkdir_server(d)
+                    self._created_dirs.append(d)
+            self.nodes.append(HANode(name, data, wal, ports[2 * i], ports[2 * i + 1], lab / name / "patroni.yml",
+                                     lab / "logs" / f"patroni-{name}.log", lab / "logs" / f"{name}.log"))
+
+    def _write_state(self) -> None:
+        if not self.lab_dir:
+            return
+        state = {
+            "kind": "ha",
+            "pglab_pid": os.getpid(),
+            "created": time.time(),
+            "scope": self.name,
+            "etcd": {"client_port": self.etcd_port, "peer_port": self.etcd_peer_port,
+                     "pid": self.etcd_proc.pid if self.etcd_proc else None},
+            "nodes": [{"name": n.name, "data": str(n.data), "wal": str(n.wal), "port": n.port,
+                       "rest_port": n.rest_port, "config": str(n.config),
+                       "patroni_pid": n.proc.pid if n.proc else None, "pid": n.postmaster_pid()}
+                      for n in self.nodes],
+        }
+        tmp = self.lab_dir / "lab.json.tmp"
+        tmp.write_text(json.dumps(state, indent=1))
+        tmp.replace(self.lab_dir / "lab.json")
+
+    def _dcs_config(self, parameters: dict[str, Any]) -> dict[str, Any]:
+        t = self.timings
+        sync = self.spec.synchronous
+        dcs: dict[str, Any] = {
+            "ttl": t["ttl"], "loop_wait": t["loop_wait"], "retry_timeout": t["retry_timeout"],
+            "primary_start_timeout": t["primary_start_timeout"],
+            "maximum_lag_on_failover": 1024 * 1024,
+            "failsafe_mode": True,
+            "synchronous_mode": False,
+            "postgresql": {
+                "use_pg_rewind": True,
+                "use_slots": True,
+                "parameters": {
+                    "wal_level": "replica", "hot_standby": True, "max_wal_senders": 10, "max_replication_slots": 10,
+                    "log_checkpoints": True, "log_timezone": "UTC",  # the runner reads checkpoint times from logs
+                    **parameters,
+                },
+            },
+        }
+        if sync is not None and len(self.nodes) > 1:
+            dcs["synchronous_mode"] = "quorum" if sync.method == "any" else True
+            dcs["synchronous_node_count"] = sync.number
+        return dcs
+
+    def _patroni_config(self, node: HANode, passwords: dict[str, str], parameters: dict[str, Any]) -> dict[str, Any]:
+        assert self.lab_dir is not None
+        return {
+            "scope": self.name,
+            "namespace": NAMESPACE,
+            "name": node.name,
+            "restapi": {"listen": f"{HOST}:{node.rest_port}", "connect_address": f"{HOST}:{node.rest_port}",
+                        "authentication": {"username": SUPERUSER, "password": passwords["rest"]}},
+            "etcd3": {"hosts": [f"{HOST}:{self.etcd_port}"], "protocol": "http"},
+            "watchdog": {"mode": "off"},
+            "bootstrap": {
+                "dcs": self._dcs_config(parameters),
+                "initdb": [{"encoding": "UTF8"}, {"locale": "C"}, {"waldir": str(node.wal)}],
+            },
+            "postgresql": {
+                "listen": f"{HOST}:{node.port}",
+                "connect_address": f"{HOST}:{node.port}",
+                "data_dir": str(node.data),
+                "bin_dir": str(self.bindir),
+                "pgpass": str(self.lab_dir / "server" / f"pgpass-{node.name}"),
+                "authentication": {
+                    "superuser": {"username": SUPERUSER, "password": passwords["superuser"]},
+                    "replication": {"username": REPLICATION_USER, "password": passwords["replication"]},
+                },
+                "parameters": {
+                    "unix_socket_directories": str(self.lab_dir / "sock"),
+                    "logging_collector": True,
+                    "log_directory": str(self.lab_dir / "logs"),
+                    "log_filename": node.pg_log.name,
+                    "log_file_mode": "0644",
+                    "log_rotation_age": 0,
+                    "log_rotation_size": 0,
+                },
+                "pg_hba": [
+                    "# written by Patroni for pglab: loopback and unix sockets only, passwords never in clear",
+                    "local all all scram-sha-256",
+                    f"host all all {HOST}/32 scram-sha-256",
+                    f"local replication {REPLICATION_USER} scram-sha-256",
+                    f"host replication {REPLICATION_USER} {HOST}/32 scram-sha-256",
+                ],
+                "basebackup": [{"waldir": str(node.wal)}, {"checkpoint": "fast"}],
+                "create_replica_methods": ["basebackup"],
+            },
+        }
+
+    def start(self, parameters: dict[str, Any] | None = None, timeout: float = 240) -> None:
+        """Build the lab: etcd, then the first node bootstraps as leader, then the others clone it; returns once
+        every replica streams with the synchronous state the plan asks for."""
+        started = time.monotonic()
+        deadline = started + timeout
+        try:
+            self._prepare_dirs()
+            assert self.lab_dir is not None
+            registry.register(self.lab_dir, [d for d in self._created_dirs if not d.is_relative_to(self.lab_dir)])
+            if parameters:
+                self._normalized(parameters)  # refuse invalid ones before anything runs
+            self.parameters = dict(parameters or {})
+            passwords = {k: secrets.token_urlsafe(24) for k in ("superuser", "replication", "rest")}
+            self._rest_auth = "Basic " + base64.b64encode(f"{SUPERUSER}:{passwords['rest']}".encode()).decode()
+            self._write_private(self.client_passfile, f"*:*:*:{SUPERUSER}:{passwords['superuser']}\n", server=False)
+            self._write_private(self.lab_dir / "secrets" / "rest-auth", self._rest_auth + "\n", server=False)
+            for node in self.nodes:
+                cfg = self._patroni_config(node, passwords, self.parameters)
+                self._write_private(node.config, yaml.safe_dump(cfg, sort_keys=False), server=True)
+            self._write_state()
+            self._start_etcd(deadline)
+            first = self.nodes[0]
+            self.log(f"patroni {first.name}: bootstrap (initdb, data {first.data}, WAL {first.wal})")
+            self._start_patroni(first)
+            self._wait(lambda: self._leader_running(first.name), deadline, f"{first.name} to bootstrap as leader")
+            with self.connect(first.name, dbname="postgres") as conn:
+                conn.execute(f"CREATE DATABASE {DBNAME}")
+            for node in self.nodes[1:]:
+                self.log(f"patroni {node.name}: replica (pg_basebackup from {first.name})")
+                self._start_patroni(node)
+            self.wait_ready(max(1.0, deadline - time.monotonic()))
+        except BaseException:
+            self.teardown()
+            raise
+        self.build_seconds = time.monotonic() - started
+        self.log(f"HA lab {self.name} up in {self.build_seconds:.1f} s: "
+                 + ", ".join(f"{m.name} {m.role}" for m in self.members()))
+
+    def _start_etcd(self, deadline: float) -> None:
+        assert self.lab_dir is not None
+        for attempt in range(3):
+            if attempt:  # the port was taken between choosing and binding it
+                self.etcd_port, self.etcd_peer_port = _free_ports(2)
+            client, peer = f"http://{HOST}:{self.etcd_port}", f"http://{HOST}:{self.etcd_peer_port}"
+            log_path = self.lab_dir / "logs" / "etcd.log"
+            offset = log_path.stat().st_size if log_path.exists() else 0
+            self.etcd_proc = self._spawn([
+                str(self.etcd_bin), "--name", "etcd0", "--data-dir", str(self.lab_dir / "etcd"),
+                "--listen-client-urls", client, "--advertise-client-urls", client,
+                "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
+                "--initial-cluster", f"etcd0={peer}", "--initial-cluster-state", "new",
+                "--initial-cluster-token", self.name, "--logger", "zap", "--log-outputs", "stderr",
+            ], log_path)
+            self._write_state()
+            while time.monotonic() < deadline:
+                if self.etcd_proc.poll() is not None:
+                    with open(log_path, "rb") as f:
+                        f.seek(offset)
+                        text = f.read().decode(errors="replace")
+                    if "address already in use" in text:
+                        break
+                    raise LabError(f"etcd exited with code {self.etcd_proc.returncode}: {self._tail(log_path)}")
+                with contextlib.suppress(OSError, ValueError):
+                    status, body = self._request(f"{client}/health", timeout=1)
+                    if status == 200 and isinstance(body, dict) and body.get("health") == "true":
+                        self.log(f"etcd on {HOST}:{self.etcd_port}")
+                        return
+                time.sleep(0.1)
+            else:
+                raise LabError(f"etcd did not become healthy: {self._tail(log_path)}")
+        raise LabError("etcd did not start: every port tried was taken")
+
+    def _start_patroni(self, node: HANode) -> None:
+        node.proc = self._spawn([str(self.patroni_bin), str(node.config)], node.log)
+        self._write_state()
+
+    def start_node(self, name: str) -> None:
+        """Start a node's Patroni again (after ``kill_primary_node``): it rejoins as a replica (pg_rewind if needed)."""
+        node = self._node(name)
+        if node.proc is not None and node.proc.poll() is None:
+            return
+        self.killed.discard(name)
+        self._start_patroni(node)
+
+    def _wait(self, check: Callable[[], bool], deadline: float, what: str) -> None:
+        while time.monotonic() < deadline:
+            for node in self.nodes:
+                if node.proc is not None and node.name not in self.killed and node.proc.poll() is not None:
+                    raise LabError(f"patroni {node.name} exited with code {node.proc.returncode} while waiting for "
+                                   f"{what}: {self._tail(node.log)}")
+            with contextlib.suppress(OSError, ValueError, psycopg.Error, LabError):
+                if check():
+                    return
+            time.sleep(0.2)
+        raise LabError(f"timed out waiting for {what}; cluster: {self._describe_members()}")
+
+    def _describe_members(self) -> str:
+        try:
+            return ", ".join(f"{m.name} {m.role}/{m.state}" for m in self.members()) or "no members"
+        except LabError as exc:
+            return str(exc)
+
+    def _leader_running(self, name: str) -> bool:
+        return any(m.name == name and m.role == "leader" and m.state == "running" for m in self.members())
+
+    # ---------------------------------------------------------------- state
+    def members(self) -> list[Member]:
+        """The cluster as Patroni sees it (``GET /cluster`` on the first live node that answers)."""
+        alive = [n for n in self.nodes if n.name not in self.killed]
+        for node in alive:
+            try:
+                status, body = self._request(f"{node.api_url}/cluster", timeout=2)
+            except (OSError, ValueError):
+                continue
+            if status == 200 and isinstance(body, dict):
+                return [_member(m) for m in body.get("members", [])]
+        raise LabError("no Patroni REST API answers /cluster")
+
+    def primary(self) -> Member:
+        leaders = [m for m in self.members() if m.role == "leader"]
+        if not leaders:
+            raise LabError(f"no leader: {self._describe_members()}")
+        return leaders[0]
+
+    def _ready(self) -> bool:
+        members = {m.name: m for m in self.members()}
+        expected = [n.name for n in self.nodes if n.name not in self.killed]
+        leaders = [m for m in members.values() if m.role == "leader" and m.state == "running"]
+        if len(leaders) != 1 or set(members) - {n.name for n in self.nodes} or set(expected) - set(members):
+            return False
+        replicas = [members[n] for n in expected if n != leaders[0].name]
+        if not all(r.state == "streaming" for r in replicas):
+            return False
+        sync = self.spec.synchronous
+        if sync is None or not replicas:
+            return True
+        role = "quorum_standby" if sync.method == "any" else "sync_standby"
+        want = len(replicas) if sync.method == "any" else min(sync.number, len(replicas))
+        return sum(r.role == role for r in replicas) >= want and self._streaming_on(leaders[0].name, replicas)
+
+    def _streaming_on(self, leader: str, replicas: list[Member]) -> bool:
+        """The leader's own view agrees: every replica in pg_stat_replication, streaming."""
+        with self.connect(leader) as conn:
+            rows = conn.execute("SELECT application_name, state FROM pg_stat_replication").fetchall()
+        seen = {r[0]: r[1] for r in rows}
+        return all(seen.get(r.name) == "streaming" for r in replicas)
+
+    def wait_ready(self, timeout: float = 120) -> list[Member]:
+        """Wait for one running leader and every live replica streaming, synchronous as the plan says."""
+        self._wait(self._ready, time.monotonic() + timeout, "a leader and streaming replicas")
+        self._write_state()
+        return self.members()
+
+    # ---------------------------------------------------------------- clients
+    @property
+    def client_passfile(self) -> Path:
+        assert self.lab_dir is not None
+        return self.lab_dir / "secrets" / "pgpass"
+
+    def conninfo_multi(self, **extra: str | int) -> str:
+        """A multi-host libpq string over every node that lands on the primary (``target_session_attrs``)."""
+        params: dict[str, str | int] = {
+            "host": ",".join(HOST for _ in self.nodes),
+            "port": ",".join(str(n.port) for n in self.nodes),
+            "user": SUPERUSER, "dbname": DBNAME, "passfile": str(self.client_passfile),
+            "target_session_attrs": "read-write", "connect_timeout": 5,
+            **extra,
+        }
+        return make_conninfo(**{k: str(v) for k, v in params.items()})
+
+    def connect(self, name: str, dbname: str = DBNAME, **kwargs: Any) -> psycopg.Connection[Any]:
+        """Control connection to one node, through its unix socket."""
+        assert self.lab_dir is not None
+        return psycopg.connect(host=str(self.lab_dir / "sock"), port=self._node(name).port, user=SUPERUSER,
+                               dbname=dbname, passfile=str(self.client_passfile), autocommit=True,
+                               connect_timeout=5, application_name="pglab-control", **kwargs)
+
+    def endpoints(self) -> Endpoints:
+        """The current leader as primary and the other live nodes as standbys (unix sockets)."""
+        assert self.lab_dir is not None
+        leader = self.primary().name
+
+        def ep(n: HANode, role: str) -> Endpoint:
+            return Endpoint(n.name, role, str(self.lab_dir / "sock"), n.port, SUPERUSER, DBNAME, self.client_passfile)
+
+        return Endpoints(ep(self._node(leader), "primary"),
+                         [ep(n, "standby") for n in self.nodes if n.name != leader and n.name not in self.killed])
+
+    def server_pids(self) -> list[int]:
+        return [p for n in self.nodes if (p := n.postmaster_pid())]
+
+    def pids(self) -> dict[str, int]:
+        """Every lab daemon now running: etcd, each Patroni, each postmaster."""
+        out: dict[str, int] = {}
+        if self.etcd_proc is not None and self.etcd_proc.poll() is None:
+            out["etcd"] = self.etcd_proc.pid
+        for n in self.nodes:
+            if n.proc is not None and n.proc.poll() is None:
+                out[f"patroni-{n.name}"] = n.proc.pid
+            if (p := n.postmaster_pid()) is not None:
+                out[f"postgres-{n.name}"] = p
+        return out
+
+    def logs(self) -> dict[str, Path]:
+        """etcd's, each Patroni's and each PostgreSQL's log (kept by a runner as artifacts)."""
+        assert self.lab_dir is not None
+        paths = {"etcd": self.lab_dir / "logs" / "etcd.log"}
+        for n in self.nodes:
+            paths[f"patroni-{n.name}"] = n.log
+            paths[n.name] = n.pg_log
+        return {k: p for k, p in paths.items() if p.is_file()}
+
+    # ---------------------------------------------------------------- operations and faults
+    def switchover(self, candidate: str | None = None, timeout: float = 90) -> Transition:
+        """Planned switchover through the leader's REST API; returns once the new leader runs and takes writes."""
+        started = time.monotonic()
+        old = self.primary()
+        body: dict[str, Any] = {"leader": old.name}
+        if candidate:
+            body["candidate"] = candidate
+        status, reply = self._request(f"{self._node(old.name).api_url}/switchover", "POST", body, timeout=timeout)
+        if status != 200:
+            raise LabError(f"switchover from {old.name} refused ({status}): {reply}")
+        return self.wait_new_primary(old.name, max(1.0, timeout - (time.monotonic() - started)), since=started)
+
+    def kill_primary_postgres(self) -> Kill:
+        """SIGKILL the leader's postmaster only. Its Patroni, still holding the leader lock, sees postgres down
+        within ``loop_wait`` and, ``primary_start_timeout`` (300 s) not being over, starts it again in place as
+        primary (crash recovery, same timeline): no failover; writes stop for about loop_wait + recovery."""
+        leader = self.primary().name
+        pid = self._node(leader).postmaster_pid()
+        if pid is None:
+            raise LabError(f"leader {leader} has no running postmaster")
+        at = time.monotonic()
+        os.kill(pid, signal.SIGKILL)
+        self.log(f"killed postmaster of leader {leader} (pid {pid})")
+        return Kill(leader, (pid,), at)
+
+    def kill_primary_node(self) -> Kill:
+        """SIGKILL the leader's Patroni and its whole PostgreSQL together (the node dies): a real failover once the
+        leader lock expires. The node stays down until ``start_node``."""
+        leader = self.primary().name
+        node = self._node(leader)
+        pids: list[int] = []
+        if node.proc is not None and node.proc.poll() is None:
+            pids += [node.proc.pid, *_descendants(node.proc.pid)]
+        if (pm := node.postmaster_pid()) is not None:
+            pids += [pm, *_descendants(pm)]  # started by Patroni in its own session, reparented: not below it
+        at = time.monotonic()
+        _freeze_and_kill(pids)
+        self.killed.add(leader)
+        if node.proc is not None:
+            node.proc.wait(timeout=10)
+        self.log(f"killed node {leader}: patroni and postgres (pids {', '.join(map(str, pids))})")
+        return Kill(leader, tuple(pids), at)
+
+    def wait_new_primary(self, old: str, timeout: float | None = None, since: float | None = None) -> Transition:
+        """Wait until a node other than ``old`` is the running leader and accepts writes. ``seconds`` counts from
+        ``since`` (e.g. a Kill's ``at``), else from the call."""
+        start = time.monotonic() if since is None else since
+        deadline = time.monotonic() + (timeout if timeout is not None else 2 * self.failover_budget)
+        found: list[tuple[str, int]] = []
+
+        def check() -> bool:
+            leaders = [m for m in self.members() if m.role == "leader" and m.state == "running" and m.name != old]
+            if not leaders:
+                return False
+            with self.connect(leaders[0].name) as conn:
+                if conn.execute("SELECT pg_is_in_recovery()").fetchone() != (False,):
+                    return False
+                row = conn.execute("SELECT pg_walfile_name(pg_current_wal_lsn())").fetchone()
+            # the timeline it writes on: /cluster may still show the one before the promotion
+            found[:] = [(leaders[0].name, int(row[0][:8], 16) if row else 0)]
+            return True
+
+        self._wait(check, deadline, f"a new leader other than {old}")
+        seconds = time.monotonic() - start
+        new, timeline = found[0]
+        self.log(f"new leader {new} (was {old}, timeline {timeline}) after {seconds:.1f} s")
+        return Transition(old, new, timeline, seconds)
+
+    # ---------------------------------------------------------------- settings
+    def _postgres_c(self, name: str, value: Any) -> str:
+        """The value as pg_settings.setting shows it, from PostgreSQL itself (``postgres -C`` on a scratch
+        configuration, so it works before any node exists); an invalid name or value is the user's to fix."""
+        assert self.lab_dir is not None
+        scratch = self.lab_dir / "server" / "guc"
+        if not (scratch / "postgresql.conf").exists():
+            self._mkdir_server(scratch)
+            (scratch / "postgresql.conf").write_text("")
+            self._chown(scratch / "postgresql.conf")
+        args = [str(self.bindir / "postgres"), "-D", str(scratch), "-C", name,
+                "-c", f"{name}={conf_value(value).strip(chr(39))}"]
+        kwargs: dict[str, Any] = self.server_user.popen_kwargs() if self.server_user else {}
+        proc = subprocess.run(args, capture_output=True, text=True, timeout=30, env=self._env(), cwd=self.lab_dir,
+                              check=False, **kwargs)
+        if proc.returncode != 0:
+            message = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["(no message)"]
+            raise UserError(f"parameters.{name}: PostgreSQL rejects it ({message[0].replace('FATAL:  ', '')}); "
+                            "fix the plan.")
+        return proc.stdout.strip()
+
+    def _normalized(self, parameters: dict[str, Any]) -> dict[str, str]:
+        return {k: self._postgres_c(k, v) for k, v in parameters.items()}
+
+    def apply(self, parameters: dict[str, Any], timeout: float = 120) -> list[str]:
+        """Put ``parameters`` in force on every node through Patroni's dynamic configuration (PATCH /config);
+        parameters set before and absent now are removed. Restarts the nodes (replicas first) when PostgreSQL
+        asks for it. Returns the nodes restarted."""
+        if parameters == self.parameters:
+            return []
+        want = self._normalized(parameters)
+        patch: dict[str, Any] = {k: None for k in self.parameters if k not in parameters}
+        patch.update(parameters)
+        leader = self.primary().name
+        status, reply = self._request(f"{self._node(leader).api_url}/config", "PATCH",
+                                      {"postgresql": {"parameters": patch}})
+        if status != 200:
+            raise LabError(f"PATCH /config refused ({status}): {reply}")
+        self.parameters = dict(parameters)
+        deadline = time.monotonic() + timeout
+        live = [n.name for n in self.nodes if n.name not in self.killed]
+        pending: set[str] = set()
+
+        def settled() -> bool:
+            pending.clear()
+            for name in live:
+                with self.connect(name) as conn:
+                    rows = conn.execute("SELECT name, setting, pending_restart FROM pg_settings WHERE name = ANY(%s)",
+                                        [list(want)]).fetchall()
+                for pname, setting, pend in rows:
+                    if pend:
+                        pending.add(name)
+                    elif setting != want[pname]:
+                        return False
+            return True
+
+        self._wait(settled, deadline, "the new parameters to be read by every node")
+        if not pending:
+            return []
+        order = sorted(pending, key=lambda n: n == leader)  # replicas first, the leader last
+        for name in order:
+            self.log(f"restart {name} for parameters")
+            status, reply = self._request(f"{self._node(name).api_url}/restart", "POST", {}, timeout=timeout)
+            if status != 200:
+                raise LabError(f"restart of {name} refused ({status}): {reply}")
+        self._wait(lambda: settled() and not pending, deadline, "the new parameters in force after restart")
+        self.wait_ready(max(1.0, deadline - time.monotonic()))
+        return order
+
+    # ---------------------------------------------------------------- teardown
+    def stop(self, timeout: float = 30) -> None:
+        """Stop every Patroni (replicas first, so none takes over from a leader being stopped), every PostgreSQL,
+        then etcd; whatever still runs from the lab after that is killed. Idempotent."""
+        try:
+            leader = self.primary().name
+        except LabError:
+            leader = None
+        replicas = [n for n in self.nodes if n.name != leader]
+        for group in (replicas, [n for n in self.nodes if n.name == leader]):
+            self._stop_patronis(group, timeout)
+        for node in self.nodes:  # a postgres whose Patroni died (killed) would otherwise run on
+            pid = node.postmaster_pid()
+            if pid is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGQUIT)  # immediate shutdown: the postmaster takes its children down
+                end = time.monotonic() + 10
+                while _alive(pid) and time.monotonic() < end:
+                    time.sleep(0.05)
+                _freeze_and_kill([pid, *_descendants(pid)] if _alive(pid) else [])
+        if self.etcd_proc is not None:
+            _terminate(self.etcd_proc, 10)
+        if self.lab_dir is not None:
+            _sweep([self.lab_dir, *self._outside_dirs()])
+        for f in self._logs:
+            f.close()
+        self._logs.clear()
+
+    def _stop_patronis(self, nodes: list[HANode], timeout: float) -> None:
+        procs = [n.proc for n in nodes if n.proc is not None and n.proc.poll() is None]
+        for p in procs:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(p.pid, signal.SIGTERM)  # Patroni stops its postgres (fast) before it exits
+        for p in procs:
+            _terminate(p, timeout)
+
+    def _outside_dirs(self) -> list[Path]:
+        assert self.lab_dir is not None
+        return [d for d in self._created_dirs if not d.is_relative_to(self.lab_dir)]
+
+    def teardown(self, keep: bool = False) -> None:
+        """Stop everything and remove what the lab created (``keep``: leave it running, marked kept)."""
+        if keep:
+            if self.lab_dir:
+                registry.mark_kept(self.lab_dir)
+                self.log(f"HA lab kept running in {self.lab_dir}")
+            return
+        self.stop()
+        for d in reversed(self._created_dirs):
+            shutil.rmtree(d, ignore_errors=True)
+        self._created_dirs.clear()
+        if self.lab_dir:
+            registry.unregister(self.lab_dir)
+
+
+def _member(m: dict[str, Any]) -> Member:
+    lag = m.get("lag")
+    return Member(name=str(m.get("name")), role=str(m.get("role", "")), state=str(m.get("state", "")),
+                  lag=lag if isinstance(lag, int) else None,
+                  timeline=m.get("timeline") if isinstance(m.get("timeline"), int) else None,
+                  port=m.get("port") if isinstance(m.get("port"), int) else None, api_url=str(m.get("api_url", "")))
+
+
+def _terminate(proc: subprocess.Popen[bytes], timeout: float) -> None:
+    """SIGTERM (if not sent yet), wait, then SIGKILL the process and what it started; always reaped."""
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            _freeze_and_kill([proc.pid, *_descendants(proc.pid)])
+            proc.wait(timeout=10)
+
+
+def _sweep(paths: list[Path]) -> list[tuple[int, str]]:
+    """Kill whatever still runs from the lab's directories (command line, environment or working directory);
+    returns their pids and names."""
+    killed: list[tuple[int, str]] = []
+    for _round in range(5):
+        pids = registry.processes_using(paths)
+        if not pids:
+            break
+        killed += [(p, _comm(p)) for p in pids]
+        _freeze_and_kill(pids)
+        registry.kill_all(pids)
+    return killed
+
+
+def is_ha_lab(lab_dir: Path) -> bool:
+    try:
+        return json.loads((lab_dir / "lab.json").read_text()).get("kind") == "ha"
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def clean_ha_lab(lab_dir: Path, unregister_entry: bool = True) -> list[str]:
+    """Stop what an HA lab left running (kept, or left behind by a pglab that was killed) and remove it: every
+    Patroni first (it would restart a postgres stopped under it), then each postmaster, then etcd, then anything
+    else still using the lab's directories. Returns what was stopped."""
+    lab_dir = lab_dir.resolve()
+    try:
+        state = json.loads((lab_dir / "lab.json").read_text())
+    except (OSError, ValueError):
+        raise UserError(f"'{lab_dir}' is not a pglab lab (no readable lab.json).") from None
+    if state.get("kind") != "ha":
+        raise UserError(f"'{lab_dir}' is not an HA lab (clean it with cluster.clean_lab).")
+    nodes = state.get("nodes", [])
+    parents = {Path(n[k]).parent for n in nodes for k in ("data", "wal")}
+    outside = sorted(p for p in parents if not p.is_relative_to(lab_dir))
+    stopped: list[str] = []
+    configs = [n["config"] for n in nodes if n.get("config")]
+    patronis = [p for p in registry.processes_using([Path(c) for c in configs]) if not _comm(p).startswith("postgres")]
+    registry.kill_all(patronis)
+    stopped += [f"patroni (pid {p})" for p in patronis]
+    for n in nodes:
+        pid = _postmaster_pid(Path(n["data"]))
+        if pid is None:
+            continue
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGQUIT)
+        end = time.monotonic() + 10
+        while _alive(pid) and time.monotonic() < end:
+            time.sleep(0.05)
+        if _alive(pid):
+            _freeze_and_kill([pid, *_descendants(pid)])
+        stopped.append(f"{n['name']} (pid {pid})")
+    others = _sweep([lab_dir, *outside])  # etcd, clients
+    stopped += [f"{comm or 'process'} (pid {p})" for p, comm in others]
+    for d in outside:
+        shutil.rmtree(d, ignore_errors=True)
+    shutil.rmtree(lab_dir, ignore_errors=True)
+    if unregister_entry:
+        registry.unregister(lab_dir)
+    return stopped
