@@ -342,6 +342,12 @@ class HALab:
         self._mkdir_server(lab / "logs", 0o755)
         data_base = self._abs(spec.paths.data) if spec.paths.data else lab
         wal_base = self._abs(spec.paths.wal) if spec.paths.wal else lab
+        for field, base in (("lab", lab), ("data", data_base), ("wal", wal_base)):
+            try:
+                base.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise UserError(f"target.local.paths.{field}: cannot create '{base}' ({exc.strerror}).") from None
+            self._check_traversable(base, f"target.local.paths.{field}")
         ports = _free_ports(2 * spec.instances + 2)
         self.etcd_port, self.etcd_peer_port = ports[-2:]
         self.nodes = []
@@ -357,6 +363,17 @@ class HALab:
                     self._created_dirs.append(d)
             self.nodes.append(HANode(name, data, wal, ports[2 * i], ports[2 * i + 1], lab / name / "patroni.yml",
                                      lab / "logs" / f"patroni-{name}.log", lab / "logs" / f"{name}.log"))
+
+    def _check_traversable(self, path: Path, field: str) -> None:
+        if self.server_user is None:
+            if not os.access(path, os.W_OK | os.X_OK):
+                raise UserError(f"{field}: '{path}' is not writable; choose a directory you can write to.")
+            return
+        probe = subprocess.run(["test", "-x", str(path)], check=False, **self.server_user.popen_kwargs())
+        if probe.returncode != 0:
+            raise UserError(f"{field}: the server user '{self.server_user.name}' cannot reach '{path}' (a parent "
+                            "directory is not searchable); choose a directory under a world-searchable path such as "
+                            "/var/tmp.")
 
     def _write_state(self) -> None:
         if not self.lab_dir:
@@ -797,25 +814,38 @@ class HALab:
         return order
 
     # ---------------------------------------------------------------- teardown
-    def stop(self, timeout: float = 30) -> None:
-        """Stop every Patroni (replicas first, so none takes over from a leader being stopped), every PostgreSQL,
-        then etcd; whatever still runs from the lab after that is killed. Idempotent."""
-        try:
-            leader = self.primary().name
-        except LabError:
-            leader = None
-        replicas = [n for n in self.nodes if n.name != leader]
-        for group in (replicas, [n for n in self.nodes if n.name == leader]):
-            self._stop_patronis(group, timeout)
-        for node in self.nodes:  # a postgres whose Patroni died (killed) would otherwise run on
+    def stop(self, graceful: bool = True, timeout: float = 30) -> None:
+        """Stop every Patroni, every PostgreSQL, then etcd; whatever still runs from the lab after that is killed.
+
+        ``graceful``: SIGTERM each Patroni, which stops its postgres cleanly (replicas first, so none takes over
+        from a leader being stopped; a synchronous standby waits to be released by the primary: seconds each).
+        Otherwise every Patroni gets SIGKILL and each postmaster an immediate shutdown (SIGQUIT), for a lab about
+        to be removed. Idempotent."""
+        if graceful:
+            try:
+                leader: str | None = self.primary().name
+            except LabError:
+                leader = None
+            replicas = [n for n in self.nodes if n.name != leader]
+            for group in (replicas, [n for n in self.nodes if n.name == leader]):
+                self._stop_patronis(group, timeout)
+        else:
+            for node in self.nodes:
+                if node.proc is not None and node.proc.poll() is None:
+                    _freeze_and_kill([node.proc.pid, *_descendants(node.proc.pid)])
+                    node.proc.wait(timeout=10)
+        for node in self.nodes:  # a postgres whose Patroni is gone would otherwise run on
             pid = node.postmaster_pid()
             if pid is not None:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGQUIT)  # immediate shutdown: the postmaster takes its children down
-                end = time.monotonic() + 10
-                while _alive(pid) and time.monotonic() < end:
-                    time.sleep(0.05)
-                _freeze_and_kill([pid, *_descendants(pid)] if _alive(pid) else [])
+        for node in self.nodes:
+            pid = node.postmaster_pid()
+            end = time.monotonic() + 10
+            while pid is not None and _alive(pid) and time.monotonic() < end:
+                time.sleep(0.05)
+            if pid is not None and _alive(pid):
+                _freeze_and_kill([pid, *_descendants(pid)])
         if self.etcd_proc is not None:
             _terminate(self.etcd_proc, 10)
         if self.lab_dir is not None:
@@ -843,7 +873,7 @@ class HALab:
                 registry.mark_kept(self.lab_dir)
                 self.log(f"HA lab kept running in {self.lab_dir}")
             return
-        self.stop()
+        self.stop(graceful=False)  # its files go next: a clean shutdown would only cost seconds
         for d in reversed(self._created_dirs):
             shutil.rmtree(d, ignore_errors=True)
         self._created_dirs.clear()
