@@ -211,7 +211,8 @@ class Runner:
         if self.allow_destructive:
             raise UserError("--allow-destructive: only an external target needs it; the local lab is pglab's own.")
         assert self.plan.target.local is not None
-        return LocalLab(self.plan.target.local, self.plan_dir, log=self.ui.log)  # checks binaries and user
+        # the lab loads the dataset on its primary alone and snapshots it while it builds
+        return LocalLab(self.plan.target.local, self.plan_dir, log=self.ui.log, dataset=self.plan.dataset)
 
     def _sweep(self, store: Store, target: Target, sweep_id: int, resumed: bool) -> SweepResult:
         plan = self.plan
@@ -334,6 +335,7 @@ class Runner:
             if links:  # the replication links as Toxiproxy shapes them during this run
                 _write_json(run_dir / "network.json", links)
             self._prepare_dataset(target, endpoints, run_dir)
+            store.add_events(sweep_id, target.take_events())  # a snapshot reset's own
             settings = self._settings(endpoints, run_dir)
             ctx = ProbeContext(
                 primary_conninfo=endpoints.primary.conninfo(application_name="pglab-probe"),
@@ -403,6 +405,8 @@ class Runner:
             return
         if ds.reset == "reinit":
             pgbench.initialise(target.bindir, endpoints.primary, ds, run_dir)
+        elif ds.reset == "snapshot":
+            _write_json(run_dir / "dataset-reset.json", target.reset_dataset())
         with psycopg.connect(endpoints.primary.conninfo(application_name="pglab-control"),
                              autocommit=True) as conn:
             if ds.reset == "vacuum":

@@ -463,10 +463,11 @@ def _check_param_name(name: str) -> None:
 class Dataset(Strict):
     scale: Annotated[int, _int_between(1, MAX_SCALE)] = 10
     partitions: Annotated[int, _int_between(1, MAX_PARTITIONS)] | None = None
-    reset: Literal["vacuum", "reinit"] = Field(
+    reset: Literal["vacuum", "reinit", "snapshot"] = Field(
         "vacuum",
-        description="before each run: 'vacuum' (truncate history, VACUUM ANALYZE, CHECKPOINT) "
-        "or 'reinit' (reload the dataset)",
+        description="before each run: 'vacuum' (truncate history, VACUUM ANALYZE, CHECKPOINT), "
+        "'reinit' (reload the dataset with pgbench -i) or 'snapshot' (local lab: every instance put back to the "
+        "snapshot taken after the first load, a reflink copy where the filesystem allows)",
     )
 
 
@@ -714,7 +715,7 @@ class Plan(Strict):
             return self
         for given, field in ((self.postgres.parameters, "postgres.parameters"),
                              (self.matrix.parameters, "matrix.parameters"), (self.storage, "storage"),
-                             (self.matrix.cpus, "matrix.cpus")):
+                             (self.matrix.cpus, "matrix.cpus"), (self.dataset.reset == "snapshot", "dataset.reset")):
             if given:
                 raise PydanticCustomError("external", "an external target is measured as it is (pglab never "
                                           "changes its settings nor runs fio on its disks); remove this",
@@ -734,7 +735,8 @@ class Plan(Strict):
         for given, field, why in (
                 (self.matrix.cpus, "matrix.cpus", "patching resources between steps"),
                 (self.matrix.parameters, "matrix.parameters", "changing parameters between points"),
-                (self.storage and self.storage.job_files, "storage.job_files", "custom fio job files")):
+                (self.storage and self.storage.job_files, "storage.job_files", "custom fio job files"),
+                (self.dataset.reset == "snapshot", "dataset.reset", "resetting to a snapshot")):
             if given:
                 raise PydanticCustomError("kubernetes", "{why} is not available on a Kubernetes target yet; remove "
                                           "this", {"why": why, "at": field})

@@ -117,3 +117,7 @@ class Target(Protocol):
 
     def links_in_force(self) -> dict[str, Any]:
         """Replication links as shaped now (latency, bandwidth per standby), or {} when not shaped."""
+
+    def reset_dataset(self) -> dict[str, Any]:
+        """Put every instance back to the dataset's snapshot (dataset.reset: snapshot); returns what it took."""
+        ...

@@ -156,3 +156,6 @@ class ExternalServer:
 
     def links_in_force(self) -> dict[str, Any]:
         return {}
+
+    def reset_dataset(self) -> dict[str, Any]:
+        raise UserError("dataset.reset: 'snapshot' needs the local lab; an external server is never restored.")

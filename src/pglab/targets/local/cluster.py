@@ -14,7 +14,9 @@ Layout of a lab directory (owned by pglab; the servers' parts owned by the serve
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
+import math
 import os
 import re
 import secrets
@@ -32,9 +34,9 @@ from typing import Any
 import psycopg
 
 from pglab.errors import UserError
-from pglab.plan.schema import LocalTarget
+from pglab.plan.schema import Dataset, LocalTarget
 from pglab.targets.base import Endpoint, Endpoints
-from pglab.targets.local import cgroups, registry
+from pglab.targets.local import cgroups, dataset_fast, registry
 from pglab.targets.local.postgres_bin import ServerUser, find_bindir, resolve_server_user
 from pglab.workloads.fio import parse_size
 
@@ -83,8 +85,13 @@ class Node:
 class LocalLab:
     """Implements the Target protocol on this host."""
 
-    def __init__(self, spec: LocalTarget, base_dir: Path, log: Log = lambda _m: None):
+    def __init__(self, spec: LocalTarget, base_dir: Path, log: Log = lambda _m: None, dataset: Dataset | None = None):
+        """``dataset``: load it on the primary alone while building the lab, snapshot it and make the standbys
+        from the snapshot (then :meth:`reset_dataset` can put it back); without it the lab is built empty."""
         self.spec = spec
+        self.dataset = dataset
+        self.snapshot: dataset_fast.Snapshot | None = None
+        self.dataset_info: dict[str, Any] = {}
         self.log = log
         self.bindir = find_bindir(spec.bindir)
         self.server_user: ServerUser | None = resolve_server_user(spec.run_as)
@@ -209,7 +216,9 @@ class LocalLab:
         """What the kernel reports for every group now (stored with each run)."""
         if self.limits_problem:
             return {"applied": False, "reason": self.limits_problem}
-        out: dict[str, Any] = {"applied": bool(self.groups or self.client_group)}
+        if not self.groups and self.client_group is None:
+            return {}  # the plan asks for no limits
+        out: dict[str, Any] = {"applied": True}
         for name, g in self.groups.items():
             out[name] = g.in_force()
         if self.client_group is not None:
@@ -264,10 +273,13 @@ class LocalLab:
         return self.endpoints()
 
     def endpoints(self) -> Endpoints:
+        return self.endpoints_of(self.nodes)
+
+    def endpoints_of(self, nodes: list[Node]) -> Endpoints:
         def ep(n: Node) -> Endpoint:
             return Endpoint(n.name, n.role, str(self.sock_dir), n.port, SUPERUSER, DBNAME, self.client_passfile)
 
-        return Endpoints(ep(self.nodes[0]), [ep(n) for n in self.nodes[1:]])
+        return Endpoints(ep(nodes[0]), [ep(n) for n in nodes[1:]])
 
     def _prepare_dirs(self) -> None:
         spec = self.spec
@@ -375,30 +387,150 @@ class LocalLab:
         )
         self._write_conf(primary)
         self._started = True  # from here on, teardown has something to stop
+        if self.dataset is not None:
+            self._load_alone(primary)
         self._start(primary, may_move=True)
-        with self.connect(primary, dbname="postgres") as conn:
-            conn.execute(f"CREATE DATABASE {DBNAME}")
+        if self.dataset is None:
+            with self.connect(primary, dbname="postgres") as conn:
+                conn.execute(f"CREATE DATABASE {DBNAME}")
         self._start_proxies()
-        for node in self.nodes[1:]:
-            self.log(f"pg_basebackup {node.name} from {primary.name}")
-            # through the node's proxy (not shaped yet), so that -R writes the proxy into primary_conninfo
-            port = self.proxy_ports.get(node.name, primary.port)
-            conninfo = (f"host=127.0.0.1 port={port} user={SUPERUSER} "
-                        f"passfile={self._server_passfile} application_name={node.name}")
-            try:
-                self._run([self._bin("pg_basebackup"), "-D", str(node.data), "--waldir", str(node.wal), "-R",
-                           "-X", "stream", "-C", "-S", node.name, "-c", "fast", "--no-sync", "-d", conninfo])
-            except LabError as exc:
-                raise self._no_space(exc, f"pg_basebackup of {node.name}", "target.local.paths.data",
-                                     node.data.parent) from None
-            self._write_conf(node)
-            self._start(node, may_move=True)
+        if self.snapshot is not None:
+            self._standbys_from_snapshot()
+        else:
+            self._standbys_by_basebackup()
         self._sync_enabled = True
         self._write_conf(primary)
         with self.connect(primary) as conn:
             conn.execute("SELECT pg_reload_conf()")
         self.wait_streaming()
         self._shape_links()
+
+    def _replication_conninfo(self, node: Node) -> str:
+        """How a standby reaches the primary: through its Toxiproxy proxy when the plan shapes the links."""
+        port = self.proxy_ports.get(node.name, self.nodes[0].port)
+        return (f"host=127.0.0.1 port={port} user={SUPERUSER} passfile={self._server_passfile} "
+                f"application_name={node.name}")
+
+    def _standbys_by_basebackup(self) -> None:
+        primary = self.nodes[0]
+        for node in self.nodes[1:]:
+            self.log(f"pg_basebackup {node.name} from {primary.name}")
+            # through the node's proxy (not shaped yet), so that -R writes the proxy into primary_conninfo
+            try:
+                self._run([self._bin("pg_basebackup"), "-D", str(node.data), "--waldir", str(node.wal), "-R",
+                           "-X", "stream", "-C", "-S", node.name, "-c", "fast", "--no-sync",
+                           "-d", self._replication_conninfo(node)])
+            except LabError as exc:
+                raise self._no_space(exc, f"pg_basebackup of {node.name}", "target.local.paths.data",
+                                     node.data.parent) from None
+            self._write_conf(node)
+            self._start(node, may_move=True)
+
+    # ---------------------------------------------------------------- dataset: load once, snapshot, reset
+    def _load_alone(self, primary: Node) -> None:
+        """Load the dataset on the primary before any standby exists, with the settings that skip the WAL of the
+        new tables; then restart it with the lab's settings (so the last checkpoint says wal_level=replica), stop it
+        cleanly, make it durable and snapshot it. The standbys are then copies of the snapshot, not replays."""
+        assert self.dataset is not None and self.lab_dir is not None
+        ds = self.dataset
+        r = self.spec.resources
+        cores = max(1, min(os.cpu_count() or 1, math.ceil(self.cpus))) if self.cpus else None
+        load = dataset_fast.fast_load_settings(self.bindir, ds, cores=cores,
+                                               memory_bytes=parse_size(r.memory) if r and r.memory else None)
+        started = time.monotonic()
+        self.parameters = dict(load.parameters)
+        self._write_conf(primary)
+        self._start(primary, may_move=True)
+        with self.connect(primary, dbname="postgres") as conn:
+            conn.execute(f"CREATE DATABASE {DBNAME}")
+        self.log(f"loading the dataset on {primary.name} alone (scale {ds.scale}"
+                 + (f", {ds.partitions} partitions" if ds.partitions else "") + ", wal_level=minimal)")
+        out = self.lab_dir / "dataset"
+        out.mkdir(exist_ok=True)
+        try:
+            report = dataset_fast.fast_load(self.endpoints_of([primary]).primary, ds, load, out)
+        except dataset_fast.SnapshotError as exc:
+            raise LabError(f"loading the dataset: {exc}; server log: {self.log_tail(primary)}") from None
+        except psycopg.Error as exc:
+            if "No space left on device" in str(exc):
+                raise UserError(f"target.local.paths.data: no space left on the device of '{primary.data.parent}' "
+                                f"while loading the dataset (scale {ds.scale}); free some space there, choose "
+                                "another path or a smaller dataset.scale.") from None
+            raise LabError(f"loading the dataset: {str(exc).strip()}; server log: {self.log_tail(primary)}") from None
+        self.parameters = {}
+        self._write_conf(primary)
+        self._pg_ctl(primary, "-m", "fast", "-l", str(primary.log), "restart")
+        self._pg_ctl(primary, "-m", "fast", "stop")
+        t = time.monotonic()
+        sync_s = dataset_fast.sync_tree(primary.data, primary.wal) if not load.synced_by_server else 0.0
+        try:
+            self.snapshot, copy = dataset_fast.snapshot(
+                primary.data, primary.wal, primary.data.parent / "snapshot", bindir=self.bindir,
+                wal_dest=primary.wal.parent / "snapshot-wal")
+        except OSError as exc:
+            if exc.errno == errno.ENOSPC:
+                raise UserError(f"target.local.paths.data: no space left on the device of '{primary.data.parent}' "
+                                "for the dataset's snapshot; free some space there or choose another path.") from None
+            raise
+        self.dataset_info = {
+            "load_s": round(report.seconds, 2), "load_steps_s": {k: round(v, 2) for k, v in report.steps.items()},
+            "parallel": report.parallel, "sync_s": round(sync_s, 2),
+            "snapshot_s": round(time.monotonic() - t, 2), "snapshot_method": copy.method,
+            "snapshot_bytes": copy.bytes, "total_s": round(time.monotonic() - started, 2),
+        }
+        self.log(f"dataset loaded in {report.seconds:.1f} s, snapshot taken in {time.monotonic() - t:.1f} s "
+                 f"({copy.method}, {copy.bytes / 2**20:.0f} MiB)")
+
+    def _standbys_from_snapshot(self) -> None:
+        """Each standby is the snapshot plus standby.signal, streaming from the primary through its slot (created
+        before the primary's first checkpoint, so the WAL since the snapshot is kept)."""
+        assert self.snapshot is not None
+        primary = self.nodes[0]
+        with self.connect(primary) as conn:
+            for node in self.nodes[1:]:
+                conn.execute("SELECT pg_create_physical_replication_slot(%s, true)", (node.name,))
+        for node in self.nodes[1:]:
+            self.log(f"{node.name}: standby from the snapshot")
+            try:
+                dataset_fast.make_standby(self.snapshot, node.data, node.wal,
+                                          primary_conninfo=self._replication_conninfo(node), slot=node.name)
+            except OSError as exc:
+                if exc.errno == errno.ENOSPC:
+                    raise UserError(f"target.local.paths.data: no space left on the device of '{node.data.parent}' "
+                                    f"for {node.name}; free some space there or choose another path.") from None
+                raise
+            self._write_conf(node)  # the snapshot holds the primary's pglab.conf
+            self._start(node, may_move=True)
+
+    def reset_dataset(self) -> dict[str, Any]:
+        """Put every instance back to the snapshot: stop them all (immediately: their state is discarded), restore
+        the primary, recreate the slots, restore the standbys, start and wait until they stream."""
+        if self.snapshot is None:
+            raise LabError("dataset.reset is 'snapshot' but the lab has no snapshot (the dataset was not loaded by "
+                           "the lab)")
+        started = time.monotonic()
+        for node in self.nodes:
+            if node.postmaster_pid() is not None:
+                self._pg_ctl(node, "-m", "immediate", "stop", timeout=60)
+        primary = self.nodes[0]
+        copy = dataset_fast.restore(self.snapshot, primary.data, primary.wal)
+        methods = {primary.name: copy.method}
+        self._write_conf(primary)
+        self._start(primary)
+        with self.connect(primary) as conn:
+            for node in self.nodes[1:]:
+                conn.execute("SELECT pg_create_physical_replication_slot(%s, true)", (node.name,))
+        for node in self.nodes[1:]:
+            copy = dataset_fast.make_standby(self.snapshot, node.data, node.wal,
+                                             primary_conninfo=self._replication_conninfo(node), slot=node.name)
+            methods[node.name] = copy.method
+            self._write_conf(node)
+            self._start(node)
+        self.wait_streaming()
+        seconds = time.monotonic() - started
+        self._events.append((time.time(), "dataset-reset", f"snapshot restored in {seconds:.1f} s "
+                             f"({', '.join(sorted(set(methods.values())))})"))
+        return {"seconds": round(seconds, 3), "method": methods}
 
     def _start_proxies(self) -> None:
         """One Toxiproxy proxy per standby in front of the primary, when the plan shapes the network."""
@@ -623,6 +755,7 @@ class LocalLab:
                 for n in self.nodes
             ],
             "network": self.spec.network.model_dump() if self.spec.network else None,
+            **({"dataset": self.dataset_info} if self.dataset_info else {}),
         }
 
     def _write_state(self) -> None:
