@@ -158,7 +158,7 @@ LISTS: dict[Path_, bool] = {
 MAPPINGS: list[Path_] = [p for p in MODELS if p] + NAME_MAPS
 FILE_FIELDS: list[Path_] = [("matrix", "workload", 2, "scripts", 1, "file"), ("storage", "job_files", 0)]
 
-ALLOWED_LITERALS = {"any", "first", "vacuum", "reinit", "randread-8k", "randwrite-8k", "wal-fdatasync-8k",
+ALLOWED_LITERALS = {"any", "first", "vacuum", "reinit", "snapshot", "randread-8k", "randwrite-8k", "wal-fdatasync-8k",
                     "seqread-1m", "seqwrite-1m", "mixed-70-30-8k", "data", "wal", "tpcb-like", "select-only",
                     "simple-update", "off", "local", "remote_write", "on", "remote_apply", "simple", "extended",
                     "prepared"}
