@@ -228,6 +228,9 @@ class HALab:
         self.log = log
         self.timings = {**TIMINGS, **(timings or {})}
         check_timings(self.timings)
+        for field in ("resources", "client", "network"):  # LocalLab's; not wired through Patroni yet
+            if getattr(spec, field) is not None:
+                raise UserError(f"target.local.{field}: not available on an HA (Patroni) lab yet; remove it.")
         self.bindir = find_bindir(spec.bindir)
         self.etcd_bin = find_etcd()
         self.patroni_bin = find_patroni()
@@ -279,6 +282,7 @@ class HALab:
             self._chown(path)
 
     def _env(self) -> dict[str, str]:
+        assert self.lab_dir is not None
         drop = ("PG", "PATRONI_", "ETCD_", "ETCDCTL_")
         env = {k: v for k, v in os.environ.items() if not k.startswith(drop) and k.lower() not in _PROXY_VARS}
         env.update(LC_ALL="C", LANG="C", HOME=str(self.lab_dir), TMPDIR=str(self.lab_dir / "server"))
@@ -369,7 +373,8 @@ class HALab:
             if not os.access(path, os.W_OK | os.X_OK):
                 raise UserError(f"{field}: '{path}' is not writable; choose a directory you can write to.")
             return
-        probe = subprocess.run(["test", "-x", str(path)], check=False, **self.server_user.popen_kwargs())
+        kwargs: dict[str, Any] = self.server_user.popen_kwargs()
+        probe = subprocess.run(["test", "-x", str(path)], check=False, **kwargs)
         if probe.returncode != 0:
             raise UserError(f"{field}: the server user '{self.server_user.name}' cannot reach '{path}' (a parent "
                             "directory is not searchable); choose a directory under a world-searchable path such as "
@@ -479,11 +484,11 @@ class HALab:
             self._rest_auth = "Basic " + base64.b64encode(f"{SUPERUSER}:{passwords['rest']}".encode()).decode()
             self._write_private(self.client_passfile, f"*:*:*:{SUPERUSER}:{passwords['superuser']}\n", server=False)
             self._write_private(self.lab_dir / "secrets" / "rest-auth", self._rest_auth + "\n", server=False)
+            self._write_state()
+            self._start_etcd(deadline)  # first: its port, if it had to move, goes into every patroni.yml
             for node in self.nodes:
                 cfg = self._patroni_config(node, passwords, self.parameters)
                 self._write_private(node.config, yaml.safe_dump(cfg, sort_keys=False), server=True)
-            self._write_state()
-            self._start_etcd(deadline)
             first = self.nodes[0]
             self.log(f"patroni {first.name}: bootstrap (initdb, data {first.data}, WAL {first.wal})")
             self._start_patroni(first)
@@ -597,11 +602,12 @@ class HALab:
         if not all(r.state == "streaming" for r in replicas):
             return False
         sync = self.spec.synchronous
-        if sync is None or not replicas:
-            return True
-        role = "quorum_standby" if sync.method == "any" else "sync_standby"
-        want = len(replicas) if sync.method == "any" else min(sync.number, len(replicas))
-        return sum(r.role == role for r in replicas) >= want and self._streaming_on(leaders[0].name, replicas)
+        if sync is not None and replicas:
+            role = "quorum_standby" if sync.method == "any" else "sync_standby"
+            want = len(replicas) if sync.method == "any" else min(sync.number, len(replicas))
+            if sum(r.role == role for r in replicas) < want:
+                return False
+        return self._streaming_on(leaders[0].name, replicas)
 
     def _streaming_on(self, leader: str, replicas: list[Member]) -> bool:
         """The leader's own view agrees: every replica in pg_stat_replication, streaming."""
@@ -643,10 +649,10 @@ class HALab:
     def endpoints(self) -> Endpoints:
         """The current leader as primary and the other live nodes as standbys (unix sockets)."""
         assert self.lab_dir is not None
-        leader = self.primary().name
+        leader, sock = self.primary().name, str(self.lab_dir / "sock")
 
         def ep(n: HANode, role: str) -> Endpoint:
-            return Endpoint(n.name, role, str(self.lab_dir / "sock"), n.port, SUPERUSER, DBNAME, self.client_passfile)
+            return Endpoint(n.name, role, sock, n.port, SUPERUSER, DBNAME, self.client_passfile)
 
         return Endpoints(ep(self._node(leader), "primary"),
                          [ep(n, "standby") for n in self.nodes if n.name != leader and n.name not in self.killed])
@@ -716,6 +722,9 @@ class HALab:
         self.killed.add(leader)
         if node.proc is not None:
             node.proc.wait(timeout=10)
+        end = time.monotonic() + 10  # return once the node is dead: a killed process takes a moment to exit
+        while any(_alive(p) for p in pids) and time.monotonic() < end:
+            time.sleep(0.01)
         self.log(f"killed node {leader}: patroni and postgres (pids {', '.join(map(str, pids))})")
         return Kill(leader, tuple(pids), at)
 
@@ -763,7 +772,7 @@ class HALab:
             message = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["(no message)"]
             raise UserError(f"parameters.{name}: PostgreSQL rejects it ({message[0].replace('FATAL:  ', '')}); "
                             "fix the plan.")
-        return proc.stdout.strip()
+        return str(proc.stdout).strip()
 
     def _normalized(self, parameters: dict[str, Any]) -> dict[str, str]:
         return {k: self._postgres_c(k, v) for k, v in parameters.items()}
@@ -917,7 +926,7 @@ def _sweep(paths: list[Path]) -> list[tuple[int, str]]:
 
 def is_ha_lab(lab_dir: Path) -> bool:
     try:
-        return json.loads((lab_dir / "lab.json").read_text()).get("kind") == "ha"
+        return bool(json.loads((lab_dir / "lab.json").read_text()).get("kind") == "ha")
     except (OSError, ValueError, AttributeError):
         return False
 
