@@ -361,12 +361,13 @@ def lab_clean(lab_dir: Path | None = typer.Argument(None, help="lab directory (p
     """Stop the servers of a kept lab and remove its files; without a directory, clean up orphaned labs."""
     from pglab.targets.local import registry
     from pglab.targets.local.cluster import clean_lab
+    from pglab.targets.local.ha import clean_ha_lab, is_ha_lab
 
     for message in registry.reap_orphans():
         err.print(message, markup=False, highlight=False)
     if lab_dir is None:
         return
-    stopped = clean_lab(lab_dir)
+    stopped = (clean_ha_lab if is_ha_lab(lab_dir) else clean_lab)(lab_dir)
     out.print(f"{lab_dir}: removed" + (f"; stopped {', '.join(stopped)}" if stopped else ""))
 
 

@@ -211,6 +211,10 @@ class Runner:
         if self.allow_destructive:
             raise UserError("--allow-destructive: only an external target needs it; the local lab is pglab's own.")
         assert self.plan.target.local is not None
+        if self.plan.target.local.ha == "patroni":
+            from pglab.targets.local.ha_target import PatroniTarget
+
+            return PatroniTarget(self.plan.target.local, self.plan_dir, log=self.ui.log)
         # the lab loads the dataset on its primary alone and snapshots it while it builds
         return LocalLab(self.plan.target.local, self.plan_dir, log=self.ui.log, dataset=self.plan.dataset)
 
@@ -357,16 +361,25 @@ class Runner:
                 events.append((now(), "warmup-end", ""))
             self.ui.run_started(point, repeat, "measure")
             cpu_before, launched = target.cpu_stats(), now()
-            measured = self._pgbench_once(target, endpoints, point, run_dir, "pgbench",
-                                          seconds=run.measured_seconds, transactions=run.transactions, log=True)
-            cpu_after, ended = target.cpu_stats(), now()
-            _wait_for_tick(ended)  # let every 1 s probe take the sample that closes the window
-            samples = sampler.stop()
-            result = pgbench.finish_run(measured[0], measured[1], run_dir / "pgbench_log", launched, ended)
+            scenario_metrics: dict[str, float | None] = {}
+            if point.scenario is None:
+                measured = self._pgbench_once(target, endpoints, point, run_dir, "pgbench",
+                                              seconds=run.measured_seconds, transactions=run.transactions, log=True)
+                cpu_after, ended = target.cpu_stats(), now()
+                _wait_for_tick(ended)  # let every 1 s probe take the sample that closes the window
+                samples = sampler.stop()
+                result = pgbench.finish_run(measured[0], measured[1], run_dir / "pgbench_log", launched, ended)
+            else:
+                result, scenario_metrics, scenario_events = self._through_scenario(target, point, run_dir, launched)
+                cpu_after, ended = target.cpu_stats(), result.window_end
+                _wait_for_tick(ended)
+                samples = sampler.stop()
+                events += scenario_events
             window = (result.window_start, result.window_end)
             metrics = self._metrics(result)
             metrics.update(sampler.summarize(*window))
             metrics.update(_limit_metrics(limits, cpu_before, cpu_after, ended - launched))
+            metrics.update(scenario_metrics)
             if sampler.errors:
                 (run_dir / "probe-errors.txt").write_text("\n".join(sampler.errors) + "\n")
             series = [(p.ts, "pgbench", m, v) for p in result.progress
@@ -423,7 +436,8 @@ class Runner:
         return settings
 
     def _pgbench_once(self, target: Target, endpoints: Endpoints, point: Point, run_dir: Path, name: str,
-                      seconds: float | None, transactions: int | None, log: bool) -> tuple[PgbenchProcess, int]:
+                      seconds: float | None, transactions: int | None, log: bool,
+                      watch_health: bool = True) -> tuple[PgbenchProcess, int]:
         args = pgbench.run_args(target.bindir, point.workload, point.clients, point.jobs, self.plan.run,
                                 self.plan_dir, seconds=seconds, transactions=transactions,
                                 log_prefix=run_dir / "pgbench_log" if log else None)
@@ -435,7 +449,7 @@ class Runner:
         deadline = started + seconds + max(30.0, seconds) if seconds else None
         try:
             while (rc := proc.poll_for(1.0)) is None:
-                if problem := target.health():
+                if watch_health and (problem := target.health()):
                     proc.stop()
                     raise RunFailed(f"{problem} ({time.monotonic() - started:.1f} s into the {name} run)")
                 if deadline is not None and time.monotonic() > deadline:
@@ -452,6 +466,70 @@ class Runner:
             err = proc.stderr_path.read_text().strip().splitlines()
             raise PgbenchError(f"warm-up pgbench exited with code {rc}: {(err or ['no message'])[-1]}")
         return proc, rc
+
+    def _through_scenario(self, target: Target, point: Point, run_dir: Path, launched: float
+                          ) -> tuple[pgbench.PgbenchRun, dict[str, float | None], list[tuple[float, str, str]]]:
+        """The measured run with its scenario: the witness writes, the injector strikes at ``at``, and pgbench is
+        started again each time the fault ends it, until the run's duration is over (the outage stays in the
+        window). Then the witness's ids are read back from the primary now in place."""
+        from pglab.scenarios.inject import FaultTarget, Injector
+        from pglab.scenarios.witness import Witness
+
+        sc = point.scenario
+        seconds = self.plan.run.measured_seconds
+        assert sc is not None and seconds is not None
+        faults: FaultTarget = target  # type: ignore[assignment]  # local targets implement both protocols
+        follow = faults.follow_endpoint()
+        witness = None
+        if sc.witness:
+            witness = Witness(follow.conninfo(), run_dir / "witness.jsonl",
+                              synchronous_commit=point.synchronous_commit)
+            witness.prepare()
+            witness.start()
+        injector = Injector(sc, faults, launched + sc.at, log=self.ui.log)
+        injector.start()
+        segments: list[tuple[PgbenchProcess, int]] = []
+        end = launched + seconds
+        try:
+            while not segments or end - now() >= 1:
+                name = "pgbench" if not segments else f"pgbench-{len(segments) + 1}"
+                segments.append(self._pgbench_once(target, Endpoints(follow), point, run_dir, name,
+                                                   seconds=max(1.0, end - now()), transactions=None, log=True,
+                                                   watch_health=False))
+                if segments[-1][1] != 0 and end - now() >= 1:
+                    time.sleep(1.0)  # no primary yet: try again in a second
+            ended = now()
+            injector.join(timeout=max(30.0, seconds))  # a backup may outlast the load; the scenario still ends
+        finally:
+            injector.stop()
+            if witness is not None:
+                witness.stop()
+        injection = injector.result
+        if injection.error:
+            raise RunFailed(injection.error)
+        result, metrics = pgbench.finish_segments(segments, run_dir / "pgbench_log", launched, ended)
+        out: dict[str, float | None] = {**metrics, **injection.metrics}
+        fault, back = injection.fault_time, injection.recovered_time
+        if fault is not None:
+            out["fault_at_s"] = fault - launched
+            lat, end_ts = pgbench.read_transaction_log(sorted(run_dir.glob("pgbench_log.*")))
+            scale = 1 / self.plan.run.sampling_rate
+            phases = [("before", launched, fault), ("during", fault, back or ended)]
+            if back is not None:
+                out["recovered_s"] = back - fault
+                phases.append(("after", back, ended))
+            for phase, a, b in phases:
+                tps, latency = pgbench.phase_stats(lat, end_ts, a, b)
+                out[f"tps_{phase}"], out[f"latency_{phase}_ms"] = tps * scale, latency
+        if witness is not None:
+            w = witness.verify(fault_time=fault)
+            _write_json(run_dir / "witness.json", w.as_dict())
+            out.update({"witness_attempts": float(w.attempts), "witness_acked": float(w.acked),
+                        "witness_failed": float(w.failed), "in_doubt": float(w.in_doubt),
+                        "acked_lost": float(w.acked_lost), "in_doubt_survived": float(len(w.in_doubt_survived)),
+                        "witness_unexpected": float(len(w.unexpected)), "rto_s": w.rto_s, "write_gap_s": w.gap_s,
+                        "lsn_gap_bytes": float(w.lsn_gap_bytes) if w.lsn_gap_bytes is not None else None})
+        return result, out, injection.events
 
     def _stop_pgbench(self) -> None:
         if self._pgbench is not None:

@@ -9,7 +9,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from pglab.plan.schema import CustomWorkload, Plan, Workload
+from pglab.plan.schema import CustomWorkload, Plan, Scenario, Workload
 
 
 @dataclass(frozen=True)
@@ -21,6 +21,7 @@ class Point:
     synchronous_commit: str
     parameters: dict[str, Any] = field(default_factory=dict)
     cpus: float | None = None  # the CPU-limit axis (matrix.cpus); None: the target's own resources
+    scenario: Scenario | None = None  # a fault or operation during each run (matrix.scenario)
 
     @property
     def workload_name(self) -> str:
@@ -37,6 +38,8 @@ class Point:
         }
         if self.cpus is not None:
             out["cpus"] = self.cpus
+        if self.scenario is not None:
+            out["scenario"] = self.scenario.label
         for name, value in self.parameters.items():
             out[f"parameters.{name}"] = value
         return out
@@ -50,7 +53,9 @@ class Point:
     def label(self) -> str:
         extra = "".join(f" {k.split('.', 1)[1]}={v}" for k, v in self.axes.items() if k.startswith("parameters."))
         cpus = f" cpus={self.cpus:g}" if self.cpus is not None else ""
-        return f"{self.workload_name} sc={self.synchronous_commit} c={self.clients} j={self.jobs}{cpus}{extra}"
+        scenario = f" scenario={self.scenario.label}" if self.scenario is not None else ""
+        return (f"{self.workload_name} sc={self.synchronous_commit} c={self.clients} j={self.jobs}{cpus}{extra}"
+                f"{scenario}")
 
 
 def default_jobs(clients: int, cores: int | None = None) -> int:
@@ -60,7 +65,7 @@ def default_jobs(clients: int, cores: int | None = None) -> int:
 
 def expand(plan: Plan, cores: int | None = None) -> list[Point]:
     """Every combination of the axes. CPU steps vary slowest (each is a rolling restart), then parameters (they
-    may need one), clients fastest."""
+    may need one), then scenarios, clients fastest."""
     m = plan.matrix
     names = list(m.parameters)
     param_combos = list(itertools.product(*(m.parameters[n] for n in names))) or [()]
@@ -68,11 +73,12 @@ def expand(plan: Plan, cores: int | None = None) -> list[Point]:
     for cpus in m.cpus or [None]:
         for combo in param_combos:
             params = dict(zip(names, combo, strict=True))
-            for wl, sc, clients in itertools.product(m.workload, m.synchronous_commit, m.clients):
+            for scenario, wl, sc, clients in itertools.product(m.scenario or [None], m.workload,
+                                                               m.synchronous_commit, m.clients):
                 # pgbench cannot run more threads than clients: jobs [4, 8] at 2 clients are one point, not two
                 jobs_axis = dict.fromkeys(min(j, clients) for j in m.jobs or [default_jobs(clients, cores)])
                 for jobs in jobs_axis:
-                    points.append(Point(len(points), wl, clients, jobs, sc, params, cpus))
+                    points.append(Point(len(points), wl, clients, jobs, sc, params, cpus, scenario))
     return points
 
 

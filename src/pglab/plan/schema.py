@@ -246,6 +246,9 @@ class LocalTarget(Strict):
     limits: Literal["strict", "best-effort"] = Field(
         "strict", description="strict: fail when limits cannot be applied; best-effort: run, and record that "
         "they were not")
+    ha: Literal["patroni"] | None = Field(
+        None, description="'patroni': the instances run under Patroni with an etcd of their own, clients follow "
+        "the leader (failover and switchover scenarios need it)")
 
     @field_validator("instances")
     @classmethod
@@ -253,6 +256,18 @@ class LocalTarget(Strict):
         if v > 9:
             raise PydanticCustomError("instances", "must be at most 9 on a local lab")
         return v
+
+    @model_validator(mode="after")
+    def _ha_fits(self) -> LocalTarget:
+        if self.ha is None:
+            return self
+        if self.instances < 2:
+            raise PydanticCustomError("ha", "an HA lab needs at least 2 instances", {"at": "instances"})
+        for given, field in ((self.resources, "resources"), (self.client, "client"), (self.network, "network")):
+            if given is not None:
+                raise PydanticCustomError("ha", "'{field}' is not available with ha: patroni yet (Patroni starts "
+                                          "the servers itself); remove it", {"field": field, "at": field})
+        return self
 
     @model_validator(mode="after")
     def _sync_fits(self) -> LocalTarget:
@@ -508,6 +523,30 @@ def _sync_level(value: Any) -> Any:
 SyncCommit = Annotated[Literal["off", "local", "remote_write", "on", "remote_apply"], BeforeValidator(_sync_level)]
 
 
+class Scenario(Strict):
+    """A fault or an operation during every measured run of the point, ``at`` seconds after pgbench starts.
+
+    A witness client writes increasing ids through it and reads them back afterwards (RPO, RTO); pgbench is
+    started again whenever the fault ends it, so that the load and its timeline run through the outage."""
+
+    kind: Literal["failover", "switchover", "standby-loss", "backup"]
+    at: Seconds = Field(5.0, description="seconds after the start of the measured run")
+    kill: Literal["node", "postgres"] = Field(
+        "node", description="failover: SIGKILL the leader's Patroni and postgres (node) or its postgres only")
+    down: Seconds = Field(5.0, description="standby-loss: seconds before the killed standby is started again")
+    max_rate: Annotated[str, _text(16, pattern=re.compile(r"[1-9][0-9]*[kM]?"), what="a rate such as 32M")] | None = (
+        Field(None, description="backup: pg_basebackup --max-rate (kB/s, or with k/M); unthrottled without it"))
+    witness: bool = Field(True, description="run the witness writer (acknowledged writes lost, RTO)")
+
+    @property
+    def label(self) -> str:
+        if self.kind == "failover":
+            return f"failover-{self.kill}"
+        if self.kind == "backup":
+            return f"backup max-rate={self.max_rate}" if self.max_rate else "backup"
+        return self.kind
+
+
 class Matrix(Strict):
     """Axes; every combination is one point."""
 
@@ -518,6 +557,15 @@ class Matrix(Strict):
     parameters: dict[str, list[ParamValue]] = Field(default_factory=dict)
     cpus: list[Cpus] | None = Field(None, min_length=1, description="CPU limit per instance as an axis: the "
                                     "scaling loop (a rolling restart between steps)")
+    scenario: list[Scenario] | None = Field(None, min_length=1, max_length=20,
+                                            description="faults and operations during the runs, as an axis")
+
+    @field_validator("scenario")
+    @classmethod
+    def _scenarios(cls, v: list[Scenario] | None) -> list[Scenario] | None:
+        if v is not None and len({s.label for s in v}) != len(v):
+            raise PydanticCustomError("unique", "scenarios must differ (kind, kill or max_rate)")
+        return v
 
     @field_validator("cpus")
     @classmethod
@@ -560,6 +608,7 @@ class Matrix(Strict):
                 "clients": len(self.clients), "jobs": len(self.jobs or [1])}
         axes.update({f"parameters.{name}": len(values) for name, values in self.parameters.items()})
         axes["cpus"] = len(self.cpus or [1])
+        axes["scenario"] = len(self.scenario or [1])
         if math.prod(axes.values()) > MAX_POINTS:
             sizes = " × ".join(f"{n} {axis}" for axis, n in axes.items() if n > 1)
             raise PydanticCustomError("matrix", "{sizes} make {points} points, more than {max}; shorten an axis",
@@ -570,7 +619,8 @@ class Matrix(Strict):
     def points(self) -> int:
         """How many points the axes make (at most; see expand)."""
         return math.prod([len(self.workload), len(self.synchronous_commit), len(self.clients), len(self.jobs or [1]),
-                          len(self.cpus or [1]), *(len(values) for values in self.parameters.values())])
+                          len(self.cpus or [1]), len(self.scenario or [1]),
+                          *(len(values) for values in self.parameters.values())])
 
 
 def _unique(values: list[Any]) -> list[Any]:
@@ -743,6 +793,37 @@ class Plan(Strict):
         if self.storage and k8s.wal_storage is None and self.storage.paths == ["wal"]:
             raise PydanticCustomError("kubernetes", "'wal' needs target.kubernetes.wal_storage: without it the WAL "
                                       "is on the data volume", {"at": "storage.paths"})
+        return self
+
+    @model_validator(mode="after")
+    def _scenarios_fit(self) -> Plan:
+        local = self.target.local
+        ha = local is not None and local.ha is not None
+        if ha:
+            for given, field in ((self.matrix.cpus, "matrix.cpus"),
+                                 (self.dataset.reset == "snapshot", "dataset.reset")):
+                if given:
+                    raise PydanticCustomError("ha", "not available with target.local.ha yet; remove it", {"at": field})
+        for i, sc in enumerate(self.matrix.scenario or []):
+            at = f"matrix.scenario.{i}"
+            if local is None:
+                raise PydanticCustomError("scenario", "scenarios run on the local lab only (pglab must be able to "
+                                          "kill and restart the servers)", {"at": at})
+            if sc.kind in ("failover", "switchover") and not ha:
+                raise PydanticCustomError("scenario", "a {kind} needs target.local.ha: patroni (something must "
+                                          "elect the new primary)", {"kind": sc.kind, "at": f"{at}.kind"})
+            if sc.kind == "standby-loss" and local.instances < 2:
+                raise PydanticCustomError("scenario", "standby-loss needs a standby: raise target.local.instances",
+                                          {"at": f"{at}.kind"})
+            seconds = self.run.measured_seconds
+            if seconds is None:
+                raise PydanticCustomError("scenario", "a scenario needs run.duration, not run.transactions",
+                                          {"at": "run.transactions"})
+            end = sc.at + (sc.down if sc.kind == "standby-loss" else 0)
+            if end >= seconds:
+                raise PydanticCustomError("scenario", "the scenario ends at {end:g} s, after the {seconds:g} s run; "
+                                          "lower 'at' or raise run.duration", {"end": end, "seconds": seconds,
+                                                                                "at": f"{at}.at"})
         return self
 
     @model_validator(mode="after")

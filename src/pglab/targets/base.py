@@ -17,13 +17,14 @@ class Endpoint:
 
     name: str
     role: str  # "primary" | "standby"
-    host: str  # unix socket directory or address
-    port: int
+    host: str  # unix socket directory or address; several, comma-separated, for a client that follows the primary
+    port: int | str  # or "p1,p2,…" with several hosts
     user: str
     dbname: str
     passfile: Path
     sslmode: str | None = None
     options: str | None = None  # session settings ("-c name=value …"), e.g. on a server pglab must not reconfigure
+    target_session_attrs: str | None = None  # "read-write" with several hosts: libpq picks the primary
 
     def conninfo(self, **extra: str | int) -> str:
         parts = {
@@ -35,6 +36,7 @@ class Endpoint:
             "connect_timeout": "10",
             **({"sslmode": self.sslmode} if self.sslmode else {}),
             **({"options": self.options} if self.options else {}),
+            **({"target_session_attrs": self.target_session_attrs} if self.target_session_attrs else {}),
             **{k: str(v) for k, v in extra.items()},
         }
         return " ".join(f"{k}={_quote(v)}" for k, v in parts.items())
@@ -52,6 +54,8 @@ class Endpoint:
             env["PGSSLMODE"] = self.sslmode
         if self.options:
             env["PGOPTIONS"] = self.options
+        if self.target_session_attrs:
+            env["PGTARGETSESSIONATTRS"] = self.target_session_attrs
         return env
 
 

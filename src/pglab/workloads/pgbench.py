@@ -274,6 +274,57 @@ def finish_run(proc: PgbenchProcess, rc: int, log_prefix: Path, launched: float,
                       [proc.stdout_path, proc.stderr_path, *log_files])
 
 
+_ABORTED = re.compile(r"^pgbench: error: client \d+ aborted|^client \d+ aborted", re.MULTILINE)
+
+
+def finish_segments(segments: Sequence[tuple[PgbenchProcess, int]], log_prefix: Path, launched: float,
+                    ended: float) -> tuple[PgbenchRun, dict[str, float]]:
+    """One run made of several pgbench processes: the load started again each time a fault ended it.
+
+    No single pgbench line covers the run, so its figures are recomputed from the segments: transactions and
+    failures add up, TPS is all transactions over the whole window (``launched`` to ``ended``, outage included),
+    latency comes from the union of the per-transaction logs, progress lines are concatenated. Also returns how
+    many times pgbench ran and how many clients were aborted (their transaction in flight lost with the server).
+    """
+    summaries: list[PgbenchSummary] = []
+    aborted = 0
+    for proc, _rc in segments:
+        err = proc.stderr_path.read_text(errors="replace")
+        aborted += len(_ABORTED.findall(err))
+        try:
+            summaries.append(parse_summary(proc.stdout_path.read_text(errors="replace")))
+        except PgbenchError:
+            continue  # a start that could not connect (no primary yet): no transaction, no summary
+    if not summaries:
+        proc, rc = segments[-1]
+        last = proc.stderr_path.read_text(errors="replace").strip().splitlines()[-1:]
+        raise PgbenchError(f"pgbench never ran through the scenario (last exit code {rc}: {' '.join(last)})")
+    log_files = sorted(log_prefix.parent.glob(log_prefix.name + ".*"))
+    lat, end = read_transaction_log(log_files)
+    stats = log_stats(lat, end)
+    transactions = sum(x.transactions for x in summaries)
+    window = max(ended - launched, 1e-9)
+    weighted = [(x.latency_avg_ms, x.transactions) for x in summaries if x.latency_avg_ms is not None]
+    latency = (sum(v * n for v, n in weighted) / sum(n for _v, n in weighted)
+               if weighted and sum(n for _v, n in weighted) else None)
+    summary = PgbenchSummary(tps=transactions / window, latency_avg_ms=latency, latency_stddev_ms=None,
+                             initial_connection_ms=None, transactions=transactions,
+                             failed=sum(x.failed for x in summaries), duration_s=window)
+    progress = [p for proc, _rc in segments for p in proc.progress]
+    files = [f for proc, _rc in segments for f in (proc.stdout_path, proc.stderr_path)] + log_files
+    run = PgbenchRun(summary, stats, progress, launched, ended, segments[0][0].args, 0, files)
+    return run, {"pgbench_starts": float(len(segments)), "clients_aborted": float(aborted)}
+
+
+def phase_stats(latency_ms: np.ndarray, end_ts: np.ndarray, start: float, stop: float) -> tuple[float, float | None]:
+    """TPS and mean latency of the transactions that ended in [start, stop) (from the per-transaction log)."""
+    if stop <= start:
+        return 0.0, None
+    mask = (end_ts >= start) & (end_ts < stop)
+    n = int(mask.sum())
+    return n / (stop - start), float(latency_ms[mask].mean()) if n else None
+
+
 # ------------------------------------------------------------------ dataset
 def dataset_state(conn: Any) -> dict[str, int] | None:
     """The scale and partition count of the pgbench dataset present, or None."""

@@ -718,6 +718,43 @@ class LocalLab:
         self._write_state()
         self.wait_streaming()
 
+    # ---------------------------------------------------------------- scenarios (scenarios/inject.py)
+    def follow_endpoint(self) -> Endpoint:
+        return self.endpoints().primary  # no failover here: the primary stays where it is
+
+    def fail_primary(self, kill: str) -> tuple[str, float]:
+        raise LabError("a failover needs target.local.ha: patroni")
+
+    def wait_new_primary(self, old: str, since: float) -> str:
+        raise LabError("a failover needs target.local.ha: patroni")
+
+    def switchover(self) -> tuple[str, str]:
+        raise LabError("a switchover needs target.local.ha: patroni")
+
+    def kill_standby(self) -> str:
+        """SIGKILL the last standby's postmaster (with quorum ANY k every standby is as synchronous as another)."""
+        node = self.nodes[-1]
+        if (pid := node.postmaster_pid()) is not None:
+            kill_tree(pid)
+        return node.name
+
+    def start_instance(self, name: str) -> None:
+        node = next(n for n in self.nodes if n.name == name)
+        for attempt in range(20):  # the killed postmaster's children may hold its shared memory for a moment
+            try:
+                self._start(node)
+                return
+            except LabError:
+                if attempt == 19:
+                    raise
+                time.sleep(0.5)
+
+    def scratch_dir(self) -> Path:
+        assert self.lab_dir is not None
+        path = self.nodes[0].data.parent / "scratch"  # on the data device, as a backup to local disk would be
+        path.mkdir(exist_ok=True)
+        return path
+
     # ---------------------------------------------------------------- Target protocol
     def server_pids(self) -> list[int]:
         return [p for n in self.nodes if (p := n.postmaster_pid())]

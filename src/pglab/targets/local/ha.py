@@ -462,6 +462,7 @@ class HALab:
                     f"host all all {HOST}/32 scram-sha-256",
                     f"local replication {REPLICATION_USER} scram-sha-256",
                     f"host replication {REPLICATION_USER} {HOST}/32 scram-sha-256",
+                    f"local replication {SUPERUSER} scram-sha-256",  # base backups taken by pglab's scenarios
                 ],
                 "basebackup": [{"waldir": str(node.wal)}, {"checkpoint": "fast"}],
                 "create_replica_methods": ["basebackup"],
@@ -710,7 +711,10 @@ class HALab:
     def kill_primary_node(self) -> Kill:
         """SIGKILL the leader's Patroni and its whole PostgreSQL together (the node dies): a real failover once the
         leader lock expires. The node stays down until ``start_node``."""
-        leader = self.primary().name
+        return self.kill_node(self.primary().name)
+
+    def kill_node(self, leader: str) -> Kill:
+        """SIGKILL a node's Patroni and PostgreSQL together; it stays down until ``start_node``."""
         node = self._node(leader)
         pids: list[int] = []
         if node.proc is not None and node.proc.poll() is None:

@@ -154,11 +154,13 @@ def _alive(pid: int) -> bool:
 def reap(entry: Entry) -> str:
     """Stop everything an orphaned lab left running and remove its files. Returns one sentence saying what."""
     from pglab.targets.local.cluster import clean_lab
+    from pglab.targets.local.ha import clean_ha_lab, is_ha_lab
 
     stopped: list[str] = []
     if (entry.lab_dir / "lab.json").is_file():
+        clean = clean_ha_lab if is_ha_lab(entry.lab_dir) else clean_lab  # an HA lab: Patroni first, then etcd
         with contextlib.suppress(Exception):
-            stopped = clean_lab(entry.lab_dir, unregister_entry=False)
+            stopped = clean(entry.lab_dir, unregister_entry=False)
     leftovers = processes_using([entry.lab_dir, *entry.dirs])
     kill_all(leftovers)
     shutil.rmtree(entry.lab_dir, ignore_errors=True)

@@ -1,0 +1,167 @@
+"""The Patroni lab (ha.py) as a runner target: ``target.local.ha: patroni``.
+
+Clients follow the leader: the primary endpoint lists every instance with ``target_session_attrs=read-write``, so
+pgbench, the probes and the witness writer land on whichever node leads now. Between runs the lab is healed:
+nodes killed by a scenario are started again and rejoin as replicas before the next trial.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from pathlib import Path
+from typing import Any
+
+from pglab.plan.schema import LocalTarget
+from pglab.targets.base import Endpoint, Endpoints
+from pglab.targets.local.cluster import DBNAME, SUPERUSER, LabError
+from pglab.targets.local.ha import HALab, Kill
+
+Log = Any
+
+
+def _epoch(kill: Kill) -> float:
+    """A Kill's monotonic time on the run's clock (epoch seconds)."""
+    return time.time() - (time.monotonic() - kill.at)
+
+
+class PatroniTarget:
+    """Implements the Target protocol and the scenarios' FaultTarget over an HALab."""
+
+    read_only = False
+    cpus_axis = False
+    cpus: float | None = None
+
+    def __init__(self, spec: LocalTarget, base_dir: Path, log: Log = lambda _m: None):
+        self.lab = HALab(spec, base_dir, log=log)
+        self.log = log
+        self.bindir = self.lab.bindir
+        self._events: list[tuple[float, str, str]] = []
+        self._started = False
+
+    # ---------------------------------------------------------------- Target
+    def preflight(self) -> None:
+        """etcd, Patroni and PostgreSQL were found on construction."""
+
+    def provision(self, parameters: dict[str, Any]) -> Endpoints:
+        if not self._started:
+            self._started = True
+            self.lab.start(parameters)
+        else:
+            self.heal()
+            if parameters != self.lab.parameters:
+                self.lab.apply(parameters)
+        return self.endpoints()
+
+    def heal(self) -> list[str]:
+        """Start again the nodes a scenario killed; wait until every replica streams with its sync role."""
+        down = sorted(self.lab.killed)
+        for name in down:
+            self.lab.start_node(name)
+        self.lab.wait_ready()
+        if down:
+            self._events.append((time.time(), "repair", f"started {', '.join(down)} again (rejoined as replica)"))
+        return down
+
+    def follow_endpoint(self) -> Endpoint:
+        assert self.lab.lab_dir is not None
+        nodes = self.lab.nodes
+        sock = str(self.lab.lab_dir / "sock")
+        return Endpoint("primary", "primary", ",".join(sock for _ in nodes), ",".join(str(n.port) for n in nodes),
+                        SUPERUSER, DBNAME, self.lab.client_passfile, target_session_attrs="read-write")
+
+    def endpoints(self) -> Endpoints:
+        return Endpoints(self.follow_endpoint(), self.lab.endpoints().standbys)
+
+    def server_pids(self) -> list[int]:
+        return self.lab.server_pids()
+
+    def probe_paths(self) -> dict[str, Path]:
+        out: dict[str, Path] = {}
+        for n in self.lab.nodes:
+            out[f"{n.name}.data"] = n.data
+            out[f"{n.name}.wal"] = n.wal
+        return out
+
+    def storage_paths(self) -> dict[str, tuple[Path, str]]:
+        first = self.lab.nodes[0]
+        return {"data": (first.data.parent, "target.local.paths.data"),
+                "wal": (first.wal.parent, "target.local.paths.wal")}
+
+    def health(self) -> str | None:
+        down = [n.name for n in self.lab.nodes if n.name not in self.lab.killed and n.postmaster_pid() is None]
+        return f"instance(s) {', '.join(down)} not running" if down else None
+
+    def describe(self) -> dict[str, Any]:
+        members = []
+        with contextlib.suppress(LabError):
+            members = [m.__dict__ for m in self.lab.members()]
+        return {
+            "kind": "local", "ha": "patroni", "lab_dir": str(self.lab.lab_dir), "bindir": str(self.bindir),
+            "patroni_timings": dict(self.lab.timings), "failover_budget_s": self.lab.failover_budget,
+            "build_s": self.lab.build_seconds, "members": members,
+            "nodes": [{"name": n.name, "port": n.port, "rest_port": n.rest_port, "data": str(n.data),
+                       "wal": str(n.wal)} for n in self.lab.nodes],
+        }
+
+    def server_logs(self) -> dict[str, Path]:
+        """PostgreSQL's logs under the node names (the runner reads checkpoints from n0's), then etcd's and
+        each Patroni's."""
+        logs = self.lab.logs()
+        out = {n.name: n.pg_log for n in self.lab.nodes if n.pg_log.is_file()}
+        out.update({k: v for k, v in logs.items() if k not in out and v.is_file() and not k.startswith("n")})
+        return out
+
+    def teardown(self, keep: bool = False) -> None:
+        self.lab.teardown(keep=keep)
+
+    def set_cpus(self, cpus: float | None) -> float | None:
+        return None  # refused by the plan's validation with ha
+
+    def take_events(self) -> list[tuple[float, str, str]]:
+        out, self._events = self._events, []
+        return out
+
+    def limits_in_force(self) -> dict[str, Any]:
+        return {}
+
+    def cpu_stats(self) -> dict[str, dict[str, float]]:
+        return {}
+
+    def client_procs_files(self) -> list[Path]:
+        return []
+
+    def links_in_force(self) -> dict[str, Any]:
+        return {}
+
+    def reset_dataset(self) -> dict[str, Any]:
+        raise LabError("dataset.reset: snapshot is not available with ha: patroni")
+
+    # ---------------------------------------------------------------- FaultTarget
+    def fail_primary(self, kill: str) -> tuple[str, float]:
+        k = self.lab.kill_primary_node() if kill == "node" else self.lab.kill_primary_postgres()
+        return k.node, _epoch(k)
+
+    def wait_new_primary(self, old: str, since: float) -> str:
+        started = time.monotonic() - (time.time() - since)
+        return self.lab.wait_new_primary(old, since=started).new
+
+    def switchover(self) -> tuple[str, str]:
+        t = self.lab.switchover()
+        return t.old, t.new
+
+    def kill_standby(self) -> str:
+        """The whole node of a replica (Patroni would restart a postgres killed alone within a second)."""
+        leader = self.lab.primary().name
+        name = next(n.name for n in reversed(self.lab.nodes) if n.name != leader and n.name not in self.lab.killed)
+        self.lab.kill_node(name)
+        return name
+
+    def start_instance(self, name: str) -> None:
+        self.lab.start_node(name)
+
+    def scratch_dir(self) -> Path:
+        assert self.lab.lab_dir is not None
+        path = self.lab.lab_dir / "scratch"
+        path.mkdir(exist_ok=True)
+        return path
