@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from pglab import __version__
+from pglab.cluster_cli import cluster_app
 from pglab.errors import PlanError, RunInterrupted, UserError
 from pglab.plan.expand import Point
 from pglab.plan.load import load_plan
@@ -30,6 +31,8 @@ lab_app = typer.Typer(no_args_is_help=True, help="Labs kept with --keep (or left
 app.add_typer(lab_app, name="lab")
 k8s_app = typer.Typer(no_args_is_help=True, help="Kubernetes target (CloudNativePG): manifests of a plan.")
 app.add_typer(k8s_app, name="k8s")
+app.add_typer(cluster_app, name="cluster", help="Local HA labs (etcd + Patroni): create, status, switchover, "
+              "failover, scale, backup, restore, destroy.")
 
 out = Console(soft_wrap=True)
 err = Console(stderr=True, soft_wrap=True)

@@ -48,7 +48,7 @@ import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Protocol
 
 import psycopg
 import yaml
@@ -103,6 +103,53 @@ class Transition:
     seconds: float
 
 
+class Proc(Protocol):
+    """A lab daemon: a Popen this process started, or an ``Adopted`` one started by an earlier pglab."""
+
+    @property
+    def pid(self) -> int: ...
+
+    @property
+    def returncode(self) -> int | Any: ...
+
+    def poll(self) -> int | None: ...
+
+    def wait(self, timeout: float | None = None) -> int: ...
+
+
+class Adopted:
+    """A daemon started by another (earlier) pglab process, watched through /proc: not our child, so its exit
+    status is unknown (reported as -1). ``marker`` (its config file or data directory, found in its command line)
+    tells it from a process that reused the pid."""
+
+    def __init__(self, pid: int, marker: str):
+        self.pid = pid
+        self.marker = marker
+        self.returncode: int | None = None
+
+    def _running(self) -> bool:
+        if not _alive(self.pid):
+            return False
+        try:
+            cmd = Path(f"/proc/{self.pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            return False
+        return self.marker in cmd
+
+    def poll(self) -> int | None:
+        if self.returncode is None and not self._running():
+            self.returncode = -1
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        end = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if end is not None and time.monotonic() > end:
+                raise subprocess.TimeoutExpired(str(self.pid), timeout or 0)
+            time.sleep(0.02)
+        return -1
+
+
 @dataclass
 class HANode:
     name: str
@@ -113,7 +160,7 @@ class HANode:
     config: Path
     log: Path  # Patroni's output
     pg_log: Path  # PostgreSQL's log (logging_collector)
-    proc: subprocess.Popen[bytes] | None = None
+    proc: Proc | None = None
 
     @property
     def api_url(self) -> str:
@@ -238,7 +285,9 @@ class HALab:
         self.lab_dir: Path | None = None
         self.nodes: list[HANode] = []
         self.parameters: dict[str, Any] = {}
-        self.etcd_proc: subprocess.Popen[bytes] | None = None
+        self.etcd_proc: Proc | None = None
+        self.restore_from: Path | None = None  # a base backup the first node starts from instead of initdb
+        self.restored_system_id: int | None = None
         self.etcd_port = 0
         self.etcd_peer_port = 0
         self.killed: set[str] = set()  # nodes whose Patroni was killed (not restarted)
@@ -388,6 +437,9 @@ class HALab:
             "pglab_pid": os.getpid(),
             "created": time.time(),
             "scope": self.name,
+            # what HALab.attach needs to act on the lab from another pglab process
+            "spec": self.spec.model_dump(mode="json"), "base_dir": str(self.base_dir),
+            "parameters": self.parameters, "timings": self.timings,
             "etcd": {"client_port": self.etcd_port, "peer_port": self.etcd_peer_port,
                      "pid": self.etcd_proc.pid if self.etcd_proc else None},
             "nodes": [{"name": n.name, "data": str(n.data), "wal": str(n.wal), "port": n.port,
@@ -425,6 +477,15 @@ class HALab:
 
     def _patroni_config(self, node: HANode, passwords: dict[str, str], parameters: dict[str, Any]) -> dict[str, Any]:
         assert self.lab_dir is not None
+        bootstrap: dict[str, Any] = {
+            "dcs": self._dcs_config(parameters),
+            "initdb": [{"encoding": "UTF8"}, {"locale": "C"}, {"waldir": str(node.wal)}],
+        }
+        if self.restore_from is not None and node is self.nodes[0]:
+            # Patroni's custom bootstrap: the script moves the staged backup into place, Patroni starts it (backup
+            # recovery from the WAL streamed with it), then sets the new lab's passwords
+            bootstrap["method"] = "pglab_restore"
+            bootstrap["pglab_restore"] = {"command": str(self.lab_dir / "server" / "restore.sh"), "no_params": True}
         return {
             "scope": self.name,
             "namespace": NAMESPACE,
@@ -433,10 +494,7 @@ class HALab:
                         "authentication": {"username": SUPERUSER, "password": passwords["rest"]}},
             "etcd3": {"hosts": [f"{HOST}:{self.etcd_port}"], "protocol": "http"},
             "watchdog": {"mode": "off"},
-            "bootstrap": {
-                "dcs": self._dcs_config(parameters),
-                "initdb": [{"encoding": "UTF8"}, {"locale": "C"}, {"waldir": str(node.wal)}],
-            },
+            "bootstrap": bootstrap,
             "postgresql": {
                 "listen": f"{HOST}:{node.port}",
                 "connect_address": f"{HOST}:{node.port}",
@@ -485,17 +543,21 @@ class HALab:
             self._rest_auth = "Basic " + base64.b64encode(f"{SUPERUSER}:{passwords['rest']}".encode()).decode()
             self._write_private(self.client_passfile, f"*:*:*:{SUPERUSER}:{passwords['superuser']}\n", server=False)
             self._write_private(self.lab_dir / "secrets" / "rest-auth", self._rest_auth + "\n", server=False)
+            if self.restore_from is not None:
+                self._stage_restore(self.restore_from)
             self._write_state()
             self._start_etcd(deadline)  # first: its port, if it had to move, goes into every patroni.yml
             for node in self.nodes:
                 cfg = self._patroni_config(node, passwords, self.parameters)
                 self._write_private(node.config, yaml.safe_dump(cfg, sort_keys=False), server=True)
             first = self.nodes[0]
-            self.log(f"patroni {first.name}: bootstrap (initdb, data {first.data}, WAL {first.wal})")
+            how = f"restore of {self.restore_from}" if self.restore_from is not None else "initdb"
+            self.log(f"patroni {first.name}: bootstrap ({how}, data {first.data}, WAL {first.wal})")
             self._start_patroni(first)
             self._wait(lambda: self._leader_running(first.name), deadline, f"{first.name} to bootstrap as leader")
-            with self.connect(first.name, dbname="postgres") as conn:
-                conn.execute(f"CREATE DATABASE {DBNAME}")
+            with self.connect(first.name, dbname="postgres") as conn:  # a restored backup may hold it already
+                if conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [DBNAME]).fetchone() is None:
+                    conn.execute(f"CREATE DATABASE {DBNAME}")
             for node in self.nodes[1:]:
                 self.log(f"patroni {node.name}: replica (pg_basebackup from {first.name})")
                 self._start_patroni(node)
@@ -552,6 +614,142 @@ class HALab:
             return
         self.killed.discard(name)
         self._start_patroni(node)
+
+    # ---------------------------------------------------------------- a lab run by several pglab processes
+    @classmethod
+    def attach(cls, lab_dir: Path, log: Log = lambda _m: None) -> HALab:
+        """An HALab for a lab another pglab process started (``pglab cluster create``), rebuilt from its lab.json:
+        its daemons are adopted (watched through /proc, stopped by pid), new ones are started by this process."""
+        lab_dir = lab_dir.resolve()
+        try:
+            state = json.loads((lab_dir / "lab.json").read_text())
+        except (OSError, ValueError):
+            raise UserError(f"'{lab_dir}' is not a pglab lab (no readable lab.json).") from None
+        if state.get("kind") != "ha" or "spec" not in state:
+            raise UserError(f"'{lab_dir}' is not an HA lab made by 'pglab cluster create' (or it is too old).")
+        lab = cls(LocalTarget.model_validate(state["spec"]), Path(state["base_dir"]), log, state.get("timings"))
+        lab.lab_dir = lab_dir
+        lab.parameters = dict(state.get("parameters") or {})
+        lab._created_dirs = [lab_dir]
+        lab._rest_auth = (lab_dir / "secrets" / "rest-auth").read_text().strip()
+        etcd = state["etcd"]
+        lab.etcd_port, lab.etcd_peer_port = int(etcd["client_port"]), int(etcd["peer_port"])
+        if etcd.get("pid"):
+            lab.etcd_proc = Adopted(int(etcd["pid"]), str(lab_dir / "etcd"))
+        for n in state["nodes"]:
+            name = str(n["name"])
+            node = HANode(name, Path(n["data"]), Path(n["wal"]), int(n["port"]), int(n["rest_port"]),
+                          Path(n["config"]), lab_dir / "logs" / f"patroni-{name}.log", lab_dir / "logs" / f"{name}.log")
+            if n.get("patroni_pid"):
+                proc = Adopted(int(n["patroni_pid"]), str(node.config))
+                node.proc = proc if proc.poll() is None else None
+            if node.proc is None:
+                lab.killed.add(name)  # down: not expected in members() until start_node
+            lab.nodes.append(node)
+        return lab
+
+    def _passwords(self) -> dict[str, str]:
+        """The lab's passwords, read back from a node's patroni.yml (for a node added later)."""
+        cfg = yaml.safe_load(self.nodes[0].config.read_text())
+        auth = cfg["postgresql"]["authentication"]
+        return {"superuser": auth["superuser"]["password"], "replication": auth["replication"]["password"],
+                "rest": cfg["restapi"]["authentication"]["password"]}
+
+    def add_node(self, timeout: float = 180) -> HANode:
+        """One more replica: its Patroni clones the leader (pg_basebackup); returns once every replica streams."""
+        assert self.lab_dir is not None
+        taken = {n.name for n in self.nodes}
+        name = next(f"n{i}" for i in range(len(taken) + 1) if f"n{i}" not in taken)
+        ref = self.nodes[0]
+        data, wal = ref.data.parent.parent / name / "data", ref.wal.parent.parent / name / "wal"
+        for d in (data, wal):
+            if d.exists():
+                raise UserError(f"'{d}' already exists; remove it before adding node {name}.")
+        for d in dict.fromkeys((self.lab_dir / name, data.parent, wal.parent)):
+            if not d.exists():
+                self._mkdir_server(d)
+                self._created_dirs.append(d)
+        port, rest_port = _free_ports(2)
+        node = HANode(name, data, wal, port, rest_port, self.lab_dir / name / "patroni.yml",
+                      self.lab_dir / "logs" / f"patroni-{name}.log", self.lab_dir / "logs" / f"{name}.log")
+        cfg = self._patroni_config(node, self._passwords(), self.parameters)
+        self._write_private(node.config, yaml.safe_dump(cfg, sort_keys=False), server=True)
+        self.nodes.append(node)
+        self.log(f"patroni {name}: replica (pg_basebackup from the leader)")
+        self._start_patroni(node)
+        self.wait_ready(timeout)
+        return node
+
+    def remove_node(self, name: str, timeout: float = 30) -> None:
+        """Stop a replica's Patroni (it stops its postgres), forget it in etcd (the leader drops its slot and its
+        place in synchronous_standby_names) and remove its files."""
+        assert self.lab_dir is not None
+        node = self._node(name)
+        if self.primary().name == name:
+            raise UserError(f"{name} is the leader; switch over first or remove a replica.")
+        if node.proc is not None and node.proc.poll() is None:
+            self._stop_patronis([node], timeout)
+        pid = node.postmaster_pid()
+        if pid is not None:  # Patroni was gone, or did not stop it in time
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGQUIT)
+            end = time.monotonic() + 10
+            while _alive(pid) and time.monotonic() < end:
+                time.sleep(0.05)
+            if _alive(pid):
+                _freeze_and_kill([pid, *_descendants(pid)])
+        key = f"/{NAMESPACE.strip('/')}/{self.name}/members/{name}"
+        status, reply = self._request(f"http://{HOST}:{self.etcd_port}/v3/kv/deleterange", "POST",
+                                      {"key": base64.b64encode(key.encode()).decode()})
+        if status != 200:
+            raise LabError(f"etcd refused to delete {key} ({status}): {reply}")
+        self.nodes.remove(node)
+        self.killed.discard(name)
+        for d in dict.fromkeys((self.lab_dir / name, node.data.parent, node.wal.parent)):
+            if d.name == name:  # the node's own folder under the lab or a data/WAL base, never a base itself
+                shutil.rmtree(d, ignore_errors=True)
+        self._write_state()
+        self.log(f"node {name} removed")
+
+    def _stage_restore(self, backup: Path) -> None:
+        """Copy a pg_basebackup (plain or tar, WAL included) where the first node's bootstrap script takes it from,
+        owned by the server user, WAL apart behind a pg_wal symlink as initdb --waldir makes it."""
+        assert self.lab_dir is not None
+        first = self.nodes[0]
+        stage = self.lab_dir / "server" / "restore"
+        data, wal = stage / "data", stage / "wal"
+        stage.mkdir(mode=0o700)
+        if (backup / "base.tar").is_file():
+            data.mkdir(mode=0o700)
+            wal.mkdir(mode=0o700)
+            for tar, into in ((backup / "base.tar", data), (backup / "pg_wal.tar", wal)):
+                if tar.is_file():
+                    subprocess.run(["tar", "-xf", str(tar), "-C", str(into)], check=True, capture_output=True)
+        else:
+            shutil.copytree(backup, data, symlinks=True)
+            if (data / "pg_wal").is_symlink():
+                shutil.copytree((data / "pg_wal").resolve(), wal)
+                (data / "pg_wal").unlink()
+            elif (data / "pg_wal").is_dir():
+                shutil.move(data / "pg_wal", wal)
+            else:
+                wal.mkdir(mode=0o700)
+        for leftover in ("patroni.dynamic.json", "postmaster.pid", "postmaster.opts", "standby.signal",
+                         "recovery.signal", "backup_manifest"):
+            with contextlib.suppress(FileNotFoundError):
+                (data / leftover).unlink()
+        (data / "pg_wal").symlink_to(first.wal)
+        control = (data / "global" / "pg_control").read_bytes()
+        self.restored_system_id = int.from_bytes(control[:8], "little")
+        os.chmod(data, 0o700)
+        if self.server_user:
+            for root, dirs, files in os.walk(stage):
+                for entry in [root, *(os.path.join(root, x) for x in dirs + files)]:
+                    os.lchown(entry, self.server_user.uid, self.server_user.gid)
+        script = self.lab_dir / "server" / "restore.sh"
+        script.write_text(f"#!/bin/sh\nset -e\nmv '{wal}' '{first.wal}'\nmv '{data}' '{first.data}'\n")
+        os.chmod(script, 0o700)
+        self._chown(script)
 
     def _wait(self, check: Callable[[], bool], deadline: float, what: str) -> None:
         while time.monotonic() < deadline:
@@ -902,7 +1100,7 @@ def _member(m: dict[str, Any]) -> Member:
                   port=m.get("port") if isinstance(m.get("port"), int) else None, api_url=str(m.get("api_url", "")))
 
 
-def _terminate(proc: subprocess.Popen[bytes], timeout: float) -> None:
+def _terminate(proc: Proc, timeout: float) -> None:
     """SIGTERM (if not sent yet), wait, then SIGKILL the process and what it started; always reaped."""
     if proc.poll() is None:
         with contextlib.suppress(ProcessLookupError):
