@@ -204,7 +204,8 @@ def _metrics_of(columns: list[str]) -> set[str]:
     return {c[: -len("_verdict")] for c in columns if c.endswith("_verdict")}
 
 
-UPLIFT_SKIPPED_AXES = ("clients", "jobs", "workload", "synchronous_commit")  # sweeps or own tables, not configs
+# sweeps, or axes with tables of their own: not configurations
+UPLIFT_SKIPPED_AXES = ("scenario", "clients", "jobs", "workload", "synchronous_commit")
 
 
 def uplift_tables(store: Store, sweep: int | None = None) -> list[tuple[str, list[str], list[dict[str, Any]]]]:

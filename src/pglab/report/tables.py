@@ -17,6 +17,8 @@ from pglab.analysis.bottleneck import attribute, describe, mean_metrics, storage
 from pglab.analysis.cost import cost_table
 from pglab.analysis.stats import estimate
 from pglab.analysis.steady import Dip, find_dips, tie_to_checkpoints
+from pglab.report.scenarios import HEADERS as SCENARIO_HEADERS
+from pglab.report.scenarios import loud_findings, scenario_table
 from pglab.store.sqlite import RunRow, Store
 
 AXIS_COLUMNS = ("workload", "synchronous_commit", "clients")
@@ -298,7 +300,7 @@ def limits_note(store: Store, sweep_id: int | None = None) -> str | None:
             "their figures are those of an unlimited lab; see limits.json in each run folder")
 
 
-TABLES = ("database", "storage", "durability", "cost", "uplift")
+TABLES = ("database", "storage", "durability", "scenarios", "cost", "uplift")
 UPLIFT_HEADERS = {"a": "A tps", "b": "B tps", "uplift_pct": "uplift %", "ci95_low_pct": "95 % low",
                   "ci95_high_pct": "95 % high"}
 
@@ -330,6 +332,8 @@ def full_report(store: Store, fmt: str, sweep_id: int | None = None, per_run: bo
                   "cost": (cost_columns, cost_rows)}.get(which, (db_columns, db_rows))
         if which == "uplift":
             chosen = uplift_table(store, sweep_id)
+        if which == "scenarios":
+            chosen = scenario_table(store, sweep_id)
         return render(*chosen, fmt)
     parts = []
     if fio_rows and table in (None, "storage"):
@@ -349,6 +353,11 @@ def full_report(store: Store, fmt: str, sweep_id: int | None = None, per_run: bo
         parts.append(render(dur_columns, dur_rows, fmt, title="price of durability: synchronous_commit levels side "
                             f"by side, Δ = % vs {dur_rows[0]['base']}", shown=[c for c in dur_columns if c != "base"],
                             headers=headers))
+    sc_columns, sc_rows = scenario_table(store, sweep_id)
+    if sc_rows and table in (None, "scenarios") and not per_run:
+        parts.append(render(sc_columns, sc_rows, fmt, title="scenarios: outage (RTO), acknowledged writes lost and "
+                            "in doubt (witness writer), load before / during / after", headers=SCENARIO_HEADERS))
+        parts += [f"{line}\n" for line in loud_findings(sc_rows)]
     if table in (None, "uplift") and not per_run and db_rows:
         from pglab.analysis.compare import uplift_tables
 
