@@ -699,10 +699,14 @@ class HALab:
             if _alive(pid):
                 _freeze_and_kill([pid, *_descendants(pid)])
         key = f"/{NAMESPACE.strip('/')}/{self.name}/members/{name}"
-        status, reply = self._request(f"http://{HOST}:{self.etcd_port}/v3/kv/deleterange", "POST",
-                                      {"key": base64.b64encode(key.encode()).decode()})
-        if status != 200:
-            raise LabError(f"etcd refused to delete {key} ({status}): {reply}")
+        req = urllib.request.Request(f"http://{HOST}:{self.etcd_port}/v3/kv/deleterange", method="POST",
+                                     data=json.dumps({"key": base64.b64encode(key.encode()).decode()}).encode(),
+                                     headers={"Content-Type": "application/json"})  # no REST API credentials
+        try:
+            with _OPENER.open(req, timeout=10) as resp:
+                resp.read()
+        except (OSError, urllib.error.HTTPError) as exc:
+            raise LabError(f"etcd refused to delete {key}: {exc}") from None
         self.nodes.remove(node)
         self.killed.discard(name)
         for d in dict.fromkeys((self.lab_dir / name, node.data.parent, node.wal.parent)):
@@ -714,31 +718,40 @@ class HALab:
     def _stage_restore(self, backup: Path) -> None:
         """Copy a pg_basebackup (plain or tar, WAL included) where the first node's bootstrap script takes it from,
         owned by the server user, WAL apart behind a pg_wal symlink as initdb --waldir makes it."""
+        try:
+            self._stage_restore_files(backup)
+        except (OSError, subprocess.CalledProcessError, IndexError) as exc:
+            detail = exc.stderr.decode(errors="replace").strip() if isinstance(exc, subprocess.CalledProcessError) \
+                else str(exc)
+            raise LabError(f"cannot stage the backup {backup} for restore: {detail}") from None
+
+    def _stage_restore_files(self, backup: Path) -> None:
         assert self.lab_dir is not None
         first = self.nodes[0]
         stage = self.lab_dir / "server" / "restore"
         data, wal = stage / "data", stage / "wal"
         stage.mkdir(mode=0o700)
+        wal.mkdir(mode=0o700)
         if (backup / "base.tar").is_file():
             data.mkdir(mode=0o700)
-            wal.mkdir(mode=0o700)
             for tar, into in ((backup / "base.tar", data), (backup / "pg_wal.tar", wal)):
                 if tar.is_file():
                     subprocess.run(["tar", "-xf", str(tar), "-C", str(into)], check=True, capture_output=True)
         else:
             shutil.copytree(backup, data, symlinks=True)
-            if (data / "pg_wal").is_symlink():
-                shutil.copytree((data / "pg_wal").resolve(), wal)
-                (data / "pg_wal").unlink()
-            elif (data / "pg_wal").is_dir():
-                shutil.move(data / "pg_wal", wal)
-            else:
-                wal.mkdir(mode=0o700)
+        pg_wal = data / "pg_wal"
+        if pg_wal.is_symlink():  # a backup of a data directory whose WAL lives elsewhere: not followed
+            pg_wal.unlink()
+        elif pg_wal.is_dir():
+            for entry in pg_wal.iterdir():
+                if not (wal / entry.name).exists():
+                    shutil.move(entry, wal / entry.name)
+            shutil.rmtree(pg_wal)
         for leftover in ("patroni.dynamic.json", "postmaster.pid", "postmaster.opts", "standby.signal",
                          "recovery.signal", "backup_manifest"):
             with contextlib.suppress(FileNotFoundError):
                 (data / leftover).unlink()
-        (data / "pg_wal").symlink_to(first.wal)
+        pg_wal.symlink_to(first.wal)
         control = (data / "global" / "pg_control").read_bytes()
         self.restored_system_id = int.from_bytes(control[:8], "little")
         os.chmod(data, 0o700)
