@@ -146,6 +146,9 @@ def test_scale_up_then_down(env: dict[str, Any]) -> None:
     assert leader_of(data)["name"] == leader  # a replica went, not the leader
     gone = ({"n0", "n1", "n2"} - {m["name"] for m in data["members"]}).pop()
     assert not (lab_dir / gone).exists()
+    with connect(data) as conn:  # its slot would hold WAL on the leader
+        slots = [r[0] for r in conn.execute("SELECT slot_name FROM pg_replication_slots").fetchall()]
+    assert gone not in slots and len(slots) == 1, slots
     assert not [p for p in processes_mentioning(str(lab_dir / gone)) if "patroni" in p or "postgres" in p]
 
 

@@ -709,11 +709,32 @@ class HALab:
             raise LabError(f"etcd refused to delete {key}: {exc}") from None
         self.nodes.remove(node)
         self.killed.discard(name)
+        self._drop_member_slot(name)
         for d in dict.fromkeys((self.lab_dir / name, node.data.parent, node.wal.parent)):
             if d.name == name:  # the node's own folder under the lab or a data/WAL base, never a base itself
                 shutil.rmtree(d, ignore_errors=True)
         self._write_state()
         self.log(f"node {name} removed")
+
+    def _drop_member_slot(self, name: str, timeout: float = 20) -> None:
+        """Patroni 4 keeps a departed member's slot on the leader for member_slots_ttl (30 min), holding WAL for
+        it: set it to 0 until the leader drops the slot, then put the previous value back."""
+        leader = self.primary().name
+        url = f"{self._node(leader).api_url}/config"
+        status, config = self._request(url)
+        previous = config.get("member_slots_ttl") if status == 200 and isinstance(config, dict) else None
+        status, reply = self._request(url, "PATCH", {"member_slots_ttl": 0})
+        if status != 200:
+            raise LabError(f"PATCH /config refused ({status}): {reply}")
+        try:
+            def dropped() -> bool:
+                with self.connect(leader) as conn:
+                    return conn.execute("SELECT 1 FROM pg_replication_slots WHERE slot_name = %s",
+                                        [name]).fetchone() is None
+
+            self._wait(dropped, time.monotonic() + timeout, f"the leader to drop the replication slot of {name}")
+        finally:
+            self._request(url, "PATCH", {"member_slots_ttl": previous})
 
     def _stage_restore(self, backup: Path) -> None:
         """Copy a pg_basebackup (plain or tar, WAL included) where the first node's bootstrap script takes it from,
