@@ -145,10 +145,13 @@ class Injector(threading.Thread):
                 raise RuntimeError(f"pg_basebackup exited with code {proc.returncode}: "
                                    f"{err.decode(errors='replace').strip().splitlines()[-1:]}")
             end = self._event("backup-end", "")
-            size = sum(p.stat().st_size for p in dest.rglob("*") if p.is_file())
+            # --max-rate throttles the data files, not the WAL streamed beside them (-X stream): counted apart
+            files = [p for p in dest.rglob("*") if p.is_file()]
+            wal = sum(p.stat().st_size for p in files if "pg_wal" in p.relative_to(dest).parts)
+            size = sum(p.stat().st_size for p in files) - wal
             seconds = end - self.result.fault_time
             self.result.recovered_time = end
-            self.result.metrics.update({"backup_s": seconds, "backup_mb": size / 2**20,
+            self.result.metrics.update({"backup_s": seconds, "backup_mb": size / 2**20, "backup_wal_mb": wal / 2**20,
                                         "backup_mb_s": size / 2**20 / seconds if seconds > 0 else None})
         finally:
             shutil.rmtree(dest, ignore_errors=True)
