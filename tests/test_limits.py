@@ -11,7 +11,7 @@ import tempfile
 from pathlib import Path
 
 from conftest import pglab, processes_mentioning
-from pglab.targets.local import cgroups
+from pglab.targets.local import procs
 
 
 def _cgroup_of(pid: int, controller: str) -> str:
@@ -76,7 +76,7 @@ run: {duration: 3s, repeats: 1}
         for node in state["nodes"]:
             pid = int((Path(node["data"]) / "postmaster.pid").read_text().split()[0])
             assert _cgroup_of(pid, "cpu").endswith(f"pglab-{lab.name}/{node['name']}")
-            for child in cgroups._descendants(pid):
+            for child in procs.descendants(pid):
                 assert _cgroup_of(child, "cpu").endswith(f"pglab-{lab.name}/{node['name']}")
         client = Path(limits[1.0]["client"]["path"])
         usage = client / ("cpuacct.usage" if (client / "cpuacct.usage").exists() else "cpu.stat")

@@ -65,6 +65,31 @@ class Endpoints:
     standbys: list[Endpoint] = field(default_factory=list)
 
 
+class Unshaped:
+    """The Target methods of a target pglab does not limit, shape or scale: no cgroups, no proxies, no CPU axis."""
+
+    cpus_axis = False
+    cpus: float | None = None
+
+    def set_cpus(self, cpus: float | None) -> float | None:
+        return None
+
+    def take_events(self) -> list[tuple[float, str, str]]:
+        return []
+
+    def limits_in_force(self) -> dict[str, Any]:
+        return {}
+
+    def cpu_stats(self) -> dict[str, dict[str, float]]:
+        return {}
+
+    def client_procs_files(self) -> list[Path]:
+        return []
+
+    def links_in_force(self) -> dict[str, Any]:
+        return {}
+
+
 class Target(Protocol):
     """A place where PostgreSQL runs. The local lab is one; Kubernetes and external servers are others."""
 

@@ -19,7 +19,7 @@ import psycopg
 
 from pglab.errors import UserError
 from pglab.plan.schema import ExternalTarget, Plan
-from pglab.targets.base import Endpoint, Endpoints
+from pglab.targets.base import Endpoint, Endpoints, Unshaped
 from pglab.targets.local.postgres_bin import find_client_bindir
 from pglab.workloads import pgbench
 
@@ -30,7 +30,7 @@ def _default_passfile() -> Path:
     return Path(os.environ.get("PGPASSFILE") or Path.home() / ".pgpass")
 
 
-class ExternalServer:
+class ExternalServer(Unshaped):  # a server pglab does not own is not limited or restarted by it
     """Implements the Target protocol for a server reached by a connection string."""
 
     def __init__(self, spec: ExternalTarget, plan: Plan, allow_destructive: bool):
@@ -134,28 +134,6 @@ class ExternalServer:
 
     def teardown(self, keep: bool = False) -> None:
         """Nothing was started, so nothing is stopped."""
-
-    # no cgroups, no lab events: a server pglab does not own is not limited or restarted by it
-    cpus_axis = False
-    cpus: float | None = None
-
-    def set_cpus(self, cpus: float | None) -> float | None:
-        return None
-
-    def take_events(self) -> list[tuple[float, str, str]]:
-        return []
-
-    def limits_in_force(self) -> dict[str, Any]:
-        return {}
-
-    def cpu_stats(self) -> dict[str, dict[str, float]]:
-        return {}
-
-    def client_procs_files(self) -> list[Path]:
-        return []
-
-    def links_in_force(self) -> dict[str, Any]:
-        return {}
 
     def reset_dataset(self) -> dict[str, Any]:
         raise UserError("dataset.reset: 'snapshot' needs the local lab; an external server is never restored.")

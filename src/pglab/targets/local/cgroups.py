@@ -27,6 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pglab.targets.local import procs
+
 ROOT = Path("/sys/fs/cgroup")
 PERIOD_US = 100_000
 V1_CONTROLLERS = ("cpu", "cpuacct", "memory", "blkio", "cpuset")
@@ -242,7 +244,7 @@ class Group:
     def add_tree(self, pid: int) -> None:
         """Move a process and its descendants: the parent first, so that nothing forked meanwhile escapes."""
         self.add(pid)
-        for child in _descendants(pid):
+        for child in procs.descendants(pid):
             with contextlib.suppress(CgroupError):  # a child may have exited meanwhile
                 self.add(child)
 
@@ -268,23 +270,6 @@ class Group:
             with contextlib.suppress(OSError):
                 p.rmdir()
 
-
-def _descendants(pid: int) -> list[int]:
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue
-        children.setdefault(ppid, []).append(int(entry.name))
-    out, todo = [], [pid]
-    while todo:
-        for c in children.get(todo.pop(), []):
-            out.append(c)
-            todo.append(c)
-    return out
 
 
 def device_of(path: Path) -> str:

@@ -36,8 +36,8 @@ import psycopg
 from pglab.errors import UserError
 from pglab.plan.schema import Dataset, LocalTarget
 from pglab.targets.base import Endpoint, Endpoints
-from pglab.targets.local import cgroups, dataset_fast, registry
-from pglab.targets.local.postgres_bin import ServerUser, find_bindir, resolve_server_user
+from pglab.targets.local import cgroups, dataset_fast, procs, registry
+from pglab.targets.local.postgres_bin import ServerFiles, ServerUser, find_bindir, resolve_server_user
 from pglab.workloads.fio import parse_size
 
 SUPERUSER = "pglab"
@@ -73,16 +73,10 @@ class Node:
     log: Path
 
     def postmaster_pid(self) -> int | None:
-        try:
-            first = (self.data / "postmaster.pid").read_text().splitlines()[0]
-            pid = int(first)
-            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except (OSError, ValueError, IndexError):
-            return None
-        return None if state == "Z" else pid  # a killed postmaster may linger unreaped as a zombie
+        return procs.postmaster_pid(self.data)  # a killed postmaster may linger unreaped as a zombie: not counted
 
 
-class LocalLab:
+class LocalLab(ServerFiles):
     """Implements the Target protocol on this host."""
 
     def __init__(self, spec: LocalTarget, base_dir: Path, log: Log = lambda _m: None, dataset: Dataset | None = None):
@@ -111,19 +105,6 @@ class LocalLab:
         self.proxy_ports: dict[str, int] = {}
 
     # ---------------------------------------------------------------- helpers
-    def _abs(self, value: str) -> Path:
-        p = Path(value).expanduser()
-        return (p if p.is_absolute() else self.base_dir / p).resolve()
-
-    def _chown(self, path: Path) -> None:
-        if self.server_user:
-            os.chown(path, self.server_user.uid, self.server_user.gid)
-
-    def _mkdir_server(self, path: Path, mode: int = 0o700) -> None:
-        path.mkdir(parents=True, exist_ok=True)
-        os.chmod(path, mode)
-        self._chown(path)
-
     def _server_env(self) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("PG")}
         env.update(LC_ALL="C", LANG="C", HOME=str(self.lab_dir), PGPASSFILE=str(self._server_passfile))

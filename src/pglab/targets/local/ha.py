@@ -57,9 +57,9 @@ from psycopg.conninfo import make_conninfo
 from pglab.errors import UserError
 from pglab.plan.schema import LocalTarget
 from pglab.targets.base import Endpoint, Endpoints
-from pglab.targets.local import registry
+from pglab.targets.local import procs, registry
 from pglab.targets.local.cluster import DBNAME, SUPERUSER, LabError, conf_value
-from pglab.targets.local.postgres_bin import ServerUser, find_bindir, resolve_server_user
+from pglab.targets.local.postgres_bin import ServerFiles, ServerUser, find_bindir, resolve_server_user
 
 Log = Callable[[str], None]
 HOST = "127.0.0.1"
@@ -128,7 +128,7 @@ class Adopted:
         self.returncode: int | None = None
 
     def _running(self) -> bool:
-        if not _alive(self.pid):
+        if not procs.alive(self.pid):
             return False
         try:
             cmd = Path(f"/proc/{self.pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
@@ -167,58 +167,12 @@ class HANode:
         return f"http://{HOST}:{self.rest_port}"
 
     def postmaster_pid(self) -> int | None:
-        return _postmaster_pid(self.data)
+        return procs.postmaster_pid(self.data)
 
 
-def _postmaster_pid(data: Path) -> int | None:
-    try:
-        pid = int((data / "postmaster.pid").read_text().splitlines()[0])
-    except (OSError, ValueError, IndexError):
-        return None
-    return pid if _alive(pid) else None
 
 
-def _alive(pid: int) -> bool:
-    """Running and not a zombie (a killed postmaster is reparented to init, which may not reap it at once)."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state != "Z"
 
-
-def _comm(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/comm").read_text().strip()
-    except OSError:
-        return ""
-
-
-def _descendants(pid: int) -> list[int]:
-    """Every process below ``pid`` (children, grandchildren …), read from /proc."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue
-        children.setdefault(ppid, []).append(int(entry.name))
-    out, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            out.append(child)
-            todo.append(child)
-    return out
-
-
-def _freeze_and_kill(pids: list[int]) -> None:
-    """SIGSTOP all first, then SIGKILL: none of them can react to the others' death (a power cut, not a shutdown)."""
-    for sig in (signal.SIGSTOP, signal.SIGKILL):
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, sig)
 
 
 def _free_ports(n: int) -> list[int]:
@@ -265,7 +219,7 @@ def check_timings(timings: dict[str, int]) -> None:
                         f"({loop_wait} + 2 * {retry} > {ttl}).")
 
 
-class HALab:
+class HALab(ServerFiles):
     """Patroni + etcd on this host, from a ``target.local`` spec. ``start()``, then faults, then ``teardown()``."""
 
     def __init__(self, spec: LocalTarget, base_dir: Path, log: Log = lambda _m: None,
@@ -310,19 +264,6 @@ class HALab:
         return self.lab_dir.name
 
     # ---------------------------------------------------------------- helpers
-    def _abs(self, value: str) -> Path:
-        p = Path(value).expanduser()
-        return (p if p.is_absolute() else self.base_dir / p).resolve()
-
-    def _chown(self, path: Path) -> None:
-        if self.server_user:
-            os.chown(path, self.server_user.uid, self.server_user.gid)
-
-    def _mkdir_server(self, path: Path, mode: int = 0o700) -> None:
-        path.mkdir(parents=True, exist_ok=True)
-        os.chmod(path, mode)
-        self._chown(path)
-
     def _write_private(self, path: Path, text: str, server: bool) -> None:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as f:
@@ -691,13 +632,7 @@ class HALab:
             self._stop_patronis([node], timeout)
         pid = node.postmaster_pid()
         if pid is not None:  # Patroni was gone, or did not stop it in time
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGQUIT)
-            end = time.monotonic() + 10
-            while _alive(pid) and time.monotonic() < end:
-                time.sleep(0.05)
-            if _alive(pid):
-                _freeze_and_kill([pid, *_descendants(pid)])
+            procs.stop_postmaster(pid)
         key = f"/{NAMESPACE.strip('/')}/{self.name}/members/{name}"
         req = urllib.request.Request(f"http://{HOST}:{self.etcd_port}/v3/kv/deleterange", method="POST",
                                      data=json.dumps({"key": base64.b64encode(key.encode()).decode()}).encode(),
@@ -950,16 +885,16 @@ class HALab:
         node = self._node(leader)
         pids: list[int] = []
         if node.proc is not None and node.proc.poll() is None:
-            pids += [node.proc.pid, *_descendants(node.proc.pid)]
+            pids += [node.proc.pid, *procs.descendants(node.proc.pid)]
         if (pm := node.postmaster_pid()) is not None:
-            pids += [pm, *_descendants(pm)]  # started by Patroni in its own session, reparented: not below it
+            pids += [pm, *procs.descendants(pm)]  # started by Patroni in its own session, reparented: not below it
         at = time.monotonic()
-        _freeze_and_kill(pids)
+        procs.freeze_and_kill(pids)
         self.killed.add(leader)
         if node.proc is not None:
             node.proc.wait(timeout=10)
         end = time.monotonic() + 10  # return once the node is dead: a killed process takes a moment to exit
-        while any(_alive(p) for p in pids) and time.monotonic() < end:
+        while any(procs.alive(p) for p in pids) and time.monotonic() < end:
             time.sleep(0.01)
         self.log(f"killed node {leader}: patroni and postgres (pids {', '.join(map(str, pids))})")
         return Kill(leader, tuple(pids), at)
@@ -1077,7 +1012,7 @@ class HALab:
         else:
             for node in self.nodes:
                 if node.proc is not None and node.proc.poll() is None:
-                    _freeze_and_kill([node.proc.pid, *_descendants(node.proc.pid)])
+                    procs.freeze_and_kill([node.proc.pid, *procs.descendants(node.proc.pid)])
                     node.proc.wait(timeout=10)
         for node in self.nodes:  # a postgres whose Patroni is gone would otherwise run on
             pid = node.postmaster_pid()
@@ -1085,12 +1020,8 @@ class HALab:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGQUIT)  # immediate shutdown: the postmaster takes its children down
         for node in self.nodes:
-            pid = node.postmaster_pid()
-            end = time.monotonic() + 10
-            while pid is not None and _alive(pid) and time.monotonic() < end:
-                time.sleep(0.05)
-            if pid is not None and _alive(pid):
-                _freeze_and_kill([pid, *_descendants(pid)])
+            if (pid := node.postmaster_pid()) is not None:
+                procs.stop_postmaster(pid, signalled=True)  # all were signalled at once above
         if self.etcd_proc is not None:
             _terminate(self.etcd_proc, 10)
         if self.lab_dir is not None:
@@ -1142,7 +1073,7 @@ def _terminate(proc: Proc, timeout: float) -> None:
         try:
             proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
-            _freeze_and_kill([proc.pid, *_descendants(proc.pid)])
+            procs.freeze_and_kill([proc.pid, *procs.descendants(proc.pid)])
             proc.wait(timeout=10)
 
 
@@ -1154,8 +1085,8 @@ def _sweep(paths: list[Path]) -> list[tuple[int, str]]:
         pids = registry.processes_using(paths)
         if not pids:
             break
-        killed += [(p, _comm(p)) for p in pids]
-        _freeze_and_kill(pids)
+        killed += [(p, procs.comm(p)) for p in pids]
+        procs.freeze_and_kill(pids)
         registry.kill_all(pids)
     return killed
 
@@ -1183,20 +1114,15 @@ def clean_ha_lab(lab_dir: Path, unregister_entry: bool = True) -> list[str]:
     outside = sorted(p for p in parents if not p.is_relative_to(lab_dir))
     stopped: list[str] = []
     configs = [n["config"] for n in nodes if n.get("config")]
-    patronis = [p for p in registry.processes_using([Path(c) for c in configs]) if not _comm(p).startswith("postgres")]
+    patronis = [p for p in registry.processes_using([Path(c) for c in configs])
+                if not procs.comm(p).startswith("postgres")]
     registry.kill_all(patronis)
     stopped += [f"patroni (pid {p})" for p in patronis]
     for n in nodes:
-        pid = _postmaster_pid(Path(n["data"]))
+        pid = procs.postmaster_pid(Path(n["data"]))
         if pid is None:
             continue
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGQUIT)
-        end = time.monotonic() + 10
-        while _alive(pid) and time.monotonic() < end:
-            time.sleep(0.05)
-        if _alive(pid):
-            _freeze_and_kill([pid, *_descendants(pid)])
+        procs.stop_postmaster(pid)
         stopped.append(f"{n['name']} (pid {pid})")
     others = _sweep([lab_dir, *outside])  # etcd, clients
     stopped += [f"{comm or 'process'} (pid {p})" for p, comm in others]

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from pglab.plan.schema import LocalTarget
-from pglab.targets.base import Endpoint, Endpoints
+from pglab.targets.base import Endpoint, Endpoints, Unshaped
 from pglab.targets.local.cluster import DBNAME, SUPERUSER, LabError
 from pglab.targets.local.ha import HALab, Kill
 
@@ -25,12 +25,11 @@ def _epoch(kill: Kill) -> float:
     return time.time() - (time.monotonic() - kill.at)
 
 
-class PatroniTarget:
-    """Implements the Target protocol and the scenarios' FaultTarget over an HALab."""
+class PatroniTarget(Unshaped):
+    """Implements the Target protocol and the scenarios' FaultTarget over an HALab (limits, proxies and the CPU
+    axis are refused with ha by the plan's validation, hence Unshaped)."""
 
     read_only = False
-    cpus_axis = False
-    cpus: float | None = None
 
     def __init__(self, spec: LocalTarget, base_dir: Path, log: Log = lambda _m: None):
         self.lab = HALab(spec, base_dir, log=log)
@@ -115,24 +114,9 @@ class PatroniTarget:
     def teardown(self, keep: bool = False) -> None:
         self.lab.teardown(keep=keep)
 
-    def set_cpus(self, cpus: float | None) -> float | None:
-        return None  # refused by the plan's validation with ha
-
     def take_events(self) -> list[tuple[float, str, str]]:
         out, self._events = self._events, []
         return out
-
-    def limits_in_force(self) -> dict[str, Any]:
-        return {}
-
-    def cpu_stats(self) -> dict[str, dict[str, float]]:
-        return {}
-
-    def client_procs_files(self) -> list[Path]:
-        return []
-
-    def links_in_force(self) -> dict[str, Any]:
-        return {}
 
     def reset_dataset(self) -> dict[str, Any]:
         raise LabError("dataset.reset: snapshot is not available with ha: patroni")

@@ -24,6 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pglab.targets.local import procs
+
 
 def state_dir() -> Path:
     if os.environ.get("PGLAB_STATE_DIR"):
@@ -139,16 +141,8 @@ def kill_all(pids: list[int]) -> None:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, signal.SIGKILL)
     deadline = time.monotonic() + 5
-    while time.monotonic() < deadline and any(process_start_time(p) is not None and _alive(p) for p in pids):
+    while time.monotonic() < deadline and any(process_start_time(p) is not None and procs.alive(p) for p in pids):
         time.sleep(0.05)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state != "Z"
 
 
 def reap(entry: Entry) -> str:
