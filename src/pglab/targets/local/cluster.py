@@ -462,19 +462,23 @@ class LocalLab(ServerFiles):
         self.log(f"dataset loaded in {report.seconds:.1f} s, snapshot taken in {time.monotonic() - t:.1f} s "
                  f"({copy.method}, {copy.bytes / 2**20:.0f} MiB)")
 
-    def _standbys_from_snapshot(self) -> None:
+    def _standbys_from_snapshot(self, quiet: bool = False) -> dict[str, str]:
         """Each standby is the snapshot plus standby.signal, streaming from the primary through its slot (created
-        before the primary's first checkpoint, so the WAL since the snapshot is kept)."""
+        before the primary's first checkpoint, so the WAL since the snapshot is kept). Returns each standby's copy
+        method (reflink, patch, copy)."""
         assert self.snapshot is not None
         primary = self.nodes[0]
         with self.connect(primary) as conn:
             for node in self.nodes[1:]:
                 conn.execute("SELECT pg_create_physical_replication_slot(%s, true)", (node.name,))
+        methods = {}
         for node in self.nodes[1:]:
-            self.log(f"{node.name}: standby from the snapshot")
+            if not quiet:
+                self.log(f"{node.name}: standby from the snapshot")
             try:
-                dataset_fast.make_standby(self.snapshot, node.data, node.wal,
-                                          primary_conninfo=self._replication_conninfo(node), slot=node.name)
+                methods[node.name] = dataset_fast.make_standby(
+                    self.snapshot, node.data, node.wal, primary_conninfo=self._replication_conninfo(node),
+                    slot=node.name).method
             except OSError as exc:
                 if exc.errno == errno.ENOSPC:
                     raise UserError(f"target.local.paths.data: no space left on the device of '{node.data.parent}' "
@@ -482,6 +486,7 @@ class LocalLab(ServerFiles):
                 raise
             self._write_conf(node)  # the snapshot holds the primary's pglab.conf
             self._start(node, may_move=True)
+        return methods
 
     def reset_dataset(self) -> dict[str, Any]:
         """Put every instance back to the snapshot: stop them all (immediately: their state is discarded), restore
@@ -498,15 +503,7 @@ class LocalLab(ServerFiles):
         methods = {primary.name: copy.method}
         self._write_conf(primary)
         self._start(primary)
-        with self.connect(primary) as conn:
-            for node in self.nodes[1:]:
-                conn.execute("SELECT pg_create_physical_replication_slot(%s, true)", (node.name,))
-        for node in self.nodes[1:]:
-            copy = dataset_fast.make_standby(self.snapshot, node.data, node.wal,
-                                             primary_conninfo=self._replication_conninfo(node), slot=node.name)
-            methods[node.name] = copy.method
-            self._write_conf(node)
-            self._start(node)
+        methods.update(self._standbys_from_snapshot(quiet=True))
         self.wait_streaming()
         seconds = time.monotonic() - started
         self._events.append((time.time(), "dataset-reset", f"snapshot restored in {seconds:.1f} s "
