@@ -211,6 +211,10 @@ class Runner:
         if self.allow_destructive:
             raise UserError("--allow-destructive: only an external target needs it; the local lab is pglab's own.")
         assert self.plan.target.local is not None
+        if self.plan.tenants is not None:
+            from pglab.targets.local.fleet import Fleet
+
+            return Fleet(self.plan, self.plan_dir, log=self.ui.log)  # type: ignore[return-value]
         if self.plan.target.local.ha == "patroni":
             from pglab.targets.local.ha_target import PatroniTarget
 
@@ -243,6 +247,8 @@ class Runner:
         first = todo[0][0] if todo else self.points[0]
         if plan.matrix.cpus:  # the scaling loop: build the lab at its first step, no restart needed for it
             target.cpus_axis, target.cpus = True, first.cpus
+        if first.arrangement is not None:  # a tenants plan: the fleet of the first arrangement to run
+            target.use(first.arrangement)  # type: ignore[attr-defined]
         with _Signals() as signals:
             try:
                 endpoints = target.provision(self._parameters(first))
@@ -255,7 +261,13 @@ class Runner:
                 if todo:
                     self._ensure_dataset(target, endpoints)
                 for point, repeat in todo:
-                    failure = self._one_run(store, target, sweep_id, point_ids[point.key], point, repeat)
+                    if point.arrangement is not None:
+                        from pglab import tenants
+
+                        failure = tenants.one_run(self, store, target, sweep_id,  # type: ignore[arg-type]
+                                                  point_ids[point.key], point, repeat)
+                    else:
+                        failure = self._one_run(store, target, sweep_id, point_ids[point.key], point, repeat)
                     if failure is None:
                         result.ok += 1
                     else:

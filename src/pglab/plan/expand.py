@@ -9,7 +9,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from pglab.plan.schema import CustomWorkload, Plan, Scenario, Workload
+from pglab.plan.schema import Arrangement, CustomWorkload, Plan, Scenario, Workload
 
 
 @dataclass(frozen=True)
@@ -22,6 +22,7 @@ class Point:
     parameters: dict[str, Any] = field(default_factory=dict)
     cpus: float | None = None  # the CPU-limit axis (matrix.cpus); None: the target's own resources
     scenario: Scenario | None = None  # a fault or operation during each run (matrix.scenario)
+    arrangement: Arrangement | None = None  # tenants plans: the tiers of this point (workload etc. are the tiers')
 
     @property
     def workload_name(self) -> str:
@@ -30,6 +31,8 @@ class Point:
     @property
     def axes(self) -> dict[str, Any]:
         """The axis values, as they appear as columns in tables (parameters as ``parameters.<name>``)."""
+        if self.arrangement is not None:
+            return {"arrangement": self.arrangement.name}
         out: dict[str, Any] = {
             "workload": self.workload_name,
             "synchronous_commit": self.synchronous_commit,
@@ -51,6 +54,8 @@ class Point:
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
     def label(self) -> str:
+        if self.arrangement is not None:
+            return f"arrangement={self.arrangement.name} ({self.arrangement.tenant_count} tenants)"
         extra = "".join(f" {k.split('.', 1)[1]}={v}" for k, v in self.axes.items() if k.startswith("parameters."))
         cpus = f" cpus={self.cpus:g}" if self.cpus is not None else ""
         scenario = f" scenario={self.scenario.label}" if self.scenario is not None else ""
@@ -66,6 +71,9 @@ def default_jobs(clients: int, cores: int | None = None) -> int:
 def expand(plan: Plan, cores: int | None = None) -> list[Point]:
     """Every combination of the axes. CPU steps vary slowest (each is a rolling restart), then parameters (they
     may need one), then scenarios, clients fastest."""
+    if plan.tenants is not None:  # one point per arrangement; each tier carries its own load
+        return [Point(i, a.tiers[0].workload, sum(t.clients * t.tenants for t in a.tiers), 1,
+                      a.tiers[0].synchronous_commit, arrangement=a) for i, a in enumerate(plan.tenants.arrangements)]
     m = plan.matrix
     names = list(m.parameters)
     param_combos = list(itertools.product(*(m.parameters[n] for n in names))) or [()]

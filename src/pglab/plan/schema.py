@@ -27,6 +27,7 @@ MAX_REPEATS = 1000
 MAX_RATE = 10_000_000
 MAX_PRICE = 1e12
 MAX_POINTS = 10_000
+MAX_TENANTS = 256
 MAX_RUNS = 100_000
 MAX_TEXT = 4096  # paths and free text; PATH_MAX on Linux
 MAX_VALUE = 1024  # a PostgreSQL parameter value given as text
@@ -547,6 +548,66 @@ class Scenario(Strict):
         return self.kind
 
 
+class Tier(Strict):
+    """A QoS class of tenants (high, medium, best-effort …): the same limits and the same load for each."""
+
+    name: Annotated[str, _text(63, pattern=_NAME, what="1-63 letters, digits, '-', '_' or '.'")]
+    tenants: Annotated[int, _int_between(1, MAX_TENANTS)] = Field(1, description="how many tenants in this tier")
+    resources: Resources | None = Field(None, description="limits of each instance of each tenant (cgroups); "
+                                        "none: the tenant competes freely")
+    workload: Workload = "tpcb-like"
+    clients: Clients = Field(1, description="pgbench clients of each tenant")
+    jobs: Clients = Field(1, description="pgbench threads of each tenant")
+    synchronous_commit: SyncCommit = "on"
+
+    @model_validator(mode="after")
+    def _jobs(self) -> Tier:
+        if self.jobs > self.clients:
+            raise PydanticCustomError("tier", "jobs ({j}) must be at most clients ({c}): pgbench refuses more "
+                                      "threads than clients", {"j": self.jobs, "c": self.clients, "at": "jobs"})
+        return self
+
+
+class Arrangement(Strict):
+    """One way of packing tenants on the host (for example: no QoS, or one critical tenant on a high tier)."""
+
+    name: Annotated[str, _text(63, pattern=_NAME, what="1-63 letters, digits, '-', '_' or '.'")]
+    tiers: list[Tier] = Field(min_length=1, max_length=16)
+
+    @field_validator("tiers")
+    @classmethod
+    def _tiers(cls, v: list[Tier]) -> list[Tier]:
+        if len({t.name for t in v}) != len(v):
+            raise PydanticCustomError("unique", "tier names must be unique within an arrangement")
+        total = sum(t.tenants for t in v)
+        if total > MAX_TENANTS:
+            raise PydanticCustomError("tenants", "{total} tenants, more than {max}; lower a tier's 'tenants'",
+                                      {"total": total, "max": MAX_TENANTS})
+        return v
+
+    @property
+    def tenant_count(self) -> int:
+        return sum(t.tenants for t in self.tiers)
+
+
+class Tenants(Strict):
+    """Many independent tenants on one host, measured in the same window; each arrangement is one point."""
+
+    instances: Annotated[int, _int_between(1, 5)] = Field(
+        1, description="instances per tenant: 1 = a single server; more = a primary and streaming standbys "
+        "(target.local.synchronous applies)")
+    parallel_builds: Annotated[int, _int_between(1, 64)] | None = Field(
+        None, description="tenants built and loaded at the same time (default: the host's cores)")
+    arrangements: list[Arrangement] = Field(min_length=1, max_length=20)
+
+    @field_validator("arrangements")
+    @classmethod
+    def _names(cls, v: list[Arrangement]) -> list[Arrangement]:
+        if len({a.name for a in v}) != len(v):
+            raise PydanticCustomError("unique", "arrangement names must be unique")
+        return v
+
+
 class Matrix(Strict):
     """Axes; every combination is one point."""
 
@@ -751,6 +812,8 @@ class Plan(Strict):
     probes: Probes = Field(default_factory=Probes)
     storage: Storage | None = Field(None, description="run fio on the lab's paths before the database phase")
     cost: Cost | None = Field(None, description="monthly price, for cost per TPS")
+    tenants: Tenants | None = Field(None, description="many tenants on one local host, in QoS tiers (instead of "
+                                    "the matrix)")
 
     @field_validator("name")
     @classmethod
@@ -824,6 +887,31 @@ class Plan(Strict):
                 raise PydanticCustomError("scenario", "the scenario ends at {end:g} s, after the {seconds:g} s run; "
                                           "lower 'at' or raise run.duration", {"end": end, "seconds": seconds,
                                                                                 "at": f"{at}.at"})
+        return self
+
+    @model_validator(mode="after")
+    def _tenants_fit(self) -> Plan:
+        """Tenants replace the single lab and the matrix: what would be ignored with them is refused."""
+        if self.tenants is None:
+            return self
+        local = self.target.local
+        if local is None:
+            raise PydanticCustomError("tenants", "tenants run on the local target only (pglab builds every tenant "
+                                      "on this host); use target: {local: {}}", {"at": "target"})
+        given = [("target.local.instances", "instances" in local.model_fields_set, "set tenants.instances instead"),
+                 ("target.local.resources", local.resources is not None, "give each tier its resources instead"),
+                 ("target.local.client", local.client is not None, "not available with tenants yet; remove it"),
+                 ("target.local.network", local.network is not None, "not available with tenants yet; remove it"),
+                 ("target.local.ha", local.ha is not None, "not available with tenants; remove it"),
+                 ("matrix", "matrix" in self.model_fields_set, "each tier gives its tenants' workload, clients and "
+                  "synchronous_commit; remove the matrix")]
+        for field, present, what in given:
+            if present:
+                raise PydanticCustomError("tenants", "{what}", {"what": what, "at": field})
+        if self.tenants.instances == 1 and any(t.synchronous_commit in ("remote_write", "remote_apply")
+                                               for a in self.tenants.arrangements for t in a.tiers):
+            raise PydanticCustomError("tenants", "remote_write and remote_apply need a standby: raise "
+                                      "tenants.instances or use on/local/off", {"at": "tenants.arrangements"})
         return self
 
     @model_validator(mode="after")

@@ -19,7 +19,7 @@ from typing import Any
 
 from pglab.errors import UserError
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 MIGRATIONS: dict[int, str] = {
     1: """
@@ -113,6 +113,16 @@ MIGRATIONS: dict[int, str] = {
         PRIMARY KEY (sweep_id, label, name)
     );
     """,
+    3: """
+    CREATE TABLE tenant_metrics (
+        run_id TEXT NOT NULL REFERENCES runs(id),
+        tenant TEXT NOT NULL,              -- t01, t02 … (tenants plans: many instances measured in one window)
+        tier TEXT NOT NULL,
+        name TEXT NOT NULL,
+        value REAL,
+        PRIMARY KEY (run_id, tenant, name)
+    );
+    """,
 }
 
 
@@ -201,7 +211,7 @@ class Store:
             dropped = [self.dir / d for (d,) in self.conn.execute(
                 "SELECT dir FROM runs WHERE sweep_id = ? AND status != 'ok'", (sweep_id,))]
             gone = "SELECT id FROM runs WHERE sweep_id = ? AND status != 'ok'"
-            for table in ("run_metrics", "series", "events"):
+            for table in ("run_metrics", "series", "events", "tenant_metrics"):
                 self.conn.execute(f"DELETE FROM {table} WHERE run_id IN ({gone})", (sweep_id,))
             self.conn.execute("DELETE FROM runs WHERE sweep_id = ? AND status != 'ok'", (sweep_id,))
             if not self.storage_done(sweep_id):
@@ -260,8 +270,10 @@ class Store:
                    window: tuple[float, float] | None = None, settings: dict[str, Any] | None = None,
                    metrics: dict[str, float | None] | None = None,
                    series: Iterable[tuple[float, str, str, float | None]] = (),
-                   events: Iterable[tuple[float, str, str]] = ()) -> None:
-        """Everything about a run in one transaction: a crash leaves the run whole or still 'running'."""
+                   events: Iterable[tuple[float, str, str]] = (),
+                   tenants: Iterable[tuple[str, str, str, float | None]] = ()) -> None:
+        """Everything about a run in one transaction: a crash leaves the run whole or still 'running'.
+        ``tenants``: (tenant, tier, metric, value) of a tenants plan's run."""
         with self.tx():
             self.conn.execute(
                 "UPDATE runs SET status=?, reason=?, ended=?, window_start=?, window_end=?, settings=? WHERE id=?",
@@ -274,6 +286,9 @@ class Store:
                                   [(run_id, ts, src, m, _num(v)) for ts, src, m, v in series])
             self.conn.executemany("INSERT INTO events (run_id, ts, kind, detail) VALUES (?, ?, ?, ?)",
                                   [(run_id, ts, kind, detail) for ts, kind, detail in events])
+            self.conn.executemany("INSERT OR REPLACE INTO tenant_metrics (run_id, tenant, tier, name, value) "
+                                  "VALUES (?, ?, ?, ?, ?)",
+                                  [(run_id, t, tier, m, _num(v)) for t, tier, m, v in tenants])
 
     def add_events(self, sweep_id: int, events: Iterable[tuple[float, str, str]]) -> None:
         """Sweep-level events (not tied to one run), e.g. checkpoint starts from the server log."""
@@ -345,6 +360,14 @@ class Store:
             metrics.setdefault(run_id, {})[name] = value
         return [RunRow(r[0], r[1], r[2], r[3], r[4], r[5], r[6], json.loads(r[7]), metrics.get(r[0], {}))
                 for r in rows]
+
+    def tenant_metrics(self, run_id: str) -> dict[str, tuple[str, dict[str, float | None]]]:
+        """tenant -> (tier, {metric: value}) of one run of a tenants plan."""
+        out: dict[str, tuple[str, dict[str, float | None]]] = {}
+        for tenant, tier, name, value in self.conn.execute(
+                "SELECT tenant, tier, name, value FROM tenant_metrics WHERE run_id = ? ORDER BY tenant", (run_id,)):
+            out.setdefault(tenant, (tier, {}))[1][name] = value
+        return out
 
     def series(self, run_id: str, source: str | None = None) -> list[tuple[float, str, str, float | None]]:
         sql = "SELECT ts, source, metric, value FROM series WHERE run_id = ?"

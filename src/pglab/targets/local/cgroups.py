@@ -110,7 +110,7 @@ class Group:
         needed = ["cpu", "cpuacct"]
         if self.limits.memory_bytes is not None:
             needed.append("memory")
-        if self.limits.io:
+        if self.limits.io or self.devices:  # with devices: IO accounting (io_stat) even without a limit
             needed.append("blkio")
         if self.limits.cpuset:
             needed.append("cpuset")
@@ -231,6 +231,29 @@ class Group:
         return {"usage_s": float(usage or 0) / 1e9,
                 "periods": float(values.get("nr_periods", 0)), "throttled": float(values.get("nr_throttled", 0)),
                 "throttled_s": float(values.get("throttled_time", 0)) / 1e9}
+
+    def io_stat(self) -> dict[str, float]:
+        """Read/write IOs and bytes the group submitted to its devices since it was created.
+
+        v1 counts what ``blkio.throttle`` sees (writeback by the kernel's flusher threads is not the group's);
+        v2 counts what the ``io`` controller attributes to the group, writeback included."""
+        out = {"read_ios": 0.0, "write_ios": 0.0, "read_bytes": 0.0, "write_bytes": 0.0}
+        if self.version == 2:
+            for line in _read(self._file("io.stat")).splitlines():
+                dev, *fields = line.split()
+                if dev not in self.devices:
+                    continue
+                kv = dict(f.split("=", 1) for f in fields if "=" in f)
+                for key, name in (("rios", "read_ios"), ("wios", "write_ios"), ("rbytes", "read_bytes"),
+                                  ("wbytes", "write_bytes")):
+                    out[name] += float(kv.get(key, 0))
+            return out
+        for file, unit in (("blkio.throttle.io_serviced", "ios"), ("blkio.throttle.io_service_bytes", "bytes")):
+            for line in _read(self._file(file)).splitlines():
+                parts = line.split()
+                if len(parts) == 3 and parts[0] in self.devices and parts[1] in ("Read", "Write"):
+                    out[f"{parts[1].lower()}_{unit}"] += float(parts[2])
+        return out
 
     # ------------------------------------------------------------ members
     def procs_files(self) -> list[Path]:

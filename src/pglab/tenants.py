@@ -1,0 +1,238 @@
+"""One run of a tenants plan: every tenant's own pgbench at once, in the same window, per tenant and per tier.
+
+The runner calls :func:`one_run` for each arrangement × repeat instead of its single-lab run. What it stores:
+per tenant (table ``tenant_metrics``) TPS and latency as that tenant's pgbench reports them, p95/p99 from its
+transaction log, CPU and IOs from its instances' cgroups, memory (PSS) sampled mid-window; per tier and per host
+(``run_metrics``) the aggregates the tier table is made of; the host's disk and CPU series from the usual probes.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import psycopg
+
+from pglab.errors import RunInterrupted
+from pglab.plan.expand import Point
+from pglab.plan.schema import Tier
+from pglab.probes import CpuProbe, DiskProbe, MemoryProbe, ProbeContext, ProbeOpenError, Sampler
+from pglab.probes.base import now
+from pglab.store.sqlite import Store
+from pglab.targets.local.cluster import LabError
+from pglab.targets.local.fleet import Fleet, Tenant
+from pglab.workloads import pgbench
+from pglab.workloads.pgbench import PgbenchError, PgbenchProcess
+
+if TYPE_CHECKING:
+    from pglab.runner import Runner
+
+MIB = 1024 * 1024
+
+
+def one_run(r: Runner, store: Store, fleet: Fleet, sweep_id: int, point_id: int, point: Point,
+            repeat: int) -> str | None:
+    """None when every tenant's run succeeded, else why not. RunInterrupted propagates after marking the run."""
+    from pglab.runner import RunFailed, _wait_for_tick, _write_json, _write_samples
+
+    assert point.arrangement is not None
+    run_id, run_dir = store.start_run(sweep_id, point_id, point.index, repeat)
+    running: dict[str, PgbenchProcess] = {}
+    sampler: Sampler | None = None
+    try:
+        r.ui.run_started(point, repeat, "prepare")
+        fleet.use(point.arrangement)
+        fleet.provision(dict(r.plan.postgres.parameters))
+        store.add_events(sweep_id, fleet.take_events())
+        if problem := fleet.health():
+            raise RunFailed(problem)
+        limits = fleet.limits_in_force()
+        _write_json(run_dir / "limits.json", limits)
+        dirs = {t.name: run_dir / "tenants" / t.name for t in fleet.tenants}
+        for t in fleet.tenants:
+            dirs[t.name].mkdir(parents=True)
+            endpoints = t.lab.endpoints()
+            r._prepare_dataset(t.lab, endpoints, dirs[t.name])
+        store.add_events(sweep_id, [e for t in fleet.tenants for e in t.lab.take_events()])
+        settings = r._settings(fleet.tenants[0].lab.endpoints(), run_dir)
+        ctx = ProbeContext(primary_conninfo=fleet.tenants[0].lab.endpoints().primary.conninfo(),
+                           paths=fleet.probe_paths(), server_pids=fleet.server_pids,
+                           client_pids=lambda: [p.pid for p in running.values()])
+        sampler = Sampler([DiskProbe(ctx), CpuProbe(ctx), MemoryProbe(ctx)] if r.plan.probes.enabled else [])
+        sampler.start()
+        run = r.plan.run
+        events: list[tuple[float, str, str]] = []
+        if run.warmup > 0:
+            r.ui.run_started(point, repeat, "warm-up")
+            events.append((now(), "warmup-start", f"{run.warmup:g} s"))
+            _all_at_once(r, fleet, dirs, running, "warmup", run.warmup, None, log=False)
+            events.append((now(), "warmup-end", ""))
+        r.ui.run_started(point, repeat, "measure")
+        before, launched = fleet.usage(), now()
+        codes, memory = _all_at_once(r, fleet, dirs, running, "pgbench", run.measured_seconds, run.transactions,
+                                     log=True)
+        after, ended = fleet.usage(), now()
+        _wait_for_tick(ended)
+        samples = sampler.stop()
+        results: dict[str, pgbench.PgbenchRun] = {}
+        failed: list[str] = []
+        for t in fleet.tenants:
+            proc = running.pop(t.name)
+            try:
+                results[t.name] = pgbench.finish_run(proc, codes[t.name], dirs[t.name] / "pgbench_log", launched, ended)
+            except PgbenchError as exc:
+                failed.append(f"tenant {t.name} ({t.tier.name}): {exc}")
+        if failed:
+            raise RunFailed("; ".join(failed))
+        window = (min(x.window_start for x in results.values()), max(x.window_end for x in results.values()))
+        rows, per_tenant = _tenant_rows(r, fleet.tenants, results, before, after, memory, ended - launched)
+        metrics = _aggregates(point, fleet.tenants, per_tenant, r.plan.tenants.instances if r.plan.tenants else 1)
+        metrics.update(sampler.summarize(*window))
+        if sampler.errors:
+            (run_dir / "probe-errors.txt").write_text("\n".join(sampler.errors) + "\n")
+        series = [(p.ts, f"tenant:{name}", m, v) for name, res in results.items() for p in res.progress
+                  for m, v in (("tps", p.tps), ("latency_ms", p.latency_ms)) if v is not None]
+        series += [(s.ts, s.source, s.metric, s.value) for s in samples]
+        _write_samples(run_dir / "probes.csv", samples)
+        _write_json(run_dir / "run.json", {"run_id": run_id, "point": point.axes, "repeat": repeat, "window": window,
+                                           "metrics": metrics, "tenants": {n: {"tier": t, **m}
+                                                                           for n, (t, m) in per_tenant.items()}})
+        events += [(window[0], "window-start", ""), (window[1], "window-end", "")]
+        store.finish_run(run_id, "ok", window=window, settings=settings, metrics=metrics, series=series,
+                         events=events, tenants=rows)
+        r.ui.run_finished(point, repeat, "ok", metrics)
+        return None
+    except RunInterrupted as exc:
+        _stop(running)
+        if sampler:
+            sampler.stop()
+        store.finish_run(run_id, "interrupted", reason=f"interrupted by {exc.signal_name}")
+        r.ui.run_finished(point, repeat, "interrupted", {})
+        raise
+    except (RunFailed, PgbenchError, LabError, ProbeOpenError, psycopg.Error) as exc:
+        _stop(running)
+        if sampler:
+            sampler.stop()
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        if (problem := fleet.health()) and problem not in reason:
+            reason += f"; {problem}"
+        store.finish_run(run_id, "failed", reason=reason)
+        r.ui.run_finished(point, repeat, "failed", {"reason": reason})
+        return reason
+    except BaseException:
+        _stop(running)
+        if sampler:
+            sampler.stop()
+        raise
+
+
+def _all_at_once(r: Runner, fleet: Fleet, dirs: dict[str, Path], running: dict[str, PgbenchProcess], name: str,
+                 seconds: float | None, transactions: int | None, log: bool
+                 ) -> tuple[dict[str, int], dict[str, float]]:
+    """Start every tenant's pgbench, wait for all; the first tenant's progress feeds the live display. Returns
+    each tenant's exit code, and its server memory (PSS bytes) sampled half-way through, every client connected."""
+    from pglab.runner import RunFailed
+
+    first = fleet.tenants[0].name
+    for t in fleet.tenants:
+        args = pgbench.run_args(fleet.bindir, t.tier.workload, t.tier.clients, t.tier.jobs,
+                                r.plan.run, r.plan_dir, seconds=seconds, transactions=transactions,
+                                log_prefix=dirs[t.name] / "pgbench_log" if log else None)
+        running[t.name] = PgbenchProcess(args, t.lab.endpoints().primary, dirs[t.name], name,
+                                         on_progress=r.ui.progress if t.name == first else None)
+    started = time.monotonic()
+    memory_at = started + (seconds or 0) / 2
+    memory: dict[str, float] = {}
+    deadline = started + seconds + max(30.0, seconds) if seconds else None
+    codes: dict[str, int] = {}
+    while len(codes) < len(running):
+        for tname, proc in running.items():
+            if tname not in codes and (rc := proc.poll_for(0.2 / len(running))) is not None:
+                codes[tname] = rc
+        if not memory and time.monotonic() >= memory_at:
+            memory = fleet.memory()
+        if problem := fleet.health():
+            raise RunFailed(f"{problem} ({time.monotonic() - started:.1f} s into the {name} run)")
+        if deadline is not None and time.monotonic() > deadline:
+            stuck = sorted(set(running) - set(codes))
+            late = time.monotonic() - started - seconds
+            raise RunFailed(f"pgbench of tenant(s) {', '.join(stuck)} did not end {late:.0f} s after its {seconds:g} s")
+    for proc in running.values():
+        proc.wait()
+    if name == "warmup":
+        bad = [t for t, rc in codes.items() if rc != 0]
+        running.clear()
+        if bad:
+            raise PgbenchError(f"warm-up pgbench of tenant(s) {', '.join(bad)} failed")
+    return codes, memory or fleet.memory()
+
+
+def _stop(running: dict[str, PgbenchProcess]) -> None:
+    for proc in running.values():
+        proc.stop()
+    running.clear()
+
+
+def _tenant_rows(r: Runner, tenants: list[Tenant], results: dict[str, pgbench.PgbenchRun],
+                 before: dict[str, dict[str, float]], after: dict[str, dict[str, float]], memory: dict[str, float],
+                 seconds: float) -> tuple[list[tuple[str, str, str, float | None]],
+                                          dict[str, tuple[str, dict[str, float | None]]]]:
+    rows: list[tuple[str, str, str, float | None]] = []
+    per: dict[str, tuple[str, dict[str, float | None]]] = {}
+    instances = r.plan.tenants.instances if r.plan.tenants else 1
+    for t in tenants:
+        m = dict(r._metrics(results[t.name]))
+        b, a = before.get(t.name, {}), after.get(t.name, {})
+        if seconds > 0:
+            for key, out, scale in (("cpu_s", "cpu_cores", 1.0), ("read_ios", "read_iops", 1.0),
+                                    ("write_ios", "write_iops", 1.0), ("read_bytes", "read_mb_s", MIB),
+                                    ("write_bytes", "write_mb_s", MIB)):
+                if key in a and key in b:
+                    m[out] = (a[key] - b[key]) / seconds / scale
+        if "read_iops" in m and "write_iops" in m:
+            m["total_iops"] = (m["read_iops"] or 0) + (m["write_iops"] or 0)
+        if t.name in memory:
+            m["memory_mb"] = memory[t.name] / MIB
+            m["memory_per_instance_mb"] = memory[t.name] / MIB / instances
+        per[t.name] = (t.tier.name, m)
+        rows += [(t.name, t.tier.name, k, v) for k, v in m.items()]
+    return rows, per
+
+
+def _aggregates(point: Point, tenants: list[Tenant], per: dict[str, tuple[str, dict[str, float | None]]],
+                instances: int) -> dict[str, float | None]:
+    """Host totals, and per tier: mean per tenant, spread between its tenants (fairness)."""
+    assert point.arrangement is not None
+    out: dict[str, float | None] = {}
+    tps = [m["tps"] or 0.0 for _tier, m in per.values()]
+    out["tps"] = sum(tps)
+    out["tenants"] = float(len(tenants))
+    out["instances"] = float(len(tenants) * instances)
+    mem = [m["memory_per_instance_mb"] for _tier, m in per.values() if m.get("memory_per_instance_mb") is not None]
+    if mem:
+        out["memory_per_instance_mb"] = statistics.fmean(v for v in mem if v is not None)
+    for key in ("read_iops", "write_iops", "cpu_cores"):
+        vals = [m[key] for _tier, m in per.values() if m.get(key) is not None]
+        if vals:
+            out[key if key != "cpu_cores" else "tenants_cpu_cores"] = sum(v for v in vals if v is not None)
+    for tier in point.arrangement.tiers:
+        out.update(tier_metrics(tier, [m for tname, m in per.values() if tname == tier.name]))
+    return out
+
+
+def tier_metrics(tier: Tier, members: list[dict[str, float | None]]) -> dict[str, float | None]:
+    """``tier.<name>.<metric>``: the tier's per-tenant means, and its fairness (how far apart its tenants are)."""
+    p = f"tier.{tier.name}."
+    out: dict[str, float | None] = {p + "tenants": float(len(members))}
+    for key in ("tps", "latency_avg_ms", "latency_p95_ms", "latency_p99_ms", "total_iops", "cpu_cores",
+                "memory_per_instance_mb"):
+        vals = [float(v) for m in members if (v := m.get(key)) is not None]
+        if vals:
+            out[p + key] = statistics.fmean(vals)
+    tps = [float(m.get("tps") or 0.0) for m in members]
+    if len(tps) > 1 and statistics.fmean(tps) > 0:
+        out[p + "tps_min"], out[p + "tps_max"] = min(tps), max(tps)
+        out[p + "tps_spread_pct"] = (max(tps) - min(tps)) / statistics.fmean(tps) * 100
+    return out
