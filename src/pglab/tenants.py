@@ -213,10 +213,10 @@ def _aggregates(point: Point, tenants: list[Tenant], per: dict[str, tuple[str, d
     mem = [m["memory_per_instance_mb"] for _tier, m in per.values() if m.get("memory_per_instance_mb") is not None]
     if mem:
         out["memory_per_instance_mb"] = statistics.fmean(v for v in mem if v is not None)
-    for key in ("read_iops", "write_iops", "cpu_cores"):
-        vals = [m[key] for _tier, m in per.values() if m.get(key) is not None]
+    for key in ("read_iops", "write_iops", "cpu_cores"):  # from the tenants' cgroups; the disk probe adds its own
+        vals = [v for _tier, m in per.values() if (v := m.get(key)) is not None]
         if vals:
-            out[key if key != "cpu_cores" else "tenants_cpu_cores"] = sum(v for v in vals if v is not None)
+            out[f"tenants_{key}"] = sum(vals)
     for tier in point.arrangement.tiers:
         out.update(tier_metrics(tier, [m for tname, m in per.values() if tname == tier.name]))
     return out

@@ -300,7 +300,7 @@ def limits_note(store: Store, sweep_id: int | None = None) -> str | None:
             "their figures are those of an unlimited lab; see limits.json in each run folder")
 
 
-TABLES = ("database", "storage", "durability", "scenarios", "cost", "uplift")
+TABLES = ("database", "storage", "durability", "scenarios", "cost", "uplift", "tiers", "tenants")
 UPLIFT_HEADERS = {"a": "A tps", "b": "B tps", "uplift_pct": "uplift %", "ci95_low_pct": "95 % low",
                   "ci95_high_pct": "95 % high"}
 
@@ -322,7 +322,11 @@ def full_report(store: Store, fmt: str, sweep_id: int | None = None, per_run: bo
     """What `pglab report` and the end of `pglab run` print: the storage table (when fio ran), its ceilings,
     the database table and the price of durability (when several synchronous_commit levels ran).
     CSV and JSON hold one table: the database one unless ``table`` names another."""
+    from pglab.report import tiers
+
     fio_columns, fio_rows = storage_table(store, sweep_id)
+    if tiers.is_tenants_sweep(store, sweep_id):
+        return _tenants_report(store, fmt, sweep_id, table, fio_columns, fio_rows)
     db_columns, db_rows = (run_table if per_run else point_table)(store, sweep_id)
     dur_columns, dur_rows = durability_table(store, sweep_id)
     cost_columns, cost_rows = cost_table(store, sweep_id)
@@ -368,4 +372,32 @@ def full_report(store: Store, fmt: str, sweep_id: int | None = None, per_run: bo
     if cost_rows and table in (None, "cost") and not per_run:
         parts.append(render(cost_columns, cost_rows, fmt, title="cost at peak TPS",
                             headers={"per_tps": f"{cost_rows[0]['currency']}/TPS·month", "peak_tps": "peak tps"}))
+    return "\n".join(p for p in parts if p)
+
+
+def _tenants_report(store: Store, fmt: str, sweep_id: int | None, table: str | None, fio_columns: list[str],
+                    fio_rows: list[dict[str, Any]]) -> str:
+    """A tenants plan: the tier table and the host view instead of the matrix's database table."""
+    from pglab.report import tiers
+
+    if fmt in ("csv", "json"):
+        which = {"storage": (fio_columns, fio_rows), "tenants": tiers.tenant_table(store, sweep_id),
+                 "database": tiers.host_table(store, sweep_id)}
+        return render(*which.get(table or "tiers", tiers.tier_table(store, sweep_id)), fmt)
+    parts = []
+    if fio_rows and table in (None, "storage"):
+        parts.append(render(fio_columns, fio_rows, fmt, title="storage (fio)", shown=STORAGE_SHOWN,
+                            headers=STORAGE_HEADERS))
+        parts.append(ceilings_text(store, sweep_id))
+    if table in (None, "tiers"):
+        parts.append(render(*tiers.tier_table(store, sweep_id), fmt, headers=tiers.tier_headers(store, sweep_id),
+                            title="tiers: per tenant, mean over the tier's tenants (median over repeats); spread = "
+                            "(max − min) / mean TPS within the tier"))
+    if table in (None, "database"):
+        parts.append(render(*tiers.host_table(store, sweep_id), fmt, headers=tiers.HOST_HEADERS,
+                            title="host: every tenant added up, same window"))
+    if table == "tenants":
+        parts.append(render(*tiers.tenant_table(store, sweep_id), fmt, title="tenants"))
+    if (note := limits_note(store, sweep_id)) and table in (None, "tiers"):
+        parts.append(note + "\n")
     return "\n".join(p for p in parts if p)

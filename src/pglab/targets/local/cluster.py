@@ -444,6 +444,11 @@ class LocalLab(ServerFiles):
         self._pg_ctl(primary, "-m", "fast", "stop")
         t = time.monotonic()
         sync_s = dataset_fast.sync_tree(primary.data, primary.wal) if not load.synced_by_server else 0.0
+        if len(self.nodes) == 1 and ds.reset != "snapshot":  # no standby to make, no reset to serve
+            self.dataset_info = {"load_s": round(report.seconds, 2), "parallel": report.parallel,
+                                 "sync_s": round(sync_s, 2), "total_s": round(time.monotonic() - started, 2)}
+            self.log(f"dataset loaded in {report.seconds:.1f} s (no snapshot: a single instance without resets)")
+            return
         try:
             self.snapshot, copy = dataset_fast.snapshot(
                 primary.data, primary.wal, primary.data.parent / "snapshot", bindir=self.bindir,

@@ -1,0 +1,147 @@
+"""The tier table of a tenants plan: ``arrangement | tier | instances | TPS per instance | latency`` (the published
+shape), with each tier's fairness and the noisy-neighbour view: how a tier fares against the same host with no QoS.
+
+Figures are per tenant (each tenant's own pgbench), averaged over the tier's tenants within a run, then the median
+over repeats. The host view sums every tenant and adds the host's own disk and CPU figures of the same window.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import OrderedDict
+from typing import Any
+
+from pglab.store.sqlite import RunRow, Store
+
+TIER_COLUMNS = ["arrangement", "tier", "instances", "tps_per_instance", "latency_avg_ms", "latency_p95_ms",
+                "latency_p99_ms", "iops_per_instance", "cpu_cores_per_instance", "tps_spread_pct", "tps_vs_base_pct",
+                "repeats", "failed_runs"]
+TIER_HEADERS = {"tps_per_instance": "TPS per instance", "latency_avg_ms": "latency ms", "latency_p95_ms": "p95 ms",
+                "latency_p99_ms": "p99 ms", "iops_per_instance": "IOPS per instance",
+                "cpu_cores_per_instance": "cores per instance", "tps_spread_pct": "spread %",
+                "tps_vs_base_pct": "vs base"}
+HOST_COLUMNS = ["arrangement", "tenants", "instances", "tps", "memory_per_instance_mb", "read_iops", "write_iops",
+                "tenants_cpu_cores", "cpu_pct"]
+HOST_HEADERS = {"tps": "host TPS", "memory_per_instance_mb": "memory per instance MB", "read_iops": "disk read IOPS",
+                "write_iops": "disk write IOPS", "tenants_cpu_cores": "tenants' cores", "cpu_pct": "host CPU %"}
+
+
+def is_tenants_sweep(store: Store, sweep_id: int | None) -> bool:
+    return any("arrangement" in r.axes for r in store.runs(sweep_id))
+
+
+def _median(values: list[float | None]) -> float | None:
+    vals = [v for v in values if v is not None]
+    return statistics.median(vals) if vals else None
+
+
+def _arrangements(store: Store, sweep_id: int | None) -> OrderedDict[str, list[RunRow]]:
+    groups: OrderedDict[str, list[RunRow]] = OrderedDict()
+    for r in store.runs(sweep_id):
+        if "arrangement" in r.axes:
+            groups.setdefault(str(r.axes["arrangement"]), []).append(r)
+    return groups
+
+
+def _tiers_of(store: Store, sweep_id: int, arrangement: str) -> list[str]:
+    """The arrangement's tier names in plan order (runs only store metrics; the plan has the order)."""
+    row = store.conn.execute("SELECT plan_text FROM sweeps WHERE id = ?", (sweep_id,)).fetchone()
+    try:
+        import yaml
+
+        plan = yaml.safe_load(row[0]) if row else None
+        for a in (plan or {}).get("tenants", {}).get("arrangements", []):
+            if a.get("name") == arrangement:
+                return [str(t["name"]) for t in a.get("tiers", [])]
+    except (yaml.YAMLError, AttributeError, KeyError, TypeError):
+        pass
+    return []
+
+
+def tier_table(store: Store, sweep_id: int | None = None) -> tuple[list[str], list[dict[str, Any]]]:
+    """One row per arrangement × tier. ``vs base``: the tier's TPS per instance against the first arrangement's
+    TPS per instance over all its tenants (the plan's first arrangement is its baseline, e.g. no QoS)."""
+    sweep_id = sweep_id if sweep_id is not None else store.latest_sweep_id()
+    if sweep_id is None:
+        return [], []
+    groups = _arrangements(store, sweep_id)
+    if not groups:
+        return [], []
+    instances_each = _instances_per_tenant(store, sweep_id)
+    base: float | None = None
+    rows: list[dict[str, Any]] = []
+    for i, (arrangement, runs) in enumerate(groups.items()):
+        ok = [r for r in runs if r.status == "ok"]
+        if i == 0 and ok:
+            base = _median([(r.metrics.get("tps") or 0) / max(1.0, r.metrics.get("tenants") or 1) for r in ok])
+        names = _tiers_of(store, sweep_id, arrangement) or sorted(
+            {k.split(".")[1] for r in ok for k in r.metrics if k.startswith("tier.")})
+        for tier in names:
+            def m(metric: str, tier: str = tier, ok: list[RunRow] = ok) -> float | None:
+                return _median([r.metrics.get(f"tier.{tier}.{metric}") for r in ok])
+
+            tenants = m("tenants")
+            tps = m("tps")
+            row: dict[str, Any] = {
+                "arrangement": arrangement, "tier": tier,
+                "instances": int(tenants * instances_each) if tenants is not None else None,
+                "tps_per_instance": tps, "latency_avg_ms": m("latency_avg_ms"), "latency_p95_ms": m("latency_p95_ms"),
+                "latency_p99_ms": m("latency_p99_ms"), "iops_per_instance": m("total_iops"),
+                "cpu_cores_per_instance": m("cpu_cores"), "tps_spread_pct": m("tps_spread_pct"),
+                "tps_vs_base_pct": (tps / base - 1) * 100 if tps is not None and base and i > 0 else None,
+                "repeats": len(ok), "failed_runs": len(runs) - len(ok),
+            }
+            rows.append(row)
+    columns = [c for c in TIER_COLUMNS if c in ("arrangement", "tier", "instances", "tps_per_instance")
+               or any(r.get(c) is not None for r in rows)]
+    return columns, rows
+
+
+def host_table(store: Store, sweep_id: int | None = None) -> tuple[list[str], list[dict[str, Any]]]:
+    """One row per arrangement: every tenant added up, with the host's disk and CPU in the same window."""
+    sweep_id = sweep_id if sweep_id is not None else store.latest_sweep_id()
+    rows = []
+    for arrangement, runs in _arrangements(store, sweep_id).items():
+        ok = [r for r in runs if r.status == "ok"]
+        row: dict[str, Any] = {"arrangement": arrangement}
+        for c in HOST_COLUMNS[1:]:
+            row[c] = _median([r.metrics.get(c) for r in ok])
+        for c in ("tenants", "instances"):
+            row[c] = int(row[c]) if row[c] is not None else None
+        rows.append(row)
+    columns = [c for c in HOST_COLUMNS if c == "arrangement" or any(r.get(c) is not None for r in rows)]
+    return columns, rows
+
+
+def tenant_table(store: Store, sweep_id: int | None = None) -> tuple[list[str], list[dict[str, Any]]]:
+    """One row per run × tenant (for CSV/JSON and a close look at fairness)."""
+    sweep_id = sweep_id if sweep_id is not None else store.latest_sweep_id()
+    columns = ["arrangement", "repeat", "tenant", "tier", "tps", "latency_avg_ms", "latency_p99_ms", "read_iops",
+               "write_iops", "cpu_cores", "memory_mb", "failed"]
+    rows = []
+    for r in store.runs(sweep_id):
+        if "arrangement" not in r.axes or r.status != "ok":
+            continue
+        for tenant, (tier, m) in store.tenant_metrics(r.id).items():
+            rows.append({"arrangement": r.axes["arrangement"], "repeat": r.repeat, "tenant": tenant, "tier": tier,
+                         **{c: m.get(c) for c in columns[4:]}})
+    return columns, rows
+
+
+def _instances_per_tenant(store: Store, sweep_id: int) -> int:
+    for r in store.runs(sweep_id):
+        tenants, instances = r.metrics.get("tenants"), r.metrics.get("instances")
+        if tenants and instances:
+            return max(1, round(instances / tenants))
+    return 1
+
+
+def tier_headers(store: Store, sweep_id: int | None) -> dict[str, str]:
+    sweep_id = sweep_id if sweep_id is not None else store.latest_sweep_id()
+    headers = dict(TIER_HEADERS)
+    if sweep_id is not None and _instances_per_tenant(store, sweep_id) > 1:
+        headers["tps_per_instance"] = "TPS per tenant"
+    groups = _arrangements(store, sweep_id)
+    if groups:
+        headers["tps_vs_base_pct"] = f"vs {next(iter(groups))}"
+    return headers
