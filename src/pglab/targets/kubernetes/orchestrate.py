@@ -134,6 +134,8 @@ class Orchestrator:
                 self.delete(m)
             except K8sError as exc:
                 problems.append(str(exc))
+            except Exception as exc:  # the API server gone (urllib3): still try the rest, and say what is left
+                problems.append(f"deleting {m.kind}/{m.name} in {self.ns}: {type(exc).__name__}: {exc}")
         return problems
 
     # -------------------------------------------------------------- waiting
@@ -154,6 +156,19 @@ class Orchestrator:
                                f"(phase: {status.get('phase', 'none')}, ready instances: "
                                f"{status.get('readyInstances', 0)} of {self.k8s.instances})")
             time.sleep(self.poll_s)
+
+    def cluster_health(self) -> str | None:
+        """None while the operator reports the Cluster healthy with every instance ready, else what it says."""
+        name = self.k8s.cluster_name
+        try:
+            obj = self.custom.get_namespaced_custom_object(*CNPG[:2], self.ns, CNPG[2], name)
+        except ApiException as exc:
+            return f"Cluster/{name} cannot be read: {_reason(exc)}"
+        status = obj.get("status") or {}
+        if status.get("readyInstances") == self.k8s.instances and status.get("phase") == HEALTHY:
+            return None
+        return (f"Cluster/{name} not healthy (phase: {status.get('phase', 'none')}, ready instances: "
+                f"{status.get('readyInstances', 0)} of {self.k8s.instances})")
 
     def run_job(self, m: Manifest, dest: Path) -> JobOutcome:
         """Create a Job, wait for it to end, bring back its log and results, delete it."""

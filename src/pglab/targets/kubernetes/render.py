@@ -291,6 +291,25 @@ def pgbench_init(plan: Plan) -> Manifest:
     return Manifest("40-pgbench-init-job.yaml", _job(k8s, f"{k8s.cluster_name}-pgbench-init", "pgbench-init", pod))
 
 
+RESET_SQL = ("TRUNCATE pgbench_history",
+             "VACUUM (ANALYZE) pgbench_branches, pgbench_tellers, pgbench_accounts, pgbench_history")
+CHECKPOINT_REFUSED = "pglab: CHECKPOINT failed (CloudNativePG's app role lacks pg_checkpoint): dirty buffers stay"
+
+
+def _reset_script(plan: Plan) -> str:
+    """The dataset reset before each run, as on a local lab: 'vacuum' (history truncated, VACUUM ANALYZE, then a
+    CHECKPOINT when the role may) or 'reinit' (pgbench -i again). Its output goes to reset.log; a failure fails
+    the run (rc set, pgbench not started)."""
+    ds = plan.dataset
+    if ds.reset == "reinit":
+        return f"{shlex.join(['pgbench', *init_args(Path(), ds)[1:]])} > reset.log 2>&1 || rc=$?\n"
+    psql = ["psql", "-X", "-v", "ON_ERROR_STOP=1"]
+    for stmt in RESET_SQL:
+        psql += ["-c", stmt]
+    return (f"{shlex.join(psql)} > reset.log 2>&1 || rc=$?\n"
+            f"psql -X -c CHECKPOINT >> reset.log 2>&1 || echo {shlex.quote(CHECKPOINT_REFUSED)} >> reset.log\n")
+
+
 def pgbench_run(plan: Plan, point: Point, repeat: int = 1) -> Manifest:
     """One run of one point: pgbench with the point's clients, jobs, workload and synchronous_commit (PGOPTIONS)."""
     k8s = target_of(plan)
@@ -300,8 +319,9 @@ def pgbench_run(plan: Plan, point: Point, repeat: int = 1) -> Manifest:
     args = run_args(Path(), point.workload, point.clients, point.jobs, plan.run, Path(SCRIPTS_DIR),
                     seconds=seconds, transactions=plan.run.transactions, log_prefix=Path(RESULTS_DIR) / "pgbench")
     args[0] = "pgbench"
-    script = (f"set -eu\ncd {RESULTS_DIR}\n{shlex.join(args)} > pgbench.out 2> pgbench.err || rc=$?\n"
-              f"{_ship_results()}\nexit ${{rc:-0}}")
+    script = (f"set -eu\ncd {RESULTS_DIR}\nrc=0\n{_reset_script(plan)}"
+              f"if [ \"$rc\" = 0 ]; then {shlex.join(args)} > pgbench.out 2> pgbench.err || rc=$?; fi\n"
+              f"{_ship_results()}\nexit $rc")
     volumes, mounts = _scripts_volume(plan)
     pod = _client_pod(k8s, k8s.clients.image or k8s.image, script, env=_pg_env(k8s, point.synchronous_commit),
                       volumes=volumes, mounts=mounts)
