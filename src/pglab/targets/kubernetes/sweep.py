@@ -1,0 +1,393 @@
+"""``pglab run`` on a Kubernetes plan: the local runner's sweep, with a CloudNativePG Cluster and Jobs underneath.
+
+The results folder, its rows and its resume rules are the local runner's (one writer per folder, a rerun skips the
+runs that ended ok, by point key and repeat), so ``pglab report`` and ``compare`` read a Kubernetes sweep unchanged.
+What differs is where the figures come from: every Job ships its files back through its pod's log
+(``Orchestrator.run_job``) and they are parsed here with the functions a local run uses (pgbench's summary, progress
+lines and per-transaction log; fio's JSON and per-second logs). Whatever pglab created in the cluster is deleted at
+the end, also after a failure, Ctrl-C or SIGTERM.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import urllib3
+from kubernetes import client
+from kubernetes.client.rest import ApiException
+from kubernetes.config.config_exception import ConfigException
+
+from pglab import __version__
+from pglab.errors import RunInterrupted, UserError
+from pglab.plan.expand import Point, expand
+from pglab.plan.load import resolve_path
+from pglab.plan.schema import Plan
+from pglab.probes.base import now
+from pglab.runner import (
+    Observer,
+    RunFailed,
+    Runner,
+    SilentObserver,
+    SweepResult,
+    interrupt_signals,
+    plan_hash,
+    results_lock,
+)
+from pglab.store.sqlite import Store
+from pglab.targets.kubernetes.orchestrate import JobOutcome, K8sError, Orchestrator, api_client
+from pglab.targets.kubernetes.render import (
+    Manifest,
+    client_cores,
+    fio_volumes,
+    pgbench_init,
+    pgbench_run,
+    render,
+    target_of,
+    to_yaml,
+)
+from pglab.workloads import fio, pgbench
+from pglab.workloads.fio import FioError
+from pglab.workloads.pgbench import PgbenchError, PgbenchRun, PgbenchSummary
+
+TXN_LOG = re.compile(r"^pgbench\.\d+(\.\d+)?$")  # -l --log-prefix=/results/pgbench: pgbench.<pid>[.<thread>]
+JOB_OVERHEAD_S = 15.0  # pod scheduling, image already pulled, log read back: for the ETA only
+
+
+def connect(plan: Plan) -> client.ApiClient:
+    """The plan's kubeconfig and context as an API client; a kubeconfig that cannot be used is the user's to fix."""
+    k8s = target_of(plan)
+    try:
+        return api_client(plan)
+    except (ConfigException, OSError, ValueError) as exc:
+        where = k8s.kubeconfig or "$KUBECONFIG or ~/.kube/config"
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0].rstrip(".")
+        raise UserError(f"target.kubernetes.kubeconfig: cannot use {where}"
+                        f"{' (context ' + k8s.context + ')' if k8s.context else ''}: {first}; point it at a "
+                        "kubeconfig for the cluster to benchmark.") from None
+
+
+def run_sweep(plan: Plan, plan_text: str, plan_dir: Path, results_dir: Path, observer: Observer | None = None, *,
+              api: client.ApiClient | None = None, force_new: bool = False, poll_s: float = 2.0,
+              ready_timeout_s: float = 1800.0, job_timeout_s: float | None = None) -> SweepResult:
+    """Create the Cluster, measure storage, load the dataset, run every point × repeat as a Job, store, clean up."""
+    ui: Observer = observer or SilentObserver()
+    results_dir = results_dir.resolve()
+    manifests = render(plan, plan_dir)  # refusals (the plan, its script files) before a folder or an object exists
+    api = api if api is not None else connect(plan)
+    with results_lock(results_dir):
+        store = Store.open(results_dir)
+        try:
+            store.recover()
+            sweep_id, resumed = open_sweep(store, plan, plan_text, plan_dir, force_new, ui)
+        except BaseException:
+            store.close()
+            raise
+        orch = Orchestrator(plan, plan_dir, api, poll_s=poll_s, ready_timeout_s=ready_timeout_s,
+                            job_timeout_s=job_timeout_s, log=ui.log)
+        return KubernetesSweep(plan, plan_text, store, orch, api, manifests, ui).run(sweep_id, resumed)
+
+
+def open_sweep(store: Store, plan: Plan, plan_text: str, plan_dir: Path, force_new: bool,
+               ui: Observer) -> tuple[int, bool]:
+    """A new sweep, or the one this folder holds for the same plan (resume); a different plan is refused.
+
+    The local runner's rule (Runner._open_sweep), restated here because that one is a method of the local runner."""
+    files = [resolve_path(sc.file, plan_dir) for wl in plan.matrix.workload if not isinstance(wl, str)
+             for sc in wl.scripts if sc.file]
+    fingerprint = plan_hash(plan_text, files)
+    previous = [s for s in store.sweeps() if s["plan_hash"]]
+    last = previous[-1] if previous else None
+    if last is not None and not force_new:
+        if last["plan_hash"] != fingerprint:
+            raise UserError(
+                f"--results: '{store.dir}' holds a sweep of a different plan ('{last['plan_name']}', or this plan "
+                "before a change); give a new folder, or add --force-new to start a new sweep there.")
+        dropped = store.reopen_sweep(last["id"])
+        if dropped:
+            aside = store.dir / "discarded"
+            aside.mkdir(exist_ok=True)
+            for d in dropped:
+                if d.is_dir():
+                    d.replace(aside / d.name)
+            ui.log(f"{len(dropped)} unfinished run(s) of the previous attempt set aside in {aside}")
+        return last["id"], True
+    return store.begin_sweep(plan.name, plan_text, fingerprint, __version__), False
+
+
+class KubernetesSweep:
+    """One sweep over one Orchestrator: what it creates, it deletes; each run's outcome goes to the store."""
+
+    def __init__(self, plan: Plan, plan_text: str, store: Store, orch: Orchestrator, api: client.ApiClient,
+                 manifests: list[Manifest], ui: Observer):
+        self.plan, self.plan_text, self.store, self.orch, self.api, self.ui = plan, plan_text, store, orch, api, ui
+        self.manifests = manifests
+        self.k8s = target_of(plan)
+        self.points = expand(plan, cores=client_cores(self.k8s))  # the same points (and Job names) render made
+
+    # ------------------------------------------------------------ the sweep
+    def run(self, sweep_id: int, resumed: bool) -> SweepResult:
+        plan, store, ui = self.plan, self.store, self.ui
+        result = SweepResult(sweep_id, store.dir, resumed=resumed)
+        if resumed:
+            point_ids, done = store.point_ids(sweep_id), store.completed_runs(sweep_id)
+        else:
+            point_ids = store.add_points(sweep_id, [(p.index, p.key, p.axes) for p in self.points])
+            done = set()
+        repeats = plan.run.repeats
+        todo = [(p, r) for p in self.points for r in range(1, repeats + 1) if (p.key, r) not in done]
+        result.already_done = len(self.points) * repeats - len(todo)
+        if resumed:
+            ui.log(f"resuming sweep {sweep_id}: {result.already_done} of {len(self.points) * repeats} runs already "
+                   f"complete, {len(todo)} to go")
+        with_storage = plan.storage is not None and not store.storage_done(sweep_id)
+        if not todo and not with_storage:
+            store.end_sweep(sweep_id, "done")
+            store.close()
+            return result
+        seconds = plan.run.measured_seconds
+        per_run = plan.run.warmup + seconds + JOB_OVERHEAD_S if seconds is not None else None
+        ui.sweep_started(len(todo), per_run * len(todo) if per_run else None)
+        status, reason = "done", None
+        with interrupt_signals() as signals:
+            try:
+                self._provision(sweep_id, with_storage)
+                if with_storage:
+                    self._storage_phase(sweep_id)
+                    store.add_events(sweep_id, [(now(), "storage-done", "")])
+                if todo:
+                    self._initialise()
+                for point, repeat in todo:
+                    failure = self._one_run(sweep_id, point_ids[point.key], point, repeat)
+                    if failure is None:
+                        result.ok += 1
+                    else:
+                        result.failed += 1
+                        result.failures.append(f"{point.label()} #{repeat}: {failure}")
+                    if plan.run.pause:
+                        time.sleep(plan.run.pause)
+            except RunInterrupted as exc:
+                status, reason = "interrupted", f"interrupted by {exc.signal_name}"
+                result.interrupted = True
+            except urllib3.exceptions.HTTPError as exc:
+                status, reason = "failed", f"the Kubernetes API server cannot be reached: {exc}"
+                raise K8sError(reason) from None
+            except BaseException as exc:
+                status, reason = "failed", (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+                raise
+            finally:
+                signals.shield()
+                ui.log(f"deleting what pglab created in namespace {self.k8s.namespace}")
+                problems = self.orch.cleanup()
+                for p in problems:
+                    ui.log(f"cleanup: {p}")
+                try:
+                    if problems:
+                        store.add_events(sweep_id, [(now(), "cleanup-failed", p) for p in problems])
+                        reason = f"{reason + '; ' if reason else ''}left in the cluster: {'; '.join(problems)}"
+                    store.end_sweep(sweep_id, status, reason)
+                finally:
+                    store.close()
+        return result
+
+    def _provision(self, sweep_id: int, with_storage: bool) -> None:
+        """Namespace, RBAC, the Cluster (waited for until healthy), fio volumes, the scripts' ConfigMap."""
+        for m in self.manifests:
+            if m.kind == "Job" or (m.kind == "PersistentVolumeClaim" and not with_storage):
+                continue
+            self.orch.create(m)
+            if m.kind == "Cluster":
+                self.ui.log(f"waiting for Cluster/{m.name} to be healthy ({self.k8s.instances} instances)")
+                status = self.orch.wait_cluster_ready()
+                self.ui.log(f"Cluster/{m.name} healthy, primary {status.get('currentPrimary', '?')}")
+                self.store.set_sweep_info(sweep_id, self._environment(status), self.k8s.model_dump(mode="json"))
+
+    def _environment(self, status: dict[str, Any]) -> dict[str, Any]:
+        """What can be known from outside the pods: the API server's version, the operator's status, the image."""
+        try:
+            server: str | None = client.VersionApi(self.api).get_code().git_version
+        except (ApiException, urllib3.exceptions.HTTPError, ValueError):  # best effort: a figure, not a step
+            server = None
+        cpu = self.k8s.resources.cpu
+        cores = float(cpu[:-1]) / 1000 if cpu.endswith("m") else float(cpu)
+        return {
+            "pglab_version": __version__,
+            "python": sys.version.split()[0],
+            "target": "kubernetes",
+            "kubernetes": {"server_version": server, "context": self.k8s.context, "namespace": self.k8s.namespace},
+            # the instances' CPU limit: what the report's CPU figures are read against
+            "cpu": {"affinity": max(1, math.ceil(cores)), "limit": cpu, "source": "instance limit"},
+            "memory": {"limit": self.k8s.resources.memory},
+            "postgres": {"image": self.k8s.image, "parameters": self.plan.postgres.parameters},
+            "cluster_status": status,
+            "plan": self.plan_text,
+        }
+
+    # ------------------------------------------------------------ storage phase and dataset
+    def _storage_phase(self, sweep_id: int) -> None:
+        """fio Jobs on PVCs of the Cluster's storage classes, parsed and stored as the local storage phase does."""
+        spec = self.plan.storage
+        assert spec is not None
+        jobs = [job for profile in spec.profiles for job in fio.jobs_for(profile)]
+        classes = {role: s.storage_class for role, s in fio_volumes(self.plan)}
+        for m in [m for m in self.manifests if m.kind == "Job" and m.body["metadata"]["labels"]["pglab/component"]
+                  == "fio"]:
+            role = m.body["metadata"]["annotations"]["pglab/volume"]
+            where = f"pvc/{m.name} ({classes.get(role) or 'default storage class'})"
+            self.ui.log(f"storage: fio on the {role} volume, {where}: {len(jobs)} jobs of {spec.runtime:g} s")
+            dest = self.store.dir / "storage" / role
+            outcome = self.orch.run_job(m, dest)
+            if not outcome.succeeded:
+                raise FioError(f"fio failed in Job/{m.name} on the {role} volume: {_last_words(outcome.log)}")
+            results: list[fio.FioResult] = []
+            for job in jobs:
+                json_file = dest / f"{job.name}.json"
+                data = fio._read_json(json_file)
+                if data is None or not data.get("jobs") or data["jobs"][0].get("error"):
+                    raise FioError(f"fio job {job.name} on the {role} volume left no result in Job/{m.name}'s "
+                                   "output (see its pod.log)")
+                results += fio.parse_results(data, job, where, json_file, fio._log_files(dest, job))
+            self.store.save_fio(sweep_id, role, None, results, fio.ceilings(results))
+            for r in results:
+                for finding in r.findings:
+                    self.ui.log(f"storage: {role} {r.job} {r.direction}: {finding.message}")
+            pvc = next(x for x in self.orch.created if x.kind == "PersistentVolumeClaim" and x.name == m.name)
+            self.orch.created.remove(pvc)  # measured: its space goes back before the database phase
+            self.orch.delete(pvc)
+
+    def _initialise(self) -> None:
+        """pgbench -i in a Job: every sweep (and resume) starts on a new Cluster, so the dataset is loaded each time."""
+        ds = self.plan.dataset
+        m = pgbench_init(self.plan)
+        self.ui.log(f"loading the dataset: pgbench -i -s {ds.scale} (Job/{m.name})")
+        started = time.monotonic()
+        outcome = self.orch.run_job(m, self.store.dir / "dataset")
+        if not outcome.succeeded:
+            raise PgbenchError(f"pgbench -i failed in Job/{m.name}: {_last_words(outcome.log)}")
+        self.ui.log(f"dataset loaded in {time.monotonic() - started:.1f} s (pod start included)")
+
+    # ------------------------------------------------------------ one run
+    def _one_run(self, sweep_id: int, point_id: int, point: Point, repeat: int) -> str | None:
+        """None when the run succeeded, else why it failed. RunInterrupted propagates after marking the run."""
+        store, ui = self.store, self.ui
+        run_id, run_dir = store.start_run(sweep_id, point_id, point.index, repeat)
+        m = pgbench_run(self.plan, point, repeat)
+        (run_dir / "job.yaml").write_text(to_yaml(m.body))
+        try:
+            ui.run_started(point, repeat, "job")
+            launched = now()
+            outcome = self.orch.run_job(m, run_dir)
+            if not outcome.succeeded:
+                raise RunFailed(_job_failure(outcome, run_dir))
+            result, extra, warmup_start = self._collect(run_dir, m, launched, now())
+            window = (result.window_start, result.window_end)
+            metrics = {**Runner._metrics(result), **extra}
+            series = [(p.ts, "pgbench", name, v) for p in result.progress
+                      for name, v in (("tps", p.tps), ("latency_ms", p.latency_ms), ("stddev_ms", p.stddev_ms),
+                                      ("failed", p.failed), ("lag_ms", p.lag_ms)) if v is not None]
+            events: list[tuple[float, str, str]] = []
+            if warmup_start is not None:
+                events += [(warmup_start, "warmup-start", f"{self.plan.run.warmup:g} s"),
+                           (window[0], "warmup-end", "")]
+            events += [(window[0], "window-start", ""), (window[1], "window-end", "")]
+            _write_json(run_dir / "run.json", {"run_id": run_id, "point": point.axes, "repeat": repeat,
+                                               "window": window, "job": m.name, "command": result.command,
+                                               "metrics": metrics, "files": outcome.files})
+            store.finish_run(run_id, "ok", window=window, metrics=metrics, series=series, events=events)
+            ui.run_finished(point, repeat, "ok", metrics)
+            return None
+        except RunInterrupted as exc:
+            store.finish_run(run_id, "interrupted", reason=f"interrupted by {exc.signal_name}")
+            ui.run_finished(point, repeat, "interrupted", {})
+            raise
+        except (RunFailed, PgbenchError, K8sError, OSError) as exc:
+            reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            if (problem := self.orch.cluster_health()) and problem not in reason:
+                reason += f"; {problem}"
+            store.finish_run(run_id, "failed", reason=reason)
+            ui.run_finished(point, repeat, "failed", {"reason": reason})
+            return reason
+
+    def _collect(self, run_dir: Path, m: Manifest, launched: float,
+                 ended: float) -> tuple[PgbenchRun, dict[str, float | None], float | None]:
+        """The run's figures from the files the pod shipped: pgbench.out, pgbench.err (progress), the -l logs.
+
+        pgbench ran warm-up and measured window in one process (the Job's -T is their sum), so with a warm-up the
+        window starts ``warmup`` seconds after the first transaction began, and its TPS, latency and percentiles
+        are recomputed from the per-transaction log of that window; pgbench's own whole-run TPS is kept beside
+        (``tps_with_warmup``). Without a warm-up the figures are pgbench's own lines, as on a local lab."""
+        out_file = run_dir / "pgbench.out"
+        if not out_file.is_file():
+            raise PgbenchError(f"Job/{m.name} shipped no pgbench.out")
+        summary = pgbench.parse_summary(out_file.read_text(errors="replace"))
+        err_file = run_dir / "pgbench.err"
+        err_text = err_file.read_text(errors="replace") if err_file.is_file() else ""
+        progress = [p for line in err_text.splitlines() if (p := pgbench.parse_progress_line(line)) is not None]
+        log_files = sorted(f for f in run_dir.iterdir() if TXN_LOG.match(f.name))
+        lat, end_ts = pgbench.read_transaction_log(log_files)
+        if lat.size:
+            first, last = float((end_ts - lat / 1000.0).min()), float(end_ts.max())
+        elif progress:
+            first, last = progress[0].ts - 1.0, progress[-1].ts
+        else:
+            first, last = launched, ended
+        warmup = self.plan.run.warmup if self.plan.run.measured_seconds is not None else 0.0
+        extra: dict[str, float | None] = {}
+        warmup_start = None
+        if warmup > 0:
+            start = first + warmup
+            keep = end_ts >= start
+            lat, end_ts = lat[keep], end_ts[keep]
+            if lat.size == 0 or last <= start:
+                raise PgbenchError(f"no transaction ended after the {warmup:g} s warm-up (pgbench.out: "
+                                   f"{summary.transactions} transactions in all)")
+            scale = 1.0 / self.plan.run.sampling_rate
+            extra["tps_with_warmup"] = summary.tps
+            summary = PgbenchSummary(
+                tps=lat.size * scale / (last - start), latency_avg_ms=float(lat.mean()),
+                latency_stddev_ms=float(lat.std()), initial_connection_ms=summary.initial_connection_ms,
+                transactions=round(lat.size * scale), failed=round(_failed_after(log_files, start) * scale),
+                duration_s=last - start)
+            warmup_start, first = first, start
+        stats = pgbench.log_stats(lat, end_ts)
+        command = m.body["spec"]["template"]["spec"]["containers"][0]["command"]
+        run = PgbenchRun(summary, stats, progress, first, last, command, 0, log_files)
+        return run, extra, warmup_start
+
+
+def _failed_after(files: list[Path], start: float) -> int:
+    """Failed transactions in pgbench's -l logs (``failed`` in the latency field) that ended after ``start``."""
+    n = 0
+    for path in files:
+        with open(path) as f:
+            for line in f:
+                parts = line.split()
+                if len(parts) >= 6 and parts[2] == "failed" and int(parts[4]) + int(parts[5]) / 1e6 >= start:
+                    n += 1
+    return n
+
+
+def _last_words(log: str) -> str:
+    lines = [line.strip() for line in log.splitlines() if line.strip() and not line.startswith("progress:")]
+    return " / ".join(lines[-2:]) or "no output"
+
+
+def _job_failure(outcome: JobOutcome, run_dir: Path) -> str:
+    """One line: the dataset reset's or pgbench's own last words, else the pod's."""
+    out, err, reset = run_dir / "pgbench.out", run_dir / "pgbench.err", run_dir / "reset.log"
+    if not out.is_file() and reset.is_file():
+        return f"dataset reset before the run failed in Job/{outcome.name}: {_last_words(reset.read_text())}"
+    if err.is_file() and (words := _last_words(err.read_text(errors="replace"))) != "no output":
+        return f"pgbench failed in Job/{outcome.name}: {words}"
+    return f"Job/{outcome.name} failed: {_last_words(outcome.log)}"
+
+
+def _write_json(path: Path, data: Any) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=1, default=str))
+    tmp.replace(path)

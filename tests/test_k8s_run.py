@@ -1,0 +1,439 @@
+"""`pglab run` on a Kubernetes plan, against the fake API server of tests/k8s_fake.py.
+
+The fake pods print what real tools printed (tests/data/k8s: pgbench 15 and fio 3.33 run on this machine with the
+options the Jobs use), so the stored figures are checked against those files, recomputed here independently.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import signal
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from kubernetes import client
+
+from conftest import pglab
+from k8s_fake import FakeAPI, results_log, serve
+from pglab.errors import RunInterrupted
+from pglab.plan.expand import Point
+from pglab.plan.load import parse_plan
+from pglab.runner import SweepResult
+from pglab.store.sqlite import Store
+from pglab.targets.kubernetes import sweep as k8s_sweep
+from pglab.targets.kubernetes.orchestrate import K8sError
+from pglab.workloads.pgbench import ProgressPoint
+
+DATA = Path(__file__).parent / "data" / "k8s"
+PGBENCH = DATA / "pgbench15"
+FIO = DATA / "fio333"
+TXN_LOGS = ("pgbench.25728", "pgbench.25728.1")
+
+PLAN = """
+name: k
+target:
+  kubernetes:
+    namespace: bench
+    cluster_name: pg
+    instances: 2
+    resources: {cpu: 1, memory: 1Gi}
+storage: {profiles: [randread-8k], runtime: 2s, size: 64MiB, paths: [data]}
+matrix: {clients: [1, 2], jobs: [1]}
+run: {duration: 4s, repeats: 2}
+"""
+RUN_JOBS = ["pg-run-0000-1", "pg-run-0000-2", "pg-run-0001-1", "pg-run-0001-2"]
+JOBS = "/apis/batch/v1/namespaces/bench/jobs"
+
+
+def pod_log(job: str) -> str:
+    """What each Job of the plan prints, from the real outputs in tests/data/k8s."""
+    if job.endswith("-fio-data"):
+        files = {f.name: f.read_text() for f in FIO.iterdir()}
+        return results_log({**files, "fio-version.txt": "fio-3.33\n"}, text="")
+    if job.endswith("-pgbench-init"):
+        init = (PGBENCH / "init.log").read_text()
+        return results_log({"init.log": init}, text=init)
+    files = {name: (PGBENCH / name).read_text() for name in ("pgbench.out", "pgbench.err", *TXN_LOGS)}
+    return results_log({**files, "reset.log": "TRUNCATE TABLE\nVACUUM\n"}, text="")
+
+
+def sample_latencies() -> tuple[np.ndarray, np.ndarray]:
+    """(latency ms, end epoch s) of every transaction in the sample's -l logs, read here without pglab."""
+    lat, end = [], []
+    for name in TXN_LOGS:
+        for line in (PGBENCH / name).read_text().splitlines():
+            f = line.split()
+            lat.append(int(f[2]) / 1000)
+            end.append(int(f[4]) + int(f[5]) / 1e6)
+    return np.array(lat), np.array(end)
+
+
+class Recorder:
+    """An observer that keeps what the CLI would show."""
+
+    def __init__(self) -> None:
+        self.messages: list[str] = []
+        self.finished: list[tuple[str, int, str]] = []
+
+    def log(self, message: str) -> None:
+        self.messages.append(message)
+
+    def sweep_started(self, runs: int, estimate_s: float | None) -> None:
+        self.messages.append(f"sweep of {runs} runs")
+
+    def run_started(self, point: Point, repeat: int, phase: str) -> None:
+        pass
+
+    def progress(self, p: ProgressPoint) -> None:
+        pass
+
+    def run_finished(self, point: Point, repeat: int, status: str, metrics: dict[str, Any]) -> None:
+        self.finished.append((point.label(), repeat, status))
+
+
+@pytest.fixture
+def fake() -> Iterator[tuple[FakeAPI, client.ApiClient]]:
+    with serve() as (api, api_client):
+        api.default_log = pod_log
+        yield api, api_client
+
+
+def run(api_client: client.ApiClient, tmp_path: Path, text: str = PLAN, **kw: Any) -> SweepResult:
+    plan = parse_plan(text, base_dir=tmp_path)
+    kw.setdefault("ready_timeout_s", 5.0)
+    return k8s_sweep.run_sweep(plan, text, tmp_path, tmp_path / "results", kw.pop("observer", Recorder()),
+                               api=api_client, poll_s=0.01, **kw)
+
+
+def rows(store: Store, sql: str, *args: Any) -> list[dict[str, Any]]:
+    cur = store.conn.execute(sql, args)
+    cols = [c[0] for c in cur.description]
+    return [dict(zip(cols, r, strict=True)) for r in cur]
+
+
+def assert_all_deleted(api: FakeAPI) -> None:
+    deleted = {p for m, p in api.requests if m == "DELETE"}
+    assert api.created and set(api.created) <= deleted, set(api.created) - deleted
+    assert api.objects == {}
+
+
+def posted_jobs(api: FakeAPI) -> list[str]:
+    return [k.rsplit("/", 1)[1] for k in api.created if k.startswith(JOBS + "/")]
+
+
+# ------------------------------------------------------------------ the whole sweep
+def test_run_stores_pgbench_fio_and_artifacts_then_deletes_everything(fake: tuple[FakeAPI, client.ApiClient],
+                                                                      tmp_path: Path) -> None:
+    api, api_client = fake
+    result = run(api_client, tmp_path)
+    assert (result.ok, result.failed, result.interrupted) == (4, 0, False)
+    assert posted_jobs(api) == ["pg-fio-data", "pg-pgbench-init", *RUN_JOBS]
+
+    store = Store.open(tmp_path / "results", create=False)
+    sweep = store.sweeps()[-1]
+    assert (sweep["status"], sweep["reason"]) == ("done", None)
+    env = json.loads(sweep["environment"])
+    assert env["kubernetes"]["server_version"] == "v1.33.1-fake"
+    assert env["cluster_status"]["currentPrimary"] == "pg-1"
+
+    lat, end = sample_latencies()
+    runs = store.runs(sweep["id"])
+    assert [(r.axes["clients"], r.repeat, r.status) for r in runs] == [(1, 1, "ok"), (1, 2, "ok"), (2, 1, "ok"),
+                                                                      (2, 2, "ok")]
+    for r in runs:
+        m = r.metrics
+        # pgbench's own summary lines, as the pod printed them (tests/data/k8s/pgbench15/pgbench.out)
+        assert m["tps"] == 832.861729 and m["latency_avg_ms"] == 2.393 and m["latency_stddev_ms"] == 1.635
+        assert (m["transactions"], m["failed"], m["initial_connection_ms"]) == (3326, 0, 7.413)
+        # percentiles from the shipped per-transaction logs
+        assert m["logged_transactions"] == len(lat) == 3326
+        assert m["latency_p99_ms"] == pytest.approx(float(np.percentile(lat, 99)))
+        assert m["latency_max_ms"] == pytest.approx(lat.max())
+        window = store.conn.execute("SELECT window_start, window_end FROM runs WHERE id = ?", (r.id,)).fetchone()
+        assert window == pytest.approx(((end - lat / 1000).min(), end.max()))
+        assert m["window_s"] == pytest.approx(window[1] - window[0])
+        tps = [(ts, v) for ts, _s, metric, v in store.series(r.id, "pgbench") if metric == "tps"]
+        assert tps == [(1795359922.810, 673.9), (1795359923.811, 661.9), (1795359924.811, 932.1)]
+        run_dir = store.dir / r.dir
+        shipped = {"pgbench.out", "pgbench.err", *TXN_LOGS, "reset.log", "pod.log", "job.yaml", "run.json"}
+        assert shipped <= {f.name for f in run_dir.iterdir()}
+        assert (run_dir / TXN_LOGS[1]).read_text() == (PGBENCH / TXN_LOGS[1]).read_text()
+        assert json.loads((run_dir / "run.json").read_text())["job"] in RUN_JOBS
+
+    # the storage phase: fio's JSON from the pod, parsed into the same rows as a local storage phase
+    fio_rows = store.fio_results(sweep["id"])
+    qd32 = json.loads((FIO / "randread-8k-qd32.json").read_text())["jobs"][0]["read"]
+    assert [(f["label"], f["job"], f["direction"]) for f in fio_rows] == [("data", "randread-8k-qd1", "read"),
+                                                                          ("data", "randread-8k-qd32", "read")]
+    assert fio_rows[1]["iops"] == qd32["iops"] and fio_rows[1]["path"] == "pvc/pg-fio-data (default storage class)"
+    assert store.ceilings(sweep["id"])["data"]["randread_iops_qd32"] == qd32["iops"]
+    assert (store.dir / "storage" / "data" / "randread-8k-qd32_iops.1.log").is_file()
+    series = store.conn.execute("SELECT count(*) FROM fio_series").fetchone()[0]
+    assert series == 2  # one IOPS point per job in fio's own 2 s logs
+    assert store.storage_done(sweep["id"])
+
+    # reports read it unchanged
+    from pglab.report.tables import full_report
+
+    csv = full_report(store, "csv", sweep["id"])
+    assert "832.86" in csv
+    store.close()
+
+    # the Cluster was healthy before any Job; the fio volume was gone before the dataset was loaded
+    cluster_reads = [i for i, (m, p) in enumerate(api.requests) if m == "GET" and p.endswith("/clusters/pg")]
+    assert cluster_reads[api.ready_after] < api.requests.index(("POST", JOBS))
+    assert (api.requests.index(("DELETE", "/api/v1/namespaces/bench/persistentvolumeclaims/pg-fio-data"))
+            < [i for i, (m, p) in enumerate(api.requests) if m == "POST" and p == JOBS][1])
+    assert_all_deleted(api)
+    assert api.requests[-1] == ("DELETE", "/api/v1/namespaces/bench")
+
+    # a rerun of a finished sweep creates nothing
+    before = len(api.created)
+    again = run(api_client, tmp_path)
+    assert (again.resumed, again.already_done, again.ok) == (True, 4, 0)
+    assert len(api.created) == before
+
+
+def test_warmup_is_cut_from_the_window(fake: tuple[FakeAPI, client.ApiClient], tmp_path: Path) -> None:
+    api, api_client = fake
+    text = PLAN.replace("run: {duration: 4s, repeats: 2}", "run: {duration: 3s, warmup: 1s}").replace(
+        "storage: {profiles: [randread-8k], runtime: 2s, size: 64MiB, paths: [data]}\n", "")
+    result = run(api_client, tmp_path, text)
+    assert result.ok == 2
+    lat, end = sample_latencies()
+    start = (end - lat / 1000).min() + 1.0
+    inside = lat[end >= start]
+    store = Store.open(tmp_path / "results", create=False)
+    for r in store.runs():
+        m = r.metrics
+        assert m["tps"] == pytest.approx(len(inside) / (end.max() - start))
+        assert m["tps"] != pytest.approx(832.861729, rel=1e-3)
+        assert m["tps_with_warmup"] == 832.861729  # pgbench's own figure, warm-up included, kept beside
+        assert m["transactions"] == len(inside) and m["latency_avg_ms"] == pytest.approx(inside.mean())
+        assert m["latency_p95_ms"] == pytest.approx(float(np.percentile(inside, 95)))
+        events = dict(store.conn.execute("SELECT kind, ts FROM events WHERE run_id = ?", (r.id,)).fetchall())
+        assert events["warmup-start"] == pytest.approx(start - 1.0)
+        assert events["warmup-end"] == events["window-start"] == pytest.approx(start)
+    store.close()
+    assert_all_deleted(api)
+
+
+# ------------------------------------------------------------------ failures
+def test_failed_pgbench_job_is_a_failed_run_and_the_sweep_goes_on(fake: tuple[FakeAPI, client.ApiClient],
+                                                                  tmp_path: Path) -> None:
+    api, api_client = fake
+    api.failing_jobs.add("pg-run-0000-2")
+    api.unhealthy_after_jobs.add("pg-run-0000-2")  # the operator reports the Cluster degraded from then on
+    api.logs["pg-run-0000-2"] = results_log({"pgbench.out": "", "reset.log": "TRUNCATE TABLE\nVACUUM\n",
+                                             "pgbench.err": (PGBENCH / "unreachable.err").read_text()}, text="")
+    observer = Recorder()
+    result = run(api_client, tmp_path, observer=observer)
+    assert (result.ok, result.failed) == (3, 1)
+    assert posted_jobs(api)[-2:] == ["pg-run-0001-1", "pg-run-0001-2"]  # the runs after it still ran
+    reason = ('pgbench failed in Job/pg-run-0000-2: pgbench: error: could not translate host name "pg-rw" to '
+              'address: Name or service not known / pgbench: error: could not create connection for setup; '
+              'Cluster/pg not healthy (phase: Setting up primary, ready instances: 0 of 2)')
+    assert result.failures == [f"tpcb-like sc=on c=1 j=1 #2: {reason}"]
+    store = Store.open(tmp_path / "results", create=False)
+    failed = [r for r in store.runs() if r.status == "failed"]
+    assert [(r.repeat, r.reason, r.metrics) for r in failed] == [(2, reason, {})]
+    assert store.sweeps()[-1]["status"] == "done"
+    store.close()
+    assert ("tpcb-like sc=on c=1 j=1", 2, "failed") in observer.finished
+    assert_all_deleted(api)
+
+
+def test_dataset_reset_failure_is_named(fake: tuple[FakeAPI, client.ApiClient], tmp_path: Path) -> None:
+    api, api_client = fake
+    api.failing_jobs.add("pg-run-0001-1")
+    api.logs["pg-run-0001-1"] = results_log(
+        {"reset.log": 'ERROR:  relation "pgbench_history" does not exist\n'}, text="")
+    result = run(api_client, tmp_path)
+    assert result.failures == ['tpcb-like sc=on c=2 j=1 #1: dataset reset before the run failed in '
+                               'Job/pg-run-0001-1: ERROR:  relation "pgbench_history" does not exist']
+    assert result.ok == 3
+
+
+def test_cluster_never_healthy_fails_clearly_and_cleans_up(fake: tuple[FakeAPI, client.ApiClient],
+                                                          tmp_path: Path) -> None:
+    api, api_client = fake
+    api.never_ready = True
+    message = "Cluster/pg not ready after 0 s (phase: Setting up primary, ready instances: 0 of 2)"
+    with pytest.raises(K8sError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        run(api_client, tmp_path, ready_timeout_s=0.2)
+    assert posted_jobs(api) == []
+    assert_all_deleted(api)
+    store = Store.open(tmp_path / "results", create=False)
+    sweep = store.sweeps()[-1]
+    assert (sweep["status"], sweep["reason"]) == ("failed", message)
+    assert store.runs() == []
+    store.close()
+
+
+def test_failed_dataset_load_fails_the_sweep_and_cleans_up(fake: tuple[FakeAPI, client.ApiClient],
+                                                           tmp_path: Path) -> None:
+    api, api_client = fake
+    api.failing_jobs.add("pg-pgbench-init")
+    api.logs["pg-pgbench-init"] = results_log({}, text=(PGBENCH / "unreachable.err").read_text())
+    with pytest.raises(Exception, match=r'pgbench -i failed in Job/pg-pgbench-init: .*could not create connection'):
+        run(api_client, tmp_path)
+    assert posted_jobs(api) == ["pg-fio-data", "pg-pgbench-init"]
+    assert_all_deleted(api)
+    store = Store.open(tmp_path / "results", create=False)
+    assert store.sweeps()[-1]["status"] == "failed" and store.storage_done(1)  # fio's results are kept
+    store.close()
+
+
+# ------------------------------------------------------------------ interrupt and resume
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_signal_during_a_run_cleans_up_and_a_rerun_resumes(fake: tuple[FakeAPI, client.ApiClient], tmp_path: Path,
+                                                           sig: signal.Signals) -> None:
+    api, api_client = fake
+    api.hanging_jobs.add("pg-run-0001-1")  # runs until the signal comes
+
+    def strike(job: str) -> None:
+        if job == "pg-run-0001-1":
+            threading.Timer(0.3, os.kill, (os.getpid(), sig)).start()
+
+    api.on_job_created = strike
+    result = run(api_client, tmp_path)
+    assert (result.interrupted, result.ok, result.failed) == (True, 2, 0)
+    assert_all_deleted(api)
+    assert ("DELETE", f"{JOBS}/pg-run-0001-1") in api.requests
+    store = Store.open(tmp_path / "results", create=False)
+    sweep = store.sweeps()[-1]
+    assert (sweep["status"], sweep["reason"]) == ("interrupted", f"interrupted by {sig.name}")
+    assert [(r.axes["clients"], r.repeat, r.status) for r in store.runs()] == [
+        (1, 1, "ok"), (1, 2, "ok"), (2, 1, "interrupted")]
+    interrupted_dir = store.dir / store.runs()[-1].dir
+    store.close()
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # handlers put back
+
+    # the rerun into the same folder: the two missing runs only, on a new Cluster; fio is not measured again
+    api.hanging_jobs.clear()
+    api.on_job_created = lambda job: None
+    first_attempt = len(api.created)
+    observer = Recorder()
+    again = run(api_client, tmp_path, observer=observer)
+    assert (again.resumed, again.already_done, again.ok, again.interrupted) == (True, 2, 2, False)
+    new_jobs = [k.rsplit("/", 1)[1] for k in api.created[first_attempt:] if k.startswith(JOBS + "/")]
+    assert new_jobs == ["pg-pgbench-init", "pg-run-0001-1", "pg-run-0001-2"]
+    assert "resuming sweep 1: 2 of 4 runs already complete, 2 to go" in observer.messages
+    assert not interrupted_dir.exists() and (tmp_path / "results" / "discarded" / interrupted_dir.name).is_dir()
+    store = Store.open(tmp_path / "results", create=False)
+    assert [s["status"] for s in store.sweeps()] == ["done"]
+    assert sorted((r.axes["clients"], r.repeat, r.status) for r in store.runs()) == [
+        (1, 1, "ok"), (1, 2, "ok"), (2, 1, "ok"), (2, 2, "ok")]
+    assert len(store.fio_results(1)) == 2
+    store.close()
+    assert_all_deleted(api)
+
+
+def test_interrupt_while_waiting_for_the_cluster(fake: tuple[FakeAPI, client.ApiClient], tmp_path: Path) -> None:
+    api, api_client = fake
+
+    class Interrupting(Recorder):
+        def log(self, message: str) -> None:
+            super().log(message)
+            if message.startswith("waiting for Cluster"):
+                raise RunInterrupted("SIGTERM")
+
+    result = run(api_client, tmp_path, observer=Interrupting())
+    assert result.interrupted and result.ok == 0
+    assert posted_jobs(api) == []
+    assert_all_deleted(api)
+
+
+# ------------------------------------------------------------------ the command line
+def kubeconfig(tmp_path: Path, api_client: client.ApiClient) -> Path:
+    path = tmp_path / "kubeconfig"
+    path.write_text(json.dumps({
+        "apiVersion": "v1", "kind": "Config", "current-context": "fake",
+        "clusters": [{"name": "fake", "cluster": {"server": api_client.configuration.host}}],
+        "users": [{"name": "u", "user": {"token": "t"}}],
+        "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "u"}}]}))
+    return path
+
+
+def cli(monkeypatch: pytest.MonkeyPatch, *args: str) -> int:
+    """pglab's own entry point in this process, with the sweep's polling shortened (the plan is untouched)."""
+    from pglab import cli as cli_module
+
+    monkeypatch.setattr(k8s_sweep, "run_sweep", functools.partial(k8s_sweep.run_sweep, poll_s=0.01,
+                                                                  ready_timeout_s=0.3))
+    monkeypatch.setattr(sys, "argv", ["pglab", *args])
+    with pytest.raises(SystemExit) as exc:
+        cli_module.main()
+    return int(exc.value.code or 0)
+
+
+def test_cli_runs_a_kubernetes_plan(fake: tuple[FakeAPI, client.ApiClient], tmp_path: Path,
+                                    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    api, api_client = fake
+    config = kubeconfig(tmp_path, api_client)
+    plan = tmp_path / "plan.yaml"
+    plan.write_text(PLAN.replace("namespace: bench", f"namespace: bench\n    kubeconfig: {config}"))
+    assert cli(monkeypatch, "run", str(plan), "--results", str(tmp_path / "r"), "--format", "csv") == 0
+    captured = capsys.readouterr()
+    assert "832.86" in captured.out
+    assert "(4 ok, 0 failed;" in captured.err and "Traceback" not in captured.err
+    assert_all_deleted(api)
+
+
+def test_cli_cluster_never_healthy_is_one_line_exit_1(fake: tuple[FakeAPI, client.ApiClient], tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    api, api_client = fake
+    api.never_ready = True
+    config = kubeconfig(tmp_path, api_client)
+    plan = tmp_path / "plan.yaml"
+    plan.write_text(PLAN.replace("namespace: bench", f"namespace: bench\n    kubeconfig: {config}"))
+    assert cli(monkeypatch, "run", str(plan), "--results", str(tmp_path / "r")) == 1
+    err = capsys.readouterr().err
+    assert "error: Cluster/pg not ready after 0 s (phase: Setting up primary, ready instances: 0 of 2)" in err
+    assert "Traceback" not in err
+    assert_all_deleted(api)
+
+
+@pytest.mark.parametrize(("extra", "args", "message"), [
+    ("    kubeconfig: /nonexistent/kubeconfig\n", [],
+     "error: target.kubernetes.kubeconfig: cannot use /nonexistent/kubeconfig: "),
+    ("", ["--keep"], "error: --keep: a Kubernetes sweep always deletes what it created; run without --keep"),
+])
+def test_cli_refusals_exit_2_in_one_line(tmp_path: Path, extra: str, args: list[str], message: str) -> None:
+    plan = tmp_path / "plan.yaml"
+    plan.write_text(PLAN.replace("    instances: 2\n", "    instances: 2\n" + extra))
+    proc = pglab("run", str(plan), "--results", str(tmp_path / "r"), *args, timeout=60)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.startswith(message) and proc.stderr.count("\n") == 1, proc.stderr
+    assert not (tmp_path / "r").exists()  # refused before a results folder was made
+
+
+def test_the_log_of_a_real_run_job_script_is_stored(fake: tuple[FakeAPI, client.ApiClient], tmp_path: Path) -> None:
+    """The rendered Job's script, run by sh against PostgreSQL 15 (tests/data/k8s/README.md), end to end."""
+    api, api_client = fake
+    api.logs["pg-run-0000-1"] = (DATA / "run-job-pod.log").read_text()
+    text = PLAN.replace("matrix: {clients: [1, 2], jobs: [1]}",
+                        "dataset: {scale: 1}\nmatrix: {clients: [2], jobs: [2]}")
+    text = text.replace("run: {duration: 4s, repeats: 2}", "run: {duration: 3s, warmup: 1s}")
+    text = text.replace("storage: {profiles: [randread-8k], runtime: 2s, size: 64MiB, paths: [data]}\n", "")
+    result = run(api_client, tmp_path, text)
+    assert (result.ok, result.failed) == (1, 0)
+    store = Store.open(tmp_path / "results", create=False)
+    (r,) = store.runs()
+    run_dir = store.dir / r.dir
+    out = (run_dir / "pgbench.out").read_text()
+    assert "number of clients: 2\nnumber of threads: 2" in out and "duration: 4 s" in out  # -T = warm-up + window
+    assert r.metrics["tps_with_warmup"] == float(out.split("tps = ")[1].split()[0])
+    assert r.metrics["window_s"] == pytest.approx(3.0, abs=0.1)  # the window is the plan's 3 s, warm-up cut
+    reset = (run_dir / "reset.log").read_text()
+    assert reset.startswith("TRUNCATE TABLE\nVACUUM\n") and "pglab: CHECKPOINT failed" in reset
+    assert len(list(run_dir.glob("pgbench.[0-9]*"))) == 2  # one -l log per thread
+    store.close()
