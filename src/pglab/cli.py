@@ -120,8 +120,41 @@ def run(
     _check_format(fmt)
     plan, text = _load(plan_file)
     if plan.target.kubernetes is not None:
-        raise UserError("running a plan on a Kubernetes target is not available yet; 'pglab k8s render "
-                        f"{plan_file} -o DIR' writes its manifests for review or kubectl apply.")
+        from pglab.targets.kubernetes.orchestrate import K8sError
+        from pglab.targets.kubernetes.sweep import run_sweep
+
+        if keep:
+            raise UserError("--keep: a Kubernetes sweep always deletes what it created; run without --keep (and "
+                            "'pglab k8s render' for manifests to apply by hand).")
+        if allow_destructive:
+            raise UserError("--allow-destructive: only an external target needs it; the Kubernetes Cluster is "
+                            "pglab's own.")
+        results = results or Path("results") / f"{plan.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+        check_results_dir(results)
+        started = time.monotonic()
+        try:
+            with ProgressView(err) as view:
+                outcome = run_sweep(plan, text, plan_file.resolve().parent, results, view, force_new=force_new)
+        except K8sError as exc:  # the cluster refused or failed something: its words, exit 1, no traceback
+            err.print(f"error: {exc}", markup=False, highlight=False)
+            raise typer.Exit(1) from None
+        store = Store.open(results, create=False)
+        text = full_report(store, fmt, outcome.sweep_id, title=f"{plan.name} — {results}")
+        store.close()
+        out.print(text, end="", soft_wrap=True, markup=False, highlight=False)
+        elapsed = time.monotonic() - started
+        before = f", {outcome.already_done} completed before this resume" if outcome.resumed else ""
+        err.print(f"results: {results}  ({outcome.ok} ok, {outcome.failed} failed{before}; "
+                  f"{int(elapsed // 60)} min {elapsed % 60:.0f} s, cluster creation and cleanup included)")
+        for f in outcome.failures:
+            err.print(f"[yellow]failed: {f}")
+        if outcome.interrupted:
+            err.print("[yellow]interrupted: what pglab created in the cluster was deleted; completed runs are stored "
+                      "(run again into the same --results to resume).")
+            raise typer.Exit(130)
+        if outcome.failed:
+            raise typer.Exit(1)
+        return
     results = results or Path("results") / f"{plan.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     check_results_dir(results)
     runner = Runner(plan, text, plan_file.resolve().parent, results, keep=keep, force_new=force_new,
