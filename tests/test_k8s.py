@@ -7,6 +7,7 @@ is the real binary setup.sh builds into .tools/bin.
 
 from __future__ import annotations
 
+import os
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -283,11 +284,13 @@ def test_plan_validates_and_instances_one_means_asynchronous(tmp_path: Path) -> 
     assert "synchronous" not in cluster(lone)["spec"]["postgresql"]
 
 
-def test_run_on_a_kubernetes_plan_points_to_render(tmp_path: Path) -> None:
+def test_run_on_a_kubernetes_plan_without_a_kubeconfig_exits_2(tmp_path: Path) -> None:
     path = plan_dir(tmp_path)
-    proc = pglab("run", str(path), "--results", str(tmp_path / "results"))
+    env = {**os.environ, "KUBECONFIG": str(tmp_path / "no-such-kubeconfig")}
+    proc = pglab("run", str(path), "--results", str(tmp_path / "results"), env=env)
     assert proc.returncode == 2
-    assert "running a plan on a Kubernetes target is not available yet; 'pglab k8s render" in proc.stderr
+    assert proc.stderr.startswith("error: target.kubernetes.kubeconfig: cannot use $KUBECONFIG or ~/.kube/config")
+    assert len(proc.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "results").exists()
 
 
