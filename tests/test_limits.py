@@ -12,6 +12,7 @@ from pathlib import Path
 
 from conftest import pglab, processes_mentioning
 from pglab.targets.local import procs
+from pglab.targets.local.cluster import cgroup_name
 
 
 def _cgroup_of(pid: int, controller: str) -> str:
@@ -75,9 +76,9 @@ run: {duration: 3s, repeats: 1}
         state = json.loads((lab / "lab.json").read_text())
         for node in state["nodes"]:
             pid = int((Path(node["data"]) / "postmaster.pid").read_text().split()[0])
-            assert _cgroup_of(pid, "cpu").endswith(f"pglab-{lab.name}/{node['name']}")
+            assert _cgroup_of(pid, "cpu").endswith(f"{cgroup_name(lab)}/{node['name']}")
             for child in procs.descendants(pid):
-                assert _cgroup_of(child, "cpu").endswith(f"pglab-{lab.name}/{node['name']}")
+                assert _cgroup_of(child, "cpu").endswith(f"{cgroup_name(lab)}/{node['name']}")
         client = Path(limits[1.0]["client"]["path"])
         usage = client / ("cpuacct.usage" if (client / "cpuacct.usage").exists() else "cpu.stat")
         assert usage.exists() and any(int(x) > 0 for x in usage.read_text().split() if x.isdigit())

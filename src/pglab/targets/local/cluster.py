@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import hashlib
 import json
 import math
 import os
@@ -161,7 +162,7 @@ class LocalLab(ServerFiles):
         client = self.spec.client
         if not wants_servers and client is None:
             return
-        top = f"pglab-{self.lab_dir.name}"
+        top = cgroup_name(self.lab_dir)
         field = "target.local.resources"
         try:
             if wants_servers:
@@ -831,6 +832,13 @@ class LocalLab(ServerFiles):
             registry.unregister(self.lab_dir)
 
 
+def cgroup_name(lab_dir: Path) -> str:
+    """The lab's cgroup: named after its directory, plus a digest of the full path, so that two labs in folders
+    of the same name (tenants t01 of two sweeps) never share one."""
+    digest = hashlib.sha1(str(lab_dir.resolve()).encode()).hexdigest()[:8]
+    return f"pglab-{lab_dir.name}-{digest}"
+
+
 def kill_tree(pid: int) -> None:
     """SIGKILL a process and its descendants (last resort when pg_ctl cannot stop a server)."""
     children: list[int] = []
@@ -880,7 +888,7 @@ def clean_lab(lab_dir: Path, unregister_entry: bool = True) -> list[str]:
                 shutil.rmtree(d, ignore_errors=True)
     shutil.rmtree(lab_dir, ignore_errors=True)
     with contextlib.suppress(OSError):
-        cgroups.remove_named(f"pglab-{lab_dir.name}")
+        cgroups.remove_named(cgroup_name(lab_dir))
     if unregister_entry:
         registry.unregister(lab_dir)
     return stopped

@@ -1,0 +1,184 @@
+"""Many tenants on one host: real servers, real pgbench per tenant, tier limits through real cgroups."""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import sqlite3
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from conftest import pglab, processes_mentioning
+from pglab.plan.load import load_plan
+
+CAP_IOPS = 25
+
+
+@pytest.fixture
+def labs() -> Iterator[Path]:
+    """Where the tenants' labs go: a folder the server user can reach (pytest's tmp_path is private to root)."""
+    top = Path(tempfile.mkdtemp(prefix="pglab-tenants-"))
+    top.chmod(0o755)
+    yield top / "labs"
+    shutil.rmtree(top, ignore_errors=True)
+
+
+def _plan(labs: Path, extra_arrangement: str = "", duration: str = "6s") -> str:
+    return f"""
+name: tenants-test
+target: {{local: {{paths: {{lab: {labs}}}}}}}
+dataset: {{scale: 1}}
+run: {{duration: {duration}}}
+postgres: {{parameters: {{shared_buffers: 16MB}}}}
+tenants:
+  arrangements:
+    - name: mixed
+      tiers:
+        - {{name: free, tenants: 1, clients: 2}}
+        - {{name: capped, tenants: 2, clients: 2, resources: {{cpus: 0.5, write_iops: {CAP_IOPS}}}}}
+{extra_arrangement}"""
+
+
+def _pgbench_tps(out: Path) -> float:
+    m = re.search(r"^tps = ([0-9.]+) \(without initial connection time\)", out.read_text(), re.MULTILINE)
+    assert m, out.read_text()
+    return float(m.group(1))
+
+
+def test_tiers_limits_results_and_cleanup(tmp_path: Path, labs: Path) -> None:
+    plan = tmp_path / "plan.yaml"
+    plan.write_text(_plan(labs, """    - name: solo
+      tiers:
+        - {name: only, tenants: 1, resources: {cpus: 0.3}}
+"""))
+    results = tmp_path / "results"
+    proc = pglab("run", str(plan), "--results", str(results))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    db = sqlite3.connect(results / "results.db")
+    runs = dict(db.execute("SELECT p.axes, r.dir FROM runs r JOIN points p ON p.id = r.point_id "
+                           "WHERE r.status = 'ok'"))
+    mixed = results / runs[json.dumps({"arrangement": "mixed"})]
+    solo = results / runs[json.dumps({"arrangement": "solo"})]
+
+    # the limits of each tenant's tier, as the kernel reports them
+    limits = json.loads((mixed / "limits.json").read_text())
+    assert [limits[t]["tier"] for t in ("t01", "t02", "t03")] == ["free", "capped", "capped"]
+    assert limits["t01"]["n0"]["cpus"] is None and not limits["t01"]["n0"].get("io_max")
+    for t in ("t02", "t03"):
+        assert limits[t]["n0"]["cpus"] == 0.5
+        io = limits[t]["n0"]["io_max"]
+        assert (io.get("write_iops") if isinstance(io, dict) else io).split()[-1].endswith(str(CAP_IOPS))
+    solo_limits = json.loads((solo / "limits.json").read_text())
+    assert list(solo_limits) == ["t01"] and solo_limits["t01"]["n0"]["cpus"] == 0.3  # rebuilt with its own tiers
+
+    # per tenant: TPS as each tenant's pgbench printed it; the capped tenants are held to their IOPS
+    rows = db.execute("SELECT t.tenant, t.tier, t.name, t.value FROM tenant_metrics t JOIN runs r ON r.id = t.run_id "
+                      "WHERE r.dir = ?", (str(mixed.relative_to(results)),)).fetchall()
+    per: dict[str, dict[str, float]] = {}
+    for tenant, _tier, name, value in rows:
+        per.setdefault(tenant, {})[name] = value
+    for t in ("t01", "t02", "t03"):
+        assert per[t]["tps"] == pytest.approx(_pgbench_tps(mixed / "tenants" / t / "pgbench.out"), rel=1e-9)
+        assert 1 < per[t]["memory_mb"] < 1024
+    for t in ("t02", "t03"):
+        assert per[t]["write_iops"] <= CAP_IOPS * 1.15, per[t]
+        assert per[t]["tps"] < per["t01"]["tps"] / 3, (per[t]["tps"], per["t01"]["tps"])
+    assert per["t01"]["write_iops"] > CAP_IOPS * 2  # the free tenant's demand is above the cap
+    tier_tps = db.execute("SELECT m.value FROM run_metrics m JOIN runs r ON r.id = m.run_id WHERE r.dir = ? AND "
+                          "m.name = 'tier.capped.tps'", (str(mixed.relative_to(results)),)).fetchone()[0]
+    assert tier_tps == pytest.approx((per["t02"]["tps"] + per["t03"]["tps"]) / 2)
+    db.close()
+
+    # the tier table, and the per-tenant rows for other tools
+    table = pglab("report", str(results), "--table", "tiers", "--format", "csv", check=True).stdout.splitlines()
+    assert table[0].startswith("arrangement,tier,instances,tps_per_instance")
+    assert [line.split(",")[:3] for line in table[1:]] == [["mixed", "free", "1"], ["mixed", "capped", "2"],
+                                                           ["solo", "only", "1"]]
+    tenants = json.loads(pglab("report", str(results), "--table", "tenants", "--format", "json", check=True).stdout)
+    assert {(r["arrangement"], r["tenant"]) for r in tenants} == {("mixed", "t01"), ("mixed", "t02"),
+                                                                 ("mixed", "t03"), ("solo", "t01")}
+
+    # nothing left: no server, no pgbench, no cgroup, no lab directory
+    assert processes_mentioning(str(labs)) == []
+    assert not any(p.name.startswith("pglab-t0") for p in Path("/sys/fs/cgroup/cpu").glob("*/pglab-t0*")) \
+        if Path("/sys/fs/cgroup/cpu").is_dir() else True
+    assert not labs.exists() or not any(labs.iterdir())
+
+
+def test_interrupt_while_tenants_run_leaves_nothing_and_resumes(tmp_path: Path, labs: Path) -> None:
+    plan = tmp_path / "plan.yaml"
+    plan.write_text(_plan(labs, duration="30s"))
+    results = tmp_path / "results"
+    proc = subprocess.Popen([sys.executable, "-m", "pglab.cli", "run", str(plan), "--results", str(results)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline and len([p for p in processes_mentioning("pgbench") if "-T 30" in p]) < 3:
+        time.sleep(0.5)
+    assert len([p for p in processes_mentioning("pgbench") if "-T 30" in p]) == 3, "every tenant's pgbench runs"
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 130, out
+    assert processes_mentioning(str(labs)) == [] and not [p for p in processes_mentioning("pgbench") if "-T 30" in p]
+    db = sqlite3.connect(results / "results.db")
+    assert db.execute("SELECT status FROM runs").fetchall() == [("interrupted",)]
+    assert db.execute("SELECT count(*) FROM tenant_metrics").fetchone()[0] == 0  # nothing half-written
+    db.close()
+    # the rerun resumes the same sweep and completes it
+    plan_short = _plan(labs, duration="30s")
+    assert plan.read_text() == plan_short
+    rerun = pglab("run", str(plan), "--results", str(results))
+    assert rerun.returncode == 0, rerun.stdout + rerun.stderr
+    assert "resuming sweep" in rerun.stdout + rerun.stderr
+    db = sqlite3.connect(results / "results.db")
+    assert db.execute("SELECT status FROM runs").fetchall() == [("ok",)]
+    assert db.execute("SELECT count(DISTINCT tenant) FROM tenant_metrics").fetchone()[0] == 3
+    db.close()
+    assert processes_mentioning(str(labs)) == []
+
+
+@pytest.mark.parametrize(("change", "field"), [
+    ("target: {external: {conninfo: 'host=/tmp'}}", "target"),
+    ("target: {local: {instances: 2}}", "target.local.instances"),
+    ("target: {local: {resources: {cpus: 1}}}", "target.local.resources"),
+    ("target: {local: {ha: patroni}}", "target.local.ha"),
+    ("matrix: {clients: [1, 2]}", "matrix"),
+])
+def test_what_tenants_cannot_take_is_refused(tmp_path: Path, change: str, field: str) -> None:
+    plan = tmp_path / "plan.yaml"
+    plan.write_text(f"""name: t
+{change}
+tenants:
+  arrangements: [{{name: a, tiers: [{{name: x}}]}}]
+""")
+    proc = pglab("run", str(plan), "--results", str(tmp_path / "r"))
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    message = (proc.stdout + proc.stderr).strip()
+    assert field in message and "Traceback" not in message and len(message.splitlines()) == 1, message
+    assert not (tmp_path / "r").exists()
+
+
+def test_tier_and_arrangement_rules(tmp_path: Path) -> None:
+    def refused(tenants: str) -> str:
+        plan = tmp_path / "p.yaml"
+        plan.write_text(f"name: t\ntenants: {tenants}\n")
+        with pytest.raises(Exception) as exc:  # noqa: PT011 - the loader's UserError carries the sentence
+            load_plan(plan)
+        return str(exc.value)
+
+    assert "tier names must be unique" in refused("{arrangements: [{name: a, tiers: [{name: x}, {name: x}]}]}")
+    assert "arrangement names must be unique" in refused(
+        "{arrangements: [{name: a, tiers: [{name: x}]}, {name: a, tiers: [{name: y}]}]}")
+    assert "jobs (4) must be at most clients (2)" in refused(
+        "{arrangements: [{name: a, tiers: [{name: x, clients: 2, jobs: 4}]}]}")
+    assert "need a standby" in refused(
+        "{arrangements: [{name: a, tiers: [{name: x, synchronous_commit: remote_apply}]}]}")
+    assert "more than 256" in refused("{arrangements: [{name: a, tiers: [{name: x, tenants: 200}, "
+                                      "{name: y, tenants: 100}]}]}")
