@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import signal
 import sqlite3
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from conftest import pglab, processes_mentioning
+from pglab.errors import UserError
 from pglab.plan.load import load_plan
 
 CAP_IOPS = 25
@@ -115,25 +116,23 @@ def test_tiers_limits_results_and_cleanup(tmp_path: Path, labs: Path) -> None:
 
 def test_interrupt_while_tenants_run_leaves_nothing_and_resumes(tmp_path: Path, labs: Path) -> None:
     plan = tmp_path / "plan.yaml"
-    plan.write_text(_plan(labs, duration="30s"))
+    plan.write_text(_plan(labs, duration="12s"))
     results = tmp_path / "results"
     proc = subprocess.Popen([sys.executable, "-m", "pglab.cli", "run", str(plan), "--results", str(results)],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     deadline = time.monotonic() + 180
-    while time.monotonic() < deadline and len([p for p in processes_mentioning("pgbench") if "-T 30" in p]) < 3:
+    while time.monotonic() < deadline and len([p for p in processes_mentioning("pgbench") if "-T 12" in p]) < 3:
         time.sleep(0.5)
-    assert len([p for p in processes_mentioning("pgbench") if "-T 30" in p]) == 3, "every tenant's pgbench runs"
+    assert len([p for p in processes_mentioning("pgbench") if "-T 12" in p]) == 3, "every tenant's pgbench runs"
     proc.send_signal(signal.SIGINT)
     out, _ = proc.communicate(timeout=120)
     assert proc.returncode == 130, out
-    assert processes_mentioning(str(labs)) == [] and not [p for p in processes_mentioning("pgbench") if "-T 30" in p]
+    assert processes_mentioning(str(labs)) == [] and not [p for p in processes_mentioning("pgbench") if "-T 12" in p]
     db = sqlite3.connect(results / "results.db")
     assert db.execute("SELECT status FROM runs").fetchall() == [("interrupted",)]
     assert db.execute("SELECT count(*) FROM tenant_metrics").fetchone()[0] == 0  # nothing half-written
     db.close()
     # the rerun resumes the same sweep and completes it
-    plan_short = _plan(labs, duration="30s")
-    assert plan.read_text() == plan_short
     rerun = pglab("run", str(plan), "--results", str(results))
     assert rerun.returncode == 0, rerun.stdout + rerun.stderr
     assert "resuming sweep" in rerun.stdout + rerun.stderr
@@ -169,7 +168,7 @@ def test_tier_and_arrangement_rules(tmp_path: Path) -> None:
     def refused(tenants: str) -> str:
         plan = tmp_path / "p.yaml"
         plan.write_text(f"name: t\ntenants: {tenants}\n")
-        with pytest.raises(Exception) as exc:  # noqa: PT011 - the loader's UserError carries the sentence
+        with pytest.raises(UserError) as exc:
             load_plan(plan)
         return str(exc.value)
 

@@ -90,7 +90,12 @@ class ProgressView:
     def run_finished(self, point: Point, repeat: int, status: str, metrics: dict[str, Any]) -> None:
         self.done += 1
         self.bar.update(self.task, advance=1, eta=self._eta())
-        if status == "ok":
+        if status == "ok" and point.arrangement is not None:  # tenants: each tier's TPS per tenant and p99
+            tiers = ", ".join(f"{t.name} {metrics.get(f'tier.{t.name}.tps') or 0:,.1f} tps/tenant p99 "
+                              f"{metrics.get(f'tier.{t.name}.latency_p99_ms') or 0:.1f} ms"
+                              for t in point.arrangement.tiers)
+            self.log(f"{point.label()} #{repeat}: host {metrics.get('tps', 0):,.1f} tps; {tiers}")
+        elif status == "ok":
             self.log(f"{point.label()} #{repeat}: {metrics.get('tps', 0):,.1f} tps, "
                      f"p99 {metrics.get('latency_p99_ms') or 0:.2f} ms")
         else:

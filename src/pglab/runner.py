@@ -94,6 +94,43 @@ def plan_hash(plan_text: str, files: list[Path] | None = None) -> str:
     return h.hexdigest()
 
 
+def plan_files(plan: Plan, plan_dir: Path) -> list[Path]:
+    """Every file the plan names (fio job files, pgbench scripts): part of its identity."""
+    files = [resolve_path(f, plan_dir) for f in (plan.storage.job_files if plan.storage else [])]
+    for wl in plan.matrix.workload:
+        if not isinstance(wl, str):
+            files += [resolve_path(sc.file, plan_dir) for sc in wl.scripts if sc.file]
+    for a in plan.tenants.arrangements if plan.tenants else []:
+        for t in a.tiers:
+            if not isinstance(t.workload, str):
+                files += [resolve_path(sc.file, plan_dir) for sc in t.workload.scripts if sc.file]
+    return files
+
+
+def open_sweep(store: Store, plan: Plan, plan_text: str, plan_dir: Path, force_new: bool,
+               log: Any = lambda _m: None) -> tuple[int, bool]:
+    """A new sweep, or the one this folder holds for the same plan (resume); a different plan is refused.
+    Runs of the previous attempt that did not end ok are set aside in ``discarded/`` to be run again."""
+    fingerprint = plan_hash(plan_text, plan_files(plan, plan_dir))
+    previous = [s for s in store.sweeps() if s["plan_hash"]]  # `pglab fio` sweeps have no plan
+    last = previous[-1] if previous else None
+    if last is not None and not force_new:
+        if last["plan_hash"] != fingerprint:
+            raise UserError(
+                f"--results: '{store.dir}' holds a sweep of a different plan ('{last['plan_name']}', or this plan "
+                "before a change); give a new folder, or add --force-new to start a new sweep there.")
+        dropped = store.reopen_sweep(last["id"])
+        if dropped:
+            aside = store.dir / "discarded"
+            aside.mkdir(exist_ok=True)
+            for d in dropped:
+                if d.is_dir():
+                    d.replace(aside / d.name)
+            log(f"{len(dropped)} unfinished run(s) of the previous attempt set aside in {aside}")
+        return last["id"], True
+    return store.begin_sweep(plan.name, plan_text, fingerprint, __version__), False
+
+
 @contextmanager
 def results_lock(results_dir: Path) -> Iterator[None]:
     """One writer per results folder: a second pglab run into it is refused instead of mixing two sweeps."""
@@ -158,34 +195,11 @@ class Runner:
         self._pgbench: PgbenchProcess | None = None
         self._logs_dir = self.results_dir / "server-logs"
 
-    def _plan_files(self) -> list[Path]:
-        files = [resolve_path(f, self.plan_dir) for f in (self.plan.storage.job_files if self.plan.storage else [])]
-        for wl in self.plan.matrix.workload:
-            if not isinstance(wl, str):
-                files += [resolve_path(sc.file, self.plan_dir) for sc in wl.scripts if sc.file]
-        return files
-
     def _open_sweep(self, store: Store) -> tuple[int, bool]:
-        """A new sweep, or the one this folder holds for the same plan (resume). A different plan is refused."""
-        fingerprint = plan_hash(self.plan_text, self._plan_files())
-        previous = [s for s in store.sweeps() if s["plan_hash"]]  # `pglab fio` sweeps have no plan
-        last = previous[-1] if previous else None
-        if last is not None and not self.force_new:
-            if last["plan_hash"] != fingerprint:
-                raise UserError(
-                    f"--results: '{self.results_dir}' holds a sweep of a different plan ('{last['plan_name']}', or "
-                    "this plan before a change); give a new folder, or add --force-new to start a new sweep there.")
-            dropped = store.reopen_sweep(last["id"])
-            if dropped:
-                aside = self.results_dir / "discarded"
-                aside.mkdir(exist_ok=True)
-                for d in dropped:
-                    if d.is_dir():
-                        d.replace(aside / d.name)
-                self.ui.log(f"{len(dropped)} unfinished run(s) of the previous attempt set aside in {aside}")
+        sweep_id, resumed = open_sweep(store, self.plan, self.plan_text, self.plan_dir, self.force_new, self.ui.log)
+        if resumed:
             self._logs_dir = self.results_dir / "server-logs" / time.strftime("resumed-%Y%m%d-%H%M%S")
-            return last["id"], True
-        return store.begin_sweep(self.plan.name, self.plan_text, fingerprint, __version__), False
+        return sweep_id, resumed
 
     # ------------------------------------------------------------ the sweep
     def run(self) -> SweepResult:

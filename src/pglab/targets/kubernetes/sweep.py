@@ -10,7 +10,6 @@ the end, also after a failure, Ctrl-C or SIGTERM.
 
 from __future__ import annotations
 
-import json
 import math
 import re
 import sys
@@ -26,7 +25,6 @@ from kubernetes.config.config_exception import ConfigException
 from pglab import __version__
 from pglab.errors import RunInterrupted, UserError
 from pglab.plan.expand import Point, expand
-from pglab.plan.load import resolve_path
 from pglab.plan.schema import Plan
 from pglab.probes.base import now
 from pglab.runner import (
@@ -35,8 +33,9 @@ from pglab.runner import (
     Runner,
     SilentObserver,
     SweepResult,
+    _write_json,
     interrupt_signals,
-    plan_hash,
+    open_sweep,
     results_lock,
 )
 from pglab.store.sqlite import Store
@@ -84,40 +83,13 @@ def run_sweep(plan: Plan, plan_text: str, plan_dir: Path, results_dir: Path, obs
         store = Store.open(results_dir)
         try:
             store.recover()
-            sweep_id, resumed = open_sweep(store, plan, plan_text, plan_dir, force_new, ui)
+            sweep_id, resumed = open_sweep(store, plan, plan_text, plan_dir, force_new, ui.log)
         except BaseException:
             store.close()
             raise
         orch = Orchestrator(plan, plan_dir, api, poll_s=poll_s, ready_timeout_s=ready_timeout_s,
                             job_timeout_s=job_timeout_s, log=ui.log)
         return KubernetesSweep(plan, plan_text, store, orch, api, manifests, ui).run(sweep_id, resumed)
-
-
-def open_sweep(store: Store, plan: Plan, plan_text: str, plan_dir: Path, force_new: bool,
-               ui: Observer) -> tuple[int, bool]:
-    """A new sweep, or the one this folder holds for the same plan (resume); a different plan is refused.
-
-    The local runner's rule (Runner._open_sweep), restated here because that one is a method of the local runner."""
-    files = [resolve_path(sc.file, plan_dir) for wl in plan.matrix.workload if not isinstance(wl, str)
-             for sc in wl.scripts if sc.file]
-    fingerprint = plan_hash(plan_text, files)
-    previous = [s for s in store.sweeps() if s["plan_hash"]]
-    last = previous[-1] if previous else None
-    if last is not None and not force_new:
-        if last["plan_hash"] != fingerprint:
-            raise UserError(
-                f"--results: '{store.dir}' holds a sweep of a different plan ('{last['plan_name']}', or this plan "
-                "before a change); give a new folder, or add --force-new to start a new sweep there.")
-        dropped = store.reopen_sweep(last["id"])
-        if dropped:
-            aside = store.dir / "discarded"
-            aside.mkdir(exist_ok=True)
-            for d in dropped:
-                if d.is_dir():
-                    d.replace(aside / d.name)
-            ui.log(f"{len(dropped)} unfinished run(s) of the previous attempt set aside in {aside}")
-        return last["id"], True
-    return store.begin_sweep(plan.name, plan_text, fingerprint, __version__), False
 
 
 class KubernetesSweep:
@@ -385,9 +357,3 @@ def _job_failure(outcome: JobOutcome, run_dir: Path) -> str:
     if err.is_file() and (words := _last_words(err.read_text(errors="replace"))) != "no output":
         return f"pgbench failed in Job/{outcome.name}: {words}"
     return f"Job/{outcome.name} failed: {_last_words(outcome.log)}"
-
-
-def _write_json(path: Path, data: Any) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, indent=1, default=str))
-    tmp.replace(path)
