@@ -81,8 +81,14 @@ def main() -> int:
     poller = threading.Thread(target=poll, daemon=True)
     poller.start()
     started = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "pglab.cli", "run", str(plan), "--results", str(results)],
-                          capture_output=True, text=True, check=False)
+    child = subprocess.Popen([sys.executable, "-m", "pglab.cli", "run", str(plan), "--results", str(results)],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        stdout, stderr = child.communicate()
+    except KeyboardInterrupt:  # pglab got the terminal's Ctrl-C too: let it tear the tenants down, do not kill it
+        child.communicate()
+        raise
+    proc = subprocess.CompletedProcess(child.args, child.returncode, stdout, stderr)
     wall_s = time.monotonic() - started
     done.set()
     poller.join()

@@ -275,11 +275,12 @@ class Group:
         return [int(p) for p in _read(self.procs_files()[0]).split()]
 
     def remove(self) -> None:
-        """Move what is left to the parent and remove the group (a group with processes cannot be removed)."""
+        """Move what is left (a server's last processes still exiting) to the cgroup pglab runs in, above
+        ``pglab-<id>`` so that this one can go too, and remove the group (one with processes cannot be removed)."""
         for d in self.dirs:
             for pid in _read(d / "cgroup.procs").split():
                 with contextlib.suppress(OSError):
-                    (d.parent / "cgroup.procs").write_text(pid)
+                    (d.parent.parent / "cgroup.procs").write_text(pid)
             for _ in range(50):
                 try:
                     d.rmdir()
@@ -292,7 +293,6 @@ class Group:
         for p in parents:  # pglab-<id> holds only our groups
             with contextlib.suppress(OSError):
                 p.rmdir()
-
 
 
 def device_of(path: Path) -> str:

@@ -792,11 +792,13 @@ class LocalLab(ServerFiles):
         tmp.write_text(json.dumps(state, indent=1))
         tmp.replace(self.lab_dir / "lab.json")
 
-    def stop_node(self, node: Node) -> None:
+    def stop_node(self, node: Node, discard: bool = False) -> None:
+        """Stop a server: fast (a shutdown checkpoint), or at once when its files are about to be removed
+        (``discard``: a checkpoint under a tenant's IOPS limit can take minutes and serves nothing)."""
         pid = node.postmaster_pid()
         if pid is None:
             return
-        for mode in ("fast", "immediate"):
+        for mode in ("immediate",) if discard else ("fast", "immediate"):
             try:
                 self._pg_ctl(node, "-m", mode, "stop", timeout=30)
                 return
@@ -816,7 +818,7 @@ class LocalLab(ServerFiles):
             return
         for node in reversed(self.nodes):
             try:
-                self.stop_node(node)
+                self.stop_node(node, discard=True)
             except Exception as exc:  # teardown must go on with the others
                 self.log(f"stopping {node.name}: {exc}")
         if self.toxiproxy is not None:
