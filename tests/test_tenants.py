@@ -19,6 +19,7 @@ import pytest
 from conftest import pglab, processes_mentioning
 from pglab.errors import UserError
 from pglab.plan.load import load_plan
+from pglab.targets.local.cluster import cgroup_name
 
 CAP_IOPS = 25
 
@@ -46,6 +47,12 @@ tenants:
         - {{name: free, tenants: 1, clients: 2}}
         - {{name: capped, tenants: 2, clients: 2, resources: {{cpus: 0.5, write_iops: {CAP_IOPS}}}}}
 {extra_arrangement}"""
+
+
+def _cgroups_left(labs: Path) -> list[Path]:
+    """The tenants' cgroups still present, in any hierarchy (v1 controllers or v2)."""
+    names = {cgroup_name(labs / f"t0{i}") for i in range(1, 4)}
+    return [p for p in Path("/sys/fs/cgroup").rglob("pglab-*") if p.name in names]
 
 
 def _pgbench_tps(out: Path) -> float:
@@ -109,8 +116,7 @@ def test_tiers_limits_results_and_cleanup(tmp_path: Path, labs: Path) -> None:
 
     # nothing left: no server, no pgbench, no cgroup, no lab directory
     assert processes_mentioning(str(labs)) == []
-    assert not any(p.name.startswith("pglab-t0") for p in Path("/sys/fs/cgroup/cpu").glob("*/pglab-t0*")) \
-        if Path("/sys/fs/cgroup/cpu").is_dir() else True
+    assert _cgroups_left(labs) == []
     assert not labs.exists() or not any(labs.iterdir())
 
 
@@ -140,7 +146,7 @@ def test_interrupt_while_tenants_run_leaves_nothing_and_resumes(tmp_path: Path, 
     assert db.execute("SELECT status FROM runs").fetchall() == [("ok",)]
     assert db.execute("SELECT count(DISTINCT tenant) FROM tenant_metrics").fetchone()[0] == 3
     db.close()
-    assert processes_mentioning(str(labs)) == []
+    assert processes_mentioning(str(labs)) == [] and _cgroups_left(labs) == []
 
 
 @pytest.mark.parametrize(("change", "field"), [
