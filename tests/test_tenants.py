@@ -114,6 +114,11 @@ def test_tiers_limits_results_and_cleanup(tmp_path: Path, labs: Path) -> None:
     assert {(r["arrangement"], r["tenant"]) for r in tenants} == {("mixed", "t01"), ("mixed", "t02"),
                                                                  ("mixed", "t03"), ("solo", "t01")}
 
+    html = tmp_path / "report.html"
+    pglab("report", str(results), "--html", str(html), check=True)
+    text = html.read_text()
+    assert "Tiers (per tenant" in text and "TPS per instance, per tier" in text and ">capped<" in text
+
     # nothing left: no server, no pgbench, no cgroup, no lab directory
     assert processes_mentioning(str(labs)) == []
     assert _cgroups_left(labs) == []

@@ -13,6 +13,7 @@ from plotly.offline import get_plotlyjs
 from pglab.analysis.compare import uplift_tables
 from pglab.analysis.cost import cost_table
 from pglab.analysis.steady import find_dips
+from pglab.report import tiers
 from pglab.report.tables import durability_table, limits_note, point_table, run_table, storage_table
 from pglab.store.sqlite import Store
 
@@ -64,6 +65,8 @@ def build(store: Store, sweep_id: int | None = None) -> str:
     if sweep_id is None:
         raise ValueError("no sweep in this store")
     sweep = next(s for s in store.sweeps() if s["id"] == sweep_id)
+    if tiers.is_tenants_sweep(store, sweep_id):
+        return _render(sweep, sweep_id, *_tenants_parts(store, sweep_id))
     columns, points = point_table(store, sweep_id)
     _, runs = run_table(store, sweep_id)
     fio_columns, fio_rows = storage_table(store, sweep_id)
@@ -139,6 +142,11 @@ def build(store: Store, sweep_id: int | None = None) -> str:
                                        "yaxis2": {"title": {"text": "ms"}, "overlaying": "y", "side": "right"}})
     for run in [r for r in runs if r["status"] == "ok"][:MAX_SERIES_RUNS]:
         charts.append(_run_chart(store, run, sweep_id))
+    return _render(sweep, sweep_id, summary, tables, charts)
+
+
+def _render(sweep: dict[str, Any], sweep_id: int, summary: list[str], tables: list[dict[str, Any]],
+            charts: list[dict[str, Any]]) -> str:
     env = sweep.get("environment")
     environment = json.dumps(json.loads(env), indent=1) if env else "(not captured)"
     templates = Environment(loader=PackageLoader("pglab.report", "templates"), autoescape=select_autoescape())
@@ -147,8 +155,46 @@ def build(store: Store, sweep_id: int | None = None) -> str:
         summary=summary, tables=tables, charts=charts, environment=environment, plotly_js=get_plotlyjs())
 
 
-def _run_chart(store: Store, run: dict[str, Any], sweep_id: int) -> dict[str, Any]:
-    """TPS, latency, write IOPS and replay lag of one run, its warm-up and window marked."""
+def _tenants_parts(store: Store, sweep_id: int) -> tuple[list[str], list[dict[str, Any]], list[dict[str, Any]]]:
+    """A tenants plan: the tier table, the host view, every tenant; bars per tier; each run's TPS per tenant."""
+    tier_columns, tier_rows = tiers.tier_table(store, sweep_id)
+    host_columns, host_rows = tiers.host_table(store, sweep_id)
+    tenant_columns, tenant_rows = tiers.tenant_table(store, sweep_id)
+    headers = tiers.tier_headers(store, sweep_id)
+    summary = []
+    if note := limits_note(store, sweep_id):
+        summary.append(note[0].upper() + note[1:] + ".")
+    for h in host_rows:
+        parts = [f"{r['tier']} {r['tps_per_instance']:,.1f} TPS per instance"
+                 + (f" ({r['tps_vs_base_pct']:+.1f} % vs {headers['tps_vs_base_pct'][3:]})"
+                    if r.get("tps_vs_base_pct") is not None else "")
+                 for r in tier_rows if r["arrangement"] == h["arrangement"] and r.get("tps_per_instance") is not None]
+        summary.append(f"{h['arrangement']}: {h['tenants']} tenants, host {h['tps'] or 0:,.0f} TPS; "
+                       + "; ".join(parts) + ".")
+    tables = [_section("tiers", "Tiers (per tenant, mean over the tier's tenants; median over repeats)",
+                       tier_columns, tier_rows, "spread = (max − min) / mean TPS within the tier.", headers=headers),
+              _section("host", "Host (every tenant added up, same window)", host_columns, host_rows,
+                       headers=tiers.HOST_HEADERS),
+              _section("tenants", "Every tenant of every run", tenant_columns, tenant_rows)]
+    charts = []
+    for metric, title, unit in (("tps_per_instance", "TPS per instance, per tier", "TPS"),
+                                ("latency_p99_ms", "Latency p99 per tier", "ms")):
+        traces = []
+        for arrangement in dict.fromkeys(r["arrangement"] for r in tier_rows):
+            rows = [r for r in tier_rows if r["arrangement"] == arrangement]
+            traces.append({"type": "bar", "name": arrangement, "x": [r["tier"] for r in rows],
+                           "y": [r.get(metric) for r in rows]})
+        charts.append(_line_chart(f"tiers_{metric}", title, traces, "tier", unit))
+    _, runs = run_table(store, sweep_id)
+    for run in [r for r in runs if r["status"] == "ok"][:MAX_SERIES_RUNS]:
+        charts.append(_run_chart(store, {**run, "workload": run.get("arrangement", ""), "synchronous_commit": "",
+                                         "clients": "all"}, sweep_id, source="tenant:"))
+    return summary, tables, charts
+
+
+def _run_chart(store: Store, run: dict[str, Any], sweep_id: int, source: str = "pgbench") -> dict[str, Any]:
+    """TPS, latency, write IOPS and replay lag of one run, its warm-up and window marked (``source``: whose TPS,
+    pgbench's, or each tenant's with "tenant:")."""
     rows = store.series(run["run_id"])
     events = dict(store.conn.execute("SELECT kind, ts FROM events WHERE run_id = ?", (run["run_id"],)).fetchall())
     t0 = events.get("warmup-start", events.get("window-start", rows[0][0] if rows else 0.0))
@@ -162,7 +208,7 @@ def _run_chart(store: Store, run: dict[str, Any], sweep_id: int) -> dict[str, An
                  "name": name if len(by_source) == 1 else f"{name} {src.split(':', 1)[-1]}"}
                 for src, pts in by_source.items()]
 
-    traces = [*traces_of("pgbench", "tps", "TPS"), *traces_of("pgbench", "latency_ms", "latency ms", "y2"),
+    traces = [*traces_of(source, "tps", "TPS"), *traces_of(source, "latency_ms", "latency ms", "y2"),
               *traces_of("disk:", "w_s", "write IOPS"), *traces_of("repl:", "replay_lag_ms", "replay lag ms", "y2")]
     shapes = [{"type": "line", "x0": ts - t0, "x1": ts - t0, "yref": "paper", "y0": 0, "y1": 1,
                "line": {"dash": "dash", "width": 1}} for kind, ts in events.items()
