@@ -33,7 +33,7 @@ def labs() -> Iterator[Path]:
     shutil.rmtree(top, ignore_errors=True)
 
 
-def _plan(labs: Path, extra_arrangement: str = "", duration: str = "6s") -> str:
+def _plan(labs: Path, extra_arrangement: str = "", duration: str = "6s", instances: int = 1) -> str:
     return f"""
 name: tenants-test
 target: {{local: {{paths: {{lab: {labs}}}}}}}
@@ -41,6 +41,7 @@ dataset: {{scale: 1}}
 run: {{duration: {duration}}}
 postgres: {{parameters: {{shared_buffers: 16MB}}}}
 tenants:
+  instances: {instances}
   arrangements:
     - name: mixed
       tiers:
@@ -94,6 +95,7 @@ def test_tiers_limits_results_and_cleanup(tmp_path: Path, labs: Path) -> None:
     for tenant, _tier, name, value in rows:
         per.setdefault(tenant, {})[name] = value
     for t in ("t01", "t02", "t03"):
+        assert "database system is ready" in (mixed / "tenants" / t / "server-n0.log").read_text()
         assert per[t]["tps"] == pytest.approx(_pgbench_tps(mixed / "tenants" / t / "pgbench.out"), rel=1e-9)
         assert 1 < per[t]["memory_mb"] < 1024
     for t in ("t02", "t03"):
@@ -126,8 +128,9 @@ def test_tiers_limits_results_and_cleanup(tmp_path: Path, labs: Path) -> None:
 
 
 def test_interrupt_while_tenants_run_leaves_nothing_and_resumes(tmp_path: Path, labs: Path) -> None:
+    """With small clusters as tenants (a primary and a synchronous standby each)."""
     plan = tmp_path / "plan.yaml"
-    plan.write_text(_plan(labs, duration="12s"))
+    plan.write_text(_plan(labs, duration="12s", instances=2))
     results = tmp_path / "results"
     proc = subprocess.Popen([sys.executable, "-m", "pglab.cli", "run", str(plan), "--results", str(results)],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -150,7 +153,14 @@ def test_interrupt_while_tenants_run_leaves_nothing_and_resumes(tmp_path: Path, 
     db = sqlite3.connect(results / "results.db")
     assert db.execute("SELECT status FROM runs").fetchall() == [("ok",)]
     assert db.execute("SELECT count(DISTINCT tenant) FROM tenant_metrics").fetchone()[0] == 3
+    assert db.execute("SELECT value FROM run_metrics WHERE name = 'instances'").fetchone()[0] == 6
+    run_dir = results / db.execute("SELECT dir FROM runs").fetchone()[0]
     db.close()
+    limits = json.loads((run_dir / "limits.json").read_text())
+    assert all(set(limits[t]) >= {"n0", "n1"} for t in ("t01", "t02", "t03"))
+    assert limits["t02"]["n1"]["cpus"] == 0.5  # a tier's limits hold for every instance of its tenants
+    settings = json.loads((run_dir / "settings.json").read_text())
+    assert settings["synchronous_standby_names"]["setting"] == "ANY 1 (n1)"
     assert processes_mentioning(str(labs)) == [] and _cgroups_left(labs) == []
 
 

@@ -8,6 +8,8 @@ transaction log, CPU and IOs from its instances' cgroups, memory (PSS) sampled m
 
 from __future__ import annotations
 
+import contextlib
+import shutil
 import statistics
 import time
 from pathlib import Path
@@ -96,6 +98,7 @@ def one_run(r: Runner, store: Store, fleet: Fleet, sweep_id: int, point_id: int,
                   for m, v in (("tps", p.tps), ("latency_ms", p.latency_ms)) if v is not None]
         series += [(s.ts, s.source, s.metric, s.value) for s in samples]
         _write_samples(run_dir / "probes.csv", samples)
+        _keep_server_logs(fleet, dirs)
         _write_json(run_dir / "run.json", {"run_id": run_id, "point": point.axes, "repeat": repeat, "window": window,
                                            "metrics": metrics, "tenants": {n: {"tier": t, **m}
                                                                            for n, (t, m) in per_tenant.items()}})
@@ -115,6 +118,7 @@ def one_run(r: Runner, store: Store, fleet: Fleet, sweep_id: int, point_id: int,
         _stop(running)
         if sampler:
             sampler.stop()
+        _keep_server_logs(fleet, run_dir / "tenants")
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         if (problem := fleet.health()) and problem not in reason:
             reason += f"; {problem}"
@@ -167,6 +171,17 @@ def _all_at_once(r: Runner, fleet: Fleet, dirs: dict[str, Path], running: dict[s
         if bad:
             raise PgbenchError(f"warm-up pgbench of tenant(s) {', '.join(bad)} failed")
     return codes, memory or fleet.memory()
+
+
+def _keep_server_logs(fleet: Fleet, dirs: dict[str, Path] | Path) -> None:
+    """Each tenant's server logs beside its pgbench output: an arrangement's tenants are gone before the sweep
+    ends (the next arrangement gets new ones), so the runner's end-of-sweep copy would miss them."""
+    for t in fleet.tenants:
+        dest = dirs[t.name] if isinstance(dirs, dict) else dirs / t.name
+        with contextlib.suppress(OSError):
+            dest.mkdir(parents=True, exist_ok=True)
+            for node, path in t.lab.server_logs().items():
+                shutil.copyfile(path, dest / f"server-{node}.log")
 
 
 def _stop(running: dict[str, PgbenchProcess]) -> None:
