@@ -130,18 +130,18 @@ def test_tiers_limits_results_and_cleanup(tmp_path: Path, labs: Path) -> None:
 def test_interrupt_while_tenants_run_leaves_nothing_and_resumes(tmp_path: Path, labs: Path) -> None:
     """With small clusters as tenants (a primary and a synchronous standby each)."""
     plan = tmp_path / "plan.yaml"
-    plan.write_text(_plan(labs, duration="12s", instances=2))
+    plan.write_text(_plan(labs, duration="8s", instances=2))
     results = tmp_path / "results"
     proc = subprocess.Popen([sys.executable, "-m", "pglab.cli", "run", str(plan), "--results", str(results)],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     deadline = time.monotonic() + 180
-    while time.monotonic() < deadline and len([p for p in processes_mentioning("pgbench") if "-T 12" in p]) < 3:
+    while time.monotonic() < deadline and len([p for p in processes_mentioning("pgbench") if "-T 8" in p]) < 3:
         time.sleep(0.5)
-    assert len([p for p in processes_mentioning("pgbench") if "-T 12" in p]) == 3, "every tenant's pgbench runs"
+    assert len([p for p in processes_mentioning("pgbench") if "-T 8" in p]) == 3, "every tenant's pgbench runs"
     proc.send_signal(signal.SIGINT)
     out, _ = proc.communicate(timeout=120)
     assert proc.returncode == 130, out
-    assert processes_mentioning(str(labs)) == [] and not [p for p in processes_mentioning("pgbench") if "-T 12" in p]
+    assert processes_mentioning(str(labs)) == [] and not [p for p in processes_mentioning("pgbench") if "-T 8" in p]
     db = sqlite3.connect(results / "results.db")
     assert db.execute("SELECT status FROM runs").fetchall() == [("interrupted",)]
     assert db.execute("SELECT count(*) FROM tenant_metrics").fetchone()[0] == 0  # nothing half-written
