@@ -64,11 +64,6 @@ def test_timings_follow_patronis_rules() -> None:
         check_timings({"ttl": 20, "loop_wait": 5, "retry_timeout": 8})
 
 
-def test_what_the_ha_lab_cannot_do_is_refused_by_field() -> None:
-    with pytest.raises(UserError, match=r"target\.local\.network"):
-        HALab(LocalTarget.model_validate({"instances": 2, "network": {"latency_ms": 2}}), Path("/tmp"))
-
-
 def test_three_nodes_one_leader_two_streaming_quorum_standbys(lab: HALab) -> None:
     members = lab.members()
     assert sorted(m.name for m in members) == ["n0", "n1", "n2"]

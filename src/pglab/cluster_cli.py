@@ -55,6 +55,10 @@ def _local_ha_spec(plan_file: Path, name: str | None) -> tuple[Any, dict[str, An
     if spec.ha != "patroni":
         raise UserError(f"{plan_file}: target.local.ha must be 'patroni' for a cluster (it is "
                         f"{'not set' if spec.ha is None else repr(spec.ha)}).")
+    for field in ("resources", "client", "network"):  # pglab run applies them; a kept cluster would lose them
+        if getattr(spec, field) is not None:
+            raise UserError(f"{plan_file}: target.local.{field} is not available with pglab cluster yet (pglab run "
+                            "applies it); remove it.")
     if name is not None:
         if not _NAME.fullmatch(name):
             raise UserError(f"--name: '{name}' must be 1-63 letters, digits, '-', '_' or '.', starting with a letter "

@@ -264,10 +264,6 @@ class LocalTarget(Strict):
             return self
         if self.instances < 2:
             raise PydanticCustomError("ha", "an HA lab needs at least 2 instances", {"at": "instances"})
-        for given, field in ((self.resources, "resources"), (self.client, "client"), (self.network, "network")):
-            if given is not None:
-                raise PydanticCustomError("ha", "'{field}' is not available with ha: patroni yet (Patroni starts "
-                                          "the servers itself); remove it", {"field": field, "at": field})
         return self
 
     @model_validator(mode="after")
@@ -862,11 +858,9 @@ class Plan(Strict):
     def _scenarios_fit(self) -> Plan:
         local = self.target.local
         ha = local is not None and local.ha is not None
-        if ha:
-            for given, field in ((self.matrix.cpus, "matrix.cpus"),
-                                 (self.dataset.reset == "snapshot", "dataset.reset")):
-                if given:
-                    raise PydanticCustomError("ha", "not available with target.local.ha yet; remove it", {"at": field})
+        if ha and self.dataset.reset == "snapshot":  # Patroni owns the data directories: no snapshot restore yet
+            raise PydanticCustomError("ha", "not available with target.local.ha yet; remove it",
+                                      {"at": "dataset.reset"})
         for i, sc in enumerate(self.matrix.scenario or []):
             at = f"matrix.scenario.{i}"
             if local is None:

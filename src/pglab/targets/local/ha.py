@@ -13,9 +13,19 @@ Layout of a lab directory (owned by pglab; the servers' parts owned by the serve
     <lab>/sock/                 unix sockets of every instance
     <lab>/n0/patroni.yml        n0's Patroni configuration (0600: it holds the passwords)
     <lab>/n0/data  <lab>/n0/wal data and WAL (bases can be moved elsewhere by the plan's paths)
-    <lab>/logs/etcd.log  <lab>/logs/patroni-n0.log  <lab>/logs/n0.log (PostgreSQL's own log)
+    <lab>/toxiproxy/            Toxiproxy's working directory, when the plan shapes the replication links
+    <lab>/logs/etcd.log  <lab>/logs/patroni-n0.log  <lab>/logs/n0.log (PostgreSQL's own log)  <lab>/logs/toxiproxy.log
     <lab>/lab.json              what runs where; its ``nodes`` have the fields cluster.clean_lab reads, and
                                 ``kind: ha`` tells clean_ha_lab it is an HA lab
+
+Limits and links, as the plain lab has them: with ``resources`` (or a CPU axis) each node gets a cgroup
+(``pglab-<lab>-<digest>/n0`` …) and its Patroni is started inside it, so the postgres Patroni starts, restarts
+or rewinds is born there: a node's limits cover Patroni too, as a Kubernetes pod's cover CloudNativePG's instance
+manager. ``client`` gives pgbench a group of its own. ``network`` puts a Toxiproxy proxy in front of each node's
+postgres and makes it the node's ``postgresql.connect_address``, which Patroni hands to replicas as the leader's
+address: every replica → leader link crosses the current leader's proxy, also after a failover. Clients connect to
+the real ports and sockets. A CPU step (``set_cpus``) writes the new quota and restarts every node through
+Patroni's REST API, replicas first, the leader in place.
 
 Timings (``TIMINGS``, overridable per lab): Patroni 4.1 raises a ``ttl`` below 20 s to 20 s and wants
 ``loop_wait + 2 * retry_timeout <= ttl``. The leader lock therefore lives 20 s: killing the leader node elects a
@@ -57,9 +67,11 @@ from psycopg.conninfo import make_conninfo
 from pglab.errors import UserError
 from pglab.plan.schema import LocalTarget
 from pglab.targets.base import Endpoint, Endpoints
-from pglab.targets.local import procs, registry
-from pglab.targets.local.cluster import DBNAME, SUPERUSER, LabError, conf_value
+from pglab.targets.local import cgroups, procs, registry
+from pglab.targets.local.cluster import DBNAME, SUPERUSER, LabError, cgroup_name, conf_value
 from pglab.targets.local.postgres_bin import ServerFiles, ServerUser, find_bindir, resolve_server_user
+from pglab.targets.local.toxiproxy import ToxiproxyServer, find_toxiproxy
+from pglab.workloads.fio import parse_size
 
 Log = Callable[[str], None]
 HOST = "127.0.0.1"
@@ -229,12 +241,10 @@ class HALab(ServerFiles):
         self.log = log
         self.timings = {**TIMINGS, **(timings or {})}
         check_timings(self.timings)
-        for field in ("resources", "client", "network"):  # LocalLab's; not wired through Patroni yet
-            if getattr(spec, field) is not None:
-                raise UserError(f"target.local.{field}: not available on an HA (Patroni) lab yet; remove it.")
         self.bindir = find_bindir(spec.bindir)
         self.etcd_bin = find_etcd()
         self.patroni_bin = find_patroni()
+        self.toxiproxy_bin = find_toxiproxy() if spec.network is not None else None
         self.server_user: ServerUser | None = resolve_server_user(spec.run_as)
         self.lab_dir: Path | None = None
         self.nodes: list[HANode] = []
@@ -249,6 +259,14 @@ class HALab(ServerFiles):
         self._logs: list[IO[bytes]] = []
         self._rest_auth = ""
         self.build_seconds: float | None = None
+        self.groups: dict[str, cgroups.Group] = {}  # per node, when the plan gives resources or a CPU axis
+        self.client_group: cgroups.Group | None = None
+        self.limits_problem: str | None = None  # why limits are not applied (limits: best-effort)
+        self.cpus: float | None = spec.resources.cpus if spec.resources else None
+        self.cpus_axis = False  # set by the runner when the plan sweeps matrix.cpus
+        self.events: list[tuple[float, str, str]] = []
+        self.toxiproxy: ToxiproxyServer | None = None  # when the plan shapes the replication links
+        self.proxy_ports: dict[str, int] = {}  # node -> the port of the proxy in front of its postgres
 
     # ---------------------------------------------------------------- timings
     @property
@@ -278,13 +296,33 @@ class HALab(ServerFiles):
         env.update(LC_ALL="C", LANG="C", HOME=str(self.lab_dir), TMPDIR=str(self.lab_dir / "server"))
         return env
 
-    def _spawn(self, args: list[str], log_path: Path) -> subprocess.Popen[bytes]:
-        """A lab daemon as the server user, in its own session, its output appended to ``log_path``."""
+    def _spawn(self, args: list[str], log_path: Path, group: cgroups.Group | None = None) -> subprocess.Popen[bytes]:
+        """A lab daemon as the server user, in its own session, its output appended to ``log_path``.
+
+        With ``group``, the daemon is held at the door (a shell waiting for a line on stdin) until pglab has moved
+        it into the group, then it execs: whatever it forks later (Patroni's postgres, pg_basebackup, pg_rewind) is
+        born in the group. The server user cannot write ``cgroup.procs`` itself (root's), so ``cgroups.wrap``,
+        where the process enters the group on its own, does not fit here. If pglab dies before the release, the
+        shell reads EOF and exits without running anything."""
         kwargs: dict[str, Any] = self.server_user.popen_kwargs() if self.server_user else {}
         out = open(log_path, "ab")  # noqa: SIM115 - kept open for the daemon's lifetime, closed in stop()
         self._logs.append(out)
-        return subprocess.Popen(args, cwd=self.lab_dir, env=self._env(), stdin=subprocess.DEVNULL, stdout=out,
+        if group is None:
+            return subprocess.Popen(args, cwd=self.lab_dir, env=self._env(), stdin=subprocess.DEVNULL, stdout=out,
+                                    stderr=subprocess.STDOUT, start_new_session=True, **kwargs)
+        held = ["sh", "-c", 'read -r _go && exec "$@"', "sh", *args]
+        proc = subprocess.Popen(held, cwd=self.lab_dir, env=self._env(), stdin=subprocess.PIPE, stdout=out,
                                 stderr=subprocess.STDOUT, start_new_session=True, **kwargs)
+        assert proc.stdin is not None
+        try:
+            group.add(proc.pid)
+        except cgroups.CgroupError:
+            proc.stdin.close()  # EOF: the shell exits without running the daemon
+            proc.wait(timeout=10)
+            raise
+        proc.stdin.write(b"go\n")
+        proc.stdin.close()  # the daemon's stdin is then at EOF, as /dev/null would be
+        return proc
 
     def _request(self, url: str, method: str = "GET", body: Any = None, timeout: float = 5) -> tuple[int, Any]:
         data = None if body is None else json.dumps(body).encode()
@@ -315,6 +353,151 @@ class HALab(ServerFiles):
         except OSError:
             return "(no log)"
         return " / ".join(text[-lines:])
+
+    # ---------------------------------------------------------------- limits (cgroups)
+    def _limits(self, cpus: float | None) -> cgroups.Limits:
+        """A node's limits: the plan's resources, with ``cpus`` (the CPU axis' current step) as the quota."""
+        r = self.spec.resources
+        mib = 1024 * 1024
+        return cgroups.Limits(
+            cpus=cpus, memory_bytes=parse_size(r.memory) if r and r.memory else None,
+            read_iops=r.read_iops if r else None, write_iops=r.write_iops if r else None,
+            read_bps=round(r.read_mbps * mib) if r and r.read_mbps else None,
+            write_bps=round(r.write_mbps * mib) if r and r.write_mbps else None)
+
+    def _make_groups(self) -> None:
+        """One cgroup per node (when the plan gives resources or a CPU axis) and one for pgbench, named as
+        LocalLab names them (``pglab-<lab>-<digest>/n0`` …). A node's group holds its Patroni and everything Patroni
+        starts: its limits cover the instance manager too, as a CloudNativePG pod's cover its instance manager."""
+        assert self.lab_dir is not None
+        wants_nodes = self.spec.resources is not None or self.cpus_axis
+        if not wants_nodes and self.spec.client is None:
+            return
+        field = "target.local.resources"
+        try:
+            if wants_nodes:
+                for node in self.nodes:
+                    self._make_group(node)
+            if self.spec.client is not None:
+                field = "target.local.client"
+                client = self.spec.client
+                self.client_group = cgroups.Group(f"{cgroup_name(self.lab_dir)}/client",
+                                                  cgroups.Limits(cpus=client.cpus, cpuset=client.cpuset))
+                self.client_group.apply()
+        except cgroups.CgroupError as exc:
+            self._remove_groups()
+            if self.spec.limits == "strict":
+                raise UserError(f"{field}: the limits cannot be applied here ({exc}); run pglab as root on a host "
+                                "with cgroups, or set target.local.limits: best-effort.") from None
+            self.limits_problem = str(exc)
+            self.log(f"limits NOT applied (limits: best-effort): {exc}")
+
+    def _make_group(self, node: HANode) -> None:
+        assert self.lab_dir is not None
+        devices = sorted({cgroups.device_of(d) for d in (node.data.parent, node.wal.parent)})
+        group = cgroups.Group(f"{cgroup_name(self.lab_dir)}/{node.name}", self._limits(self.cpus), devices)
+        self.groups[node.name] = group
+        group.apply()
+
+    def _remove_groups(self) -> None:
+        for g in [*self.groups.values(), *([self.client_group] if self.client_group else [])]:
+            g.remove()
+        self.groups, self.client_group = {}, None
+
+    def limits_in_force(self) -> dict[str, Any]:
+        """What the kernel reports for every node's group and pgbench's, now (stored with each run)."""
+        if self.limits_problem:
+            return {"applied": False, "reason": self.limits_problem}
+        if not self.groups and self.client_group is None:
+            return {}
+        out: dict[str, Any] = {"applied": True}
+        for name, g in self.groups.items():
+            out[name] = g.in_force()
+        if self.client_group is not None:
+            out["client"] = self.client_group.in_force()
+        return out
+
+    def cpu_stats(self) -> dict[str, dict[str, float]]:
+        """CPU used and CFS throttling per node group (Patroni included) and pgbench's, for deltas over a window."""
+        out = {}
+        named = {**self.groups, **({"client": self.client_group} if self.client_group else {})}
+        for name, g in named.items():
+            with contextlib.suppress(cgroups.CgroupError, ValueError):
+                out[name] = g.cpu_stat()
+        return out
+
+    def client_procs_files(self) -> list[Path]:
+        return self.client_group.procs_files() if self.client_group else []
+
+    def set_cpus(self, cpus: float | None, timeout: float = 180) -> float | None:
+        """A step of the CPU scaling loop: the new quota on every node's group, then a rolling restart through
+        Patroni's REST API (``rolling_restart``). Returns its seconds, recorded as a ``cpu-step`` event."""
+        if cpus == self.cpus or not self.groups:
+            return None
+        started = time.monotonic()
+        self.cpus = cpus
+        for g in self.groups.values():
+            g.apply(self._limits(cpus))
+        self.rolling_restart(timeout)
+        seconds = time.monotonic() - started
+        label = "unlimited" if cpus is None else f"{cpus:g}"
+        self.events.append((time.time(), "cpu-step", f"cpus={label}: rolling restart took {seconds:.1f} s"))
+        self.log(f"CPU limit {label} per node: rolling restart took {seconds:.1f} s")
+        return seconds
+
+    def rolling_restart(self, timeout: float = 180) -> list[str]:
+        """Restart every live node's postgres through Patroni (``POST /restart``): the replicas one by one, each
+        back to streaming before the next, then the leader in place. In place, not a switchover first: the leader
+        keeps its lock while Patroni restarts its postgres, writes pause for the restart and resume on the same
+        node — CloudNativePG's default for the primary (``primaryUpdateMethod: restart``) and what the plain lab
+        does, so a CPU step costs the same kind of outage on both. Returns the nodes in the order restarted."""
+        deadline = time.monotonic() + timeout
+        leader = self.primary().name
+        order = [n.name for n in self.nodes if n.name not in self.killed and n.name != leader] + [leader]
+        for name in order:
+            self.log(f"restart {name} (rolling)")
+            status, reply = self._request(f"{self._node(name).api_url}/restart", "POST", {},
+                                          timeout=max(1.0, deadline - time.monotonic()))
+            if status != 200:
+                raise LabError(f"restart of {name} refused ({status}): {reply}")
+            self.wait_ready(max(1.0, deadline - time.monotonic()))
+        return order
+
+    def take_events(self) -> list[tuple[float, str, str]]:
+        """Lab events since the last call (CPU steps), for the sweep's timeline."""
+        out, self.events = self.events, []
+        return out
+
+    # ---------------------------------------------------------------- replication links (Toxiproxy)
+    def _start_proxies(self) -> None:
+        """One Toxiproxy proxy in front of each node's postgres, when the plan shapes the network. Each node
+        advertises its proxy as its ``postgresql.connect_address``, the address Patroni gives replicas for their
+        ``primary_conninfo`` (and uses for pg_basebackup and pg_rewind): every replica → leader link crosses the
+        leader's proxy, whichever node leads. Clients use the real ports and the unix sockets, never a proxy."""
+        if self.spec.network is None:
+            return
+        assert self.lab_dir is not None
+        self.toxiproxy = ToxiproxyServer(self.lab_dir / "toxiproxy", self.lab_dir / "logs" / "toxiproxy.log",
+                                         binary=self.toxiproxy_bin)
+        for node in self.nodes:
+            self.proxy_ports[node.name] = self.toxiproxy.create_proxy(node.name, node.port)
+
+    def _shape_links(self, names: list[str] | None = None) -> None:
+        net = self.spec.network
+        if self.toxiproxy is None or net is None:
+            return
+        for name in names if names is not None else list(self.proxy_ports):
+            self.toxiproxy.set_link(name, net.latency_ms, net.jitter_ms, net.bandwidth_kbps)
+        if names is None:
+            self.log(f"replication links shaped: +{net.latency_ms} ms round trip ± {net.jitter_ms} ms"
+                     + (f", {net.bandwidth_kbps} kbit/s" if net.bandwidth_kbps else ""))
+
+    def links_in_force(self) -> dict[str, Any]:
+        """The proxy in front of each node as Toxiproxy reports it (the leader's carries every replica's link)."""
+        if self.toxiproxy is None:
+            return {}
+        return {name: {**self.toxiproxy.link(name).__dict__, "proxy_port": port}
+                for name, port in self.proxy_ports.items()}
 
     # ---------------------------------------------------------------- build
     def _prepare_dirs(self) -> None:
@@ -438,7 +621,8 @@ class HALab(ServerFiles):
             "bootstrap": bootstrap,
             "postgresql": {
                 "listen": f"{HOST}:{node.port}",
-                "connect_address": f"{HOST}:{node.port}",
+                # what replicas stream from: the node's proxy when the plan shapes the links
+                "connect_address": f"{HOST}:{self.proxy_ports.get(node.name, node.port)}",
                 "data_dir": str(node.data),
                 "bin_dir": str(self.bindir),
                 "pgpass": str(self.lab_dir / "server" / f"pgpass-{node.name}"),
@@ -486,7 +670,9 @@ class HALab(ServerFiles):
             self._write_private(self.lab_dir / "secrets" / "rest-auth", self._rest_auth + "\n", server=False)
             if self.restore_from is not None:
                 self._stage_restore(self.restore_from)
+            self._make_groups()
             self._write_state()
+            self._start_proxies()  # before the configurations: each names its node's proxy
             self._start_etcd(deadline)  # first: its port, if it had to move, goes into every patroni.yml
             for node in self.nodes:
                 cfg = self._patroni_config(node, passwords, self.parameters)
@@ -503,6 +689,7 @@ class HALab(ServerFiles):
                 self.log(f"patroni {node.name}: replica (pg_basebackup from {first.name})")
                 self._start_patroni(node)
             self.wait_ready(max(1.0, deadline - time.monotonic()))
+            self._shape_links()  # once every replica streams: the clones copy at loopback speed
         except BaseException:
             self.teardown()
             raise
@@ -545,7 +732,8 @@ class HALab(ServerFiles):
         raise LabError("etcd did not start: every port tried was taken")
 
     def _start_patroni(self, node: HANode) -> None:
-        node.proc = self._spawn([str(self.patroni_bin), str(node.config)], node.log)
+        """Patroni in the node's group (when there is one), so that every postgres it starts is born there."""
+        node.proc = self._spawn([str(self.patroni_bin), str(node.config)], node.log, self.groups.get(node.name))
         self._write_state()
 
     def start_node(self, name: str) -> None:
@@ -613,6 +801,11 @@ class HALab(ServerFiles):
         port, rest_port = _free_ports(2)
         node = HANode(name, data, wal, port, rest_port, self.lab_dir / name / "patroni.yml",
                       self.lab_dir / "logs" / f"patroni-{name}.log", self.lab_dir / "logs" / f"{name}.log")
+        if self.groups:
+            self._make_group(node)
+        if self.toxiproxy is not None:
+            self.proxy_ports[name] = self.toxiproxy.create_proxy(name, port)
+            self._shape_links([name])
         cfg = self._patroni_config(node, self._passwords(), self.parameters)
         self._write_private(node.config, yaml.safe_dump(cfg, sort_keys=False), server=True)
         self.nodes.append(node)
@@ -645,6 +838,10 @@ class HALab(ServerFiles):
         self.nodes.remove(node)
         self.killed.discard(name)
         self._drop_member_slot(name)
+        if self.toxiproxy is not None and self.proxy_ports.pop(name, None) is not None:
+            self.toxiproxy.delete_proxy(name)
+        if (group := self.groups.pop(name, None)) is not None:
+            group.remove()
         for d in dict.fromkeys((self.lab_dir / name, node.data.parent, node.wal.parent)):
             if d.name == name:  # the node's own folder under the lab or a data/WAL base, never a base itself
                 shutil.rmtree(d, ignore_errors=True)
@@ -1024,6 +1221,8 @@ class HALab(ServerFiles):
                 procs.stop_postmaster(pid, signalled=True)  # all were signalled at once above
         if self.etcd_proc is not None:
             _terminate(self.etcd_proc, 10)
+        if self.toxiproxy is not None:
+            self.toxiproxy.stop()
         if self.lab_dir is not None:
             _sweep([self.lab_dir, *self._outside_dirs()])
         for f in self._logs:
@@ -1050,6 +1249,7 @@ class HALab(ServerFiles):
                 self.log(f"HA lab kept running in {self.lab_dir}")
             return
         self.stop(graceful=False)  # its files go next: a clean shutdown would only cost seconds
+        self._remove_groups()  # empty now: every process of the lab is gone
         for d in reversed(self._created_dirs):
             shutil.rmtree(d, ignore_errors=True)
         self._created_dirs.clear()
@@ -1124,8 +1324,10 @@ def clean_ha_lab(lab_dir: Path, unregister_entry: bool = True) -> list[str]:
             continue
         procs.stop_postmaster(pid)
         stopped.append(f"{n['name']} (pid {pid})")
-    others = _sweep([lab_dir, *outside])  # etcd, clients
+    others = _sweep([lab_dir, *outside])  # etcd, toxiproxy, clients
     stopped += [f"{comm or 'process'} (pid {p})" for p, comm in others]
+    with contextlib.suppress(OSError):
+        cgroups.remove_named(cgroup_name(lab_dir))  # its nodes' and pgbench's groups, empty by now
     for d in outside:
         shutil.rmtree(d, ignore_errors=True)
     shutil.rmtree(lab_dir, ignore_errors=True)

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from pglab.plan.schema import LocalTarget
-from pglab.targets.base import Endpoint, Endpoints, Unshaped
+from pglab.targets.base import Endpoint, Endpoints
 from pglab.targets.local.cluster import DBNAME, SUPERUSER, LabError
 from pglab.targets.local.ha import HALab, Kill
 
@@ -25,9 +25,10 @@ def _epoch(kill: Kill) -> float:
     return time.time() - (time.monotonic() - kill.at)
 
 
-class PatroniTarget(Unshaped):
-    """Implements the Target protocol and the scenarios' FaultTarget over an HALab (limits, proxies and the CPU
-    axis are refused with ha by the plan's validation, hence Unshaped)."""
+class PatroniTarget:
+    """Implements the Target protocol and the scenarios' FaultTarget over an HALab: per-node cgroups (Patroni and
+    its postgres together), pgbench's own group, the CPU axis as a rolling restart through Patroni, and the
+    replication links through a Toxiproxy proxy in front of each node."""
 
     read_only = False
 
@@ -37,6 +38,38 @@ class PatroniTarget(Unshaped):
         self.bindir = self.lab.bindir
         self._events: list[tuple[float, str, str]] = []
         self._started = False
+
+    # ---------------------------------------------------------------- limits, CPU axis, links: the lab's
+    @property
+    def cpus_axis(self) -> bool:
+        return self.lab.cpus_axis
+
+    @cpus_axis.setter
+    def cpus_axis(self, value: bool) -> None:
+        self.lab.cpus_axis = value
+
+    @property
+    def cpus(self) -> float | None:
+        return self.lab.cpus
+
+    @cpus.setter
+    def cpus(self, value: float | None) -> None:
+        self.lab.cpus = value
+
+    def set_cpus(self, cpus: float | None) -> float | None:
+        return self.lab.set_cpus(cpus)
+
+    def limits_in_force(self) -> dict[str, Any]:
+        return self.lab.limits_in_force()
+
+    def cpu_stats(self) -> dict[str, dict[str, float]]:
+        return self.lab.cpu_stats()
+
+    def client_procs_files(self) -> list[Path]:
+        return self.lab.client_procs_files()
+
+    def links_in_force(self) -> dict[str, Any]:
+        return self.lab.links_in_force()
 
     # ---------------------------------------------------------------- Target
     def preflight(self) -> None:
@@ -100,7 +133,10 @@ class PatroniTarget(Unshaped):
             "patroni_timings": dict(self.lab.timings), "failover_budget_s": self.lab.failover_budget,
             "build_s": self.lab.build_seconds, "members": members,
             "nodes": [{"name": n.name, "port": n.port, "rest_port": n.rest_port, "data": str(n.data),
-                       "wal": str(n.wal)} for n in self.lab.nodes],
+                       "wal": str(n.wal),
+                       **({"via_proxy_port": self.lab.proxy_ports[n.name]} if n.name in self.lab.proxy_ports else {})}
+                      for n in self.lab.nodes],
+            "network": self.lab.spec.network.model_dump() if self.lab.spec.network else None,
         }
 
     def server_logs(self) -> dict[str, Path]:
@@ -115,8 +151,8 @@ class PatroniTarget(Unshaped):
         self.lab.teardown(keep=keep)
 
     def take_events(self) -> list[tuple[float, str, str]]:
-        out, self._events = self._events, []
-        return out
+        out, self._events = [*self._events, *self.lab.take_events()], []
+        return sorted(out)
 
     def reset_dataset(self) -> dict[str, Any]:
         raise LabError("dataset.reset: snapshot is not available with ha: patroni")
