@@ -7,6 +7,7 @@ a committed row, and leaves no process behind. A second, 1-node lab is left by a
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -21,6 +22,7 @@ import pytest
 from pglab.errors import UserError
 from pglab.plan.schema import LocalTarget
 from pglab.targets.local import registry
+from pglab.targets.local.cluster import cgroup_name
 from pglab.targets.local.ha import HALab, check_timings, clean_ha_lab, is_ha_lab
 
 REPO = Path(__file__).resolve().parent.parent
@@ -36,6 +38,19 @@ def _lab_processes(paths: list[Path]) -> list[str]:
     """Live processes whose command line, environment or working directory names one of ``paths``."""
     return [f"{p}: {Path(f'/proc/{p}/cmdline').read_bytes()[:200]!r}" for p in registry.processes_using(paths)
             if _alive(p)]
+
+
+def _cgroup_dirs(lab_dir: Path) -> set[Path]:
+    """The cgroup directories (every controller) of the lab's running processes that belong to the lab's groups."""
+    top = cgroup_name(lab_dir)
+    found = set()
+    for pid in registry.processes_using([lab_dir]):
+        with contextlib.suppress(OSError):
+            for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
+                _, names, path = line.split(":", 2)
+                if f"/{top}/" in path:
+                    found.add(Path("/sys/fs/cgroup") / names / path.lstrip("/"))
+    return found
 
 
 def _alive(pid: int) -> bool:
@@ -207,7 +222,8 @@ def test_lab_left_by_a_killed_owner_is_cleaned(tmp_path: Path, monkeypatch: pyte
         "from pathlib import Path\n"
         "from pglab.plan.schema import LocalTarget\n"
         "from pglab.targets.local.ha import HALab\n"
-        "lab = HALab(LocalTarget(instances=1), Path('/tmp'))\n"
+        "spec = LocalTarget(instances=1, resources={'cpus': 1}, network={'latency_ms': 2})\n"
+        "lab = HALab(spec, Path('/tmp'))\n"
         "lab.start()\n"
         "print(lab.lab_dir, flush=True)\n"
         "time.sleep(600)\n"
@@ -219,14 +235,18 @@ def test_lab_left_by_a_killed_owner_is_cleaned(tmp_path: Path, monkeypatch: pyte
     try:
         assert is_ha_lab(lab_dir)
         running = _lab_processes([lab_dir])
-        assert len(running) >= 3, running  # etcd, patroni, postgres and its children
+        assert len(running) >= 4, running  # etcd, toxiproxy, patroni, postgres and its children
+        groups = _cgroup_dirs(lab_dir)
+        assert groups and all(g.is_dir() for g in groups), groups  # the node's group, Patroni and postgres in it
         os.kill(owner.pid, signal.SIGKILL)  # pglab dies; its lab runs on
         owner.wait()
         (entry,) = [e for e in registry.entries() if e.lab_dir == lab_dir]
         assert not entry.owner_alive()
         stopped = clean_ha_lab(lab_dir)
         assert any("patroni" in s for s in stopped) and any("etcd" in s for s in stopped), stopped
+        assert any("toxiproxy" in s for s in stopped), stopped
         assert _lab_processes([lab_dir]) == []
+        assert not [g for g in groups if g.exists()] and not [g.parent for g in groups if g.parent.exists()]
         assert not lab_dir.exists() and registry.entries() == []
     finally:
         if owner.poll() is None:
