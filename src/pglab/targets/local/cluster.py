@@ -102,6 +102,7 @@ class LocalLab(ServerFiles):
         self.limits_problem: str | None = None  # why limits are not applied (limits: best-effort)
         self.cpus: float | None = spec.resources.cpus if spec.resources else None
         self._events: list[tuple[float, str, str]] = []
+        self._wanted: dict[str, Any] = {}  # the parameters of the first provision
         self.toxiproxy: Any = None  # ToxiproxyServer when the plan shapes the replication links
         self.proxy_ports: dict[str, int] = {}
 
@@ -247,6 +248,7 @@ class LocalLab(ServerFiles):
 
     def provision(self, parameters: dict[str, Any]) -> Endpoints:
         if not self._started:
+            self._wanted = dict(parameters)  # in force from the restart after the load: no second restart
             self._create()
         elif restarted := self.repair():
             self.log(f"restarted {', '.join(restarted)} (found not running)")
@@ -439,7 +441,8 @@ class LocalLab(ServerFiles):
                                 f"while loading the dataset (scale {ds.scale}); free some space there, choose "
                                 "another path or a smaller dataset.scale.") from None
             raise LabError(f"loading the dataset: {str(exc).strip()}; server log: {self.log_tail(primary)}") from None
-        self.parameters = {}
+        self._validate(self._wanted)
+        self.parameters = dict(self._wanted)
         self._write_conf(primary)
         self._pg_ctl(primary, "-m", "fast", "-l", str(primary.log), "restart")
         self._pg_ctl(primary, "-m", "fast", "stop")
