@@ -125,12 +125,11 @@ def main() -> int:
                                    "max": round(max(memory), 1)} if memory else None,
         "host_memory_used_mb": round(available_before - lowest[0]),
         "per_tenant": {t: {k: round(v, 3) for k, v in m.items() if v is not None} for t, m in sorted(per.items())},
-        "results": str(results),
     }
     dest = args.json or HERE / "measurements" / f"density-{args.tenants}-{out['date']}.json"
     dest.write_text(json.dumps(out, indent=1) + "\n")
     print(json.dumps({k: v for k, v in out.items() if k not in ("per_tenant", "plan")}, indent=1))
-    print(f"written to {dest}")
+    print(f"written to {dest}; pglab's results in {results}")
     return 0
 
 
