@@ -1,9 +1,11 @@
 """A fake Kubernetes API server at the HTTP boundary, shared by the orchestration and the `pglab run` tests.
 
 It is a real HTTP server speaking the REST paths the official client uses (namespaces, RBAC, CNPG clusters, Jobs,
-PVCs, ConfigMaps, pods and their logs, /version); it keeps the objects, plays the operator (a Cluster turns healthy
-after a few reads) and the Job controller (a Job ends after a read, its pod's log carries a results tarball).
-Nothing is mocked inside pglab or the client.
+PVCs, ConfigMaps, pods and their logs, the pod proxy, /version); it keeps the objects, plays the operator (a Cluster
+turns healthy after a few reads; a merge PATCH of its resources or parameters starts a rolling update that recreates
+the instance pods one by one, primary last, over a few reads) and the Job controller (a Job ends after a read, its
+pod's log carries a results tarball), and each instance's metrics exporter behind the pod proxy. Nothing is mocked
+inside pglab or the client.
 """
 
 from __future__ import annotations
@@ -13,11 +15,13 @@ import io
 import json
 import tarfile
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from decimal import Decimal
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
-from urllib.parse import parse_qs, urlparse
+from urllib.parse import parse_qs, unquote, urlparse
 
 from kubernetes import client
 
@@ -45,6 +49,7 @@ class FakeAPI:
         self.objects: dict[str, dict[str, Any]] = {}
         self.requests: list[tuple[str, str]] = []
         self.created: list[str] = []  # every object path ever created, in order
+        self.posted: list[dict[str, Any]] = []  # every object body ever created, as posted
         self.ready_after = 2  # Cluster reads before it is healthy
         self.never_ready = False
         self.unhealthy_after_jobs: set[str] = set()  # the Cluster reads unhealthy once one of these Jobs was read
@@ -55,8 +60,20 @@ class FakeAPI:
         self.default_log: Callable[[str], str] = lambda job: results_log({"pgbench.out": f"{job} done\n"})
         self.on_job_created: Callable[[str], None] = lambda job: None
         self.reads: dict[str, int] = {}
+        self.job_seconds = 0.0  # a Job also stays active this long after its creation (exporter samples need time)
+        self.job_created_at: dict[str, float] = {}
+        self.rollout_reads = 3  # Cluster reads a rolling update lasts after a PATCH
+        self.stuck_rollout = False  # a rolling update that never ends (one replica never comes back)
+        self.on_patch: Callable[[dict[str, Any]], None] = lambda patch: None
+        self.patches: list[dict[str, Any]] = []
+        self.phases: list[str] = []  # every phase the Cluster was read in, in order
+        # the exporter of each instance: (pod, time served) -> its text; None answers 503 as a pod not ready would
+        self.exporter: Callable[[str, float], str | None] = lambda pod, t: exporter_text(pod)
+        self.scrapes: list[tuple[str, float, str]] = []  # (pod, time served, text) of every scrape answered
         self.lock = threading.Lock()
         self._degraded = False
+        self._rollout: dict[str, Any] | None = None  # {"left": reads, "old": pod spec, "new": pod spec}
+        self._pods: dict[str, dict[str, Any]] = {}  # instance pod name -> its resources and parameters
 
     def handle(self, method: str, url: str, body: dict[str, Any] | None) -> tuple[int, Any]:
         parsed = urlparse(url)
@@ -68,6 +85,15 @@ class FakeAPI:
                              "minCompatibilityMajor": "1", "minCompatibilityMinor": "32", "gitVersion": "v1.33.1-fake",
                              "gitCommit": "0" * 40, "gitTreeState": "clean", "buildDate": "2025-05-15T08:19:08Z",
                              "goVersion": "go1.24.2", "compiler": "gc", "platform": "linux/amd64"}
+            if method == "PATCH":
+                return self._patch(path, body)
+            if method == "GET" and "/proxy/" in path:
+                pod = unquote(path.split("/")[6]).split(":")[0]
+                text = self.exporter(pod, time.time())
+                if text is None:
+                    return 503, {"kind": "Status", "status": "Failure", "reason": "ServiceUnavailable", "code": 503}
+                self.scrapes.append((pod, time.time(), text))
+                return 200, text
             if method == "POST":
                 if path in self.forbidden:
                     return 403, {"kind": "Status", "status": "Failure", "reason": "Forbidden", "code": 403}
@@ -77,7 +103,13 @@ class FakeAPI:
                     return 409, {"kind": "Status", "status": "Failure", "reason": "AlreadyExists", "code": 409}
                 self.objects[key] = body
                 self.created.append(key)
+                self.posted.append(json.loads(json.dumps(body)))
+                if body["kind"] == "Cluster":
+                    spec = _pod_spec(body)
+                    self._pods = {f"{body['metadata']['name']}-{i}": spec for i in range(1, body["spec"]["instances"]
+                                                                                          + 1)}
                 if body["kind"] == "Job":
+                    self.job_created_at[body["metadata"]["name"]] = time.time()
                     threading.Thread(target=self.on_job_created, args=(body["metadata"]["name"],)).start()
                 return 201, body
             if method == "DELETE":
@@ -91,7 +123,11 @@ class FakeAPI:
                 job = path.split("/")[-2].removesuffix("-pod")
                 return 200, self.logs[job] if job in self.logs else self.default_log(job)
             if path.endswith("/pods"):
-                job = parse_qs(parsed.query)["labelSelector"][0].removeprefix("job-name=")
+                selector = parse_qs(parsed.query)["labelSelector"][0]
+                if selector.startswith("cnpg.io/cluster="):
+                    return 200, {"kind": "PodList", "apiVersion": "v1", "metadata": {},
+                                 "items": [self._instance_pod(n, path.split("/")[4]) for n in self._pods]}
+                job = selector.removeprefix("job-name=")
                 pods = [{"metadata": {"name": f"{job}-pod", "namespace": path.split("/")[4]}}]
                 return 200, {"kind": "PodList", "apiVersion": "v1", "metadata": {}, "items": pods}
             key = path.removesuffix("/status")
@@ -102,16 +138,169 @@ class FakeAPI:
             obj = json.loads(json.dumps(obj))
             if obj["kind"] == "Cluster":
                 ready = not self.never_ready and not self._degraded and self.reads[key] > self.ready_after
-                obj["status"] = {"readyInstances": obj["spec"]["instances"] if ready else 0,
+                n = obj["spec"]["instances"]
+                obj["status"] = {"readyInstances": n if ready else 0,
                                  "phase": HEALTHY if ready else "Setting up primary",
                                  "currentPrimary": f"{obj['metadata']['name']}-1"}
+                if ready and self._rollout is not None:
+                    obj["status"].update(self._roll(obj["metadata"]["name"], n))
+                self.phases.append(obj["status"]["phase"])
             elif obj["kind"] == "Job":
                 name = obj["metadata"]["name"]
                 if name in self.unhealthy_after_jobs:
                     self._degraded = True
-                obj["status"] = ({"active": 1} if self.reads[key] == 1 or name in self.hanging_jobs else
+                young = time.time() - self.job_created_at.get(name, 0.0) < self.job_seconds
+                obj["status"] = ({"active": 1} if self.reads[key] == 1 or young or name in self.hanging_jobs else
                                  {"failed": 1} if name in self.failing_jobs else {"succeeded": 1})
             return 200, obj
+
+
+    # -------------------------------------------------------------- the operator's rolling update
+    def _patch(self, path: str, body: dict[str, Any] | None) -> tuple[int, Any]:
+        """A JSON merge patch (RFC 7386, what the client sends for custom objects); a Cluster whose resources or
+        parameters change starts a rolling update."""
+        obj = self.objects.get(path)
+        if obj is None:
+            return 404, {"kind": "Status", "status": "Failure", "reason": "NotFound", "code": 404}
+        assert body is not None
+        self.patches.append(body)
+        old = _pod_spec(obj)
+        _merge(obj, body)
+        if obj["kind"] == "Cluster" and _pod_spec(obj) != old:
+            # the operator notices at its next reconcile: one more read still says healthy, the pods unchanged
+            self._rollout = {"lag": 1, "left": self.rollout_reads, "reads": self.rollout_reads, "new": _pod_spec(obj)}
+        threading.Thread(target=self.on_patch, args=(body,)).start()
+        return 200, obj
+
+    def _roll(self, cluster: str, n: int) -> dict[str, Any]:
+        """One read into the rolling update: replicas recreated from the highest serial down, the primary last."""
+        r = self._rollout
+        assert r is not None
+        if r["lag"] > 0:
+            r["lag"] -= 1
+            return {}
+        if r["left"] <= 0:
+            for name in self._pods:
+                self._pods[name] = r["new"]
+            self._rollout = None
+            return {}
+        done_reads = r["reads"] - r["left"]
+        if not self.stuck_rollout:
+            r["left"] -= 1
+        updated = n if r["left"] <= 0 else min(n - 1, (done_reads * n) // r["reads"]) if not self.stuck_rollout \
+            else n - 1
+        for i in range(n, n - updated, -1):  # serials n, n-1, …: the primary (1) last
+            self._pods[f"{cluster}-{i}"] = r["new"]
+        return {"phase": "Upgrading cluster", "readyInstances": n - 1}
+
+    def _instance_pod(self, name: str, namespace: str) -> dict[str, Any]:
+        spec = self._pods[name]
+        labels = {"cnpg.io/cluster": name.rsplit("-", 1)[0], "cnpg.io/podRole": "instance",
+                  "cnpg.io/instanceName": name}
+        return {"metadata": {"name": name, "namespace": namespace, "labels": labels},
+                "spec": {"containers": [{"name": "postgres", "resources": spec["resources"]}]}}
+
+    def pod_resources(self) -> dict[str, dict[str, Any]]:
+        """Each instance pod's resources as the fake's pods have them now."""
+        return {name: spec["resources"] for name, spec in self._pods.items()}
+
+
+def _pod_spec(obj: dict[str, Any]) -> dict[str, Any]:
+    """What an instance pod takes from the Cluster: resources, and the parameters it runs with."""
+    spec = obj.get("spec", {})
+    return json.loads(json.dumps({"resources": spec.get("resources", {}),
+                                  "parameters": spec.get("postgresql", {}).get("parameters", {})}))
+
+
+def _merge(target: dict[str, Any], patch: dict[str, Any]) -> None:
+    for k, v in patch.items():
+        if v is None:
+            target.pop(k, None)
+        elif isinstance(v, dict) and isinstance(target.get(k), dict):
+            _merge(target[k], v)
+        else:
+            target[k] = v
+
+
+# ------------------------------------------------------------------ the exporter
+def exporter_text(pod: str, values: dict[str, float] | None = None, *, primary: bool = True,
+                  standbys: dict[str, dict[str, float]] | None = None, pg17: bool = False,
+                  stats_reset: str = "2026-11-20T08:12:31.203411Z", database: str = "app") -> str:
+    """The text CloudNativePG's exporter serves on :9187/metrics, for the metrics pglab reads.
+
+    The shape (HELP/TYPE lines, metric and label names, Go's float formatting such as 1.3429908e+07, the
+    ``stats_reset`` label of the pg_stat_wal figures, one sample per database with the empty datname of shared
+    objects) follows a real exporter dump of a CloudNativePG 1.24 instance running PostgreSQL 16.5, published in
+    tensorchord/pgvecto.rs-docs (src/cloud/monitoring/collect-metrics.md), and the metric definitions of
+    cloudnative-pg's config/manager/default-monitoring.yaml and metricserver/pg_collector.go (PostgreSQL 17 moves
+    the checkpoint counters to cnpg_pg_stat_checkpointer_*). Values are the given ones; absent ones are absent."""
+    v = {"xact_commit": 7887.0, "xact_rollback": 3.0, "blks_read": 316.0, "blks_hit": 1284724.0,
+         "wal_bytes": 13429908.0, "checkpoints_timed": 4.0, "checkpoints_req": 2.0, "buffers_checkpoint": 1145.0,
+         **(values or {})}
+    out: list[str] = []
+
+    def family(name: str, kind: str, help_text: str, samples: list[tuple[str, float]]) -> None:
+        out.extend([f"# HELP {name} {help_text}", f"# TYPE {name} {kind}"])
+        out.extend(f"{name}{labels} {_go_float(value)}" for labels, value in samples)
+
+    family("cnpg_collector_up", "gauge", "1 if PostgreSQL is up, 0 otherwise.", [(f'{{cluster="{pod[:-2]}"}}', 1)])
+    if "wal_bytes" in v:
+        family("cnpg_collector_wal_bytes", "gauge", "Total amount of WAL generated in bytes. Only available on PG 14+",
+               [(f'{{stats_reset="{stats_reset}"}}', v["wal_bytes"])])
+    family("cnpg_collector_wal_records", "gauge", "Total number of WAL records generated. Only available on PG 14+",
+           [(f'{{stats_reset="{stats_reset}"}}', 32123)])
+    family("cnpg_pg_replication_in_recovery", "gauge", "Whether the instance is in recovery",
+           [("", 0 if primary else 1)])
+    family("cnpg_pg_replication_lag", "gauge", "Replication lag behind primary in seconds", [("", 0)])
+    prefix, written = ("cnpg_pg_stat_checkpointer", "buffers_written") if pg17 else ("cnpg_pg_stat_bgwriter",
+                                                                                     "buffers_checkpoint")
+    for metric, key, text in ((written, "buffers_checkpoint", "Number of buffers written during checkpoints"),
+                              ("checkpoints_req", "checkpoints_req", "Number of requested checkpoints that have "
+                               "been performed"),
+                              ("checkpoints_timed", "checkpoints_timed", "Number of scheduled checkpoints that have "
+                               "been performed")):
+        if key in v:
+            family(f"{prefix}_{metric}", "counter", text, [("", v[key])])
+    for metric, text in (("blks_hit", "Number of times disk blocks were found already in the buffer cache"),
+                         ("blks_read", "Number of disk blocks read in this database"),
+                         ("xact_commit", "Number of transactions in this database that have been committed"),
+                         ("xact_rollback", "Number of transactions in this database that have been rolled back")):
+        if metric in v:
+            family(f"cnpg_pg_stat_database_{metric}", "counter", text,
+                   [('{datname=""}', 94), (f'{{datname="{database}"}}', v[metric]), ('{datname="postgres"}', 5928),
+                    ('{datname="template0"}', 0), ('{datname="template1"}', 1177)])
+    if primary and standbys:
+        for metric, text in (("flush_lag_seconds", "Time elapsed between flushing recent WAL locally and receiving "
+                              "notification that this standby server has written and flushed it"),
+                             ("replay_diff_bytes", "Difference in bytes from the last write-ahead log location "
+                              "replayed into the database on this standby server"),
+                             ("replay_lag_seconds", "Time elapsed between flushing recent WAL locally and receiving "
+                              "notification that this standby server has written, flushed and applied it"),
+                             ("write_lag_seconds", "Time elapsed between flushing recent WAL locally and receiving "
+                              "notification that this standby server has written it")):
+            family(f"cnpg_pg_stat_replication_{metric}", "gauge", text,
+                   [(f'{{application_name="{name}",client_addr="10.244.0.{11 + i}",client_port="4{i}210",'
+                     f'usename="streaming_replica"}}', lags[metric])
+                    for i, (name, lags) in enumerate(sorted(standbys.items())) if metric in lags])
+    family("go_goroutines", "gauge", "Number of goroutines that currently exist.", [("", 77)])
+    return "\n".join(out) + "\n"
+
+
+def _go_float(value: float) -> str:
+    """A value as the Prometheus Go client prints it (strconv 'g', shortest digits): exponent form from 1e+06 up
+    and below 1e-04 (13429908 → 1.3429908e+07), plain otherwise (1145, 0.00123)."""
+    if value != value:
+        return "NaN"
+    if value == 0:
+        return "0"
+    sign, digits, exponent = Decimal(repr(float(value))).normalize().as_tuple()
+    assert isinstance(exponent, int)
+    text = "".join(map(str, digits))
+    exp10 = len(text) + exponent - 1
+    if exp10 < -4 or exp10 >= 6:
+        mantissa = text[0] + ("." + text[1:] if len(text) > 1 else "")
+        return f"{'-' if sign else ''}{mantissa}e{'-' if exp10 < 0 else '+'}{abs(exp10):02d}"
+    return f"{'-' if sign else ''}{Decimal((0, digits, exponent)):f}"
 
 
 @contextmanager
@@ -131,7 +320,7 @@ def serve() -> Iterator[tuple[FakeAPI, client.ApiClient]]:
             self.end_headers()
             self.wfile.write(data)
 
-        do_GET = do_POST = do_DELETE = _serve
+        do_GET = do_POST = do_DELETE = do_PATCH = _serve
 
         def log_message(self, *args: object) -> None:
             pass

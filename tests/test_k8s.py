@@ -254,9 +254,8 @@ def test_checker_refuses_duplicate_keys_and_unknown_kinds(tmp_path: Path, checke
 @pytest.mark.parametrize(("replace", "message"), [
     (("number: 2, data", "number: 3, data"),
      "target.kubernetes.synchronous.number: synchronous.number (3) must be lower than instances (3)"),
-    (("clients: [8]", "clients: [8]\n  cpus: [1, 2]"),
-     "matrix.cpus: patching resources between steps is not available on a Kubernetes target yet"),
-    (("clients: [8]", "clients: [8]\n  parameters: {work_mem: [4MB, 8MB]}"), "matrix.parameters: changing"),
+    (("clients: [8]", "clients: [8]\n  parameters: {ssl: [true, false]}"),
+     "matrix.parameters.ssl: 'ssl' is managed by CloudNativePG and cannot be set on a Kubernetes target"),
     (("jit: false", "jit: false, shared_preload_libraries: pg_stat_statements"),
      "postgres.parameters.shared_preload_libraries: 'shared_preload_libraries' is managed by CloudNativePG"),
     (("cpu: 2, memory: 8Gi", "cpu: 0, memory: 8Gi"), "target.kubernetes.resources.cpu: must be a number of cores"),

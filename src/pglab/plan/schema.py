@@ -837,12 +837,13 @@ class Plan(Strict):
         k8s = self.target.kubernetes
         if k8s is None:
             return self
-        for name in self.postgres.parameters:
-            if name in K8S_FIXED_PARAMETERS:
-                raise PydanticCustomError("kubernetes", "'{name}' is managed by CloudNativePG and cannot be set on a "
-                                          "Kubernetes target", {"name": name, "at": f"postgres.parameters.{name}"})
+        for where, names in (("postgres.parameters", self.postgres.parameters),
+                             ("matrix.parameters", self.matrix.parameters)):
+            for name in names:
+                if name in K8S_FIXED_PARAMETERS:
+                    raise PydanticCustomError("kubernetes", "'{name}' is managed by CloudNativePG and cannot be set "
+                                              "on a Kubernetes target", {"name": name, "at": f"{where}.{name}"})
         for given, field, why in (
-                (self.matrix.cpus, "matrix.cpus", "patching resources between steps"),
                 (self.matrix.parameters, "matrix.parameters", "changing parameters between points"),
                 (self.storage and self.storage.job_files, "storage.job_files", "custom fio job files"),
                 (self.dataset.reset == "snapshot", "dataset.reset", "resetting to a snapshot")):

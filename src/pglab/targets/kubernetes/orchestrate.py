@@ -25,6 +25,8 @@ from pglab.targets.kubernetes.render import BEGIN_MARK, END_MARK, Manifest, rend
 
 CNPG = ("postgresql.cnpg.io", "v1", "clusters")
 HEALTHY = "Cluster in healthy state"
+POSTGRES_CONTAINER = "postgres"  # the instance pods' PostgreSQL container, as CloudNativePG names it
+EXPORTER_PORT = 9187  # each instance's metrics exporter
 
 
 class K8sError(Exception):
@@ -170,12 +172,67 @@ class Orchestrator:
         return (f"Cluster/{name} not healthy (phase: {status.get('phase', 'none')}, ready instances: "
                 f"{status.get('readyInstances', 0)} of {self.k8s.instances})")
 
-    def run_job(self, m: Manifest, dest: Path) -> JobOutcome:
-        """Create a Job, wait for it to end, bring back its log and results, delete it."""
+    # -------------------------------------------------------------- changing the Cluster between points
+    def patch_cluster(self, patch: dict[str, Any]) -> None:
+        """A JSON merge patch of the Cluster (the operator rolls it out; ``wait_rollout`` waits for that)."""
+        name = self.k8s.cluster_name
+        try:
+            self.custom.patch_namespaced_custom_object(*CNPG[:2], self.ns, CNPG[2], name, patch)
+        except ApiException as exc:
+            raise K8sError(f"patching Cluster/{name} in {self.ns}: {_reason(exc)}") from None
+
+    def instance_pods(self) -> list[Any]:
+        """The Cluster's PostgreSQL pods (by CloudNativePG's own labels), not its Jobs' nor pglab's."""
+        selector = f"cnpg.io/cluster={self.k8s.cluster_name},cnpg.io/podRole=instance"
+        try:
+            return list(self.core.list_namespaced_pod(self.ns, label_selector=selector).items)
+        except ApiException as exc:
+            raise K8sError(f"listing the pods of Cluster/{self.k8s.cluster_name}: {_reason(exc)}") from None
+
+    def wait_rollout(self, what: str, pods_ok: Callable[[list[Any]], str | None] | None = None,
+                     timeout_s: float | None = None) -> float:
+        """Until the operator reports the Cluster healthy with every instance ready and ``pods_ok`` (given the
+        instance pods) has nothing left to say; returns the seconds it took. A healthy phase alone is not enough
+        right after a patch (the operator may not have started yet): the pods are what proves a rolling update."""
+        started = time.monotonic()
+        deadline = started + (timeout_s if timeout_s is not None else self.ready_timeout_s)
+        name = self.k8s.cluster_name
+        while True:
+            try:
+                obj = self.custom.get_namespaced_custom_object(*CNPG[:2], self.ns, CNPG[2], name)
+            except ApiException as exc:
+                raise K8sError(f"reading Cluster/{name}: {_reason(exc)}") from None
+            status = obj.get("status") or {}
+            healthy = status.get("readyInstances") == self.k8s.instances and status.get("phase") == HEALTHY
+            waiting = pods_ok(self.instance_pods()) if pods_ok is not None else None
+            if healthy and waiting is None:
+                return time.monotonic() - started
+            if time.monotonic() > deadline:
+                raise K8sError(f"{what}: Cluster/{name} still rolling out after {time.monotonic() - started:.0f} s "
+                               f"(phase: {status.get('phase', 'none')}, ready instances: "
+                               f"{status.get('readyInstances', 0)} of {self.k8s.instances}"
+                               f"{'; ' + waiting if waiting else ''})")
+            time.sleep(self.poll_s)
+
+    def scrape(self, pod: str) -> str:
+        """The exporter's text of one instance, through the API server's pod proxy (no network path needed)."""
+        try:
+            resp = self.core.connect_get_namespaced_pod_proxy_with_path(
+                f"{pod}:{EXPORTER_PORT}", self.ns, "metrics", _preload_content=False)
+        except ApiException as exc:
+            raise K8sError(f"reading the metrics of pod/{pod}: {_reason(exc)}") from None
+        return bytes(resp.data).decode("utf-8", errors="replace")
+
+    # -------------------------------------------------------------- Jobs
+    def run_job(self, m: Manifest, dest: Path, on_poll: Callable[[], None] | None = None) -> JobOutcome:
+        """Create a Job, wait for it to end, bring back its log and results, delete it. ``on_poll`` runs at every
+        look at the Job (the sweep samples the exporters there)."""
         self.create(m)
         deadline = time.monotonic() + self.job_timeout_s
         try:
             while True:
+                if on_poll is not None:
+                    on_poll()
                 try:
                     st = self.batch.read_namespaced_job_status(m.name, self.ns).status
                 except ApiException as exc:

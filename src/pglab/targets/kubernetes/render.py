@@ -80,13 +80,47 @@ def _tolerations(p: Placement) -> list[dict[str, Any]]:
     return [t.model_dump(exclude_none=True) for t in p.tolerations]
 
 
+def cpu_quantity(cpus: float) -> str:
+    """A CPU axis step as a Kubernetes quantity: whole cores as such, fractions in millicores (1.5 → 1500m)."""
+    milli = round(cpus * 1000)
+    return str(milli // 1000) if milli % 1000 == 0 else f"{milli}m"
+
+
+def millicores(quantity: str) -> int:
+    """A CPU quantity as the API server may spell it back (2, 1.5, 1500m) in millicores, to compare steps."""
+    return round(float(quantity[:-1])) if quantity.endswith("m") else round(float(quantity) * 1000)
+
+
+def _first_point(plan: Plan) -> Point:
+    return expand(plan, cores=client_cores(target_of(plan)))[0]
+
+
+def instance_resources(plan: Plan, point: Point | None = None) -> dict[str, Any]:
+    """``.spec.resources`` for a point: its CPU step (else the target's CPU), the target's memory; requests equal
+    limits, so the instances keep Guaranteed QoS at every step."""
+    k8s = target_of(plan)
+    point = point or _first_point(plan)
+    cpu = cpu_quantity(point.cpus) if point.cpus is not None else k8s.resources.cpu
+    amounts = {"cpu": cpu, "memory": k8s.resources.memory}
+    return {"requests": dict(amounts), "limits": dict(amounts)}
+
+
+def instance_parameters(plan: Plan, point: Point | None = None) -> dict[str, str]:
+    """``.spec.postgresql.parameters`` for a point: the plan's parameters with the point's own on top."""
+    point = point or _first_point(plan)
+    return {k: param_value(v) for k, v in {**plan.postgres.parameters, **point.parameters}.items()}
+
+
 # ------------------------------------------------------------------ the database
-def cluster(plan: Plan) -> dict[str, Any]:
-    """The CloudNativePG Cluster: instances, image, volumes, Guaranteed QoS, placement, synchronous replication."""
+def cluster(plan: Plan, point: Point | None = None) -> dict[str, Any]:
+    """The CloudNativePG Cluster: instances, image, volumes, Guaranteed QoS, placement, synchronous replication.
+
+    Created as the given point (default: the plan's first) needs it: its CPU step and parameters; the sweep
+    patches both between points (``cluster_patch``)."""
     k8s = target_of(plan)
     postgresql: dict[str, Any] = {}
-    if plan.postgres.parameters:
-        postgresql["parameters"] = {k: param_value(v) for k, v in plan.postgres.parameters.items()}
+    if parameters := instance_parameters(plan, point):
+        postgresql["parameters"] = parameters
     if k8s.synchronous is not None:
         postgresql["synchronous"] = {"method": k8s.synchronous.method, "number": k8s.synchronous.number,
                                      "dataDurability": k8s.synchronous.data_durability}
@@ -98,20 +132,27 @@ def cluster(plan: Plan) -> dict[str, Any]:
         affinity["nodeSelector"] = dict(db.node_selector)
     if db.tolerations:
         affinity["tolerations"] = _tolerations(db)
-    amounts = {"cpu": k8s.resources.cpu, "memory": k8s.resources.memory}
     spec: dict[str, Any] = {
         "instances": k8s.instances,
         "imageName": k8s.image,
         "postgresql": postgresql,
         "bootstrap": {"initdb": {"database": "app", "owner": "app"}},
         "storage": _storage(k8s.storage),
-        "resources": {"requests": dict(amounts), "limits": dict(amounts)},  # equal: Guaranteed QoS
+        "resources": instance_resources(plan, point),  # requests = limits: Guaranteed QoS
         "affinity": affinity,
     }
     if k8s.wal_storage is not None:
         spec["walStorage"] = _storage(k8s.wal_storage)
     meta = _meta(k8s, k8s.cluster_name, "database", annotations={"pglab/plan": plan.name})
     return {"apiVersion": CNPG_API, "kind": "Cluster", "metadata": meta, "spec": spec}
+
+
+def cluster_patch(plan: Plan, point: Point) -> dict[str, Any]:
+    """The merge patch that turns the Cluster into what ``point`` needs (resources and parameters, both whole)."""
+    spec: dict[str, Any] = {"resources": instance_resources(plan, point)}
+    if parameters := instance_parameters(plan, point):
+        spec["postgresql"] = {"parameters": parameters}
+    return {"spec": spec}
 
 
 # ------------------------------------------------------------------ client pods
@@ -334,9 +375,10 @@ def pgbench_run(plan: Plan, point: Point, repeat: int = 1) -> Manifest:
 def rbac(plan: Plan) -> list[Manifest]:
     """The least pglab needs in the benchmark namespace: a ServiceAccount, a Role and its RoleBinding.
 
-    Clusters (create, watch, patch for a later CPU axis, delete); Jobs and PVCs it creates and deletes; pods to
-    follow Jobs, read their logs (results) and delete the primary (failover scenario); ConfigMaps for custom
-    scripts; events to explain a pod that never starts. No secrets: pgbench gets credentials from the kubelet.
+    Clusters (create, watch, patch between CPU steps and parameter points, delete); Jobs and PVCs it creates and
+    deletes; pods to follow Jobs, read their logs (results) and delete the primary (failover scenario); ConfigMaps
+    for custom scripts; events to explain a pod that never starts. No secrets: pgbench gets credentials from the
+    kubelet.
     """
     k8s = target_of(plan)
     name = f"{k8s.cluster_name}-pglab"
@@ -372,7 +414,7 @@ def render(plan: Plan, base_dir: Path) -> list[Manifest]:
     """Every manifest of the plan, in apply order: access, database, storage phase, then one Job per run."""
     k8s = target_of(plan)
     out = [namespace(plan), *rbac(plan),
-           Manifest("10-cluster.yaml", cluster(plan)), *fio_manifests(plan)]
+           Manifest("10-cluster.yaml", cluster(plan)), *fio_manifests(plan)]  # as the first point needs it
     scripts = scripts_configmap(plan, base_dir)
     if scripts is not None:
         out.append(scripts)

@@ -14,6 +14,7 @@ import math
 import re
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -39,11 +40,17 @@ from pglab.runner import (
     results_lock,
 )
 from pglab.store.sqlite import Store
-from pglab.targets.kubernetes.orchestrate import JobOutcome, K8sError, Orchestrator, api_client
+from pglab.targets.kubernetes.orchestrate import POSTGRES_CONTAINER, JobOutcome, K8sError, Orchestrator, api_client
 from pglab.targets.kubernetes.render import (
     Manifest,
     client_cores,
+    cluster,
+    cluster_patch,
+    cpu_quantity,
     fio_volumes,
+    instance_parameters,
+    instance_resources,
+    millicores,
     pgbench_init,
     pgbench_run,
     render,
@@ -101,6 +108,7 @@ class KubernetesSweep:
         self.manifests = manifests
         self.k8s = target_of(plan)
         self.points = expand(plan, cores=client_cores(self.k8s))  # the same points (and Job names) render made
+        self.current: Point = self.points[0]  # the point the Cluster is shaped for (CPU step, parameters)
 
     # ------------------------------------------------------------ the sweep
     def run(self, sweep_id: int, resumed: bool) -> SweepResult:
@@ -126,6 +134,7 @@ class KubernetesSweep:
         per_run = plan.run.warmup + seconds + JOB_OVERHEAD_S if seconds is not None else None
         ui.sweep_started(len(todo), per_run * len(todo) if per_run else None)
         status, reason = "done", None
+        self.current = todo[0][0] if todo else self.points[0]  # what the Cluster is created for
         with interrupt_signals() as signals:
             try:
                 self._provision(sweep_id, with_storage)
@@ -135,6 +144,7 @@ class KubernetesSweep:
                 if todo:
                     self._initialise()
                 for point, repeat in todo:
+                    self._step_to(sweep_id, point)
                     failure = self._one_run(sweep_id, point_ids[point.key], point, repeat)
                     if failure is None:
                         result.ok += 1
@@ -172,6 +182,8 @@ class KubernetesSweep:
         for m in self.manifests:
             if m.kind == "Job" or (m.kind == "PersistentVolumeClaim" and not with_storage):
                 continue
+            if m.kind == "Cluster":  # the first point to run (a resume may start further on) decides its shape
+                m = Manifest(m.filename, cluster(self.plan, self.current))
             self.orch.create(m)
             if m.kind == "Cluster":
                 self.ui.log(f"waiting for Cluster/{m.name} to be healthy ({self.k8s.instances} instances)")
@@ -179,13 +191,62 @@ class KubernetesSweep:
                 self.ui.log(f"Cluster/{m.name} healthy, primary {status.get('currentPrimary', '?')}")
                 self.store.set_sweep_info(sweep_id, self._environment(status), self.k8s.model_dump(mode="json"))
 
+    # ------------------------------------------------------------ between points
+    def _step_to(self, sweep_id: int, point: Point) -> None:
+        """Patch the Cluster into what ``point`` needs (CPU step, parameters) and wait for CloudNativePG's rollout.
+
+        A CPU step is over when the operator reports the Cluster healthy again and every instance pod carries the
+        new limits (the pods are recreated one by one, primary last). A parameter change is over when it is healthy
+        again; the run's Job then waits out any pending restart and ships the settings it found, checked in
+        ``_check_settings``. A rollout that does not end fails the sweep (the Cluster is in no known state)."""
+        plan, before = self.plan, self.current
+        cpus = point.cpus if point.cpus != before.cpus else None
+        changed = {k: v for k, v in instance_parameters(plan, point).items()
+                   if instance_parameters(plan, before).get(k) != v}
+        if cpus is None and not changed:
+            return
+        what = (f"CPU step cpus={cpus:g}" if cpus is not None else
+                "parameters " + ", ".join(f"{k}={v}" for k, v in changed.items()))
+        self.ui.log(f"{what}: patching Cluster/{self.k8s.cluster_name} and waiting for the rolling update")
+        kind = "cpu-step" if cpus is not None else "parameters-applied"
+        try:
+            self.orch.patch_cluster(cluster_patch(plan, point))
+            self.current = point  # patched: the Cluster is no longer what ``before`` needed
+            seconds = self.orch.wait_rollout(what, self._pods_have(cpus) if cpus is not None else None)
+        except K8sError as exc:
+            self.store.add_events(sweep_id, [(now(), f"{kind}-failed", str(exc))])
+            raise
+        detail = f"cpus={cpus:g}: rolling update took {seconds:.1f} s" if cpus is not None else \
+            f"{', '.join(f'{k}={v}' for k, v in changed.items())}: applied in {seconds:.1f} s"
+        if cpus is not None and changed:
+            detail += f" (with {', '.join(f'{k}={v}' for k, v in changed.items())})"
+        self.store.add_events(sweep_id, [(now(), kind, detail)])
+        self.ui.log(f"{what}: {detail.split(': ', 1)[1]}")
+
+    def _pods_have(self, cpus: float) -> Callable[[list[Any]], str | None]:
+        """None once every instance pod (none of them being deleted) has the step's CPU as request and limit."""
+        want = millicores(cpu_quantity(cpus))
+        n = self.k8s.instances
+
+        def check(pods: list[Any]) -> str | None:
+            live = [p for p in pods if p.metadata.deletion_timestamp is None]
+            done = 0
+            for pod in live:
+                res = next((c.resources for c in pod.spec.containers if c.name == POSTGRES_CONTAINER), None)
+                limit, request = ((res.limits or {}).get("cpu"), (res.requests or {}).get("cpu")) if res else (None,
+                                                                                                          None)
+                done += bool(limit and request and millicores(limit) == millicores(request) == want)
+            return None if done == n == len(live) else f"instance pods with cpu {cpu_quantity(cpus)}: {done} of {n}"
+
+        return check
+
     def _environment(self, status: dict[str, Any]) -> dict[str, Any]:
         """What can be known from outside the pods: the API server's version, the operator's status, the image."""
         try:
             server: str | None = client.VersionApi(self.api).get_code().git_version
         except (ApiException, urllib3.exceptions.HTTPError, ValueError):  # best effort: a figure, not a step
             server = None
-        cpu = self.k8s.resources.cpu
+        cpu = instance_resources(self.plan, self.current)["limits"]["cpu"]
         cores = float(cpu[:-1]) / 1000 if cpu.endswith("m") else float(cpu)
         return {
             "pglab_version": __version__,
@@ -195,7 +256,7 @@ class KubernetesSweep:
             # the instances' CPU limit: what the report's CPU figures are read against
             "cpu": {"affinity": max(1, math.ceil(cores)), "limit": cpu, "source": "instance limit"},
             "memory": {"limit": self.k8s.resources.memory},
-            "postgres": {"image": self.k8s.image, "parameters": self.plan.postgres.parameters},
+            "postgres": {"image": self.k8s.image, "parameters": instance_parameters(self.plan, self.current)},
             "cluster_status": status,
             "plan": self.plan_text,
         }
@@ -259,6 +320,8 @@ class KubernetesSweep:
             result, extra, warmup_start = self._collect(run_dir, m, launched, now())
             window = (result.window_start, result.window_end)
             metrics = {**Runner._metrics(result), **extra}
+            if point.cpus is not None:
+                metrics["limit_cpus"] = point.cpus  # the step's CPU limit per instance, as a local run stores it
             series = [(p.ts, "pgbench", name, v) for p in result.progress
                       for name, v in (("tps", p.tps), ("latency_ms", p.latency_ms), ("stddev_ms", p.stddev_ms),
                                       ("failed", p.failed), ("lag_ms", p.lag_ms)) if v is not None]
