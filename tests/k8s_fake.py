@@ -200,6 +200,14 @@ class FakeAPI:
         return {"metadata": {"name": name, "namespace": namespace, "labels": labels},
                 "spec": {"containers": [{"name": "postgres", "resources": spec["resources"]}]}}
 
+    def primary_parameters(self) -> dict[str, str]:
+        """The parameters the primary runs with once a run's Job has waited for them: a rolling update under way
+        (and not stuck) is waited out, as the Job's wait loop does."""
+        primary = next(name for name in self._pods if name.endswith("-1"))
+        if self._rollout is not None and not self.stuck_rollout:
+            return dict(self._rollout["new"]["parameters"])
+        return dict(self._pods[primary]["parameters"])
+
     def pod_resources(self) -> dict[str, dict[str, Any]]:
         """Each instance pod's resources as the fake's pods have them now."""
         return {name: spec["resources"] for name, spec in self._pods.items()}

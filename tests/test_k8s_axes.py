@@ -8,22 +8,30 @@ more read still reports it healthy with the old pods (the operator has not recon
 
 from __future__ import annotations
 
+import json
 import os
+import shlex
+import shutil
 import signal
+import socket
+import subprocess
+import tempfile
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from kubernetes import client
 
-from k8s_fake import FakeAPI, serve
+from k8s_fake import FakeAPI, results_log, serve
 from pglab.plan.load import parse_plan
+from pglab.plan.schema import Plan
 from pglab.store.sqlite import Store
+from pglab.targets.kubernetes import render as render_module
 from pglab.targets.kubernetes.orchestrate import K8sError
 from pglab.targets.kubernetes.render import cluster, cpu_quantity, millicores, render
-from test_k8s_run import JOBS, assert_all_deleted, pod_log, posted_jobs, rows, run
+from test_k8s_run import JOBS, PGBENCH, TXN_LOGS, assert_all_deleted, pod_log, posted_jobs, rows, run
 
 CLUSTER = "/apis/postgresql.cnpg.io/v1/namespaces/bench/clusters/pg"
 
@@ -145,3 +153,179 @@ def test_interrupted_during_a_rollout_cleans_up_and_resumes_at_that_step(fake: t
     assert '"limit": "2"' in env  # the Cluster of the resumed sweep was made at cpus 2
     store.close()
     assert_all_deleted(api)
+
+
+# ------------------------------------------------------------------ matrix.parameters
+PARAM_PLAN = """
+name: k
+target:
+  kubernetes:
+    namespace: bench
+    cluster_name: pg
+    instances: 2
+    resources: {cpu: 1, memory: 1Gi}
+postgres:
+  parameters: {jit: false}
+matrix: {clients: [1], jobs: [1], parameters: {work_mem: [4MB, 8MB]}}
+run: {duration: 4s}
+"""
+# what pg_settings shows for the values these tests use (PostgreSQL 15: work_mem in kB)
+PG_SETTINGS = {"work_mem": {"4MB": ("4096", "kB"), "8MB": ("8192", "kB")}, "jit": {"off": ("off", "")}}
+
+
+def with_settings(api: FakeAPI, pending_restart: bool = False) -> Callable[[str], str]:
+    """Pod logs of the plan's Jobs; a run Job's also carries settings.txt as its wait loop left it: the primary's
+    parameters in pg_settings' form, ``ok`` when they are the ones the Cluster asks for."""
+
+    def log(job: str) -> str:
+        if "-run-" not in job:
+            return pod_log(job)
+        wanted = api.objects[CLUSTER]["spec"]["postgresql"]["parameters"]
+        running = api.primary_parameters()
+        lines = []
+        for name in sorted(wanted):
+            setting, unit = PG_SETTINGS[name][running[name]]
+            ok = running[name] == wanted[name] and not pending_restart
+            lines.append(f"{name}|{setting}|{unit}|{'t' if pending_restart else 'f'}|{'t' if ok else 'f'}")
+        files = {name: (PGBENCH / name).read_text() for name in ("pgbench.out", "pgbench.err", *TXN_LOGS)}
+        if any(not line.endswith("|f|t") for line in lines):
+            api.failing_jobs.add(job)  # the script's exit 3: no reset, no pgbench
+            files = {}
+        return results_log({**files, "settings.txt": "\n".join(lines) + "\n"}, text="")
+
+    return log
+
+
+def run_scripts(plan: Plan, tmp_path: Path) -> list[str]:
+    return [m.body["spec"]["template"]["spec"]["containers"][0]["command"][2] for m in render(plan, tmp_path)
+            if m.body["metadata"]["labels"].get("pglab/component") == "pgbench-run"]
+
+
+def settings_query(script: str) -> str:
+    """The SQL of a run Job's settings wait, as sh would pass it to psql."""
+    line = next(x for x in script.splitlines() if x.startswith("until psql "))
+    words = shlex.split(line.removeprefix("until ").split(" > settings.txt")[0])
+    return words[words.index("-c") + 1]
+
+
+def test_render_waits_for_the_parameters_in_the_run_job(tmp_path: Path) -> None:
+    plan = parse_plan(PARAM_PLAN, base_dir=tmp_path)
+    assert cluster(plan)["spec"]["postgresql"]["parameters"] == {"jit": "off", "work_mem": "4MB"}
+    first, second = run_scripts(plan, tmp_path)
+    assert "FROM (VALUES ('jit', 'off'), ('work_mem', '4MB'))" in settings_query(first)
+    assert "FROM (VALUES ('jit', 'off'), ('work_mem', '8MB'))" in settings_query(second)
+    assert first.index("settings.txt") < first.index("TRUNCATE") < first.index("pgbench -n")
+    lone = parse_plan(PARAM_PLAN.replace("postgres:\n  parameters: {jit: false}\n", "").replace(
+        ", parameters: {work_mem: [4MB, 8MB]}", ""), base_dir=tmp_path)
+    (script,) = run_scripts(lone, tmp_path)
+    assert "settings.txt" not in script
+
+
+def test_parameters_are_patched_between_points_and_checked_by_the_run(fake: tuple[FakeAPI, client.ApiClient],
+                                                                      tmp_path: Path) -> None:
+    api, api_client = fake
+    api.default_log = with_settings(api)
+    result = run(api_client, tmp_path, PARAM_PLAN)
+    assert (result.ok, result.failed) == (2, 0), result.failures
+    (created,) = [b for b in api.posted if b["kind"] == "Cluster"]
+    assert created["spec"]["postgresql"]["parameters"] == {"jit": "off", "work_mem": "4MB"}
+    assert api.patches == [{"spec": {"resources": amounts("1"),
+                                     "postgresql": {"parameters": {"jit": "off", "work_mem": "8MB"}}}}]
+    patch_at = api.requests.index(("PATCH", CLUSTER))
+    posts = [i for i, (m, p) in enumerate(api.requests) if m == "POST" and p == JOBS]
+    assert posts[1] < patch_at < posts[2]
+
+    store = Store.open(tmp_path / "results", create=False)
+    runs = store.runs()
+    assert [r.axes["parameters.work_mem"] for r in runs] == ["4MB", "8MB"]
+    for r, kb in zip(runs, ("4096", "8192"), strict=True):
+        (row,) = rows(store, "SELECT settings FROM runs WHERE id = ?", r.id)
+        assert json.loads(row["settings"]) == {"jit": {"setting": "off", "unit": None},
+                                               "work_mem": {"setting": kb, "unit": "kB"}}
+    (event,) = rows(store, "SELECT kind, detail FROM events WHERE kind LIKE 'parameters%'")
+    assert event["kind"] == "parameters-applied" and event["detail"].startswith("work_mem=8MB: applied in ")
+    assert store.sweeps()[-1]["status"] == "done"
+    store.close()
+    assert_all_deleted(api)
+
+
+def test_a_parameter_never_in_force_fails_its_run_naming_it(fake: tuple[FakeAPI, client.ApiClient],
+                                                            tmp_path: Path) -> None:
+    api, api_client = fake
+    api.default_log = with_settings(api, pending_restart=True)
+    result = run(api_client, tmp_path, PARAM_PLAN)
+    assert (result.ok, result.failed) == (0, 2)
+    assert result.failures[1].startswith("tpcb-like sc=on c=1 j=1 work_mem=8MB #1: parameter jit: off still waited "
+                                         "for a restart of the primary after 300 s (CloudNativePG had not restarted "
+                                         "it)")
+    store = Store.open(tmp_path / "results", create=False)
+    assert [r.status for r in store.runs()] == ["failed", "failed"]
+    assert store.sweeps()[-1]["status"] == "done"
+    store.close()
+    assert_all_deleted(api)
+
+
+# ------------------------------------------------------------------ the settings wait, against a real PostgreSQL
+@pytest.fixture(scope="module")
+def postgres() -> Iterator[dict[str, str]]:
+    """A throwaway PostgreSQL (this machine's, 15) with work_mem 8MB and jit off, as libpq environment."""
+    from pglab.targets.local.postgres_bin import find_bindir
+
+    bindir = find_bindir()
+    as_server = {"user": "postgres", "group": "postgres"} if os.geteuid() == 0 else {}
+    base = Path(tempfile.mkdtemp(prefix="pglab-k8s-settings-", dir="/var/tmp"))
+    if os.geteuid() == 0:
+        shutil.chown(base, "postgres", "postgres")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    data = base / "data"
+    started = False
+    try:
+        subprocess.run([str(bindir / "initdb"), "-D", str(data), "-U", "postgres", "--auth=trust", "--no-sync"],
+                       check=True, capture_output=True, **as_server)
+        opts = f"-p {port} -k {base} -c listen_addresses='' -c work_mem=8MB -c jit=off"
+        subprocess.run([str(bindir / "pg_ctl"), "-D", str(data), "-o", opts, "-l", str(base / "log"), "-w",
+                        "start"], check=True, capture_output=True, **as_server)
+        started = True
+        yield {"PGHOST": str(base), "PGPORT": str(port), "PGUSER": "postgres", "PGDATABASE": "postgres"}
+    finally:
+        if started:
+            subprocess.run([str(bindir / "pg_ctl"), "-D", str(data), "-m", "immediate", "stop"],
+                           capture_output=True, **as_server)
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def settings_wait(env: dict[str, str], parameters: dict[str, str], tmp_path: Path) -> tuple[str, list[str]]:
+    """The run Job's settings wait, run by sh as the pod runs it: its rc and settings.txt."""
+    script = f"set -eu\ncd {tmp_path}\nrc=0\n{render_module._settings_script(parameters)}echo \"rc=$rc\"\n"
+    proc = subprocess.run(["sh", "-c", script], env={**os.environ, **env}, capture_output=True, text=True,
+                          timeout=60, check=True)
+    return proc.stdout.strip(), (tmp_path / "settings.txt").read_text().splitlines()
+
+
+def test_the_settings_wait_lets_postgresql_compare_the_values(postgres: dict[str, str], tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    rc, lines = settings_wait(postgres, {"work_mem": "8MB", "jit": "off", "shared_buffers": "16384",
+                                         "checkpoint_timeout": "5min", "max_wal_size": "1GB",
+                                         "random_page_cost": "4.0", "track_io_timing": "false",
+                                         "default_transaction_isolation": "Read Committed"}, tmp_path)
+    assert rc == "rc=0"
+    assert lines == ["checkpoint_timeout|300|s|f|t", "default_transaction_isolation|read committed||f|t",
+                     "jit|off||f|t", "max_wal_size|1024|MB|f|t", "random_page_cost|4||f|t",
+                     "shared_buffers|16384|8kB|f|t", "track_io_timing|off||f|t", "work_mem|8192|kB|f|t"]
+    # one parameter alone: its VALUES row is folded into constants, the size branch must not be tried on 'off'
+    assert settings_wait(postgres, {"jit": "off"}, tmp_path) == ("rc=0", ["jit|off||f|t"])
+
+    monkeypatch.setattr(render_module, "SETTINGS_WAIT_S", 2)  # one retry, then give up
+    assert settings_wait(postgres, {"work_mem": "4MB", "nosuch_parameter": "1"}, tmp_path) == (
+        "rc=3", ["nosuch_parameter||||f", "work_mem|8192|kB|f|f"])
+    subprocess.run(["psql", "-XAtqc", "ALTER SYSTEM SET shared_buffers = '256MB'"], env={**os.environ, **postgres},
+                   check=True)
+    subprocess.run(["psql", "-XAtqc", "SELECT pg_reload_conf()"], env={**os.environ, **postgres}, check=True)
+    try:
+        rc, lines = settings_wait(postgres, {"shared_buffers": "256MB"}, tmp_path)
+        assert (rc, lines) == ("rc=3", ["shared_buffers|16384|8kB|t|f"])  # needs a restart: waited for, not had
+    finally:
+        subprocess.run(["psql", "-XAtqc", "ALTER SYSTEM RESET shared_buffers"], env={**os.environ, **postgres},
+                       check=True)

@@ -844,7 +844,6 @@ class Plan(Strict):
                     raise PydanticCustomError("kubernetes", "'{name}' is managed by CloudNativePG and cannot be set "
                                               "on a Kubernetes target", {"name": name, "at": f"{where}.{name}"})
         for given, field, why in (
-                (self.matrix.parameters, "matrix.parameters", "changing parameters between points"),
                 (self.storage and self.storage.job_files, "storage.job_files", "custom fio job files"),
                 (self.dataset.reset == "snapshot", "dataset.reset", "resetting to a snapshot")):
             if given:

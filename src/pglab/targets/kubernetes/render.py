@@ -351,6 +351,58 @@ def _reset_script(plan: Plan) -> str:
             f"psql -X -c CHECKPOINT >> reset.log 2>&1 || echo {shlex.quote(CHECKPOINT_REFUSED)} >> reset.log\n")
 
 
+SETTINGS_FILE = "settings.txt"
+SETTINGS_WAIT_S = 300  # how long a run's Job waits for its parameters to be in force on the primary
+_MEMORY_UNITS = ("B", "kB", "MB", "GB", "TB")
+_TIME_UNITS = ("us", "ms", "s", "min", "h", "d")
+
+
+def _sql_text(value: str) -> str:
+    return "'" + value.replace("'", "''") + "'"
+
+
+def settings_sql(parameters: dict[str, str]) -> str:
+    """One row per parameter, ``name|setting|unit|pending_restart|ok``, where PostgreSQL itself says whether the
+    value in force is the one asked for: booleans by meaning, sizes through pg_size_bytes, durations as intervals,
+    bare numbers in the setting's own unit, anything else as text (case aside)."""
+    wanted = ", ".join(f"({_sql_text(k)}, {_sql_text(v)})" for k, v in sorted(parameters.items()))
+    # pg_size_bytes spells a byte "bytes" (PostgreSQL 15 refuses "B", which GUCs accept)
+    one_unit = "(CASE WHEN s.unit = 'B' THEN '1 bytes' WHEN s.unit ~ '^[0-9]' THEN s.unit ELSE '1' || s.unit END)"
+    want_size = "regexp_replace(w.want, '([0-9 ])B$', '\\1 bytes')"
+    memory = ", ".join(_sql_text(u) for u in _MEMORY_UNITS)
+    times = ", ".join(_sql_text(u) for u in _TIME_UNITS)
+    ok = (
+        "CASE WHEN s.name IS NULL THEN false "
+        "WHEN s.vartype = 'bool' THEN s.setting = CASE WHEN lower(w.want) IN ('on', 'true', 'yes', '1') THEN 'on' "
+        "WHEN lower(w.want) IN ('off', 'false', 'no', '0') THEN 'off' END "
+        "WHEN s.vartype IN ('integer', 'real') AND w.want ~ '^\\s*-?[0-9.]+([eE][-+]?[0-9]+)?\\s*$' "
+        "THEN abs(s.setting::numeric - w.want::numeric) < (CASE s.vartype WHEN 'integer' THEN 0.5 ELSE 1e-9 END) "
+        # each conversion's WHEN also tests the wanted text alone: folded to false for a single parameter (its
+        # VALUES row becomes constants), the branch is dropped before PostgreSQL would try pg_size_bytes('off')
+        f"WHEN w.want ~ '^\\s*[0-9.]+\\s*({'|'.join(_MEMORY_UNITS)})\\s*$' "
+        f"AND regexp_replace(s.unit, '^[0-9]+', '') IN ({memory}) THEN abs(s.setting::numeric * "
+        f"pg_size_bytes({one_unit}) - pg_size_bytes({want_size})) < pg_size_bytes({one_unit}) "
+        f"WHEN w.want ~ '^\\s*[0-9.]+\\s*({'|'.join(_TIME_UNITS)})\\s*$' AND s.unit IN ({times}) "
+        "THEN abs(extract(epoch FROM (s.setting || ' ' || s.unit)::interval) - "
+        f"extract(epoch FROM w.want::interval)) < extract(epoch FROM ('1 ' || s.unit)::interval) "
+        "ELSE lower(s.setting) = lower(w.want) END")
+    return (f"SELECT w.name, s.setting, coalesce(s.unit, ''), s.pending_restart, {ok} "
+            f"FROM (VALUES {wanted}) AS w(name, want) LEFT JOIN pg_settings s USING (name) ORDER BY w.name")
+
+
+def _settings_script(parameters: dict[str, str]) -> str:
+    """Wait (at most SETTINGS_WAIT_S) until the primary runs with the point's parameters and none waits for a
+    restart, retrying through a rolling restart; then ship what was found. Not applied in time: no pgbench, exit 3
+    (the sweep names the parameter from settings.txt)."""
+    if not parameters:
+        return ""
+    query = shlex.join(["psql", "-XAtq", "-F", "|", "-c", settings_sql(parameters)])
+    tries = SETTINGS_WAIT_S // 2
+    return (f"n=0\nuntil {query} > {SETTINGS_FILE} 2> settings.err && ! grep -qv '|f|t$' {SETTINGS_FILE}; do\n"
+            f"  n=$((n+1)); [ \"$n\" -ge {tries} ] && break; sleep 2\ndone\n"
+            f"if ! grep -q . {SETTINGS_FILE} || grep -qv '|f|t$' {SETTINGS_FILE}; then rc=3; fi\n")
+
+
 def pgbench_run(plan: Plan, point: Point, repeat: int = 1) -> Manifest:
     """One run of one point: pgbench with the point's clients, jobs, workload and synchronous_commit (PGOPTIONS)."""
     k8s = target_of(plan)
@@ -360,7 +412,10 @@ def pgbench_run(plan: Plan, point: Point, repeat: int = 1) -> Manifest:
     args = run_args(Path(), point.workload, point.clients, point.jobs, plan.run, Path(SCRIPTS_DIR),
                     seconds=seconds, transactions=plan.run.transactions, log_prefix=Path(RESULTS_DIR) / "pgbench")
     args[0] = "pgbench"
-    script = (f"set -eu\ncd {RESULTS_DIR}\nrc=0\n{_reset_script(plan)}"
+    reset = _reset_script(plan)
+    if parameters := instance_parameters(plan, point):  # in force before anything is measured, or no run
+        reset = f"{_settings_script(parameters)}if [ \"$rc\" = 0 ]; then\n{reset}fi\n"
+    script = (f"set -eu\ncd {RESULTS_DIR}\nrc=0\n{reset}"
               f"if [ \"$rc\" = 0 ]; then {shlex.join(args)} > pgbench.out 2> pgbench.err || rc=$?; fi\n"
               f"{_ship_results()}\nexit $rc")
     volumes, mounts = _scripts_volume(plan)

@@ -42,6 +42,8 @@ from pglab.runner import (
 from pglab.store.sqlite import Store
 from pglab.targets.kubernetes.orchestrate import POSTGRES_CONTAINER, JobOutcome, K8sError, Orchestrator, api_client
 from pglab.targets.kubernetes.render import (
+    SETTINGS_FILE,
+    SETTINGS_WAIT_S,
     Manifest,
     client_cores,
     cluster,
@@ -315,6 +317,7 @@ class KubernetesSweep:
             ui.run_started(point, repeat, "job")
             launched = now()
             outcome = self.orch.run_job(m, run_dir)
+            settings = self._check_settings(run_dir, point, m.name)  # first: an unapplied parameter fails the Job
             if not outcome.succeeded:
                 raise RunFailed(_job_failure(outcome, run_dir))
             result, extra, warmup_start = self._collect(run_dir, m, launched, now())
@@ -333,7 +336,8 @@ class KubernetesSweep:
             _write_json(run_dir / "run.json", {"run_id": run_id, "point": point.axes, "repeat": repeat,
                                                "window": window, "job": m.name, "command": result.command,
                                                "metrics": metrics, "files": outcome.files})
-            store.finish_run(run_id, "ok", window=window, metrics=metrics, series=series, events=events)
+            store.finish_run(run_id, "ok", window=window, settings=settings or None, metrics=metrics, series=series,
+                             events=events)
             ui.run_finished(point, repeat, "ok", metrics)
             return None
         except RunInterrupted as exc:
@@ -347,6 +351,35 @@ class KubernetesSweep:
             store.finish_run(run_id, "failed", reason=reason)
             ui.run_finished(point, repeat, "failed", {"reason": reason})
             return reason
+
+    def _check_settings(self, run_dir: Path, point: Point, job: str) -> dict[str, Any]:
+        """The parameters the primary ran with (the Job's settings.txt), each as asked or the run fails, naming it.
+
+        The Job waited for them (``render.settings_sql`` lets PostgreSQL compare units); what it shipped says
+        whether they arrived, or still waited for a restart, when it gave up."""
+        wanted = instance_parameters(self.plan, point)
+        if not wanted:
+            return {}
+        path = run_dir / SETTINGS_FILE
+        rows = {}
+        if path.is_file():
+            rows = {f[0]: f for line in path.read_text().splitlines() if len(f := line.split("|")) == 5}
+        settings: dict[str, Any] = {}
+        for name, value in sorted(wanted.items()):
+            if name not in rows:
+                err = run_dir / "settings.err"
+                why = _last_words(err.read_text(errors="replace")) if err.is_file() else "no settings.txt shipped"
+                raise RunFailed(f"parameter {name}: Job/{job} could not read it on the primary ({why})")
+            _, setting, unit, pending, ok = rows[name]
+            if pending == "t":
+                raise RunFailed(f"parameter {name}: {value} still waited for a restart of the primary after "
+                                f"{SETTINGS_WAIT_S} s (CloudNativePG had not restarted it)")
+            if ok != "t":
+                raise RunFailed(f"parameter {name}: the primary ran with {setting}{unit}, not {value} "
+                                f"(CloudNativePG had not applied it after {SETTINGS_WAIT_S} s)")
+            settings[name] = {"setting": setting, "unit": unit or None}
+        _write_json(run_dir / "settings.json", settings)
+        return settings
 
     def _collect(self, run_dir: Path, m: Manifest, launched: float,
                  ended: float) -> tuple[PgbenchRun, dict[str, float | None], float | None]:
