@@ -733,7 +733,10 @@ class HALab(ServerFiles):
 
     def _start_patroni(self, node: HANode) -> None:
         """Patroni in the node's group (when there is one), so that every postgres it starts is born there."""
-        node.proc = self._spawn([str(self.patroni_bin), str(node.config)], node.log, self.groups.get(node.name))
+        try:
+            node.proc = self._spawn([str(self.patroni_bin), str(node.config)], node.log, self.groups.get(node.name))
+        except cgroups.CgroupError as exc:  # its group was removed under the lab, or cgroups stopped working
+            raise LabError(f"patroni {node.name} could not enter its cgroup: {exc}") from None
         self._write_state()
 
     def start_node(self, name: str) -> None:
@@ -975,11 +978,21 @@ class HALab(ServerFiles):
         return self._streaming_on(leaders[0].name, replicas)
 
     def _streaming_on(self, leader: str, replicas: list[Member]) -> bool:
-        """The leader's own view agrees: every replica in pg_stat_replication, streaming."""
+        """The leader's own view agrees: every replica in pg_stat_replication, streaming, and synchronous as the
+        plan says. /cluster can give a replica its sync role before the new leader's synchronous_standby_names
+        names it (seen right after a switchover): commits would not wait for it yet, and a run started then would
+        measure asynchronous commits."""
         with self.connect(leader) as conn:
-            rows = conn.execute("SELECT application_name, state FROM pg_stat_replication").fetchall()
-        seen = {r[0]: r[1] for r in rows}
-        return all(seen.get(r.name) == "streaming" for r in replicas)
+            rows = conn.execute("SELECT application_name, state, sync_state FROM pg_stat_replication").fetchall()
+        seen = {r[0]: (r[1], r[2]) for r in rows}
+        if not all(seen.get(r.name, ("", ""))[0] == "streaming" for r in replicas):
+            return False
+        sync = self.spec.synchronous
+        if sync is None or not replicas:
+            return True
+        if sync.method == "any":
+            return all(seen[r.name][1] == "quorum" for r in replicas)
+        return sum(seen[r.name][1] == "sync" for r in replicas) >= min(sync.number, len(replicas))
 
     def wait_ready(self, timeout: float = 120) -> list[Member]:
         """Wait for one running leader and every live replica streaming, synchronous as the plan says."""
