@@ -89,10 +89,11 @@ class FakeAPI:
                 return self._patch(path, body)
             if method == "GET" and "/proxy/" in path:
                 pod = unquote(path.split("/")[6]).split(":")[0]
-                text = self.exporter(pod, time.time())
+                served_at = time.time()
+                text = self.exporter(pod, served_at)
                 if text is None:
                     return 503, {"kind": "Status", "status": "Failure", "reason": "ServiceUnavailable", "code": 503}
-                self.scrapes.append((pod, time.time(), text))
+                self.scrapes.append((pod, served_at, text))
                 return 200, text
             if method == "POST":
                 if path in self.forbidden:
@@ -231,7 +232,7 @@ def _merge(target: dict[str, Any], patch: dict[str, Any]) -> None:
 
 
 # ------------------------------------------------------------------ the exporter
-def exporter_text(pod: str, values: dict[str, float] | None = None, *, primary: bool = True,
+def exporter_text(pod: str, values: dict[str, float | None] | None = None, *, primary: bool = True,
                   standbys: dict[str, dict[str, float]] | None = None, pg17: bool = False,
                   stats_reset: str = "2026-11-20T08:12:31.203411Z", database: str = "app") -> str:
     """The text CloudNativePG's exporter serves on :9187/metrics, for the metrics pglab reads.
@@ -241,10 +242,12 @@ def exporter_text(pod: str, values: dict[str, float] | None = None, *, primary: 
     objects) follows a real exporter dump of a CloudNativePG 1.24 instance running PostgreSQL 16.5, published in
     tensorchord/pgvecto.rs-docs (src/cloud/monitoring/collect-metrics.md), and the metric definitions of
     cloudnative-pg's config/manager/default-monitoring.yaml and metricserver/pg_collector.go (PostgreSQL 17 moves
-    the checkpoint counters to cnpg_pg_stat_checkpointer_*). Values are the given ones; absent ones are absent."""
+    the checkpoint counters to cnpg_pg_stat_checkpointer_*). Values are the given ones over defaults from that
+    dump; a value given as None is left out, as an exporter that does not serve it."""
     v = {"xact_commit": 7887.0, "xact_rollback": 3.0, "blks_read": 316.0, "blks_hit": 1284724.0,
          "wal_bytes": 13429908.0, "checkpoints_timed": 4.0, "checkpoints_req": 2.0, "buffers_checkpoint": 1145.0,
          **(values or {})}
+    v = {k: x for k, x in v.items() if x is not None}  # None: the exporter does not serve it
     out: list[str] = []
 
     def family(name: str, kind: str, help_text: str, samples: list[tuple[str, float]]) -> None:

@@ -20,18 +20,20 @@ import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote
 
 import pytest
 from kubernetes import client
 
-from k8s_fake import FakeAPI, results_log, serve
+from k8s_fake import FakeAPI, exporter_text, results_log, serve
 from pglab.plan.load import parse_plan
 from pglab.plan.schema import Plan
 from pglab.store.sqlite import Store
+from pglab.targets.kubernetes import exporter
 from pglab.targets.kubernetes import render as render_module
 from pglab.targets.kubernetes.orchestrate import K8sError
 from pglab.targets.kubernetes.render import cluster, cpu_quantity, millicores, render
-from test_k8s_run import JOBS, PGBENCH, TXN_LOGS, assert_all_deleted, pod_log, posted_jobs, rows, run
+from test_k8s_run import JOBS, PGBENCH, TXN_LOGS, Recorder, assert_all_deleted, pod_log, posted_jobs, rows, run
 
 CLUSTER = "/apis/postgresql.cnpg.io/v1/namespaces/bench/clusters/pg"
 
@@ -93,7 +95,8 @@ def test_cpu_steps_patch_the_cluster_wait_for_the_rollout_and_record_it(fake: tu
     assert seen_at_job["pg-run-0001-1"] == {"pg-1": amounts("500m"), "pg-2": amounts("500m")}
     assert seen_at_job["pg-run-0002-1"] == {"pg-1": amounts("2"), "pg-2": amounts("2")}
     reads_after = [api.requests[i] for i in range(patch_at, posts[3]) if api.requests[i] == ("GET", CLUSTER)]
-    assert len(reads_after) == 1 + api.rollout_reads + 1  # the stale healthy read, the rollout, healthy again
+    # the stale healthy read, the rollout, healthy again; then the run reads which pod is primary (exporter)
+    assert len(reads_after) == 1 + api.rollout_reads + 1 + 1
     assert "Upgrading cluster" in api.phases and api.phases[-1] == "Cluster in healthy state"
 
     store = Store.open(tmp_path / "results", create=False)
@@ -329,3 +332,164 @@ def test_the_settings_wait_lets_postgresql_compare_the_values(postgres: dict[str
     finally:
         subprocess.run(["psql", "-XAtqc", "ALTER SYSTEM RESET shared_buffers"], env={**os.environ, **postgres},
                        check=True)
+
+
+# ------------------------------------------------------------------ the exporter, through the pod proxy
+EXPORTER_PLAN = """
+name: k
+target:
+  kubernetes:
+    namespace: bench
+    cluster_name: pg
+    instances: 2
+    resources: {cpu: 1, memory: 1Gi}
+matrix: {clients: [1], jobs: [1]}
+run: {duration: 4s}
+"""
+JOB_S = 1.2  # how long the fake keeps a run's Job running
+MIB = 1024 * 1024
+
+
+def timed_log(api: FakeAPI) -> Callable[[str], str]:
+    """A run Job whose transactions (per-transaction log) end between 0.3 and 0.9 s after the Job was created,
+    this machine's clock: the window falls among the exporter reads pglab takes while the Job runs."""
+
+    def log(job: str) -> str:
+        if "-run-" not in job:
+            return pod_log(job)
+        t0 = api.job_created_at[job]
+        ends = [t0 + 0.3 + 0.6 * i / 59 for i in range(60)]
+        txn = "".join(f"0 {i} 1000 0 {int(e)} {int((e % 1) * 1e6)}\n" for i, e in enumerate(ends))
+        files = {"pgbench.out": (PGBENCH / "pgbench.out").read_text(), "pgbench.err": "", "pgbench.77": txn}
+        return results_log(files, text="")
+
+    return log
+
+
+def load(api: FakeAPI, t: float) -> float:
+    """Seconds of load the primary has seen at ``t``: the counters move while a run's Job runs, not before."""
+    starts = [c for j, c in api.job_created_at.items() if "-run-" in j]
+    return 0.0 if not starts else min(max(t - max(starts), 0.0), JOB_S)
+
+
+def primary_values(x: float) -> dict[str, float | None]:
+    return {"xact_commit": 1000 + 2000 * x, "xact_rollback": 5 + 10 * x, "blks_read": 300 + 100 * x,
+            "blks_hit": 1e6 + 9e4 * x, "wal_bytes": 1.3e7 + 4 * MIB * x, "checkpoints_timed": 4 + (x > 0.6),
+            "checkpoints_req": 2.0, "buffers_checkpoint": 1145 + (300 if x > 0.6 else 0)}
+
+
+def standby_lags(x: float) -> dict[str, dict[str, float]]:
+    return {"pg-2": {"replay_lag_seconds": 0.001 + 0.01 * x, "write_lag_seconds": 0.0005 + 0.002 * x,
+                     "flush_lag_seconds": 0.0007 + 0.003 * x, "replay_diff_bytes": 8192 * x}}
+
+
+def exporter_run(api: FakeAPI, api_client: client.ApiClient, tmp_path: Path,
+                 values: Callable[[float], dict[str, float | None]] = primary_values) -> tuple[Store, Any]:
+    api.job_seconds = JOB_S
+    api.default_log = timed_log(api)
+    api.exporter = lambda pod, t: (exporter_text(pod, values(load(api, t)), standbys=standby_lags(load(api, t)))
+                                   if pod == "pg-1" else exporter_text(pod, primary=False))
+    result = run(api_client, tmp_path, EXPORTER_PLAN, scrape_s=0.05)
+    assert (result.ok, result.failed) == (1, 0), result.failures
+    store = Store.open(tmp_path / "results", create=False)
+    (r,) = store.runs()
+    return store, r
+
+
+def artifact(path: Path) -> list[tuple[float, str]]:
+    """(pglab's timestamp, text) of every scrape kept in an exporter/<pod>.prom file."""
+    blocks = path.read_text().split("# pglab scrape ts=")[1:]
+    return [(float(b.split("\n", 1)[0]), b.split("\n", 1)[1]) for b in blocks]
+
+
+def test_exporter_deltas_over_the_window_are_what_the_primary_served(fake: tuple[FakeAPI, client.ApiClient],
+                                                                    tmp_path: Path) -> None:
+    api, api_client = fake
+    store, r = exporter_run(api, api_client, tmp_path)
+    run_dir = store.dir / r.dir
+    window = store.conn.execute("SELECT window_start, window_end FROM runs WHERE id = ?", (r.id,)).fetchone()
+    t0 = api.job_created_at["pg-run-0000-1"]
+    assert window == pytest.approx((t0 + 0.3 - 0.001, t0 + 0.9), abs=1e-5)
+
+    # every text served by each pod's exporter is kept, in order, with pglab's timestamp
+    kept = artifact(run_dir / "exporter" / "pg-1.prom")
+    served = [(t, text) for pod, t, text in api.scrapes if pod == "pg-1"]
+    assert [text for _, text in kept] == [text for _, text in served] and len(kept) >= 10
+    assert [text for _, text in artifact(run_dir / "exporter" / "pg-2.prom")] == [
+        text for pod, _, text in api.scrapes if pod == "pg-2"]
+    assert all(abs(ts - t) < 0.05 for (ts, _), (t, _) in zip(kept, served, strict=True))
+
+    # the figures: the primary's first and last read inside the window, end − start, over pglab's own Δt
+    inside = [i for i, (ts, _) in enumerate(kept) if window[0] <= ts <= window[1]]
+    first, last = inside[0], inside[-1]
+    info = json.loads((run_dir / "run.json").read_text())["exporter"]
+    assert info["primary"] == "pg-1" and info["in_window"] == len(inside)
+    assert (info["start"], info["end"]) == pytest.approx((kept[first][0], kept[last][0]), abs=1e-6)
+    a, b = primary_values(load(api, served[first][0])), primary_values(load(api, served[last][0]))
+    dt = info["end"] - info["start"]
+    m = r.metrics
+
+    def delta(k: str) -> float:
+        after, before = b[k], a[k]
+        assert after is not None and before is not None
+        return after - before
+
+    assert m["commits_s"] == pytest.approx(delta("xact_commit") / dt, rel=1e-9)
+    assert m["commits_s"] == pytest.approx(2000, rel=0.1)  # the rate the fake's counters grew at
+    assert m["rollbacks_s"] == pytest.approx(delta("xact_rollback") / dt, rel=1e-9)
+    assert m["blks_read_s"] == pytest.approx(delta("blks_read") / dt, rel=1e-9)
+    assert m["blks_hit_s"] == pytest.approx(delta("blks_hit") / dt, rel=1e-9)
+    assert m["wal_mb_s"] == pytest.approx(delta("wal_bytes") / MIB / dt, rel=1e-9)
+    assert m["cache_hit_pct"] == pytest.approx(delta("blks_hit") / (delta("blks_hit") + delta("blks_read")) * 100)
+    assert (m["checkpoints_timed"], m["checkpoints_req"], m["buffers_checkpoint"]) == (
+        delta("checkpoints_timed"), 0, delta("buffers_checkpoint"))
+    lags = [standby_lags(load(api, served[i][0]))["pg-2"] for i in inside]
+    assert m["replay_lag_max_ms"] == pytest.approx(max(x["replay_lag_seconds"] for x in lags) * 1000)
+    assert m["repl.pg-2.write_lag_max_ms"] == pytest.approx(max(x["write_lag_seconds"] for x in lags) * 1000)
+    assert m["replay_lsn_distance_max_bytes"] == pytest.approx(max(x["replay_diff_bytes"] for x in lags))
+    pg_series = [(ts, v) for ts, _s, metric, v in store.series(r.id, "pg") if metric == "commits_s"]
+    assert len(pg_series) == len(kept) - 1 and max(v for _, v in pg_series if v) == pytest.approx(2000, rel=0.2)
+    store.close()
+    assert_all_deleted(api)
+    assert ("GET", "/api/v1/namespaces/bench/pods/pg-1:9187/proxy/metrics") in [
+        (m_, unquote(p)) for m_, p in api.requests]
+
+
+def test_a_metric_the_exporter_lacks_is_not_stored(fake: tuple[FakeAPI, client.ApiClient], tmp_path: Path) -> None:
+    api, api_client = fake
+    store, r = exporter_run(api, api_client, tmp_path, lambda x: {**primary_values(x), "wal_bytes": None,
+                                                                  "checkpoints_timed": None})
+    assert r.metrics["commits_s"] == pytest.approx(2000, rel=0.1)
+    assert "wal_mb_s" not in r.metrics and "checkpoints_timed" not in r.metrics  # absent, not 0
+    assert "checkpoints_req" in r.metrics
+    store.close()
+
+
+def test_an_unreadable_exporter_gives_no_figures_and_the_run_goes_on(fake: tuple[FakeAPI, client.ApiClient],
+                                                                    tmp_path: Path) -> None:
+    api, api_client = fake
+    api.exporter = lambda pod, t: None  # 503, as the API server answers for a pod whose port does not answer
+    observer = Recorder()
+    result = run(api_client, tmp_path, EXPORTER_PLAN, scrape_s=0.05, observer=observer)
+    assert (result.ok, result.failed) == (1, 0)
+    store = Store.open(tmp_path / "results", create=False)
+    (r,) = store.runs()
+    assert not any(k in r.metrics for k in ("commits_s", "wal_mb_s", "replay_lag_max_ms"))
+    assert [m for m in observer.messages if m.startswith("exporter not read: pod/pg-1: ")]
+    store.close()
+
+
+def test_the_prometheus_text_parser() -> None:
+    text = exporter_text("pg-1", {"wal_bytes": 13429908.0}) + (
+        'cnpg_pg_settings_setting{name="a\\"b\\\\c"} NaN\n'
+        "cnpg_collector_pg_wal{value=\"volume_size\"} +Inf 1733281603000\n"
+        "not a metric line\n")
+    values = exporter.parse(text)
+    assert values[("cnpg_collector_wal_bytes", frozenset({("stats_reset", "2026-11-20T08:12:31.203411Z")}))] == \
+        13429908.0
+    assert values[("cnpg_pg_stat_database_xact_commit", frozenset({("datname", "app")}))] == 7887
+    assert values[("cnpg_pg_stat_database_blks_read", frozenset({("datname", "")}))] == 94
+    assert values[("cnpg_collector_pg_wal", frozenset({("value", "volume_size")}))] == float("inf")
+    nan = values[("cnpg_pg_settings_setting", frozenset({("name", 'a"b\\c')}))]
+    assert nan != nan
+    assert not any(k[0].startswith("not") for k in values)

@@ -159,6 +159,15 @@ class Orchestrator:
                                f"{status.get('readyInstances', 0)} of {self.k8s.instances})")
             time.sleep(self.poll_s)
 
+    def cluster_status(self) -> dict[str, Any]:
+        """The operator's status of the Cluster (primary, phase, instances)."""
+        name = self.k8s.cluster_name
+        try:
+            obj = self.custom.get_namespaced_custom_object(*CNPG[:2], self.ns, CNPG[2], name)
+        except ApiException as exc:
+            raise K8sError(f"reading Cluster/{name}: {_reason(exc)}") from None
+        return dict(obj.get("status") or {})
+
     def cluster_health(self) -> str | None:
         """None while the operator reports the Cluster healthy with every instance ready, else what it says."""
         name = self.k8s.cluster_name

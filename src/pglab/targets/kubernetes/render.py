@@ -30,6 +30,7 @@ VOLUME_DIR = "/volume"
 BEGIN_MARK = "----- pglab results begin -----"
 END_MARK = "----- pglab results end -----"
 GIB = 1 << 30
+DATABASE = "app"  # the database (and owner) the Cluster bootstraps; pgbench gets it from the app secret
 
 
 @dataclass(frozen=True)
@@ -136,7 +137,7 @@ def cluster(plan: Plan, point: Point | None = None) -> dict[str, Any]:
         "instances": k8s.instances,
         "imageName": k8s.image,
         "postgresql": postgresql,
-        "bootstrap": {"initdb": {"database": "app", "owner": "app"}},
+        "bootstrap": {"initdb": {"database": DATABASE, "owner": DATABASE}},
         "storage": _storage(k8s.storage),
         "resources": instance_resources(plan, point),  # requests = limits: Guaranteed QoS
         "affinity": affinity,

@@ -40,8 +40,10 @@ from pglab.runner import (
     results_lock,
 )
 from pglab.store.sqlite import Store
+from pglab.targets.kubernetes import exporter
 from pglab.targets.kubernetes.orchestrate import POSTGRES_CONTAINER, JobOutcome, K8sError, Orchestrator, api_client
 from pglab.targets.kubernetes.render import (
+    DATABASE,
     SETTINGS_FILE,
     SETTINGS_WAIT_S,
     Manifest,
@@ -82,7 +84,8 @@ def connect(plan: Plan) -> client.ApiClient:
 
 def run_sweep(plan: Plan, plan_text: str, plan_dir: Path, results_dir: Path, observer: Observer | None = None, *,
               api: client.ApiClient | None = None, force_new: bool = False, poll_s: float = 2.0,
-              ready_timeout_s: float = 1800.0, job_timeout_s: float | None = None) -> SweepResult:
+              ready_timeout_s: float = 1800.0, job_timeout_s: float | None = None,
+              scrape_s: float = 2.0) -> SweepResult:
     """Create the Cluster, measure storage, load the dataset, run every point × repeat as a Job, store, clean up."""
     ui: Observer = observer or SilentObserver()
     results_dir = results_dir.resolve()
@@ -98,15 +101,18 @@ def run_sweep(plan: Plan, plan_text: str, plan_dir: Path, results_dir: Path, obs
             raise
         orch = Orchestrator(plan, plan_dir, api, poll_s=poll_s, ready_timeout_s=ready_timeout_s,
                             job_timeout_s=job_timeout_s, log=ui.log)
-        return KubernetesSweep(plan, plan_text, store, orch, api, manifests, ui).run(sweep_id, resumed)
+        return KubernetesSweep(plan, plan_text, store, orch, api, manifests, ui, scrape_s=scrape_s).run(sweep_id,
+                                                                                                     resumed)
 
 
 class KubernetesSweep:
     """One sweep over one Orchestrator: what it creates, it deletes; each run's outcome goes to the store."""
 
     def __init__(self, plan: Plan, plan_text: str, store: Store, orch: Orchestrator, api: client.ApiClient,
-                 manifests: list[Manifest], ui: Observer):
+                 manifests: list[Manifest], ui: Observer, scrape_s: float = 2.0):
         self.plan, self.plan_text, self.store, self.orch, self.api, self.ui = plan, plan_text, store, orch, api, ui
+        self.scrape_s = scrape_s  # how often the instances' exporters are read while a run's Job runs
+        self._exporter_told = False
         self.manifests = manifests
         self.k8s = target_of(plan)
         self.points = expand(plan, cores=client_cores(self.k8s))  # the same points (and Job names) render made
@@ -316,7 +322,13 @@ class KubernetesSweep:
         try:
             ui.run_started(point, repeat, "job")
             launched = now()
-            outcome = self.orch.run_job(m, run_dir)
+            scraper = self._scraper()
+            outcome = self.orch.run_job(m, run_dir, on_poll=scraper.maybe if scraper else None)
+            exporter_files: list[str] = []
+            if scraper is not None:
+                scraper.final()
+                exporter_files = scraper.write(run_dir / "exporter")
+                self._tell_exporter_errors(scraper)
             settings = self._check_settings(run_dir, point, m.name)  # first: an unapplied parameter fails the Job
             if not outcome.succeeded:
                 raise RunFailed(_job_failure(outcome, run_dir))
@@ -325,9 +337,14 @@ class KubernetesSweep:
             metrics = {**Runner._metrics(result), **extra}
             if point.cpus is not None:
                 metrics["limit_cpus"] = point.cpus  # the step's CPU limit per instance, as a local run stores it
+            figures = exporter.summarize(scraper.scrapes, scraper.primary, window, DATABASE) if scraper else None
+            if figures is not None:
+                metrics.update(figures.metrics)
             series = [(p.ts, "pgbench", name, v) for p in result.progress
                       for name, v in (("tps", p.tps), ("latency_ms", p.latency_ms), ("stddev_ms", p.stddev_ms),
                                       ("failed", p.failed), ("lag_ms", p.lag_ms)) if v is not None]
+            if figures is not None:
+                series += figures.series
             events: list[tuple[float, str, str]] = []
             if warmup_start is not None:
                 events += [(warmup_start, "warmup-start", f"{self.plan.run.warmup:g} s"),
@@ -335,7 +352,8 @@ class KubernetesSweep:
             events += [(window[0], "window-start", ""), (window[1], "window-end", "")]
             _write_json(run_dir / "run.json", {"run_id": run_id, "point": point.axes, "repeat": repeat,
                                                "window": window, "job": m.name, "command": result.command,
-                                               "metrics": metrics, "files": outcome.files})
+                                               "metrics": metrics, "files": outcome.files + exporter_files,
+                                               "exporter": figures.info if figures else None})
             store.finish_run(run_id, "ok", window=window, settings=settings or None, metrics=metrics, series=series,
                              events=events)
             ui.run_finished(point, repeat, "ok", metrics)
@@ -351,6 +369,27 @@ class KubernetesSweep:
             store.finish_run(run_id, "failed", reason=reason)
             ui.run_finished(point, repeat, "failed", {"reason": reason})
             return reason
+
+    def _scraper(self) -> exporter.Scraper | None:
+        """A reader of every instance's exporter for the coming run, or None when the instances cannot be listed."""
+        try:
+            pods = sorted(p.metadata.name for p in self.orch.instance_pods())
+            primary = self.orch.cluster_status().get("currentPrimary")
+        except K8sError as exc:
+            self.ui.log(f"exporter: {exc}; no PostgreSQL figures for this run")
+            return None
+        if not pods or primary not in pods:
+            self.ui.log(f"exporter: primary {primary or '?'} not among the instance pods {pods}; no PostgreSQL "
+                        "figures for this run")
+            return None
+        return exporter.Scraper(self.orch.scrape, pods, self.scrape_s, primary)
+
+    def _tell_exporter_errors(self, scraper: exporter.Scraper) -> None:
+        """Say once per sweep when an exporter could not be read (RBAC without pods/proxy, say)."""
+        if (errors := scraper.errors()) and not self._exporter_told:
+            self._exporter_told = True
+            self.ui.log(f"exporter not read: {errors[0]} (figures from the scrapes that worked only; see "
+                        "exporter/*.prom in the run's folder)")
 
     def _check_settings(self, run_dir: Path, point: Point, job: str) -> dict[str, Any]:
         """The parameters the primary ran with (the Job's settings.txt), each as asked or the run fails, naming it.

@@ -1,0 +1,222 @@
+"""PostgreSQL figures of a Kubernetes run from CloudNativePG's exporter (port 9187 of each instance pod).
+
+pglab reads it through the API server's pod proxy while a run's Job is running, every few seconds, and keeps the
+raw text. A run's figures are the primary's counters over the scrapes taken inside the measured window (the first
+and the last), stored under the names the local ``pg`` and ``repl`` probes use where they mean the same thing. A
+metric the exporter does not serve (an older PostgreSQL, a custom monitoring config) gives no figure, not a zero.
+
+Clocks: the scrapes are stamped with this machine's clock, the window with the client node's (pgbench's log); on
+NTP-synchronised machines the difference is far below the scrape interval.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pglab.probes.base import now
+
+MIB = 1024 * 1024
+Key = tuple[str, frozenset[tuple[str, str]]]
+
+_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?\s+(\S+)(?:\s+-?\d+)?\s*$")
+_LABEL = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"\s*,?')
+_UNESCAPE = {"\\\\": "\\", '\\"': '"', "\\n": "\n"}
+
+
+def parse(text: str) -> dict[Key, float]:
+    """Prometheus text format (version 0.0.4) → {(metric, labels): value}; comments and malformed lines skipped."""
+    out: dict[Key, float] = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        m = _SAMPLE.match(line)
+        if m is None:
+            continue
+        name, raw_labels, raw_value = m.groups()
+        try:
+            value = float(raw_value)  # Go prints NaN, +Inf, -Inf: float() reads them all
+        except ValueError:
+            continue
+        labels = {k: re.sub(r"\\[\\\"n]", lambda e: _UNESCAPE[e.group(0)], v)
+                  for k, v in _LABEL.findall(raw_labels or "")}
+        out[(name, frozenset(labels.items()))] = value
+    return out
+
+
+@dataclass
+class Scrape:
+    """One read of one pod's exporter: when (this machine's clock), the text, or why there is none."""
+
+    pod: str
+    ts: float
+    text: str | None
+    error: str | None = None
+    values: dict[Key, float] = field(default_factory=dict)
+
+
+class Scraper:
+    """Reads every instance's exporter at most every ``interval`` seconds when asked (``maybe``), and once more at
+    the end (``final``). A pod that cannot be read (being recreated, no pods/proxy permission) is noted, not fatal.
+    """
+
+    def __init__(self, read: Callable[[str], str], pods: list[str], interval: float, primary: str):
+        self.read, self.pods, self.interval, self.primary = read, pods, interval, primary
+        self.scrapes: list[Scrape] = []
+        self._next = 0.0
+
+    def maybe(self) -> None:
+        if time.monotonic() >= self._next:
+            self._next = time.monotonic() + self.interval
+            self.final()
+
+    def final(self) -> None:
+        for pod in self.pods:
+            before = now()
+            try:
+                text: str | None = self.read(pod)
+                error = None
+            except Exception as exc:  # the API server's or the pod's answer: a gap in the figures, not a failure
+                text, error = None, (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            scrape = Scrape(pod, (before + now()) / 2, text, error)
+            if text is not None:
+                scrape.values = parse(text)
+            self.scrapes.append(scrape)
+
+    def errors(self) -> list[str]:
+        return sorted({f"pod/{s.pod}: {s.error}" for s in self.scrapes if s.error})
+
+    def write(self, folder: Path) -> list[str]:
+        """The raw texts, one file per pod, each scrape headed by ``# pglab scrape ts=<epoch>``."""
+        folder.mkdir(parents=True, exist_ok=True)
+        names = []
+        for pod in self.pods:
+            mine = [s for s in self.scrapes if s.pod == pod]
+            blocks = [f"# pglab scrape ts={s.ts:.6f}" + (f" error={s.error}\n" if s.error else f"\n{s.text}")
+                      for s in mine]
+            (folder / f"{pod}.prom").write_text("".join(b if b.endswith("\n") else b + "\n" for b in blocks))
+            names.append(f"{folder.name}/{pod}.prom")
+        return names
+
+
+# ------------------------------------------------------------------ what the figures are
+# local name → the exporter's metric (a PostgreSQL 17 alternative second); database counters are per datname
+_DATABASE = {"commits": "cnpg_pg_stat_database_xact_commit", "rollbacks": "cnpg_pg_stat_database_xact_rollback",
+             "blks_read": "cnpg_pg_stat_database_blks_read", "blks_hit": "cnpg_pg_stat_database_blks_hit"}
+_SERVER = {"wal_bytes": ("cnpg_collector_wal_bytes",),
+           "checkpoints_timed": ("cnpg_pg_stat_bgwriter_checkpoints_timed",
+                                 "cnpg_pg_stat_checkpointer_checkpoints_timed"),
+           "checkpoints_req": ("cnpg_pg_stat_bgwriter_checkpoints_req", "cnpg_pg_stat_checkpointer_checkpoints_req"),
+           "buffers_checkpoint": ("cnpg_pg_stat_bgwriter_buffers_checkpoint",
+                                  "cnpg_pg_stat_checkpointer_buffers_written")}
+# the primary's pg_stat_replication, per standby (application_name): local name → (metric, factor)
+_REPLICATION = {"write_lag_ms": ("cnpg_pg_stat_replication_write_lag_seconds", 1000.0),
+                "flush_lag_ms": ("cnpg_pg_stat_replication_flush_lag_seconds", 1000.0),
+                "replay_lag_ms": ("cnpg_pg_stat_replication_replay_lag_seconds", 1000.0),
+                "replay_lsn_distance_bytes": ("cnpg_pg_stat_replication_replay_diff_bytes", 1.0)}
+_REPLICATION_MAX = {"write_lag_ms": "write_lag_max_ms", "flush_lag_ms": "flush_lag_max_ms",
+                    "replay_lag_ms": "replay_lag_max_ms", "replay_lsn_distance_bytes": "replay_lsn_distance_max_bytes"}
+
+
+def counters(values: dict[Key, float], database: str) -> dict[str, Key]:
+    """The key of each counter pglab reads, as this scrape has it (labels included: a counter whose labels change,
+    such as the WAL figures' ``stats_reset``, was reset in between and gives no delta)."""
+    out: dict[str, Key] = {}
+    for local, metric in _DATABASE.items():
+        key = (metric, frozenset({("datname", database)}))
+        if key in values:
+            out[local] = key
+    for local, metrics in _SERVER.items():
+        for metric in metrics:
+            keys = [k for k in values if k[0] == metric]
+            if len(keys) == 1:
+                out[local] = keys[0]
+                break
+    return out
+
+
+def deltas(a: Scrape, b: Scrape, database: str) -> dict[str, float]:
+    """Counter increases from ``a`` to ``b``; a counter missing in either, reset or not finite gives nothing."""
+    ka, kb = counters(a.values, database), counters(b.values, database)
+    out = {}
+    for name, key in kb.items():
+        if ka.get(name) == key:
+            d = b.values[key] - a.values[key]
+            if math.isfinite(d) and d >= 0:
+                out[name] = d
+    return out
+
+
+def rates(d: dict[str, float], dt: float) -> dict[str, float]:
+    """The local pg probe's figures from counter increases over ``dt`` seconds."""
+    out = {}
+    for name, key in (("commits", "commits_s"), ("rollbacks", "rollbacks_s"), ("blks_read", "blks_read_s"),
+                      ("blks_hit", "blks_hit_s")):
+        if name in d:
+            out[key] = d[name] / dt
+    if "wal_bytes" in d:
+        out["wal_mb_s"] = d["wal_bytes"] / MIB / dt
+    return out
+
+
+def replication(values: dict[Key, float]) -> dict[str, dict[str, float]]:
+    """Per standby (application_name), the lags and distance the primary's exporter shows."""
+    out: dict[str, dict[str, float]] = {}
+    for local, (metric, factor) in _REPLICATION.items():
+        for (name, labels), value in values.items():
+            if name == metric and math.isfinite(value):
+                standby = dict(labels).get("application_name") or "standby"
+                out.setdefault(standby, {})[local] = value * factor
+    return out
+
+
+@dataclass
+class RunFigures:
+    """A run's PostgreSQL figures from the exporter, its series, and which scrapes they came from."""
+
+    metrics: dict[str, float]
+    series: list[tuple[float, str, str, float | None]]
+    info: dict[str, object]
+
+
+def summarize(scrapes: list[Scrape], primary: str, window: tuple[float, float], database: str) -> RunFigures:
+    """Window figures from the primary's first and last scrape inside ``window``; series between consecutive ones."""
+    mine = [s for s in scrapes if s.pod == primary and s.text is not None]
+    series: list[tuple[float, str, str, float | None]] = []
+    for a, b in itertools.pairwise(mine):
+        if b.ts > a.ts:
+            series += [(b.ts, "pg", k, v) for k, v in rates(deltas(a, b, database), b.ts - a.ts).items()]
+    for s in mine:
+        for standby, lags in replication(s.values).items():
+            series += [(s.ts, f"repl:{standby}", k, v) for k, v in lags.items()]
+    inside = [s for s in mine if window[0] <= s.ts <= window[1]]
+    info: dict[str, object] = {"primary": primary, "scrapes": len(mine), "in_window": len(inside)}
+    metrics: dict[str, float] = {}
+    if len(inside) >= 2 and inside[-1].ts > inside[0].ts:
+        first, last = inside[0], inside[-1]
+        info.update(start=first.ts, end=last.ts)
+        d = deltas(first, last, database)
+        metrics.update(rates(d, last.ts - first.ts))
+        metrics.update({k: d[k] for k in ("checkpoints_timed", "checkpoints_req", "buffers_checkpoint") if k in d})
+        if "blks_hit" in d and "blks_read" in d and d["blks_hit"] + d["blks_read"] > 0:
+            metrics["cache_hit_pct"] = d["blks_hit"] / (d["blks_hit"] + d["blks_read"]) * 100
+    else:
+        info["note"] = "fewer than two scrapes of the primary inside the window: no exporter figures"
+    per_standby: dict[str, dict[str, float]] = {}
+    for s in inside:
+        for standby, lags in replication(s.values).items():
+            for k, v in lags.items():
+                per_standby.setdefault(standby, {})[k] = max(v, per_standby.get(standby, {}).get(k, -math.inf))
+    for local, key in _REPLICATION_MAX.items():
+        values = [lags[local] for lags in per_standby.values() if local in lags]
+        if values:
+            metrics[key] = max(values)
+        for standby, lags in sorted(per_standby.items()):
+            if local in lags:
+                metrics[f"repl.{standby}.{key}"] = lags[local]
+    return RunFigures(metrics, series, info)
