@@ -20,7 +20,7 @@ import psycopg
 import pytest
 
 from conftest import pglab, processes_mentioning
-from pglab.errors import PlanError
+from pglab.errors import PlanError, UserError
 from pglab.plan import parse_plan
 from pglab.plan.schema import LocalTarget
 from pglab.targets.local import procs
@@ -195,6 +195,8 @@ def test_teardown_leaves_no_process_no_group_and_no_file(target: PatroniTarget) 
     lab = target.lab
     assert lab.lab_dir is not None and lab.toxiproxy is not None and lab.toxiproxy.proc is not None
     lab_dir, toxiproxy = lab.lab_dir, lab.toxiproxy.proc.pid
+    with pytest.raises(UserError, match=r"target\.local\.resources"):  # its groups and proxies are this process's
+        HALab.attach(lab_dir)
     SEEN["pids"].update(lab.pids().values())
     target.teardown()
     assert not [p for p in [*SEEN["pids"], toxiproxy] if procs.alive(p)]

@@ -759,7 +759,12 @@ class HALab(ServerFiles):
             raise UserError(f"'{lab_dir}' is not a pglab lab (no readable lab.json).") from None
         if state.get("kind") != "ha" or "spec" not in state:
             raise UserError(f"'{lab_dir}' is not an HA lab made by 'pglab cluster create' (or it is too old).")
-        lab = cls(LocalTarget.model_validate(state["spec"]), Path(state["base_dir"]), log, state.get("timings"))
+        spec = LocalTarget.model_validate(state["spec"])
+        for field in ("resources", "client", "network"):  # groups and proxies live in the process that built them
+            if getattr(spec, field) is not None:
+                raise UserError(f"'{lab_dir}' was built with target.local.{field}, which another pglab process "
+                                f"cannot act on yet; remove it with: pglab lab clean {lab_dir}")
+        lab = cls(spec, Path(state["base_dir"]), log, state.get("timings"))
         lab.lab_dir = lab_dir
         lab.parameters = dict(state.get("parameters") or {})
         lab._created_dirs = [lab_dir]
