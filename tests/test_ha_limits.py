@@ -165,6 +165,7 @@ def test_restarted_postgres_restarted_node_and_new_leader_keep_groups_and_links(
     transition = lab.switchover()
     lab.wait_ready(90)
     assert transition.old == old and lab.primary().name == transition.new
+    assert target.primary_name() == transition.new  # the run's primary_* cgroup figures follow the leader
     _assert_replicas_stream_through_the_leaders_proxy(lab)  # now the other proxy: links follow the leader
     shaped = _commit_ms(lab)
     print(f"after switchover to {transition.new}: synchronous commit {shaped:.1f} ms")

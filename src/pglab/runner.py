@@ -386,6 +386,7 @@ class Runner:
                                    transactions=None, log=False)
                 events.append((now(), "warmup-end", ""))
             self.ui.run_started(point, repeat, "measure")
+            primary_name = target.primary_name()
             cpu_before, launched = target.cpu_stats(), now()
             scenario_metrics: dict[str, float | None] = {}
             if point.scenario is None:
@@ -404,7 +405,7 @@ class Runner:
             window = (result.window_start, result.window_end)
             metrics = self._metrics(result)
             metrics.update(sampler.summarize(*window))
-            metrics.update(_limit_metrics(limits, cpu_before, cpu_after, ended - launched))
+            metrics.update(_limit_metrics(limits, cpu_before, cpu_after, ended - launched, primary_name))
             metrics.update(scenario_metrics)
             if sampler.errors:
                 (run_dir / "probe-errors.txt").write_text("\n".join(sampler.errors) + "\n")
@@ -587,23 +588,24 @@ class Runner:
 
 
 def _limit_metrics(limits: dict[str, Any], before: dict[str, dict[str, float]], after: dict[str, dict[str, float]],
-                   seconds: float) -> dict[str, float | None]:
-    """The limits in force during the run, and the primary's CPU use and throttling from its own cgroup."""
+                   seconds: float, primary_name: str = "n0") -> dict[str, float | None]:
+    """The limits in force during the run, and the primary's CPU use and throttling from its own cgroup (the
+    node that was primary when the run started: on an HA lab, not always n0)."""
     if not limits:
         return {}
     out: dict[str, float | None] = {"limits_applied": 1.0 if limits.get("applied") else 0.0}
-    primary = limits.get("n0") or {}
+    primary = limits.get(primary_name) or {}
     if primary.get("cpus") is not None:
         out["limit_cpus"] = primary["cpus"]
     if (limits.get("client") or {}).get("cpus") is not None:
         out["limit_client_cpus"] = limits["client"]["cpus"]
-    for group, prefix in (("n0", "primary"), ("client", "client")):
+    for group, prefix in ((primary_name, "primary"), ("client", "client")):
         b, a = before.get(group), after.get(group)
         if b and a and seconds > 0:
             out[f"{prefix}_cgroup_cpu_cores"] = (a["usage_s"] - b["usage_s"]) / seconds
             periods = a["periods"] - b["periods"]
             throttled = (a["throttled"] - b["throttled"]) / periods * 100 if periods > 0 else 0.0
-            out["cpu_throttled_pct" if group == "n0" else "client_throttled_pct"] = throttled
+            out["cpu_throttled_pct" if prefix == "primary" else "client_throttled_pct"] = throttled
     if "primary_cgroup_cpu_cores" in out:
         out["primary_cpu_cores"] = out.pop("primary_cgroup_cpu_cores")
     return out

@@ -89,6 +89,9 @@ class Unshaped:
     def links_in_force(self) -> dict[str, Any]:
         return {}
 
+    def primary_name(self) -> str:
+        return "n0"
+
 
 class Target(Protocol):
     """A place where PostgreSQL runs. The local lab is one; Kubernetes and external servers are others."""
@@ -149,4 +152,8 @@ class Target(Protocol):
 
     def reset_dataset(self) -> dict[str, Any]:
         """Put every instance back to the dataset's snapshot (dataset.reset: snapshot); returns what it took."""
+        ...
+
+    def primary_name(self) -> str:
+        """The instance that is primary now (its limits and cgroup figures are the run's ``primary_*``)."""
         ...

@@ -743,6 +743,9 @@ class LocalLab(ServerFiles):
         return path
 
     # ---------------------------------------------------------------- Target protocol
+    def primary_name(self) -> str:
+        return self.nodes[0].name  # no failover in this lab: the first node stays the primary
+
     def server_pids(self) -> list[int]:
         return [p for n in self.nodes if (p := n.postmaster_pid())]
 

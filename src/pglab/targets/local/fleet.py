@@ -141,6 +141,9 @@ class Fleet:
                 self._events += t.lab.take_events()
         return self.tenants[0].lab.endpoints()
 
+    def primary_name(self) -> str:
+        return self.tenants[0].lab.primary_name()
+
     def server_pids(self) -> list[int]:
         return [p for t in self.tenants for p in t.lab.server_pids()]
 

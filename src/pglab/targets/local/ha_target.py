@@ -105,6 +105,9 @@ class PatroniTarget:
     def endpoints(self) -> Endpoints:
         return Endpoints(self.follow_endpoint(), self.lab.endpoints().standbys)
 
+    def primary_name(self) -> str:
+        return self.lab.primary().name  # Patroni's leader now: after a failover, not n0
+
     def server_pids(self) -> list[int]:
         return self.lab.server_pids()
 
