@@ -12,6 +12,7 @@ import contextlib
 import shutil
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -26,7 +27,7 @@ from pglab.store.sqlite import Store
 from pglab.targets.local.cluster import LabError
 from pglab.targets.local.fleet import Fleet, Tenant
 from pglab.workloads import pgbench
-from pglab.workloads.pgbench import PgbenchError, PgbenchProcess
+from pglab.workloads.pgbench import PgbenchError, PgbenchProcess, ProgressPoint
 
 if TYPE_CHECKING:
     from pglab.runner import Runner
@@ -135,17 +136,26 @@ def one_run(r: Runner, store: Store, fleet: Fleet, sweep_id: int, point_id: int,
 def _all_at_once(r: Runner, fleet: Fleet, dirs: dict[str, Path], running: dict[str, PgbenchProcess], name: str,
                  seconds: float | None, transactions: int | None, log: bool
                  ) -> tuple[dict[str, int], dict[str, float]]:
-    """Start every tenant's pgbench, wait for all; the first tenant's progress feeds the live display. Returns
+    """Start every tenant's pgbench, wait for all; their summed progress feeds the live display. Returns
     each tenant's exit code, and its server memory (PSS bytes) sampled half-way through, every client connected."""
     from pglab.runner import RunFailed
 
     first = fleet.tenants[0].name
+    latest: dict[str, float] = {}
+
+    def progress_of(tenant: str) -> Callable[[ProgressPoint], None]:
+        def seen(p: ProgressPoint) -> None:  # the live display shows the host's TPS, once a second
+            latest[tenant] = p.tps
+            if tenant == first:
+                r.ui.progress(ProgressPoint(p.ts, sum(latest.values()), None, None, None, None))
+        return seen
+
     for t in fleet.tenants:
         args = pgbench.run_args(fleet.bindir, t.tier.workload, t.tier.clients, t.tier.jobs,
                                 r.plan.run, r.plan_dir, seconds=seconds, transactions=transactions,
                                 log_prefix=dirs[t.name] / "pgbench_log" if log else None)
         running[t.name] = PgbenchProcess(args, t.lab.endpoints().primary, dirs[t.name], name,
-                                         on_progress=r.ui.progress if t.name == first else None)
+                                         on_progress=progress_of(t.name))
     started = time.monotonic()
     memory_at = started + (seconds or 0) / 2
     memory: dict[str, float] = {}
