@@ -389,13 +389,17 @@ def _tenants_report(store: Store, fmt: str, sweep_id: int | None, table: str | N
         parts.append(render(fio_columns, fio_rows, fmt, title="storage (fio)", shown=STORAGE_SHOWN,
                             headers=STORAGE_HEADERS))
         parts.append(ceilings_text(store, sweep_id))
-    if table in (None, "tiers"):
-        parts.append(render(*tiers.tier_table(store, sweep_id), fmt, headers=tiers.tier_headers(store, sweep_id),
+    tier_columns, tier_rows = tiers.tier_table(store, sweep_id)
+    if table in (None, "tiers") and tier_rows:
+        parts.append(render(tier_columns, tier_rows, fmt, headers=tiers.tier_headers(store, sweep_id),
                             title="tiers: per tenant, mean over the tier's tenants (median over repeats); spread = "
                             "(max − min) / mean TPS within the tier"))
-    if table in (None, "database"):
-        parts.append(render(*tiers.host_table(store, sweep_id), fmt, headers=tiers.HOST_HEADERS,
+    host_columns, host_rows = tiers.host_table(store, sweep_id)
+    if table in (None, "database") and host_rows:
+        parts.append(render(host_columns, host_rows, fmt, headers=tiers.HOST_HEADERS,
                             title="host: every tenant added up, same window"))
+    if not tier_rows and table in (None, "tiers", "database"):
+        parts.append("no run of this sweep has ended yet\n")
     if table == "tenants":
         parts.append(render(*tiers.tenant_table(store, sweep_id), fmt, title="tenants"))
     if (note := limits_note(store, sweep_id)) and table in (None, "tiers"):

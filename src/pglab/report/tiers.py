@@ -7,6 +7,7 @@ over repeats. The host view sums every tenant and adds the host's own disk and C
 
 from __future__ import annotations
 
+import json
 import statistics
 from collections import OrderedDict
 from typing import Any
@@ -27,7 +28,10 @@ HOST_HEADERS = {"tps": "host TPS", "memory_per_instance_mb": "memory per instanc
 
 
 def is_tenants_sweep(store: Store, sweep_id: int | None) -> bool:
-    return any("arrangement" in r.axes for r in store.runs(sweep_id))
+    """Its points are arrangements (also before any run ended)."""
+    sweep_id = sweep_id if sweep_id is not None else store.latest_sweep_id()
+    rows = store.conn.execute("SELECT axes FROM points WHERE sweep_id = ?", (sweep_id,)).fetchall()
+    return any("arrangement" in json.loads(axes) for (axes,) in rows)
 
 
 def _median(values: list[float | None]) -> float | None:
