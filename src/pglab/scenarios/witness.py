@@ -116,6 +116,11 @@ def format_lsn(value: int) -> str:
     return f"{value >> 32:X}/{value & 0xFFFFFFFF:X}"
 
 
+def timeline_of(walfile: str) -> int:
+    """The timeline of a WAL file name (its first 8 hex digits), as ``pg_walfile_name`` gives it."""
+    return int(walfile[:8], 16)
+
+
 def switch_point(history: str) -> int | None:
     """Where a timeline began: the LSN on the last line of its ``.history`` file (``parent_tli<TAB>lsn<TAB>…``)."""
     lines = [line for line in history.splitlines() if line.strip() and not line.lstrip().startswith("#")]
@@ -327,7 +332,7 @@ class Witness:
             server = f"{conn.info.host}:{conn.info.port}"
             present = [r[0] for r in conn.execute(f"SELECT id FROM {TABLE}")]
             walfile = conn.execute("SELECT pg_walfile_name(pg_current_wal_lsn())").fetchone()
-            timeline = int(walfile[0][:8], 16) if walfile else None
+            timeline = timeline_of(walfile[0]) if walfile else None
             switch = None
             if timeline is not None and timeline > 1:
                 try:
