@@ -3,7 +3,8 @@
 It is a real HTTP server speaking the REST paths the official client uses (namespaces, RBAC, CNPG clusters, Jobs,
 PVCs, ConfigMaps, pods and their logs, the pod proxy, /version); it keeps the objects, plays the operator (a Cluster
 turns healthy after a few reads; a merge PATCH of its resources or parameters starts a rolling update that recreates
-the instance pods one by one, primary last, over a few reads) and the Job controller (a Job ends after a read, its
+the instance pods one by one, primary last, over a few reads; deleting the primary pod starts a failover that names
+and promotes another instance over a few reads) and the Job controller (a Job ends after a read, its
 pod's log carries a results tarball), and each instance's metrics exporter behind the pod proxy. Nothing is mocked
 inside pglab or the client.
 """
@@ -74,6 +75,13 @@ class FakeAPI:
         self._degraded = False
         self._rollout: dict[str, Any] | None = None  # {"left": reads, "old": pod spec, "new": pod spec}
         self._pods: dict[str, dict[str, Any]] = {}  # instance pod name -> its resources and parameters
+        # the failover: deleting the primary pod makes the operator promote the next instance after this many
+        # Cluster reads ("Failing over", targetPrimary pending, then named), and report it healthy a read later
+        self.promote_after = 3
+        self.never_promote = False  # the failover never completes (no standby can be promoted)
+        self.primary = ""  # the current primary's pod name, set when the Cluster is created
+        self.deleted_pods: list[tuple[str, float]] = []
+        self._failover: dict[str, Any] | None = None
 
     def handle(self, method: str, url: str, body: dict[str, Any] | None) -> tuple[int, Any]:
         parsed = urlparse(url)
@@ -109,11 +117,18 @@ class FakeAPI:
                     spec = _pod_spec(body)
                     self._pods = {f"{body['metadata']['name']}-{i}": spec for i in range(1, body["spec"]["instances"]
                                                                                           + 1)}
+                    self.primary = f"{body['metadata']['name']}-1"
                 if body["kind"] == "Job":
                     self.job_created_at[body["metadata"]["name"]] = time.time()
                     threading.Thread(target=self.on_job_created, args=(body["metadata"]["name"],)).start()
                 return 201, body
             if method == "DELETE":
+                pod = path.rsplit("/", 1)[1]
+                if "/pods/" in path and pod in self._pods:  # an instance pod: the operator recreates it
+                    self.deleted_pods.append((pod, time.time()))
+                    if pod == self.primary and self._failover is None:
+                        self._failover = {"old": pod, "left": self.promote_after}
+                    return 200, {"kind": "Pod", "apiVersion": "v1", "metadata": {"name": pod}}
                 if self.objects.pop(path, None) is None:
                     return 404, {"kind": "Status", "status": "Failure", "reason": "NotFound", "code": 404}
                 if path.startswith("/api/v1/namespaces/") and path.count("/") == 4:  # a namespace: all inside
@@ -142,7 +157,9 @@ class FakeAPI:
                 n = obj["spec"]["instances"]
                 obj["status"] = {"readyInstances": n if ready else 0,
                                  "phase": HEALTHY if ready else "Setting up primary",
-                                 "currentPrimary": f"{obj['metadata']['name']}-1"}
+                                 "currentPrimary": self.primary, "targetPrimary": self.primary}
+                if ready and self._failover is not None:
+                    obj["status"].update(self._failing_over(n))
                 if ready and self._rollout is not None:
                     obj["status"].update(self._roll(obj["metadata"]["name"], n))
                 self.phases.append(obj["status"]["phase"])
@@ -155,6 +172,29 @@ class FakeAPI:
                                  {"failed": 1} if name in self.failing_jobs else {"succeeded": 1})
             return 200, obj
 
+
+    # -------------------------------------------------------------- the operator's failover
+    def _failing_over(self, n: int) -> dict[str, Any]:
+        """One read into a failover, as CloudNativePG reports it: "Failing over" with targetPrimary "pending"
+        (the old primary shut down), then the new primary named as target, then promoted (currentPrimary), the
+        old pod rejoining as a replica, then healthy again."""
+        f = self._failover
+        assert f is not None
+        if not self.never_promote:
+            f["left"] -= 1
+        new = next(p for p in self._pods if p != f["old"])
+        if f["left"] > 1 or self.never_promote:
+            return {"phase": "Failing over", "readyInstances": n - 1, "currentPrimary": f["old"],
+                    "targetPrimary": "pending"}
+        if f["left"] == 1:
+            return {"phase": "Failing over", "readyInstances": n - 1, "currentPrimary": f["old"],
+                    "targetPrimary": new}
+        if f["left"] == 0:  # promoted; the old pod restarts and rejoins as a replica
+            self.primary = new
+            return {"phase": "Waiting for the instances to become active", "readyInstances": n - 1,
+                    "currentPrimary": new, "targetPrimary": new}
+        self._failover = None
+        return {}
 
     # -------------------------------------------------------------- the operator's rolling update
     def _patch(self, path: str, body: dict[str, Any] | None) -> tuple[int, Any]:

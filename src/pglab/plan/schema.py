@@ -863,13 +863,25 @@ class Plan(Strict):
                                       {"at": "dataset.reset"})
         for i, sc in enumerate(self.matrix.scenario or []):
             at = f"matrix.scenario.{i}"
-            if local is None:
+            k8s = self.target.kubernetes
+            if k8s is not None:  # pglab deletes the primary pod; CloudNativePG elects the new primary
+                if sc.kind != "failover":
+                    raise PydanticCustomError("scenario", "on Kubernetes only the failover scenario runs (pglab "
+                                              "deletes the primary pod); {kind} runs on the local lab only",
+                                              {"kind": sc.kind, "at": f"{at}.kind"})
+                if sc.kill != "node":
+                    raise PydanticCustomError("scenario", "on Kubernetes a failover deletes the primary pod (kill: "
+                                              "node); kill: postgres is not available there", {"at": f"{at}.kill"})
+                if k8s.instances < 2:
+                    raise PydanticCustomError("scenario", "a failover needs a standby to promote: raise "
+                                              "target.kubernetes.instances", {"at": f"{at}.kind"})
+            elif local is None:
                 raise PydanticCustomError("scenario", "scenarios run on the local lab only (pglab must be able to "
                                           "kill and restart the servers)", {"at": at})
-            if sc.kind in ("failover", "switchover") and not ha:
+            elif sc.kind in ("failover", "switchover") and not ha:
                 raise PydanticCustomError("scenario", "a {kind} needs target.local.ha: patroni (something must "
                                           "elect the new primary)", {"kind": sc.kind, "at": f"{at}.kind"})
-            if sc.kind == "standby-loss" and local.instances < 2:
+            if sc.kind == "standby-loss" and local is not None and local.instances < 2:
                 raise PydanticCustomError("scenario", "standby-loss needs a standby: raise target.local.instances",
                                           {"at": f"{at}.kind"})
             seconds = self.run.measured_seconds

@@ -237,6 +237,10 @@ class Orchestrator:
         """Create a Job, wait for it to end, bring back its log and results, delete it. ``on_poll`` runs at every
         look at the Job (the sweep samples the exporters there)."""
         self.create(m)
+        return self.finish_job(m, dest, on_poll)
+
+    def finish_job(self, m: Manifest, dest: Path, on_poll: Callable[[], None] | None = None) -> JobOutcome:
+        """Wait for a Job already created to end, bring back its log and results, delete it (also on a failure)."""
         deadline = time.monotonic() + self.job_timeout_s
         try:
             while True:
@@ -251,18 +255,39 @@ class Orchestrator:
                 if time.monotonic() > deadline:
                     raise K8sError(f"Job/{m.name} still running after {self.job_timeout_s:.0f} s")
                 time.sleep(self.poll_s)
-            pods = self.core.list_namespaced_pod(self.ns, label_selector=f"job-name={m.name}").items
-            if not pods:
+            raw = self.job_log(m.name)
+            if raw is None:
                 raise K8sError(f"Job/{m.name} ended without a pod to read")
-            raw = self.core.read_namespaced_pod_log(pods[0].metadata.name, self.ns)
             text, files = extract_results(raw, dest)
             outcome = JobOutcome(m.name, bool(st.succeeded), text, files)
         finally:
-            self.created.remove(m)
-            self.delete(m)
+            self.discard(m)
         (dest / "pod.log").parent.mkdir(parents=True, exist_ok=True)
         (dest / "pod.log").write_text(outcome.log)
         return outcome
+
+    def discard(self, m: Manifest) -> None:
+        """Delete an object this orchestrator created, now rather than at the end (a no-op once it is gone)."""
+        if m in self.created:
+            self.created.remove(m)
+            self.delete(m)
+
+    def job_log(self, job: str) -> str | None:
+        """The log of a Job's pod so far; None while it has no pod."""
+        try:
+            pods = self.core.list_namespaced_pod(self.ns, label_selector=f"job-name={job}").items
+            if not pods:
+                return None
+            return str(self.core.read_namespaced_pod_log(pods[0].metadata.name, self.ns))
+        except ApiException as exc:
+            raise K8sError(f"reading the log of Job/{job}: {_reason(exc)}") from None
+
+    def delete_pod(self, name: str) -> None:
+        """Delete one pod (the failover scenario's fault: CloudNativePG then promotes a standby)."""
+        try:
+            self.core.delete_namespaced_pod(name, self.ns)
+        except ApiException as exc:
+            raise K8sError(f"deleting pod/{name} in {self.ns}: {_reason(exc)}") from None
 
     # -------------------------------------------------------------- the whole plan
     def run(self, out_dir: Path) -> list[JobOutcome]:
@@ -277,7 +302,9 @@ class Orchestrator:
                 if m.kind == "Cluster":
                     self.log(f"waiting for Cluster/{m.name} ({self.k8s.instances} instances)")
                     self.wait_cluster_ready()
-            for m in (m for m in manifests if m.kind == "Job"):
+            # a witness Job runs beside its run's Job, during a scenario: only `pglab run` schedules that
+            for m in (m for m in manifests if m.kind == "Job" and m.body["metadata"]["labels"]["pglab/component"]
+                      != "witness"):
                 self.log(f"running Job/{m.name}")
                 outcome = self.run_job(m, out_dir / m.name)
                 outcomes.append(outcome)

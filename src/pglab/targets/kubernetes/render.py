@@ -416,15 +416,98 @@ def pgbench_run(plan: Plan, point: Point, repeat: int = 1) -> Manifest:
     reset = _reset_script(plan)
     if parameters := instance_parameters(plan, point):  # in force before anything is measured, or no run
         reset = f"{_settings_script(parameters)}if [ \"$rc\" = 0 ]; then\n{reset}fi\n"
+    load = (f"{shlex.join(args)} > pgbench.out 2> pgbench.err || rc=$?" if point.scenario is None else
+            _segments_script(args, seconds or 1.0))
     script = (f"set -eu\ncd {RESULTS_DIR}\nrc=0\n{reset}"
-              f"if [ \"$rc\" = 0 ]; then {shlex.join(args)} > pgbench.out 2> pgbench.err || rc=$?; fi\n"
+              f"if [ \"$rc\" = 0 ]; then {load}; fi\n"
               f"{_ship_results()}\nexit $rc")
     volumes, mounts = _scripts_volume(plan)
     pod = _client_pod(k8s, k8s.clients.image or k8s.image, script, env=_pg_env(k8s, point.synchronous_commit),
                       volumes=volumes, mounts=mounts)
     name = f"{k8s.cluster_name}-run-{point.index:04d}-{repeat}"
     notes = {"pglab/point": point.label(), "pglab/point-key": point.key, "pglab/repeat": str(repeat)}
+    if point.scenario is not None:
+        notes["pglab/scenario"] = point.scenario.label
     return Manifest(f"50-run-{point.index:04d}-{repeat}-job.yaml", _job(k8s, name, "pgbench-run", pod, notes))
+
+
+START_MARK = "pglab: pgbench start"  # the run Job's stdout, with the pod's epoch: the scenario's clock starts there
+WITNESS_MARK = "pglab-witness"  # every line of the witness Job's stdout that pglab reads
+WITNESS_TABLE = "pglab_witness"  # the local witness's table (scenarios/witness.py), same columns
+WITNESS_MARGIN_S = 10  # the witness writes this much longer than pgbench (its pod may start a little later)
+WITNESS_READ_TRIES = 90  # read-back tries, 2 s apart: the new primary may still be on its way
+
+
+def _segments_script(args: list[str], seconds: float) -> str:
+    """pgbench through a fault: started again (new pid, so new -l files) whenever the failover ends it, until the
+    run's time is up, as the local runner does. Segment n > 1 writes pgbench-n.out/.err. The Job succeeds when one
+    segment at least reported its transactions."""
+    at = args.index("-T")
+    cmd = shlex.join(args[:at + 1]) + ' "$left" ' + shlex.join(args[at + 2:])
+    return (f'echo "{START_MARK} $(date +%s.%N)"\n'
+            f"end=$(( $(date +%s) + {max(1, round(seconds))} )); n=1; last=0\n"
+            "while :; do\n"
+            '  left=$(( end - $(date +%s) )); [ "$n" -gt 1 ] && [ "$left" -lt 1 ] && break; [ "$left" -lt 1 ] && '
+            "left=1\n"
+            '  out=pgbench; [ "$n" -gt 1 ] && out=pgbench-$n\n'
+            f'  {cmd} > "$out.out" 2> "$out.err" && last=0 || last=$?\n'
+            '  n=$((n+1)); [ "$last" = 0 ] && break; sleep 1\n'
+            "done\n"
+            "grep -qs 'number of transactions actually processed' pgbench*.out || rc=$last")
+
+
+def witness_script(plan: Plan, seconds: float) -> str:
+    """The witness writer in a pod: the table emptied, then one id per short transaction through ``<cluster>-rw``
+    for ``seconds``, each attempt one stdout line ``pglab-witness <acked|failed|in_doubt> id t_sent t_done server
+    lsn error``; then the ids read back (retried until the new primary answers) between ``present`` lines.
+
+    psql makes one session per attempt (BEGIN, INSERT … RETURNING the WAL position, COMMIT): its LSN line printed
+    means the INSERT returned (the COMMIT was sent next); exit 2 is a lost connection, so a lost COMMIT is in doubt,
+    anything else not acked failed — the local witness's rule (``witness.classify``)."""
+    psql = "psql -XAtq -v ON_ERROR_STOP=1"
+    create = (f"CREATE TABLE IF NOT EXISTS {WITNESS_TABLE} (id bigint PRIMARY KEY, t_client double precision NOT "
+              "NULL, t_server timestamptz NOT NULL DEFAULT clock_timestamp())")
+    insert = (f"INSERT INTO {WITNESS_TABLE} (id, t_client) VALUES ($i, $t0) RETURNING "
+              "pg_current_wal_insert_lsn()::text || ' ' || coalesce(host(inet_server_addr()) || ':' || "
+              "inet_server_port(), '-')")
+    w = WITNESS_MARK
+    return "\n".join([
+        "set -u", "cd " + RESULTS_DIR, "nl='", "'", "n=0",
+        f"until {psql} -c {shlex.quote(create)} -c 'TRUNCATE {WITNESS_TABLE}' > prepare.log 2>&1; do",
+        f'  n=$((n+1)); [ "$n" -ge 60 ] && {{ echo "{w} prepare-failed $(tail -n 1 prepare.log)"; exit 1; }}; sleep 1',
+        "done",
+        f"end=$(( $(date +%s) + {max(1, round(seconds)) + WITNESS_MARGIN_S} )); i=0",
+        'while [ "$(date +%s)" -lt "$end" ]; do',
+        "  i=$((i+1)); t0=$(date +%s.%N)",
+        f'  out=$({psql} -c BEGIN -c "{insert}" -c COMMIT 2>&1); rc=$?; t1=$(date +%s.%N)',
+        '  first=${out%%"$nl"*}; lsn=-; srv=-; stage=insert',
+        '  case "$first" in [0-9A-F]*/[0-9A-F]*" "*) lsn=${first%% *}; srv=${first#* }; stage=commit;; esac',
+        '  err=; if [ "$rc" = 0 ] && [ "$stage" = commit ]; then what=acked',
+        '  elif [ "$rc" = 2 ] && [ "$stage" = commit ]; then what=in_doubt', "  else what=failed; fi",
+        '  [ "$what" = acked ] || err=$(printf %s "$out" | tr -s "\\n\\t " "   ")  # psql\'s words, one line',
+        f'  echo "{w} $what $i $t0 $t1 $srv $lsn $err"',
+        '  if [ "$what" = acked ]; then sleep 0.01; else sleep 0.2; fi',
+        "done",
+        f'echo "{w} stopped $i"', "n=0",
+        f"until {psql} -c 'SELECT id FROM {WITNESS_TABLE} ORDER BY id' > present.txt 2> read.err; do",
+        f'  n=$((n+1)); [ "$n" -ge {WITNESS_READ_TRIES} ] && {{ echo "{w} read-failed $(tail -n 1 read.err)"; '
+        "exit 1; }; sleep 2",
+        "done",
+        f"echo \"{w} walfile $({psql} -c 'SELECT pg_walfile_name(pg_current_wal_lsn())' 2>/dev/null || true)\"",
+        f'echo "{w} present begin"; cat present.txt; echo "{w} present end"',
+    ])
+
+
+def witness_job(plan: Plan, point: Point, repeat: int = 1) -> Manifest:
+    """The witness writer of a failover run, a Job beside the run's pgbench Job (same image, secret, level)."""
+    k8s = target_of(plan)
+    seconds = (plan.run.measured_seconds or 0.0) + plan.run.warmup
+    pod = _client_pod(k8s, k8s.clients.image or k8s.image, witness_script(plan, seconds),
+                      env=_pg_env(k8s, point.synchronous_commit))
+    pod["containers"][0].pop("resources", None)  # the client's budget is pgbench's
+    name = f"{k8s.cluster_name}-witness-{point.index:04d}-{repeat}"
+    notes = {"pglab/point": point.label(), "pglab/point-key": point.key, "pglab/repeat": str(repeat)}
+    return Manifest(f"50-witness-{point.index:04d}-{repeat}-job.yaml", _job(k8s, name, "witness", pod, notes))
 
 
 # ------------------------------------------------------------------ access
@@ -477,6 +560,8 @@ def render(plan: Plan, base_dir: Path) -> list[Manifest]:
     out.append(pgbench_init(plan))
     for point in expand(plan, cores=client_cores(k8s)):
         for repeat in range(1, plan.run.repeats + 1):
+            if point.scenario is not None and point.scenario.witness:
+                out.append(witness_job(plan, point, repeat))  # started just before the run's Job, beside it
             out.append(pgbench_run(plan, point, repeat))
     return out
 

@@ -10,6 +10,7 @@ the end, also after a failure, Ctrl-C or SIGTERM.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import re
 import sys
@@ -39,6 +40,7 @@ from pglab.runner import (
     open_sweep,
     results_lock,
 )
+from pglab.scenarios.witness import evaluate
 from pglab.store.sqlite import Store
 from pglab.targets.kubernetes import exporter
 from pglab.targets.kubernetes.orchestrate import POSTGRES_CONTAINER, JobOutcome, K8sError, Orchestrator, api_client
@@ -60,12 +62,15 @@ from pglab.targets.kubernetes.render import (
     render,
     target_of,
     to_yaml,
+    witness_job,
 )
+from pglab.targets.kubernetes.scenario import Failover, WitnessLogError, parse_witness_log
 from pglab.workloads import fio, pgbench
 from pglab.workloads.fio import FioError
 from pglab.workloads.pgbench import PgbenchError, PgbenchRun, PgbenchSummary
 
 TXN_LOG = re.compile(r"^pgbench\.\d+(\.\d+)?$")  # -l --log-prefix=/results/pgbench: pgbench.<pid>[.<thread>]
+FAILOVER_TIMEOUT_S = 300.0  # from deleting the primary pod to a healthy Cluster with a new primary
 JOB_OVERHEAD_S = 15.0  # pod scheduling, image already pulled, log read back: for the ETA only
 
 
@@ -85,7 +90,7 @@ def connect(plan: Plan) -> client.ApiClient:
 def run_sweep(plan: Plan, plan_text: str, plan_dir: Path, results_dir: Path, observer: Observer | None = None, *,
               api: client.ApiClient | None = None, force_new: bool = False, poll_s: float = 2.0,
               ready_timeout_s: float = 1800.0, job_timeout_s: float | None = None,
-              scrape_s: float = 2.0) -> SweepResult:
+              scrape_s: float = 2.0, failover_timeout_s: float = FAILOVER_TIMEOUT_S) -> SweepResult:
     """Create the Cluster, measure storage, load the dataset, run every point × repeat as a Job, store, clean up."""
     ui: Observer = observer or SilentObserver()
     results_dir = results_dir.resolve()
@@ -101,17 +106,20 @@ def run_sweep(plan: Plan, plan_text: str, plan_dir: Path, results_dir: Path, obs
             raise
         orch = Orchestrator(plan, plan_dir, api, poll_s=poll_s, ready_timeout_s=ready_timeout_s,
                             job_timeout_s=job_timeout_s, log=ui.log)
-        return KubernetesSweep(plan, plan_text, store, orch, api, manifests, ui, scrape_s=scrape_s).run(sweep_id,
-                                                                                                     resumed)
+        sweep = KubernetesSweep(plan, plan_text, store, orch, api, manifests, ui, scrape_s=scrape_s,
+                                failover_timeout_s=failover_timeout_s)
+        return sweep.run(sweep_id, resumed)
 
 
 class KubernetesSweep:
     """One sweep over one Orchestrator: what it creates, it deletes; each run's outcome goes to the store."""
 
     def __init__(self, plan: Plan, plan_text: str, store: Store, orch: Orchestrator, api: client.ApiClient,
-                 manifests: list[Manifest], ui: Observer, scrape_s: float = 2.0):
+                 manifests: list[Manifest], ui: Observer, scrape_s: float = 2.0,
+                 failover_timeout_s: float = FAILOVER_TIMEOUT_S):
         self.plan, self.plan_text, self.store, self.orch, self.api, self.ui = plan, plan_text, store, orch, api, ui
         self.scrape_s = scrape_s  # how often the instances' exporters are read while a run's Job runs
+        self.failover_timeout_s = failover_timeout_s  # from the fault to a healthy Cluster with a new primary
         self._exporter_told = False
         self.manifests = manifests
         self.k8s = target_of(plan)
@@ -319,11 +327,21 @@ class KubernetesSweep:
         run_id, run_dir = store.start_run(sweep_id, point_id, point.index, repeat)
         m = pgbench_run(self.plan, point, repeat)
         (run_dir / "job.yaml").write_text(to_yaml(m.body))
+        sc = point.scenario
+        failover = Failover(self.orch, sc, m.name, self.plan.run.warmup) if sc is not None else None
+        wm = witness_job(self.plan, point, repeat) if sc is not None and sc.witness else None
         try:
             ui.run_started(point, repeat, "job")
             launched = now()
             scraper = self._scraper()
-            outcome = self.orch.run_job(m, run_dir, on_poll=scraper.maybe if scraper else None)
+            if wm is not None:
+                (run_dir / "witness-job.yaml").write_text(to_yaml(wm.body))
+                self.orch.create(wm)  # writing before pgbench starts, so the fault falls inside its log
+            polls = [f for f in (scraper.maybe if scraper else None, failover.poll if failover else None) if f]
+            outcome = self.orch.run_job(m, run_dir, on_poll=(lambda: [f() for f in polls] and None) if polls
+                                        else None)
+            if failover is not None and (outcome.succeeded or failover.fault_time is not None):
+                failover.finish(self.failover_timeout_s)
             exporter_files: list[str] = []
             if scraper is not None:
                 scraper.final()
@@ -350,6 +368,11 @@ class KubernetesSweep:
                 events += [(warmup_start, "warmup-start", f"{self.plan.run.warmup:g} s"),
                            (window[0], "warmup-end", "")]
             events += [(window[0], "window-start", ""), (window[1], "window-end", "")]
+            if failover is not None:
+                metrics.update(self._failover_metrics(failover, run_dir, window))
+                events += failover.events
+            if wm is not None:
+                metrics.update(self._witness(wm, run_dir, failover.fault_time if failover else None))
             _write_json(run_dir / "run.json", {"run_id": run_id, "point": point.axes, "repeat": repeat,
                                                "window": window, "job": m.name, "command": result.command,
                                                "metrics": metrics, "files": outcome.files + exporter_files,
@@ -362,13 +385,49 @@ class KubernetesSweep:
             store.finish_run(run_id, "interrupted", reason=f"interrupted by {exc.signal_name}")
             ui.run_finished(point, repeat, "interrupted", {})
             raise
-        except (RunFailed, PgbenchError, K8sError, OSError) as exc:
+        except (RunFailed, PgbenchError, K8sError, WitnessLogError, OSError) as exc:
             reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
             if (problem := self.orch.cluster_health()) and problem not in reason:
                 reason += f"; {problem}"
+            if failover is not None and failover.events:
+                store.add_events(sweep_id, failover.events)  # what the fault did, kept with the failed run's sweep
             store.finish_run(run_id, "failed", reason=reason)
             ui.run_finished(point, repeat, "failed", {"reason": reason})
             return reason
+        finally:
+            if wm is not None:
+                self.orch.discard(wm)  # a witness still writing after a failed run goes now, not at the end
+
+    def _failover_metrics(self, failover: Failover, run_dir: Path,
+                          window: tuple[float, float]) -> dict[str, float | None]:
+        """The local runner's scenario figures: when the fault fell in the window, how long until the operator
+        reported the new primary (``recovered_s``), TPS and latency before, during and after (per-transaction log)."""
+        fault, back = failover.fault_time, failover.new_primary_time
+        assert fault is not None and back is not None
+        out: dict[str, float | None] = {"fault_at_s": fault - window[0], "recovered_s": back - fault,
+                                        "leader_changed": 1.0 if failover.new != failover.old else 0.0}
+        lat, end_ts = pgbench.read_transaction_log(sorted(f for f in run_dir.iterdir() if TXN_LOG.match(f.name)))
+        scale = 1.0 / self.plan.run.sampling_rate
+        for phase, a, b in (("before", window[0], fault), ("during", fault, back), ("after", back, window[1])):
+            tps, latency = pgbench.phase_stats(lat, end_ts, a, b)
+            out[f"tps_{phase}"], out[f"latency_{phase}_ms"] = tps * scale, latency
+        return out
+
+    def _witness(self, wm: Manifest, run_dir: Path, fault_time: float | None) -> dict[str, float | None]:
+        """The witness Job's log, evaluated by the local witness's own ``evaluate``; its figures under the local
+        runner's names, and witness.json beside them."""
+        outcome = self.orch.finish_job(wm, run_dir / "witness")
+        log = parse_witness_log(outcome.log)
+        w = evaluate(log.attempts, log.present, fault_time=fault_time, verified_on=f"{self.k8s.cluster_name}-rw",
+                     timeline=log.timeline)
+        _write_json(run_dir / "witness.json", w.as_dict())
+        if not outcome.succeeded:
+            raise RunFailed(f"the witness failed in Job/{wm.name}: {_last_words(outcome.log)}")
+        return {"witness_attempts": float(w.attempts), "witness_acked": float(w.acked),
+                "witness_failed": float(w.failed), "in_doubt": float(w.in_doubt),
+                "acked_lost": float(w.acked_lost), "in_doubt_survived": float(len(w.in_doubt_survived)),
+                "witness_unexpected": float(len(w.unexpected)), "rto_s": w.rto_s, "write_gap_s": w.gap_s,
+                "lsn_gap_bytes": float(w.lsn_gap_bytes) if w.lsn_gap_bytes is not None else None}
 
     def _scraper(self) -> exporter.Scraper | None:
         """A reader of every instance's exporter for the coming run, or None when the instances cannot be listed."""
@@ -431,9 +490,26 @@ class KubernetesSweep:
         out_file = run_dir / "pgbench.out"
         if not out_file.is_file():
             raise PgbenchError(f"Job/{m.name} shipped no pgbench.out")
-        summary = pgbench.parse_summary(out_file.read_text(errors="replace"))
-        err_file = run_dir / "pgbench.err"
-        err_text = err_file.read_text(errors="replace") if err_file.is_file() else ""
+        scenario = m.body["metadata"]["annotations"].get("pglab/scenario") is not None
+        later = sorted((f.with_suffix("") for f in run_dir.glob("pgbench-*.out")), key=lambda f: int(f.name[8:]))
+        segments = [run_dir / "pgbench", *later]
+        extra: dict[str, float | None] = {}
+        if scenario:  # pgbench started again after the fault ended it: one summary per segment that ran
+            summaries = []
+            for seg in segments:
+                with contextlib.suppress(PgbenchError):
+                    summaries.append(pgbench.parse_summary(seg.with_suffix(".out").read_text(errors="replace")))
+            if not summaries:
+                raise PgbenchError(f"pgbench never ran through the scenario in Job/{m.name} (see pgbench*.err)")
+            summary = summaries[0]
+            errs = [seg.with_suffix(".err") for seg in segments if seg.with_suffix(".err").is_file()]
+            extra["pgbench_starts"] = float(len(segments))
+            extra["clients_aborted"] = float(sum(len(pgbench._ABORTED.findall(f.read_text(errors="replace")))
+                                                 for f in errs))
+        else:
+            summary = pgbench.parse_summary(out_file.read_text(errors="replace"))
+            errs = [run_dir / "pgbench.err"] if (run_dir / "pgbench.err").is_file() else []
+        err_text = "".join(f.read_text(errors="replace") for f in errs)
         progress = [p for line in err_text.splitlines() if (p := pgbench.parse_progress_line(line)) is not None]
         log_files = sorted(f for f in run_dir.iterdir() if TXN_LOG.match(f.name))
         lat, end_ts = pgbench.read_transaction_log(log_files)
@@ -444,9 +520,8 @@ class KubernetesSweep:
         else:
             first, last = launched, ended
         warmup = self.plan.run.warmup if self.plan.run.measured_seconds is not None else 0.0
-        extra: dict[str, float | None] = {}
         warmup_start = None
-        if warmup > 0:
+        if warmup > 0 or scenario:  # no one pgbench line covers a scenario's segments: recomputed from the log
             start = first + warmup
             keep = end_ts >= start
             lat, end_ts = lat[keep], end_ts[keep]
@@ -454,13 +529,14 @@ class KubernetesSweep:
                 raise PgbenchError(f"no transaction ended after the {warmup:g} s warm-up (pgbench.out: "
                                    f"{summary.transactions} transactions in all)")
             scale = 1.0 / self.plan.run.sampling_rate
-            extra["tps_with_warmup"] = summary.tps
+            if warmup > 0:
+                extra["tps_with_warmup"] = summary.tps
             summary = PgbenchSummary(
                 tps=lat.size * scale / (last - start), latency_avg_ms=float(lat.mean()),
                 latency_stddev_ms=float(lat.std()), initial_connection_ms=summary.initial_connection_ms,
                 transactions=round(lat.size * scale), failed=round(_failed_after(log_files, start) * scale),
                 duration_s=last - start)
-            warmup_start, first = first, start
+            warmup_start, first = (first, start) if warmup > 0 else (None, start)
         stats = pgbench.log_stats(lat, end_ts)
         command = m.body["spec"]["template"]["spec"]["containers"][0]["command"]
         run = PgbenchRun(summary, stats, progress, first, last, command, 0, log_files)

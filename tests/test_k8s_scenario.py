@@ -1,0 +1,260 @@
+"""The failover scenario on Kubernetes, against the fake API server: the primary pod deleted during the run, the
+operator's promotion followed, the witness pod's log evaluated with the local witness's rules, the scenarios table.
+
+The pods' logs are generated here around the run Job's creation time: pgbench ran in two segments (the fault ended
+the first), and the witness wrote acked ids, lost one COMMIT in flight (in doubt), failed through the outage (the
+write gap) and wrote again on the new primary; its read-back lacks the last two acks before the fault."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+from conftest import pglab
+from k8s_fake import FakeAPI, results_log, serve
+from pglab.plan.load import parse_plan
+from pglab.report.scenarios import scenario_table
+from pglab.store.sqlite import Store
+from pglab.targets.kubernetes import sweep as k8s_sweep
+from pglab.targets.kubernetes.render import START_MARK, WITNESS_MARK, render, witness_script
+from pglab.targets.kubernetes.scenario import WitnessLogError, parse_witness_log
+from test_k8s import CHECKER, check
+from test_k8s_run import JOBS, PGBENCH, Recorder, assert_all_deleted, posted_jobs
+
+PLAN = """
+name: k
+target:
+  kubernetes:
+    namespace: bench
+    cluster_name: pg
+    instances: 2
+    resources: {cpu: 1, memory: 1Gi}
+matrix: {clients: [2], jobs: [1], scenario: [{kind: failover, at: 1s}]}
+run: {duration: 4s}
+"""
+RUN, WITNESS = "pg-run-0000-1", "pg-witness-0000-1"
+FAULT_AT = 1.0  # the plan's 'at'
+LOST = 2  # acks just before the fault that the new primary does not have
+OLD, NEW = "10.244.0.11:5432", "10.244.0.12:5432"
+
+
+class Story:
+    """The logs of one failover run, placed around ``t0``: when the run Job started pgbench."""
+
+    def __init__(self, t0: float) -> None:
+        self.t0 = t0
+        self.attempts: list[tuple[str, int, float, float, str, str, str]] = []
+        ident = 0
+        t = t0 - 0.2
+        while t + 0.005 < t0 + FAULT_AT - 0.01:  # acks on the old primary until just before the fault
+            ident += 1
+            self.attempts.append(("acked", ident, t, t + 0.005, OLD, f"0/{0x3000000 + ident * 0x100:X}", ""))
+            t += 0.01
+        self.lost = [a[1] for a in self.attempts[-LOST:]]
+        self.last_ack_before = self.attempts[-1][3]
+        ident += 1  # its COMMIT in flight when the pod went: in doubt (and it did survive)
+        self.in_doubt = ident
+        self.attempts.append(("in_doubt", ident, t, t0 + FAULT_AT + 0.3, OLD, f"0/{0x3000000 + ident * 0x100:X}",
+                              "psql: error: server closed the connection unexpectedly"))
+        self.failed = []
+        t = t0 + FAULT_AT + 0.5
+        while t < t0 + 2.4:  # the outage: no primary behind pg-rw
+            ident += 1
+            self.failed.append(ident)
+            self.attempts.append(("failed", ident, t, t + 0.01, "-", "-",
+                                  'psql: error: connection to server at "pg-rw" (10.96.0.10), port 5432 failed'))
+            t += 0.2
+        t = t0 + 2.5
+        self.first_ack_after = t + 0.005
+        while t < t0 + 4.5:  # the new primary
+            ident += 1
+            self.attempts.append(("acked", ident, t, t + 0.005, NEW, f"0/{0x4000000 + ident * 0x100:X}", ""))
+            t += 0.01
+        self.acked = [a[1] for a in self.attempts if a[0] == "acked"]
+        self.present = sorted({*self.acked, self.in_doubt} - set(self.lost))
+        # pgbench's per-transaction log: client 0, every 10 ms, 2 ms each; segment 1 until the fault, 2 after
+        self.txn = {"pgbench.101": self._txns(t0, t0 + FAULT_AT), "pgbench.202": self._txns(t0 + 2.5, t0 + 4.0)}
+
+    @staticmethod
+    def _txns(start: float, stop: float) -> list[float]:
+        out, t = [], start + 0.002
+        while t < stop:
+            out.append(round(t, 6))
+            t += 0.01
+        return out
+
+    def witness_log(self) -> str:
+        lines = [f"{WITNESS_MARK} {what} {i} {a:.6f} {b:.6f} {srv} {lsn} {err}".rstrip()
+                 for what, i, a, b, srv, lsn, err in self.attempts]
+        lines += [f"{WITNESS_MARK} stopped {self.attempts[-1][1]}", f"{WITNESS_MARK} walfile 000000020000000000000004",
+                  f"{WITNESS_MARK} present begin", *map(str, self.present), f"{WITNESS_MARK} present end"]
+        return "\n".join(lines) + "\n"
+
+    def run_log(self) -> str:
+        out = (PGBENCH / "pgbench.out").read_text()
+        aborted = ("pgbench: error: client 0 aborted in command 4 (SQL) of script 0; perhaps the backend died while "
+                   "processing\npgbench: error: client 1 aborted in command 4 (SQL) of script 0; perhaps the backend "
+                   "died while processing\n")
+        files = {"pgbench.out": out, "pgbench.err": aborted, "pgbench-2.out": out, "pgbench-2.err": "",
+                 "reset.log": "TRUNCATE TABLE\nVACUUM\n"}
+        for name, ends in self.txn.items():
+            files[name] = "".join(f"0 {n} 2000 0 {int(e)} {round((e - int(e)) * 1e6)}\n" for n, e in enumerate(ends))
+        return results_log(files, text=f"{START_MARK} {self.t0:.6f}\n")
+
+
+@pytest.fixture
+def fake() -> Iterator[tuple[FakeAPI, client.ApiClient]]:
+    with serve() as (api, api_client):
+        stories: dict[str, Story] = {}
+
+        def story() -> Story:
+            if "s" not in stories:
+                stories["s"] = Story(api.job_created_at[RUN])
+            return stories["s"]
+
+        def log(job: str) -> str:
+            if job == RUN:
+                return story().run_log()
+            if job == WITNESS:
+                return story().witness_log()
+            return results_log({"init.log": "done\n"}, text="done\n")
+
+        api.default_log = log
+        api.job_seconds = 1.6  # the run Job is still running when the fault is due
+        api.story = story  # type: ignore[attr-defined]
+        yield api, api_client
+
+
+def run(api_client: client.ApiClient, tmp_path: Path, **kw: Any) -> k8s_sweep.SweepResult:
+    plan = parse_plan(PLAN, base_dir=tmp_path)
+    return k8s_sweep.run_sweep(plan, PLAN, tmp_path, tmp_path / "results", kw.pop("observer", Recorder()),
+                               api=api_client, poll_s=0.01, ready_timeout_s=5.0, **kw)
+
+
+def test_failover_deletes_the_primary_pod_and_stores_rto_rpo_and_events(fake: tuple[FakeAPI, client.ApiClient],
+                                                                        tmp_path: Path) -> None:
+    api, api_client = fake
+    result = run(api_client, tmp_path)
+    assert (result.ok, result.failed) == (1, 0), result.failures
+    story: Story = api.story()  # type: ignore[attr-defined]
+    assert posted_jobs(api) == ["pg-pgbench-init", WITNESS, RUN]  # the witness writes before pgbench starts
+    assert [pod for pod, _ in api.deleted_pods] == ["pg-1"]  # the primary, once
+    assert api.primary == "pg-2"
+
+    store = Store.open(tmp_path / "results", create=False)
+    (r,) = store.runs()
+    events = {kind: (ts, detail) for kind, ts, detail in store.conn.execute(
+        "SELECT kind, ts, detail FROM events WHERE run_id = ?", (r.id,))}
+    fault, new_primary = events["fault"][0], events["new-primary"][0]
+    assert events["fault"][1] == "pod/pg-1 (the primary) deleted"
+    assert fault == pytest.approx(api.deleted_pods[0][1], abs=0.05)
+    assert fault >= story.t0 + FAULT_AT  # due 'at' seconds after the window start (no warm-up)
+    assert events["new-primary"][1].startswith("pg-2 reported primary")
+    assert fault < new_primary <= events["cluster-healthy"][0]
+    m = r.metrics
+    assert m["recovered_s"] == pytest.approx(new_primary - fault)
+    assert m["leader_changed"] == 1.0
+    assert m["fault_at_s"] == pytest.approx(fault - events["window-start"][0])
+
+    # the witness: acked ids missing from the read-back are lost; the in-doubt id that survived is not
+    assert m["acked_lost"] == LOST
+    assert m["in_doubt"] == 1 and m["in_doubt_survived"] == 1
+    assert m["witness_acked"] == len(story.acked) and m["witness_failed"] == len(story.failed)
+    assert m["witness_attempts"] == len(story.attempts) and m["witness_unexpected"] == 0
+    assert m["rto_s"] == pytest.approx(story.first_ack_after - fault)  # first ack after the fault, client's view
+    assert m["write_gap_s"] == pytest.approx(story.first_ack_after - story.last_ack_before)
+    assert m["lsn_gap_bytes"] == LOST * 0x100  # the lost acks' WAL past the last surviving ack on the old primary
+    witness = json.loads((store.dir / r.dir / "witness.json").read_text())
+    assert (witness["acked_lost_ids"], witness["in_doubt_survived"]) == (story.lost, [story.in_doubt])
+    assert witness["timeline"] == 2 and witness["server_after"] == NEW
+
+    # the load through the fault: two pgbench segments, the aborted clients counted, phases from the -l log
+    assert m["pgbench_starts"] == 2 and m["clients_aborted"] == 2
+    ends = [e for ends in story.txn.values() for e in ends]
+    window_start = events["window-start"][0]
+    before = [e for e in ends if window_start <= e < fault]
+    assert m["tps_before"] == pytest.approx(len(before) / (fault - window_start))
+    assert m["transactions"] == len(ends)
+
+    columns, rows = scenario_table(store)
+    store.close()
+    assert {"rto_max_s", "write_gap_max_s", "acked_lost_total", "in_doubt", "tps_before"} <= set(columns)
+    (row,) = rows
+    assert (row["scenario"], row["trials"], row["acked_lost_total"], row["in_doubt"]) == ("failover-node", 1, LOST, 1)
+    assert row["rto_max_s"] == pytest.approx(m["rto_s"])
+    proc = pglab("report", str(tmp_path / "results"), "--table", "scenarios", "--format", "csv")
+    assert proc.returncode == 0, proc.stderr
+    assert "failover-node" in proc.stdout and "acked" in proc.stdout.splitlines()[0]
+    assert_all_deleted(api)
+
+
+def test_a_failover_that_never_completes_fails_the_run_and_cleans_up(fake: tuple[FakeAPI, client.ApiClient],
+                                                                     tmp_path: Path) -> None:
+    api, api_client = fake
+    api.never_promote = True
+    result = run(api_client, tmp_path, failover_timeout_s=0.5)
+    assert (result.ok, result.failed) == (0, 1)
+    reason = ("failover: no new primary reported 0 s after pod/pg-1 was deleted (currentPrimary pg-1, targetPrimary "
+              "pending, phase: Failing over, ready instances: 1 of 2); Cluster/pg not healthy (phase: Failing over, "
+              "ready instances: 1 of 2)")
+    assert result.failures == [f"tpcb-like sc=on c=2 j=1 scenario=failover-node #1: {reason}"]
+    store = Store.open(tmp_path / "results", create=False)
+    (r,) = store.runs()
+    assert (r.status, r.reason) == ("failed", reason)
+    kinds = [k for (k,) in store.conn.execute("SELECT kind FROM events WHERE sweep_id = 1 AND kind = 'fault'")]
+    assert kinds == ["fault"]
+    store.close()
+    assert ("DELETE", f"{JOBS}/{WITNESS}") in api.requests
+    assert_all_deleted(api)
+
+
+def test_witness_log_without_its_read_back_is_refused() -> None:
+    story = Story(1_000_000.0)
+    text = story.witness_log()
+    log = parse_witness_log(text)
+    assert log.present == story.present and log.timeline == 2
+    assert [a.id for a in log.attempts if a.outcome == "in_doubt"] == [story.in_doubt]
+    with pytest.raises(WitnessLogError, match="ends before the ids it read back"):
+        parse_witness_log(text.split(f"{WITNESS_MARK} present begin")[0])
+    with pytest.raises(WitnessLogError, match=r"could not read its table: psql: error: no primary"):
+        parse_witness_log(f"{WITNESS_MARK} read-failed psql: error: no primary\n")
+
+
+def test_render_writes_the_witness_job_beside_each_failover_run(tmp_path: Path) -> None:
+    (tmp_path / "plan.yaml").write_text(PLAN)
+    out = tmp_path / "m"
+    pglab("k8s", "render", str(tmp_path / "plan.yaml"), "-o", str(out), check=True)
+    assert (out / "50-witness-0000-1-job.yaml").is_file()
+    proc = check(CHECKER, *sorted(out.glob("*.yaml")))  # strictly decoded as the API server would
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    plan = parse_plan(PLAN, base_dir=tmp_path)
+    jobs = [m for m in render(plan, tmp_path) if m.kind == "Job"]
+    assert [m.name for m in jobs] == ["pg-pgbench-init", WITNESS, RUN]
+    pod = jobs[1].body["spec"]["template"]["spec"]
+    env = {e["name"]: e for e in pod["containers"][0]["env"]}
+    assert env["PGHOST"]["value"] == "pg-rw"
+    assert env["PGPASSWORD"]["valueFrom"]["secretKeyRef"] == {"name": "pg-app", "key": "password"}
+    script = pod["containers"][0]["command"][2]
+    assert script == witness_script(plan, 4.0) and "INSERT INTO pglab_witness" in script
+    run_script = jobs[2].body["spec"]["template"]["spec"]["containers"][0]["command"][2]
+    assert START_MARK in run_script and '-T "$left"' in run_script
+
+
+@pytest.mark.parametrize(("scenario", "message"), [
+    ("{kind: failover, kill: postgres}",
+     "matrix.scenario.0.kill: on Kubernetes a failover deletes the primary pod (kill: node); kill: postgres is not "
+     "available there"),
+    ("{kind: switchover}", "matrix.scenario.0.kind: on Kubernetes only the failover scenario runs (pglab deletes the "
+     "primary pod); switchover runs on the local lab only"),
+])
+def test_plan_refuses_other_scenarios_on_kubernetes(tmp_path: Path, scenario: str, message: str) -> None:
+    path = tmp_path / "plan.yaml"
+    path.write_text(PLAN.replace("{kind: failover, at: 1s}", scenario))
+    proc = pglab("plan", "validate", str(path))
+    assert proc.returncode == 2, proc.stdout
+    assert message in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
