@@ -58,6 +58,7 @@ class FakeAPI:
         self.hanging_jobs: set[str] = set()  # Jobs that never end
         self.forbidden: set[str] = set()  # collection paths that answer 403
         self.logs: dict[str, str] = {}
+        self.log_not_ready: dict[str, int] = {}  # job -> log reads answering 400 (its container still starting)
         self.default_log: Callable[[str], str] = lambda job: results_log({"pgbench.out": f"{job} done\n"})
         self.on_job_created: Callable[[str], None] = lambda job: None
         self.reads: dict[str, int] = {}
@@ -137,6 +138,11 @@ class FakeAPI:
                 return 200, {"kind": "Status", "status": "Success"}
             if path.endswith("/log"):
                 job = path.split("/")[-2].removesuffix("-pod")
+                if self.log_not_ready.get(job, 0) > 0:
+                    self.log_not_ready[job] -= 1
+                    return 400, {"kind": "Status", "status": "Failure", "reason": "BadRequest", "code": 400,
+                                 "message": f'container "main" in pod "{job}-pod" is waiting to start: '
+                                            "ContainerCreating"}
                 return 200, self.logs[job] if job in self.logs else self.default_log(job)
             if path.endswith("/pods"):
                 selector = parse_qs(parsed.query)["labelSelector"][0]

@@ -139,8 +139,10 @@ def run(api_client: client.ApiClient, tmp_path: Path, **kw: Any) -> k8s_sweep.Sw
 def test_failover_deletes_the_primary_pod_and_stores_rto_rpo_and_events(fake: tuple[FakeAPI, client.ApiClient],
                                                                         tmp_path: Path) -> None:
     api, api_client = fake
+    api.log_not_ready[RUN] = 3  # the run pod's container is still starting at the first looks
     result = run(api_client, tmp_path)
     assert (result.ok, result.failed) == (1, 0), result.failures
+    assert api.log_not_ready[RUN] == 0
     story: Story = api.story()  # type: ignore[attr-defined]
     assert posted_jobs(api) == ["pg-pgbench-init", WITNESS, RUN]  # the witness writes before pgbench starts
     assert [pod for pod, _ in api.deleted_pods] == ["pg-1"]  # the primary, once

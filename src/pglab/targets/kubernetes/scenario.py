@@ -113,7 +113,10 @@ class Failover:
         """One look: before the fault, whether it is due; after it, what the operator reports."""
         if self.fault_time is None:
             if self._started is None:
-                self._started = pgbench_started(self.orch.job_log(self.job))
+                try:
+                    self._started = pgbench_started(self.orch.job_log(self.job))
+                except K8sError:  # its container not started yet (400 while it waits): look again next time
+                    return
             if self._started is not None and time.time() >= self._started + self.warmup + self.scenario.at:
                 self._strike()
             return
