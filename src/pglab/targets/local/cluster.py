@@ -38,6 +38,7 @@ from pglab.errors import UserError
 from pglab.plan.schema import Dataset, LocalTarget
 from pglab.targets.base import Endpoint, Endpoints
 from pglab.targets.local import cgroups, dataset_fast, procs, registry
+from pglab.targets.local.limits import GroupedLimits
 from pglab.targets.local.postgres_bin import ServerFiles, ServerUser, find_bindir, resolve_server_user
 from pglab.workloads.fio import parse_size
 
@@ -77,7 +78,7 @@ class Node:
         return procs.postmaster_pid(self.data)  # a killed postmaster may linger unreaped as a zombie: not counted
 
 
-class LocalLab(ServerFiles):
+class LocalLab(ServerFiles, GroupedLimits):
     """Implements the Target protocol on this host."""
 
     def __init__(self, spec: LocalTarget, base_dir: Path, log: Log = lambda _m: None, dataset: Dataset | None = None):
@@ -147,15 +148,6 @@ class LocalLab(ServerFiles):
         return self.lab_dir / "sock"
 
     # ---------------------------------------------------------------- limits (cgroups)
-    def _limits(self, cpus: float | None) -> cgroups.Limits:
-        r = self.spec.resources
-        mib = 1024 * 1024
-        return cgroups.Limits(
-            cpus=cpus, memory_bytes=parse_size(r.memory) if r and r.memory else None,
-            read_iops=r.read_iops if r else None, write_iops=r.write_iops if r else None,
-            read_bps=round(r.read_mbps * mib) if r and r.read_mbps else None,
-            write_bps=round(r.write_mbps * mib) if r and r.write_mbps else None)
-
     def _make_groups(self) -> None:
         """One cgroup per instance (when the plan gives resources or a CPU axis) and one for pgbench."""
         assert self.lab_dir is not None
@@ -194,31 +186,6 @@ class LocalLab(ServerFiles):
         pid = node.postmaster_pid()
         if group is not None and pid is not None:
             group.add_tree(pid)
-
-    def limits_in_force(self) -> dict[str, Any]:
-        """What the kernel reports for every group now (stored with each run)."""
-        if self.limits_problem:
-            return {"applied": False, "reason": self.limits_problem}
-        if not self.groups and self.client_group is None:
-            return {}  # the plan asks for no limits
-        out: dict[str, Any] = {"applied": True}
-        for name, g in self.groups.items():
-            out[name] = g.in_force()
-        if self.client_group is not None:
-            out["client"] = self.client_group.in_force()
-        return out
-
-    def cpu_stats(self) -> dict[str, dict[str, float]]:
-        """CPU used and CFS throttling per instance group (and pgbench's), for deltas over a measured window."""
-        out = {}
-        named = {**self.groups, **({"client": self.client_group} if self.client_group else {})}
-        for name, g in named.items():
-            with contextlib.suppress(cgroups.CgroupError, ValueError):
-                out[name] = g.cpu_stat()
-        return out
-
-    def client_procs_files(self) -> list[Path]:
-        return self.client_group.procs_files() if self.client_group else []
 
     def set_cpus(self, cpus: float | None) -> float | None:
         """A step of the CPU scaling loop: new quota on every instance, then a rolling restart (standbys first,

@@ -69,9 +69,9 @@ from pglab.plan.schema import LocalTarget
 from pglab.targets.base import Endpoint, Endpoints
 from pglab.targets.local import cgroups, procs, registry
 from pglab.targets.local.cluster import DBNAME, SUPERUSER, LabError, cgroup_name, conf_value
+from pglab.targets.local.limits import GroupedLimits
 from pglab.targets.local.postgres_bin import ServerFiles, ServerUser, find_bindir, resolve_server_user
 from pglab.targets.local.toxiproxy import ToxiproxyServer, find_toxiproxy
-from pglab.workloads.fio import parse_size
 
 Log = Callable[[str], None]
 HOST = "127.0.0.1"
@@ -231,7 +231,7 @@ def check_timings(timings: dict[str, int]) -> None:
                         f"({loop_wait} + 2 * {retry} > {ttl}).")
 
 
-class HALab(ServerFiles):
+class HALab(ServerFiles, GroupedLimits):
     """Patroni + etcd on this host, from a ``target.local`` spec. ``start()``, then faults, then ``teardown()``."""
 
     def __init__(self, spec: LocalTarget, base_dir: Path, log: Log = lambda _m: None,
@@ -355,16 +355,6 @@ class HALab(ServerFiles):
         return " / ".join(text[-lines:])
 
     # ---------------------------------------------------------------- limits (cgroups)
-    def _limits(self, cpus: float | None) -> cgroups.Limits:
-        """A node's limits: the plan's resources, with ``cpus`` (the CPU axis' current step) as the quota."""
-        r = self.spec.resources
-        mib = 1024 * 1024
-        return cgroups.Limits(
-            cpus=cpus, memory_bytes=parse_size(r.memory) if r and r.memory else None,
-            read_iops=r.read_iops if r else None, write_iops=r.write_iops if r else None,
-            read_bps=round(r.read_mbps * mib) if r and r.read_mbps else None,
-            write_bps=round(r.write_mbps * mib) if r and r.write_mbps else None)
-
     def _make_groups(self) -> None:
         """One cgroup per node (when the plan gives resources or a CPU axis) and one for pgbench, named as
         LocalLab names them (``pglab-<lab>-<digest>/n0`` …). A node's group holds its Patroni and everything Patroni
@@ -403,31 +393,6 @@ class HALab(ServerFiles):
         for g in [*self.groups.values(), *([self.client_group] if self.client_group else [])]:
             g.remove()
         self.groups, self.client_group = {}, None
-
-    def limits_in_force(self) -> dict[str, Any]:
-        """What the kernel reports for every node's group and pgbench's, now (stored with each run)."""
-        if self.limits_problem:
-            return {"applied": False, "reason": self.limits_problem}
-        if not self.groups and self.client_group is None:
-            return {}
-        out: dict[str, Any] = {"applied": True}
-        for name, g in self.groups.items():
-            out[name] = g.in_force()
-        if self.client_group is not None:
-            out["client"] = self.client_group.in_force()
-        return out
-
-    def cpu_stats(self) -> dict[str, dict[str, float]]:
-        """CPU used and CFS throttling per node group (Patroni included) and pgbench's, for deltas over a window."""
-        out = {}
-        named = {**self.groups, **({"client": self.client_group} if self.client_group else {})}
-        for name, g in named.items():
-            with contextlib.suppress(cgroups.CgroupError, ValueError):
-                out[name] = g.cpu_stat()
-        return out
-
-    def client_procs_files(self) -> list[Path]:
-        return self.client_group.procs_files() if self.client_group else []
 
     def set_cpus(self, cpus: float | None, timeout: float = 180) -> float | None:
         """A step of the CPU scaling loop: the new quota on every node's group, then a rolling restart through
