@@ -19,6 +19,7 @@ import yaml
 
 from pglab.plan.expand import Point, expand
 from pglab.plan.schema import K8sStorage, KubernetesTarget, Placement, Plan
+from pglab.scenarios import witness
 from pglab.workloads import fio
 from pglab.workloads.pgbench import init_args, run_args
 
@@ -433,7 +434,7 @@ def pgbench_run(plan: Plan, point: Point, repeat: int = 1) -> Manifest:
 
 START_MARK = "pglab: pgbench start"  # the run Job's stdout, with the pod's epoch: the scenario's clock starts there
 WITNESS_MARK = "pglab-witness"  # every line of the witness Job's stdout that pglab reads
-WITNESS_TABLE = "pglab_witness"  # the local witness's table (scenarios/witness.py), same columns
+WITNESS_TABLE = witness.TABLE  # the local witness's table, same columns
 WITNESS_MARGIN_S = 10  # the witness writes this much longer than pgbench (its pod may start a little later)
 WITNESS_READ_TRIES = 90  # read-back tries, 2 s apart: the new primary may still be on its way
 

@@ -338,8 +338,12 @@ class KubernetesSweep:
                 (run_dir / "witness-job.yaml").write_text(to_yaml(wm.body))
                 self.orch.create(wm)  # writing before pgbench starts, so the fault falls inside its log
             polls = [f for f in (scraper.maybe if scraper else None, failover.poll if failover else None) if f]
-            outcome = self.orch.run_job(m, run_dir, on_poll=(lambda: [f() for f in polls] and None) if polls
-                                        else None)
+
+            def look() -> None:  # at every look at the run's Job: the exporters, then the fault's clock
+                for f in polls:
+                    f()
+
+            outcome = self.orch.run_job(m, run_dir, on_poll=look if polls else None)
             if failover is not None and (outcome.succeeded or failover.fault_time is not None):
                 failover.finish(self.failover_timeout_s)
             exporter_files: list[str] = []
