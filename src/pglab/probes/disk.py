@@ -231,10 +231,16 @@ class _Counters:
 
 def read_diskstats(names: Sequence[str] | None = None, path: Path = DISKSTATS) -> dict[str, _Counters]:
     """Counters of the named devices (all when ``names`` is None) from one read of /proc/diskstats."""
-    wanted = None if names is None else set(names)
-    out: dict[str, _Counters] = {}
     with open(path, encoding="ascii") as f:
         text = f.read()
+    return parse_diskstats(text, names)
+
+
+def parse_diskstats(text: str, names: Sequence[str] | None = None) -> dict[str, _Counters]:
+    """Counters of the named devices (all when ``names`` is None) from the text of /proc/diskstats, wherever it
+    was read (a Kubernetes node's copy comes through a pod's log)."""
+    wanted = None if names is None else set(names)
+    out: dict[str, _Counters] = {}
     for line in text.splitlines():
         parts = line.split()
         if len(parts) < 14:
