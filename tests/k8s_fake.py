@@ -5,8 +5,9 @@ PVCs, ConfigMaps, pods and their logs, the pod proxy, /version); it keeps the ob
 turns healthy after a few reads; a merge PATCH of its resources or parameters starts a rolling update that recreates
 the instance pods one by one, primary last, over a few reads; deleting the primary pod starts a failover that names
 and promotes another instance over a few reads) and the Job controller (a Job ends after a read, its
-pod's log carries a results tarball), and each instance's metrics exporter behind the pod proxy. Nothing is mocked
-inside pglab or the client.
+pod's log carries a results tarball), each instance's metrics exporter behind the pod proxy, and the disk sampler
+DaemonSet's controller (one pod on each instance's node, instance n on node-n, whose log is ``diskstats_log``).
+Nothing is mocked inside pglab or the client.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from urllib.parse import parse_qs, unquote, urlparse
 from kubernetes import client
 
 from pglab.targets.kubernetes.orchestrate import HEALTHY
-from pglab.targets.kubernetes.render import BEGIN_MARK, END_MARK
+from pglab.targets.kubernetes.render import BEGIN_MARK, DISKSTATS_MARK, END_MARK
 
 
 def results_log(files: dict[str, str], text: str = "progress: 1.0 s, 100 tps\n") -> str:
@@ -83,6 +84,12 @@ class FakeAPI:
         self.primary = ""  # the current primary's pod name, set when the Cluster is created
         self.deleted_pods: list[tuple[str, float]] = []
         self._failover: dict[str, Any] | None = None
+        # the disk sampler: its pods exist once its DaemonSet does (unless ``no_sampler_pods``), one per instance
+        # node; each one's log is diskstats_log(node); nodes in ``sampler_log_forbidden`` answer 403
+        self.no_sampler_pods = False
+        self.diskstats_log: Callable[[str], str] = lambda node: ""
+        self.sampler_log_forbidden: set[str] = set()
+        self.log_queries: list[tuple[str, dict[str, list[str]]]] = []  # (pod, query) of every sampler log read
 
     def handle(self, method: str, url: str, body: dict[str, Any] | None) -> tuple[int, Any]:
         parsed = urlparse(url)
@@ -136,6 +143,11 @@ class FakeAPI:
                     for key in [k for k in self.objects if k.startswith(path + "/")]:
                         del self.objects[key]
                 return 200, {"kind": "Status", "status": "Success"}
+            if path.endswith("/log") and (node := self._sampler_node(path.split("/")[-2])) is not None:
+                self.log_queries.append((path.split("/")[-2], parse_qs(parsed.query)))
+                if node in self.sampler_log_forbidden:
+                    return 403, {"kind": "Status", "status": "Failure", "reason": "Forbidden", "code": 403}
+                return 200, self.diskstats_log(node)
             if path.endswith("/log"):
                 job = path.split("/")[-2].removesuffix("-pod")
                 if self.log_not_ready.get(job, 0) > 0:
@@ -146,6 +158,11 @@ class FakeAPI:
                 return 200, self.logs[job] if job in self.logs else self.default_log(job)
             if path.endswith("/pods"):
                 selector = parse_qs(parsed.query)["labelSelector"][0]
+                if "pglab/component=disk-sampler" in selector:
+                    items = [{"metadata": {"name": pod, "namespace": path.split("/")[4]},
+                              "spec": {"nodeName": node, "containers": [{"name": "main"}]}}
+                             for pod, node in self._sampler_pods().items()]
+                    return 200, {"kind": "PodList", "apiVersion": "v1", "metadata": {}, "items": items}
                 if selector.startswith("cnpg.io/cluster="):
                     return 200, {"kind": "PodList", "apiVersion": "v1", "metadata": {},
                                  "items": [self._instance_pod(n, path.split("/")[4]) for n in self._pods]}
@@ -245,7 +262,21 @@ class FakeAPI:
         labels = {"cnpg.io/cluster": name.rsplit("-", 1)[0], "cnpg.io/podRole": "instance",
                   "cnpg.io/instanceName": name}
         return {"metadata": {"name": name, "namespace": namespace, "labels": labels},
-                "spec": {"containers": [{"name": "postgres", "resources": spec["resources"]}]}}
+                "spec": {"nodeName": f"node-{name.rsplit('-', 1)[1]}",
+                         "containers": [{"name": "postgres", "resources": spec["resources"]}]}}
+
+    # -------------------------------------------------------------- the disk sampler's DaemonSet controller
+    def _sampler_pods(self) -> dict[str, str]:
+        """pod name -> node, one pod per instance node while a disk-sampler DaemonSet exists."""
+        sets = [k for k, o in self.objects.items() if o["kind"] == "DaemonSet"]
+        if not sets or self.no_sampler_pods:
+            return {}
+        ds = sets[0].rsplit("/", 1)[1]
+        nodes = sorted({f"node-{n.rsplit('-', 1)[1]}" for n in self._pods})
+        return {f"{ds}-{node}": node for node in nodes}
+
+    def _sampler_node(self, pod: str) -> str | None:
+        return self._sampler_pods().get(pod)
 
     def primary_parameters(self) -> dict[str, str]:
         """The parameters the primary runs with once a run's Job has waited for them: a rolling update under way
@@ -392,3 +423,28 @@ def serve() -> Iterator[tuple[FakeAPI, client.ApiClient]]:
     finally:
         server.shutdown()
         server.server_close()
+
+
+# ------------------------------------------------------------------ the disk sampler's log
+# The devices of the machine these tests were written on (its /proc/diskstats: 8 loop devices, the virtio disk vda,
+# zram0), with a second virtio disk vdb as the database volume; 17 counters a line, as kernels since 5.5 print.
+DEVICES = [(7, i, f"loop{i}") for i in range(8)] + [(254, 0, "vda"), (254, 16, "vdb"), (253, 0, "zram0")]
+
+
+def diskstats_text(counters: dict[str, list[int]]) -> str:
+    """/proc/diskstats as the kernel prints it ("%4d %7d %s" then the counters); a device not given is all zeros.
+    Counters in the kernel's order: reads, reads merged, sectors read, ms reading, writes, writes merged, sectors
+    written, ms writing, in flight, ms doing I/O, weighted ms, then discards (4), flushes (2)."""
+    lines = []
+    for major, minor, name in DEVICES:
+        values = counters.get(name, [0] * 17)
+        assert len(values) == 17
+        lines.append(f"{major:4d} {minor:7d} {name} " + " ".join(map(str, values)))
+    return "\n".join(lines)
+
+
+def sampler_log(node: str, blocks: list[tuple[float, dict[str, list[int]]]]) -> str:
+    """The disk sampler pod's log as its script prints it: per sample a header with the node's epoch (date
+    +%s.%N, nine decimals) and name, the file, an end line."""
+    return "".join(f"{DISKSTATS_MARK} {ts:.9f} {node}\n{diskstats_text(c)}\n{DISKSTATS_MARK} end\n"
+                   for ts, c in blocks)

@@ -21,7 +21,7 @@ from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 
 from pglab.plan.schema import Plan
-from pglab.targets.kubernetes.render import BEGIN_MARK, END_MARK, Manifest, render, target_of
+from pglab.targets.kubernetes.render import BEGIN_MARK, DISK_SAMPLER, END_MARK, Manifest, render, target_of
 
 CNPG = ("postgresql.cnpg.io", "v1", "clusters")
 HEALTHY = "Cluster in healthy state"
@@ -87,7 +87,7 @@ class Orchestrator:
         self.plan, self.base_dir, self.log = plan, base_dir, log
         self.k8s = target_of(plan)
         self.ns = self.k8s.namespace
-        self.core, self.batch = client.CoreV1Api(api), client.BatchV1Api(api)
+        self.core, self.batch, self.apps = client.CoreV1Api(api), client.BatchV1Api(api), client.AppsV1Api(api)
         self.rbac, self.custom = client.RbacAuthorizationV1Api(api), client.CustomObjectsApi(api)
         self.poll_s, self.ready_timeout_s = poll_s, ready_timeout_s
         seconds = (plan.run.measured_seconds or 3600) + plan.run.warmup
@@ -125,7 +125,8 @@ class Orchestrator:
                 raise K8sError(f"deleting {kind}/{name} in {self.ns}: {_reason(exc)}") from None
 
     def _api(self, kind: str) -> Any:
-        return {"Job": self.batch, "Role": self.rbac, "RoleBinding": self.rbac}.get(kind, self.core)
+        return {"Job": self.batch, "Role": self.rbac, "RoleBinding": self.rbac, "DaemonSet": self.apps}.get(kind,
+                                                                                                        self.core)
 
     def cleanup(self) -> list[str]:
         """Delete everything this orchestrator created, newest first; returns the problems, never raises."""
@@ -281,6 +282,24 @@ class Orchestrator:
             return str(self.core.read_namespaced_pod_log(pods[0].metadata.name, self.ns))
         except ApiException as exc:
             raise K8sError(f"reading the log of Job/{job}: {_reason(exc)}") from None
+
+    def sampler_pods(self) -> dict[str, str]:
+        """The disk sampler's running pods by node name (the DaemonSet's, found by pglab's labels)."""
+        selector = f"pglab/cluster={self.k8s.cluster_name},pglab/component={DISK_SAMPLER}"
+        try:
+            pods = self.core.list_namespaced_pod(self.ns, label_selector=selector).items
+        except ApiException as exc:
+            raise K8sError(f"listing the disk sampler's pods: {_reason(exc)}") from None
+        return {p.spec.node_name: p.metadata.name for p in pods
+                if p.spec is not None and p.spec.node_name and p.metadata.deletion_timestamp is None}
+
+    def pod_log(self, name: str, since_seconds: int | None = None) -> str:
+        """A pod's log, its last ``since_seconds`` only when given (the kubelet keeps the lines' arrival times)."""
+        kw: dict[str, Any] = {"since_seconds": since_seconds} if since_seconds is not None else {}
+        try:
+            return str(self.core.read_namespaced_pod_log(name, self.ns, **kw))
+        except ApiException as exc:
+            raise K8sError(f"reading the log of pod/{name}: {_reason(exc)}") from None
 
     def delete_pod(self, name: str) -> None:
         """Delete one pod (the failover scenario's fault: CloudNativePG then promotes a standby)."""

@@ -206,6 +206,53 @@ def _ship_results() -> str:
     return (f"echo '{BEGIN_MARK}'; tar -C {RESULTS_DIR} -czf - . | base64; echo '{END_MARK}'")
 
 
+# ------------------------------------------------------------------ disk figures of the database nodes
+DISK_SAMPLER = "disk-sampler"
+DISKSTATS_MARK = "pglab-diskstats"  # a block of the sampler's log: header "<mark> <epoch> <node>", the file, end line
+
+
+def disk_sampler_script() -> str:
+    """Every second: the node's epoch, its name, /proc/diskstats, an end line, printed at once (a block cut by the
+    log's end is recognised). /proc/diskstats is not namespaced: an unprivileged container reads the host's."""
+    return "\n".join([
+        "trap 'exit 0' TERM",
+        "while :; do",
+        "  t=$(date +%s.%N); s=$(cat /proc/diskstats)",
+        f'  printf \'%s\\n\' "{DISKSTATS_MARK} $t $NODE_NAME" "$s" "{DISKSTATS_MARK} end"',
+        "  sleep 1",
+        "done",
+    ])
+
+
+def disk_sampler(plan: Plan) -> Manifest:
+    """A DaemonSet on the database nodes printing their /proc/diskstats each second: pglab reads the disk figures
+    of the instances' volumes from its pods' logs. No hostPath, hostPID, privilege nor capability (the restricted
+    Pod Security Standard), no service account token; the fio image, already pulled on those nodes."""
+    k8s = target_of(plan)
+    name = f"{k8s.cluster_name}-{DISK_SAMPLER}"
+    labels = {**MANAGED_BY, "pglab/cluster": k8s.cluster_name, "pglab/component": DISK_SAMPLER}
+    container: dict[str, Any] = {
+        "name": "main", "image": k8s.clients.fio_image, "command": ["/bin/sh", "-c", disk_sampler_script()],
+        "env": [{"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}],
+        "resources": {"requests": {"cpu": "10m", "memory": "16Mi"}, "limits": {"cpu": "100m", "memory": "32Mi"}},
+        "securityContext": {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+                            "runAsNonRoot": True, "runAsUser": 65534, "runAsGroup": 65534,
+                            "capabilities": {"drop": ["ALL"]}, "seccompProfile": {"type": "RuntimeDefault"}},
+    }
+    pod: dict[str, Any] = {"automountServiceAccountToken": False, "terminationGracePeriodSeconds": 2,
+                           "containers": [container]}
+    db = k8s.database
+    if db.node_selector:
+        pod["nodeSelector"] = dict(db.node_selector)
+    if db.tolerations:
+        pod["tolerations"] = _tolerations(db)
+    selector = {"pglab/cluster": k8s.cluster_name, "pglab/component": DISK_SAMPLER}
+    body = {"apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": _meta(k8s, name, DISK_SAMPLER),
+            "spec": {"selector": {"matchLabels": selector},
+                     "template": {"metadata": {"labels": labels}, "spec": pod}}}
+    return Manifest("15-disk-sampler-daemonset.yaml", body)
+
+
 # ------------------------------------------------------------------ storage phase (fio)
 def fio_volumes(plan: Plan) -> list[tuple[str, K8sStorage]]:
     """The volumes the storage phase measures: data, and WAL when it has its own volume."""
@@ -515,10 +562,10 @@ def witness_job(plan: Plan, point: Point, repeat: int = 1) -> Manifest:
 def rbac(plan: Plan) -> list[Manifest]:
     """The least pglab needs in the benchmark namespace: a ServiceAccount, a Role and its RoleBinding.
 
-    Clusters (create, watch, patch between CPU steps and parameter points, delete); Jobs and PVCs it creates and
-    deletes; pods to follow Jobs, read their logs (results) and delete the primary (failover scenario); ConfigMaps
-    for custom scripts; events to explain a pod that never starts. No secrets: pgbench gets credentials from the
-    kubelet.
+    Clusters (create, watch, patch between CPU steps and parameter points, delete); Jobs, PVCs and the disk
+    sampler's DaemonSet it creates and deletes; pods to follow Jobs, read their logs (results, the nodes'
+    /proc/diskstats) and delete the primary (failover scenario); ConfigMaps for custom scripts; events to explain a
+    pod that never starts. No secrets: pgbench gets credentials from the kubelet.
     """
     k8s = target_of(plan)
     name = f"{k8s.cluster_name}-pglab"
@@ -527,6 +574,7 @@ def rbac(plan: Plan) -> list[Manifest]:
          "verbs": ["get", "list", "watch", "create", "patch", "delete"]},
         {"apiGroups": ["postgresql.cnpg.io"], "resources": ["clusters/status"], "verbs": ["get"]},
         {"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["get", "list", "watch", "create", "delete"]},
+        {"apiGroups": ["apps"], "resources": ["daemonsets"], "verbs": ["get", "create", "delete"]},
         {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch", "delete"]},
         {"apiGroups": [""], "resources": ["pods/log"], "verbs": ["get"]},
         {"apiGroups": [""], "resources": ["persistentvolumeclaims", "configmaps"],
@@ -551,10 +599,12 @@ def namespace(plan: Plan) -> Manifest:
 
 
 def render(plan: Plan, base_dir: Path) -> list[Manifest]:
-    """Every manifest of the plan, in apply order: access, database, storage phase, then one Job per run."""
+    """Every manifest of the plan, in apply order: access, database, disk sampler, storage phase, then one Job per
+    run."""
     k8s = target_of(plan)
     out = [namespace(plan), *rbac(plan),
-           Manifest("10-cluster.yaml", cluster(plan)), *fio_manifests(plan)]  # as the first point needs it
+           Manifest("10-cluster.yaml", cluster(plan)), disk_sampler(plan),  # as the first point needs it
+           *fio_manifests(plan)]
     scripts = scripts_configmap(plan, base_dir)
     if scripts is not None:
         out.append(scripts)

@@ -42,7 +42,7 @@ from pglab.runner import (
 )
 from pglab.scenarios.witness import evaluate
 from pglab.store.sqlite import Store
-from pglab.targets.kubernetes import exporter
+from pglab.targets.kubernetes import disks, exporter
 from pglab.targets.kubernetes.orchestrate import POSTGRES_CONTAINER, JobOutcome, K8sError, Orchestrator, api_client
 from pglab.targets.kubernetes.render import (
     DATABASE,
@@ -72,6 +72,7 @@ from pglab.workloads.pgbench import PgbenchError, PgbenchRun, PgbenchSummary
 TXN_LOG = re.compile(r"^pgbench\.\d+(\.\d+)?$")  # -l --log-prefix=/results/pgbench: pgbench.<pid>[.<thread>]
 FAILOVER_TIMEOUT_S = 300.0  # from deleting the primary pod to a healthy Cluster with a new primary
 JOB_OVERHEAD_S = 15.0  # pod scheduling, image already pulled, log read back: for the ETA only
+DISK_LOG_MARGIN_S = 10.0  # the disk sampler's log is read from this long before the run's Job was created
 
 
 def connect(plan: Plan) -> client.ApiClient:
@@ -121,6 +122,7 @@ class KubernetesSweep:
         self.scrape_s = scrape_s  # how often the instances' exporters are read while a run's Job runs
         self.failover_timeout_s = failover_timeout_s  # from the fault to a healthy Cluster with a new primary
         self._exporter_told = False
+        self._disk_told = False
         self.manifests = manifests
         self.k8s = target_of(plan)
         self.points = expand(plan, cores=client_cores(self.k8s))  # the same points (and Job names) render made
@@ -200,6 +202,12 @@ class KubernetesSweep:
                 continue
             if m.kind == "Cluster":  # the first point to run (a resume may start further on) decides its shape
                 m = Manifest(m.filename, cluster(self.plan, self.current))
+            if m.kind == "DaemonSet":  # the disk figures are a figure, not a step: refused, the sweep goes on
+                try:
+                    self.orch.create(m)
+                except K8sError as exc:
+                    self._tell_disk(f"{exc}")
+                continue
             self.orch.create(m)
             if m.kind == "Cluster":
                 self.ui.log(f"waiting for Cluster/{m.name} to be healthy ({self.k8s.instances} instances)")
@@ -367,6 +375,10 @@ class KubernetesSweep:
                                       ("failed", p.failed), ("lag_ms", p.lag_ms)) if v is not None]
             if figures is not None:
                 series += figures.series
+            disk = self._disks(run_dir, launched, window)
+            if disk is not None:
+                metrics.update(disk.metrics)
+                series += disk.series
             events: list[tuple[float, str, str]] = []
             if warmup_start is not None:
                 events += [(warmup_start, "warmup-start", f"{self.plan.run.warmup:g} s"),
@@ -379,8 +391,10 @@ class KubernetesSweep:
                 metrics.update(self._witness(wm, run_dir, failover.fault_time if failover else None))
             _write_json(run_dir / "run.json", {"run_id": run_id, "point": point.axes, "repeat": repeat,
                                                "window": window, "job": m.name, "command": result.command,
-                                               "metrics": metrics, "files": outcome.files + exporter_files,
-                                               "exporter": figures.info if figures else None})
+                                               "metrics": metrics, "files": outcome.files + exporter_files + (
+                                                   disk.files if disk else []),
+                                               "exporter": figures.info if figures else None,
+                                               "disk": disk.info if disk else None})
             store.finish_run(run_id, "ok", window=window, settings=settings or None, metrics=metrics, series=series,
                              events=events)
             ui.run_finished(point, repeat, "ok", metrics)
@@ -453,6 +467,56 @@ class KubernetesSweep:
             self._exporter_told = True
             self.ui.log(f"exporter not read: {errors[0]} (figures from the scrapes that worked only; see "
                         "exporter/*.prom in the run's folder)")
+
+    def _disks(self, run_dir: Path, launched: float, window: tuple[float, float]) -> disks.RunDisks | None:
+        """The run's disk figures from the disk sampler's logs of the instances' nodes (``disks.summarize``); the
+        raw logs go to disk/<node>.log, what was chosen to disk.json. None (no figure, not zeros) when a node of an
+        instance has no readable sampler pod or no sample in the window, said once per sweep."""
+        try:
+            samplers = self.orch.sampler_pods()
+            pods = self.orch.instance_pods()
+            primary = self.orch.cluster_status().get("currentPrimary")
+        except K8sError as exc:
+            self._tell_disk(str(exc))
+            return None
+        instances = {p.metadata.name: p.spec.node_name for p in pods if p.spec is not None and p.spec.node_name}
+        nodes = sorted(set(instances.values()))
+        if not nodes:
+            self._tell_disk("the instance pods name no node")
+            return None
+        since = max(1, math.ceil(now() - launched + DISK_LOG_MARGIN_S))
+        logs: dict[str, str] = {}
+        problems = [f"no disk-sampler pod on node {n}" for n in nodes if n not in samplers]
+        for node in (n for n in nodes if n in samplers):
+            try:
+                logs[node] = self.orch.pod_log(samplers[node], since)
+            except K8sError as exc:
+                problems.append(str(exc))
+        folder = run_dir / "disk"
+        files = []
+        if logs:
+            folder.mkdir(parents=True, exist_ok=True)
+            for node, text in logs.items():
+                (folder / f"{node}.log").write_text(text)
+                files.append(f"disk/{node}.log")
+        result = disks.summarize(logs, instances, primary, window)
+        result.files = files
+        if problems:
+            result.info["note"] = "; ".join(problems) + ": no disk figures"
+        if logs:
+            _write_json(folder / "disk.json", result.info)
+            result.files.append("disk/disk.json")
+        if problems or not result.metrics:
+            self._tell_disk(str(result.info.get("note")))
+            result.metrics, result.series = {}, []
+        return result
+
+    def _tell_disk(self, why: str) -> None:
+        """Say once per sweep why a run has no disk figures (no DaemonSet permission, no sampler pod, …)."""
+        if not self._disk_told:
+            self._disk_told = True
+            self.ui.log(f"disk figures: {why.rstrip('.')} (none stored for such runs, not zeros; see disk/ in the "
+                        "run's folder and docs/kubernetes.md)")
 
     def _check_settings(self, run_dir: Path, point: Point, job: str) -> dict[str, Any]:
         """The parameters the primary ran with (the Job's settings.txt), each as asked or the run fails, naming it.

@@ -1,0 +1,182 @@
+"""Disk figures of a Kubernetes run: the disk-sampler DaemonSet, its logs read back, and the figures computed by the
+local disk probe's own functions; against the fake API server of tests/k8s_fake.py."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from kubernetes import client
+
+from k8s_fake import FakeAPI, diskstats_text, sampler_log, serve
+from pglab.plan.load import parse_plan
+from pglab.probes.base import ProbeContext
+from pglab.probes.disk import MIB, SECTOR, DiskProbe, _figures, parse_diskstats, read_diskstats
+from pglab.store.sqlite import Store
+from pglab.targets.kubernetes import disks
+from pglab.targets.kubernetes.render import disk_sampler, disk_sampler_script, rbac, render
+from test_k8s import REPO
+from test_k8s_run import Recorder, pod_log, run, sample_latencies
+
+PLAN = """
+name: k
+target:
+  kubernetes:
+    namespace: bench
+    cluster_name: pg
+    instances: 2
+    resources: {cpu: 1, memory: 1Gi}
+matrix: {clients: [1], jobs: [1]}
+run: {duration: 4s, repeats: 2}
+"""
+DS = "/apis/apps/v1/namespaces/bench/daemonsets/pg-disk-sampler"
+# per second on each node: (writes, sectors per write, ms per write, I/O ms) of vdb, the database volume
+LOAD = {"node-1": (300, 16, 2, 400), "node-2": (100, 8, 1, 150)}
+
+
+def counters(k: int, node: str) -> dict[str, list[int]]:
+    """The counters after ``k`` seconds: vdb writes at the node's rate (and a few reads), vda a little."""
+    w, sect, ms, io = LOAD[node]
+    vdb = [10 * k, 0, 80 * k, 5 * k, w * k, 3 * k, w * sect * k, w * ms * k, 1, io * k, (w * ms + 5) * k,
+           0, 0, 0, 0, 2 * k, 1 * k]
+    vda = [1000 + k, 10, 8000 + 8 * k, 500 + k, 2000, 5, 16000, 900, 0, 1200 + 3 * k, 1400 + 4 * k,
+           0, 0, 0, 0, 40, 20]
+    return {"vda": vda, "vdb": vdb}
+
+
+def node_blocks(node: str) -> list[tuple[float, dict[str, list[int]]]]:
+    """One block a second over the sample run's window and 5 s either side, stamps a little off the second."""
+    lat, end = sample_latencies()
+    first, last = math.floor(float((end - lat / 1000).min())) - 5, math.ceil(float(end.max())) + 5
+    return [(first + k + 0.000217 * (k % 3), counters(k, node)) for k in range(last - first + 1)]
+
+
+@pytest.fixture
+def fake() -> Iterator[tuple[FakeAPI, client.ApiClient]]:
+    with serve() as (api, api_client):
+        api.default_log = pod_log
+        api.diskstats_log = lambda node: sampler_log(node, node_blocks(node))
+        yield api, api_client
+
+
+# ------------------------------------------------------------------ the DaemonSet
+def test_disk_sampler_is_unprivileged_on_the_database_nodes() -> None:
+    plan = parse_plan((REPO / "examples" / "seed-s3.yaml").read_text(), base_dir=REPO / "examples")
+    m = disk_sampler(plan)
+    assert m in render(plan, REPO / "examples") and m.kind == "DaemonSet"
+    assert m.body["metadata"]["labels"]["pglab/component"] == "disk-sampler"
+    assert m.body["metadata"]["namespace"] == plan.target.kubernetes.namespace  # type: ignore[union-attr]
+    pod = m.body["spec"]["template"]["spec"]
+    db = plan.target.kubernetes.database  # type: ignore[union-attr]
+    assert pod["nodeSelector"] == dict(db.node_selector) == {"pglab.io/role": "database"}
+    assert pod.get("tolerations", []) == [t.model_dump(exclude_none=True) for t in db.tolerations]
+    assert not {"hostPID", "hostNetwork", "hostIPC", "volumes"} & pod.keys()  # no hostPath, no host namespaces
+    assert pod["automountServiceAccountToken"] is False
+    (c,) = pod["containers"]
+    assert c["image"] == plan.target.kubernetes.clients.fio_image  # type: ignore[union-attr]
+    assert c["securityContext"]["runAsNonRoot"] and c["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    assert not c["securityContext"]["allowPrivilegeEscalation"] and "volumeMounts" not in c
+    assert m.body["spec"]["selector"]["matchLabels"].items() <= m.body["spec"]["template"]["metadata"][
+        "labels"].items()
+    rules = rbac(plan)[1].body["rules"]
+    assert {"apiGroups": ["apps"], "resources": ["daemonsets"], "verbs": ["get", "create", "delete"]} in rules
+    assert {"apiGroups": [""], "resources": ["pods/log"], "verbs": ["get"]} in rules
+
+
+def test_sampler_script_prints_this_machines_diskstats_in_blocks_pglab_reads(tmp_path: Path) -> None:
+    proc = subprocess.run(["timeout", "1.6", "sh", "-c", disk_sampler_script()], capture_output=True, text=True,
+                          env={"NODE_NAME": "node-a", "PATH": "/usr/bin:/bin"}, check=False)
+    blocks = disks.parse_log(proc.stdout)
+    assert len(blocks) >= 2 and {b.node for b in blocks} == {"node-a"}
+    assert 0.9 < blocks[1].ts - blocks[0].ts < 1.5
+    assert set(blocks[0].counters) == set(read_diskstats())  # every device of this machine, parsed as disk.py does
+
+
+def test_a_block_cut_short_is_left_out() -> None:
+    text = sampler_log("n", [(10.0, {}), (11.0, {})])
+    cut = text[: text.rindex("pglab-diskstats end")]
+    assert [b.ts for b in disks.parse_log(cut)] == [10.0]
+    assert [b.ts for b in disks.parse_log(text)] == [10.0, 11.0]
+
+
+# ------------------------------------------------------------------ a run's figures
+def test_run_stores_the_volumes_disk_figures_as_disk_py_computes_them(fake: tuple[FakeAPI, client.ApiClient],
+                                                                      tmp_path: Path) -> None:
+    api, api_client = fake
+    ui = Recorder()
+    result = run(api_client, tmp_path, PLAN, observer=ui)
+    assert (result.ok, result.failed) == (2, 0)
+    store = Store.open(tmp_path / "results", create=False)
+    sweep = store.sweeps()[-1]
+    for r in store.runs(sweep["id"]):
+        m = r.metrics
+        window = store.conn.execute("SELECT window_start, window_end FROM runs WHERE id = ?", (r.id,)).fetchone()
+        # by hand: vdb of both nodes (distinct devices), constant rates, so the window's figures are those rates
+        assert m["write_iops"] == pytest.approx(300 + 100, rel=1e-3)
+        assert m["read_iops"] == pytest.approx(10 + 10, rel=1e-3)
+        assert m["total_iops"] == pytest.approx(420, rel=1e-3)
+        assert m["write_mb_s"] == pytest.approx((300 * 16 + 100 * 8) * SECTOR / MIB, rel=1e-3)
+        assert m["write_latency_ms"] == pytest.approx((300 * 2 + 100 * 1) / 400)
+        assert m["read_latency_ms"] == pytest.approx(0.5)
+        assert m["util_pct_max"] == pytest.approx(40.0, rel=1e-3)
+        # and exactly what the local disk probe's functions make of the same counters
+        samples = []
+        for node in ("node-1", "node-2"):
+            blocks = node_blocks(node)
+            for (t0, a), (t1, b) in itertools.pairwise(blocks):
+                p, c = parse_diskstats(_text(a))["vdb"], parse_diskstats(_text(b))["vdb"]
+                samples += _figures(t1, f"disk:{node}/vdb", p, c, t1 - t0)
+        expected = DiskProbe(ProbeContext("")).summarize(samples, *window)
+        assert {k: v for k, v in m.items() if k in expected} == expected
+        assert m["disk.node-1/vdb.write_iops"] == pytest.approx(300, rel=1e-3)
+        series = {(src, metric) for _ts, src, metric, _v in store.series(r.id)}
+        assert ("disk:node-1/vdb", "w_s") in series and ("disk:node-2/vdb", "util_pct") in series
+        run_dir = store.dir / r.dir
+        info = json.loads((run_dir / "disk" / "disk.json").read_text())
+        assert info["instances"]["pg-1"] == {"node": "node-1", "device": "vdb", "primary": True,
+                                             "chosen": "busiest device of the node in the window"}
+        assert set(info["nodes"]["node-1"]["devices"]) == {"vda", "vdb", "zram0", *(f"loop{i}" for i in range(8))}
+        assert (run_dir / "disk" / "node-2.log").read_text() == sampler_log("node-2", node_blocks("node-2"))
+        run_json = json.loads((run_dir / "run.json").read_text())
+        assert "disk/node-1.log" in run_json["files"] and run_json["disk"] == info
+    store.close()
+    # the logs were read for the run's time only (plus a margin), once per node and run
+    since = [int(q["sinceSeconds"][0]) for _pod, q in api.log_queries]
+    assert len(since) == 4 and all(1 <= s <= 60 for s in since)
+    assert not [msg for msg in ui.messages if msg.startswith("disk figures")]
+    assert DS not in api.objects and ("DELETE", DS) in api.requests  # cleanup deletes the DaemonSet
+
+
+def _text(c: dict[str, list[int]]) -> str:
+    return diskstats_text(c)
+
+
+@pytest.mark.parametrize("break_it", ["no pods", "log forbidden", "no DaemonSet permission", "empty log"])
+def test_without_readable_samples_no_figures_are_stored_and_the_run_goes_on(
+        fake: tuple[FakeAPI, client.ApiClient], tmp_path: Path, break_it: str) -> None:
+    api, api_client = fake
+    if break_it == "no pods":
+        api.no_sampler_pods = True
+    elif break_it == "log forbidden":
+        api.sampler_log_forbidden = {"node-2"}  # one node unreadable: a partial sum would be a wrong total
+    elif break_it == "no DaemonSet permission":
+        api.forbidden = {"/apis/apps/v1/namespaces/bench/daemonsets"}
+    else:
+        api.diskstats_log = lambda node: ""
+    ui = Recorder()
+    result = run(api_client, tmp_path, PLAN, observer=ui)
+    assert (result.ok, result.failed) == (2, 0)
+    store = Store.open(tmp_path / "results", create=False)
+    for r in store.runs(store.sweeps()[-1]["id"]):
+        assert not {k for k in r.metrics if k.endswith("_iops") or k.startswith("disk.") or k == "util_pct_max"}
+        assert not [s for s in store.series(r.id) if s[1].startswith("disk:")]
+        assert r.metrics["tps"] == 832.861729
+    store.close()
+    told = [msg for msg in ui.messages if msg.startswith("disk figures")]
+    assert len(told) == 1, ui.messages  # said once for the sweep's two runs
+    assert DS not in api.objects
