@@ -53,25 +53,7 @@ def checker() -> Path:
 
 
 def check(checker: Path, *files: Path) -> subprocess.CompletedProcess[str]:
-    """The checker on ``files``; a DaemonSet (a kind cnpg-check does not decode) goes as its pod template inside a
-    Job, so the pod spec is still strictly decoded into k8s.io/api's PodSpec."""
-    return subprocess.run([str(checker), *map(str, map(_checkable, files))], capture_output=True, text=True,
-                          timeout=60, check=False)
-
-
-def _checkable(path: Path) -> Path:
-    docs = list(yaml.safe_load_all(path.read_text()))
-    if len(docs) != 1 or not isinstance(docs[0], dict) or docs[0].get("kind") != "DaemonSet":
-        return path
-    ds = docs[0]
-    template = ds["spec"]["template"]
-    job = {"apiVersion": "batch/v1", "kind": "Job", "metadata": ds["metadata"],
-           "spec": {"template": {"metadata": template["metadata"], "spec": {**template["spec"],
-                                                                            "restartPolicy": "Never"}}}}
-    out = path.parent / "as-job" / path.name
-    out.parent.mkdir(exist_ok=True)
-    out.write_text(yaml.safe_dump(job, sort_keys=False))
-    return out
+    return subprocess.run([str(checker), *map(str, files)], capture_output=True, text=True, timeout=60, check=False)
 
 
 def plan_dir(tmp_path: Path, text: str = PLAN) -> Path:

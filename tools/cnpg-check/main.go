@@ -16,6 +16,7 @@ import (
 	"strings"
 
 	apiv1 "github.com/cloudnative-pg/api/pkg/api/v1"
+	appsv1 "k8s.io/api/apps/v1"
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
@@ -32,6 +33,8 @@ func newObject(apiVersion, kind string) any {
 		return &apiv1.Cluster{}
 	case "batch/v1/Job":
 		return &batchv1.Job{}
+	case "apps/v1/DaemonSet":
+		return &appsv1.DaemonSet{}
 	case "v1/PersistentVolumeClaim":
 		return &corev1.PersistentVolumeClaim{}
 	case "v1/ServiceAccount":
