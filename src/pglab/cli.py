@@ -118,9 +118,7 @@ def run(
 
     Run again into the same --results folder after an interruption (Ctrl-C, a crash, a kill) and the sweep
     resumes: completed runs are kept, unfinished ones are run again."""
-    from pglab.report.tables import full_report
     from pglab.runner import Runner, check_results_dir
-    from pglab.store import Store
 
     _check_format(fmt)
     plan, text = _load(plan_file)
@@ -143,22 +141,9 @@ def run(
         except K8sError as exc:  # the cluster refused or failed something: its words, exit 1, no traceback
             err.print(f"error: {exc}", markup=False, highlight=False)
             raise typer.Exit(1) from None
-        store = Store.open(results, create=False)
-        text = full_report(store, fmt, outcome.sweep_id, title=f"{plan.name} — {results}")
-        store.close()
-        out.print(text, end="", soft_wrap=True, markup=False, highlight=False)
-        elapsed = time.monotonic() - started
-        before = f", {outcome.already_done} completed before this resume" if outcome.resumed else ""
-        err.print(f"results: {results}  ({outcome.ok} ok, {outcome.failed} failed{before}; "
-                  f"{int(elapsed // 60)} min {elapsed % 60:.0f} s, cluster creation and cleanup included)")
-        for f in outcome.failures:
-            err.print(f"[yellow]failed: {f}")
-        if outcome.interrupted:
-            err.print("[yellow]interrupted: what pglab created in the cluster was deleted; completed runs are stored "
-                      "(run again into the same --results to resume).")
-            raise typer.Exit(130)
-        if outcome.failed:
-            raise typer.Exit(1)
+        _sweep_ended(outcome, plan.name, results, fmt, started, "cluster creation and cleanup included",
+                      "what pglab created in the cluster was deleted; completed runs are stored (run again into the "
+                      "same --results to resume).")
         return
     results = results or Path("results") / f"{plan.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     check_results_dir(results)
@@ -168,18 +153,29 @@ def run(
     with ProgressView(err) as view:
         runner.ui = view
         outcome = runner.run()
+    _sweep_ended(outcome, plan.name, results, fmt, started, "lab setup and teardown included",
+                 "the lab was torn down; completed runs are stored.")
+
+
+def _sweep_ended(outcome: Any, name: str, results: Path, fmt: str, started: float, included: str,
+                 interrupted: str) -> None:
+    """The end of `pglab run`, local or Kubernetes: the tables, one summary line, failures; exit 130 when
+    interrupted, 1 when a run failed."""
+    from pglab.report.tables import full_report
+    from pglab.store import Store
+
     store = Store.open(results, create=False)
-    text = full_report(store, fmt, outcome.sweep_id, title=f"{plan.name} — {results}")
+    text = full_report(store, fmt, outcome.sweep_id, title=f"{name} — {results}")
     store.close()
     out.print(text, end="", soft_wrap=True, markup=False, highlight=False)
     elapsed = time.monotonic() - started
     before = f", {outcome.already_done} completed before this resume" if outcome.resumed else ""
     err.print(f"results: {results}  ({outcome.ok} ok, {outcome.failed} failed{before}; "
-              f"{int(elapsed // 60)} min {elapsed % 60:.0f} s, lab setup and teardown included)")
+              f"{int(elapsed // 60)} min {elapsed % 60:.0f} s, {included})")
     for f in outcome.failures:
         err.print(f"[yellow]failed: {f}")
     if outcome.interrupted:
-        err.print("[yellow]interrupted: the lab was torn down; completed runs are stored.")
+        err.print(f"[yellow]interrupted: {interrupted}")
         raise typer.Exit(130)
     if outcome.failed:
         raise typer.Exit(1)

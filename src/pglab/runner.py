@@ -81,6 +81,14 @@ class SweepResult:
     already_done: int = 0  # runs a resumed sweep had completed before
     resumed: bool = False
 
+    def record(self, point: Point, repeat: int, failure: str | None) -> None:
+        """Count one run: ok, or failed with its reason (listed at the end of `pglab run`)."""
+        if failure is None:
+            self.ok += 1
+        else:
+            self.failed += 1
+            self.failures.append(f"{point.label()} #{repeat}: {failure}")
+
 
 def plan_hash(plan_text: str, files: list[Path] | None = None) -> str:
     """The plan's identity for resuming: its text and the bytes of every file it names (scripts, fio jobs)."""
@@ -282,11 +290,7 @@ class Runner:
                                                   point_ids[point.key], point, repeat)
                     else:
                         failure = self._one_run(store, target, sweep_id, point_ids[point.key], point, repeat)
-                    if failure is None:
-                        result.ok += 1
-                    else:
-                        result.failed += 1
-                        result.failures.append(f"{point.label()} #{repeat}: {failure}")
+                    result.record(point, repeat, failure)
                     if plan.run.pause:
                         time.sleep(plan.run.pause)
             except RunInterrupted as exc:

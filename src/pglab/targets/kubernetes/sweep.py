@@ -163,12 +163,7 @@ class KubernetesSweep:
                     self._initialise()
                 for point, repeat in todo:
                     self._step_to(sweep_id, point)
-                    failure = self._one_run(sweep_id, point_ids[point.key], point, repeat)
-                    if failure is None:
-                        result.ok += 1
-                    else:
-                        result.failed += 1
-                        result.failures.append(f"{point.label()} #{repeat}: {failure}")
+                    result.record(point, repeat, self._one_run(sweep_id, point_ids[point.key], point, repeat))
                     if plan.run.pause:
                         time.sleep(plan.run.pause)
             except RunInterrupted as exc:

@@ -38,7 +38,7 @@ from pglab.errors import UserError
 from pglab.plan.schema import Dataset, LocalTarget
 from pglab.targets.base import Endpoint, Endpoints
 from pglab.targets.local import cgroups, dataset_fast, procs, registry
-from pglab.targets.local.limits import GroupedLimits
+from pglab.targets.local.limits import GroupedLimits, ShapedLinks
 from pglab.targets.local.postgres_bin import ServerFiles, ServerUser, find_bindir, resolve_server_user
 from pglab.workloads.fio import parse_size
 
@@ -78,7 +78,7 @@ class Node:
         return procs.postmaster_pid(self.data)  # a killed postmaster may linger unreaped as a zombie: not counted
 
 
-class LocalLab(ServerFiles, GroupedLimits):
+class LocalLab(ServerFiles, GroupedLimits, ShapedLinks):
     """Implements the Target protocol on this host."""
 
     def __init__(self, spec: LocalTarget, base_dir: Path, log: Log = lambda _m: None, dataset: Dataset | None = None):
@@ -499,22 +499,6 @@ class LocalLab(ServerFiles, GroupedLimits):
         self.toxiproxy = ToxiproxyServer(workdir, self.lab_dir / "logs" / "toxiproxy.log")
         for node in self.nodes[1:]:
             self.proxy_ports[node.name] = self.toxiproxy.create_proxy(node.name, self.nodes[0].port)
-
-    def _shape_links(self) -> None:
-        net = self.spec.network
-        if self.toxiproxy is None or net is None:
-            return
-        for name in self.proxy_ports:
-            self.toxiproxy.set_link(name, net.latency_ms, net.jitter_ms, net.bandwidth_kbps)
-        self.log(f"replication links shaped: +{net.latency_ms} ms round trip ± {net.jitter_ms} ms"
-                 + (f", {net.bandwidth_kbps} kbit/s" if net.bandwidth_kbps else ""))
-
-    def links_in_force(self) -> dict[str, Any]:
-        """Each standby's link as Toxiproxy reports it (stored with every run)."""
-        if self.toxiproxy is None:
-            return {}
-        return {name: {**self.toxiproxy.link(name).__dict__, "proxy_port": port}
-                for name, port in self.proxy_ports.items()}
 
     def _base_conf(self, node: Node) -> dict[str, Any]:
         standby_names = ", ".join(n.name for n in self.nodes[1:])

@@ -69,7 +69,7 @@ from pglab.plan.schema import LocalTarget
 from pglab.targets.base import Endpoint, Endpoints
 from pglab.targets.local import cgroups, procs, registry
 from pglab.targets.local.cluster import DBNAME, SUPERUSER, LabError, cgroup_name, conf_value
-from pglab.targets.local.limits import GroupedLimits
+from pglab.targets.local.limits import GroupedLimits, ShapedLinks
 from pglab.targets.local.postgres_bin import ServerFiles, ServerUser, find_bindir, resolve_server_user
 from pglab.targets.local.toxiproxy import ToxiproxyServer, find_toxiproxy
 
@@ -231,7 +231,7 @@ def check_timings(timings: dict[str, int]) -> None:
                         f"({loop_wait} + 2 * {retry} > {ttl}).")
 
 
-class HALab(ServerFiles, GroupedLimits):
+class HALab(ServerFiles, GroupedLimits, ShapedLinks):
     """Patroni + etcd on this host, from a ``target.local`` spec. ``start()``, then faults, then ``teardown()``."""
 
     def __init__(self, spec: LocalTarget, base_dir: Path, log: Log = lambda _m: None,
@@ -446,23 +446,6 @@ class HALab(ServerFiles, GroupedLimits):
                                          binary=self.toxiproxy_bin)
         for node in self.nodes:
             self.proxy_ports[node.name] = self.toxiproxy.create_proxy(node.name, node.port)
-
-    def _shape_links(self, names: list[str] | None = None) -> None:
-        net = self.spec.network
-        if self.toxiproxy is None or net is None:
-            return
-        for name in names if names is not None else list(self.proxy_ports):
-            self.toxiproxy.set_link(name, net.latency_ms, net.jitter_ms, net.bandwidth_kbps)
-        if names is None:
-            self.log(f"replication links shaped: +{net.latency_ms} ms round trip ± {net.jitter_ms} ms"
-                     + (f", {net.bandwidth_kbps} kbit/s" if net.bandwidth_kbps else ""))
-
-    def links_in_force(self) -> dict[str, Any]:
-        """The proxy in front of each node as Toxiproxy reports it (the leader's carries every replica's link)."""
-        if self.toxiproxy is None:
-            return {}
-        return {name: {**self.toxiproxy.link(name).__dict__, "proxy_port": port}
-                for name, port in self.proxy_ports.items()}
 
     # ---------------------------------------------------------------- build
     def _prepare_dirs(self) -> None:

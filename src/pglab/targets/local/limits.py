@@ -1,13 +1,16 @@
-"""What a lab with a cgroup per instance and one for pgbench reports: the embedded lab and the Patroni lab share it."""
+"""What the embedded lab and the Patroni lab share about limits and shaping: a cgroup per instance and one for
+pgbench (GroupedLimits), and Toxiproxy proxies on the replication links (ShapedLinks)."""
 
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from pglab.plan.schema import LocalTarget
 from pglab.targets.local import cgroups
+from pglab.targets.local.toxiproxy import ToxiproxyServer
 from pglab.workloads.fio import parse_size
 
 MIB = 1024 * 1024
@@ -55,3 +58,32 @@ class GroupedLimits:
 
     def client_procs_files(self) -> list[Path]:
         return self.client_group.procs_files() if self.client_group else []
+
+
+class ShapedLinks:
+    """Mixin: ``toxiproxy`` (the lab's server, or None) and ``proxy_ports`` (link name → proxy port) are set by the
+    lab; this shapes them as the plan's ``network`` says and reports them as Toxiproxy does."""
+
+    spec: LocalTarget
+    toxiproxy: ToxiproxyServer | None
+    proxy_ports: dict[str, int]
+    log: Callable[[str], None]
+
+    def _shape_links(self, names: list[str] | None = None) -> None:
+        """Every link (or only ``names``: a proxy made again for a node started anew)."""
+        net = self.spec.network
+        if self.toxiproxy is None or net is None:
+            return
+        for name in names if names is not None else list(self.proxy_ports):
+            self.toxiproxy.set_link(name, net.latency_ms, net.jitter_ms, net.bandwidth_kbps)
+        if names is None:
+            self.log(f"replication links shaped: +{net.latency_ms} ms round trip ± {net.jitter_ms} ms"
+                     + (f", {net.bandwidth_kbps} kbit/s" if net.bandwidth_kbps else ""))
+
+    def links_in_force(self) -> dict[str, Any]:
+        """Each link as Toxiproxy reports it (stored with every run); on the Patroni lab, the proxy in front of
+        each node (the leader's carries every replica's link)."""
+        if self.toxiproxy is None:
+            return {}
+        return {name: {**self.toxiproxy.link(name).__dict__, "proxy_port": port}
+                for name, port in self.proxy_ports.items()}
