@@ -28,7 +28,7 @@ from urllib.parse import parse_qs, unquote, urlparse
 from kubernetes import client
 
 from pglab.targets.kubernetes.orchestrate import HEALTHY
-from pglab.targets.kubernetes.render import BEGIN_MARK, DISKSTATS_MARK, END_MARK
+from pglab.targets.kubernetes.render import BEGIN_MARK, DISKSTATS_MARK, END_MARK, VOLUME_MARK
 
 
 def results_log(files: dict[str, str], text: str = "progress: 1.0 s, 100 tps\n") -> str:
@@ -52,6 +52,7 @@ class FakeAPI:
         self.requests: list[tuple[str, str]] = []
         self.created: list[str] = []  # every object path ever created, in order
         self.posted: list[dict[str, Any]] = []  # every object body ever created, as posted
+        self.job_posts: list[tuple[int, str]] = []  # (index in requests, name) of every Job created
         self.ready_after = 2  # Cluster reads before it is healthy
         self.never_ready = False
         self.unhealthy_after_jobs: set[str] = set()  # the Cluster reads unhealthy once one of these Jobs was read
@@ -90,6 +91,9 @@ class FakeAPI:
         self.diskstats_log: Callable[[str], str] = lambda node: ""
         self.sampler_log_forbidden: set[str] = set()
         self.log_queries: list[tuple[str, dict[str, list[str]]]] = []  # (pod, query) of every sampler log read
+        # the volume probe: what the mount of each claim is on (device number, fstype, source), as its log says
+        self.volume_mount: Callable[[str], tuple[str, str, str]] = lambda claim: ("254:16", "ext4", "/dev/vdb")
+        self._wal = False  # the Cluster has a WAL volume: its pods mount a second claim
 
     def handle(self, method: str, url: str, body: dict[str, Any] | None) -> tuple[int, Any]:
         parsed = urlparse(url)
@@ -126,7 +130,9 @@ class FakeAPI:
                     self._pods = {f"{body['metadata']['name']}-{i}": spec for i in range(1, body["spec"]["instances"]
                                                                                           + 1)}
                     self.primary = f"{body['metadata']['name']}-1"
+                    self._wal = "walStorage" in body["spec"]
                 if body["kind"] == "Job":
+                    self.job_posts.append((len(self.requests) - 1, body["metadata"]["name"]))
                     self.job_created_at[body["metadata"]["name"]] = time.time()
                     threading.Thread(target=self.on_job_created, args=(body["metadata"]["name"],)).start()
                 return 201, body
@@ -155,7 +161,11 @@ class FakeAPI:
                     return 400, {"kind": "Status", "status": "Failure", "reason": "BadRequest", "code": 400,
                                  "message": f'container "main" in pod "{job}-pod" is waiting to start: '
                                             "ContainerCreating"}
-                return 200, self.logs[job] if job in self.logs else self.default_log(job)
+                if job in self.logs:
+                    return 200, self.logs[job]
+                if (probe := self._volume_probe(path.split("/")[4], job)) is not None:
+                    return 200, probe
+                return 200, self.default_log(job)
             if path.endswith("/pods"):
                 selector = parse_qs(parsed.query)["labelSelector"][0]
                 if "pglab/component=disk-sampler" in selector:
@@ -261,9 +271,21 @@ class FakeAPI:
         spec = self._pods[name]
         labels = {"cnpg.io/cluster": name.rsplit("-", 1)[0], "cnpg.io/podRole": "instance",
                   "cnpg.io/instanceName": name}
+        volumes = [{"name": "pgdata", "persistentVolumeClaim": {"claimName": name}},  # as CloudNativePG names them
+                   {"name": "scratch-data", "emptyDir": {}}]
+        if self._wal:
+            volumes.append({"name": "pg-wal", "persistentVolumeClaim": {"claimName": f"{name}-wal"}})
         return {"metadata": {"name": name, "namespace": namespace, "labels": labels},
-                "spec": {"nodeName": f"node-{name.rsplit('-', 1)[1]}",
+                "spec": {"nodeName": f"node-{name.rsplit('-', 1)[1]}", "volumes": volumes,
                          "containers": [{"name": "postgres", "resources": spec["resources"]}]}}
+
+    def _volume_probe(self, namespace: str, job: str) -> str | None:
+        """A volume probe Job's log, as its script prints it for the claims it mounts; None for other Jobs."""
+        body = self.objects.get(f"/apis/batch/v1/namespaces/{namespace}/jobs/{job}")
+        if body is None or body["metadata"]["labels"].get("pglab/component") != "volume-probe":
+            return None
+        claims = [v["persistentVolumeClaim"]["claimName"] for v in body["spec"]["template"]["spec"]["volumes"]]
+        return "".join(f"{VOLUME_MARK} {c} {' '.join(self.volume_mount(c))}\n" for c in claims)
 
     # -------------------------------------------------------------- the disk sampler's DaemonSet controller
     def _sampler_pods(self) -> dict[str, str]:

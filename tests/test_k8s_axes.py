@@ -33,7 +33,17 @@ from pglab.targets.kubernetes import exporter
 from pglab.targets.kubernetes import render as render_module
 from pglab.targets.kubernetes.orchestrate import K8sError
 from pglab.targets.kubernetes.render import cluster, cpu_quantity, millicores, render
-from test_k8s_run import JOBS, PGBENCH, TXN_LOGS, Recorder, assert_all_deleted, pod_log, posted_jobs, rows, run
+from test_k8s_run import (
+    PGBENCH,
+    TXN_LOGS,
+    Recorder,
+    assert_all_deleted,
+    job_posts,
+    pod_log,
+    posted_jobs,
+    rows,
+    run,
+)
 
 CLUSTER = "/apis/postgresql.cnpg.io/v1/namespaces/bench/clusters/pg"
 
@@ -89,7 +99,7 @@ def test_cpu_steps_patch_the_cluster_wait_for_the_rollout_and_record_it(fake: tu
     assert created["spec"]["resources"] == amounts("500m")
     assert api.patches == [{"spec": {"resources": amounts("2")}}]
     patch_at = api.requests.index(("PATCH", CLUSTER))
-    posts = [i for i, (m, p) in enumerate(api.requests) if m == "POST" and p == JOBS]
+    posts = job_posts(api)
     assert posts[2] < patch_at < posts[3]  # after both clients of step 0.5, before the first of step 2
     # the Job of the new step started only once every instance pod had the new limits and the rollout was over
     assert seen_at_job["pg-run-0001-1"] == {"pg-1": amounts("500m"), "pg-2": amounts("500m")}
@@ -235,7 +245,7 @@ def test_parameters_are_patched_between_points_and_checked_by_the_run(fake: tupl
     assert api.patches == [{"spec": {"resources": amounts("1"),
                                      "postgresql": {"parameters": {"jit": "off", "work_mem": "8MB"}}}}]
     patch_at = api.requests.index(("PATCH", CLUSTER))
-    posts = [i for i, (m, p) in enumerate(api.requests) if m == "POST" and p == JOBS]
+    posts = job_posts(api)
     assert posts[1] < patch_at < posts[2]
 
     store = Store.open(tmp_path / "results", create=False)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import os
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,11 +17,19 @@ from kubernetes import client
 from k8s_fake import FakeAPI, diskstats_text, sampler_log, serve
 from pglab.plan.load import parse_plan
 from pglab.probes.base import ProbeContext
-from pglab.probes.disk import MIB, SECTOR, DiskProbe, _figures, parse_diskstats, read_diskstats
+from pglab.probes.disk import MIB, SECTOR, DiskProbe, _figures, parse_diskstats, read_diskstats, resolve_device
 from pglab.store.sqlite import Store
 from pglab.targets.kubernetes import disks
-from pglab.targets.kubernetes.render import disk_sampler, disk_sampler_script, rbac, render
-from test_k8s import REPO
+from pglab.targets.kubernetes.render import (
+    disk_sampler,
+    disk_sampler_script,
+    rbac,
+    render,
+    to_yaml,
+    volume_probe,
+    volume_probe_script,
+)
+from test_k8s import CHECKER, REPO, check
 from test_k8s_run import Recorder, pod_log, run, sample_latencies
 
 PLAN = """
@@ -138,8 +147,8 @@ def test_run_stores_the_volumes_disk_figures_as_disk_py_computes_them(fake: tupl
         assert ("disk:node-1/vdb", "w_s") in series and ("disk:node-2/vdb", "util_pct") in series
         run_dir = store.dir / r.dir
         info = json.loads((run_dir / "disk" / "disk.json").read_text())
-        assert info["instances"]["pg-1"] == {"node": "node-1", "device": "vdb", "primary": True,
-                                             "chosen": "busiest device of the node in the window"}
+        assert info["instances"]["pg-1"] == {"node": "node-1", "primary": True, "volumes": [
+            {"claim": "pg-1", "device": "vdb", "how": "ext4 on device 254:16"}]}
         assert set(info["nodes"]["node-1"]["devices"]) == {"vda", "vdb", "zram0", *(f"loop{i}" for i in range(8))}
         assert (run_dir / "disk" / "node-2.log").read_text() == sampler_log("node-2", node_blocks("node-2"))
         run_json = json.loads((run_dir / "run.json").read_text())
@@ -150,6 +159,15 @@ def test_run_stores_the_volumes_disk_figures_as_disk_py_computes_them(fake: tupl
     assert len(since) == 4 and all(1 <= s <= 60 for s in since)
     assert not [msg for msg in ui.messages if msg.startswith("disk figures")]
     assert DS not in api.objects and ("DELETE", DS) in api.requests  # cleanup deletes the DaemonSet
+    # one volume probe per node, for the first run only: a claim stays on its device while it stays on its node
+    assert probes(api) == [("node-1", ["pg-1"]), ("node-2", ["pg-2"])]
+
+
+def probes(api: FakeAPI) -> list[tuple[str, list[str]]]:
+    """(node, claims) of every volume probe Job created, in order."""
+    return [(b["metadata"]["annotations"]["pglab/node"],
+             [v["persistentVolumeClaim"]["claimName"] for v in b["spec"]["template"]["spec"]["volumes"]])
+            for b in api.posted if b["kind"] == "Job" and b["metadata"]["labels"]["pglab/component"] == "volume-probe"]
 
 
 def _text(c: dict[str, list[int]]) -> str:
@@ -180,3 +198,108 @@ def test_without_readable_samples_no_figures_are_stored_and_the_run_goes_on(
     told = [msg for msg in ui.messages if msg.startswith("disk figures")]
     assert len(told) == 1, ui.messages  # said once for the sweep's two runs
     assert DS not in api.objects
+
+
+# ------------------------------------------------------------------ which device is the volume's
+def test_volume_probe_is_unprivileged_pinned_to_the_node_and_mounts_the_claims_read_only(tmp_path: Path) -> None:
+    plan = parse_plan((REPO / "examples" / "seed-s3.yaml").read_text(), base_dir=REPO / "examples")
+    m = volume_probe(plan, "pg-volumes-1", "worker-7", ["pg-1", "pg-1-wal"])
+    body = m.body
+    assert body["kind"] == "Job" and body["spec"]["activeDeadlineSeconds"] > 0 and body["spec"]["backoffLimit"] == 0
+    pod = body["spec"]["template"]["spec"]
+    terms = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    assert terms == [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["worker-7"]}]}]
+    db = plan.target.kubernetes.database  # type: ignore[union-attr]
+    assert pod.get("tolerations", []) == [t.model_dump(exclude_none=True) for t in db.tolerations]
+    assert [v["persistentVolumeClaim"] for v in pod["volumes"]] == [{"claimName": "pg-1", "readOnly": True},
+                                                                   {"claimName": "pg-1-wal", "readOnly": True}]
+    (c,) = pod["containers"]
+    assert [(v["mountPath"], v["readOnly"]) for v in c["volumeMounts"]] == [("/volumes/pg-1", True),
+                                                                            ("/volumes/pg-1-wal", True)]
+    assert c["securityContext"]["runAsNonRoot"] and not c["securityContext"]["allowPrivilegeEscalation"]
+    assert not {"hostPID", "hostNetwork", "hostIPC"} & pod.keys() and pod["automountServiceAccountToken"] is False
+    (tmp_path / m.filename).write_text(to_yaml(body))
+    assert CHECKER.is_file(), "./setup.sh install builds tools/cnpg-check"
+    proc = check(CHECKER, tmp_path / m.filename)  # batch/v1 Job, strictly decoded as every rendered manifest
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_volume_probe_script_prints_the_device_number_of_each_mount(tmp_path: Path) -> None:
+    """Run for real in a private mount namespace: a bind mount of a directory of this machine (the claim on a
+    block device) and a tmpfs (a claim without one)."""
+    root, src = tmp_path / "volumes", tmp_path / "src"
+    for d in (root / "pg-1", root / "pg-1-wal", src):
+        d.mkdir(parents=True)
+    script = volume_probe_script(str(root))
+    proc = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c",
+                           f"mount --bind {src} {root}/pg-1 && mount -t tmpfs pglab {root}/pg-1-wal && {script}"],
+                          capture_output=True, text=True, timeout=30, check=False)
+    assert proc.returncode == 0, proc.stderr
+    found = disks.parse_probe_log(proc.stdout)
+    st = os.stat(src)
+    assert found["pg-1"].number == f"{os.major(st.st_dev)}:{os.minor(st.st_dev)}"
+    assert found["pg-1-wal"].fstype == "tmpfs" and found["pg-1-wal"].source == "pglab"
+    # and that number is how /proc/diskstats names the device (the local probe's resolution agrees)
+    names = {f"{f[0]}:{f[1]}": f[2] for line in Path("/proc/diskstats").read_text().splitlines() if (f := line.split())}
+    assert names.get(found["pg-1"].number) == resolve_device(src).device
+
+
+WAL_PLAN = PLAN.replace("    resources: {cpu: 1, memory: 1Gi}\n",
+                        "    resources: {cpu: 1, memory: 1Gi}\n    wal_storage: {size: 1Gi}\n")
+
+
+def test_the_probed_devices_are_measured_not_the_busiest(fake: tuple[FakeAPI, client.ApiClient],
+                                                         tmp_path: Path) -> None:
+    """Data on vda (the quiet device), WAL on vdb: both are the instance's, vda is not the busiest."""
+    api, api_client = fake
+    api.volume_mount = lambda claim: (("254:16", "xfs", "/dev/vdb") if claim.endswith("-wal") else
+                                      ("254:0", "ext4", "/dev/vda"))
+    result = run(api_client, tmp_path, WAL_PLAN)
+    assert (result.ok, result.failed) == (2, 0)
+    store = Store.open(tmp_path / "results", create=False)
+    for r in store.runs(store.sweeps()[-1]["id"]):
+        m = r.metrics
+        assert m["disk.node-1/vda.read_iops"] == pytest.approx(1.0, rel=1e-3)  # vda reads one a second
+        assert m["read_iops"] == pytest.approx(2 * 1 + 10 + 10, rel=1e-3)  # vda on 2 nodes + vdb on 2
+        info = json.loads((store.dir / r.dir / "disk" / "disk.json").read_text())
+        assert [(v["claim"], v["device"]) for v in info["instances"]["pg-2"]["volumes"]] == [("pg-2", "vda"),
+                                                                                           ("pg-2-wal", "vdb")]
+    store.close()
+    assert probes(api) == [("node-1", ["pg-1", "pg-1-wal"]), ("node-2", ["pg-2", "pg-2-wal"])]
+
+
+def test_without_a_probe_the_busiest_device_is_taken_and_said_to_be_a_guess(fake: tuple[FakeAPI, client.ApiClient],
+                                                                            tmp_path: Path) -> None:
+    api, api_client = fake
+    api.failing_jobs = {"pg-volumes-1", "pg-volumes-2"}
+    api.logs = {"pg-volumes-1": "", "pg-volumes-2": ""}
+    api.volume_mount = lambda claim: ("254:0", "ext4", "/dev/vda")  # never read: the probes failed
+    ui = Recorder()
+    result = run(api_client, tmp_path, PLAN, observer=ui)
+    assert (result.ok, result.failed) == (2, 0)
+    store = Store.open(tmp_path / "results", create=False)
+    for r in store.runs(store.sweeps()[-1]["id"]):
+        assert r.metrics["write_iops"] == pytest.approx(300 + 100, rel=1e-3)  # vdb, the busiest
+        info = json.loads((store.dir / r.dir / "disk" / "disk.json").read_text())
+        (chosen,) = info["instances"]["pg-1"]["volumes"]
+        assert chosen["device"] == "vdb" and chosen["how"].startswith("busiest device of the node in the window")
+    store.close()
+    assert sum("are a guess" in m for m in ui.messages) == 1  # said once for the sweep
+    assert len(probes(api)) == 2  # a failed probe is not retried at every run
+
+
+def test_a_volume_without_a_block_device_gives_no_figures(fake: tuple[FakeAPI, client.ApiClient],
+                                                          tmp_path: Path) -> None:
+    api, api_client = fake
+    api.volume_mount = lambda claim: ("0:52", "nfs4", "filer:/export/" + claim)
+    ui = Recorder()
+    result = run(api_client, tmp_path, PLAN, observer=ui)
+    assert (result.ok, result.failed) == (2, 0)
+    store = Store.open(tmp_path / "results", create=False)
+    for r in store.runs(store.sweeps()[-1]["id"]):
+        assert not {k for k in r.metrics if k.endswith("_iops") or k.startswith("disk.")}
+        info = json.loads((store.dir / r.dir / "disk" / "disk.json").read_text())
+        assert "nfs4 (filer:/export/pg-1) has no block device on the node" in info["note"]
+    store.close()
+    told = [m for m in ui.messages if m.startswith("disk figures")]
+    assert len(told) == 1 and "no block device" in told[0]

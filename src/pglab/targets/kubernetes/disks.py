@@ -1,11 +1,16 @@
 """Disk figures of a Kubernetes run from the database nodes' /proc/diskstats, as the local disk probe computes them.
 
 The disk-sampler DaemonSet (``render.disk_sampler``) prints each node's /proc/diskstats every second, stamped with
-the node's epoch. After a run pglab reads those pods' logs, takes the node of every instance pod and, since the
-device behind a PVC cannot be known from the API without exec, takes as the instance's volume the device of that
-node with the most I/O time in the run's window (every device of the node is kept in disk.json). The figures are
-``probes.disk``'s own: its per-interval ``_figures`` and its window ``summarize``, under its metric names, summed
-over the instances' distinct devices as the local probe sums the devices of the paths it measures.
+the node's epoch. Which of a node's devices carries an instance's volume is what the volume probe
+(``render.volume_probe``) printed: a pod on that node mounting the instance's claims read-only gives each mount's
+device number (major:minor), the number /proc/diskstats lists the device under, as the local probe resolves a path
+by its st_dev. Measured as is (a partition, a device-mapper device), as iostat names it. Where no probe could run
+(a claim only one pod may mount, say), the node's device with the most I/O time in the run's window is taken,
+and disk.json says it was a guess. A volume on a filesystem without a block device (NFS, tmpfs) has no figures.
+
+The figures are ``probes.disk``'s own: its per-interval ``_figures`` and its window ``summarize``, under its metric
+names, summed over the instances' distinct (node, device) as the local probe sums the devices of the paths it
+measures. Every device of a node is kept in disk.json.
 
 Clocks: the samples carry the node's clock, the window the client node's (pgbench's log); on NTP-synchronised
 machines the difference is far below the 1 s sampling interval.
@@ -15,20 +20,47 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import os
+import re
 from dataclasses import dataclass, field
 
 from pglab.probes.base import ProbeContext, Sample
 from pglab.probes.disk import DiskProbe, _Counters, _figures, parse_diskstats
-from pglab.targets.kubernetes.render import DISKSTATS_MARK
+from pglab.targets.kubernetes.render import DISKSTATS_MARK, VOLUME_MARK
 
 
 @dataclass(frozen=True)
 class Block:
-    """One sample of one node: when (the node's epoch) and every device's counters."""
+    """One sample of one node: when (the node's epoch), every device's counters, and their numbers."""
 
     ts: float
     node: str
     counters: dict[str, _Counters]
+    numbers: dict[str, str] = field(default_factory=dict)  # "major:minor" → device name
+
+
+def _numbers(text: str) -> dict[str, str]:
+    return {f"{f[0]}:{f[1]}": f[2] for line in text.splitlines() if len(f := line.split()) >= 14}
+
+
+@dataclass(frozen=True)
+class Volume:
+    """One claim of an instance pod, as the volume probe found its mount on the node."""
+
+    claim: str
+    number: str  # major:minor of the mount
+    fstype: str
+    source: str
+
+
+def parse_probe_log(text: str) -> dict[str, Volume]:
+    """The volume probe's log → claim → what its mount is on."""
+    out = {}
+    for line in text.splitlines():
+        f = line.split()
+        if len(f) == 5 and f[0] == VOLUME_MARK and re.fullmatch(r"\d+:\d+", f[2]):
+            out[f[1]] = Volume(f[1], f[2], f[3], f[4])
+    return out
 
 
 def parse_log(text: str) -> list[Block]:
@@ -46,7 +78,8 @@ def parse_log(text: str) -> list[Block]:
         if rest == ["end"]:
             if head is not None:
                 with contextlib.suppress(ValueError):  # a garbled line: the whole block is left out
-                    out.append(Block(head[0], head[1], parse_diskstats("\n".join(body))))
+                    text = "\n".join(body)
+                    out.append(Block(head[0], head[1], parse_diskstats(text), _numbers(text)))
             head, body = None, []
             continue
         head, body = None, []
@@ -95,6 +128,21 @@ def busiest(figures: dict[str, dict[str, float]]) -> str | None:
     return device if device is not None and any(load(figures[device])) else None
 
 
+def volume_device(volume: Volume, blocks: list[Block]) -> tuple[str | None, str]:
+    """The node's device carrying ``volume`` (by its number, else by its mount source as the local probe does for
+    btrfs's anonymous numbers), and how it was found or why there is none."""
+    numbers: dict[str, str] = {}
+    for b in blocks:
+        numbers.update(b.numbers)
+    devices = {d for b in blocks for d in b.counters}
+    if volume.number in numbers:
+        return numbers[volume.number], f"{volume.fstype} on device {volume.number}"
+    base = os.path.basename(volume.source)
+    if volume.source.startswith("/dev/") and base in devices:
+        return base, f"{volume.fstype} has device number {volume.number}; device taken from its source {volume.source}"
+    return None, f"{volume.fstype} ({volume.source}) has no block device on the node"
+
+
 @dataclass
 class RunDisks:
     """A run's disk figures, their series, and what they were computed from (disk.json)."""
@@ -103,13 +151,17 @@ class RunDisks:
     series: list[tuple[float, str, str, float | None]] = field(default_factory=list)
     info: dict[str, object] = field(default_factory=dict)
     files: list[str] = field(default_factory=list)  # written into the run's folder, relative to it
+    problems: list[str] = field(default_factory=list)  # why a total would be wrong: then none is stored
+    guessed: list[str] = field(default_factory=list)  # instance pods whose device is the busiest, not probed
 
 
-def summarize(logs: dict[str, str], instances: dict[str, str], primary: str | None,
-              window: tuple[float, float]) -> RunDisks:
-    """``logs``: node → its sampler's log; ``instances``: instance pod → its node. The figures of each instance's
-    volume device (the busiest of its node), summed over distinct (node, device) as the local probe does; nothing
-    for an instance whose node has no log or no sample in the window."""
+def summarize(logs: dict[str, str], instances: dict[str, str], primary: str | None, window: tuple[float, float],
+              volumes: dict[str, list[Volume] | str] | None = None) -> RunDisks:
+    """``logs``: node → its sampler's log; ``instances``: instance pod → its node; ``volumes``: instance pod → its
+    claims as the volume probe found them, or why it could not (then the node's busiest device is taken). The
+    figures of the instances' volume devices, summed over distinct (node, device) as the local probe does. An
+    instance whose node has no sample in the window, or a volume without a block device, is named in
+    ``problems``: a total without it would be a wrong total."""
     out = RunDisks()
     nodes: dict[str, object] = {}
     pods: dict[str, object] = {}
@@ -117,19 +169,36 @@ def summarize(logs: dict[str, str], instances: dict[str, str], primary: str | No
     for pod, node in sorted(instances.items()):
         blocks = sorted((b for b in parse_log(logs.get(node, "")) if b.node == node), key=lambda b: b.ts)
         figures = node_devices(blocks, window)
-        device = busiest(figures)
-        nodes[node] = {"samples": len(blocks), "devices": figures, "volume_device": device}
-        pods[pod] = {"node": node, "device": device, "primary": pod == primary,
-                     "chosen": "busiest device of the node in the window" if device else
-                     "no sample of the node in the window" if not figures else "no device did any I/O"}
-        if device is not None:
-            source = f"disk:{node}/{device}"
-            sources.setdefault(source, device_samples(blocks, device, source))
+        nodes[node] = {"samples": len(blocks), "devices": figures}
+        found = (volumes or {}).get(pod, "no volume probe ran")
+        chosen: list[dict[str, object]] = []
+        if not figures:
+            out.problems.append(f"no sample of node {node} (pod/{pod}) in the window")
+        elif isinstance(found, str):
+            device = busiest(figures)
+            chosen.append({"device": device, "how": f"busiest device of the node in the window ({found})"})
+            if device is None:
+                out.problems.append(f"pod/{pod}: no device of node {node} did any I/O")
+            out.guessed.append(pod)
+        else:
+            for v in found:
+                device, how = volume_device(v, blocks)
+                chosen.append({"claim": v.claim, "device": device, "how": how})
+                if device is None:
+                    out.problems.append(f"pod/{pod} claim {v.claim}: {how}")
+        pods[pod] = {"node": node, "primary": pod == primary, "volumes": chosen}
+        for c in chosen:
+            if (device := c["device"]) is not None:
+                source = f"disk:{node}/{device}"
+                sources.setdefault(source, device_samples(blocks, str(device), source))
     samples = [s for ss in sources.values() for s in ss]
     out.metrics = _summarize(samples, window)
     out.series = [(s.ts, s.source, s.metric, s.value) for s in samples]  # all of them, as a local run keeps
-    out.info = {"how": "per instance pod: its node's device with the most I/O time in the window",
+    out.info = {"how": "per instance pod: the devices of its claims' mounts on its node (the volume probe), else "
+                       "its node's device with the most I/O time in the window",
                 "instances": pods, "nodes": nodes, "window": list(window)}
-    if not out.metrics:
-        out.info["note"] = "no sample of an instance's node inside the window: no disk figures"
+    if not out.metrics and not out.problems:
+        out.problems.append("no sample of an instance's node inside the window")
+    if out.problems:
+        out.info["note"] = "; ".join(out.problems) + ": no disk figures"
     return out

@@ -211,6 +211,17 @@ DISK_SAMPLER = "disk-sampler"
 DISKSTATS_MARK = "pglab-diskstats"  # a block of the sampler's log: header "<mark> <epoch> <node>", the file, end line
 
 
+def _unprivileged() -> dict[str, Any]:
+    """The restricted Pod Security Standard, and then some: nobody, read-only root, no capability."""
+    return {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True, "runAsNonRoot": True,
+            "runAsUser": 65534, "runAsGroup": 65534, "capabilities": {"drop": ["ALL"]},
+            "seccompProfile": {"type": "RuntimeDefault"}}
+
+
+def _tiny() -> dict[str, Any]:
+    return {"requests": {"cpu": "10m", "memory": "16Mi"}, "limits": {"cpu": "100m", "memory": "32Mi"}}
+
+
 def disk_sampler_script() -> str:
     """Every second: the node's epoch, its name, /proc/diskstats, an end line, printed at once (a block cut by the
     log's end is recognised). /proc/diskstats is not namespaced: an unprivileged container reads the host's."""
@@ -234,10 +245,7 @@ def disk_sampler(plan: Plan) -> Manifest:
     container: dict[str, Any] = {
         "name": "main", "image": k8s.clients.fio_image, "command": ["/bin/sh", "-c", disk_sampler_script()],
         "env": [{"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}],
-        "resources": {"requests": {"cpu": "10m", "memory": "16Mi"}, "limits": {"cpu": "100m", "memory": "32Mi"}},
-        "securityContext": {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
-                            "runAsNonRoot": True, "runAsUser": 65534, "runAsGroup": 65534,
-                            "capabilities": {"drop": ["ALL"]}, "seccompProfile": {"type": "RuntimeDefault"}},
+        "resources": _tiny(), "securityContext": _unprivileged(),
     }
     pod: dict[str, Any] = {"automountServiceAccountToken": False, "terminationGracePeriodSeconds": 2,
                            "containers": [container]}
@@ -251,6 +259,48 @@ def disk_sampler(plan: Plan) -> Manifest:
             "spec": {"selector": {"matchLabels": selector},
                      "template": {"metadata": {"labels": labels}, "spec": pod}}}
     return Manifest("15-disk-sampler-daemonset.yaml", body)
+
+
+VOLUME_PROBE = "volume-probe"
+VOLUME_MARK = "pglab-volume"  # a line of the probe's log: "<mark> <claim> <major:minor> <fstype> <source>"
+VOLUME_PROBE_DEADLINE_S = 120  # a probe pod that cannot start (a ReadWriteOncePod claim, a full node) gives up
+
+
+def volume_probe_script(root: str = "/volumes") -> str:
+    """For each claim mounted under ``root``: the device number of its mount, its filesystem type and source,
+    from the pod's own mountinfo (fields 3 and 5, then what follows " - "). A second mount of a volume shares its
+    superblock with the instance's mount, so this is the device number PostgreSQL's files have."""
+    return "\n".join([
+        f"for d in {root}/*; do",
+        "  while read -r _id _parent mm _root mp rest; do",
+        '    [ "$mp" = "$d" ] || continue',
+        '    set -- ${rest#* - }',
+        f'    echo "{VOLUME_MARK} ${{d##*/}} $mm $1 $2"',
+        "  done < /proc/self/mountinfo",
+        "done",
+    ])
+
+
+def volume_probe(plan: Plan, name: str, node: str, claims: list[str]) -> Manifest:
+    """A Job on ``node`` mounting the instances' claims there read-only, to print the device number of each: which
+    of the node's /proc/diskstats devices carries a volume's I/O. A ReadWriteOnce volume may be mounted by several
+    pods of the node it is attached to; unprivileged, as the sampler."""
+    k8s = target_of(plan)
+    mounts = [{"name": f"v{i}", "mountPath": f"/volumes/{c}", "readOnly": True} for i, c in enumerate(claims)]
+    volumes = [{"name": f"v{i}", "persistentVolumeClaim": {"claimName": c, "readOnly": True}}
+               for i, c in enumerate(claims)]
+    container = {"name": "main", "image": k8s.clients.fio_image, "command": ["/bin/sh", "-c", volume_probe_script()],
+                 "volumeMounts": mounts, "resources": _tiny(), "securityContext": _unprivileged()}
+    term = {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}  # as DaemonSets pin
+    pod: dict[str, Any] = {"restartPolicy": "Never", "automountServiceAccountToken": False,
+                           "containers": [container], "volumes": volumes,
+                           "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+                               "nodeSelectorTerms": [term]}}}}
+    if k8s.database.tolerations:
+        pod["tolerations"] = _tolerations(k8s.database)
+    body = _job(k8s, name, VOLUME_PROBE, pod, annotations={"pglab/node": node})
+    body["spec"]["activeDeadlineSeconds"] = VOLUME_PROBE_DEADLINE_S
+    return Manifest(f"{name}.yaml", body)
 
 
 # ------------------------------------------------------------------ storage phase (fio)

@@ -62,6 +62,7 @@ from pglab.targets.kubernetes.render import (
     render,
     target_of,
     to_yaml,
+    volume_probe,
     witness_job,
 )
 from pglab.targets.kubernetes.scenario import Failover, WitnessLogError, parse_witness_log
@@ -123,6 +124,9 @@ class KubernetesSweep:
         self.failover_timeout_s = failover_timeout_s  # from the fault to a healthy Cluster with a new primary
         self._exporter_told = False
         self._disk_told = False
+        self._guess_told = False
+        self._probed: dict[tuple[str, str], disks.Volume | str] = {}  # (claim, node) → its mount, or why unknown
+        self._probes = 0
         self.manifests = manifests
         self.k8s = target_of(plan)
         self.points = expand(plan, cores=client_cores(self.k8s))  # the same points (and Job names) render made
@@ -464,9 +468,10 @@ class KubernetesSweep:
                         "exporter/*.prom in the run's folder)")
 
     def _disks(self, run_dir: Path, launched: float, window: tuple[float, float]) -> disks.RunDisks | None:
-        """The run's disk figures from the disk sampler's logs of the instances' nodes (``disks.summarize``); the
-        raw logs go to disk/<node>.log, what was chosen to disk.json. None (no figure, not zeros) when a node of an
-        instance has no readable sampler pod or no sample in the window, said once per sweep."""
+        """The run's disk figures from the disk sampler's logs of the instances' nodes and the devices the volume
+        probe found (``disks.summarize``); the raw logs go to disk/<node>.log, what was chosen to disk.json. None
+        (no figure, not zeros) when a node of an instance has no readable sampler pod or no sample in the window,
+        or a volume has no block device, said once per sweep."""
         try:
             samplers = self.orch.sampler_pods()
             pods = self.orch.instance_pods()
@@ -494,8 +499,10 @@ class KubernetesSweep:
             for node, text in logs.items():
                 (folder / f"{node}.log").write_text(text)
                 files.append(f"disk/{node}.log")
-        result = disks.summarize(logs, instances, primary, window)
+        volumes = self._volumes(pods) if logs and not problems else {}
+        result = disks.summarize(logs, instances, primary, window, volumes)
         result.files = files
+        problems += result.problems
         if problems:
             result.info["note"] = "; ".join(problems) + ": no disk figures"
         if logs:
@@ -504,7 +511,45 @@ class KubernetesSweep:
         if problems or not result.metrics:
             self._tell_disk(str(result.info.get("note")))
             result.metrics, result.series = {}, []
+        elif result.guessed and not self._guess_told:
+            self._guess_told = True
+            self.ui.log(f"disk figures: the volume devices of {', '.join(result.guessed)} are a guess (the busiest "
+                        "device of the node; the volume probe could not run, see disk/disk.json)")
         return result
+
+    def _volumes(self, pods: list[Any]) -> dict[str, list[disks.Volume] | str]:
+        """Instance pod → its claims' devices, from a volume probe Job on each node with claims not probed there
+        yet (a claim stays on its device while it stays on its node, so each (claim, node) is probed once); or why
+        none could be had. A probe is a figure's helper, not a step: its failure makes a guess, not a failed run."""
+        wanted: dict[str, list[tuple[str, str]]] = {}  # node → (pod, claim)
+        for pod in pods:
+            node = pod.spec.node_name if pod.spec is not None else None
+            for v in (pod.spec.volumes or []) if node else []:
+                if v.persistent_volume_claim is not None:
+                    wanted.setdefault(node, []).append((pod.metadata.name, v.persistent_volume_claim.claim_name))
+        for node, claims in sorted(wanted.items()):
+            todo = sorted({c for _, c in claims if (c, node) not in self._probed})
+            if not todo:
+                continue
+            self._probes += 1
+            m = volume_probe(self.plan, f"{self.k8s.cluster_name}-volumes-{self._probes}", node, todo)
+            try:
+                outcome = self.orch.run_job(m, self.store.dir / "volume-probes" / m.name)
+                found: dict[str, disks.Volume] | str = disks.parse_probe_log(outcome.log)
+                if not outcome.succeeded:
+                    found = f"Job/{m.name} failed: {_last_words(outcome.log)}"
+            except K8sError as exc:
+                found = str(exc)
+            for claim in todo:
+                self._probed[(claim, node)] = (found.get(claim) or f"Job/{m.name} did not see claim {claim}"
+                                               if isinstance(found, dict) else found)
+        out: dict[str, list[disks.Volume] | str] = {}
+        for node, claims in wanted.items():
+            for pod, claim in claims:
+                got, have = self._probed[(claim, node)], out.get(pod, [])
+                if not isinstance(have, str):  # one claim not found: the pod's devices are a guess
+                    out[pod] = got if isinstance(got, str) else [*have, got]
+        return out
 
     def _tell_disk(self, why: str) -> None:
         """Say once per sweep why a run has no disk figures (no DaemonSet permission, no sampler pod, …)."""
