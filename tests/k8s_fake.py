@@ -72,7 +72,9 @@ class FakeAPI:
         self.patches: list[dict[str, Any]] = []
         self.phases: list[str] = []  # every phase the Cluster was read in, in order
         # the exporter of each instance: (pod, time served) -> its text; None answers 503 as a pod not ready would
-        self.exporter: Callable[[str, float], str | None] = lambda pod, t: exporter_text(pod)
+        self.exporter: Callable[[str, float], str | None] = lambda pod, t: (
+            exporter_text(pod, standbys={p: CAUGHT_UP for p in self._pods if p != pod}) if pod == self.primary else
+            exporter_text(pod, primary=False))
         self.scrapes: list[tuple[str, float, str]] = []  # (pod, time served, text) of every scrape answered
         self.lock = threading.Lock()
         self._degraded = False
@@ -331,6 +333,9 @@ def _merge(target: dict[str, Any], patch: dict[str, Any]) -> None:
 
 
 # ------------------------------------------------------------------ the exporter
+CAUGHT_UP = {"replay_diff_bytes": 0.0, "replay_lag_seconds": 0.0, "write_lag_seconds": 0.0, "flush_lag_seconds": 0.0}
+
+
 def exporter_text(pod: str, values: dict[str, float | None] | None = None, *, primary: bool = True,
                   standbys: dict[str, dict[str, float]] | None = None, pg17: bool = False,
                   stats_reset: str = "2026-11-20T08:12:31.203411Z", database: str = "app") -> str:

@@ -31,6 +31,7 @@ from pglab.plan.schema import Plan
 from pglab.store.sqlite import Store
 from pglab.targets.kubernetes import exporter
 from pglab.targets.kubernetes import render as render_module
+from pglab.targets.kubernetes import sweep as k8s_sweep
 from pglab.targets.kubernetes.orchestrate import K8sError
 from pglab.targets.kubernetes.render import cluster, cpu_quantity, millicores, render
 from test_k8s_run import (
@@ -105,8 +106,9 @@ def test_cpu_steps_patch_the_cluster_wait_for_the_rollout_and_record_it(fake: tu
     assert seen_at_job["pg-run-0001-1"] == {"pg-1": amounts("500m"), "pg-2": amounts("500m")}
     assert seen_at_job["pg-run-0002-1"] == {"pg-1": amounts("2"), "pg-2": amounts("2")}
     reads_after = [api.requests[i] for i in range(patch_at, posts[3]) if api.requests[i] == ("GET", CLUSTER)]
-    # the stale healthy read, the rollout, healthy again; then the run reads which pod is primary (exporter)
-    assert len(reads_after) == 1 + api.rollout_reads + 1 + 1
+    # the stale healthy read, the rollout, healthy again; then the run reads which pod is primary (the standbys'
+    # replay, then the exporter)
+    assert len(reads_after) == 1 + api.rollout_reads + 1 + 2
     assert "Upgrading cluster" in api.phases and api.phases[-1] == "Cluster in healthy state"
 
     store = Store.open(tmp_path / "results", create=False)
@@ -421,9 +423,11 @@ def test_exporter_deltas_over_the_window_are_what_the_primary_served(fake: tuple
     t0 = api.job_created_at["pg-run-0000-1"]
     assert window == pytest.approx((t0 + 0.3 - 0.001, t0 + 0.9), abs=1e-5)
 
-    # every text served by each pod's exporter is kept, in order, with pglab's timestamp
+    # every text served by each pod's exporter while the run's Job ran is kept, in order, with pglab's timestamp
+    # (the one read before, whether the standbys had caught up, is not the run's)
     kept = artifact(run_dir / "exporter" / "pg-1.prom")
-    served = [(t, text) for pod, t, text in api.scrapes if pod == "pg-1"]
+    served = [(t, text) for pod, t, text in api.scrapes if pod == "pg-1" and t >= t0]
+    assert len([t for pod, t, _ in api.scrapes if pod == "pg-1" and t < t0]) == 1
     assert [text for _, text in kept] == [text for _, text in served] and len(kept) >= 10
     assert [text for _, text in artifact(run_dir / "exporter" / "pg-2.prom")] == [
         text for pod, _, text in api.scrapes if pod == "pg-2"]
@@ -503,3 +507,47 @@ def test_the_prometheus_text_parser() -> None:
     nan = values[("cnpg_pg_settings_setting", frozenset({("name", 'a"b\\c')}))]
     assert nan != nan
     assert not any(k[0].startswith("not") for k in values)
+
+
+# ------------------------------------------------------------------ the standbys' replay before each run
+def behind_until(api: FakeAPI, caught_up_after: int | None) -> Callable[[str, float], str | None]:
+    """The primary's exporter: pg-2 8 KiB behind for its first ``caught_up_after`` scrapes (None: always)."""
+    seen = {"n": 0}
+
+    def text(pod: str, t: float) -> str | None:
+        if pod != "pg-1":
+            return exporter_text(pod, primary=False)
+        seen["n"] += 1
+        late = caught_up_after is None or seen["n"] <= caught_up_after
+        lags = {"replay_diff_bytes": 8192.0 if late else 0.0, "replay_lag_seconds": 0.02 if late else 0.0}
+        return exporter_text(pod, standbys={"pg-2": lags})
+
+    return text
+
+
+def test_each_run_starts_once_the_standbys_have_replayed(fake: tuple[FakeAPI, client.ApiClient],
+                                                         tmp_path: Path) -> None:
+    api, api_client = fake
+    api.exporter = behind_until(api, 3)
+    result = run(api_client, tmp_path, EXPORTER_PLAN)
+    assert (result.ok, result.failed) == (1, 0), result.failures
+    primary_reads = [(t, "8192" in text) for pod, t, text in api.scrapes if pod == "pg-1"]
+    assert [behind for _, behind in primary_reads[:4]] == [True, True, True, False]
+    assert primary_reads[3][0] < api.job_created_at["pg-run-0000-1"]  # the Job came after the caught-up read
+
+
+def test_standbys_that_never_catch_up_fail_the_run_and_say_why(fake: tuple[FakeAPI, client.ApiClient],
+                                                               tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    api, api_client = fake
+    api.exporter = behind_until(api, None)
+    monkeypatch.setattr(k8s_sweep, "REPLAY_TIMEOUT_S", 0.2)
+    result = run(api_client, tmp_path, EXPORTER_PLAN)
+    assert (result.ok, result.failed) == (0, 1)
+    store = Store.open(tmp_path / "results", create=False)
+    (r,) = store.runs()
+    assert r.status == "failed" and "the standbys did not catch up within 0 s" in r.reason
+    assert "pg-2 8192 bytes behind" in r.reason
+    store.close()
+    assert "pg-run-0000-1" not in api.job_created_at  # no Job measured a backlog
+    assert_all_deleted(api)

@@ -175,6 +175,19 @@ def replication(values: dict[Key, float]) -> dict[str, dict[str, float]]:
     return out
 
 
+def standbys_behind(values: dict[Key, float], standbys: set[str]) -> list[str]:
+    """Which of ``standbys`` (instance pods: CloudNativePG streams under the pod's name) the primary's exporter
+    does not show caught up: not in its pg_stat_replication, or WAL left to replay. Empty when all are."""
+    distance = {k: v.get("replay_lsn_distance_bytes") for k, v in replication(values).items()}
+    out = []
+    for name in sorted(standbys):
+        if name not in distance or distance[name] is None:
+            out.append(f"{name} not streaming")
+        elif distance[name] > 0:  # type: ignore[operator]
+            out.append(f"{name} {distance[name]:.0f} bytes behind")
+    return out
+
+
 @dataclass
 class RunFigures:
     """A run's PostgreSQL figures from the exporter, its series, and which scrapes they came from."""

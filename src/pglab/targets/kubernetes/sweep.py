@@ -74,6 +74,7 @@ TXN_LOG = re.compile(r"^pgbench\.\d+(\.\d+)?$")  # -l --log-prefix=/results/pgbe
 FAILOVER_TIMEOUT_S = 300.0  # from deleting the primary pod to a healthy Cluster with a new primary
 JOB_OVERHEAD_S = 15.0  # pod scheduling, image already pulled, log read back: for the ETA only
 DISK_LOG_MARGIN_S = 10.0  # the disk sampler's log is read from this long before the run's Job was created
+REPLAY_TIMEOUT_S = 60.0  # before each run, for the standbys to replay what the last one wrote (as a local lab)
 
 
 def connect(plan: Plan) -> client.ApiClient:
@@ -124,6 +125,8 @@ class KubernetesSweep:
         self.failover_timeout_s = failover_timeout_s  # from the fault to a healthy Cluster with a new primary
         self._exporter_told = False
         self._disk_told = False
+        self._replay_unknown = False  # the primary's exporter cannot say whether the standbys caught up
+        self.replay_timeout_s = REPLAY_TIMEOUT_S
         self._guess_told = False
         self._probed: dict[tuple[str, str], disks.Volume | str] = {}  # (claim, node) → its mount, or why unknown
         self._probes = 0
@@ -338,6 +341,7 @@ class KubernetesSweep:
         failover = Failover(self.orch, sc, m.name, self.plan.run.warmup) if sc is not None else None
         wm = witness_job(self.plan, point, repeat) if sc is not None and sc.witness else None
         try:
+            self._wait_replay()
             ui.run_started(point, repeat, "job")
             launched = now()
             scraper = self._scraper()
@@ -445,6 +449,29 @@ class KubernetesSweep:
                 "acked_lost": float(w.acked_lost), "in_doubt_survived": float(len(w.in_doubt_survived)),
                 "witness_unexpected": float(len(w.unexpected)), "rto_s": w.rto_s, "write_gap_s": w.gap_s,
                 "lsn_gap_bytes": float(w.lsn_gap_bytes) if w.lsn_gap_bytes is not None else None}
+
+    def _wait_replay(self) -> None:
+        """Start every run with the standbys caught up, as a local run does, so one run's replication backlog never
+        leaks into the next: the primary's exporter must list every other instance with no WAL left to replay. An
+        exporter that cannot be read (no pods/proxy permission) cannot say: that is told once and the runs start."""
+        if self.k8s.instances < 2 or self._replay_unknown:
+            return
+        deadline = time.monotonic() + self.replay_timeout_s
+        while True:
+            try:
+                primary = self.orch.cluster_status().get("currentPrimary")
+                standbys = {p.metadata.name for p in self.orch.instance_pods()} - {primary}
+                behind = exporter.standbys_behind(exporter.parse(self.orch.scrape(str(primary))), standbys)
+            except K8sError as exc:
+                self._replay_unknown = True
+                self.ui.log(f"standbys' replay not checked before the runs: {exc}")
+                return
+            if not behind:
+                return
+            if time.monotonic() > deadline:
+                raise RunFailed(f"the standbys did not catch up within {self.replay_timeout_s:.0f} s before the run "
+                                f"({', '.join(behind)}, as the primary's exporter showed)")
+            time.sleep(self.orch.poll_s)
 
     def _scraper(self) -> exporter.Scraper | None:
         """A reader of every instance's exporter for the coming run, or None when the instances cannot be listed."""
