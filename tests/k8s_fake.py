@@ -27,7 +27,7 @@ from urllib.parse import parse_qs, unquote, urlparse
 
 from kubernetes import client
 
-from pglab.targets.kubernetes.orchestrate import HEALTHY
+from pglab.targets.kubernetes.orchestrate import FENCED, HEALTHY, SWITCHOVER
 from pglab.targets.kubernetes.render import BEGIN_MARK, DISKSTATS_MARK, END_MARK, VOLUME_MARK
 
 
@@ -86,6 +86,8 @@ class FakeAPI:
         self.never_promote = False  # the failover never completes (no standby can be promoted)
         self.primary = ""  # the current primary's pod name, set when the Cluster is created
         self.deleted_pods: list[tuple[str, float]] = []
+        self.status_patches: list[dict[str, Any]] = []  # every patch of the Cluster's status (switchover requests)
+        self.fenced_reads: list[list[str]] = []  # the fenced instances at every Cluster read
         self._failover: dict[str, Any] | None = None
         # the disk sampler: its pods exist once its DaemonSet does (unless ``no_sampler_pods``), one per instance
         # node; each one's log is diskstats_log(node); nodes in ``sampler_log_forbidden`` answer 403
@@ -195,6 +197,10 @@ class FakeAPI:
                                  "currentPrimary": self.primary, "targetPrimary": self.primary}
                 if ready and self._failover is not None:
                     obj["status"].update(self._failing_over(n))
+                fenced = json.loads(obj["metadata"].get("annotations", {}).get(FENCED, "[]"))
+                self.fenced_reads.append(fenced)
+                if fenced:  # the operator stopped their postgres: their pods are not ready
+                    obj["status"]["readyInstances"] -= len(fenced)
                 if ready and self._rollout is not None:
                     obj["status"].update(self._roll(obj["metadata"]["name"], n))
                 self.phases.append(obj["status"]["phase"])
@@ -212,12 +218,15 @@ class FakeAPI:
     def _failing_over(self, n: int) -> dict[str, Any]:
         """One read into a failover, as CloudNativePG reports it: "Failing over" with targetPrimary "pending"
         (the old primary shut down), then the new primary named as target, then promoted (currentPrimary), the
-        old pod rejoining as a replica, then healthy again."""
+        old pod rejoining as a replica, then healthy again. A switchover names its target from the start, in phase
+        "Switchover in progress"."""
         f = self._failover
         assert f is not None
         if not self.never_promote:
             f["left"] -= 1
-        new = next(p for p in self._pods if p != f["old"])
+        new = f.get("to") or next(p for p in self._pods if p != f["old"])
+        if f.get("to") and (f["left"] > 0 or self.never_promote):
+            return {"phase": SWITCHOVER, "readyInstances": n, "currentPrimary": f["old"], "targetPrimary": new}
         if f["left"] > 1 or self.never_promote:
             return {"phase": "Failing over", "readyInstances": n - 1, "currentPrimary": f["old"],
                     "targetPrimary": "pending"}
@@ -235,6 +244,14 @@ class FakeAPI:
     def _patch(self, path: str, body: dict[str, Any] | None) -> tuple[int, Any]:
         """A JSON merge patch (RFC 7386, what the client sends for custom objects); a Cluster whose resources or
         parameters change starts a rolling update."""
+        if path.endswith("/status"):  # the status subresource: a switchover request, as kubectl cnpg promote
+            obj = self.objects.get(path.removesuffix("/status"))
+            if obj is None:
+                return 404, {"kind": "Status", "status": "Failure", "reason": "NotFound", "code": 404}
+            assert body is not None
+            self.status_patches.append(body)
+            self._failover = {"old": self.primary, "left": self.promote_after, "to": body["status"]["targetPrimary"]}
+            return 200, obj
         obj = self.objects.get(path)
         if obj is None:
             return 404, {"kind": "Status", "status": "Failure", "reason": "NotFound", "code": 404}

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,7 @@ from pglab.plan.load import parse_plan
 from pglab.report.scenarios import scenario_table
 from pglab.store.sqlite import Store
 from pglab.targets.kubernetes import sweep as k8s_sweep
+from pglab.targets.kubernetes.orchestrate import FENCED
 from pglab.targets.kubernetes.render import START_MARK, WITNESS_MARK, render, witness_script
 from pglab.targets.kubernetes.scenario import WitnessLogError, parse_witness_log
 from test_k8s import CHECKER, check
@@ -130,10 +132,15 @@ def fake() -> Iterator[tuple[FakeAPI, client.ApiClient]]:
         yield api, api_client
 
 
-def run(api_client: client.ApiClient, tmp_path: Path, **kw: Any) -> k8s_sweep.SweepResult:
-    plan = parse_plan(PLAN, base_dir=tmp_path)
-    return k8s_sweep.run_sweep(plan, PLAN, tmp_path, tmp_path / "results", kw.pop("observer", Recorder()),
+def run(api_client: client.ApiClient, tmp_path: Path, text: str = PLAN, **kw: Any) -> k8s_sweep.SweepResult:
+    plan = parse_plan(text, base_dir=tmp_path)
+    return k8s_sweep.run_sweep(plan, text, tmp_path, tmp_path / "results", kw.pop("observer", Recorder()),
                                api=api_client, poll_s=0.01, ready_timeout_s=5.0, **kw)
+
+
+def run_events(store: Store, run_id: str) -> dict[str, tuple[float, str]]:
+    return {kind: (ts, detail) for kind, ts, detail in store.conn.execute(
+        "SELECT kind, ts, detail FROM events WHERE run_id = ?", (run_id,))}
 
 
 def test_failover_deletes_the_primary_pod_and_stores_rto_rpo_and_events(fake: tuple[FakeAPI, client.ApiClient],
@@ -251,12 +258,75 @@ def test_render_writes_the_witness_job_beside_each_failover_run(tmp_path: Path) 
     ("{kind: failover, kill: postgres}",
      "matrix.scenario.0.kill: on Kubernetes a failover deletes the primary pod (kill: node); kill: postgres is not "
      "available there"),
-    ("{kind: switchover}", "matrix.scenario.0.kind: on Kubernetes only the failover scenario runs (pglab deletes the "
-     "primary pod); switchover runs on the local lab only"),
+    ("{kind: backup}", "matrix.scenario.0.kind: the backup scenario runs on the local lab only (a CloudNativePG "
+     "backup needs an object store or volume snapshots pglab does not set up); remove it from this Kubernetes plan"),
+    ("{kind: standby-loss, down: 1s}", "matrix.scenario.0.kind: a standby-loss needs a standby: raise "
+     "target.kubernetes.instances"),
 ])
 def test_plan_refuses_other_scenarios_on_kubernetes(tmp_path: Path, scenario: str, message: str) -> None:
     path = tmp_path / "plan.yaml"
-    path.write_text(PLAN.replace("{kind: failover, at: 1s}", scenario))
+    text = PLAN.replace("{kind: failover, at: 1s}", scenario)
+    path.write_text(text.replace("instances: 2", "instances: 1") if "standby" in scenario else text)
     proc = pglab("plan", "validate", str(path))
     assert proc.returncode == 2, proc.stdout
     assert message in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+
+
+# ------------------------------------------------------------------ switchover and standby-loss
+def test_switchover_asks_the_operator_to_promote_a_standby_and_stores_its_time(
+        fake: tuple[FakeAPI, client.ApiClient], tmp_path: Path) -> None:
+    api, api_client = fake
+    text = PLAN.replace("{kind: failover, at: 1s}", "{kind: switchover, at: 1s, witness: false}")
+    result = run(api_client, tmp_path, text)
+    assert (result.ok, result.failed) == (1, 0), result.failures
+    assert api.deleted_pods == [] and api.primary == "pg-2"  # asked, not killed
+    (patch,) = api.status_patches  # on the status subresource, as kubectl cnpg promote writes it
+    status = patch["status"]
+    assert (status["targetPrimary"], status["phase"], status["phaseReason"]) == (
+        "pg-2", "Switchover in progress", "Switching over to pg-2")
+    assert datetime.strptime(status["targetPrimaryTimestamp"], "%Y-%m-%dT%H:%M:%S.%fZ")  # Go's RFC3339Micro, UTC
+    store = Store.open(tmp_path / "results", create=False)
+    (r,) = store.runs()
+    events = run_events(store, r.id)
+    assert events["fault"][1] == "switchover from pg-1 to pg-2 requested"
+    fault, new_primary = events["fault"][0], events["new-primary"][0]
+    assert fault < new_primary <= events["cluster-healthy"][0]
+    assert r.metrics["recovered_s"] == pytest.approx(new_primary - fault) and r.metrics["leader_changed"] == 1.0
+    assert "witness_acked" not in r.metrics  # witness: false
+    _, rows = scenario_table(store)
+    store.close()
+    assert [row["scenario"] for row in rows] == ["switchover"]
+    assert_all_deleted(api)
+
+
+STANDBY_LOSS = PLAN.replace("{kind: failover, at: 1s}", "{kind: standby-loss, at: 1s, down: 1s, witness: false}")
+
+
+def test_standby_loss_fences_a_standby_for_down_seconds(fake: tuple[FakeAPI, client.ApiClient],
+                                                        tmp_path: Path) -> None:
+    api, api_client = fake
+    result = run(api_client, tmp_path, STANDBY_LOSS)
+    assert (result.ok, result.failed) == (1, 0), result.failures
+    assert api.deleted_pods == [] and api.primary == "pg-1" and api.status_patches == []
+    assert api.patches == [{"metadata": {"annotations": {FENCED: '["pg-2"]'}}},  # the standby, not the primary
+                           {"metadata": {"annotations": {FENCED: None}}}]  # and the fence lifted
+    assert api.fenced_reads[-1] == []
+    store = Store.open(tmp_path / "results", create=False)
+    (r,) = store.runs()
+    events = run_events(store, r.id)
+    fault, back = events["fault"][0], events["standby-back"][0]
+    assert events["fault"][1].startswith("standby pg-2 fenced")
+    assert back - fault >= 1.0  # 'down'
+    assert back <= events["cluster-healthy"][0]
+    assert r.metrics["recovered_s"] == pytest.approx(back - fault) and "leader_changed" not in r.metrics
+    store.close()
+    assert_all_deleted(api)
+
+
+def test_a_run_that_fails_while_a_standby_is_fenced_lifts_the_fence(fake: tuple[FakeAPI, client.ApiClient],
+                                                                    tmp_path: Path) -> None:
+    api, api_client = fake
+    result = run(api_client, tmp_path, STANDBY_LOSS.replace("down: 1s", "down: 2.5s"), failover_timeout_s=0.3)
+    assert (result.ok, result.failed) == (0, 1)
+    assert "standby-loss: pg-2 still fenced 0 s after pg-2 was fenced, before its 2.5 s were up" in result.failures[0]
+    assert api.patches[-1] == {"metadata": {"annotations": {FENCED: None}}}  # lifted before the sweep went on

@@ -864,17 +864,18 @@ class Plan(Strict):
         for i, sc in enumerate(self.matrix.scenario or []):
             at = f"matrix.scenario.{i}"
             k8s = self.target.kubernetes
-            if k8s is not None:  # pglab deletes the primary pod; CloudNativePG elects the new primary
-                if sc.kind != "failover":
-                    raise PydanticCustomError("scenario", "on Kubernetes only the failover scenario runs (pglab "
-                                              "deletes the primary pod); {kind} runs on the local lab only",
-                                              {"kind": sc.kind, "at": f"{at}.kind"})
-                if sc.kill != "node":
+            if k8s is not None:  # pglab asks CloudNativePG (or deletes the primary pod); the operator does the rest
+                if sc.kind == "backup":
+                    raise PydanticCustomError("scenario", "the backup scenario runs on the local lab only (a "
+                                              "CloudNativePG backup needs an object store or volume snapshots "
+                                              "pglab does not set up); remove it from this Kubernetes plan",
+                                              {"at": f"{at}.kind"})
+                if sc.kind == "failover" and sc.kill != "node":
                     raise PydanticCustomError("scenario", "on Kubernetes a failover deletes the primary pod (kill: "
                                               "node); kill: postgres is not available there", {"at": f"{at}.kill"})
                 if k8s.instances < 2:
-                    raise PydanticCustomError("scenario", "a failover needs a standby to promote: raise "
-                                              "target.kubernetes.instances", {"at": f"{at}.kind"})
+                    raise PydanticCustomError("scenario", "a {kind} needs a standby: raise "
+                                              "target.kubernetes.instances", {"kind": sc.kind, "at": f"{at}.kind"})
             elif local is None:
                 raise PydanticCustomError("scenario", "scenarios run on the local lab only (pglab must be able to "
                                           "kill and restart the servers)", {"at": at})

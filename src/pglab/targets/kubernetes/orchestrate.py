@@ -14,6 +14,7 @@ import tarfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,8 @@ from pglab.targets.kubernetes.render import BEGIN_MARK, DISK_SAMPLER, END_MARK, 
 
 CNPG = ("postgresql.cnpg.io", "v1", "clusters")
 HEALTHY = "Cluster in healthy state"
+SWITCHOVER = "Switchover in progress"  # the phase a requested switchover starts in
+FENCED = "cnpg.io/fencedInstances"  # the Cluster annotation listing the instances whose postgres is stopped
 POSTGRES_CONTAINER = "postgres"  # the instance pods' PostgreSQL container, as CloudNativePG names it
 EXPORTER_PORT = 9187  # each instance's metrics exporter
 
@@ -190,6 +193,23 @@ class Orchestrator:
             self.custom.patch_namespaced_custom_object(*CNPG[:2], self.ns, CNPG[2], name, patch)
         except ApiException as exc:
             raise K8sError(f"patching Cluster/{name} in {self.ns}: {_reason(exc)}") from None
+
+    def promote(self, instance: str) -> None:
+        """Ask CloudNativePG for a switchover to ``instance``, as ``kubectl cnpg promote`` does: the Cluster's
+        status names it target primary (phase "Switchover in progress"), under the read status's resourceVersion
+        so that a status the operator changed meanwhile makes the request fail rather than undo its change."""
+        name = self.k8s.cluster_name
+        try:
+            obj = self.custom.get_namespaced_custom_object(*CNPG[:2], self.ns, CNPG[2], name)
+            stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")  # Go's RFC3339Micro, as the plugin writes
+            patch = {"metadata": {"resourceVersion": obj.get("metadata", {}).get("resourceVersion")},
+                     "status": {"targetPrimary": instance, "targetPrimaryTimestamp": stamp,
+                                "phase": SWITCHOVER, "phaseReason": f"Switching over to {instance}"}}
+            if patch["metadata"]["resourceVersion"] is None:
+                del patch["metadata"]
+            self.custom.patch_namespaced_custom_object_status(*CNPG[:2], self.ns, CNPG[2], name, patch)
+        except ApiException as exc:
+            raise K8sError(f"switching Cluster/{name} over to {instance}: {_reason(exc)}") from None
 
     def instance_pods(self) -> list[Any]:
         """The Cluster's PostgreSQL pods (by CloudNativePG's own labels), not its Jobs' nor pglab's."""

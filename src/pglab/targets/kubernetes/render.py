@@ -612,7 +612,8 @@ def witness_job(plan: Plan, point: Point, repeat: int = 1) -> Manifest:
 def rbac(plan: Plan) -> list[Manifest]:
     """The least pglab needs in the benchmark namespace: a ServiceAccount, a Role and its RoleBinding.
 
-    Clusters (create, watch, patch between CPU steps and parameter points, delete); Jobs, PVCs and the disk
+    Clusters (create, watch, patch between CPU steps and parameter points and to fence a standby, delete; their
+    status patched to request a switchover, as ``kubectl cnpg promote`` does); Jobs, PVCs and the disk
     sampler's DaemonSet it creates and deletes; pods to follow Jobs, read their logs (results, the nodes'
     /proc/diskstats) and delete the primary (failover scenario); ConfigMaps for custom scripts; events to explain a
     pod that never starts. No secrets: pgbench gets credentials from the kubelet.
@@ -622,7 +623,7 @@ def rbac(plan: Plan) -> list[Manifest]:
     rules = [
         {"apiGroups": ["postgresql.cnpg.io"], "resources": ["clusters"],
          "verbs": ["get", "list", "watch", "create", "patch", "delete"]},
-        {"apiGroups": ["postgresql.cnpg.io"], "resources": ["clusters/status"], "verbs": ["get"]},
+        {"apiGroups": ["postgresql.cnpg.io"], "resources": ["clusters/status"], "verbs": ["get", "patch"]},
         {"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["get", "list", "watch", "create", "delete"]},
         {"apiGroups": ["apps"], "resources": ["daemonsets"], "verbs": ["get", "create", "delete"]},
         {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch", "delete"]},

@@ -1,5 +1,6 @@
-"""The failover scenario on Kubernetes: delete the primary pod during a run, follow CloudNativePG's promotion, and
-read the witness Job's log with the local witness's own rules.
+"""Scenarios on Kubernetes: during a run, delete the primary pod (failover), ask CloudNativePG for a switchover, or
+fence a standby for a while (standby-loss); follow the operator; read the witness Job's log with the local witness's
+own rules.
 
 pglab holds no connection to the database here: the witness writes from a pod and prints every attempt, and the
 ids it read back afterwards; :func:`parse_witness_log` turns that text into the local witness's ``Attempt`` list so
@@ -8,6 +9,7 @@ that ``witness.evaluate`` (RPO, in-doubt, RTO) is the very code a local run uses
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from dataclasses import dataclass, field
@@ -15,7 +17,7 @@ from typing import Any
 
 from pglab.plan.schema import Scenario
 from pglab.scenarios.witness import ACKED, FAILED, IN_DOUBT, Attempt, Outcome, timeline_of
-from pglab.targets.kubernetes.orchestrate import HEALTHY, K8sError, Orchestrator
+from pglab.targets.kubernetes.orchestrate import FENCED, HEALTHY, K8sError, Orchestrator
 from pglab.targets.kubernetes.render import START_MARK, WITNESS_MARK
 
 Event = tuple[float, str, str]
@@ -84,23 +86,29 @@ def pgbench_started(log: str | None) -> float | None:
 
 
 @dataclass
-class Failover:
-    """Deletes the primary pod ``at`` seconds into the window and follows the promotion, one step per ``poll``.
+class Injector:
+    """Does what the scenario names ``at`` seconds into the window and follows the operator, one step per ``poll``.
+
+    - failover: deletes the primary pod; CloudNativePG promotes a standby;
+    - switchover: asks CloudNativePG to promote a standby (``Orchestrator.promote``, as ``kubectl cnpg promote``);
+    - standby-loss: fences a standby (``cnpg.io/fencedInstances``: the operator stops its postgres, the pod stays)
+      for ``down`` seconds, then lifts the fence.
 
     The window starts ``warmup`` seconds after the run Job started pgbench (its START_MARK line, the pod's clock).
-    ``fault_time`` is when the delete was accepted; ``new_primary_time`` when the operator first reported another
-    instance as current primary (and target: the promotion done); ``healthy_time`` when it reported the Cluster
-    healthy again, every instance ready."""
+    ``fault_time`` is when the request was accepted; ``new_primary_time`` when the operator first reported another
+    instance as current primary (and target: the promotion done); ``back_time`` when a fenced standby's fence was
+    lifted; ``healthy_time`` when the operator reported the Cluster healthy again, every instance ready."""
 
     orch: Orchestrator
     scenario: Scenario
     job: str
     warmup: float
     events: list[Event] = field(default_factory=list)
-    old: str | None = None
-    new: str | None = None
+    old: str | None = None  # the primary when the scenario struck
+    new: str | None = None  # the new primary (failover, switchover), or the standby fenced (standby-loss)
     fault_time: float | None = None
     new_primary_time: float | None = None
+    back_time: float | None = None
     healthy_time: float | None = None
     _started: float | None = None
     _last_status: dict[str, Any] = field(default_factory=dict)
@@ -108,6 +116,19 @@ class Failover:
     @property
     def done(self) -> bool:
         return self.healthy_time is not None
+
+    @property
+    def kind(self) -> str:
+        return self.scenario.kind
+
+    @property
+    def recovered_time(self) -> float | None:
+        """When the outage ended: the new primary reported, or the fenced standby let go (as a local run counts)."""
+        return self.back_time if self.kind == "standby-loss" else self.new_primary_time
+
+    @property
+    def fenced(self) -> bool:
+        return self.kind == "standby-loss" and self.fault_time is not None and self.back_time is None
 
     def poll(self) -> None:
         """One look: before the fault, whether it is due; after it, what the operator reports."""
@@ -122,43 +143,86 @@ class Failover:
             return
         if self.done:
             return
+        if self.fenced:
+            if time.time() >= self.fault_time + self.scenario.down:
+                self.release()
+            return
         status = self._last_status = self.orch.cluster_status()
         current, target = status.get("currentPrimary"), status.get("targetPrimary", status.get("currentPrimary"))
         t = time.time()
-        if self.new_primary_time is None and current and current != self.old and current == target:
+        if (self.kind != "standby-loss" and self.new_primary_time is None and current and current != self.old
+                and current == target):
             self.new, self.new_primary_time = current, t
             self.events.append((t, "new-primary", f"{current} reported primary {t - self.fault_time:.1f} s after "
-                                f"pod/{self.old} was deleted"))
-        if (self.new_primary_time is not None and status.get("phase") == HEALTHY
+                                f"{self._what}"))
+        if (self.recovered_time is not None and status.get("phase") == HEALTHY
                 and status.get("readyInstances") == self.orch.k8s.instances):
             self.healthy_time = t
+            began = "request" if self.kind == "switchover" else "fault"
             self.events.append((t, "cluster-healthy", f"{self.orch.k8s.instances} instances ready "
-                                f"{t - self.fault_time:.1f} s after the fault"))
+                                f"{t - self.fault_time:.1f} s after the {began}"))
+
+    @property
+    def _what(self) -> str:
+        return {"failover": f"pod/{self.old} was deleted", "switchover": "the switchover request",
+                "standby-loss": f"{self.new} was fenced"}[self.kind]
 
     def _strike(self) -> None:
-        primary = self.orch.cluster_status().get("currentPrimary")
+        status = self.orch.cluster_status()
+        primary = status.get("currentPrimary")
         if not primary:
-            raise K8sError(f"failover: Cluster/{self.orch.k8s.cluster_name} reports no currentPrimary to delete")
-        self.orch.delete_pod(primary)
-        self.old, self.fault_time = primary, time.time()
-        self.events.append((self.fault_time, "fault", f"pod/{primary} (the primary) deleted"))
-        self.orch.log(f"failover: deleted pod/{primary}, the primary")
+            raise K8sError(f"{self.kind}: Cluster/{self.orch.k8s.cluster_name} reports no currentPrimary")
+        self.old = primary
+        if self.kind == "failover":
+            self.orch.delete_pod(primary)
+            self.fault_time = time.time()
+            self.events.append((self.fault_time, "fault", f"pod/{primary} (the primary) deleted"))
+            self.orch.log(f"failover: deleted pod/{primary}, the primary")
+            return
+        standbys = sorted(p.metadata.name for p in self.orch.instance_pods()
+                          if p.metadata.name != primary and p.metadata.deletion_timestamp is None)
+        if not standbys:
+            raise K8sError(f"{self.kind}: Cluster/{self.orch.k8s.cluster_name} has no standby pod besides {primary}")
+        standby = standbys[0]
+        if self.kind == "switchover":
+            self.orch.promote(standby)
+            self.fault_time = time.time()
+            self.events.append((self.fault_time, "fault", f"switchover from {primary} to {standby} requested"))
+        else:
+            self.orch.patch_cluster({"metadata": {"annotations": {FENCED: json.dumps([standby])}}})
+            self.new, self.fault_time = standby, time.time()
+            self.events.append((self.fault_time, "fault", f"standby {standby} fenced (CloudNativePG stops its "
+                                f"postgres) for {self.scenario.down:g} s"))
+        self.orch.log(f"{self.kind}: {self.events[-1][2]}")
+
+    def release(self) -> None:
+        """Lift a standby's fence (at ``down``, or at once when the run ends early); a no-op when none is set."""
+        if not self.fenced:
+            return
+        self.orch.patch_cluster({"metadata": {"annotations": {FENCED: None}}})
+        self.back_time = time.time()
+        assert self.fault_time is not None
+        self.events.append((self.back_time, "standby-back", f"{self.new}'s fence lifted after "
+                            f"{self.back_time - self.fault_time:.1f} s"))
 
     def finish(self, timeout_s: float) -> None:
-        """After the run's Job: wait (at most ``timeout_s`` past the fault) until the failover is over, or say why
+        """After the run's Job: wait (at most ``timeout_s`` past the fault) until the scenario is over, or say why
         it is not."""
         if self.fault_time is None:
             why = ("the run Job never printed its start" if self._started is None else
-                   f"the run ended before the fault was due at {self.scenario.at:g} s")
-            raise K8sError(f"failover: no pod was deleted ({why})")
+                   f"the run ended before the {self.kind} was due at {self.scenario.at:g} s")
+            raise K8sError(f"{self.kind}: nothing was done ({why})")
         deadline = self.fault_time + timeout_s
         while not self.done:
+            if time.time() > deadline and self.fenced:
+                raise K8sError(f"{self.kind}: {self.new} still fenced {timeout_s:.0f} s after {self._what}, before "
+                               f"its {self.scenario.down:g} s were up")
             if time.time() > deadline:
                 st = self._last_status
                 state = (f"currentPrimary {st.get('currentPrimary', '?')}, targetPrimary "
                          f"{st.get('targetPrimary', '?')}, phase: {st.get('phase', 'none')}, ready instances: "
                          f"{st.get('readyInstances', 0)} of {self.orch.k8s.instances}")
-                what = "no new primary reported" if self.new_primary_time is None else "Cluster not healthy again"
-                raise K8sError(f"failover: {what} {timeout_s:.0f} s after pod/{self.old} was deleted ({state})")
+                what = "no new primary reported" if self.recovered_time is None else "Cluster not healthy again"
+                raise K8sError(f"{self.kind}: {what} {timeout_s:.0f} s after {self._what} ({state})")
             time.sleep(self.orch.poll_s)
             self.poll()

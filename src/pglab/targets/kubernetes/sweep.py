@@ -65,7 +65,7 @@ from pglab.targets.kubernetes.render import (
     volume_probe,
     witness_job,
 )
-from pglab.targets.kubernetes.scenario import Failover, WitnessLogError, parse_witness_log
+from pglab.targets.kubernetes.scenario import Injector, WitnessLogError, parse_witness_log
 from pglab.workloads import fio, pgbench
 from pglab.workloads.fio import FioError
 from pglab.workloads.pgbench import PgbenchError, PgbenchRun, PgbenchSummary
@@ -338,7 +338,7 @@ class KubernetesSweep:
         m = pgbench_run(self.plan, point, repeat)
         (run_dir / "job.yaml").write_text(to_yaml(m.body))
         sc = point.scenario
-        failover = Failover(self.orch, sc, m.name, self.plan.run.warmup) if sc is not None else None
+        injector = Injector(self.orch, sc, m.name, self.plan.run.warmup) if sc is not None else None
         wm = witness_job(self.plan, point, repeat) if sc is not None and sc.witness else None
         try:
             self._wait_replay()
@@ -348,15 +348,15 @@ class KubernetesSweep:
             if wm is not None:
                 (run_dir / "witness-job.yaml").write_text(to_yaml(wm.body))
                 self.orch.create(wm)  # writing before pgbench starts, so the fault falls inside its log
-            polls = [f for f in (scraper.maybe if scraper else None, failover.poll if failover else None) if f]
+            polls = [f for f in (scraper.maybe if scraper else None, injector.poll if injector else None) if f]
 
             def look() -> None:  # at every look at the run's Job: the exporters, then the fault's clock
                 for f in polls:
                     f()
 
             outcome = self.orch.run_job(m, run_dir, on_poll=look if polls else None)
-            if failover is not None and (outcome.succeeded or failover.fault_time is not None):
-                failover.finish(self.failover_timeout_s)
+            if injector is not None and (outcome.succeeded or injector.fault_time is not None):
+                injector.finish(self.failover_timeout_s)
             exporter_files: list[str] = []
             if scraper is not None:
                 scraper.final()
@@ -387,11 +387,11 @@ class KubernetesSweep:
                 events += [(warmup_start, "warmup-start", f"{self.plan.run.warmup:g} s"),
                            (window[0], "warmup-end", "")]
             events += [(window[0], "window-start", ""), (window[1], "window-end", "")]
-            if failover is not None:
-                metrics.update(self._failover_metrics(failover, run_dir, window))
-                events += failover.events
+            if injector is not None:
+                metrics.update(self._scenario_metrics(injector, run_dir, window))
+                events += injector.events
             if wm is not None:
-                metrics.update(self._witness(wm, run_dir, failover.fault_time if failover else None))
+                metrics.update(self._witness(wm, run_dir, injector.fault_time if injector else None))
             _write_json(run_dir / "run.json", {"run_id": run_id, "point": point.axes, "repeat": repeat,
                                                "window": window, "job": m.name, "command": result.command,
                                                "metrics": metrics, "files": outcome.files + exporter_files + (
@@ -410,23 +410,28 @@ class KubernetesSweep:
             reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
             if (problem := self.orch.cluster_health()) and problem not in reason:
                 reason += f"; {problem}"
-            if failover is not None and failover.events:
-                store.add_events(sweep_id, failover.events)  # what the fault did, kept with the failed run's sweep
+            if injector is not None and injector.events:
+                store.add_events(sweep_id, injector.events)  # what the fault did, kept with the failed run's sweep
             store.finish_run(run_id, "failed", reason=reason)
             ui.run_finished(point, repeat, "failed", {"reason": reason})
             return reason
         finally:
             if wm is not None:
                 self.orch.discard(wm)  # a witness still writing after a failed run goes now, not at the end
+            if injector is not None and injector.fenced:  # a run that failed while a standby was fenced
+                with contextlib.suppress(K8sError):  # best effort: the Cluster goes at the end of the sweep anyway
+                    injector.release()
 
-    def _failover_metrics(self, failover: Failover, run_dir: Path,
+    def _scenario_metrics(self, injector: Injector, run_dir: Path,
                           window: tuple[float, float]) -> dict[str, float | None]:
         """The local runner's scenario figures: when the fault fell in the window, how long until the operator
-        reported the new primary (``recovered_s``), TPS and latency before, during and after (per-transaction log)."""
-        fault, back = failover.fault_time, failover.new_primary_time
+        reported the new primary or the standby was let go (``recovered_s``), TPS and latency before, during and
+        after (per-transaction log)."""
+        fault, back = injector.fault_time, injector.recovered_time
         assert fault is not None and back is not None
-        out: dict[str, float | None] = {"fault_at_s": fault - window[0], "recovered_s": back - fault,
-                                        "leader_changed": 1.0 if failover.new != failover.old else 0.0}
+        out: dict[str, float | None] = {"fault_at_s": fault - window[0], "recovered_s": back - fault}
+        if injector.kind != "standby-loss":
+            out["leader_changed"] = 1.0 if injector.new != injector.old else 0.0
         lat, end_ts = pgbench.read_transaction_log(sorted(f for f in run_dir.iterdir() if TXN_LOG.match(f.name)))
         scale = 1.0 / self.plan.run.sampling_rate
         for phase, a, b in (("before", window[0], fault), ("during", fault, back), ("after", back, window[1])):
