@@ -444,7 +444,11 @@ def serve() -> Iterator[tuple[FakeAPI, client.ApiClient]]:
         def _serve(self) -> None:
             length = int(self.headers.get("Content-Length") or 0)
             body = json.loads(self.rfile.read(length)) if length else None
-            status, payload = api.handle(self.command, self.path, body)
+            if self.command == "PATCH" and self.headers.get("Content-Type") != "application/merge-patch+json":
+                status, payload = 415, {"kind": "Status", "status": "Failure", "reason": "UnsupportedMediaType",
+                                        "code": 415}  # the fake applies RFC 7386 merge patches only
+            else:
+                status, payload = api.handle(self.command, self.path, body)
             data = payload.encode() if isinstance(payload, str) else json.dumps(payload).encode()
             self.send_response(status)
             self.send_header("Content-Type", "text/plain" if isinstance(payload, str) else "application/json")
