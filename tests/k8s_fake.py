@@ -95,6 +95,10 @@ class FakeAPI:
         self.diskstats_log: Callable[[str], str] = lambda node: ""
         self.sampler_log_forbidden: set[str] = set()
         self.log_queries: list[tuple[str, dict[str, list[str]]]] = []  # (pod, query) of every sampler log read
+        # node-exporter (namespace "monitoring"): a pod on each instance node (but those in no_node_exporter_on)
+        # once set; node_exporter(node, time served) is its text
+        self.node_exporter: Callable[[str, float], str | None] | None = None
+        self.no_node_exporter_on: set[str] = set()
         # the volume probe: what the mount of each claim is on (device number, fstype, source), as its log says
         self.volume_mount: Callable[[str], tuple[str, str, str]] = lambda claim: ("254:16", "ext4", "/dev/vdb")
         self._wal = False  # the Cluster has a WAL volume: its pods mount a second claim
@@ -111,6 +115,12 @@ class FakeAPI:
                              "goVersion": "go1.24.2", "compiler": "gc", "platform": "linux/amd64"}
             if method == "PATCH":
                 return self._patch(path, body)
+            if method == "GET" and "/proxy/" in path and path.split("/")[4] == NODE_EXPORTER_NS:
+                node = unquote(path.split("/")[6]).split(":")[0].removeprefix("node-exporter-")
+                text = self.node_exporter(node, time.time()) if self.node_exporter is not None else None
+                if text is None:
+                    return 503, {"kind": "Status", "status": "Failure", "reason": "ServiceUnavailable", "code": 503}
+                return 200, text
             if method == "GET" and "/proxy/" in path:
                 pod = unquote(path.split("/")[6]).split(":")[0]
                 served_at = time.time()
@@ -170,6 +180,13 @@ class FakeAPI:
                 if (probe := self._volume_probe(path.split("/")[4], job)) is not None:
                     return 200, probe
                 return 200, self.default_log(job)
+            if path.endswith("/pods") and path.split("/")[4] == NODE_EXPORTER_NS:  # node-exporter's DaemonSet
+                nodes = sorted({f"node-{n.rsplit('-', 1)[1]}" for n in self._pods} - self.no_node_exporter_on)
+                items = [{"metadata": {"name": f"node-exporter-{node}", "namespace": NODE_EXPORTER_NS},
+                          "spec": {"nodeName": node, "containers": [{"name": "node-exporter"}]}}
+                         for node in nodes if self.node_exporter is not None
+                         and parse_qs(parsed.query)["labelSelector"][0] == NODE_EXPORTER_SELECTOR]
+                return 200, {"kind": "PodList", "apiVersion": "v1", "metadata": {}, "items": items}
             if path.endswith("/pods"):
                 selector = parse_qs(parsed.query)["labelSelector"][0]
                 if "pglab/component=disk-sampler" in selector:
@@ -471,6 +488,32 @@ def serve() -> Iterator[tuple[FakeAPI, client.ApiClient]]:
     finally:
         server.shutdown()
         server.server_close()
+
+
+# ------------------------------------------------------------------ node-exporter
+NODE_EXPORTER_NS = "monitoring"
+NODE_EXPORTER_SELECTOR = "app.kubernetes.io/name=prometheus-node-exporter"  # the plan's default labels
+
+
+def node_exporter_text(counters: dict[str, list[int]]) -> str:
+    """node-exporter's diskstats collector output for /proc/diskstats counters (DEVICES, all zero unless given):
+    node_disk_info with the numbers, then the counters with sectors × 512 as bytes and milliseconds / 1000 as
+    seconds, as collector/diskstats_linux.go writes them; its default filter leaves loop, zram and partitions out."""
+    shown = [(ma, mi, name) for ma, mi, name in DEVICES if not name.startswith(("loop", "zram"))]
+    out = ["# HELP node_disk_info Info of /sys/block/<block_device>.", "# TYPE node_disk_info gauge"]
+    out += [f'node_disk_info{{device="{name}",major="{ma}",minor="{mi}",model="",path="pci-0000:00:0{4 + i}.0",'
+            f'revision="",rotational="1",serial="",wwn=""}} 1' for i, (ma, mi, name) in enumerate(shown)]
+    for metric, index, scale in (("reads_completed_total", 0, 1), ("reads_merged_total", 1, 1),
+                                 ("read_bytes_total", 2, 512), ("read_time_seconds_total", 3, 0.001),
+                                 ("writes_completed_total", 4, 1), ("writes_merged_total", 5, 1),
+                                 ("written_bytes_total", 6, 512), ("write_time_seconds_total", 7, 0.001),
+                                 ("io_now", 8, 1), ("io_time_seconds_total", 9, 0.001),
+                                 ("io_time_weighted_seconds_total", 10, 0.001)):
+        out += [f"# HELP node_disk_{metric} .", f"# TYPE node_disk_{metric} counter"]
+        out += [f'node_disk_{metric}{{device="{name}"}} {_go_float(counters.get(name, [0] * 17)[index] * scale)}'
+                for _, _, name in shown]
+    out += ["# HELP node_load1 1m load average.", "# TYPE node_load1 gauge", "node_load1 0.42"]
+    return "\n".join(out) + "\n"
 
 
 # ------------------------------------------------------------------ the disk sampler's log

@@ -8,13 +8,14 @@ import json
 import math
 import os
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from kubernetes import client
 
-from k8s_fake import FakeAPI, diskstats_text, sampler_log, serve
+from k8s_fake import FakeAPI, diskstats_text, node_exporter_text, sampler_log, serve
 from pglab.plan.load import parse_plan
 from pglab.probes.base import ProbeContext
 from pglab.probes.disk import MIB, SECTOR, DiskProbe, _figures, parse_diskstats, read_diskstats, resolve_device
@@ -30,6 +31,7 @@ from pglab.targets.kubernetes.render import (
     volume_probe_script,
 )
 from test_k8s import CHECKER, REPO, check
+from test_k8s_axes import JOB_S, timed_log
 from test_k8s_run import Recorder, pod_log, run, sample_latencies
 
 PLAN = """
@@ -303,3 +305,70 @@ def test_a_volume_without_a_block_device_gives_no_figures(fake: tuple[FakeAPI, c
     store.close()
     told = [m for m in ui.messages if m.startswith("disk figures")]
     assert len(told) == 1 and "no block device" in told[0]
+
+
+# ------------------------------------------------------------------ node-exporter instead of the sampler
+NE_PLAN = PLAN.replace("    resources: {cpu: 1, memory: 1Gi}\n", "    resources: {cpu: 1, memory: 1Gi}\n"
+                       "    node_exporter: {}\n").replace("repeats: 2", "repeats: 1")
+
+
+def test_node_exporter_counters_give_the_disk_probes_figures_without_a_daemonset(
+        fake: tuple[FakeAPI, client.ApiClient], tmp_path: Path) -> None:
+    """The node-exporter pods of the instances' nodes are read while the run's Job runs; their counters (bytes and
+    seconds) are the kernel's again, and the figures those of the disk probe on the same counters."""
+    api, api_client = fake
+    base = time.time() - 100
+    served: dict[str, list[tuple[float, dict[str, list[int]]]]] = {"node-1": [], "node-2": []}
+
+    def text(node: str, t: float) -> str:
+        c = {dev: [int(v) for v in values] for dev, values in counters(t - base, node).items()}  # type: ignore[arg-type]
+        served[node].append((t, c))
+        return node_exporter_text(c)
+
+    api.node_exporter = text
+    api.job_seconds = JOB_S
+    api.default_log = timed_log(api)
+    ui = Recorder()
+    result = run(api_client, tmp_path, NE_PLAN, observer=ui, scrape_s=0.05)
+    assert (result.ok, result.failed) == (1, 0), result.failures
+    assert not [b for b in api.posted if b["kind"] == "DaemonSet"]  # no sampler of pglab's own
+    store = Store.open(tmp_path / "results", create=False)
+    (r,) = store.runs()
+    m = r.metrics
+    window = store.conn.execute("SELECT window_start, window_end FROM runs WHERE id = ?", (r.id,)).fetchone()
+    samples = []
+    for node, reads in served.items():  # the oracle: the disk probe's functions on the counters served
+        for (t0, a), (t1, b) in itertools.pairwise(reads):
+            p, c = parse_diskstats(_text(a))["vdb"], parse_diskstats(_text(b))["vdb"]
+            samples += _figures(t1, f"disk:{node}/vdb", p, c, t1 - t0)
+    expected = DiskProbe(ProbeContext("")).summarize(samples, *window)
+    assert expected["write_iops"] == pytest.approx(400, rel=0.05)  # vdb of both nodes, the probed device
+    # window sums agree to the scrape stamps (pglab stamps a read mid-request, the fake when it served it); a
+    # maximum over 50 ms intervals is more sensitive to that jitter
+    sums = {k for k in expected if not k.endswith("_max")}
+    assert {k: m[k] for k in sums} == pytest.approx({k: expected[k] for k in sums}, rel=1e-3)
+    assert {k: m[k] for k in expected.keys() - sums} == pytest.approx({k: expected[k] for k in expected.keys() - sums},
+                                                                      rel=0.05)
+    run_dir = store.dir / r.dir
+    info = json.loads((run_dir / "disk" / "disk.json").read_text())
+    assert [v["device"] for v in info["instances"]["pg-2"]["volumes"]] == ["vdb"]
+    kept = (run_dir / "disk" / "node-1.prom").read_text()
+    assert "node_disk_written_bytes_total" in kept and "node_load1" not in kept  # the disk lines only
+    store.close()
+    assert not [msg for msg in ui.messages if msg.startswith("disk figures")]
+
+
+def test_a_node_without_node_exporter_gives_no_disk_figures(fake: tuple[FakeAPI, client.ApiClient],
+                                                            tmp_path: Path) -> None:
+    api, api_client = fake
+    api.node_exporter = lambda node, t: node_exporter_text(counters(int(t), node))
+    api.no_node_exporter_on = {"node-2"}
+    ui = Recorder()
+    result = run(api_client, tmp_path, NE_PLAN, observer=ui, scrape_s=0.05)
+    assert (result.ok, result.failed) == (1, 0)
+    store = Store.open(tmp_path / "results", create=False)
+    (r,) = store.runs()
+    assert not {k for k in r.metrics if k.endswith("_iops") or k.startswith("disk.")}
+    store.close()
+    (told,) = [msg for msg in ui.messages if msg.startswith("disk figures")]
+    assert "no node-exporter pod on node node-2" in told

@@ -404,6 +404,18 @@ class K8sClients(Placement):
     memory: Quantity | None = Field(None, description="pgbench's memory (requests = limits)")
 
 
+class NodeExporter(Strict):
+    """Prometheus node-exporter pods already running on the database nodes (kube-prometheus-stack, say): pglab reads
+    their disk counters through the API server's pod proxy instead of starting its own disk sampler."""
+
+    namespace: DnsLabel = Field("monitoring", description="namespace of the node-exporter pods")
+    labels: dict[Annotated[str, _text(253, pattern=_LABEL_KEY, what="a label key")],
+                 Annotated[str, _text(63, pattern=_LABEL_VALUE, what="a label value")]] = Field(
+        default_factory=lambda: {"app.kubernetes.io/name": "prometheus-node-exporter"}, min_length=1,
+        description="labels of the node-exporter pods")
+    port: Annotated[int, _int_between(1, 65535)] = Field(9100, description="node-exporter's metrics port")
+
+
 class KubernetesTarget(Strict):
     """A CloudNativePG ``Cluster`` pglab creates in a namespace, with pgbench and fio as Jobs on client nodes."""
 
@@ -420,6 +432,8 @@ class KubernetesTarget(Strict):
                                                description="null for asynchronous replication")
     database: Placement = Field(default_factory=Placement, description="where the instances run")
     clients: K8sClients = Field(default_factory=K8sClients, description="where pgbench and fio run")
+    node_exporter: NodeExporter | None = Field(None, description="read disk counters from these node-exporter pods "
+                                               "instead of pglab's disk-sampler DaemonSet")
 
     @model_validator(mode="after")
     def _sync_fits(self) -> KubernetesTarget:

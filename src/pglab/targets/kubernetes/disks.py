@@ -20,12 +20,14 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import math
 import os
 import re
 from dataclasses import dataclass, field
 
 from pglab.probes.base import ProbeContext, Sample
-from pglab.probes.disk import DiskProbe, _Counters, _figures, parse_diskstats
+from pglab.probes.disk import SECTOR, DiskProbe, _Counters, _figures, parse_diskstats
+from pglab.targets.kubernetes.exporter import Key
 from pglab.targets.kubernetes.render import DISKSTATS_MARK, VOLUME_MARK
 
 
@@ -89,6 +91,33 @@ def parse_log(text: str) -> list[Block]:
             except ValueError:
                 head = None
     return out
+
+
+# node-exporter's diskstats collector: the kernel's counters, sectors as bytes and milliseconds as seconds
+_NODE_DISK = {"reads": "node_disk_reads_completed_total", "rsect": "node_disk_read_bytes_total",
+              "rticks": "node_disk_read_time_seconds_total", "writes": "node_disk_writes_completed_total",
+              "wsect": "node_disk_written_bytes_total", "wticks": "node_disk_write_time_seconds_total",
+              "io_ticks": "node_disk_io_time_seconds_total", "weighted": "node_disk_io_time_weighted_seconds_total"}
+_SCALE = {"rsect": 1 / SECTOR, "wsect": 1 / SECTOR, "rticks": 1000.0, "wticks": 1000.0, "io_ticks": 1000.0,
+          "weighted": 1000.0}
+
+
+def node_exporter_block(values: dict[Key, float], ts: float, node: str) -> Block:
+    """One node-exporter scrape as a block of /proc/diskstats counters (back to sectors and milliseconds, rounded:
+    node-exporter multiplied integers), the devices' numbers from ``node_disk_info``. A device missing one of the
+    counters is left out. node-exporter's default filter leaves partitions and loop devices out."""
+    per: dict[str, dict[str, float]] = {}
+    numbers: dict[str, str] = {}
+    names = {v: k for k, v in _NODE_DISK.items()}
+    for (metric, labels), value in values.items():
+        lab = dict(labels)
+        if metric in names and "device" in lab:
+            per.setdefault(lab["device"], {})[names[metric]] = value
+        elif metric == "node_disk_info" and {"device", "major", "minor"} <= lab.keys():
+            numbers[f"{lab['major']}:{lab['minor']}"] = lab["device"]
+    counters = {dev: _Counters(**{k: round(v[k] * _SCALE.get(k, 1.0)) for k in _NODE_DISK})
+                for dev, v in per.items() if v.keys() >= _NODE_DISK.keys() and all(map(math.isfinite, v.values()))}
+    return Block(ts, node, counters, numbers)
 
 
 def device_samples(blocks: list[Block], device: str, source: str) -> list[Sample]:
@@ -155,9 +184,10 @@ class RunDisks:
     guessed: list[str] = field(default_factory=list)  # instance pods whose device is the busiest, not probed
 
 
-def summarize(logs: dict[str, str], instances: dict[str, str], primary: str | None, window: tuple[float, float],
-              volumes: dict[str, list[Volume] | str] | None = None) -> RunDisks:
-    """``logs``: node → its sampler's log; ``instances``: instance pod → its node; ``volumes``: instance pod → its
+def summarize(samples_of: dict[str, list[Block]], instances: dict[str, str], primary: str | None,
+              window: tuple[float, float], volumes: dict[str, list[Volume] | str] | None = None) -> RunDisks:
+    """``samples_of``: node → its blocks (the sampler's log parsed, or node-exporter's scrapes); ``instances``:
+    instance pod → its node; ``volumes``: instance pod → its
     claims as the volume probe found them, or why it could not (then the node's busiest device is taken). The
     figures of the instances' volume devices, summed over distinct (node, device) as the local probe does. An
     instance whose node has no sample in the window, or a volume without a block device, is named in
@@ -167,7 +197,7 @@ def summarize(logs: dict[str, str], instances: dict[str, str], primary: str | No
     pods: dict[str, object] = {}
     sources: dict[str, list[Sample]] = {}
     for pod, node in sorted(instances.items()):
-        blocks = sorted((b for b in parse_log(logs.get(node, "")) if b.node == node), key=lambda b: b.ts)
+        blocks = sorted((b for b in samples_of.get(node, []) if b.node == node), key=lambda b: b.ts)
         figures = node_devices(blocks, window)
         nodes[node] = {"samples": len(blocks), "devices": figures}
         found = (volumes or {}).get(pod, "no volume probe ran")

@@ -244,13 +244,16 @@ class Orchestrator:
                                f"{'; ' + waiting if waiting else ''})")
             time.sleep(self.poll_s)
 
-    def scrape(self, pod: str) -> str:
-        """The exporter's text of one instance, through the API server's pod proxy (no network path needed)."""
+    def scrape(self, pod: str, port: int = EXPORTER_PORT, namespace: str | None = None) -> str:
+        """A pod's /metrics text (an instance's exporter by default), through the API server's pod proxy (no
+        network path needed)."""
+        ns = namespace or self.ns
         try:
             resp = self.core.connect_get_namespaced_pod_proxy_with_path(
-                f"{pod}:{EXPORTER_PORT}", self.ns, "metrics", _preload_content=False)
+                f"{pod}:{port}", ns, "metrics", _preload_content=False)
         except ApiException as exc:
-            raise K8sError(f"reading the metrics of pod/{pod}: {_reason(exc)}") from None
+            raise K8sError(f"reading the metrics of pod/{pod}{'' if ns == self.ns else ' in ' + ns}: "
+                           f"{_reason(exc)}") from None
         return bytes(resp.data).decode("utf-8", errors="replace")
 
     # -------------------------------------------------------------- Jobs
@@ -305,11 +308,15 @@ class Orchestrator:
 
     def sampler_pods(self) -> dict[str, str]:
         """The disk sampler's running pods by node name (the DaemonSet's, found by pglab's labels)."""
-        selector = f"pglab/cluster={self.k8s.cluster_name},pglab/component={DISK_SAMPLER}"
+        return self.pods_by_node(f"pglab/cluster={self.k8s.cluster_name},pglab/component={DISK_SAMPLER}",
+                                 what="the disk sampler's pods")
+
+    def pods_by_node(self, selector: str, namespace: str | None = None, what: str = "pods") -> dict[str, str]:
+        """Node name → the pod (not being deleted) matching ``selector`` there: one per node, as a DaemonSet's."""
         try:
-            pods = self.core.list_namespaced_pod(self.ns, label_selector=selector).items
+            pods = self.core.list_namespaced_pod(namespace or self.ns, label_selector=selector).items
         except ApiException as exc:
-            raise K8sError(f"listing the disk sampler's pods: {_reason(exc)}") from None
+            raise K8sError(f"listing {what}: {_reason(exc)}") from None
         return {p.spec.node_name: p.metadata.name for p in pods
                 if p.spec is not None and p.spec.node_name and p.metadata.deletion_timestamp is None}
 

@@ -650,12 +650,13 @@ def namespace(plan: Plan) -> Manifest:
 
 
 def render(plan: Plan, base_dir: Path) -> list[Manifest]:
-    """Every manifest of the plan, in apply order: access, database, disk sampler, storage phase, then one Job per
-    run."""
+    """Every manifest of the plan, in apply order: access, database, disk sampler (unless node-exporter is read),
+    storage phase, then one Job per run."""
     k8s = target_of(plan)
-    out = [namespace(plan), *rbac(plan),
-           Manifest("10-cluster.yaml", cluster(plan)), disk_sampler(plan),  # as the first point needs it
-           *fio_manifests(plan)]
+    out = [namespace(plan), *rbac(plan), Manifest("10-cluster.yaml", cluster(plan))]  # as the first point needs it
+    if k8s.node_exporter is None:  # else the disk counters come from the node-exporter pods already there
+        out.append(disk_sampler(plan))
+    out += fio_manifests(plan)
     scripts = scripts_configmap(plan, base_dir)
     if scripts is not None:
         out.append(scripts)

@@ -16,6 +16,7 @@ import re
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -112,6 +113,14 @@ def run_sweep(plan: Plan, plan_text: str, plan_dir: Path, results_dir: Path, obs
         sweep = KubernetesSweep(plan, plan_text, store, orch, api, manifests, ui, scrape_s=scrape_s,
                                 failover_timeout_s=failover_timeout_s)
         return sweep.run(sweep_id, resumed)
+
+
+@dataclass
+class NodeScrapes:
+    """The node-exporter pods read during one run (node → pod) and what they answered."""
+
+    pods: dict[str, str]
+    scraper: exporter.Scraper
 
 
 class KubernetesSweep:
@@ -345,10 +354,12 @@ class KubernetesSweep:
             ui.run_started(point, repeat, "job")
             launched = now()
             scraper = self._scraper()
+            nodes_read = self._node_scrapes()
             if wm is not None:
                 (run_dir / "witness-job.yaml").write_text(to_yaml(wm.body))
                 self.orch.create(wm)  # writing before pgbench starts, so the fault falls inside its log
-            polls = [f for f in (scraper.maybe if scraper else None, injector.poll if injector else None) if f]
+            polls = [f for f in (scraper.maybe if scraper else None, nodes_read.scraper.maybe if nodes_read else None,
+                                 injector.poll if injector else None) if f]
 
             def look() -> None:  # at every look at the run's Job: the exporters, then the fault's clock
                 for f in polls:
@@ -358,6 +369,8 @@ class KubernetesSweep:
             if injector is not None and (outcome.succeeded or injector.fault_time is not None):
                 injector.finish(self.failover_timeout_s)
             exporter_files: list[str] = []
+            if nodes_read is not None:
+                nodes_read.scraper.final()
             if scraper is not None:
                 scraper.final()
                 exporter_files = scraper.write(run_dir / "exporter")
@@ -378,7 +391,7 @@ class KubernetesSweep:
                                       ("failed", p.failed), ("lag_ms", p.lag_ms)) if v is not None]
             if figures is not None:
                 series += figures.series
-            disk = self._disks(run_dir, launched, window)
+            disk = self._disks(run_dir, launched, window, nodes_read)
             if disk is not None:
                 metrics.update(disk.metrics)
                 series += disk.series
@@ -499,13 +512,15 @@ class KubernetesSweep:
             self.ui.log(f"exporter not read: {errors[0]} (figures from the scrapes that worked only; see "
                         "exporter/*.prom in the run's folder)")
 
-    def _disks(self, run_dir: Path, launched: float, window: tuple[float, float]) -> disks.RunDisks | None:
-        """The run's disk figures from the disk sampler's logs of the instances' nodes and the devices the volume
-        probe found (``disks.summarize``); the raw logs go to disk/<node>.log, what was chosen to disk.json. None
-        (no figure, not zeros) when a node of an instance has no readable sampler pod or no sample in the window,
-        or a volume has no block device, said once per sweep."""
+    def _disks(self, run_dir: Path, launched: float, window: tuple[float, float],
+               nodes_read: NodeScrapes | None = None) -> disks.RunDisks | None:
+        """The run's disk figures from the instances' nodes — the disk sampler's logs, or the node-exporter scrapes
+        taken during the run (``nodes_read``) — and the devices the volume probe found (``disks.summarize``); the
+        raw samples go to disk/<node>.log or .prom, what was chosen to disk.json. None (no figure, not zeros) when a
+        node of an instance has no readable sampler or node-exporter pod or no sample in the window, or a volume
+        has no block device, said once per sweep."""
         try:
-            samplers = self.orch.sampler_pods()
+            samplers = self.orch.sampler_pods() if self.k8s.node_exporter is None else {}
             pods = self.orch.instance_pods()
             primary = self.orch.cluster_status().get("currentPrimary")
         except K8sError as exc:
@@ -516,28 +531,40 @@ class KubernetesSweep:
         if not nodes:
             self._tell_disk("the instance pods name no node")
             return None
-        since = max(1, math.ceil(now() - launched + DISK_LOG_MARGIN_S))
-        logs: dict[str, str] = {}
-        problems = [f"no disk-sampler pod on node {n}" for n in nodes if n not in samplers]
-        for node in (n for n in nodes if n in samplers):
-            try:
-                logs[node] = self.orch.pod_log(samplers[node], since)
-            except K8sError as exc:
-                problems.append(str(exc))
         folder = run_dir / "disk"
-        files = []
-        if logs:
+        blocks: dict[str, list[disks.Block]] = {}
+        raw: dict[str, str] = {}  # file name in disk/ → its text
+        if nodes_read is not None:
+            problems = [f"no node-exporter pod on node {n}" for n in nodes if n not in nodes_read.pods]
+            for node, pod in sorted(nodes_read.pods.items()):
+                mine = [sc for sc in nodes_read.scraper.scrapes if sc.pod == pod]  # a failed read is a gap
+                blocks[node] = [disks.node_exporter_block(sc.values, sc.ts, node) for sc in mine if sc.text]
+                raw[f"{node}.prom"] = "".join(f"# pglab scrape ts={sc.ts:.6f}\n" + "".join(
+                    f"{line}\n" for line in (sc.text or "").splitlines() if line.startswith("node_disk_"))
+                    for sc in mine)
+        else:
+            since = max(1, math.ceil(now() - launched + DISK_LOG_MARGIN_S))
+            problems = [f"no disk-sampler pod on node {n}" for n in nodes if n not in samplers]
+            for node in (n for n in nodes if n in samplers):
+                try:
+                    raw[f"{node}.log"] = text = self.orch.pod_log(samplers[node], since)
+                except K8sError as exc:
+                    problems.append(str(exc))
+                    continue
+                blocks[node] = disks.parse_log(text)
+        if raw:
             folder.mkdir(parents=True, exist_ok=True)
-            for node, text in logs.items():
-                (folder / f"{node}.log").write_text(text)
-                files.append(f"disk/{node}.log")
-        volumes = self._volumes(pods) if logs and not problems else {}
-        result = disks.summarize(logs, instances, primary, window, volumes)
-        result.files = files
+            for name, text in raw.items():
+                (folder / name).write_text(text)
+        volumes = self._volumes(pods) if blocks and not problems else {}
+        result = disks.summarize(blocks, instances, primary, window, volumes)
+        result.files = [f"disk/{name}" for name in raw]
+        if nodes_read is not None and (errors := nodes_read.scraper.errors()):
+            result.info["scrape_errors"] = errors
         problems += result.problems
         if problems:
             result.info["note"] = "; ".join(problems) + ": no disk figures"
-        if logs:
+        if raw:
             _write_json(folder / "disk.json", result.info)
             result.files.append("disk/disk.json")
         if problems or not result.metrics:
@@ -548,6 +575,26 @@ class KubernetesSweep:
             self.ui.log(f"disk figures: the volume devices of {', '.join(result.guessed)} are a guess (the busiest "
                         "device of the node; the volume probe could not run, see disk/disk.json)")
         return result
+
+    def _node_scrapes(self) -> NodeScrapes | None:
+        """With ``node_exporter`` in the plan: a reader of the node-exporter pods on the instances' nodes for the
+        coming run (None without it, or when they cannot be listed: then the run has no disk figures, said once)."""
+        ne = self.k8s.node_exporter
+        if ne is None:
+            return None
+        selector = ",".join(f"{k}={v}" for k, v in sorted(ne.labels.items()))
+        try:
+            nodes = {p.spec.node_name for p in self.orch.instance_pods() if p.spec is not None and p.spec.node_name}
+            found = self.orch.pods_by_node(selector, ne.namespace, what=f"the node-exporter pods in {ne.namespace}")
+        except K8sError as exc:
+            self._tell_disk(str(exc))
+            return NodeScrapes({}, exporter.Scraper(lambda pod: "", [], self.scrape_s, ""))
+        pods = {node: pod for node, pod in found.items() if node in nodes}
+
+        def read(pod: str) -> str:
+            return self.orch.scrape(pod, ne.port, ne.namespace)
+
+        return NodeScrapes(pods, exporter.Scraper(read, sorted(pods.values()), self.scrape_s, ""))
 
     def _volumes(self, pods: list[Any]) -> dict[str, list[disks.Volume] | str]:
         """Instance pod → its claims' devices, from a volume probe Job on each node with claims not probed there
