@@ -59,6 +59,7 @@ class FakeAPI:
         self.failing_jobs: set[str] = set()
         self.hanging_jobs: set[str] = set()  # Jobs that never end
         self.forbidden: set[str] = set()  # collection paths that answer 403
+        self.terminating_reads = 0  # a namespace in phase Terminating goes after this many more reads
         self.logs: dict[str, str] = {}
         self.log_not_ready: dict[str, int] = {}  # job -> log reads answering 400 (its container still starting)
         self.default_log: Callable[[str], str] = lambda job: results_log({"pgbench.out": f"{job} done\n"})
@@ -136,6 +137,12 @@ class FakeAPI:
                 key = f"{path}/{body['metadata']['name']}"
                 if key in self.objects:
                     return 409, {"kind": "Status", "status": "Failure", "reason": "AlreadyExists", "code": 409}
+                ns = path.split("/")[4] if path.count("/") >= 5 else None
+                if ns is not None and self.objects.get(f"/api/v1/namespaces/{ns}", {}).get("status", {}).get(
+                        "phase") == "Terminating":  # NamespaceLifecycle admission
+                    return 403, {"kind": "Status", "status": "Failure", "reason": "Forbidden", "code": 403,
+                                 "message": f"unable to create new content in namespace {ns} because it is being "
+                                            "terminated"}
                 self.objects[key] = body
                 self.created.append(key)
                 self.posted.append(json.loads(json.dumps(body)))
@@ -200,8 +207,15 @@ class FakeAPI:
                 job = selector.removeprefix("job-name=")
                 pods = [{"metadata": {"name": f"{job}-pod", "namespace": path.split("/")[4]}}]
                 return 200, {"kind": "PodList", "apiVersion": "v1", "metadata": {}, "items": pods}
+            if "/jobs/" in path and path.endswith("/status"):  # jobs/status: a subresource the Role does not grant
+                return 403, {"kind": "Status", "status": "Failure", "reason": "Forbidden", "code": 403}
             key = path.removesuffix("/status")
             obj = self.objects.get(key)
+            if obj is not None and obj["kind"] == "Namespace" and obj.get("status", {}).get("phase") == "Terminating":
+                self.terminating_reads -= 1  # its pods shutting down; then it is gone
+                if self.terminating_reads < 0:
+                    del self.objects[key]
+                    obj = None
             if obj is None:
                 return 404, {"kind": "Status", "status": "Failure", "reason": "NotFound", "code": 404}
             self.reads[key] = self.reads.get(key, 0) + 1

@@ -112,12 +112,50 @@ def test_ctrl_c_while_waiting_cleans_up(fake: tuple[FakeAPI, client.ApiClient], 
     assert ("DELETE", "/apis/postgresql.cnpg.io/v1/namespaces/bench/clusters/pg") in api.requests
 
 
-def test_existing_namespace_is_used_and_kept(fake: tuple[FakeAPI, client.ApiClient], tmp_path: Path) -> None:
+NAMESPACE = "/api/v1/namespaces/bench"
+
+
+def namespace(phase: str) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "bench"}, "status": {"phase": phase}}
+
+
+@pytest.mark.parametrize("create_namespaces", [True, False])
+def test_existing_namespace_is_used_and_kept(fake: tuple[FakeAPI, client.ApiClient], tmp_path: Path,
+                                             create_namespaces: bool) -> None:
+    """Without 'create namespaces' the API server answers 403 even for one that exists (authorization comes
+    first): pglab reads it and uses it, as with the 409 an identity allowed to create gets."""
     api, api_client = fake
-    api.objects["/api/v1/namespaces/bench"] = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "bench"}}
+    api.objects[NAMESPACE] = namespace("Active")
+    if not create_namespaces:
+        api.forbidden = {"/api/v1/namespaces"}
     orchestrator(api_client, tmp_path).run(tmp_path / "out")
-    assert list(api.objects) == ["/api/v1/namespaces/bench"]
-    assert ("DELETE", "/api/v1/namespaces/bench") not in api.requests
+    assert list(api.objects) == [NAMESPACE]
+    assert ("DELETE", NAMESPACE) not in api.requests
+
+
+def test_a_namespace_that_cannot_be_created_nor_found_is_named(fake: tuple[FakeAPI, client.ApiClient],
+                                                              tmp_path: Path) -> None:
+    api, api_client = fake
+    api.forbidden = {"/api/v1/namespaces"}
+    with pytest.raises(K8sError, match=r"^creating Namespace/bench: 403 Forbidden; create it beforehand or grant "
+                                       r"pglab's identity 'create namespaces'$"):
+        orchestrator(api_client, tmp_path).run(tmp_path / "out")
+    assert api.objects == {}
+
+
+def test_a_namespace_still_being_deleted_is_waited_out(fake: tuple[FakeAPI, client.ApiClient],
+                                                       tmp_path: Path) -> None:
+    """The previous sweep's namespace, its pods still stopping: no object can be created in it until it is gone."""
+    api, api_client = fake
+    api.objects[NAMESPACE] = namespace("Terminating")
+    api.terminating_reads = 3  # it is read 4 times before it is gone
+    said: list[str] = []
+    orchestrator(api_client, tmp_path, log=said.append).run(tmp_path / "out")
+    assert "namespace bench is still being deleted (a previous sweep's): waiting for it to go" in said
+    posts = [i for i, (m, p) in enumerate(api.requests) if m == "POST" and p == "/api/v1/namespaces"]
+    assert len(posts) == 5  # refused (409, it exists) before each of the 4 reads it lasted, then created
+    assert api.created[0] == NAMESPACE
+    assert ("DELETE", NAMESPACE) in api.requests and api.objects == {}  # pglab's own this time: deleted
 
 
 def test_results_tarball_cannot_escape(tmp_path: Path) -> None:

@@ -100,18 +100,55 @@ class Orchestrator:
     # -------------------------------------------------------------- create / delete one object
     def create(self, m: Manifest) -> None:
         body, kind = m.body, m.kind
+        if kind == "Namespace":
+            if self._create_namespace(m):
+                self.created.append(m)
+            return  # else an existing namespace is used, and left in place
         try:
-            if kind == "Namespace":
-                self.core.create_namespace(body)
-            elif kind == "Cluster":
+            if kind == "Cluster":
                 self.custom.create_namespaced_custom_object(*CNPG[:2], self.ns, CNPG[2], body)
             else:
                 getattr(self._api(kind), f"create_namespaced_{_snake(kind)}")(self.ns, body)
         except ApiException as exc:
-            if exc.status == 409 and kind == "Namespace":
-                return  # an existing namespace is used, and left in place
             raise K8sError(f"creating {kind}/{m.name} in {self.ns}: {_reason(exc)}") from None
         self.created.append(m)
+
+    def _create_namespace(self, m: Manifest) -> bool:
+        """True when pglab created the namespace (it deletes it at the end), False when one was there to use.
+
+        Authorization comes before the existence check: an identity without ``create namespaces`` gets 403 for a
+        namespace that exists too, so 403 and 409 are both answered by reading it. A namespace still being deleted
+        (the previous sweep's, its pods shutting down) admits no new object: it is waited out, then created."""
+        deadline, told = time.monotonic() + self.ready_timeout_s, False
+        while True:
+            try:
+                self.core.create_namespace(m.body)
+                return True
+            except ApiException as exc:
+                if exc.status not in (403, 409):
+                    raise K8sError(f"creating Namespace/{m.name}: {_reason(exc)}") from None
+                refused = exc
+            try:
+                found = self.core.read_namespace(m.name)
+                phase = found.status.phase if found.status is not None else None
+            except ApiException as exc:
+                if exc.status != 404:
+                    raise K8sError(f"creating Namespace/{m.name}: {_reason(refused)}, and reading it: "
+                                   f"{_reason(exc)}; create it beforehand and grant pglab's identity the Role of "
+                                   "docs/kubernetes.md in it") from None
+                if refused.status == 403:
+                    raise K8sError(f"creating Namespace/{m.name}: {_reason(refused)}; create it beforehand or "
+                                   "grant pglab's identity 'create namespaces'") from None
+                continue  # it went between the two calls: create it now
+            if phase != "Terminating":
+                return False
+            if time.monotonic() > deadline:
+                raise K8sError(f"Namespace/{m.name} is still being deleted {self.ready_timeout_s:.0f} s later (its "
+                               "pods or finalizers); wait for it or use another namespace")
+            if not told:
+                told = True
+                self.log(f"namespace {m.name} is still being deleted (a previous sweep's): waiting for it to go")
+            time.sleep(self.poll_s)
 
     def delete(self, m: Manifest) -> None:
         kind, name = m.kind, m.name
@@ -271,7 +308,7 @@ class Orchestrator:
                 if on_poll is not None:
                     on_poll()
                 try:
-                    st = self.batch.read_namespaced_job_status(m.name, self.ns).status
+                    st = self.batch.read_namespaced_job(m.name, self.ns).status  # jobs/status needs its own RBAC
                 except ApiException as exc:
                     raise K8sError(f"reading Job/{m.name}: {_reason(exc)}") from None
                 if st is not None and (st.succeeded or st.failed):
