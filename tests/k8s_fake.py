@@ -87,6 +87,7 @@ class FakeAPI:
         self.never_promote = False  # the failover never completes (no standby can be promoted)
         self.primary = ""  # the current primary's pod name, set when the Cluster is created
         self.deleted_pods: list[tuple[str, float]] = []
+        self.pod_delete_queries: list[dict[str, list[str]]] = []  # the query of each instance pod's deletion
         self.status_patches: list[dict[str, Any]] = []  # every patch of the Cluster's status (switchover requests)
         self.fenced_reads: list[list[str]] = []  # the fenced instances at every Cluster read
         self._failover: dict[str, Any] | None = None
@@ -161,6 +162,7 @@ class FakeAPI:
                 pod = path.rsplit("/", 1)[1]
                 if "/pods/" in path and pod in self._pods:  # an instance pod: the operator recreates it
                     self.deleted_pods.append((pod, time.time()))
+                    self.pod_delete_queries.append(parse_qs(parsed.query))
                     if pod == self.primary and self._failover is None:
                         self._failover = {"old": pod, "left": self.promote_after}
                     return 200, {"kind": "Pod", "apiVersion": "v1", "metadata": {"name": pod}}

@@ -153,6 +153,7 @@ def test_failover_deletes_the_primary_pod_and_stores_rto_rpo_and_events(fake: tu
     story: Story = api.story()  # type: ignore[attr-defined]
     assert posted_jobs(api) == ["pg-pgbench-init", WITNESS, RUN]  # the witness writes before pgbench starts
     assert [pod for pod, _ in api.deleted_pods] == ["pg-1"]  # the primary, once
+    assert api.pod_delete_queries == [{"gracePeriodSeconds": ["1"]}]  # killed, not a smart shutdown
     assert api.primary == "pg-2"
 
     store = Store.open(tmp_path / "results", create=False)

@@ -26,6 +26,7 @@ from pglab.targets.kubernetes.render import BEGIN_MARK, DISK_SAMPLER, END_MARK, 
 
 CNPG = ("postgresql.cnpg.io", "v1", "clusters")
 HEALTHY = "Cluster in healthy state"
+KILL_GRACE_S = 1  # a failover's pod deletion: SIGTERM, then the kubelet's SIGKILL a second later
 SWITCHOVER = "Switchover in progress"  # the phase a requested switchover starts in
 FENCED = "cnpg.io/fencedInstances"  # the Cluster annotation listing the instances whose postgres is stopped
 POSTGRES_CONTAINER = "postgres"  # the instance pods' PostgreSQL container, as CloudNativePG names it
@@ -365,10 +366,15 @@ class Orchestrator:
         except ApiException as exc:
             raise K8sError(f"reading the log of pod/{name}: {_reason(exc)}") from None
 
-    def delete_pod(self, name: str) -> None:
-        """Delete one pod (the failover scenario's fault: CloudNativePG then promotes a standby)."""
+    def delete_pod(self, name: str, grace_s: int = KILL_GRACE_S) -> None:
+        """Delete one pod (the failover scenario's fault: CloudNativePG then promotes a standby).
+
+        With the pod's default grace period the instance manager would run a smart shutdown (up to the Cluster's
+        smartShutdownTimeout, 180 s), sessions going on meanwhile: a planned stop, not a failure. One second of
+        grace makes it the kubelet's SIGKILL, as a crash; not 0, which would remove the pod object before its
+        containers are dead and let the operator start another on the same volume."""
         try:
-            self.core.delete_namespaced_pod(name, self.ns)
+            self.core.delete_namespaced_pod(name, self.ns, grace_period_seconds=grace_s)
         except ApiException as exc:
             raise K8sError(f"deleting pod/{name} in {self.ns}: {_reason(exc)}") from None
 
