@@ -511,7 +511,7 @@ NODE_EXPORTER_NS = "monitoring"
 NODE_EXPORTER_SELECTOR = "app.kubernetes.io/name=prometheus-node-exporter"  # the plan's default labels
 
 
-def node_exporter_text(counters: dict[str, list[int]]) -> str:
+def node_exporter_text(counters: dict[str, list[int]], boot_time: float = 1763798400.0) -> str:
     """node-exporter's diskstats collector output for /proc/diskstats counters (DEVICES, all zero unless given):
     node_disk_info with the numbers, then the counters with sectors × 512 as bytes and milliseconds / 1000 as
     seconds, as collector/diskstats_linux.go writes them; its default filter leaves loop, zram and partitions out."""
@@ -528,7 +528,9 @@ def node_exporter_text(counters: dict[str, list[int]]) -> str:
         out += [f"# HELP node_disk_{metric} .", f"# TYPE node_disk_{metric} counter"]
         out += [f'node_disk_{metric}{{device="{name}"}} {_go_float(counters.get(name, [0] * 17)[index] * scale)}'
                 for _, _, name in shown]
-    out += ["# HELP node_load1 1m load average.", "# TYPE node_load1 gauge", "node_load1 0.42"]
+    out += ["# HELP node_load1 1m load average.", "# TYPE node_load1 gauge", "node_load1 0.42",
+            "# HELP node_boot_time_seconds Node boot time, in unixtime.", "# TYPE node_boot_time_seconds gauge",
+            f"node_boot_time_seconds {_go_float(boot_time)}"]
     return "\n".join(out) + "\n"
 
 
@@ -550,8 +552,9 @@ def diskstats_text(counters: dict[str, list[int]]) -> str:
     return "\n".join(lines)
 
 
-def sampler_log(node: str, blocks: list[tuple[float, dict[str, list[int]]]]) -> str:
+def sampler_log(node: str, blocks: list[tuple[float, dict[str, list[int]]]], boot_id: str | None = None) -> str:
     """The disk sampler pod's log as its script prints it: per sample a header with the node's epoch (date
-    +%s.%N, nine decimals) and name, the file, an end line."""
-    return "".join(f"{DISKSTATS_MARK} {ts:.9f} {node}\n{diskstats_text(c)}\n{DISKSTATS_MARK} end\n"
+    +%s.%N, nine decimals), name and kernel boot id (a node of its own by default), the file, an end line."""
+    kernel = boot_id or f"00000000-0000-4000-8000-{abs(hash(node)) % 10**12:012d}"
+    return "".join(f"{DISKSTATS_MARK} {ts:.9f} {node} {kernel}\n{diskstats_text(c)}\n{DISKSTATS_MARK} end\n"
                    for ts, c in blocks)

@@ -20,7 +20,7 @@ from pglab.plan.load import parse_plan
 from pglab.probes.base import ProbeContext
 from pglab.probes.disk import MIB, SECTOR, DiskProbe, _figures, parse_diskstats, read_diskstats, resolve_device
 from pglab.store.sqlite import Store
-from pglab.targets.kubernetes import disks
+from pglab.targets.kubernetes import disks, exporter
 from pglab.targets.kubernetes.render import (
     disk_sampler,
     disk_sampler_script,
@@ -104,6 +104,7 @@ def test_sampler_script_prints_this_machines_diskstats_in_blocks_pglab_reads(tmp
                           env={"NODE_NAME": "node-a", "PATH": "/usr/bin:/bin"}, check=False)
     blocks = disks.parse_log(proc.stdout)
     assert len(blocks) >= 2 and {b.node for b in blocks} == {"node-a"}
+    assert {b.kernel for b in blocks} == {Path("/proc/sys/kernel/random/boot_id").read_text().strip()}
     assert 0.9 < blocks[1].ts - blocks[0].ts < 1.5
     assert set(blocks[0].counters) == set(read_diskstats())  # every device of this machine, parsed as disk.py does
 
@@ -323,7 +324,7 @@ def test_node_exporter_counters_give_the_disk_probes_figures_without_a_daemonset
     def text(node: str, t: float) -> str:
         c = {dev: [int(v) for v in values] for dev, values in counters(t - base, node).items()}  # type: ignore[arg-type]
         served[node].append((t, c))
-        return node_exporter_text(c)
+        return node_exporter_text(c, boot_time=1763798400.0 + int(node[-1]))  # two machines
 
     api.node_exporter = text
     api.job_seconds = JOB_S
@@ -336,20 +337,18 @@ def test_node_exporter_counters_give_the_disk_probes_figures_without_a_daemonset
     (r,) = store.runs()
     m = r.metrics
     window = store.conn.execute("SELECT window_start, window_end FROM runs WHERE id = ?", (r.id,)).fetchone()
+    run_dir = store.dir / r.dir
     samples = []
-    for node, reads in served.items():  # the oracle: the disk probe's functions on the counters served
-        for (t0, a), (t1, b) in itertools.pairwise(reads):
+    for node, reads in served.items():  # the oracle: the disk probe's functions on the integer counters served,
+        kept = (run_dir / "disk" / f"{node}.prom").read_text()  # at the times pglab stamped its reads with
+        stamps = [float(line.split("=")[1]) for line in kept.splitlines() if line.startswith("# pglab scrape ts=")]
+        assert len(stamps) == len(reads) >= 10
+        for (t0, (_, a)), (t1, (_, b)) in itertools.pairwise(zip(stamps, reads, strict=True)):
             p, c = parse_diskstats(_text(a))["vdb"], parse_diskstats(_text(b))["vdb"]
             samples += _figures(t1, f"disk:{node}/vdb", p, c, t1 - t0)
     expected = DiskProbe(ProbeContext("")).summarize(samples, *window)
     assert expected["write_iops"] == pytest.approx(400, rel=0.05)  # vdb of both nodes, the probed device
-    # window sums agree to the scrape stamps (pglab stamps a read mid-request, the fake when it served it); a
-    # maximum over 50 ms intervals is more sensitive to that jitter
-    sums = {k for k in expected if not k.endswith("_max")}
-    assert {k: m[k] for k in sums} == pytest.approx({k: expected[k] for k in sums}, rel=1e-3)
-    assert {k: m[k] for k in expected.keys() - sums} == pytest.approx({k: expected[k] for k in expected.keys() - sums},
-                                                                      rel=0.05)
-    run_dir = store.dir / r.dir
+    assert {k: m[k] for k in expected} == pytest.approx(expected, rel=1e-4)  # the stamps kept to the µs
     info = json.loads((run_dir / "disk" / "disk.json").read_text())
     assert [v["device"] for v in info["instances"]["pg-2"]["volumes"]] == ["vdb"]
     kept = (run_dir / "disk" / "node-1.prom").read_text()
@@ -372,3 +371,28 @@ def test_a_node_without_node_exporter_gives_no_disk_figures(fake: tuple[FakeAPI,
     store.close()
     (told,) = [msg for msg in ui.messages if msg.startswith("disk figures")]
     assert "no node-exporter pod on node node-2" in told
+
+
+def test_nodes_on_one_kernel_count_its_devices_once(fake: tuple[FakeAPI, client.ApiClient], tmp_path: Path) -> None:
+    """kind and k3d nodes are containers of one host: each node's /proc/diskstats is the host's, and the two
+    instances' volumes are one device seen twice (same boot id): counted once, not doubled."""
+    api, api_client = fake
+    boot = "6a5b1c2d-0000-4000-8000-000000000001"
+    api.diskstats_log = lambda node: sampler_log(node, node_blocks("node-1"), boot_id=boot)
+    result = run(api_client, tmp_path, PLAN.replace("repeats: 2", "repeats: 1"))
+    assert (result.ok, result.failed) == (1, 0)
+    store = Store.open(tmp_path / "results", create=False)
+    (r,) = store.runs()
+    assert r.metrics["write_iops"] == pytest.approx(300, rel=1e-3)  # the host's vdb, once (not 600)
+    assert not [k for k in r.metrics if k.startswith("disk.node-2/")]
+    info = json.loads((store.dir / r.dir / "disk" / "disk.json").read_text())
+    assert info["instances"]["pg-2"]["volumes"][0]["counted_as"] == "disk:node-1/vdb"
+    store.close()
+
+
+def test_a_node_exporter_scrape_is_the_kernels_counters_again() -> None:
+    c = counters(7, "node-1")
+    block = disks.node_exporter_block(exporter.parse(node_exporter_text(c, boot_time=1763798401.0)), 5.0, "n")
+    assert block.counters["vdb"] == parse_diskstats(_text(c))["vdb"]  # bytes ÷ 512, seconds × 1000: exact
+    assert block.numbers["254:16"] == "vdb" and "loop0" not in block.counters  # node-exporter's filter
+    assert block.kernel == "booted 1763798401"  # nodes of one host share it (kind), as the sampler's boot id

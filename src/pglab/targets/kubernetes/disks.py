@@ -10,7 +10,8 @@ and disk.json says it was a guess. A volume on a filesystem without a block devi
 
 The figures are ``probes.disk``'s own: its per-interval ``_figures`` and its window ``summarize``, under its metric
 names, summed over the instances' distinct (node, device) as the local probe sums the devices of the paths it
-measures. Every device of a node is kept in disk.json.
+measures. Nodes that are containers on one kernel (kind, k3d: the same boot id) see one host's devices: each
+device is counted once. Every device of a node is kept in disk.json.
 
 Clocks: the samples carry the node's clock, the window the client node's (pgbench's log); on NTP-synchronised
 machines the difference is far below the 1 s sampling interval.
@@ -39,6 +40,7 @@ class Block:
     node: str
     counters: dict[str, _Counters]
     numbers: dict[str, str] = field(default_factory=dict)  # "major:minor" → device name
+    kernel: str | None = None  # the node's kernel (boot id): nodes that are containers of one host share it
 
 
 def _numbers(text: str) -> dict[str, str]:
@@ -69,7 +71,7 @@ def parse_log(text: str) -> list[Block]:
     """The sampler's log → its complete blocks in order; a block cut short (the log read while it printed) or
     garbled is left out, never half-read."""
     out: list[Block] = []
-    head: tuple[float, str] | None = None
+    head: tuple[float, str, str | None] | None = None
     body: list[str] = []
     for line in text.splitlines():
         if not line.startswith(DISKSTATS_MARK + " "):
@@ -81,13 +83,13 @@ def parse_log(text: str) -> list[Block]:
             if head is not None:
                 with contextlib.suppress(ValueError):  # a garbled line: the whole block is left out
                     text = "\n".join(body)
-                    out.append(Block(head[0], head[1], parse_diskstats(text), _numbers(text)))
+                    out.append(Block(head[0], head[1], parse_diskstats(text), _numbers(text), head[2]))
             head, body = None, []
             continue
         head, body = None, []
-        if len(rest) == 2:
+        if len(rest) in (2, 3):
             try:
-                head = (float(rest[0]), rest[1])
+                head = (float(rest[0]), rest[1], rest[2] if len(rest) == 3 and rest[2] != "-" else None)
             except ValueError:
                 head = None
     return out
@@ -117,7 +119,8 @@ def node_exporter_block(values: dict[Key, float], ts: float, node: str) -> Block
             numbers[f"{lab['major']}:{lab['minor']}"] = lab["device"]
     counters = {dev: _Counters(**{k: round(v[k] * _SCALE.get(k, 1.0)) for k in _NODE_DISK})
                 for dev, v in per.items() if v.keys() >= _NODE_DISK.keys() and all(map(math.isfinite, v.values()))}
-    return Block(ts, node, counters, numbers)
+    boot = next((v for (metric, _), v in values.items() if metric == "node_boot_time_seconds"), None)
+    return Block(ts, node, counters, numbers, f"booted {boot:.0f}" if boot is not None else None)
 
 
 def device_samples(blocks: list[Block], device: str, source: str) -> list[Sample]:
@@ -196,6 +199,7 @@ def summarize(samples_of: dict[str, list[Block]], instances: dict[str, str], pri
     nodes: dict[str, object] = {}
     pods: dict[str, object] = {}
     sources: dict[str, list[Sample]] = {}
+    counted: dict[tuple[str, str], str] = {}  # (kernel, device) → the source it is counted under
     for pod, node in sorted(instances.items()):
         blocks = sorted((b for b in samples_of.get(node, []) if b.node == node), key=lambda b: b.ts)
         figures = node_devices(blocks, window)
@@ -217,10 +221,16 @@ def summarize(samples_of: dict[str, list[Block]], instances: dict[str, str], pri
                 if device is None:
                     out.problems.append(f"pod/{pod} claim {v.claim}: {how}")
         pods[pod] = {"node": node, "primary": pod == primary, "volumes": chosen}
+        kernel = next((b.kernel for b in blocks if b.kernel), None) or node
         for c in chosen:
-            if (device := c["device"]) is not None:
-                source = f"disk:{node}/{device}"
-                sources.setdefault(source, device_samples(blocks, str(device), source))
+            if (device := c["device"]) is None:
+                continue
+            source = f"disk:{node}/{device}"
+            first = counted.setdefault((kernel, str(device)), source)
+            if first != source:  # the same kernel's device seen from another node: a container of the same host
+                c["counted_as"] = first
+                continue
+            sources.setdefault(source, device_samples(blocks, str(device), source))
     samples = [s for ss in sources.values() for s in ss]
     out.metrics = _summarize(samples, window)
     out.series = [(s.ts, s.source, s.metric, s.value) for s in samples]  # all of them, as a local run keeps

@@ -208,7 +208,7 @@ def _ship_results() -> str:
 
 # ------------------------------------------------------------------ disk figures of the database nodes
 DISK_SAMPLER = "disk-sampler"
-DISKSTATS_MARK = "pglab-diskstats"  # a block of the sampler's log: header "<mark> <epoch> <node>", the file, end line
+DISKSTATS_MARK = "pglab-diskstats"  # a block of the sampler's log: "<mark> <epoch> <node> <boot id>", the file, end
 
 
 def _unprivileged() -> dict[str, Any]:
@@ -223,13 +223,15 @@ def _tiny() -> dict[str, Any]:
 
 
 def disk_sampler_script() -> str:
-    """Every second: the node's epoch, its name, /proc/diskstats, an end line, printed at once (a block cut by the
-    log's end is recognised). /proc/diskstats is not namespaced: an unprivileged container reads the host's."""
+    """Every second: the node's epoch, its name, its kernel's boot id, /proc/diskstats, an end line, printed at once
+    (a block cut by the log's end is recognised). /proc/diskstats is not namespaced: an unprivileged container reads
+    the host's; the boot id tells nodes that are containers on one kernel (kind, k3d) apart from real ones."""
     return "\n".join([
         "trap 'exit 0' TERM",
+        "k=$(cat /proc/sys/kernel/random/boot_id 2>/dev/null || echo -)",
         "while :; do",
         "  t=$(date +%s.%N); s=$(cat /proc/diskstats)",
-        f'  printf \'%s\\n\' "{DISKSTATS_MARK} $t $NODE_NAME" "$s" "{DISKSTATS_MARK} end"',
+        f'  printf \'%s\\n\' "{DISKSTATS_MARK} $t $NODE_NAME $k" "$s" "{DISKSTATS_MARK} end"',
         "  sleep 1",
         "done",
     ])
