@@ -22,6 +22,7 @@ from pglab.plan.load import load_plan
 from pglab.targets.local.cluster import cgroup_name
 
 CAP_IOPS = 25
+INTERRUPT_CAP_IOPS = 2000
 
 
 @pytest.fixture
@@ -33,7 +34,8 @@ def labs() -> Iterator[Path]:
     shutil.rmtree(top, ignore_errors=True)
 
 
-def _plan(labs: Path, extra_arrangement: str = "", duration: str = "6s", instances: int = 1) -> str:
+def _plan(labs: Path, extra_arrangement: str = "", duration: str = "6s", instances: int = 1,
+          cap_iops: int = CAP_IOPS) -> str:
     return f"""
 name: tenants-test
 target: {{local: {{paths: {{lab: {labs}}}}}}}
@@ -46,7 +48,7 @@ tenants:
     - name: mixed
       tiers:
         - {{name: free, tenants: 1, clients: 2}}
-        - {{name: capped, tenants: 2, clients: 2, resources: {{cpus: 0.5, write_iops: {CAP_IOPS}}}}}
+        - {{name: capped, tenants: 2, clients: 2, resources: {{cpus: 0.5, write_iops: {cap_iops}}}}}
 {extra_arrangement}"""
 
 
@@ -128,20 +130,22 @@ def test_tiers_limits_results_and_cleanup(tmp_path: Path, labs: Path) -> None:
 
 
 def test_interrupt_while_tenants_run_leaves_nothing_and_resumes(tmp_path: Path, labs: Path) -> None:
-    """With small clusters as tenants (a primary and a synchronous standby each)."""
+    """With small clusters as tenants (a primary and a synchronous standby each). The capped tier's IOPS cap is
+    high here: at 25 IOPS each run's dataset reset (VACUUM, CHECKPOINT) alone takes ~10 s, and what the cap does
+    to the load is test_tiers_limits_results_and_cleanup's business; this test checks that it is in force."""
     plan = tmp_path / "plan.yaml"
-    plan.write_text(_plan(labs, duration="8s", instances=2))
+    plan.write_text(_plan(labs, duration="4s", instances=2, cap_iops=INTERRUPT_CAP_IOPS))
     results = tmp_path / "results"
     proc = subprocess.Popen([sys.executable, "-m", "pglab.cli", "run", str(plan), "--results", str(results)],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     deadline = time.monotonic() + 180
-    while time.monotonic() < deadline and len([p for p in processes_mentioning("pgbench") if "-T 8" in p]) < 3:
+    while time.monotonic() < deadline and len([p for p in processes_mentioning("pgbench") if "-T 4" in p]) < 3:
         time.sleep(0.5)
-    assert len([p for p in processes_mentioning("pgbench") if "-T 8" in p]) == 3, "every tenant's pgbench runs"
+    assert len([p for p in processes_mentioning("pgbench") if "-T 4" in p]) == 3, "every tenant's pgbench runs"
     proc.send_signal(signal.SIGINT)
     out, _ = proc.communicate(timeout=120)
     assert proc.returncode == 130, out
-    assert processes_mentioning(str(labs)) == [] and not [p for p in processes_mentioning("pgbench") if "-T 8" in p]
+    assert processes_mentioning(str(labs)) == [] and not [p for p in processes_mentioning("pgbench") if "-T 4" in p]
     db = sqlite3.connect(results / "results.db")
     assert db.execute("SELECT status FROM runs").fetchall() == [("interrupted",)]
     assert db.execute("SELECT count(*) FROM tenant_metrics").fetchone()[0] == 0  # nothing half-written
@@ -159,6 +163,8 @@ def test_interrupt_while_tenants_run_leaves_nothing_and_resumes(tmp_path: Path, 
     limits = json.loads((run_dir / "limits.json").read_text())
     assert all(set(limits[t]) >= {"n0", "n1"} for t in ("t01", "t02", "t03"))
     assert limits["t02"]["n1"]["cpus"] == 0.5  # a tier's limits hold for every instance of its tenants
+    io = limits["t02"]["n1"]["io_max"]
+    assert (io.get("write_iops") if isinstance(io, dict) else io).split()[-1].endswith(str(INTERRUPT_CAP_IOPS))
     settings = json.loads((run_dir / "settings.json").read_text())
     assert settings["synchronous_standby_names"]["setting"] == "ANY 1 (n1)"
     assert processes_mentioning(str(labs)) == [] and _cgroups_left(labs) == []
