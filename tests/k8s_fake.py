@@ -59,6 +59,7 @@ class FakeAPI:
         self.failing_jobs: set[str] = set()
         self.hanging_jobs: set[str] = set()  # Jobs that never end
         self.forbidden: set[str] = set()  # collection paths that answer 403
+        self.proxy_forbidden = False  # every pod proxy read answers 403
         self.terminating_reads = 0  # a namespace in phase Terminating goes after this many more reads
         self.logs: dict[str, str] = {}
         self.log_not_ready: dict[str, int] = {}  # job -> log reads answering 400 (its container still starting)
@@ -123,6 +124,8 @@ class FakeAPI:
                 if text is None:
                     return 503, {"kind": "Status", "status": "Failure", "reason": "ServiceUnavailable", "code": 503}
                 return 200, text
+            if method == "GET" and "/proxy/" in path and self.proxy_forbidden:  # no pods/proxy in the identity
+                return 403, {"kind": "Status", "status": "Failure", "reason": "Forbidden", "code": 403}
             if method == "GET" and "/proxy/" in path:
                 pod = unquote(path.split("/")[6]).split(":")[0]
                 served_at = time.time()

@@ -125,6 +125,7 @@ def test_cluster_manifest_carries_the_plan(tmp_path: Path) -> None:
     assert spec["affinity"]["nodeSelector"] == {"pglab.io/role": "db"}
     assert spec["affinity"]["tolerations"] == [{"key": "dedicated", "operator": "Equal", "value": "db",
                                                 "effect": "NoSchedule"}]
+    assert spec["monitoring"] == {"metricsQueriesTTL": "1s"}  # fresh query results at each 2 s exporter read
 
 
 def test_pgbench_jobs_read_the_app_secret_and_set_the_durability_level(tmp_path: Path) -> None:

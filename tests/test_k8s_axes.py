@@ -480,9 +480,11 @@ def test_a_metric_the_exporter_lacks_is_not_stored(fake: tuple[FakeAPI, client.A
 
 
 def test_an_unreadable_exporter_gives_no_figures_and_the_run_goes_on(fake: tuple[FakeAPI, client.ApiClient],
-                                                                    tmp_path: Path) -> None:
+                                                                    tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     api, api_client = fake
     api.exporter = lambda pod, t: None  # 503, as the API server answers for a pod whose port does not answer
+    monkeypatch.setattr(k8s_sweep, "REPLAY_TIMEOUT_S", 0.3)  # asked again until then: it may be a pod restarting
     observer = Recorder()
     result = run(api_client, tmp_path, EXPORTER_PLAN, scrape_s=0.05, observer=observer)
     assert (result.ok, result.failed) == (1, 0)
@@ -490,6 +492,7 @@ def test_an_unreadable_exporter_gives_no_figures_and_the_run_goes_on(fake: tuple
     (r,) = store.runs()
     assert not any(k in r.metrics for k in ("commits_s", "wal_mb_s", "replay_lag_max_ms"))
     assert [m for m in observer.messages if m.startswith("exporter not read: pod/pg-1: ")]
+    assert len([m for m in observer.messages if m.startswith("standbys' replay not checked before the runs: ")]) == 1
     store.close()
 
 
@@ -551,3 +554,37 @@ def test_standbys_that_never_catch_up_fail_the_run_and_say_why(fake: tuple[FakeA
     store.close()
     assert "pg-run-0000-1" not in api.job_created_at  # no Job measured a backlog
     assert_all_deleted(api)
+
+
+def test_a_primary_exporter_unreadable_for_a_moment_is_asked_again(fake: tuple[FakeAPI, client.ApiClient],
+                                                                   tmp_path: Path) -> None:
+    api, api_client = fake
+    caught_up = behind_until(api, 0)
+    seen = {"n": 0}
+
+    def flaky(pod: str, t: float) -> str | None:
+        if pod == "pg-1":
+            seen["n"] += 1
+            if seen["n"] <= 2:
+                return None  # 503: the pod restarting
+        return caught_up(pod, t)
+
+    api.exporter = flaky
+    observer = Recorder()
+    result = run(api_client, tmp_path, EXPORTER_PLAN, observer=observer)
+    assert (result.ok, result.failed) == (1, 0)
+    assert not [m for m in observer.messages if m.startswith("standbys' replay not checked")]
+    first_ok = next(t for pod, t, _ in api.scrapes if pod == "pg-1")  # api.scrapes holds the answered reads
+    assert first_ok < api.job_created_at["pg-run-0000-1"]
+
+
+def test_without_pods_proxy_permission_the_replay_is_not_waited_for(fake: tuple[FakeAPI, client.ApiClient],
+                                                                   tmp_path: Path) -> None:
+    api, api_client = fake
+    api.proxy_forbidden = True
+    observer = Recorder()
+    result = run(api_client, tmp_path, EXPORTER_PLAN.replace("{duration: 4s}", "{duration: 4s, repeats: 2}"),
+                 observer=observer)
+    assert (result.ok, result.failed) == (2, 0)
+    told = [m for m in observer.messages if m.startswith("standbys' replay not checked before the runs: ")]
+    assert len(told) == 1 and "403" in told[0]  # at once (no 60 s of asking), and once for the sweep

@@ -16,7 +16,7 @@ from kubernetes import client
 from k8s_fake import FakeAPI, results_log, serve
 from pglab.plan.load import parse_plan
 from pglab.targets.kubernetes.orchestrate import K8sError, Orchestrator, extract_results
-from pglab.targets.kubernetes.render import BEGIN_MARK
+from pglab.targets.kubernetes.render import BEGIN_MARK, END_MARK
 
 PLAN = """
 name: k
@@ -165,3 +165,5 @@ def test_results_tarball_cannot_escape(tmp_path: Path) -> None:
     assert not (tmp_path / "escape.txt").exists()
     with pytest.raises(K8sError, match="truncated"):
         extract_results(f"text\n{BEGIN_MARK}\nAAAA", tmp_path / "dest")
+    with pytest.raises(K8sError, match="the kubelet rotated it while they were printed"):  # the start went away
+        extract_results(f"AAAA\n{END_MARK}\n", tmp_path / "dest")

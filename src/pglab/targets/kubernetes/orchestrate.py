@@ -26,6 +26,7 @@ from pglab.targets.kubernetes.render import BEGIN_MARK, DISK_SAMPLER, END_MARK, 
 
 CNPG = ("postgresql.cnpg.io", "v1", "clusters")
 HEALTHY = "Cluster in healthy state"
+SCRAPE_TIMEOUT = (3.0, 5.0)  # connect, read: a pod port the API server cannot reach is a gap, not a stall
 KILL_GRACE_S = 1  # a failover's pod deletion: SIGTERM, then the kubelet's SIGKILL a second later
 SWITCHOVER = "Switchover in progress"  # the phase a requested switchover starts in
 FENCED = "cnpg.io/fencedInstances"  # the Cluster annotation listing the instances whose postgres is stopped
@@ -34,7 +35,12 @@ EXPORTER_PORT = 9187  # each instance's metrics exporter
 
 
 class K8sError(Exception):
-    """The cluster refused or failed something pglab asked for; the message says what and where."""
+    """The cluster refused or failed something pglab asked for; the message says what and where, ``status`` the
+    API server's HTTP status when there was one."""
+
+    def __init__(self, message: str, status: int | None = None):
+        super().__init__(message)
+        self.status = status
 
 
 @dataclass
@@ -56,6 +62,10 @@ def api_client(plan: Plan) -> client.ApiClient:
 def extract_results(log: str, dest: Path) -> tuple[str, list[str]]:
     """Split a pod log into its text and the files of the results tarball, written under ``dest``."""
     if BEGIN_MARK not in log:
+        if END_MARK in log:  # the API serves the current log file only: the start went with a rotated one
+            raise K8sError("the pod's log lost the start of its results: the kubelet rotated it while they were "
+                           "printed (containerLogMaxSize, 10 MiB by default); lower run.sampling_rate (pgbench's -l "
+                           "logs) or raise the kubelet's containerLogMaxSize")
         return log, []
     text, _, rest = log.partition(BEGIN_MARK)
     blob, found, after = rest.partition(END_MARK)
@@ -288,10 +298,10 @@ class Orchestrator:
         ns = namespace or self.ns
         try:
             resp = self.core.connect_get_namespaced_pod_proxy_with_path(
-                f"{pod}:{port}", ns, "metrics", _preload_content=False)
+                f"{pod}:{port}", ns, "metrics", _preload_content=False, _request_timeout=SCRAPE_TIMEOUT)
         except ApiException as exc:
             raise K8sError(f"reading the metrics of pod/{pod}{'' if ns == self.ns else ' in ' + ns}: "
-                           f"{_reason(exc)}") from None
+                           f"{_reason(exc)}", exc.status) from None
         return bytes(resp.data).decode("utf-8", errors="replace")
 
     # -------------------------------------------------------------- Jobs

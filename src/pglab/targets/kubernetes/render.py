@@ -31,6 +31,7 @@ VOLUME_DIR = "/volume"
 BEGIN_MARK = "----- pglab results begin -----"
 END_MARK = "----- pglab results end -----"
 GIB = 1 << 30
+METRICS_QUERIES_TTL = "1s"  # below pglab's exporter read interval (2 s)
 DATABASE = "app"  # the database (and owner) the Cluster bootstraps; pgbench gets it from the app secret
 
 
@@ -142,6 +143,9 @@ def cluster(plan: Plan, point: Point | None = None) -> dict[str, Any]:
         "storage": _storage(k8s.storage),
         "resources": instance_resources(plan, point),  # requests = limits: Guaranteed QoS
         "affinity": affinity,
+        # CloudNativePG 1.28+ caches its monitoring queries' results (30 s by default): pglab reads the exporter
+        # every 2 s and takes window deltas between reads, so each read must run the queries again
+        "monitoring": {"metricsQueriesTTL": METRICS_QUERIES_TTL},
     }
     if k8s.wal_storage is not None:
         spec["walStorage"] = _storage(k8s.wal_storage)

@@ -358,10 +358,10 @@ class KubernetesSweep:
             if wm is not None:
                 (run_dir / "witness-job.yaml").write_text(to_yaml(wm.body))
                 self.orch.create(wm)  # writing before pgbench starts, so the fault falls inside its log
-            polls = [f for f in (scraper.maybe if scraper else None, nodes_read.scraper.maybe if nodes_read else None,
-                                 injector.poll if injector else None) if f]
+            polls = [f for f in (injector.poll if injector else None, scraper.maybe if scraper else None,
+                                 nodes_read.scraper.maybe if nodes_read else None) if f]
 
-            def look() -> None:  # at every look at the run's Job: the exporters, then the fault's clock
+            def look() -> None:  # at every look at the run's Job: the fault's clock first, then the exporters
                 for f in polls:
                     f()
 
@@ -471,7 +471,8 @@ class KubernetesSweep:
     def _wait_replay(self) -> None:
         """Start every run with the standbys caught up, as a local run does, so one run's replication backlog never
         leaks into the next: the primary's exporter must list every other instance with no WAL left to replay. An
-        exporter that cannot be read (no pods/proxy permission) cannot say: that is told once and the runs start."""
+        exporter that cannot be read cannot say: without pods/proxy permission at once, else (a pod restarting, a
+        timeout) once the deadline is past, that is told once and the runs start without the wait."""
         if self.k8s.instances < 2 or self._replay_unknown:
             return
         deadline = time.monotonic() + self.replay_timeout_s
@@ -480,11 +481,16 @@ class KubernetesSweep:
                 primary = self.orch.cluster_status().get("currentPrimary")
                 standbys = {p.metadata.name for p in self.orch.instance_pods()} - {primary}
                 behind = exporter.standbys_behind(exporter.parse(self.orch.scrape(str(primary))), standbys)
-            except K8sError as exc:
-                self._replay_unknown = True
-                self.ui.log(f"standbys' replay not checked before the runs: {exc}")
+                unreadable = None
+            except (K8sError, urllib3.exceptions.HTTPError) as exc:  # a refusal, a pod restarting, a timeout
+                unreadable, behind = exc, []
+                if not (isinstance(exc, K8sError) and exc.status in (401, 403)):  # else it will not come back
+                    behind = [str(exc) or type(exc).__name__]  # asked again until the deadline
+            if not behind and unreadable is None:
                 return
-            if not behind:
+            if unreadable is not None and (not behind or time.monotonic() > deadline):
+                self._replay_unknown = True  # cannot be known: the runs start, as without standbys to wait for
+                self.ui.log(f"standbys' replay not checked before the runs: {unreadable}")
                 return
             if time.monotonic() > deadline:
                 raise RunFailed(f"the standbys did not catch up within {self.replay_timeout_s:.0f} s before the run "
