@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import io
+import json
 import math
 from pathlib import Path
 
@@ -150,3 +151,45 @@ def test_uplift_of_a_configuration_axis_in_report_and_compare(tmp_path: Path) ->
     same = pglab("compare", str(results), "--axis", "parameters.wal_compression", "--a", "off", "--b", "lz4",
                  "--uplift", "--format", "json", check=True).stdout
     assert '"uplift_pct": 50.0' in same.replace("50.00000000000001", "50.0")
+
+
+def test_scenario_table_aggregates_every_trial_of_a_level(tmp_path: Path) -> None:
+    """Trials of one scenario × level form one row: ok runs counted as trials, failed ones apart, RTO median and
+    maximum, acknowledged losses summed (and called a finding). The live failover test runs one trial per level;
+    the arithmetic over several is checked here on hand-made runs."""
+    from pglab.report.scenarios import loud_findings, scenario_table
+
+    store = Store.open(tmp_path / "r")
+    sweep = store.begin_sweep("t", "name: t\n", "h", "0")
+    axes = {level: {"workload": "tpcb-like", "clients": 2, "jobs": 1, "synchronous_commit": level,
+                    "scenario": "failover-node"} for level in ("on", "off")}
+    ids = store.add_points(sweep, [(0, "on", axes["on"]), (1, "off", axes["off"])])
+    trials = {"off": [(20.5, 3.0), (24.0, 1.0), (21.0, 0.0)], "on": [(20.1, 0.0), (22.3, 2.0)]}
+    for i, level in enumerate(("on", "off")):
+        for rep, (rto, lost) in enumerate(trials[level], 1):
+            run_id, _ = store.start_run(sweep, ids[level], i, rep)
+            store.finish_run(run_id, "ok", metrics={"rto_s": rto, "acked_lost": lost, "witness_acked": 50.0,
+                                                    "tps_before": 100.0 * rep, "tps_during": 0.0})
+    run_id, _ = store.start_run(sweep, ids["on"], 0, 3)
+    store.finish_run(run_id, "failed", reason="n1 not running", metrics={"rto_s": 99.0, "acked_lost": 7.0})
+    store.end_sweep(sweep, "done")
+    store.close()
+
+    _, rows = scenario_table(Store.open(tmp_path / "r", create=False))
+    by_level = {r["synchronous_commit"]: r for r in rows}
+    assert [r["synchronous_commit"] for r in rows] == ["off", "on"]  # in durability order
+    off, on = by_level["off"], by_level["on"]
+    assert (off["trials"], off["failed_runs"], on["trials"], on["failed_runs"]) == (3, 0, 2, 1)
+    assert off["rto_p50_s"] == 21.0 and off["rto_max_s"] == 24.0
+    assert on["rto_p50_s"] == pytest.approx(21.2) and on["rto_max_s"] == 22.3  # the failed run's 99 s left out
+    assert (off["acked_lost_total"], off["acked_lost_max"]) == (4.0, 3.0)
+    assert (on["acked_lost_total"], on["acked_lost_max"]) == (2.0, 2.0)
+    assert off["tps_before"] == 200.0 and on["tps_before"] == 150.0  # medians over the ok trials
+    assert off["finding"] == "4 acknowledged write(s) lost (allowed at off)"
+    assert on["finding"] == "LOST 2 acknowledged write(s) under synchronous_commit=on"
+    assert loud_findings(rows) == ["FINDING: failover-node, tpcb-like at 2 clients: LOST 2 acknowledged write(s) "
+                                   "under synchronous_commit=on"]
+    listed = {r["synchronous_commit"]: r for r in json.loads(
+        pglab("report", str(tmp_path / "r"), "--table", "scenarios", "--format", "json", check=True).stdout)}
+    assert listed["on"]["trials"] == 2 and listed["on"]["acked_lost_total"] == 2
+    assert listed["off"]["trials"] == 3 and listed["off"]["rto_max_s"] == 24.0

@@ -78,13 +78,13 @@ matrix:
   clients: [2]
   synchronous_commit: ["off", "on"]
   scenario: [{kind: failover, kill: node, at: 2s}]
-run: {duration: 30s, repeats: 2}
+run: {duration: 30s, repeats: 1}
 """)
     results = tmp_path / "r"
     proc = pglab("run", str(plan), "--results", str(results), timeout=900)
     assert proc.returncode == 0, proc.stderr
     runs = _runs(results)
-    assert len(runs) == 4
+    assert len(runs) == 2  # two failovers in a row: the lab heals (old leader rejoins) between them
     budget = TIMINGS["ttl"] + TIMINGS["loop_wait"] + TIMINGS["retry_timeout"]
     for r in runs:
         m = r["metrics"]
@@ -100,8 +100,12 @@ run: {duration: 30s, repeats: 2}
         assert w["server_before"] != w["server_after"]  # the writer followed the new leader
         assert w["acked"] == sum(1 for line in (run_dir / "witness.jsonl").read_text().splitlines()
                                  if json.loads(line).get("outcome") == "acked")
+    db = sqlite3.connect(results / "results.db")
+    repairs = [d for (d,) in db.execute("SELECT detail FROM events WHERE kind = 'repair'")]
+    assert repairs and "rejoined as replica" in repairs[0], repairs  # the first run's old leader, back for the second
     rows = json.loads(pglab("report", str(results), "--table", "scenarios", "--format", "json").stdout)
     by_level = {r["synchronous_commit"]: r for r in rows}
-    assert by_level["on"]["trials"] == 2 and by_level["on"]["acked_lost_total"] == 0
-    assert by_level["off"]["trials"] == 2 and by_level["off"]["rto_max_s"] <= budget + 5
+    # one trial per level here; the table's arithmetic over several trials: test_report.py
+    assert by_level["on"]["trials"] == 1 and by_level["on"]["acked_lost_total"] == 0
+    assert by_level["off"]["trials"] == 1 and by_level["off"]["rto_max_s"] <= budget + 5
     assert processes_mentioning(_lab_dir(results)) == []
