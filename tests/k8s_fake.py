@@ -59,6 +59,8 @@ class FakeAPI:
         self.failing_jobs: set[str] = set()
         self.hanging_jobs: set[str] = set()  # Jobs that never end
         self.forbidden: set[str] = set()  # collection paths that answer 403
+        self.pod_waiting: dict[str, tuple[str, str]] = {}  # job -> (reason, message) its pod's container waits with
+        self.status_conflicts = 0  # Cluster status patches answered 409 before one is applied
         self.proxy_forbidden = False  # every pod proxy read answers 403
         self.terminating_reads = 0  # a namespace in phase Terminating goes after this many more reads
         self.logs: dict[str, str] = {}
@@ -102,6 +104,7 @@ class FakeAPI:
         # once set; node_exporter(node, time served) is its text
         self.node_exporter: Callable[[str, float], str | None] | None = None
         self.no_node_exporter_on: set[str] = set()
+        self.node_exporter_schemes: set[str] = set()  # the schemes pglab's proxy reads named (http unless given)
         # the volume probe: what the mount of each claim is on (device number, fstype, source), as its log says
         self.volume_mount: Callable[[str], tuple[str, str, str]] = lambda claim: ("254:16", "ext4", "/dev/vdb")
         self._wal = False  # the Cluster has a WAL volume: its pods mount a second claim
@@ -119,7 +122,9 @@ class FakeAPI:
             if method == "PATCH":
                 return self._patch(path, body)
             if method == "GET" and "/proxy/" in path and path.split("/")[4] == NODE_EXPORTER_NS:
-                node = unquote(path.split("/")[6]).split(":")[0].removeprefix("node-exporter-")
+                target = unquote(path.split("/")[6]).split(":")
+                self.node_exporter_schemes.add(target[0] if len(target) == 3 else "http")
+                node = target[-2].removeprefix("node-exporter-")
                 text = self.node_exporter(node, time.time()) if self.node_exporter is not None else None
                 if text is None:
                     return 503, {"kind": "Status", "status": "Failure", "reason": "ServiceUnavailable", "code": 503}
@@ -211,6 +216,11 @@ class FakeAPI:
                                  "items": [self._instance_pod(n, path.split("/")[4]) for n in self._pods]}
                 job = selector.removeprefix("job-name=")
                 pods = [{"metadata": {"name": f"{job}-pod", "namespace": path.split("/")[4]}}]
+                if job in self.pod_waiting:  # its container cannot start: as the kubelet reports it
+                    reason, message = self.pod_waiting[job]
+                    pods[0]["status"] = {"phase": "Pending", "containerStatuses": [
+                        {"name": "main", "image": "example/none:1", "imageID": "", "ready": False,
+                         "restartCount": 0, "state": {"waiting": {"reason": reason, "message": message}}}]}
                 return 200, {"kind": "PodList", "apiVersion": "v1", "metadata": {}, "items": pods}
             if "/jobs/" in path and path.endswith("/status"):  # jobs/status: a subresource the Role does not grant
                 return 403, {"kind": "Status", "status": "Failure", "reason": "Forbidden", "code": 403}
@@ -286,6 +296,9 @@ class FakeAPI:
                 return 404, {"kind": "Status", "status": "Failure", "reason": "NotFound", "code": 404}
             assert body is not None
             self.status_patches.append(body)
+            if self.status_conflicts > 0:  # the operator wrote the status since it was read (optimistic lock)
+                self.status_conflicts -= 1
+                return 409, {"kind": "Status", "status": "Failure", "reason": "Conflict", "code": 409}
             self._failover = {"old": self.primary, "left": self.promote_after, "to": body["status"]["targetPrimary"]}
             return 200, obj
         obj = self.objects.get(path)

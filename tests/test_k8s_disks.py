@@ -355,6 +355,7 @@ def test_node_exporter_counters_give_the_disk_probes_figures_without_a_daemonset
     assert "node_disk_written_bytes_total" in kept and "node_load1" not in kept  # the disk lines only
     store.close()
     assert not [msg for msg in ui.messages if msg.startswith("disk figures")]
+    assert api.node_exporter_schemes == {"http"}
 
 
 def test_a_node_without_node_exporter_gives_no_disk_figures(fake: tuple[FakeAPI, client.ApiClient],
@@ -363,7 +364,9 @@ def test_a_node_without_node_exporter_gives_no_disk_figures(fake: tuple[FakeAPI,
     api.node_exporter = lambda node, t: node_exporter_text(counters(int(t), node))
     api.no_node_exporter_on = {"node-2"}
     ui = Recorder()
-    result = run(api_client, tmp_path, NE_PLAN, observer=ui, scrape_s=0.05)
+    result = run(api_client, tmp_path, NE_PLAN.replace("node_exporter: {}", "node_exporter: {scheme: https}"),
+                 observer=ui, scrape_s=0.05)
+    assert api.node_exporter_schemes == {"https"}  # the pod proxy's https:<pod>:<port>
     assert (result.ok, result.failed) == (1, 0)
     store = Store.open(tmp_path / "results", create=False)
     (r,) = store.runs()

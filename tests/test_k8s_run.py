@@ -27,6 +27,7 @@ from pglab.plan.expand import Point
 from pglab.plan.load import parse_plan
 from pglab.runner import SweepResult
 from pglab.store.sqlite import Store
+from pglab.targets.kubernetes import orchestrate
 from pglab.targets.kubernetes import sweep as k8s_sweep
 from pglab.targets.kubernetes.orchestrate import K8sError
 from pglab.workloads.pgbench import ProgressPoint
@@ -296,6 +297,22 @@ def test_failed_dataset_load_fails_the_sweep_and_cleans_up(fake: tuple[FakeAPI, 
     store = Store.open(tmp_path / "results", create=False)
     assert store.sweeps()[-1]["status"] == "failed" and store.storage_done(1)  # fio's results are kept
     store.close()
+
+
+def test_a_job_whose_pod_cannot_start_fails_with_the_kubelets_reason(fake: tuple[FakeAPI, client.ApiClient],
+                                                                     tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """An image that cannot be pulled would otherwise keep the Job waiting out its timeout (10 min at least)."""
+    api, api_client = fake
+    monkeypatch.setattr(orchestrate, "POD_LOOK_S", 0.0)
+    monkeypatch.setattr(orchestrate, "POD_START_GRACE_S", 0.2)
+    api.hanging_jobs = {"pg-pgbench-init"}
+    api.pod_waiting = {"pg-pgbench-init": ("ImagePullBackOff", 'Back-off pulling image "example/none:1"')}
+    with pytest.raises(K8sError, match=r"^Job/pg-pgbench-init: its pod cannot start after 0 s \(ImagePullBackOff: "
+                                       r'Back-off pulling image "example/none:1"\)$'):
+        run(api_client, tmp_path)
+    assert_all_deleted(api)
+
 
 
 # ------------------------------------------------------------------ interrupt and resume

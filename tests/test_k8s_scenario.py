@@ -278,10 +278,12 @@ def test_switchover_asks_the_operator_to_promote_a_standby_and_stores_its_time(
         fake: tuple[FakeAPI, client.ApiClient], tmp_path: Path) -> None:
     api, api_client = fake
     text = PLAN.replace("{kind: failover, at: 1s}", "{kind: switchover, at: 1s, witness: false}")
+    api.status_conflicts = 1  # the operator wrote the status between pglab's read and its patch: asked again
     result = run(api_client, tmp_path, text)
     assert (result.ok, result.failed) == (1, 0), result.failures
     assert api.deleted_pods == [] and api.primary == "pg-2"  # asked, not killed
-    (patch,) = api.status_patches  # on the status subresource, as kubectl cnpg promote writes it
+    refused, patch = api.status_patches  # on the status subresource, as kubectl cnpg promote writes it
+    assert refused["status"]["targetPrimary"] == "pg-2"
     status = patch["status"]
     assert (status["targetPrimary"], status["phase"], status["phaseReason"]) == (
         "pg-2", "Switchover in progress", "Switching over to pg-2")

@@ -414,6 +414,8 @@ class NodeExporter(Strict):
         default_factory=lambda: {"app.kubernetes.io/name": "prometheus-node-exporter"}, min_length=1,
         description="labels of the node-exporter pods")
     port: Annotated[int, _int_between(1, 65535)] = Field(9100, description="node-exporter's metrics port")
+    scheme: Literal["http", "https"] = Field("http", description="https when it serves TLS (no client certificate "
+                                             "or token is sent)")
 
 
 class KubernetesTarget(Strict):

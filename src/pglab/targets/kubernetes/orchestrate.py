@@ -27,6 +27,11 @@ from pglab.targets.kubernetes.render import BEGIN_MARK, DISK_SAMPLER, END_MARK, 
 CNPG = ("postgresql.cnpg.io", "v1", "clusters")
 HEALTHY = "Cluster in healthy state"
 SCRAPE_TIMEOUT = (3.0, 5.0)  # connect, read: a pod port the API server cannot reach is a gap, not a stall
+POD_LOOK_S = 10.0  # how often a running Job's pod is looked at for a reason it cannot start
+POD_START_GRACE_S = 120.0  # how long such a reason may last (a slow pull, a node being added) before the Job fails
+CANNOT_START = {"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "CreateContainerConfigError",
+                "CreateContainerError"}
+PROMOTE_TRIES = 5  # a switchover request conflicting with the operator's own status writes is read and sent again
 KILL_GRACE_S = 1  # a failover's pod deletion: SIGTERM, then the kubelet's SIGKILL a second later
 SWITCHOVER = "Switchover in progress"  # the phase a requested switchover starts in
 FENCED = "cnpg.io/fencedInstances"  # the Cluster annotation listing the instances whose postgres is stopped
@@ -247,17 +252,20 @@ class Orchestrator:
         status names it target primary (phase "Switchover in progress"), under the read status's resourceVersion
         so that a status the operator changed meanwhile makes the request fail rather than undo its change."""
         name = self.k8s.cluster_name
-        try:
-            obj = self.custom.get_namespaced_custom_object(*CNPG[:2], self.ns, CNPG[2], name)
-            stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")  # Go's RFC3339Micro, as the plugin writes
-            patch = {"metadata": {"resourceVersion": obj.get("metadata", {}).get("resourceVersion")},
-                     "status": {"targetPrimary": instance, "targetPrimaryTimestamp": stamp,
-                                "phase": SWITCHOVER, "phaseReason": f"Switching over to {instance}"}}
-            if patch["metadata"]["resourceVersion"] is None:
-                del patch["metadata"]
-            self.custom.patch_namespaced_custom_object_status(*CNPG[:2], self.ns, CNPG[2], name, patch)
-        except ApiException as exc:
-            raise K8sError(f"switching Cluster/{name} over to {instance}: {_reason(exc)}") from None
+        for attempt in range(1, PROMOTE_TRIES + 1):  # a conflict: the operator wrote the status meanwhile
+            try:
+                obj = self.custom.get_namespaced_custom_object(*CNPG[:2], self.ns, CNPG[2], name)
+                stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")  # Go's RFC3339Micro, as the plugin's
+                patch = {"metadata": {"resourceVersion": obj.get("metadata", {}).get("resourceVersion")},
+                         "status": {"targetPrimary": instance, "targetPrimaryTimestamp": stamp,
+                                    "phase": SWITCHOVER, "phaseReason": f"Switching over to {instance}"}}
+                if patch["metadata"]["resourceVersion"] is None:
+                    del patch["metadata"]
+                self.custom.patch_namespaced_custom_object_status(*CNPG[:2], self.ns, CNPG[2], name, patch)
+                return
+            except ApiException as exc:
+                if exc.status != 409 or attempt == PROMOTE_TRIES:
+                    raise K8sError(f"switching Cluster/{name} over to {instance}: {_reason(exc)}") from None
 
     def instance_pods(self) -> list[Any]:
         """The Cluster's PostgreSQL pods (by CloudNativePG's own labels), not its Jobs' nor pglab's."""
@@ -292,13 +300,14 @@ class Orchestrator:
                                f"{'; ' + waiting if waiting else ''})")
             time.sleep(self.poll_s)
 
-    def scrape(self, pod: str, port: int = EXPORTER_PORT, namespace: str | None = None) -> str:
+    def scrape(self, pod: str, port: int = EXPORTER_PORT, namespace: str | None = None, scheme: str = "http") -> str:
         """A pod's /metrics text (an instance's exporter by default), through the API server's pod proxy (no
-        network path needed)."""
+        network path needed); ``https`` as the proxy spells it, ``https:<pod>:<port>``."""
         ns = namespace or self.ns
+        target = f"{pod}:{port}" if scheme == "http" else f"{scheme}:{pod}:{port}"
         try:
             resp = self.core.connect_get_namespaced_pod_proxy_with_path(
-                f"{pod}:{port}", ns, "metrics", _preload_content=False, _request_timeout=SCRAPE_TIMEOUT)
+                target, ns, "metrics", _preload_content=False, _request_timeout=SCRAPE_TIMEOUT)
         except ApiException as exc:
             raise K8sError(f"reading the metrics of pod/{pod}{'' if ns == self.ns else ' in ' + ns}: "
                            f"{_reason(exc)}", exc.status) from None
@@ -314,6 +323,7 @@ class Orchestrator:
     def finish_job(self, m: Manifest, dest: Path, on_poll: Callable[[], None] | None = None) -> JobOutcome:
         """Wait for a Job already created to end, bring back its log and results, delete it (also on a failure)."""
         deadline = time.monotonic() + self.job_timeout_s
+        next_look, stuck = time.monotonic() + POD_LOOK_S, dict[str, float]()
         try:
             while True:
                 if on_poll is not None:
@@ -326,6 +336,9 @@ class Orchestrator:
                     break
                 if time.monotonic() > deadline:
                     raise K8sError(f"Job/{m.name} still running after {self.job_timeout_s:.0f} s")
+                if time.monotonic() >= next_look:  # a pod that cannot start would otherwise wait out the timeout
+                    next_look = time.monotonic() + POD_LOOK_S
+                    stuck = self._pod_cannot_start(m.name, stuck)
                 time.sleep(self.poll_s)
             raw = self.job_log(m.name)
             if raw is None:
@@ -337,6 +350,34 @@ class Orchestrator:
         (dest / "pod.log").parent.mkdir(parents=True, exist_ok=True)
         (dest / "pod.log").write_text(outcome.log)
         return outcome
+
+    def _pod_cannot_start(self, job: str, stuck: dict[str, float]) -> dict[str, float]:
+        """Why the Job's pod cannot start (an image that cannot be pulled, a missing secret or ConfigMap, no node
+        that fits), as first seen → when; raises once a reason has lasted POD_START_GRACE_S (a pull may be slow, a
+        node may come). Nothing when the pod cannot be read: the Job's own state decides then."""
+        try:
+            pods = self.core.list_namespaced_pod(self.ns, label_selector=f"job-name={job}").items
+        except ApiException:
+            return {}
+        now_ = time.monotonic()
+        seen: dict[str, float] = {}
+        for pod in pods:
+            st = pod.status
+            if st is None:
+                continue
+            for c in st.container_statuses or []:
+                waiting = c.state.waiting if c.state is not None else None
+                if waiting is not None and waiting.reason in CANNOT_START:
+                    seen[f"{waiting.reason}: {waiting.message or 'no message'}"] = now_
+            for cond in st.conditions or []:
+                if cond.type == "PodScheduled" and cond.status == "False" and cond.reason == "Unschedulable":
+                    seen[f"Unschedulable: {cond.message or 'no message'}"] = now_
+        for why in seen:
+            since = stuck.get(why, now_)
+            seen[why] = since
+            if now_ - since >= POD_START_GRACE_S:
+                raise K8sError(f"Job/{job}: its pod cannot start after {now_ - since:.0f} s ({why})")
+        return seen
 
     def discard(self, m: Manifest) -> None:
         """Delete an object this orchestrator created, now rather than at the end (a no-op once it is gone)."""

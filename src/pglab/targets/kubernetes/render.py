@@ -621,22 +621,21 @@ def rbac(plan: Plan) -> list[Manifest]:
     Clusters (create, watch, patch between CPU steps and parameter points and to fence a standby, delete; their
     status patched to request a switchover, as ``kubectl cnpg promote`` does); Jobs, PVCs and the disk
     sampler's DaemonSet it creates and deletes; pods to follow Jobs, read their logs (results, the nodes'
-    /proc/diskstats) and delete the primary (failover scenario); ConfigMaps for custom scripts; events to explain a
-    pod that never starts. No secrets: pgbench gets credentials from the kubelet.
+    /proc/diskstats), see why one cannot start, and delete the primary (failover scenario); ConfigMaps for custom
+    scripts. No secrets: pgbench gets credentials from the kubelet.
     """
     k8s = target_of(plan)
     name = f"{k8s.cluster_name}-pglab"
     rules = [
         {"apiGroups": ["postgresql.cnpg.io"], "resources": ["clusters"],
          "verbs": ["get", "list", "watch", "create", "patch", "delete"]},
-        {"apiGroups": ["postgresql.cnpg.io"], "resources": ["clusters/status"], "verbs": ["get", "patch"]},
+        {"apiGroups": ["postgresql.cnpg.io"], "resources": ["clusters/status"], "verbs": ["patch"]},
         {"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["get", "list", "watch", "create", "delete"]},
         {"apiGroups": ["apps"], "resources": ["daemonsets"], "verbs": ["get", "create", "delete"]},
         {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch", "delete"]},
         {"apiGroups": [""], "resources": ["pods/log"], "verbs": ["get"]},
         {"apiGroups": [""], "resources": ["persistentvolumeclaims", "configmaps"],
          "verbs": ["get", "list", "create", "delete"]},
-        {"apiGroups": [""], "resources": ["events"], "verbs": ["list"]},
     ]
     sa = {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": _meta(k8s, name, "rbac")}
     role = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": _meta(k8s, name, "rbac"),

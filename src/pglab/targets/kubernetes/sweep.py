@@ -598,7 +598,7 @@ class KubernetesSweep:
         pods = {node: pod for node, pod in found.items() if node in nodes}
 
         def read(pod: str) -> str:
-            return self.orch.scrape(pod, ne.port, ne.namespace)
+            return self.orch.scrape(pod, ne.port, ne.namespace, ne.scheme)
 
         return NodeScrapes(pods, exporter.Scraper(read, sorted(pods.values()), self.scrape_s, ""))
 
