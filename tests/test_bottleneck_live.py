@@ -31,7 +31,7 @@ matrix:
   workload: [select-only, tpcb-like]
   clients: [{max(8, 4 * (os.cpu_count() or 1))}]
   synchronous_commit: [remote_apply]
-run: {{duration: 4s, warmup: 1s, repeats: 2}}
+run: {{duration: 4s, warmup: 1s, repeats: 1}}
 """)
         proc = pglab("run", str(plan), "--results", str(base / "r"), "--format", "csv")
         assert proc.returncode == 0, proc.stderr
