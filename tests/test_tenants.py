@@ -21,7 +21,7 @@ from pglab.errors import UserError
 from pglab.plan.load import load_plan
 from pglab.targets.local.cluster import cgroup_name
 
-CAP_IOPS = 25
+CAP_IOPS = 50
 INTERRUPT_CAP_IOPS = 2000
 
 
@@ -67,7 +67,7 @@ def _pgbench_tps(out: Path) -> float:
 
 def test_tiers_limits_results_and_cleanup(tmp_path: Path, labs: Path) -> None:
     plan = tmp_path / "plan.yaml"
-    plan.write_text(_plan(labs, """    - name: solo
+    plan.write_text(_plan(labs, duration="4s", extra_arrangement="""    - name: solo
       tiers:
         - {name: only, tenants: 1, resources: {cpus: 0.3}}
 """))
