@@ -93,6 +93,9 @@ class FakeAPI:
         self.pod_delete_queries: list[dict[str, list[str]]] = []  # the query of each instance pod's deletion
         self.status_patches: list[dict[str, Any]] = []  # every patch of the Cluster's status (switchover requests)
         self.fenced_reads: list[list[str]] = []  # the fenced instances at every Cluster read
+        self.unfence_reads = 0  # Cluster reads a standby stays not ready after its fence is lifted
+        self._restarting = 0
+        self.ready_reads: list[tuple[float, int]] = []  # (time, readyInstances) of every Cluster read
         self._failover: dict[str, Any] | None = None
         # the disk sampler: its pods exist once its DaemonSet does (unless ``no_sampler_pods``), one per instance
         # node; each one's log is diskstats_log(node); nodes in ``sampler_log_forbidden`` answer 403
@@ -247,6 +250,10 @@ class FakeAPI:
                 self.fenced_reads.append(fenced)
                 if fenced:  # the operator stopped their postgres: their pods are not ready
                     obj["status"]["readyInstances"] -= len(fenced)
+                elif self._restarting > 0:  # fence lifted: postgres starting again, not ready yet
+                    self._restarting -= 1
+                    obj["status"]["readyInstances"] -= 1
+                self.ready_reads.append((time.time(), obj["status"]["readyInstances"]))
                 if ready and self._rollout is not None:
                     obj["status"].update(self._roll(obj["metadata"]["name"], n))
                 self.phases.append(obj["status"]["phase"])
@@ -306,6 +313,9 @@ class FakeAPI:
             return 404, {"kind": "Status", "status": "Failure", "reason": "NotFound", "code": 404}
         assert body is not None
         self.patches.append(body)
+        if FENCED in obj.get("metadata", {}).get("annotations", {}) and body.get("metadata", {}).get(
+                "annotations", {}).get(FENCED, "") is None:
+            self._restarting = self.unfence_reads  # the fence lifted: its postgres starts again
         old = _pod_spec(obj)
         _merge(obj, body)
         if obj["kind"] == "Cluster" and _pod_spec(obj) != old:

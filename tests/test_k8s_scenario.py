@@ -207,7 +207,7 @@ def test_a_failover_that_never_completes_fails_the_run_and_cleans_up(fake: tuple
                                                                      tmp_path: Path) -> None:
     api, api_client = fake
     api.never_promote = True
-    result = run(api_client, tmp_path, failover_timeout_s=0.5)
+    result = run(api_client, tmp_path, scenario_timeout_s=0.5)
     assert (result.ok, result.failed) == (0, 1)
     reason = ("failover: no new primary reported 0 s after pod/pg-1 was deleted (currentPrimary pg-1, targetPrimary "
               "pending, phase: Failing over, ready instances: 1 of 2); Cluster/pg not healthy (phase: Failing over, "
@@ -308,6 +308,7 @@ STANDBY_LOSS = PLAN.replace("{kind: failover, at: 1s}", "{kind: standby-loss, at
 def test_standby_loss_fences_a_standby_for_down_seconds(fake: tuple[FakeAPI, client.ApiClient],
                                                         tmp_path: Path) -> None:
     api, api_client = fake
+    api.unfence_reads = 3  # its postgres takes a while to be ready again: the run waits for it
     result = run(api_client, tmp_path, STANDBY_LOSS)
     assert (result.ok, result.failed) == (1, 0), result.failures
     assert api.deleted_pods == [] and api.primary == "pg-1" and api.status_patches == []
@@ -320,16 +321,41 @@ def test_standby_loss_fences_a_standby_for_down_seconds(fake: tuple[FakeAPI, cli
     fault, back = events["fault"][0], events["standby-back"][0]
     assert events["fault"][1].startswith("standby pg-2 fenced")
     assert back - fault >= 1.0  # 'down'
-    assert back <= events["cluster-healthy"][0]
+    healthy = events["cluster-healthy"][0]
+    assert back <= healthy
+    assert [n for t, n in api.ready_reads if back < t < healthy] == [1, 1, 1, 2]  # not ready yet: waited for
     assert r.metrics["recovered_s"] == pytest.approx(back - fault) and "leader_changed" not in r.metrics
     store.close()
     assert_all_deleted(api)
 
 
+def test_a_down_longer_than_the_scenario_timeout_is_waited_for(fake: tuple[FakeAPI, client.ApiClient],
+                                                               tmp_path: Path) -> None:
+    """The timeout counts from the fence being lifted, not from the fault: 'down' is the plan's to choose."""
+    api, api_client = fake
+    result = run(api_client, tmp_path, STANDBY_LOSS.replace("down: 1s", "down: 2s"), scenario_timeout_s=0.5)
+    assert (result.ok, result.failed) == (1, 0), result.failures
+    assert api.fenced_reads[-1] == []
+
+
 def test_a_run_that_fails_while_a_standby_is_fenced_lifts_the_fence(fake: tuple[FakeAPI, client.ApiClient],
                                                                     tmp_path: Path) -> None:
     api, api_client = fake
-    result = run(api_client, tmp_path, STANDBY_LOSS.replace("down: 1s", "down: 2.5s"), failover_timeout_s=0.3)
+    api.hanging_jobs = {RUN}  # the run's Job never ends: it times out while the standby is fenced
+    result = run(api_client, tmp_path, STANDBY_LOSS.replace("down: 1s", "down: 2.5s"), job_timeout_s=2.0)
     assert (result.ok, result.failed) == (0, 1)
-    assert "standby-loss: pg-2 still fenced 0 s after pg-2 was fenced, before its 2.5 s were up" in result.failures[0]
-    assert api.patches[-1] == {"metadata": {"annotations": {FENCED: None}}}  # lifted before the sweep went on
+    assert f"Job/{RUN} still running after 2 s" in result.failures[0]
+    assert api.patches == [{"metadata": {"annotations": {FENCED: '["pg-2"]'}}},
+                           {"metadata": {"annotations": {FENCED: None}}}]  # lifted before the sweep went on
+
+
+def test_a_switchover_that_never_completes_fails_the_run(fake: tuple[FakeAPI, client.ApiClient],
+                                                         tmp_path: Path) -> None:
+    api, api_client = fake
+    api.never_promote = True
+    text = PLAN.replace("{kind: failover, at: 1s}", "{kind: switchover, at: 1s, witness: false}")
+    result = run(api_client, tmp_path, text, scenario_timeout_s=0.3)
+    assert (result.ok, result.failed) == (0, 1)
+    assert ("switchover: no new primary reported 0 s after the switchover request (currentPrimary pg-1, "
+            "targetPrimary pg-2, phase: Switchover in progress") in result.failures[0]
+    assert_all_deleted(api)

@@ -22,3 +22,8 @@ class RunInterrupted(Exception):
     def __init__(self, signal_name: str = "SIGINT"):
         self.signal_name = signal_name
         super().__init__(f"interrupted by {signal_name}")
+
+
+def first_line(exc: BaseException) -> str:
+    """An exception's first line of text, or its type's name when it has none: what a one-line reason shows."""
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from pglab.errors import first_line
 from pglab.probes.base import now
 
 MIB = 1024 * 1024
@@ -82,7 +83,7 @@ class Scraper:
                 text: str | None = self.read(pod)
                 error = None
             except Exception as exc:  # the API server's or the pod's answer: a gap in the figures, not a failure
-                text, error = None, (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+                text, error = None, first_line(exc)
             scrape = Scrape(pod, (before + now()) / 2, text, error)
             if text is not None:
                 scrape.values = parse(text)

@@ -26,7 +26,7 @@ from kubernetes.client.rest import ApiException
 from kubernetes.config.config_exception import ConfigException
 
 from pglab import __version__
-from pglab.errors import RunInterrupted, UserError
+from pglab.errors import RunInterrupted, UserError, first_line
 from pglab.plan.expand import Point, expand
 from pglab.plan.schema import Plan
 from pglab.probes.base import now
@@ -72,7 +72,7 @@ from pglab.workloads.fio import FioError
 from pglab.workloads.pgbench import PgbenchError, PgbenchRun, PgbenchSummary
 
 TXN_LOG = re.compile(r"^pgbench\.\d+(\.\d+)?$")  # -l --log-prefix=/results/pgbench: pgbench.<pid>[.<thread>]
-FAILOVER_TIMEOUT_S = 300.0  # from deleting the primary pod to a healthy Cluster with a new primary
+SCENARIO_TIMEOUT_S = 300.0  # from a fault (or a fenced standby let go) to a healthy Cluster again
 JOB_OVERHEAD_S = 15.0  # pod scheduling, image already pulled, log read back: for the ETA only
 DISK_LOG_MARGIN_S = 10.0  # the disk sampler's log is read from this long before the run's Job was created
 REPLAY_TIMEOUT_S = 60.0  # before each run, for the standbys to replay what the last one wrote (as a local lab)
@@ -85,7 +85,7 @@ def connect(plan: Plan) -> client.ApiClient:
         return api_client(plan)
     except (ConfigException, OSError, ValueError) as exc:
         where = k8s.kubeconfig or "$KUBECONFIG or ~/.kube/config"
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0].rstrip(".")
+        first = first_line(exc).rstrip(".")
         raise UserError(f"target.kubernetes.kubeconfig: cannot use {where}"
                         f"{' (context ' + k8s.context + ')' if k8s.context else ''}: {first}; point it at a "
                         "kubeconfig for the cluster to benchmark.") from None
@@ -94,7 +94,7 @@ def connect(plan: Plan) -> client.ApiClient:
 def run_sweep(plan: Plan, plan_text: str, plan_dir: Path, results_dir: Path, observer: Observer | None = None, *,
               api: client.ApiClient | None = None, force_new: bool = False, poll_s: float = 2.0,
               ready_timeout_s: float = 1800.0, job_timeout_s: float | None = None,
-              scrape_s: float = 2.0, failover_timeout_s: float = FAILOVER_TIMEOUT_S) -> SweepResult:
+              scrape_s: float = 2.0, scenario_timeout_s: float = SCENARIO_TIMEOUT_S) -> SweepResult:
     """Create the Cluster, measure storage, load the dataset, run every point × repeat as a Job, store, clean up."""
     ui: Observer = observer or SilentObserver()
     results_dir = results_dir.resolve()
@@ -111,7 +111,7 @@ def run_sweep(plan: Plan, plan_text: str, plan_dir: Path, results_dir: Path, obs
         orch = Orchestrator(plan, plan_dir, api, poll_s=poll_s, ready_timeout_s=ready_timeout_s,
                             job_timeout_s=job_timeout_s, log=ui.log)
         sweep = KubernetesSweep(plan, plan_text, store, orch, api, manifests, ui, scrape_s=scrape_s,
-                                failover_timeout_s=failover_timeout_s)
+                                scenario_timeout_s=scenario_timeout_s)
         return sweep.run(sweep_id, resumed)
 
 
@@ -128,12 +128,13 @@ class KubernetesSweep:
 
     def __init__(self, plan: Plan, plan_text: str, store: Store, orch: Orchestrator, api: client.ApiClient,
                  manifests: list[Manifest], ui: Observer, scrape_s: float = 2.0,
-                 failover_timeout_s: float = FAILOVER_TIMEOUT_S):
+                 scenario_timeout_s: float = SCENARIO_TIMEOUT_S):
         self.plan, self.plan_text, self.store, self.orch, self.api, self.ui = plan, plan_text, store, orch, api, ui
         self.scrape_s = scrape_s  # how often the instances' exporters are read while a run's Job runs
-        self.failover_timeout_s = failover_timeout_s  # from the fault to a healthy Cluster with a new primary
+        self.scenario_timeout_s = scenario_timeout_s  # from the fault (the fence lifted) to a healthy Cluster
         self._exporter_told = False
         self._disk_told = False
+        self._stop: str | None = None  # why the sweep cannot go on (a standby left fenced)
         self._replay_unknown = False  # the primary's exporter cannot say whether the standbys caught up
         self.replay_timeout_s = REPLAY_TIMEOUT_S
         self._guess_told = False
@@ -178,6 +179,8 @@ class KubernetesSweep:
                 if todo:
                     self._initialise()
                 for point, repeat in todo:
+                    if self._stop:
+                        raise K8sError(self._stop)
                     self._step_to(sweep_id, point)
                     result.record(point, repeat, self._one_run(sweep_id, point_ids[point.key], point, repeat))
                     if plan.run.pause:
@@ -189,7 +192,7 @@ class KubernetesSweep:
                 status, reason = "failed", f"the Kubernetes API server cannot be reached: {exc}"
                 raise K8sError(reason) from None
             except BaseException as exc:
-                status, reason = "failed", (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+                status, reason = "failed", first_line(exc)
                 raise
             finally:
                 signals.shield()
@@ -367,7 +370,7 @@ class KubernetesSweep:
 
             outcome = self.orch.run_job(m, run_dir, on_poll=look if polls else None)
             if injector is not None and (outcome.succeeded or injector.fault_time is not None):
-                injector.finish(self.failover_timeout_s)
+                injector.finish(self.scenario_timeout_s)
             exporter_files: list[str] = []
             if nodes_read is not None:
                 nodes_read.scraper.final()
@@ -420,7 +423,7 @@ class KubernetesSweep:
             ui.run_finished(point, repeat, "interrupted", {})
             raise
         except (RunFailed, PgbenchError, K8sError, WitnessLogError, OSError) as exc:
-            reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            reason = first_line(exc)
             if (problem := self.orch.cluster_health()) and problem not in reason:
                 reason += f"; {problem}"
             if injector is not None and injector.events:
@@ -429,11 +432,22 @@ class KubernetesSweep:
             ui.run_finished(point, repeat, "failed", {"reason": reason})
             return reason
         finally:
+            if injector is not None and injector.fenced:  # a run that failed while a standby was fenced: first
+                self._unfence(sweep_id, injector)
             if wm is not None:
                 self.orch.discard(wm)  # a witness still writing after a failed run goes now, not at the end
-            if injector is not None and injector.fenced:  # a run that failed while a standby was fenced
-                with contextlib.suppress(K8sError):  # best effort: the Cluster goes at the end of the sweep anyway
-                    injector.release()
+
+    def _unfence(self, sweep_id: int, injector: Injector) -> None:
+        """Lift the fence of a run that ended early; if that fails the next runs would find a standby missing, so
+        it is said, kept as an event, and the sweep ends before its next run (the Cluster, fence and all, is deleted
+        then)."""
+        try:
+            injector.release()
+        except (K8sError, urllib3.exceptions.HTTPError) as exc:
+            why = f"the fence of {injector.standby} could not be lifted: {first_line(exc)}"
+            self.ui.log(why)
+            self.store.add_events(sweep_id, [(now(), "unfence-failed", why)])
+            self._stop = f"{why}; the sweep stops (its next runs would miss that standby)"
 
     def _scenario_metrics(self, injector: Injector, run_dir: Path,
                           window: tuple[float, float]) -> dict[str, float | None]:
