@@ -26,7 +26,7 @@ def _lab_dir(results: Path) -> str:
 
 def test_standby_loss_blocks_synchronous_commits_only_and_a_backup_is_measured(tmp_path: Path) -> None:
     os.chmod(tmp_path, 0o711)
-    down = 3.0
+    down = 2.0
     plan = tmp_path / "plan.yaml"
     plan.write_text(f"""
 name: local-scenarios
@@ -37,7 +37,7 @@ matrix:
   clients: [2]
   synchronous_commit: [local, "on"]
   scenario: [{{kind: standby-loss, at: 2s, down: {down}s}}, {{kind: backup, at: 2s, max_rate: 32M}}]
-run: {{duration: 8s}}
+run: {{duration: 6s}}
 """)
     results = tmp_path / "r"
     proc = pglab("run", str(plan), "--results", str(results))
@@ -77,8 +77,8 @@ matrix:
   workload: [tpcb-like]
   clients: [2]
   synchronous_commit: ["off", "on"]
-  scenario: [{kind: failover, kill: node, at: 2s}]
-run: {duration: 30s, repeats: 1}
+  scenario: [{kind: failover, kill: node, at: 1s}]
+run: {duration: 26s, repeats: 1}
 """)
     results = tmp_path / "r"
     proc = pglab("run", str(plan), "--results", str(results), timeout=900)
