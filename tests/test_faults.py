@@ -29,7 +29,7 @@ name: faults
 target: {local: {instances: 3, synchronous: {method: any, number: 1}}}
 dataset: {scale: 1}
 matrix: {workload: [tpcb-like], clients: [2]}
-run: {duration: 8s, repeats: 4}
+run: {duration: 6s, repeats: 4}
 """)
     results = tmp_path / "results"
     proc = subprocess.Popen([sys.executable, "-m", "pglab.cli", "run", str(plan), "--results", str(results),
