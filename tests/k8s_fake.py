@@ -111,6 +111,8 @@ class FakeAPI:
         # the volume probe: what the mount of each claim is on (device number, fstype, source), as its log says
         self.volume_mount: Callable[[str], tuple[str, str, str]] = lambda claim: ("254:16", "ext4", "/dev/vdb")
         self._wal = False  # the Cluster has a WAL volume: its pods mount a second claim
+        self._generation: dict[str, int] = {}  # instance pod -> times it was recreated (its uid changes)
+        self.boot_id: Callable[[str], str] = boot_id  # each node's kernel boot id (as the probe prints it)
 
     def handle(self, method: str, url: str, body: dict[str, Any] | None) -> tuple[int, Any]:
         parsed = urlparse(url)
@@ -172,6 +174,7 @@ class FakeAPI:
             if method == "DELETE":
                 pod = path.rsplit("/", 1)[1]
                 if "/pods/" in path and pod in self._pods:  # an instance pod: the operator recreates it
+                    self._recreated(pod)
                     self.deleted_pods.append((pod, time.time()))
                     self.pod_delete_queries.append(parse_qs(parsed.query))
                     if pod == self.primary and self._failover is None:
@@ -333,6 +336,8 @@ class FakeAPI:
             return {}
         if r["left"] <= 0:
             for name in self._pods:
+                if self._pods[name] != r["new"]:
+                    self._recreated(name)
                 self._pods[name] = r["new"]
             self._rollout = None
             return {}
@@ -342,6 +347,8 @@ class FakeAPI:
         updated = n if r["left"] <= 0 else min(n - 1, (done_reads * n) // r["reads"]) if not self.stuck_rollout \
             else n - 1
         for i in range(n, n - updated, -1):  # serials n, n-1, …: the primary (1) last
+            if self._pods[f"{cluster}-{i}"] != r["new"]:
+                self._recreated(f"{cluster}-{i}")
             self._pods[f"{cluster}-{i}"] = r["new"]
         return {"phase": "Upgrading cluster", "readyInstances": n - 1}
 
@@ -353,9 +360,14 @@ class FakeAPI:
                    {"name": "scratch-data", "emptyDir": {}}]
         if self._wal:
             volumes.append({"name": "pg-wal", "persistentVolumeClaim": {"claimName": f"{name}-wal"}})
-        return {"metadata": {"name": name, "namespace": namespace, "labels": labels},
+        uid = f"00000000-0000-4000-8000-{self._generation.get(name, 0):04d}{sum(map(ord, name)):08d}"
+        return {"metadata": {"name": name, "namespace": namespace, "labels": labels, "uid": uid},
                 "spec": {"nodeName": f"node-{name.rsplit('-', 1)[1]}", "volumes": volumes,
                          "containers": [{"name": "postgres", "resources": spec["resources"]}]}}
+
+    def _recreated(self, pod: str) -> None:
+        """An instance pod replaced by a new one of the same name (a new uid)."""
+        self._generation[pod] = self._generation.get(pod, 0) + 1
 
     def _volume_probe(self, namespace: str, job: str) -> str | None:
         """A volume probe Job's log, as its script prints it for the claims it mounts; None for other Jobs."""
@@ -363,7 +375,8 @@ class FakeAPI:
         if body is None or body["metadata"]["labels"].get("pglab/component") != "volume-probe":
             return None
         claims = [v["persistentVolumeClaim"]["claimName"] for v in body["spec"]["template"]["spec"]["volumes"]]
-        return "".join(f"{VOLUME_MARK} {c} {' '.join(self.volume_mount(c))}\n" for c in claims)
+        node = body["metadata"]["annotations"]["pglab/node"]
+        return "".join(f"{VOLUME_MARK} {c} {' '.join(self.volume_mount(c))} {self.boot_id(node)}\n" for c in claims)
 
     # -------------------------------------------------------------- the disk sampler's DaemonSet controller
     def _sampler_pods(self) -> dict[str, str]:
@@ -578,9 +591,14 @@ def diskstats_text(counters: dict[str, list[int]]) -> str:
     return "\n".join(lines)
 
 
-def sampler_log(node: str, blocks: list[tuple[float, dict[str, list[int]]]], boot_id: str | None = None) -> str:
+def boot_id(node: str) -> str:
+    """A kernel boot id of the node's own (a machine per node)."""
+    return f"00000000-0000-4000-8000-{sum(map(ord, node)):012d}"
+
+
+def sampler_log(node: str, blocks: list[tuple[float, dict[str, list[int]]]], kernel: str | None = None) -> str:
     """The disk sampler pod's log as its script prints it: per sample a header with the node's epoch (date
-    +%s.%N, nine decimals), name and kernel boot id (a node of its own by default), the file, an end line."""
-    kernel = boot_id or f"00000000-0000-4000-8000-{abs(hash(node)) % 10**12:012d}"
+    +%s.%N, nine decimals), name and kernel boot id (a machine per node by default), the file, an end line."""
+    kernel = kernel or boot_id(node)
     return "".join(f"{DISKSTATS_MARK} {ts:.9f} {node} {kernel}\n{diskstats_text(c)}\n{DISKSTATS_MARK} end\n"
                    for ts, c in blocks)

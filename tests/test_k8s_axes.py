@@ -94,6 +94,11 @@ def test_cpu_steps_patch_the_cluster_wait_for_the_rollout_and_record_it(fake: tu
     assert (result.ok, result.failed) == (4, 0)
     assert posted_jobs(api) == ["pg-pgbench-init", "pg-run-0000-1", "pg-run-0001-1", "pg-run-0002-1",
                                 "pg-run-0003-1"]
+    # the volume probes: at the first run, then again after the step recreated the pods (new pods, new attachments)
+    probes = [(i, name) for i, name in api.job_posts if "-volumes-" in name]
+    runs = dict((name, i) for i, name in api.job_posts)
+    assert [i < runs["pg-run-0001-1"] for i, _ in probes] == [True, True, False, False]
+    assert all(runs["pg-run-0002-1"] < i < runs["pg-run-0003-1"] for i, _ in probes[2:])
 
     # created at the first step; one patch, whole resources (requests = limits, memory kept), between the steps
     (created,) = [b for b in api.posted if b["kind"] == "Cluster"]

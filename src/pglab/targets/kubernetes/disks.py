@@ -10,8 +10,8 @@ and disk.json says it was a guess. A volume on a filesystem without a block devi
 
 The figures are ``probes.disk``'s own: its per-interval ``_figures`` and its window ``summarize``, under its metric
 names, summed over the instances' distinct (node, device) as the local probe sums the devices of the paths it
-measures. Nodes that are containers on one kernel (kind, k3d: the same boot id) see one host's devices: each
-device is counted once. Every device of a node is kept in disk.json.
+measures. Nodes that are containers on one kernel (kind, k3d: the same boot id, from the volume probe or the
+sampler) see one host's devices: each device is counted once. Every device of a node is kept in disk.json.
 
 Clocks: the samples carry the node's clock, the window the client node's (pgbench's log); on NTP-synchronised
 machines the difference is far below the 1 s sampling interval.
@@ -55,6 +55,7 @@ class Volume:
     number: str  # major:minor of the mount
     fstype: str
     source: str
+    kernel: str | None = None  # the node's kernel boot id
 
 
 def parse_probe_log(text: str) -> dict[str, Volume]:
@@ -62,8 +63,8 @@ def parse_probe_log(text: str) -> dict[str, Volume]:
     out = {}
     for line in text.splitlines():
         f = line.split()
-        if len(f) == 5 and f[0] == VOLUME_MARK and re.fullmatch(r"\d+:\d+", f[2]):
-            out[f[1]] = Volume(f[1], f[2], f[3], f[4])
+        if len(f) in (5, 6) and f[0] == VOLUME_MARK and re.fullmatch(r"\d+:\d+", f[2]):
+            out[f[1]] = Volume(f[1], f[2], f[3], f[4], f[5] if len(f) == 6 and f[5] != "-" else None)
     return out
 
 
@@ -119,8 +120,7 @@ def node_exporter_block(values: dict[Key, float], ts: float, node: str) -> Block
             numbers[f"{lab['major']}:{lab['minor']}"] = lab["device"]
     counters = {dev: _Counters(**{k: round(v[k] * _SCALE.get(k, 1.0)) for k in _NODE_DISK})
                 for dev, v in per.items() if v.keys() >= _NODE_DISK.keys() and all(map(math.isfinite, v.values()))}
-    boot = next((v for (metric, _), v in values.items() if metric == "node_boot_time_seconds"), None)
-    return Block(ts, node, counters, numbers, f"booted {boot:.0f}" if boot is not None else None)
+    return Block(ts, node, counters, numbers)  # the kernel: the volume probe's boot id (a boot time is not unique)
 
 
 def device_samples(blocks: list[Block], device: str, source: str) -> list[Sample]:
@@ -160,9 +160,10 @@ def busiest(figures: dict[str, dict[str, float]]) -> str | None:
     return device if device is not None and any(load(figures[device])) else None
 
 
-def volume_device(volume: Volume, blocks: list[Block]) -> tuple[str | None, str]:
+def volume_device(volume: Volume, blocks: list[Block], filtered: str = "") -> tuple[str | None, str]:
     """The node's device carrying ``volume`` (by its number, else by its mount source as the local probe does for
-    btrfs's anonymous numbers), and how it was found or why there is none."""
+    btrfs's anonymous numbers), and how it was found or why there is none (``filtered``: why a device of the
+    node may be missing from the samples, such as node-exporter's device filter)."""
     numbers: dict[str, str] = {}
     for b in blocks:
         numbers.update(b.numbers)
@@ -172,6 +173,9 @@ def volume_device(volume: Volume, blocks: list[Block]) -> tuple[str | None, str]
     base = os.path.basename(volume.source)
     if volume.source.startswith("/dev/") and base in devices:
         return base, f"{volume.fstype} has device number {volume.number}; device taken from its source {volume.source}"
+    if volume.source.startswith("/dev/"):
+        return None, (f"{volume.fstype} on {volume.source} (device {volume.number}) is not among the node's sampled "
+                      f"devices{filtered}")
     return None, f"{volume.fstype} ({volume.source}) has no block device on the node"
 
 
@@ -187,9 +191,10 @@ class RunDisks:
     guessed: list[str] = field(default_factory=list)  # instance pods whose device is the busiest, not probed
 
 
-def summarize(samples_of: dict[str, list[Block]], instances: dict[str, str], primary: str | None,
-              window: tuple[float, float], volumes: dict[str, list[Volume] | str] | None = None) -> RunDisks:
-    """``samples_of``: node → its blocks (the sampler's log parsed, or node-exporter's scrapes); ``instances``:
+def summarize(blocks_of: dict[str, list[Block]], instances: dict[str, str], primary: str | None,
+              window: tuple[float, float], volumes: dict[str, list[Volume] | str] | None = None,
+              filtered: str = "") -> RunDisks:
+    """``blocks_of``: node → its blocks (the sampler's log parsed, or node-exporter's scrapes); ``instances``:
     instance pod → its node; ``volumes``: instance pod → its
     claims as the volume probe found them, or why it could not (then the node's busiest device is taken). The
     figures of the instances' volume devices, summed over distinct (node, device) as the local probe does. An
@@ -201,7 +206,7 @@ def summarize(samples_of: dict[str, list[Block]], instances: dict[str, str], pri
     sources: dict[str, list[Sample]] = {}
     counted: dict[tuple[str, str], str] = {}  # (kernel, device) → the source it is counted under
     for pod, node in sorted(instances.items()):
-        blocks = sorted((b for b in samples_of.get(node, []) if b.node == node), key=lambda b: b.ts)
+        blocks = sorted((b for b in blocks_of.get(node, []) if b.node == node), key=lambda b: b.ts)
         figures = node_devices(blocks, window)
         nodes[node] = {"samples": len(blocks), "devices": figures}
         found = (volumes or {}).get(pod, "no volume probe ran")
@@ -216,12 +221,13 @@ def summarize(samples_of: dict[str, list[Block]], instances: dict[str, str], pri
             out.guessed.append(pod)
         else:
             for v in found:
-                device, how = volume_device(v, blocks)
+                device, how = volume_device(v, blocks, filtered)
                 chosen.append({"claim": v.claim, "device": device, "how": how})
                 if device is None:
                     out.problems.append(f"pod/{pod} claim {v.claim}: {how}")
         pods[pod] = {"node": node, "primary": pod == primary, "volumes": chosen}
-        kernel = next((b.kernel for b in blocks if b.kernel), None) or node
+        kernel = (next((v.kernel for v in found if v.kernel), None) if not isinstance(found, str) else None) or \
+            next((b.kernel for b in blocks if b.kernel), None) or node
         for c in chosen:
             if (device := c["device"]) is None:
                 continue

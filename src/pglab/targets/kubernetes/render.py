@@ -268,20 +268,22 @@ def disk_sampler(plan: Plan) -> Manifest:
 
 
 VOLUME_PROBE = "volume-probe"
-VOLUME_MARK = "pglab-volume"  # a line of the probe's log: "<mark> <claim> <major:minor> <fstype> <source>"
+VOLUME_MARK = "pglab-volume"  # the probe's line: "<mark> <claim> <major:minor> <fstype> <source> <boot id>"
 VOLUME_PROBE_DEADLINE_S = 120  # a probe pod that cannot start (a ReadWriteOncePod claim, a full node) gives up
 
 
 def volume_probe_script(root: str = "/volumes") -> str:
     """For each claim mounted under ``root``: the device number of its mount, its filesystem type and source,
     from the pod's own mountinfo (fields 3 and 5, then what follows " - "). A second mount of a volume shares its
-    superblock with the instance's mount, so this is the device number PostgreSQL's files have."""
+    superblock with the instance's mount, so this is the device number PostgreSQL's files have. The kernel's boot
+    id tells nodes that are containers of one host (kind, k3d) apart from real ones."""
     return "\n".join([
+        "k=$(cat /proc/sys/kernel/random/boot_id 2>/dev/null || echo -)",
         f"for d in {root}/*; do",
         "  while read -r _id _parent mm _root mp rest; do",
         '    [ "$mp" = "$d" ] || continue',
         '    set -- ${rest#* - }',
-        f'    echo "{VOLUME_MARK} ${{d##*/}} $mm $1 $2"',
+        f'    echo "{VOLUME_MARK} ${{d##*/}} $mm $1 $2 $k"',
         "  done < /proc/self/mountinfo",
         "done",
     ])

@@ -138,8 +138,10 @@ class KubernetesSweep:
         self._replay_unknown = False  # the primary's exporter cannot say whether the standbys caught up
         self.replay_timeout_s = REPLAY_TIMEOUT_S
         self._guess_told = False
-        self._probed: dict[tuple[str, str], disks.Volume | str] = {}  # (claim, node) → its mount, or why unknown
-        self._probes = 0
+        self._probed: dict[str, disks.Volume | str] = {}  # claim@node#pod uid → its mount, or why unknown
+        self._tries: dict[str, int] = {}  # probes of a key so far (a failure is tried once more)
+        probes = store.dir / "volume-probes"  # a resumed sweep's probes go beside the earlier ones, not over them
+        self._probes = len(list(probes.iterdir())) if probes.is_dir() else 0
         self.manifests = manifests
         self.k8s = target_of(plan)
         self.points = expand(plan, cores=client_cores(self.k8s))  # the same points (and Job names) render made
@@ -577,7 +579,9 @@ class KubernetesSweep:
             for name, text in raw.items():
                 (folder / name).write_text(text)
         volumes = self._volumes(pods) if blocks and not problems else {}
-        result = disks.summarize(blocks, instances, primary, window, volumes)
+        hint = (" (node-exporter's diskstats filter leaves partitions, loop and ram devices out; the sampler "
+                "DaemonSet, without node_exporter in the plan, does not)") if nodes_read is not None else ""
+        result = disks.summarize(blocks, instances, primary, window, volumes, hint)
         result.files = [f"disk/{name}" for name in raw]
         if nodes_read is not None and (errors := nodes_read.scraper.errors()):
             result.info["scrape_errors"] = errors
@@ -598,7 +602,8 @@ class KubernetesSweep:
 
     def _node_scrapes(self) -> NodeScrapes | None:
         """With ``node_exporter`` in the plan: a reader of the node-exporter pods on the instances' nodes for the
-        coming run (None without it, or when they cannot be listed: then the run has no disk figures, said once)."""
+        coming run; None without it. Pods that cannot be listed give a reader of none: the run has no disk figures,
+        said once."""
         ne = self.k8s.node_exporter
         if ne is None:
             return None
@@ -618,20 +623,24 @@ class KubernetesSweep:
 
     def _volumes(self, pods: list[Any]) -> dict[str, list[disks.Volume] | str]:
         """Instance pod → its claims' devices, from a volume probe Job on each node with claims not probed there
-        yet (a claim stays on its device while it stays on its node, so each (claim, node) is probed once); or why
-        none could be had. A probe is a figure's helper, not a step: its failure makes a guess, not a failed run."""
-        wanted: dict[str, list[tuple[str, str]]] = {}  # node → (pod, claim)
+        for that pod yet (a recreated pod — a rollout, a failover — may have its network volume attached anew,
+        under another device), or why none could be had. A failed probe is tried once more at a later run. A probe
+        is a figure's helper, not a step: its failure makes a guess, not a failed run."""
+        wanted: dict[str, list[tuple[str, str, str]]] = {}  # node → (pod, claim, cache key)
         for pod in pods:
             node = pod.spec.node_name if pod.spec is not None else None
             for v in (pod.spec.volumes or []) if node else []:
                 if v.persistent_volume_claim is not None:
-                    wanted.setdefault(node, []).append((pod.metadata.name, v.persistent_volume_claim.claim_name))
+                    claim = v.persistent_volume_claim.claim_name
+                    key = f"{claim}@{node}#{pod.metadata.uid or ''}"
+                    wanted.setdefault(node, []).append((pod.metadata.name, claim, key))
         for node, claims in sorted(wanted.items()):
-            todo = sorted({c for _, c in claims if (c, node) not in self._probed})
+            todo = sorted({(c, k) for _, c, k in claims
+                           if not isinstance(self._probed.get(k), disks.Volume) and self._tries.get(k, 0) < 2})
             if not todo:
                 continue
             self._probes += 1
-            m = volume_probe(self.plan, f"{self.k8s.cluster_name}-volumes-{self._probes}", node, todo)
+            m = volume_probe(self.plan, f"{self.k8s.cluster_name}-volumes-{self._probes}", node, [c for c, _ in todo])
             try:
                 outcome = self.orch.run_job(m, self.store.dir / "volume-probes" / m.name)
                 found: dict[str, disks.Volume] | str = disks.parse_probe_log(outcome.log)
@@ -639,13 +648,14 @@ class KubernetesSweep:
                     found = f"Job/{m.name} failed: {_last_words(outcome.log)}"
             except K8sError as exc:
                 found = str(exc)
-            for claim in todo:
-                self._probed[(claim, node)] = (found.get(claim) or f"Job/{m.name} did not see claim {claim}"
-                                               if isinstance(found, dict) else found)
+            for claim, key in todo:
+                self._tries[key] = self._tries.get(key, 0) + 1
+                self._probed[key] = (found.get(claim) or f"Job/{m.name} did not see claim {claim}"
+                                     if isinstance(found, dict) else found)
         out: dict[str, list[disks.Volume] | str] = {}
-        for node, claims in wanted.items():
-            for pod, claim in claims:
-                got, have = self._probed[(claim, node)], out.get(pod, [])
+        for claims in wanted.values():
+            for pod, _, key in claims:
+                got, have = self._probed[key], out.get(pod, [])
                 if not isinstance(have, str):  # one claim not found: the pod's devices are a guess
                     out[pod] = got if isinstance(got, str) else [*have, got]
         return out
