@@ -59,7 +59,8 @@ class FakeAPI:
         self.failing_jobs: set[str] = set()
         self.hanging_jobs: set[str] = set()  # Jobs that never end
         self.forbidden: set[str] = set()  # collection paths that answer 403
-        self.pod_waiting: dict[str, tuple[str, str]] = {}  # job -> (reason, message) its pod's container waits with
+        self.forbidden_gets: set[str] = set()  # object paths whose GET answers 403
+        self.pod_waiting: dict[str, list[tuple[str, str]]] = {}  # job -> (reason, message)s its pod waits with
         self.status_conflicts = 0  # Cluster status patches answered 409 before one is applied
         self.proxy_forbidden = False  # every pod proxy read answers 403
         self.terminating_reads = 0  # a namespace in phase Terminating goes after this many more reads
@@ -222,12 +223,17 @@ class FakeAPI:
                                  "items": [self._instance_pod(n, path.split("/")[4]) for n in self._pods]}
                 job = selector.removeprefix("job-name=")
                 pods = [{"metadata": {"name": f"{job}-pod", "namespace": path.split("/")[4]}}]
-                if job in self.pod_waiting:  # its container cannot start: as the kubelet reports it
-                    reason, message = self.pod_waiting[job]
-                    pods[0]["status"] = {"phase": "Pending", "containerStatuses": [
+                if self.pod_waiting.get(job):  # it cannot start: as the kubelet (or the scheduler) reports it
+                    self.pod_waiting[job].append(self.pod_waiting[job].pop(0))  # the reasons take turns
+                    reason, message = self.pod_waiting[job][-1]
+                    pods[0]["status"] = {"phase": "Pending", "conditions": [
+                        {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": message}]
+                    } if reason == "Unschedulable" else {"phase": "Pending", "containerStatuses": [
                         {"name": "main", "image": "example/none:1", "imageID": "", "ready": False,
                          "restartCount": 0, "state": {"waiting": {"reason": reason, "message": message}}}]}
                 return 200, {"kind": "PodList", "apiVersion": "v1", "metadata": {}, "items": pods}
+            if path in self.forbidden_gets:
+                return 403, {"kind": "Status", "status": "Failure", "reason": "Forbidden", "code": 403}
             if "/jobs/" in path and path.endswith("/status"):  # jobs/status: a subresource the Role does not grant
                 return 403, {"kind": "Status", "status": "Failure", "reason": "Forbidden", "code": 403}
             key = path.removesuffix("/status")

@@ -497,7 +497,7 @@ def test_an_unreadable_exporter_gives_no_figures_and_the_run_goes_on(fake: tuple
     (r,) = store.runs()
     assert not any(k in r.metrics for k in ("commits_s", "wal_mb_s", "replay_lag_max_ms"))
     assert [m for m in observer.messages if m.startswith("exporter not read: pod/pg-1: ")]
-    assert len([m for m in observer.messages if m.startswith("standbys' replay not checked before the runs: ")]) == 1
+    assert len([m for m in observer.messages if m.startswith("standbys' replay not checked before this run: ")]) == 1
     store.close()
 
 
@@ -592,4 +592,7 @@ def test_without_pods_proxy_permission_the_replay_is_not_waited_for(fake: tuple[
                  observer=observer)
     assert (result.ok, result.failed) == (2, 0)
     told = [m for m in observer.messages if m.startswith("standbys' replay not checked before the runs: ")]
-    assert len(told) == 1 and "403" in told[0]  # at once (no 60 s of asking), and once for the sweep
+    assert len(told) == 1 and "403" in told[0]  # once for the sweep
+    first_job = next(i for i, name in api.job_posts if "-run-" in name)
+    reads = [i for i, (m, p) in enumerate(api.requests) if m == "GET" and "/proxy/" in p and i < first_job]
+    assert len(reads) == 1  # at once: refused is not asked again

@@ -143,6 +143,18 @@ def test_a_namespace_that_cannot_be_created_nor_found_is_named(fake: tuple[FakeA
     assert api.objects == {}
 
 
+def test_a_namespace_pglab_may_neither_create_nor_read_is_named(fake: tuple[FakeAPI, client.ApiClient],
+                                                               tmp_path: Path) -> None:
+    api, api_client = fake
+    api.objects[NAMESPACE] = namespace("Active")
+    api.forbidden, api.forbidden_gets = {"/api/v1/namespaces"}, {NAMESPACE}
+    with pytest.raises(K8sError, match=r"^creating Namespace/bench: 403 Forbidden, and reading it: 403 Forbidden; "
+                                       r"create it beforehand and grant pglab's identity the Role of "
+                                       r"docs/kubernetes.md in it$"):
+        orchestrator(api_client, tmp_path).run(tmp_path / "out")
+    assert list(api.objects) == [NAMESPACE]  # nothing created, nothing deleted
+
+
 def test_a_namespace_still_being_deleted_is_waited_out(fake: tuple[FakeAPI, client.ApiClient],
                                                        tmp_path: Path) -> None:
     """The previous sweep's namespace, its pods still stopping: no object can be created in it until it is gone."""

@@ -299,18 +299,26 @@ def test_failed_dataset_load_fails_the_sweep_and_cleans_up(fake: tuple[FakeAPI, 
     store.close()
 
 
+PULL = [("ErrImagePull", 'failed to pull image "example/none:1"'),
+        ("ImagePullBackOff", 'Back-off pulling image "example/none:1"')]
+UNSCHEDULABLE = [("Unschedulable", "0/4 nodes are available: 4 node(s) didn't match Pod's node affinity/selector.")]
+
+
+@pytest.mark.parametrize("waiting", [PULL, UNSCHEDULABLE], ids=["image pull", "unschedulable"])
 def test_a_job_whose_pod_cannot_start_fails_with_the_kubelets_reason(fake: tuple[FakeAPI, client.ApiClient],
-                                                                     tmp_path: Path,
-                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
-    """An image that cannot be pulled would otherwise keep the Job waiting out its timeout (10 min at least)."""
+                                                                     tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                     waiting: list[tuple[str, str]]) -> None:
+    """An image that cannot be pulled, or no node that fits, would otherwise keep the Job waiting out its timeout
+    (10 min at least). The kubelet's reasons take turns (ErrImagePull, ImagePullBackOff): the time counts on."""
     api, api_client = fake
     monkeypatch.setattr(orchestrate, "POD_LOOK_S", 0.0)
     monkeypatch.setattr(orchestrate, "POD_START_GRACE_S", 0.2)
     api.hanging_jobs = {"pg-pgbench-init"}
-    api.pod_waiting = {"pg-pgbench-init": ("ImagePullBackOff", 'Back-off pulling image "example/none:1"')}
-    with pytest.raises(K8sError, match=r"^Job/pg-pgbench-init: its pod cannot start after 0 s \(ImagePullBackOff: "
-                                       r'Back-off pulling image "example/none:1"\)$'):
-        run(api_client, tmp_path)
+    api.pod_waiting = {"pg-pgbench-init": list(waiting)}
+    with pytest.raises(K8sError) as caught:
+        run(api_client, tmp_path, job_timeout_s=10)  # not the Job's own timeout: its pod's reason
+    assert str(caught.value).startswith("Job/pg-pgbench-init: its pod cannot start after 0 s (")
+    assert any(f"({r}: {m})" in str(caught.value) for r, m in waiting), str(caught.value)
     assert_all_deleted(api)
 
 

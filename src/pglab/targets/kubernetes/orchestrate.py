@@ -222,7 +222,7 @@ class Orchestrator:
         try:
             obj = self.custom.get_namespaced_custom_object(*CNPG[:2], self.ns, CNPG[2], name)
         except ApiException as exc:
-            raise K8sError(f"reading Cluster/{name}: {_reason(exc)}") from None
+            raise K8sError(f"reading Cluster/{name}: {_reason(exc)}", exc.status) from None
         return dict(obj.get("status") or {})
 
     def cluster_health(self) -> str | None:
@@ -273,7 +273,7 @@ class Orchestrator:
         try:
             return list(self.core.list_namespaced_pod(self.ns, label_selector=selector).items)
         except ApiException as exc:
-            raise K8sError(f"listing the pods of Cluster/{self.k8s.cluster_name}: {_reason(exc)}") from None
+            raise K8sError(f"listing the pods of Cluster/{self.k8s.cluster_name}: {_reason(exc)}", exc.status) from None
 
     def wait_rollout(self, what: str, pods_ok: Callable[[list[Any]], str | None] | None = None,
                      timeout_s: float | None = None) -> float:
@@ -323,7 +323,8 @@ class Orchestrator:
     def finish_job(self, m: Manifest, dest: Path, on_poll: Callable[[], None] | None = None) -> JobOutcome:
         """Wait for a Job already created to end, bring back its log and results, delete it (also on a failure)."""
         deadline = time.monotonic() + self.job_timeout_s
-        next_look, stuck = time.monotonic() + POD_LOOK_S, dict[str, float]()
+        next_look = time.monotonic() + POD_LOOK_S
+        stuck_since: float | None = None  # since when its pod has been seen unable to start
         try:
             while True:
                 if on_poll is not None:
@@ -338,7 +339,7 @@ class Orchestrator:
                     raise K8sError(f"Job/{m.name} still running after {self.job_timeout_s:.0f} s")
                 if time.monotonic() >= next_look:  # a pod that cannot start would otherwise wait out the timeout
                     next_look = time.monotonic() + POD_LOOK_S
-                    stuck = self._pod_cannot_start(m.name, stuck)
+                    stuck_since = self._pod_cannot_start(m.name, stuck_since)
                 time.sleep(self.poll_s)
             raw = self.job_log(m.name)
             if raw is None:
@@ -351,16 +352,16 @@ class Orchestrator:
         (dest / "pod.log").write_text(outcome.log)
         return outcome
 
-    def _pod_cannot_start(self, job: str, stuck: dict[str, float]) -> dict[str, float]:
-        """Why the Job's pod cannot start (an image that cannot be pulled, a missing secret or ConfigMap, no node
-        that fits), as first seen → when; raises once a reason has lasted POD_START_GRACE_S (a pull may be slow, a
-        node may come). Nothing when the pod cannot be read: the Job's own state decides then."""
+    def _pod_cannot_start(self, job: str, since: float | None) -> float | None:
+        """When the Job's pod was first seen unable to start (an image that cannot be pulled, a missing secret or
+        ConfigMap, no node that fits), None while it is not; raises once that has lasted POD_START_GRACE_S (a
+        pull may be slow, a node may come), whatever the reasons in between (the kubelet alternates ErrImagePull
+        and ImagePullBackOff). A pod that cannot be read changes nothing: the Job's own state decides then."""
         try:
             pods = self.core.list_namespaced_pod(self.ns, label_selector=f"job-name={job}").items
         except ApiException:
-            return {}
-        now_ = time.monotonic()
-        seen: dict[str, float] = {}
+            return since
+        reasons = []
         for pod in pods:
             st = pod.status
             if st is None:
@@ -368,16 +369,17 @@ class Orchestrator:
             for c in st.container_statuses or []:
                 waiting = c.state.waiting if c.state is not None else None
                 if waiting is not None and waiting.reason in CANNOT_START:
-                    seen[f"{waiting.reason}: {waiting.message or 'no message'}"] = now_
+                    reasons.append(f"{waiting.reason}: {waiting.message or 'no message'}")
             for cond in st.conditions or []:
                 if cond.type == "PodScheduled" and cond.status == "False" and cond.reason == "Unschedulable":
-                    seen[f"Unschedulable: {cond.message or 'no message'}"] = now_
-        for why in seen:
-            since = stuck.get(why, now_)
-            seen[why] = since
-            if now_ - since >= POD_START_GRACE_S:
-                raise K8sError(f"Job/{job}: its pod cannot start after {now_ - since:.0f} s ({why})")
-        return seen
+                    reasons.append(f"Unschedulable: {cond.message or 'no message'}")
+        if not reasons:
+            return None
+        now_ = time.monotonic()
+        since = now_ if since is None else since
+        if now_ - since >= POD_START_GRACE_S:
+            raise K8sError(f"Job/{job}: its pod cannot start after {now_ - since:.0f} s ({reasons[-1]})")
+        return since
 
     def discard(self, m: Manifest) -> None:
         """Delete an object this orchestrator created, now rather than at the end (a no-op once it is gone)."""

@@ -636,6 +636,7 @@ def rbac(plan: Plan) -> list[Manifest]:
         {"apiGroups": ["apps"], "resources": ["daemonsets"], "verbs": ["get", "create", "delete"]},
         {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch", "delete"]},
         {"apiGroups": [""], "resources": ["pods/log"], "verbs": ["get"]},
+        {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["get"]},  # its own: one made beforehand is used
         {"apiGroups": [""], "resources": ["persistentvolumeclaims", "configmaps"],
          "verbs": ["get", "list", "create", "delete"]},
     ]

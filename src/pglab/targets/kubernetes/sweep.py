@@ -487,8 +487,9 @@ class KubernetesSweep:
     def _wait_replay(self) -> None:
         """Start every run with the standbys caught up, as a local run does, so one run's replication backlog never
         leaks into the next: the primary's exporter must list every other instance with no WAL left to replay. An
-        exporter that cannot be read cannot say: without pods/proxy permission at once, else (a pod restarting, a
-        timeout) once the deadline is past, that is told once and the runs start without the wait."""
+        exporter that cannot be read cannot say: refused (no pods/proxy permission), that is told once and the
+        runs start without the wait; else (a pod restarting, a timeout) it is asked again until the deadline, and
+        this run starts without it."""
         if self.k8s.instances < 2 or self._replay_unknown:
             return
         deadline = time.monotonic() + self.replay_timeout_s
@@ -504,9 +505,12 @@ class KubernetesSweep:
                     behind = [str(exc) or type(exc).__name__]  # asked again until the deadline
             if not behind and unreadable is None:
                 return
-            if unreadable is not None and (not behind or time.monotonic() > deadline):
-                self._replay_unknown = True  # cannot be known: the runs start, as without standbys to wait for
+            if unreadable is not None and not behind:  # refused: cannot be known in this sweep
+                self._replay_unknown = True
                 self.ui.log(f"standbys' replay not checked before the runs: {unreadable}")
+                return
+            if unreadable is not None and time.monotonic() > deadline:  # this run starts without; the next asks
+                self.ui.log(f"standbys' replay not checked before this run: {unreadable}")
                 return
             if time.monotonic() > deadline:
                 raise RunFailed(f"the standbys did not catch up within {self.replay_timeout_s:.0f} s before the run "
