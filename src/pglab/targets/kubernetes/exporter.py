@@ -14,7 +14,7 @@ from __future__ import annotations
 import itertools
 import math
 import re
-import time
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -62,19 +62,32 @@ class Scrape:
 
 
 class Scraper:
-    """Reads every instance's exporter at most every ``interval`` seconds when asked (``maybe``), and once more at
-    the end (``final``). A pod that cannot be read (being recreated, no pods/proxy permission) is noted, not fatal.
-    """
+    """Reads the /metrics of ``pods`` (the instances' exporters, or node-exporters) every ``interval`` seconds in a
+    thread of its own between ``start`` and ``stop``, and once more when asked (``final``). A pod that cannot be
+    read (being recreated, no pods/proxy permission, a timeout) is noted, not fatal."""
 
     def __init__(self, read: Callable[[str], str], pods: list[str], interval: float, primary: str):
         self.read, self.pods, self.interval, self.primary = read, pods, interval, primary
         self.scrapes: list[Scrape] = []
-        self._next = 0.0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
 
-    def maybe(self) -> None:
-        if time.monotonic() >= self._next:
-            self._next = time.monotonic() + self.interval
+    def start(self) -> None:
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._loop, name="pglab-scraper", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Ask the thread to end and wait for its read under way (each bounded by the read's own timeout)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=60)
+            self._thread = None
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
             self.final()
+            self._stop.wait(self.interval)
 
     def final(self) -> None:
         for pod in self.pods:

@@ -363,21 +363,21 @@ class KubernetesSweep:
             if wm is not None:
                 (run_dir / "witness-job.yaml").write_text(to_yaml(wm.body))
                 self.orch.create(wm)  # writing before pgbench starts, so the fault falls inside its log
-            polls = [f for f in (injector.poll if injector else None, scraper.maybe if scraper else None,
-                                 nodes_read.scraper.maybe if nodes_read else None) if f]
-
-            def look() -> None:  # at every look at the run's Job: the fault's clock first, then the exporters
-                for f in polls:
-                    f()
-
-            outcome = self.orch.run_job(m, run_dir, on_poll=look if polls else None)
-            if injector is not None and (outcome.succeeded or injector.fault_time is not None):
-                injector.finish(self.scenario_timeout_s)
+            # the exporters are read in threads of their own: a slow read never delays the fault or the Job's end
+            readers = [r for r in (scraper, nodes_read.scraper if nodes_read else None) if r is not None]
+            for reader in readers:
+                reader.start()
+            try:
+                outcome = self.orch.run_job(m, run_dir, on_poll=injector.poll if injector else None)
+                if injector is not None and (outcome.succeeded or injector.fault_time is not None):
+                    injector.finish(self.scenario_timeout_s)
+            finally:
+                for reader in readers:
+                    reader.stop()
             exporter_files: list[str] = []
-            if nodes_read is not None:
-                nodes_read.scraper.final()
+            for reader in readers:
+                reader.final()  # one more read, after the Job
             if scraper is not None:
-                scraper.final()
                 exporter_files = scraper.write(run_dir / "exporter")
                 self._tell_exporter_errors(scraper)
             settings = self._check_settings(run_dir, point, m.name)  # first: an unapplied parameter fails the Job
