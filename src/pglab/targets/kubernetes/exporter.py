@@ -105,17 +105,20 @@ class Scraper:
     def errors(self) -> list[str]:
         return sorted({f"pod/{s.pod}: {s.error}" for s in self.scrapes if s.error})
 
-    def write(self, folder: Path) -> list[str]:
-        """The raw texts, one file per pod, each scrape headed by ``# pglab scrape ts=<epoch>``."""
+    def write(self, folder: Path, names: dict[str, str] | None = None, keep: str = "") -> list[str]:
+        """The raw texts, one file per pod (``names``: pod → file stem, default the pod's name), each scrape headed
+        by ``# pglab scrape ts=<epoch>``; only the lines starting with ``keep`` when given."""
         folder.mkdir(parents=True, exist_ok=True)
-        names = []
+        written = []
         for pod in self.pods:
-            mine = [s for s in self.scrapes if s.pod == pod]
-            blocks = [f"# pglab scrape ts={s.ts:.6f}" + (f" error={s.error}\n" if s.error else f"\n{s.text}")
-                      for s in mine]
-            (folder / f"{pod}.prom").write_text("".join(b if b.endswith("\n") else b + "\n" for b in blocks))
-            names.append(f"{folder.name}/{pod}.prom")
-        return names
+            blocks = []
+            for s in (s for s in self.scrapes if s.pod == pod):
+                text = "".join(f"{line}\n" for line in (s.text or "").splitlines() if line.startswith(keep))
+                blocks.append(f"# pglab scrape ts={s.ts:.6f}" + (f" error={s.error}\n" if s.error else f"\n{text}"))
+            name = f"{(names or {}).get(pod, pod)}.prom"
+            (folder / name).write_text("".join(blocks))
+            written.append(f"{folder.name}/{name}")
+        return written
 
 
 # ------------------------------------------------------------------ what the figures are

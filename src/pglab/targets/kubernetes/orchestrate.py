@@ -208,13 +208,17 @@ class Orchestrator:
             except ApiException as exc:
                 raise K8sError(f"reading Cluster/{self.k8s.cluster_name}: {_reason(exc)}") from None
             status = obj.get("status") or {}
-            if status.get("readyInstances") == self.k8s.instances and status.get("phase") == HEALTHY:
+            if self.is_healthy(status):
                 return status
             if time.monotonic() > deadline:
                 raise K8sError(f"Cluster/{self.k8s.cluster_name} not ready after {self.ready_timeout_s:.0f} s "
                                f"(phase: {status.get('phase', 'none')}, ready instances: "
                                f"{status.get('readyInstances', 0)} of {self.k8s.instances})")
             time.sleep(self.poll_s)
+
+    def is_healthy(self, status: dict[str, Any]) -> bool:
+        """The operator reports the Cluster healthy with every instance ready."""
+        return status.get("readyInstances") == self.k8s.instances and status.get("phase") == HEALTHY
 
     def cluster_status(self) -> dict[str, Any]:
         """The operator's status of the Cluster (primary, phase, instances)."""
@@ -233,7 +237,7 @@ class Orchestrator:
         except ApiException as exc:
             return f"Cluster/{name} cannot be read: {_reason(exc)}"
         status = obj.get("status") or {}
-        if status.get("readyInstances") == self.k8s.instances and status.get("phase") == HEALTHY:
+        if self.is_healthy(status):
             return None
         return (f"Cluster/{name} not healthy (phase: {status.get('phase', 'none')}, ready instances: "
                 f"{status.get('readyInstances', 0)} of {self.k8s.instances})")
@@ -289,7 +293,7 @@ class Orchestrator:
             except ApiException as exc:
                 raise K8sError(f"reading Cluster/{name}: {_reason(exc)}") from None
             status = obj.get("status") or {}
-            healthy = status.get("readyInstances") == self.k8s.instances and status.get("phase") == HEALTHY
+            healthy = self.is_healthy(status)
             waiting = pods_ok(self.instance_pods()) if pods_ok is not None else None
             if healthy and waiting is None:
                 return time.monotonic() - started

@@ -17,7 +17,7 @@ from typing import Any
 
 from pglab.plan.schema import Scenario
 from pglab.scenarios.witness import ACKED, FAILED, IN_DOUBT, Attempt, Outcome, timeline_of
-from pglab.targets.kubernetes.orchestrate import FENCED, HEALTHY, K8sError, Orchestrator
+from pglab.targets.kubernetes.orchestrate import FENCED, K8sError, Orchestrator
 from pglab.targets.kubernetes.render import START_MARK, WITNESS_MARK
 
 Event = tuple[float, str, str]
@@ -156,8 +156,7 @@ class Injector:
             self.new, self.new_primary_time = current, t
             self.events.append((t, "new-primary", f"{current} reported primary {t - self.fault_time:.1f} s after "
                                 f"{self._what}"))
-        if (self.recovered_time is not None and status.get("phase") == HEALTHY
-                and status.get("readyInstances") == self.orch.k8s.instances):
+        if self.recovered_time is not None and self.orch.is_healthy(status):
             self.healthy_time = t
             began = "request" if self.kind == "switchover" else "fault"
             self.events.append((t, "cluster-healthy", f"{self.orch.k8s.instances} instances ready "

@@ -559,40 +559,39 @@ class KubernetesSweep:
             return None
         folder = run_dir / "disk"
         blocks: dict[str, list[disks.Block]] = {}
-        raw: dict[str, str] = {}  # file name in disk/ → its text
+        files: list[str] = []  # the raw samples kept, relative to the run's folder
         if nodes_read is not None:
             problems = [f"no node-exporter pod on node {n}" for n in nodes if n not in nodes_read.pods]
             for node, pod in sorted(nodes_read.pods.items()):
                 mine = [sc for sc in nodes_read.scraper.scrapes if sc.pod == pod]  # a failed read is a gap
                 blocks[node] = [disks.node_exporter_block(sc.values, sc.ts, node) for sc in mine if sc.text]
-                raw[f"{node}.prom"] = "".join(f"# pglab scrape ts={sc.ts:.6f}\n" + "".join(
-                    f"{line}\n" for line in (sc.text or "").splitlines() if line.startswith("node_disk_"))
-                    for sc in mine)
+            if nodes_read.pods:  # node-exporter's disk lines only: the rest is not ours to keep
+                stems = {pod: node for node, pod in nodes_read.pods.items()}
+                files = nodes_read.scraper.write(folder, stems, keep="node_disk_")
         else:
             since = max(1, math.ceil(now() - launched + DISK_LOG_MARGIN_S))
             problems = [f"no disk-sampler pod on node {n}" for n in nodes if n not in samplers]
             for node in (n for n in nodes if n in samplers):
                 try:
-                    raw[f"{node}.log"] = text = self.orch.pod_log(samplers[node], since)
+                    text = self.orch.pod_log(samplers[node], since)
                 except K8sError as exc:
                     problems.append(str(exc))
                     continue
+                folder.mkdir(parents=True, exist_ok=True)
+                (folder / f"{node}.log").write_text(text)
+                files.append(f"disk/{node}.log")
                 blocks[node] = disks.parse_log(text)
-        if raw:
-            folder.mkdir(parents=True, exist_ok=True)
-            for name, text in raw.items():
-                (folder / name).write_text(text)
         volumes = self._volumes(pods) if blocks and not problems else {}
         hint = (" (node-exporter's diskstats filter leaves partitions, loop and ram devices out; the sampler "
                 "DaemonSet, without node_exporter in the plan, does not)") if nodes_read is not None else ""
         result = disks.summarize(blocks, instances, primary, window, volumes, hint)
-        result.files = [f"disk/{name}" for name in raw]
+        result.files = files
         if nodes_read is not None and (errors := nodes_read.scraper.errors()):
             result.info["scrape_errors"] = errors
         problems += result.problems
         if problems:
             result.info["note"] = "; ".join(problems) + ": no disk figures"
-        if raw:
+        if files:
             _write_json(folder / "disk.json", result.info)
             result.files.append("disk/disk.json")
         if problems or not result.metrics:
