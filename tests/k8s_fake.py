@@ -162,6 +162,7 @@ class FakeAPI:
                 self.created.append(key)
                 self.posted.append(json.loads(json.dumps(body)))
                 if body["kind"] == "Cluster":
+                    body["metadata"]["resourceVersion"] = "1"
                     spec = _pod_spec(body)
                     self._pods = {f"{body['metadata']['name']}-{i}": spec for i in range(1, body["spec"]["instances"]
                                                                                           + 1)}
@@ -312,9 +313,14 @@ class FakeAPI:
                 return 404, {"kind": "Status", "status": "Failure", "reason": "NotFound", "code": 404}
             assert body is not None
             self.status_patches.append(body)
-            if self.status_conflicts > 0:  # the operator wrote the status since it was read (optimistic lock)
+            meta = obj.setdefault("metadata", {})
+            if self.status_conflicts > 0:  # the operator writes the status after pglab read it
                 self.status_conflicts -= 1
+                meta["resourceVersion"] = str(int(meta.get("resourceVersion", "1")) + 1)
+            sent = body.get("metadata", {}).get("resourceVersion")
+            if sent is not None and sent != meta.get("resourceVersion", "1"):  # the optimistic lock
                 return 409, {"kind": "Status", "status": "Failure", "reason": "Conflict", "code": 409}
+            meta["resourceVersion"] = str(int(meta.get("resourceVersion", "1")) + 1)
             self._failover = {"old": self.primary, "left": self.promote_after, "to": body["status"]["targetPrimary"]}
             return 200, obj
         obj = self.objects.get(path)

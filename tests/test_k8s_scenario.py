@@ -284,6 +284,8 @@ def test_switchover_asks_the_operator_to_promote_a_standby_and_stores_its_time(
     assert api.deleted_pods == [] and api.primary == "pg-2"  # asked, not killed
     refused, patch = api.status_patches  # on the status subresource, as kubectl cnpg promote writes it
     assert refused["status"]["targetPrimary"] == "pg-2"
+    # under the version read: the stale one refused (the operator had written since), the fresh one applied
+    assert int(patch["metadata"]["resourceVersion"]) == int(refused["metadata"]["resourceVersion"]) + 1
     status = patch["status"]
     assert (status["targetPrimary"], status["phase"], status["phaseReason"]) == (
         "pg-2", "Switchover in progress", "Switching over to pg-2")
