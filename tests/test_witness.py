@@ -327,5 +327,12 @@ def test_rto_rpo_arithmetic_on_a_constructed_log() -> None:
     assert with_switch.rto_s is None and with_switch.fault_time is None
     quiet = evaluate(log[:4], [1, 2, 3, 4], fault_time=11.0)  # nothing lost, nothing felt after the fault
     assert quiet.acked_lost == 0 and quiet.lsn_gap_bytes == 0 and quiet.rto_s is None
+    # nothing refused, commits stalled (a synchronous standby gone): a write sent 9 ms before the fault and acked
+    # just after it is not the recovery; the next one, held until the standby was back, is
+    stall = [_a(1, ACKED, 9.98), Attempt(2, ACKED, 10.241, 10.2501, "a:1", None),
+             Attempt(3, ACKED, 10.2502, 12.52, "a:1", None), _a(4, ACKED, 12.53)]
+    held = evaluate(stall, [1, 2, 3, 4], fault_time=10.25)
+    assert held.disrupted_at is None and held.rto_s == pytest.approx(12.52 - 10.25)
+    assert held.gap_s == pytest.approx(12.52 - 9.985)
     assert switch_point("1\t0/3000148\tno recovery target specified\n") == parse_lsn("0/3000148")
     assert switch_point("1\t0/3000148\tx\n2\t1/A0\ty\n") == (1 << 32) + 0xA0

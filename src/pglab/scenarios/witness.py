@@ -199,8 +199,10 @@ def _recovery(items: list[Attempt], fault_time: float) -> dict[str, Any]:
     disrupted = min(broken) if broken else None
     felt = disrupted if disrupted is not None else fault_time
     before = [a for a in items if a.outcome == ACKED and a.t_done <= felt]
-    after = [a for a in items if a.outcome == ACKED
-             and (a.t_sent >= disrupted if disrupted is not None else a.t_done > fault_time)]
+    # the first ack of a write sent after the disruption (or, with no write refused, after the fault): a write
+    # sent just before the fault and acked just after it says nothing about whether the service came back
+    after = [a for a in items if a.outcome == ACKED and a.t_sent >= (disrupted if disrupted is not None else
+                                                                     fault_time)]
     out["disrupted_at"] = disrupted
     out["acked_after_fault"] = sum(a.outcome == ACKED and fault_time <= a.t_done <= felt for a in items)
     last = max(before, key=lambda a: a.t_done) if before else None
