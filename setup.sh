@@ -3,12 +3,18 @@
 #   ./setup.sh quickstart   install, then run examples/quickstart.yaml on a local 3-node lab
 #   ./setup.sh test         install, then run the whole test suite
 #   ./setup.sh install      install only
+#   ./setup.sh kube-lab     install, then build the single-node Kubernetes lab (tools/kube-lab) the tests use
 # Idempotent: a second call re-checks and installs nothing new. Works as root or as a user with sudo.
 set -euo pipefail
 cd "$(dirname "$0")"
 
 APT_PACKAGES=(postgresql postgresql-contrib fio sysstat python3 python3-venv python3-pip procps util-linux etcd-server etcd-client)
 TEST_APT_PACKAGES=(chromium)  # the HTML report's browser test (Debian's Chromium; no downloaded browser)
+# The Kubernetes lab the tests run pglab's Kubernetes target on (tools/kube-lab): containerd, runc and the CNI
+# plugins run its pods; mmdebstrap makes its images from Debian's packages; the rest are what kubelet and
+# kube-proxy call.
+KUBE_LAB_APT_PACKAGES=(containerd runc containernetworking-plugins iptables conntrack socat ethtool ebtables ipset
+                       kmod iproute2 mmdebstrap openssl curl)
 # Toxiproxy shapes the replication links (latency, bandwidth). It is built from the Go module proxy (no release
 # download), checksum-verified by the Go checksum database. v2.8.0 is the newest whose go.mod and dependencies
 # build with Go 1.19, Debian 12's golang-go (v2.9.0 needs Go 1.22).
@@ -152,6 +158,18 @@ install_cnpg_check() {
     rm -rf .tools/go/cache .tools/go/tmp
 }
 
+install_kube_lab() {
+    # Kubernetes, etcd, CloudNativePG and CoreDNS from the Go module proxy, images from Debian's packages, all in the
+    # lab cache outside the checkout (~30 min the first time on 2 cores, seconds when the cache has this build).
+    local go
+    go="$(find_go)" || { install_go; go="$(find_go)"; } || {
+        echo "setup: Go >= 1.$GO_MIN_MINOR is needed to build the Kubernetes lab; install golang-go." >&2
+        exit 2
+    }
+    PGLAB_KUBE_LAB_IMAGES="$(tools/kube-lab/build.sh "$go" | tail -n 1)"
+    export PGLAB_KUBE_LAB_IMAGES
+}
+
 install_all() {
     install_system_packages "$@"
     install_python_packages
@@ -165,11 +183,16 @@ case "${1:-}" in
     quickstart)
         install_all
         exec .venv/bin/pglab run examples/quickstart.yaml --results results/quickstart ;;
+    kube-lab)
+        install_all "${KUBE_LAB_APT_PACKAGES[@]}"
+        install_kube_lab
+        echo "setup: Kubernetes lab built: $PGLAB_KUBE_LAB_IMAGES (start it with: .venv/bin/python tools/kube-lab/kubelab.py up)" ;;
     test)
-        install_all "${TEST_APT_PACKAGES[@]}"
-        .venv/bin/ruff check src tests bench
+        install_all "${TEST_APT_PACKAGES[@]}" "${KUBE_LAB_APT_PACKAGES[@]}"
+        install_kube_lab
+        .venv/bin/ruff check src tests bench tools
         exec .venv/bin/python -m pytest -q tests ;;
     *)
-        echo "usage: ./setup.sh quickstart | test | install" >&2
+        echo "usage: ./setup.sh quickstart | test | install | kube-lab" >&2
         exit 2 ;;
 esac

@@ -335,6 +335,9 @@ DnsLabel = Annotated[str, _text(40, pattern=_DNS_LABEL, what="a DNS label: lower
                                 "most 40 characters")]
 Image = Annotated[str, _text(255, pattern=_IMAGE, what="a container image reference such as "
                              "ghcr.io/cloudnative-pg/postgresql:17.5")]
+# pglab's tools image (fio and a shell), built by tools/images/Containerfile; pglab publishes none: build it and push
+# it to the registry the nodes pull from under this name, or name yours in clients.fio_image.
+TOOLS_IMAGE = "pglab/tools:1"
 Quantity = Annotated[str, _text(32, pattern=_QUANTITY, what="a Kubernetes quantity such as 100Gi or 512Mi")]
 
 
@@ -397,9 +400,11 @@ class K8sSynchronous(Synchronous):
 class K8sClients(Placement):
     """The pods that run pgbench and fio, placed apart from the database by default."""
 
-    image: Image | None = Field(None, description="image with pgbench (default: the database image)")
-    fio_image: Image = Field("docker.io/library/debian:bookworm-slim", description="image for fio jobs; fio is "
-                             "installed at start (apt-get) when the image lacks it")
+    image: Image | None = Field(None, description="image of the pgbench, psql and witness Jobs: needs pgbench, psql "
+                                "and a POSIX shell (default: the database image, which has them)")
+    fio_image: Image = Field(TOOLS_IMAGE, description="image of the fio Jobs, the disk sampler and the volume probe: "
+                             "needs fio and a POSIX shell; nothing is installed at run time (build it with "
+                             "tools/images/Containerfile and push it where the nodes pull from)")
     cpu: Annotated[str, BeforeValidator(_cpu)] | None = Field(None, description="pgbench's cores (requests = limits)")
     memory: Quantity | None = Field(None, description="pgbench's memory (requests = limits)")
 

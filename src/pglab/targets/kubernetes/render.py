@@ -334,8 +334,10 @@ def fio_script(plan: Plan) -> str:
     """fio's jobs (the storage issue's profiles, same options as on a local lab), one after the other."""
     assert plan.storage is not None
     size = fio.parse_size(plan.storage.size)
-    lines = ["set -eu", "command -v fio >/dev/null || { apt-get update -qq && "
-             "apt-get install -y -qq --no-install-recommends fio >/dev/null; }",
+    k8s = target_of(plan)
+    missing = (f"pglab: the image {k8s.clients.fio_image} has no fio; name an image with fio in "
+               "target.kubernetes.clients.fio_image (tools/images/Containerfile builds one)")
+    lines = ["set -eu", f"command -v fio >/dev/null || {{ echo {shlex.quote(missing)} >&2; exit 3; }}",
              "fio --version > " + RESULTS_DIR + "/fio-version.txt"]
     for profile in plan.storage.profiles:
         for job in fio.jobs_for(profile):

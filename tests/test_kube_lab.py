@@ -1,0 +1,267 @@
+"""pglab's Kubernetes target on a real cluster: the single-node Kubernetes with the real CloudNativePG operator that
+tools/kube-lab builds and starts (./setup.sh test builds it into the lab cache; these tests start and stop it).
+
+The same kinds of assertions as the local tests: figures against their oracles (pgbench's own output and logs
+kept as artifacts, fio's JSON, PostgreSQL's statistics, the device of the volumes as this machine's kernel names
+it), what the operator did (a CPU step's rolling update, a parameter in force, a failover, a switchover, a fenced
+standby), and nothing left in the cluster afterwards, also after Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from conftest import REPO, pglab
+from pglab.store.sqlite import Store
+
+sys.path.insert(0, str(REPO / "tools" / "kube-lab"))
+import kubelab
+
+NAMESPACE_GONE_S = 300  # a namespace's deletion waits for its pods and claims
+
+
+@pytest.fixture(scope="module")
+def lab() -> Iterator[kubelab.KubeLab]:
+    images = os.environ.get("PGLAB_KUBE_LAB_IMAGES")
+    try:
+        lab = kubelab.KubeLab(Path(images) if images else None)
+        lab.start()
+    except kubelab.LabError as exc:
+        with_lab = locals().get("lab")
+        if isinstance(with_lab, kubelab.KubeLab):
+            with_lab.stop()
+        pytest.fail(f"the Kubernetes lab cannot start: {exc}", pytrace=False)
+    try:
+        print(f"kube-lab: timings {lab.timings}", file=sys.stderr)
+        yield lab
+    finally:
+        lab.stop()
+
+
+def plan_text(lab: kubelab.KubeLab, name: str, namespace: str, body: str) -> str:
+    return f"""
+name: {name}
+target:
+  kubernetes:
+    kubeconfig: {lab.kubeconfig}
+    namespace: {namespace}
+    cluster_name: {name}
+    instances: 3
+    image: {lab.image_names['postgresql']}
+    storage: {{size: 1Gi}}
+    resources: {{cpu: 0.25, memory: 384Mi}}
+    synchronous: {{method: any, number: 1}}
+    database: {{anti_affinity: none}}
+    clients: {{anti_affinity: none}}
+postgres:
+  parameters: {{shared_buffers: 32MB, max_connections: 40}}
+dataset: {{scale: 1}}
+{body}"""
+
+
+def namespace_gone(lab: kubelab.KubeLab, namespace: str) -> None:
+    deadline = time.monotonic() + NAMESPACE_GONE_S
+    while time.monotonic() < deadline:
+        proc = lab.kubectl("get", "namespace", namespace, check=False)
+        if proc.returncode != 0 and "NotFound" in proc.stderr:
+            break
+        time.sleep(2)
+    else:
+        pytest.fail(f"namespace {namespace} still there {NAMESPACE_GONE_S} s after pglab ended")
+    # the claims' volumes were released and removed too (the lab's provisioner deletes Released volumes)
+    deadline = time.monotonic() + 60
+    while lab.kubectl("get", "pv", "-o", "name").stdout.strip() and time.monotonic() < deadline:
+        time.sleep(1)
+    assert lab.kubectl("get", "pv", "-o", "name").stdout.strip() == ""
+    assert lab.kubectl("get", "clusters.postgresql.cnpg.io", "-A", "-o", "name").stdout.strip() == ""
+
+
+def jobs(lab: kubelab.KubeLab, namespace: str) -> list[str]:
+    proc = lab.kubectl("get", "jobs", "-n", namespace, "-o", "name", check=False, timeout=20)
+    return [line.split("/", 1)[1] for line in proc.stdout.split()] if proc.returncode == 0 else []
+
+
+def pgbench_tps(out: str) -> float:
+    """pgbench's own TPS line, read here without pglab."""
+    match = re.search(r"^tps = ([\d.]+) \(without initial connection time\)", out, re.M)
+    assert match, out
+    return float(match.group(1))
+
+
+def txn_latencies_ms(run_dir: Path) -> np.ndarray:
+    """Every transaction's latency in pgbench's -l logs shipped with the run, read here without pglab."""
+    lat = [int(line.split()[2]) / 1000 for f in sorted(run_dir.glob("pgbench.[0-9]*"))
+           for line in f.read_text().splitlines() if line.strip()]
+    return np.array(lat)
+
+
+def rows(store: Store, sql: str, *args: Any) -> list[dict[str, Any]]:
+    cur = store.conn.execute(sql, args)
+    cols = [c[0] for c in cur.description]
+    return [dict(zip(cols, r, strict=True)) for r in cur]
+
+
+# ------------------------------------------------------------------ the sweep: storage, dataset, CPU step, parameters
+SWEEP = """storage: {profiles: [randwrite-8k], runtime: 3s, size: 64MiB, paths: [data]}
+matrix: {clients: [2], jobs: [1], cpus: [0.25, 0.5], parameters: {work_mem: [4MB, 8MB]}}
+run: {duration: 4s, repeats: 2}
+"""
+
+
+def test_a_sweep_interrupted_then_resumed_on_the_lab(lab: kubelab.KubeLab, tmp_path: Path) -> None:
+    ns = "pglab-e2e-sweep"
+    plan = tmp_path / "plan.yaml"
+    plan.write_text(plan_text(lab, "e2e", ns, SWEEP))
+    results = tmp_path / "results"
+    cmd = [sys.executable, "-m", "pglab.cli", "run", str(plan), "--results", str(results), "--format", "csv"]
+
+    # Ctrl-C while the second run's pgbench Job works: everything pglab created is deleted, the first run is kept
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 900
+        while "e2e-run-0000-2" not in jobs(lab, ns):
+            assert proc.poll() is None, f"pglab ended early: {proc.communicate()}"
+            assert time.monotonic() < deadline, "the second run's Job never started"
+            time.sleep(1)
+        time.sleep(2)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=600)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, (out, err)
+    assert "Traceback" not in err
+    namespace_gone(lab, ns)
+    store = Store.open(results, create=False)
+    assert [(r.repeat, r.status) for r in store.runs()] == [(1, "ok")]
+    store.close()
+
+    # the same command again resumes: the Cluster is built anew, the kept run is not run again
+    again = pglab("run", str(plan), "--results", str(results), "--format", "csv", timeout=2400)
+    assert again.returncode == 0, again.stdout + again.stderr
+    namespace_gone(lab, ns)
+
+    store = Store.open(results, create=False)
+    sweep = store.sweeps()[-1]
+    assert sweep["status"] == "done"
+    runs = store.runs(sweep["id"])
+    assert sorted((r.axes["cpus"], r.axes["parameters.work_mem"], r.repeat) for r in runs if r.status == "ok") == [
+        (c, w, rep) for c in (0.25, 0.5) for w in ("4MB", "8MB") for rep in (1, 2)]
+    env = json.loads(sweep["environment"])
+    assert env["kubernetes"]["server_version"].startswith("v1.34")
+
+    for r in runs:
+        m, run_dir = r.metrics, store.dir / r.dir
+        # pgbench's figures are the ones it printed in its pod (the output kept as an artifact) ...
+        assert m["tps"] == pgbench_tps((run_dir / "pgbench.out").read_text())
+        assert m["tps"] > 0
+        # ... and the percentiles are those of its per-transaction logs, shipped with the run
+        lat = txn_latencies_ms(run_dir)
+        assert m["logged_transactions"] == len(lat) > 0
+        assert m["latency_p99_ms"] == pytest.approx(float(np.percentile(lat, 99)))
+        # the CPU step is in force in the pods, and the run found the point's work_mem in force
+        assert m["limit_cpus"] == r.axes["cpus"]
+        settings = json.loads((run_dir / "settings.json").read_text())
+        assert json.dumps(settings).count(r.axes["parameters.work_mem"]) >= 1, settings
+        # the exporter's figures of the primary: every pgbench transaction was a commit it counted in the window
+        assert m["commits_s"] * m["window_s"] >= m["transactions"] * 0.95, m
+        assert m["wal_mb_s"] > 0
+        # disk figures of the volumes: the device the volume probe read is the one under the lab's volumes
+        disk = json.loads((run_dir / "disk" / "disk.json").read_text())
+        assert m["write_iops"] > 0, disk
+        assert device_of(lab) in json.dumps(disk), (device_of(lab), disk)
+
+    events = [e[1] for e in store.conn.execute("SELECT ts, kind FROM events ORDER BY ts")]
+    assert "cpu-step" in events and "parameters-applied" in events
+    cpu_step = [d for (k, d) in store.conn.execute("SELECT kind, detail FROM events") if k == "cpu-step"]
+    assert any("cpus=0.5" in d for d in cpu_step), cpu_step
+
+    # the storage phase: fio's JSON from the pod on the Cluster's storage class
+    fio_rows = store.fio_results(sweep["id"])
+    assert {f["job"] for f in fio_rows} == {"randwrite-8k-qd1", "randwrite-8k-qd32"}
+    for f in fio_rows:
+        raw = json.loads((store.dir / "storage" / "data" / f"{f['job']}.json").read_text())["jobs"][0]["write"]
+        assert f["iops"] == raw["iops"] > 0
+    store.close()
+
+    # the same table shape as a local run, and the reports read the results unchanged
+    header = again.stdout.splitlines()[0].split(",")
+    assert header[:4] == ["workload", "synchronous_commit", "clients", "cpus"] or "tps" in header, header
+    for args in (["report", str(results)], ["report", str(results), "--format", "json"],
+                 ["report", str(results), "--table", "storage"],
+                 ["compare", str(results), "--axis", "cpus", "--a", "0.25", "--b", "0.5"],
+                 ["export", str(results), "--format", "csv", "--to", str(tmp_path / "export")]):
+        proc2 = pglab(*args)
+        assert proc2.returncode == 0, (args, proc2.stdout, proc2.stderr)
+    assert (tmp_path / "export" / "runs.csv").read_text().count("\n") == 1 + len(runs)
+
+
+def device_of(lab: kubelab.KubeLab) -> str:
+    """major:minor of the block device under the lab's hostPath volumes, as this machine's kernel says."""
+    st = os.stat(lab.root / "pv")
+    return f"{os.major(st.st_dev)}:{os.minor(st.st_dev)}"
+
+
+# ------------------------------------------------------------------ scenarios with the witness
+SCENARIOS = """matrix:
+  clients: [2]
+  jobs: [1]
+  scenario: [{kind: failover, at: 3s}, {kind: switchover, at: 3s}, {kind: standby-loss, at: 3s, down: 4s}]
+run: {duration: 14s}
+"""
+
+
+def test_failover_switchover_and_standby_loss_on_the_lab(lab: kubelab.KubeLab, tmp_path: Path) -> None:
+    ns = "pglab-e2e-faults"
+    plan = tmp_path / "plan.yaml"
+    plan.write_text(plan_text(lab, "faults", ns, SCENARIOS))
+    results = tmp_path / "results"
+    proc = pglab("run", str(plan), "--results", str(results), timeout=2400)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    namespace_gone(lab, ns)
+
+    store = Store.open(results, create=False)
+    runs = {r.axes["scenario"]: r for r in store.runs()}
+    assert set(runs) == {"failover-node", "switchover", "standby-loss"}, runs
+    for label, r in runs.items():
+        m = r.metrics
+        assert r.status == "ok", (label, m)
+        # synchronous_commit on with a quorum of one standby: no acknowledged write is lost, whatever happened
+        assert m["acked_lost"] == 0, (label, m)
+        assert m["witness_acked"] > 0 and m["witness_unexpected"] == 0
+        run_dir = store.dir / r.dir
+        assert m["tps"] == pgbench_tps((run_dir / "pgbench.out").read_text()) or m["pgbench_starts"] > 1
+        events = {kind: (ts, detail) for kind, ts, detail in store.conn.execute(
+            "SELECT kind, ts, detail FROM events WHERE run_id = ?", (r.id,))}
+        assert "fault" in events, (label, events)
+        if label in ("failover-node", "switchover"):
+            # a standby became primary; the witness saw writes stop and start again after the fault
+            assert m["leader_changed"] == 1.0, (label, m)
+            assert "new-primary" in events and events["new-primary"][0] > events["fault"][0]
+            assert m["rto_s"] > 0
+        else:
+            # the fenced standby: the primary stayed, writes went on (the other standby made the quorum)
+            assert m["leader_changed"] == 0.0, m
+    failover = runs["failover-node"].metrics
+    assert "deleted" in dict(store.conn.execute(
+        "SELECT kind, detail FROM events WHERE run_id = ?", (runs["failover-node"].id,)))["fault"]
+    assert failover["recovered_s"] > 0
+    store.close()
+
+    table = pglab("report", str(results), "--table", "scenarios", "--format", "csv")
+    assert table.returncode == 0, table.stderr
+    assert {"failover-node", "switchover", "standby-loss"} <= {line.split(",")[0] for line in
+                                                              table.stdout.splitlines()[1:]} | set(
+        re.findall(r"failover-node|switchover|standby-loss", table.stdout))
