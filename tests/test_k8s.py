@@ -72,11 +72,14 @@ def by_kind(manifests: list[Any], kind: str) -> list[dict[str, Any]]:
 def test_examples_render_and_pass_the_strict_decode(example: str, tmp_path: Path, checker: Path) -> None:
     out = tmp_path / "out"
     proc = pglab("k8s", "render", str(REPO / "examples" / f"{example}.yaml"), "-o", str(out), check=True)
-    files = sorted(out.glob("*.yaml"))
-    assert f"{len(files)} manifests written" in proc.stdout
-    kinds = {yaml.safe_load(f.read_text())["kind"] for f in files}
-    assert kinds == {"Namespace", "ServiceAccount", "Role", "RoleBinding", "Cluster", "DaemonSet",
-                     "PersistentVolumeClaim", "Job"}
+    files = sorted(out.glob("*/*.yaml"))
+    assert f"{out}: {len(files)} manifests ({out}/cluster: 6, {out}/jobs: {len(files) - 6}) and {out}/run-jobs.sh" \
+        in proc.stdout
+    assert f"check them with .tools/bin/cnpg-check {out}/*/*.yaml" in proc.stdout
+    kinds = {f.parent.name: {yaml.safe_load(g.read_text())["kind"] for g in files if g.parent == f.parent}
+             for f in files}
+    assert kinds == {"cluster": {"Namespace", "ServiceAccount", "Role", "RoleBinding", "Cluster", "DaemonSet"},
+                     "jobs": {"PersistentVolumeClaim", "Job"}}
     result = check(checker, *files)
     assert result.returncode == 0, result.stdout + result.stderr
     assert f"ok: {len(files)} manifests valid against github.com/cloudnative-pg/api v1.29.0" in result.stdout
@@ -85,9 +88,9 @@ def test_examples_render_and_pass_the_strict_decode(example: str, tmp_path: Path
 def test_seed_s2_runs_the_published_pgbench_shape(tmp_path: Path) -> None:
     out = tmp_path / "out"
     pglab("k8s", "render", str(REPO / "examples" / "seed-s2.yaml"), "-o", str(out), check=True)
-    init = (out / "40-pgbench-init-job.yaml").read_text()
+    init = (out / "jobs" / "40-pgbench-init-job.yaml").read_text()
     assert "pgbench -i -s 1000 " in init
-    runs = sorted(out.glob("50-run-*-job.yaml"))
+    runs = sorted(out.glob("jobs/50-run-*-job.yaml"))
     assert len(runs) == 3  # one point × 3 repeats
     assert "pgbench -n -c 64 -j 4 -M simple -P 1 " in runs[0].read_text()
 
@@ -151,12 +154,12 @@ def test_custom_scripts_travel_in_a_configmap(tmp_path: Path, checker: Path) -> 
     path = plan_dir(tmp_path)
     out = tmp_path / "out"
     pglab("k8s", "render", str(path), "-o", str(out), check=True)
-    cm = yaml.safe_load((out / "30-pgbench-scripts.yaml").read_text())
+    cm = yaml.safe_load((out / "cluster" / "30-pgbench-scripts.yaml").read_text())  # there before any Job
     assert cm["data"] == {"sql_report.sql": "SELECT count(*) FROM pgbench_accounts;\n"}
-    run = yaml.safe_load((out / "50-run-0000-1-job.yaml").read_text())["spec"]["template"]["spec"]
+    run = yaml.safe_load((out / "jobs" / "50-run-0000-1-job.yaml").read_text())["spec"]["template"]["spec"]
     assert {"name": "scripts", "configMap": {"name": "bench-scripts", "items": [
         {"key": "sql_report.sql", "path": "sql/report.sql"}]}} in run["volumes"]
-    result = check(checker, *sorted(out.glob("*.yaml")))
+    result = check(checker, *sorted(out.glob("*/*.yaml")))
     assert result.returncode == 0, result.stdout
 
 

@@ -239,8 +239,8 @@ def test_render_writes_the_witness_job_beside_each_failover_run(tmp_path: Path) 
     (tmp_path / "plan.yaml").write_text(PLAN)
     out = tmp_path / "m"
     pglab("k8s", "render", str(tmp_path / "plan.yaml"), "-o", str(out), check=True)
-    assert (out / "50-witness-0000-1-job.yaml").is_file()
-    proc = check(CHECKER, *sorted(out.glob("*.yaml")))  # strictly decoded as the API server would
+    assert (out / "jobs" / "50-witness-0000-1-job.yaml").is_file()
+    proc = check(CHECKER, *sorted(out.glob("*/*.yaml")))  # strictly decoded as the API server would
     assert proc.returncode == 0, proc.stdout + proc.stderr
     plan = parse_plan(PLAN, base_dir=tmp_path)
     jobs = [m for m in render(plan, tmp_path) if m.kind == "Job"]

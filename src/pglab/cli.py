@@ -421,14 +421,20 @@ def lab_list() -> None:
 @k8s_app.command("render")
 def k8s_render(plan_file: Path = typer.Argument(..., help="plan (YAML) with 'target: kubernetes'"),
                out_dir: Path = typer.Option(..., "-o", "--output", help="folder for the YAML files")) -> None:
-    """Write every manifest of a plan (namespace, RBAC, Cluster, fio and pgbench Jobs) without a cluster."""
-    from pglab.targets.kubernetes.render import render, write
+    """Write every manifest of a plan without a cluster: the environment (namespace, RBAC, Cluster) in DIR/cluster,
+    the fio and pgbench Jobs in DIR/jobs, and DIR/run-jobs.sh to apply them in order, each waited for."""
+    from pglab.targets.kubernetes.render import CLUSTER_DIR, JOBS_DIR, render, write
 
     plan, _ = _load(plan_file)
     if out_dir.exists() and not out_dir.is_dir():
         raise UserError(f"-o: {out_dir} exists and is not a folder.")
-    paths = write(render(plan, plan_file.resolve().parent), out_dir)
-    out.print(f"{out_dir}: {len(paths)} manifests written (check them: .tools/bin/cnpg-check {out_dir}/*.yaml)",
+    w = write(plan, render(plan, plan_file.resolve().parent), out_dir)
+    d = str(out_dir)
+    patches = f" and {len(w.patches)} Cluster patch{'es' if len(w.patches) > 1 else ''}" if w.patches else ""
+    out.print(f"{d}: {len(w.cluster) + len(w.jobs)} manifests ({d}/{CLUSTER_DIR}: {len(w.cluster)}, {d}/{JOBS_DIR}: "
+              f"{len(w.jobs)}{patches}) and {w.script}; run {w.script}: it applies {d}/{CLUSTER_DIR}, waits for the "
+              f"Cluster, then runs {d}/{JOBS_DIR} one Job at a time (never kubectl apply -f {d}/{JOBS_DIR} at once: "
+              f"every run would start together); check them with .tools/bin/cnpg-check {d}/*/*.yaml",
               markup=False, highlight=False)
 
 
