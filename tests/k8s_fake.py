@@ -7,7 +7,10 @@ the instance pods one by one, primary last, over a few reads; deleting the prima
 and promotes another instance over a few reads) and the Job controller (a Job ends after a read, its
 pod's log carries a results tarball), each instance's metrics exporter behind the pod proxy, and the disk sampler
 DaemonSet's controller (one pod on each instance's node, instance n on node-n, whose log is ``diskstats_log``).
-Nothing is mocked inside pglab or the client.
+For the preflight (``pglab k8s check``) it also serves what a cluster has before pglab comes: nodes with labels,
+taints and conditions, storage classes, the CloudNativePG CRD and operator Deployment, API discovery, and answers
+SelfSubjectAccessReviews (every permission granted unless listed in ``denied``); by default a cluster the tests'
+plans pass on. Nothing is mocked inside pglab or the client.
 """
 
 from __future__ import annotations
@@ -114,6 +117,13 @@ class FakeAPI:
         self._wal = False  # the Cluster has a WAL volume: its pods mount a second claim
         self._generation: dict[str, int] = {}  # instance pod -> times it was recreated (its uid changes)
         self.boot_id: Callable[[str], str] = boot_id  # each node's kernel boot id (as the probe prints it)
+        # what the preflight reads: the cluster as it is before pglab comes (enough for the tests' plans)
+        self.nodes: list[dict[str, Any]] = [node(f"node-{i}") for i in range(1, 5)]
+        self.storage_classes: list[dict[str, Any]] = [storage_class("standard", default=True)]
+        self.crds: dict[str, dict[str, Any]] = {CNPG_CRD: cnpg_crd()}
+        self.deployments: list[dict[str, Any]] = [operator_deployment()]
+        self.denied: set[tuple[str, str, str]] = set()  # (verb, group, resource[/subresource]) reviews refuse
+        self.access_reviews: list[dict[str, str]] = []  # the resourceAttributes of every review asked
 
     def handle(self, method: str, url: str, body: dict[str, Any] | None) -> tuple[int, Any]:
         parsed = urlparse(url)
@@ -125,6 +135,8 @@ class FakeAPI:
                              "minCompatibilityMajor": "1", "minCompatibilityMinor": "32", "gitVersion": "v1.33.1-fake",
                              "gitCommit": "0" * 40, "gitTreeState": "clean", "buildDate": "2025-05-15T08:19:08Z",
                              "goVersion": "go1.24.2", "compiler": "gc", "platform": "linux/amd64"}
+            if (answer := self._cluster_wide(method, path, parse_qs(parsed.query), body)) is not None:
+                return answer
             if method == "PATCH":
                 return self._patch(path, body)
             if method == "GET" and "/proxy/" in path and path.split("/")[4] == NODE_EXPORTER_NS:
@@ -276,6 +288,49 @@ class FakeAPI:
                                  {"failed": 1} if name in self.failing_jobs else {"succeeded": 1})
             return 200, obj
 
+
+    # -------------------------------------------------------------- what the preflight reads
+    def _cluster_wide(self, method: str, path: str, query: dict[str, list[str]],
+                      body: dict[str, Any] | None) -> tuple[int, Any] | None:
+        """Nodes, storage classes, CRDs, deployments in every namespace, API groups, access reviews; None for the
+        other paths. A path in ``forbidden_gets`` (``forbidden`` for the reviews) answers 403."""
+        forbidden = {"kind": "Status", "status": "Failure", "reason": "Forbidden", "code": 403}
+        if method == "POST" and path == ACCESS_REVIEWS:
+            if path in self.forbidden:
+                return 403, forbidden
+            assert body is not None
+            attrs = body["spec"]["resourceAttributes"]
+            self.access_reviews.append(attrs)
+            resource = attrs.get("resource", "") + (f"/{attrs['subresource']}" if attrs.get("subresource") else "")
+            allowed = (attrs["verb"], attrs.get("group", ""), resource) not in self.denied
+            return 201, {**body, "status": {"allowed": allowed} if allowed else {"allowed": False,
+                                                                                  "reason": "no RBAC rule"}}
+        if method != "GET":
+            return None
+        path = path.rstrip("/")
+        lists = {"/api/v1/nodes": ("NodeList", "v1", self.nodes),
+                 "/apis/storage.k8s.io/v1/storageclasses": ("StorageClassList", "storage.k8s.io/v1",
+                                                             self.storage_classes),
+                 "/apis/apps/v1/deployments": ("DeploymentList", "apps/v1", self.deployments)}
+        crd = path.startswith(f"{CRDS}/")
+        if path not in lists and not crd and path != "/apis":
+            return None
+        if path in self.forbidden_gets:
+            return 403, forbidden
+        if crd:
+            found = self.crds.get(path.rsplit("/", 1)[1])
+            return (200, found) if found else (404, {"kind": "Status", "status": "Failure", "reason": "NotFound",
+                                                     "code": 404})
+        if path == "/apis":
+            groups = [{"name": c["spec"]["group"], "versions": [{"groupVersion": f"{c['spec']['group']}/{v['name']}",
+                                                                 "version": v["name"]} for v in c["spec"]["versions"]]}
+                      for c in self.crds.values()]
+            return 200, {"kind": "APIGroupList", "apiVersion": "v1", "groups": groups}
+        kind, version, items = lists[path]
+        if selector := query.get("labelSelector", [""])[0]:
+            wanted = dict(term.split("=", 1) for term in selector.split(","))
+            items = [i for i in items if wanted.items() <= (i["metadata"].get("labels") or {}).items()]
+        return 200, {"kind": kind, "apiVersion": version, "metadata": {}, "items": items}
 
     # -------------------------------------------------------------- the operator's failover
     def _failing_over(self, n: int) -> dict[str, Any]:
@@ -555,6 +610,60 @@ def serve() -> Iterator[tuple[FakeAPI, client.ApiClient]]:
     finally:
         server.shutdown()
         server.server_close()
+
+
+# ------------------------------------------------------------------ the cluster before pglab: the preflight's view
+ACCESS_REVIEWS = "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews"
+CRDS = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
+CNPG_CRD = "clusters.postgresql.cnpg.io"
+
+
+def node(name: str, labels: dict[str, str] | None = None, taints: list[tuple[str, str, str]] | None = None, *,
+         unschedulable: bool = False, ready: bool = True) -> dict[str, Any]:
+    """A Node as the API serves it: the kubelet's hostname label, the given labels, taints (key, value, effect),
+    a cordon, the Ready condition."""
+    spec: dict[str, Any] = {"podCIDR": "10.244.0.0/24"}
+    if taints:
+        spec["taints"] = [{"key": k, **({"value": v} if v else {}), "effect": e} for k, v, e in taints]
+    if unschedulable:
+        spec["unschedulable"] = True
+    return {"apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name, "kubernetes.io/os": "linux",
+                                                  **(labels or {})}},
+            "spec": spec,
+            "status": {"conditions": [{"type": "MemoryPressure", "status": "False"},
+                                      {"type": "Ready", "status": "True" if ready else "False"}]}}
+
+
+def storage_class(name: str, default: bool = False) -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": name}
+    if default:
+        meta["annotations"] = {"storageclass.kubernetes.io/is-default-class": "true"}
+    return {"apiVersion": "storage.k8s.io/v1", "kind": "StorageClass", "metadata": meta,
+            "provisioner": "rancher.io/local-path", "reclaimPolicy": "Delete",
+            "volumeBindingMode": "WaitForFirstConsumer"}
+
+
+def cnpg_crd(versions: tuple[str, ...] = ("v1",)) -> dict[str, Any]:
+    """CloudNativePG's Cluster CRD, its schema left out."""
+    return {"apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+            "metadata": {"name": CNPG_CRD},
+            "spec": {"group": "postgresql.cnpg.io", "scope": "Namespaced",
+                     "names": {"kind": "Cluster", "listKind": "ClusterList", "plural": "clusters",
+                               "singular": "cluster"},
+                     "versions": [{"name": v, "served": True, "storage": True} for v in versions]}}
+
+
+def operator_deployment(version: str = "1.27.1", *, image: str | None = None, labelled: bool = True,
+                        namespace: str = "cnpg-system") -> dict[str, Any]:
+    """The operator's Deployment as the release manifest installs it (its label, its manager container)."""
+    meta: dict[str, Any] = {"name": "cnpg-controller-manager", "namespace": namespace}
+    if labelled:
+        meta["labels"] = {"app.kubernetes.io/name": "cloudnative-pg"}
+    container = {"name": "manager", "image": image or f"ghcr.io/cloudnative-pg/cloudnative-pg:{version}",
+                 "command": ["/manager"]}
+    return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": meta,
+            "spec": {"replicas": 1, "template": {"spec": {"containers": [container]}}}}
 
 
 # ------------------------------------------------------------------ node-exporter
