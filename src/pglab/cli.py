@@ -29,7 +29,8 @@ plan_app = typer.Typer(no_args_is_help=True, help="Check a plan, or print its JS
 app.add_typer(plan_app, name="plan")
 lab_app = typer.Typer(no_args_is_help=True, help="Labs kept with --keep (or left behind).")
 app.add_typer(lab_app, name="lab")
-k8s_app = typer.Typer(no_args_is_help=True, help="Kubernetes target (CloudNativePG): manifests of a plan.")
+k8s_app = typer.Typer(no_args_is_help=True, help="Kubernetes target (CloudNativePG): a plan's manifests, and a "
+                      "preflight of its cluster.")
 app.add_typer(k8s_app, name="k8s")
 app.add_typer(cluster_app, name="cluster", help="Local HA labs (etcd + Patroni): create, status, switchover, "
               "failover, scale, backup, restore, destroy.")
@@ -134,10 +135,12 @@ def run(
                             "pglab's own.")
         results = results or Path("results") / f"{plan.name}-{time.strftime('%Y%m%d-%H%M%S')}"
         check_results_dir(results)
+        api = _preflight(plan, err)  # before a results folder or anything in the cluster exists
         started = time.monotonic()
         try:
             with ProgressView(err) as view:
-                outcome = run_sweep(plan, text, plan_file.resolve().parent, results, view, force_new=force_new)
+                outcome = run_sweep(plan, text, plan_file.resolve().parent, results, view, force_new=force_new,
+                                    api=api)
         except K8sError as exc:  # the cluster refused or failed something: its words, exit 1, no traceback
             err.print(f"error: {exc}", markup=False, highlight=False)
             raise typer.Exit(1) from None
@@ -436,6 +439,29 @@ def k8s_render(plan_file: Path = typer.Argument(..., help="plan (YAML) with 'tar
               f"Cluster, then runs {d}/{JOBS_DIR} one Job at a time (never kubectl apply -f {d}/{JOBS_DIR} at once: "
               f"every run would start together); check them with .tools/bin/cnpg-check {d}/*/*.yaml",
               markup=False, highlight=False)
+
+
+@k8s_app.command("check")
+def k8s_check(plan_file: Path = typer.Argument(..., help="plan (YAML) with 'target: kubernetes'")) -> None:
+    """Ask the plan's cluster whether its sweep can run there, creating nothing: the API server, CloudNativePG's CRD
+    and version, nodes for the instances and pgbench, storage classes, permissions; names the images (not pulled).
+    One line per check; exit 2 at the first blocking problem (`pglab run` runs the same checks first)."""
+    plan, _ = _load(plan_file)
+    _preflight(plan, out)
+
+
+def _preflight(plan: Plan, console: Console) -> Any:
+    """The Kubernetes preflight's lines on ``console``; exit 2 after the first blocking one. Returns the API client
+    (an unusable kubeconfig is refused before, in one sentence naming target.kubernetes.kubeconfig)."""
+    from pglab.targets.kubernetes.preflight import PreflightError, run_checks
+    from pglab.targets.kubernetes.sweep import connect
+
+    api = connect(plan)
+    try:
+        run_checks(plan, api, lambda f: console.print(f.line, markup=False, highlight=False))
+    except PreflightError:
+        raise typer.Exit(2) from None
+    return api
 
 
 def _check_format(fmt: str) -> None:
