@@ -34,17 +34,22 @@ NAMESPACE_GONE_S = 300  # a namespace's deletion waits for its pods and claims
 
 @pytest.fixture(scope="module")
 def lab() -> Iterator[kubelab.KubeLab]:
+    """The lab, started for this module's tests and stopped after them, also when they fail or are interrupted."""
     images = os.environ.get("PGLAB_KUBE_LAB_IMAGES")
     try:
         lab = kubelab.KubeLab(Path(images) if images else None)
-        lab.start()
     except kubelab.LabError as exc:
-        with_lab = locals().get("lab")
-        if isinstance(with_lab, kubelab.KubeLab):
-            with_lab.stop()
         pytest.fail(f"the Kubernetes lab cannot start: {exc}", pytrace=False)
     try:
-        print(f"kube-lab: timings {lab.timings}", file=sys.stderr)
+        lab.start()
+        print(f"kube-lab: {lab.timings}", file=sys.stderr)
+    except kubelab.LabError as exc:
+        lab.stop()
+        pytest.fail(f"the Kubernetes lab cannot start: {exc}", pytrace=False)
+    except BaseException:
+        lab.stop()
+        raise
+    try:
         yield lab
     finally:
         lab.stop()

@@ -7,7 +7,7 @@ volume provisioner and the operator. pglab's Kubernetes tests run against it, an
     sudo .venv/bin/python tools/kube-lab/kubelab.py down
 
 Why it is built this way:
-- No network leaves the machine. The node's address is on a dummy interface of its own (10.245.0.1), which is
+- No network leaves the machine. The node's address is on a portless bridge of its own (10.245.0.1), which is
   also the only address the API server and the kubelet listen on; pods live on a bridge with no masquerading and
   a FORWARD rule drops whatever they send anywhere but to each other and to this machine; CoreDNS answers only
   for the cluster's names (no upstream).
@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 NODE = "pglab-kube-lab"
-NODE_IP = "10.245.0.1"          # on the lab's dummy interface: nothing listens on the machine's own addresses
+NODE_IP = "10.245.0.1"          # on the lab's own portless bridge: nothing listens on the machine's own addresses
 LINK = "pglabkube0"
 POD_CIDR = "10.244.0.0/16"
 POD_SUBNET = "10.244.0.0/24"
@@ -100,6 +100,7 @@ class KubeLab:
         self.images = images or newest_images()
         self.bin = self.images.parent / ("bin-" + self.images.name.split("-", 1)[1][8:])
         self.root = root or Path(tempfile.mkdtemp(prefix="pglab-kube-lab-"))
+        self.root.chmod(0o755)
         self.kubeconfig = self.root / "admin.kubeconfig"
         self.image_names: dict[str, str] = json.loads((self.images / "images.json").read_text())
         self.timings: dict[str, float] = {}
@@ -222,10 +223,17 @@ state = "{r}/run/containerd"
       runtime_type = "io.containerd.runc.v2"
       [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
         SystemdCgroup = false
+  [plugins."io.containerd.grpc.v1.cri".registry]
+    config_path = "{r}/etc/registries"
   [plugins."io.containerd.grpc.v1.cri".cni]
     bin_dir = "/usr/lib/cni"
     conf_dir = "{r}/etc/cni"
 """)
+        # Every image is imported at start: a pull is a mistake (a misspelt name), and it must not leave the
+        # machine. Each registry host answers from a closed local port instead.
+        for host in ("_default", "docker.io", "pglab.local"):
+            (r / "etc/registries" / host).mkdir(parents=True, exist_ok=True)
+            (r / "etc/registries" / host / "hosts.toml").write_text('server = "http://127.0.0.1:9"\n')
         (r / "etc/cni/10-pglab-kube-lab.conflist").write_text(json.dumps({
             "cniVersion": "1.0.0", "name": "pglab-kube-lab", "plugins": [
                 {"type": "bridge", "bridge": "cni0", "isGateway": True, "ipMasq": False, "hairpinMode": True,
@@ -247,10 +255,11 @@ state = "{r}/run/containerd"
             "maxPods": 60, "serializeImagePulls": False}))
 
     def _network(self) -> None:
-        run("ip", "link", "add", LINK, "type", "dummy")
+        run("ip", "link", "add", LINK, "type", "bridge")  # a bridge with no port: an address of this machine only
         run("ip", "addr", "add", f"{NODE_IP}/32", "dev", LINK)
         run("ip", "link", "set", LINK, "up")
-        run("modprobe", "br_netfilter", check=False)
+        if shutil.which("modprobe"):
+            run("modprobe", "br_netfilter", check=False)
         run("sysctl", "-qw", "net.ipv4.ip_forward=1", "net.bridge.bridge-nf-call-iptables=1", check=False)
         # Pods may talk to each other (through Services too) and to this machine; nothing they send is forwarded
         # anywhere else.
