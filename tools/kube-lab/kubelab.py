@@ -223,17 +223,10 @@ state = "{r}/run/containerd"
       runtime_type = "io.containerd.runc.v2"
       [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
         SystemdCgroup = false
-  [plugins."io.containerd.grpc.v1.cri".registry]
-    config_path = "{r}/etc/registries"
   [plugins."io.containerd.grpc.v1.cri".cni]
     bin_dir = "/usr/lib/cni"
     conf_dir = "{r}/etc/cni"
 """)
-        # Every image is imported at start: a pull is a mistake (a misspelt name), and it must not leave the
-        # machine. Each registry host answers from a closed local port instead.
-        for host in ("_default", "docker.io", "pglab.local"):
-            (r / "etc/registries" / host).mkdir(parents=True, exist_ok=True)
-            (r / "etc/registries" / host / "hosts.toml").write_text('server = "http://127.0.0.1:9"\n')
         (r / "etc/cni/10-pglab-kube-lab.conflist").write_text(json.dumps({
             "cniVersion": "1.0.0", "name": "pglab-kube-lab", "plugins": [
                 {"type": "bridge", "bridge": "cni0", "isGateway": True, "ipMasq": False, "hairpinMode": True,
@@ -266,10 +259,10 @@ state = "{r}/run/containerd"
         run("iptables", "-I", "FORWARD", "1", "-s", POD_CIDR, "!", "-o", "cni0", "-j", "DROP",
             "-m", "comment", "--comment", "pglab-kube-lab")
 
-    def _spawn(self, name: str, *cmd: str | Path) -> None:
+    def _spawn(self, name: str, *cmd: str | Path, env: dict[str, str] | None = None) -> None:
         log = open(self.root / "log" / f"{name}.log", "ab")  # noqa: SIM115 - the child keeps it
         proc = subprocess.Popen([str(c) for c in cmd], stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True, cwd=self.root)
+                                start_new_session=True, cwd=self.root, env={**os.environ, **(env or {})})
         log.close()
         self._pids[name] = proc.pid
         (self.root / "pids.json").write_text(json.dumps(
@@ -301,7 +294,12 @@ state = "{r}/run/containerd"
                     "--initial-advertise-peer-urls", "http://127.0.0.1:22380",
                     "--initial-cluster", "lab=http://127.0.0.1:22380", "--listen-metrics-urls",
                     "http://127.0.0.1:22381", "--quota-backend-bytes", "2147483648", "--unsafe-no-fsync")
-        self._spawn("containerd", "containerd", "--config", r / "etc/containerd.toml")
+        # Every image is imported at start, so a pull is a mistake (a misspelt name) and must not leave the machine:
+        # containerd's registry requests all go to a proxy on a closed local port, and fail at once.
+        closed = "http://127.0.0.1:9"
+        self._spawn("containerd", "containerd", "--config", r / "etc/containerd.toml",
+                    env={"HTTP_PROXY": closed, "HTTPS_PROXY": closed, "NO_PROXY": "", "http_proxy": closed,
+                         "https_proxy": closed, "no_proxy": ""})
         self._wait("etcd", "healthy", lambda: run("curl", "-sf", "http://127.0.0.1:22381/health", check=False,
                                                   timeout=5).returncode == 0)
         self._spawn("kube-apiserver", b / "kube-apiserver", "--etcd-servers=http://127.0.0.1:22379",
@@ -313,6 +311,7 @@ state = "{r}/run/containerd"
                     f"--service-account-key-file={pki}/sa.pub", f"--service-account-signing-key-file={pki}/sa.key",
                     "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
                     "--authorization-mode=Node,RBAC", "--enable-admission-plugins=NodeRestriction",
+                    "--kubelet-preferred-address-types=InternalIP",  # the node name is in no DNS
                     "--allow-privileged=true", "--profiling=false", "--event-ttl=30m")
         self._wait("kube-apiserver", "ready", lambda: run(
             "curl", "-sf", "--cacert", pki / "ca.crt", "--cert", pki / "admin.crt", "--key", pki / "admin.key",
