@@ -94,6 +94,7 @@ class FakeAPI:
         self.never_promote = False  # the failover never completes (no standby can be promoted)
         self.primary = ""  # the current primary's pod name, set when the Cluster is created
         self.deleted_pods: list[tuple[str, float]] = []
+        self.killed_at_cleanup: list[tuple[str, dict[str, list[str]]]] = []  # instance pods deleted after the Cluster
         self.pod_delete_queries: list[dict[str, list[str]]] = []  # the query of each instance pod's deletion
         self.status_patches: list[dict[str, Any]] = []  # every patch of the Cluster's status (switchover requests)
         self.fenced_reads: list[list[str]] = []  # the fenced instances at every Cluster read
@@ -187,6 +188,11 @@ class FakeAPI:
                 return 201, body
             if method == "DELETE":
                 pod = path.rsplit("/", 1)[1]
+                cluster_gone = not any("/clusters/" in k for k in self.objects)
+                if "/pods/" in path and pod in self._pods and cluster_gone:  # torn down: killed, not recreated
+                    self._pods.pop(pod)
+                    self.killed_at_cleanup.append((pod, parse_qs(parsed.query)))
+                    return 200, {"kind": "Pod", "apiVersion": "v1", "metadata": {"name": pod}}
                 if "/pods/" in path and pod in self._pods:  # an instance pod: the operator recreates it
                     self._recreated(pod)
                     self.deleted_pods.append((pod, time.time()))

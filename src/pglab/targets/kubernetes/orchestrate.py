@@ -173,12 +173,25 @@ class Orchestrator:
                 self.core.delete_namespace(name)
             elif kind == "Cluster":
                 self.custom.delete_namespaced_custom_object(*CNPG[:2], self.ns, CNPG[2], name)
+                self._kill_instances(name)
             else:
                 getattr(self._api(kind), f"delete_namespaced_{_snake(kind)}")(
                     name, self.ns, propagation_policy="Background")  # a Job's pods go with it
         except ApiException as exc:
             if exc.status != 404:
                 raise K8sError(f"deleting {kind}/{name} in {self.ns}: {_reason(exc)}") from None
+
+    def _kill_instances(self, cluster: str) -> None:
+        """The Cluster is being thrown away: its instance pods are killed (1 s of grace) instead of being left to
+        CloudNativePG's shutdown, whose grace is the Cluster's stopDelay (30 min) and whose smart shutdown waits up
+        to 180 s for sessions — a primary whose synchronous standbys went first then held the namespace's deletion
+        for minutes on a real cluster."""
+        for pod in self.core.list_namespaced_pod(self.ns, label_selector=f"cnpg.io/cluster={cluster}").items:
+            try:
+                self.core.delete_namespaced_pod(pod.metadata.name, self.ns, grace_period_seconds=KILL_GRACE_S)
+            except ApiException as exc:
+                if exc.status != 404:
+                    raise
 
     def _api(self, kind: str) -> Any:
         return {"Job": self.batch, "Role": self.rbac, "RoleBinding": self.rbac, "DaemonSet": self.apps}.get(kind,
