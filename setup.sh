@@ -186,7 +186,7 @@ case "${1:-}" in
     kube-lab)
         install_all "${KUBE_LAB_APT_PACKAGES[@]}"
         install_kube_lab
-        echo "setup: Kubernetes lab built: $PGLAB_KUBE_LAB_IMAGES (start it with: .venv/bin/python tools/kube-lab/kubelab.py up)" ;;
+        echo "setup: Kubernetes lab built: $PGLAB_KUBE_LAB_IMAGES (start it with: sudo .venv/bin/python tools/kube-lab/kubelab.py up)" ;;
     test)
         install_all "${TEST_APT_PACKAGES[@]}" "${KUBE_LAB_APT_PACKAGES[@]}"
         install_kube_lab

@@ -26,6 +26,7 @@ import argparse
 import contextlib
 import json
 import os
+import pwd
 import shutil
 import signal
 import subprocess
@@ -45,6 +46,7 @@ API_SERVICE_IP = "10.96.0.1"
 DNS_IP = "10.96.0.10"
 STORAGE_CLASS = "lab-local"
 START_TIMEOUT_S = 240           # each component; the first start of a slow, busy machine took ~40 s in all
+KUBELET_CHAINS = ("KUBE-FIREWALL", "KUBE-KUBELET-CANARY", "KUBE-IPTABLES-HINT")
 STOP_ORDER = ("hostpath-provisioner", "kube-proxy", "kubelet", "kube-scheduler", "kube-controller-manager",
               "kube-apiserver")
 
@@ -54,7 +56,9 @@ class LabError(RuntimeError):
 
 
 def cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    """The lab cache build.sh wrote: under sudo, the invoking user's (./setup.sh kube-lab ran as that user)."""
+    home = Path(pwd.getpwnam(os.environ["SUDO_USER"]).pw_dir) if os.environ.get("SUDO_USER") else Path.home()
+    base = os.environ.get("XDG_CACHE_HOME") or str(home / ".cache")
     return Path(os.environ.get("PGLAB_KUBE_LAB_CACHE") or Path(base) / "pglab" / "kube-lab")
 
 
@@ -156,9 +160,12 @@ class KubeLab:
         state = state_file()
         with contextlib.suppress(OSError, ValueError):
             other = json.loads(state.read_text())
-            if start_time(other["pid"]) == other["pid_start"]:
+            if other.get("kept") and _running(Path(other["root"])):
+                raise LabError(f"the Kubernetes lab started by 'kubelab.py up' is running ({other['root']}); one "
+                               "runs at a time: stop it with kubelab.py down")
+            if not other.get("kept") and start_time(other["pid"]) == other["pid_start"]:
                 raise LabError(f"a Kubernetes lab is already running here (owned by pid {other['pid']}, in "
-                               f"{other['root']}); one runs at a time: stop it with kubelab.py down")
+                               f"{other['root']}); one runs at a time: wait for it, or stop its owner")
         pid = os.getpid()
         state.write_text(json.dumps({"root": str(self.root), "pid": pid, "pid_start": start_time(pid),
                                      "started": time.time()}))
@@ -422,6 +429,16 @@ def _iptables_cleanup(root: Path) -> None:
     while run("iptables", "-D", "FORWARD", "-s", POD_CIDR, "!", "-o", "cni0", "-j", "DROP", "-m", "comment",
               "--comment", "pglab-kube-lab", check=False).returncode == 0:
         pass
+    # the kubelet's own chains (KUBE-FIREWALL guards 127.0.0.0/8, the canaries watch for flushes)
+    for table in ("filter", "nat", "mangle"):
+        rules = run("iptables", "-t", table, "-S", check=False).stdout.splitlines()
+        for rule in rules:
+            if rule.startswith("-A ") and any(f"-j {c}" in rule for c in KUBELET_CHAINS):
+                run("iptables", "-t", table, *rule.replace("-A ", "-D ", 1).split(), check=False)
+        for chain in KUBELET_CHAINS:
+            if f"-N {chain}" in rules:
+                run("iptables", "-t", table, "-F", chain, check=False)
+                run("iptables", "-t", table, "-X", chain, check=False)
     with contextlib.suppress(OSError, ValueError, KeyError):  # kube-proxy's KUBE-* chains and rules
         run(Path(json.loads((root / "lab.json").read_text())["bin"]) / "kube-proxy", "--cleanup", check=False)
 
@@ -433,14 +450,24 @@ def _mentions(proc: Path, text: str) -> bool:
         return False
 
 
+def _running(root: Path) -> bool:
+    """Whether any process the lab in ``root`` started is still alive."""
+    with contextlib.suppress(OSError, ValueError):
+        return any(start_time(pid) == started for pid, started in json.loads((root / "pids.json").read_text()).values())
+    return False
+
+
 def clean_orphan() -> str | None:
-    """Stops the lab recorded in the state folder if its owner is gone. Returns a sentence when it did."""
+    """Stops the lab recorded in the state folder if its owner is gone (a lab of 'up' has none: it is left alone
+    while its processes run). Returns a sentence when it stopped one."""
     state = state_file()
     try:
         data = json.loads(state.read_text())
     except (OSError, ValueError):
         return None
-    if start_time(data["pid"]) == data.get("pid_start"):
+    if data.get("kept") and _running(Path(data["root"])):
+        return None
+    if not data.get("kept") and start_time(data["pid"]) == data.get("pid_start"):
         return None
     root = Path(data["root"])
     stop_lab(root)
@@ -452,10 +479,10 @@ def clean_orphan() -> str | None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="cmd", required=True)
-    up = sub.add_parser("up", help="start a lab and leave it running (its owner is this command's parent shell)")
+    up = sub.add_parser("up", help="start a lab and leave it running until 'down'")
     up.add_argument("--images", type=Path, help="images folder of a build (default: the newest)")
     sub.add_parser("down", help="stop the running lab")
-    sub.add_parser("clean", help="stop a lab whose owner is gone")
+    sub.add_parser("clean", help="stop a lab whose owner (a test run) is gone")
     args = parser.parse_args()
     try:
         if args.cmd == "up":
@@ -465,11 +492,14 @@ def main() -> None:
             except BaseException:
                 lab.stop()
                 raise
-            # The lab outlives this command: it is owned by the shell that ran it, so that 'clean' leaves it be
-            # while that shell lives.
-            ppid = os.getppid()
-            state_file().write_text(json.dumps({"root": str(lab.root), "pid": ppid, "pid_start": start_time(ppid),
-                                                "started": time.time()}))
+            # The lab outlives this command: it is kept (as pglab's --keep labs) until 'down', and neither the tests
+            # nor 'clean' touch it while its processes run.
+            state_file().write_text(json.dumps({"root": str(lab.root), "pid": os.getpid(), "pid_start": None,
+                                                "kept": True, "started": time.time()}))
+            if os.environ.get("SUDO_UID"):  # started with sudo: the invoking user gets the admin credentials
+                uid, gid = int(os.environ["SUDO_UID"]), int(os.environ.get("SUDO_GID", "-1"))
+                for f in (lab.kubeconfig, lab.root / "pki/admin.key", lab.root / "pki/admin.crt"):
+                    os.chown(f, uid, gid)
             print(f"Kubernetes lab ready in {lab.timings['ready_s']:.0f} s; images: "
                   f"{', '.join(sorted(set(lab.image_names.values())))}")
             print(f"export KUBECONFIG={lab.kubeconfig}")

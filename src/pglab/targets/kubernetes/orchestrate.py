@@ -33,6 +33,7 @@ CANNOT_START = {"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "CreateC
                 "CreateContainerError"}
 PROMOTE_TRIES = 5  # a switchover request conflicting with the operator's own status writes is read and sent again
 KILL_GRACE_S = 1  # a failover's pod deletion: SIGTERM, then the kubelet's SIGKILL a second later
+INSTANCES_GONE_S = 60  # killed instance pods gone (the kubelet stops their containers; seconds on the lab)
 SWITCHOVER = "Switchover in progress"  # the phase a requested switchover starts in
 FENCED = "cnpg.io/fencedInstances"  # the Cluster annotation listing the instances whose postgres is stopped
 POSTGRES_CONTAINER = "postgres"  # the instance pods' PostgreSQL container, as CloudNativePG names it
@@ -182,16 +183,25 @@ class Orchestrator:
                 raise K8sError(f"deleting {kind}/{name} in {self.ns}: {_reason(exc)}") from None
 
     def _kill_instances(self, cluster: str) -> None:
-        """The Cluster is being thrown away: its instance pods are killed (1 s of grace) instead of being left to
-        CloudNativePG's shutdown, whose grace is the Cluster's stopDelay (30 min) and whose smart shutdown waits up
-        to 180 s for sessions — a primary whose synchronous standbys went first then held the namespace's deletion
-        for minutes on a real cluster."""
-        for pod in self.core.list_namespaced_pod(self.ns, label_selector=f"cnpg.io/cluster={cluster}").items:
+        """The Cluster is being thrown away: its instance pods are killed (1 s of grace), and waited for, before
+        anything else goes. Left to CloudNativePG, a primary whose synchronous standbys went first ran a smart
+        shutdown for minutes; and the namespace controller, finding any pod still running when the namespace is
+        deleted, looks again only after that pod's terminationGracePeriodSeconds — CloudNativePG's stopDelay,
+        30 min. Both were seen on a real cluster: the namespace stayed Terminating for over 5 minutes."""
+        selector = f"cnpg.io/cluster={cluster}"
+        for pod in self.core.list_namespaced_pod(self.ns, label_selector=selector).items:
             try:
                 self.core.delete_namespaced_pod(pod.metadata.name, self.ns, grace_period_seconds=KILL_GRACE_S)
             except ApiException as exc:
                 if exc.status != 404:
                     raise
+        deadline = time.monotonic() + INSTANCES_GONE_S
+        while self.core.list_namespaced_pod(self.ns, label_selector=selector).items:
+            if time.monotonic() > deadline:
+                self.log(f"the instance pods of Cluster/{cluster} were still there {INSTANCES_GONE_S} s after being "
+                         "killed; the namespace may take up to CloudNativePG's stopDelay to go")
+                return
+            time.sleep(self.poll_s)
 
     def _api(self, kind: str) -> Any:
         return {"Job": self.batch, "Role": self.rbac, "RoleBinding": self.rbac, "DaemonSet": self.apps}.get(kind,
