@@ -202,7 +202,7 @@ def test_run_stores_pgbench_fio_and_artifacts_then_deletes_everything(fake: tupl
     assert_all_deleted(api)
     assert api.requests[-1] == ("DELETE", "/api/v1/namespaces/bench")
     # the instances are killed once their Cluster is deleted, not left to a smart shutdown within a 30 min grace
-    assert api.killed_at_cleanup == [(pod, {"gracePeriodSeconds": ["1"]}) for pod in ("pg-1", "pg-2")]
+    assert api.killed_at_cleanup == [(pod, {"gracePeriodSeconds": ["0"]}) for pod in ("pg-1", "pg-2")]
     cluster_deleted = api.requests.index(("DELETE", "/apis/postgresql.cnpg.io/v1/namespaces/bench/clusters/pg"))
     assert cluster_deleted < api.requests.index(("DELETE", "/api/v1/namespaces/bench/pods/pg-1"))
 
