@@ -266,8 +266,10 @@ def test_failover_switchover_and_standby_loss_on_the_lab(lab: kubelab.KubeLab, t
             assert "new-primary" in events and events["new-primary"][0] > events["fault"][0]
             assert m["rto_s"] > 0
         else:
-            # the fenced standby: the primary stayed, writes went on (the other standby made the quorum)
-            assert m["leader_changed"] == 0.0, m
+            # the fenced standby came back; the primary stayed, and writes went on (the other standby made the quorum)
+            assert "new-primary" not in events and not m.get("leader_changed"), (events, m)
+            assert "standby-back" in events and events["standby-back"][0] > events["fault"][0]
+            assert m["write_gap_s"] < 4, m  # less than the fence lasted: commits never waited for the fenced one
     failover = runs["failover-node"].metrics
     assert "deleted" in dict(store.conn.execute(
         "SELECT kind, detail FROM events WHERE run_id = ?", (runs["failover-node"].id,)))["fault"]
