@@ -566,11 +566,11 @@ def _no_start(*args: Any, **kwargs: Any) -> None:
 
 @contextlib.contextmanager
 def nothing_starts() -> Iterator[None]:
-    import pglab.runner
+    import pglab.engine.sweep
     import pglab.targets.local.cluster
 
     with mock.patch.object(subprocess, "Popen", _NoPopen), \
-            mock.patch.object(pglab.runner, "Runner", _no_start), \
+            mock.patch.object(pglab.engine.sweep, "run_sweep", _no_start), \
             mock.patch.object(pglab.targets.local.cluster, "LocalLab", _no_start), \
             mock.patch.object(os, "fork", _no_start), mock.patch.object(os, "posix_spawn", _no_start):
         yield

@@ -31,7 +31,7 @@ from pglab.plan.schema import Plan
 from pglab.store.sqlite import Store
 from pglab.targets.kubernetes import exporter
 from pglab.targets.kubernetes import render as render_module
-from pglab.targets.kubernetes import sweep as k8s_sweep
+from pglab.drivers import kubernetes as k8s_sweep
 from pglab.targets.kubernetes.orchestrate import K8sError
 from pglab.targets.kubernetes.render import cluster, cpu_quantity, millicores, render
 from test_k8s_run import (

@@ -25,10 +25,10 @@ from k8s_fake import FakeAPI, results_log, serve
 from pglab.errors import RunInterrupted
 from pglab.plan.expand import Point
 from pglab.plan.load import parse_plan
-from pglab.runner import SweepResult
+from pglab.engine.types import SweepResult
 from pglab.store.sqlite import Store
 from pglab.targets.kubernetes import orchestrate
-from pglab.targets.kubernetes import sweep as k8s_sweep
+from pglab.drivers import kubernetes as k8s_sweep
 from pglab.targets.kubernetes.orchestrate import K8sError
 from pglab.workloads.pgbench import ProgressPoint
 
@@ -401,8 +401,8 @@ def cli(monkeypatch: pytest.MonkeyPatch, *args: str) -> int:
     """pglab's own entry point in this process, with the sweep's polling shortened (the plan is untouched)."""
     from pglab import cli as cli_module
 
-    monkeypatch.setattr(k8s_sweep, "run_sweep", functools.partial(k8s_sweep.run_sweep, poll_s=0.01,
-                                                                  ready_timeout_s=0.3))
+    monkeypatch.setattr(k8s_sweep, "KubernetesDriver", functools.partial(k8s_sweep.KubernetesDriver, poll_s=0.01,
+                                                                         ready_timeout_s=0.3))
     monkeypatch.setattr(sys, "argv", ["pglab", *args])
     with pytest.raises(SystemExit) as exc:
         cli_module.main()

@@ -21,7 +21,7 @@ from k8s_fake import FakeAPI, results_log, serve
 from pglab.plan.load import parse_plan
 from pglab.report.scenarios import scenario_table
 from pglab.store.sqlite import Store
-from pglab.targets.kubernetes import sweep as k8s_sweep
+from pglab.drivers import kubernetes as k8s_sweep
 from pglab.targets.kubernetes.orchestrate import FENCED
 from pglab.targets.kubernetes.render import START_MARK, WITNESS_MARK, render, witness_script
 from pglab.targets.kubernetes.scenario import WitnessLogError, parse_witness_log

@@ -124,14 +124,14 @@ def test_a_client_held_to_a_small_quota_is_recognised(tmp_path: Path) -> None:
 
 def test_the_primarys_figures_come_from_the_node_that_is_primary() -> None:
     """After a failover the primary is not n0: its limit, CPU use and throttling are read from its own group."""
-    from pglab.runner import _limit_metrics
+    from pglab.drivers.local import limit_metrics
 
     limits = {"applied": True, "n0": {"cpus": 1.0}, "n1": {"cpus": 0.5}}
     before = {"n0": {"usage_s": 0.0, "periods": 0.0, "throttled": 0.0},
               "n1": {"usage_s": 10.0, "periods": 100.0, "throttled": 10.0}}
     after = {"n0": {"usage_s": 2.0, "periods": 50.0, "throttled": 0.0},
              "n1": {"usage_s": 15.0, "periods": 200.0, "throttled": 60.0}}
-    m = _limit_metrics(limits, before, after, 10.0, primary_name="n1")
+    m = limit_metrics(limits, before, after, 10.0, primary_name="n1")
     assert m["limit_cpus"] == 0.5
     assert m["primary_cpu_cores"] == 0.5 and m["cpu_throttled_pct"] == 50.0
-    assert _limit_metrics(limits, before, after, 10.0)["primary_cpu_cores"] == 0.2  # n0 by default
+    assert limit_metrics(limits, before, after, 10.0)["primary_cpu_cores"] == 0.2  # n0 by default

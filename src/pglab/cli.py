@@ -119,45 +119,35 @@ def run(
 
     Run again into the same --results folder after an interruption (Ctrl-C, a crash, a kill) and the sweep
     resumes: completed runs are kept, unfinished ones are run again."""
-    from pglab.runner import Runner, check_results_dir
+    from pglab.drivers import check_options, driver_for
+    from pglab.engine.sweep import check_results_dir, run_sweep
 
     _check_format(fmt)
     plan, text = _load(plan_file)
-    if plan.target.kubernetes is not None:
-        from pglab.targets.kubernetes.orchestrate import K8sError
-        from pglab.targets.kubernetes.sweep import run_sweep
-
-        if keep:
-            raise UserError("--keep: a Kubernetes sweep always deletes what it created; run without --keep (and "
-                            "'pglab k8s render' for manifests to apply by hand).")
-        if allow_destructive:
-            raise UserError("--allow-destructive: only an external target needs it; the Kubernetes Cluster is "
-                            "pglab's own.")
-        results = results or Path("results") / f"{plan.name}-{time.strftime('%Y%m%d-%H%M%S')}"
-        check_results_dir(results)
-        api = _preflight(plan, err)  # before a results folder or anything in the cluster exists
-        started = time.monotonic()
-        try:
-            with ProgressView(err) as view:
-                outcome = run_sweep(plan, text, plan_file.resolve().parent, results, view, force_new=force_new,
-                                    api=api)
-        except K8sError as exc:  # the cluster refused or failed something: its words, exit 1, no traceback
-            err.print(f"error: {exc}", markup=False, highlight=False)
-            raise typer.Exit(1) from None
-        _sweep_ended(outcome, plan.name, results, fmt, started, "cluster creation and cleanup included",
-                      "what pglab created in the cluster was deleted; completed runs are stored (run again into the "
-                      "same --results to resume).")
-        return
+    plan_dir = plan_file.resolve().parent
+    check_options(plan, keep=keep, allow_destructive=allow_destructive)
     results = results or Path("results") / f"{plan.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     check_results_dir(results)
-    runner = Runner(plan, text, plan_file.resolve().parent, results, keep=keep, force_new=force_new,
-                    allow_destructive=allow_destructive)
+    options: dict[str, Any] = {}
+    cluster_errors: tuple[type[Exception], ...] = ()  # the cluster's refusals: its words, exit 1, no traceback
+    included, interrupted = "lab setup and teardown included", "the lab was torn down; completed runs are stored."
+    if plan.target.kubernetes is not None:
+        from pglab.targets.kubernetes.orchestrate import K8sError
+
+        options["api"] = _preflight(plan, err)  # before a results folder or anything in the cluster exists
+        cluster_errors = (K8sError,)
+        included = "cluster creation and cleanup included"
+        interrupted = ("what pglab created in the cluster was deleted; completed runs are stored (run again into "
+                       "the same --results to resume).")
     started = time.monotonic()
-    with ProgressView(err) as view:
-        runner.ui = view
-        outcome = runner.run()
-    _sweep_ended(outcome, plan.name, results, fmt, started, "lab setup and teardown included",
-                 "the lab was torn down; completed runs are stored.")
+    try:
+        with ProgressView(err) as view:
+            driver = driver_for(plan, text, plan_dir, results, view, allow_destructive=allow_destructive, **options)
+            outcome = run_sweep(driver, plan, text, plan_dir, results, view, force_new=force_new, keep=keep)
+    except cluster_errors as exc:
+        err.print(f"error: {exc}", markup=False, highlight=False)
+        raise typer.Exit(1) from None
+    _sweep_ended(outcome, plan.name, results, fmt, started, included, interrupted)
 
 
 def _sweep_ended(outcome: Any, name: str, results: Path, fmt: str, started: float, included: str,
@@ -326,9 +316,9 @@ def fio_command(
     """Benchmark storage with fio on the given paths: 8 KiB random, WAL-like fdatasync, 1 MiB sequential."""
     from pydantic import ValidationError
 
+    from pglab.engine.sweep import interrupt_signals
     from pglab.plan.schema import Storage
     from pglab.report.tables import full_report
-    from pglab.runner import interrupt_signals
     from pglab.storage import measure, plan_jobs
     from pglab.store import Store
     from pglab.workloads import fio
@@ -364,8 +354,9 @@ def fio_command(
     status = "failed"
     try:
         with interrupt_signals():
-            measure(store, sweep_id, labelled, jobs, runtime_s=storage.runtime, size_bytes=size_bytes,
-                    log=lambda m: err.print(f"[dim]{m}[/dim]"))
+            for m in measure(store.dir, labelled, jobs, runtime_s=storage.runtime, size_bytes=size_bytes,
+                             log=lambda m: err.print(f"[dim]{m}[/dim]")):
+                store.save_fio(sweep_id, m.label, m.device, m.results, m.ceilings)
         status = "done"
     except RunInterrupted:
         status = "interrupted"
@@ -453,8 +444,8 @@ def k8s_check(plan_file: Path = typer.Argument(..., help="plan (YAML) with 'targ
 def _preflight(plan: Plan, console: Console) -> Any:
     """The Kubernetes preflight's lines on ``console``; exit 2 after the first blocking one. Returns the API client
     (an unusable kubeconfig is refused before, in one sentence naming target.kubernetes.kubeconfig)."""
+    from pglab.drivers.kubernetes import connect
     from pglab.targets.kubernetes.preflight import PreflightError, run_checks
-    from pglab.targets.kubernetes.sweep import connect
 
     api = connect(plan)
     try:

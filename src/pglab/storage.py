@@ -7,11 +7,11 @@ read against. Paths on one block device are measured once.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
+from pglab.engine.driver import FioMeasurement
 from pglab.probes.disk import resolve_device
-from pglab.store.sqlite import Store
 from pglab.workloads import fio
 
 
@@ -24,9 +24,10 @@ def plan_jobs(profiles: Sequence[str], job_files: Sequence[Path]) -> list[fio.Jo
     return jobs
 
 
-def measure(store: Store, sweep_id: int, paths: dict[str, tuple[Path, str]], jobs: Sequence[fio.JobSpec], *,
-            runtime_s: float, size_bytes: int, log: Callable[[str], None]) -> dict[str, dict[str, float]]:
-    """Run ``jobs`` on each path (label → (path, plan field naming it)); store results; return the ceilings."""
+def measure(results_dir: Path, paths: dict[str, tuple[Path, str]], jobs: Sequence[fio.JobSpec], *,
+            runtime_s: float, size_bytes: int, log: Callable[[str], None]) -> Iterator[FioMeasurement]:
+    """Run ``jobs`` on each path (label → (path, plan field naming it)), one measurement per block device, each
+    given to the caller (who stores it) as soon as it is done; fio's files go under ``results_dir/storage``."""
     fio.find_fio()
     for path, field in paths.values():
         fio.check_path(path, size_bytes, field=field)
@@ -36,17 +37,16 @@ def measure(store: Store, sweep_id: int, paths: dict[str, tuple[Path, str]], job
         if device is not None and device in measured:
             log(f"storage: {label} ({path}) is on {device}, already measured as '{measured[device]}'")
             continue
-        out_dir = store.dir / "storage" / _safe(label)
+        out_dir = results_dir / "storage" / _safe(label)
         out_dir.mkdir(parents=True, exist_ok=True)
         results = fio.run_jobs(path, jobs, runtime_s=runtime_s, size_bytes=size_bytes, out_dir=out_dir,
                                on_job=lambda job, label=label: log(f"storage: fio {job.name} on {label}"))
-        store.save_fio(sweep_id, label, device, results, fio.ceilings(results))
         for r in results:
             for finding in r.findings:
                 log(f"storage: {label} {r.job} {r.direction}: {finding.message}")
+        yield FioMeasurement(label, device, results, fio.ceilings(results))
         if device is not None:
             measured[device] = label
-    return store.ceilings(sweep_id)
 
 
 def _safe(label: str) -> str:

@@ -1,11 +1,10 @@
-"""``pglab run`` on a Kubernetes plan: the local runner's sweep, with a CloudNativePG Cluster and Jobs underneath.
+"""The Kubernetes driver: a CloudNativePG Cluster and Jobs underneath the engine's sweep.
 
-The results folder, its rows and its resume rules are the local runner's (one writer per folder, a rerun skips the
-runs that ended ok, by point key and repeat), so ``pglab report`` and ``compare`` read a Kubernetes sweep unchanged.
-What differs is where the figures come from: every Job ships its files back through its pod's log
-(``Orchestrator.run_job``) and they are parsed here with the functions a local run uses (pgbench's summary, progress
-lines and per-transaction log; fio's JSON and per-second logs). Whatever pglab created in the cluster is deleted at
-the end, also after a failure, Ctrl-C or SIGTERM.
+The results folder, its rows and its resume rules are the engine's, as for every target, so ``pglab report`` and
+``compare`` read a Kubernetes sweep unchanged. What differs is where the figures come from: every Job ships its
+files back through its pod's log (``Orchestrator.run_job``) and they are parsed here with the functions a local run
+uses (pgbench's summary, progress lines and per-transaction log; fio's JSON and per-second logs). Whatever pglab
+created in the cluster is deleted at the end, also after a failure, Ctrl-C or SIGTERM.
 """
 
 from __future__ import annotations
@@ -15,7 +14,7 @@ import math
 import re
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,23 +25,16 @@ from kubernetes.client.rest import ApiException
 from kubernetes.config.config_exception import ConfigException
 
 from pglab import __version__
-from pglab.errors import RunInterrupted, UserError, first_line
+from pglab.artifacts import write_json
+from pglab.drivers.local import pgbench_metrics, pgbench_series
+from pglab.engine.driver import FioMeasurement, SweepInfo
+from pglab.engine.types import Event, Observer, RunFailed, RunResult, SilentObserver, SweepResult
+from pglab.errors import UserError, first_line
 from pglab.plan.expand import Point, expand
 from pglab.plan.schema import Plan
 from pglab.probes.base import now
-from pglab.runner import (
-    Observer,
-    RunFailed,
-    Runner,
-    SilentObserver,
-    SweepResult,
-    _write_json,
-    interrupt_signals,
-    open_sweep,
-    results_lock,
-)
+from pglab.scenarios.figures import phase_metrics, witness_metrics
 from pglab.scenarios.witness import evaluate
-from pglab.store.sqlite import Store
 from pglab.targets.kubernetes import disks, exporter
 from pglab.targets.kubernetes.orchestrate import POSTGRES_CONTAINER, JobOutcome, K8sError, Orchestrator, api_client
 from pglab.targets.kubernetes.render import (
@@ -92,27 +84,13 @@ def connect(plan: Plan) -> client.ApiClient:
 
 
 def run_sweep(plan: Plan, plan_text: str, plan_dir: Path, results_dir: Path, observer: Observer | None = None, *,
-              api: client.ApiClient | None = None, force_new: bool = False, poll_s: float = 2.0,
-              ready_timeout_s: float = 1800.0, job_timeout_s: float | None = None,
-              scrape_s: float = 2.0, scenario_timeout_s: float = SCENARIO_TIMEOUT_S) -> SweepResult:
-    """Create the Cluster, measure storage, load the dataset, run every point × repeat as a Job, store, clean up."""
+              force_new: bool = False, **options: Any) -> SweepResult:
+    """The engine's sweep of a Kubernetes plan (``options``: the driver's API client, polling and timeouts)."""
+    from pglab.engine.sweep import run_sweep as engine_sweep
+
     ui: Observer = observer or SilentObserver()
-    results_dir = results_dir.resolve()
-    manifests = render(plan, plan_dir)  # refusals (the plan, its script files) before a folder or an object exists
-    api = api if api is not None else connect(plan)
-    with results_lock(results_dir):
-        store = Store.open(results_dir)
-        try:
-            store.recover()
-            sweep_id, resumed = open_sweep(store, plan, plan_text, plan_dir, force_new, ui.log)
-        except BaseException:
-            store.close()
-            raise
-        orch = Orchestrator(plan, plan_dir, api, poll_s=poll_s, ready_timeout_s=ready_timeout_s,
-                            job_timeout_s=job_timeout_s, log=ui.log)
-        sweep = KubernetesSweep(plan, plan_text, store, orch, api, manifests, ui, scrape_s=scrape_s,
-                                scenario_timeout_s=scenario_timeout_s)
-        return sweep.run(sweep_id, resumed)
+    driver = KubernetesDriver(plan, plan_text, plan_dir, results_dir, ui, **options)
+    return engine_sweep(driver, plan, plan_text, plan_dir, results_dir, ui, force_new=force_new)
 
 
 @dataclass
@@ -123,13 +101,22 @@ class NodeScrapes:
     scraper: exporter.Scraper
 
 
-class KubernetesSweep:
-    """One sweep over one Orchestrator: what it creates, it deletes; each run's outcome goes to the store."""
+class KubernetesDriver:
+    """One sweep over one Orchestrator: what it creates, it deletes; each run's figures go back to the engine."""
 
-    def __init__(self, plan: Plan, plan_text: str, store: Store, orch: Orchestrator, api: client.ApiClient,
-                 manifests: list[Manifest], ui: Observer, scrape_s: float = 2.0,
+    run_overhead_s = JOB_OVERHEAD_S
+    run_errors: tuple[type[BaseException], ...] = (RunFailed, PgbenchError, K8sError, WitnessLogError, OSError)
+
+    def __init__(self, plan: Plan, plan_text: str, plan_dir: Path, results_dir: Path, ui: Observer, *,
+                 api: client.ApiClient | None = None, poll_s: float = 2.0, ready_timeout_s: float = 1800.0,
+                 job_timeout_s: float | None = None, scrape_s: float = 2.0,
                  scenario_timeout_s: float = SCENARIO_TIMEOUT_S):
-        self.plan, self.plan_text, self.store, self.orch, self.api, self.ui = plan, plan_text, store, orch, api, ui
+        self.plan, self.plan_text, self.plan_dir, self.ui = plan, plan_text, plan_dir, ui
+        self.results_dir = results_dir.resolve()
+        self.manifests = render(plan, plan_dir)  # refusals (the plan, its script files) before anything exists
+        self.api = api
+        self.poll_s, self.ready_timeout_s, self.job_timeout_s = poll_s, ready_timeout_s, job_timeout_s
+        self._orch: Orchestrator | None = None
         self.scrape_s = scrape_s  # how often the instances' exporters are read while a run's Job runs
         self.scenario_timeout_s = scenario_timeout_s  # from the fault (the fence lifted) to a healthy Cluster
         self._exporter_told = False
@@ -140,83 +127,36 @@ class KubernetesSweep:
         self._guess_told = False
         self._probed: dict[str, disks.Volume | str] = {}  # claim@node#pod uid → its mount, or why unknown
         self._tries: dict[str, int] = {}  # probes of a key so far (a failure is tried once more)
-        probes = store.dir / "volume-probes"  # a resumed sweep's probes go beside the earlier ones, not over them
-        self._probes = len(list(probes.iterdir())) if probes.is_dir() else 0
-        self.manifests = manifests
+        self._probes = 0
+        self._events: list[Event] = []
         self.k8s = target_of(plan)
         self.points = expand(plan, cores=client_cores(self.k8s))  # the same points (and Job names) render made
         self.current: Point = self.points[0]  # the point the Cluster is shaped for (CPU step, parameters)
 
-    # ------------------------------------------------------------ the sweep
-    def run(self, sweep_id: int, resumed: bool) -> SweepResult:
-        plan, store, ui = self.plan, self.store, self.ui
-        result = SweepResult(sweep_id, store.dir, resumed=resumed)
-        if resumed:
-            point_ids, done = store.point_ids(sweep_id), store.completed_runs(sweep_id)
-        else:
-            point_ids = store.add_points(sweep_id, [(p.index, p.key, p.axes) for p in self.points])
-            done = set()
-        repeats = plan.run.repeats
-        todo = [(p, r) for p in self.points for r in range(1, repeats + 1) if (p.key, r) not in done]
-        result.already_done = len(self.points) * repeats - len(todo)
-        if resumed:
-            ui.log(f"resuming sweep {sweep_id}: {result.already_done} of {len(self.points) * repeats} runs already "
-                   f"complete, {len(todo)} to go")
-        with_storage = plan.storage is not None and not store.storage_done(sweep_id)
-        if not todo and not with_storage:
-            store.end_sweep(sweep_id, "done")
-            store.close()
-            return result
-        seconds = plan.run.measured_seconds
-        per_run = plan.run.warmup + seconds + JOB_OVERHEAD_S if seconds is not None else None
-        ui.sweep_started(len(todo), per_run * len(todo) if per_run else None)
-        status, reason = "done", None
-        self.current = todo[0][0] if todo else self.points[0]  # what the Cluster is created for
-        with interrupt_signals() as signals:
-            try:
-                self._provision(sweep_id, with_storage)
-                if with_storage:
-                    self._storage_phase(sweep_id)
-                    store.add_events(sweep_id, [(now(), "storage-done", "")])
-                if todo:
-                    self._initialise()
-                for point, repeat in todo:
-                    if self._stop:
-                        raise K8sError(self._stop)
-                    self._step_to(sweep_id, point)
-                    result.record(point, repeat, self._one_run(sweep_id, point_ids[point.key], point, repeat))
-                    if plan.run.pause:
-                        time.sleep(plan.run.pause)
-            except RunInterrupted as exc:
-                status, reason = "interrupted", f"interrupted by {exc.signal_name}"
-                result.interrupted = True
-            except urllib3.exceptions.HTTPError as exc:
-                status, reason = "failed", f"the Kubernetes API server cannot be reached: {exc}"
-                raise K8sError(reason) from None
-            except BaseException as exc:
-                status, reason = "failed", first_line(exc)
-                raise
-            finally:
-                signals.shield()
-                ui.log(f"deleting what pglab created in namespace {self.k8s.namespace}")
-                problems = self.orch.cleanup()
-                for p in problems:
-                    ui.log(f"cleanup: {p}")
-                try:
-                    if problems:
-                        store.add_events(sweep_id, [(now(), "cleanup-failed", p) for p in problems])
-                        reason = f"{reason + '; ' if reason else ''}left in the cluster: {'; '.join(problems)}"
-                    store.end_sweep(sweep_id, status, reason)
-                finally:
-                    store.close()
-        return result
+    @property
+    def orch(self) -> Orchestrator:
+        assert self._orch is not None, "preflight() connects before anything is asked of the cluster"
+        return self._orch
 
-    def _provision(self, sweep_id: int, with_storage: bool) -> None:
+    # ------------------------------------------------------------ the sweep's steps
+    def preflight(self) -> None:
+        """Connect with the plan's kubeconfig (an unusable one is the user's to fix, in one sentence)."""
+        if self.api is None:
+            self.api = connect(self.plan)
+        self._orch = Orchestrator(self.plan, self.plan_dir, self.api, poll_s=self.poll_s,
+                                  ready_timeout_s=self.ready_timeout_s, job_timeout_s=self.job_timeout_s,
+                                  log=self.ui.log)
+
+    def open(self, first: Point, with_storage: bool, resumed: bool) -> SweepInfo:
         """Namespace, RBAC, the Cluster (waited for until healthy), fio volumes, the scripts' ConfigMap."""
+        probes = self.results_dir / "volume-probes"  # a resumed sweep's probes go beside the earlier ones
+        self._probes = len(list(probes.iterdir())) if probes.is_dir() else 0
+        self.current = first  # the first point to run (a resume may start further on) decides the Cluster's shape
+        info: SweepInfo | None = None
         for m in self.manifests:
             if m.kind == "Job" or (m.kind == "PersistentVolumeClaim" and not with_storage):
                 continue
-            if m.kind == "Cluster":  # the first point to run (a resume may start further on) decides its shape
+            if m.kind == "Cluster":
                 m = Manifest(m.filename, cluster(self.plan, self.current))
             if m.kind == "DaemonSet":  # the disk figures are a figure, not a step: refused, the sweep goes on
                 try:
@@ -229,10 +169,35 @@ class KubernetesSweep:
                 self.ui.log(f"waiting for Cluster/{m.name} to be healthy ({self.k8s.instances} instances)")
                 status = self.orch.wait_cluster_ready()
                 self.ui.log(f"Cluster/{m.name} healthy, primary {status.get('currentPrimary', '?')}")
-                self.store.set_sweep_info(sweep_id, self._environment(status), self.k8s.model_dump(mode="json"))
+                info = SweepInfo(self._environment(status), self.k8s.model_dump(mode="json"))
+        assert info is not None, "render() always makes a Cluster"
+        return info
+
+    def before_run(self, point: Point) -> None:
+        if self._stop:
+            raise K8sError(self._stop)
+        self._step_to(point)
+
+    def health(self) -> str | None:
+        return self.orch.cluster_health()
+
+    def take_events(self) -> list[Event]:
+        events, self._events = self._events, []
+        return events
+
+    def explain(self, exc: BaseException) -> BaseException | None:
+        if isinstance(exc, urllib3.exceptions.HTTPError):
+            return K8sError(f"the Kubernetes API server cannot be reached: {exc}")
+        return None
+
+    def close(self, keep: bool) -> list[str]:
+        if self._orch is None:
+            return []
+        self.ui.log(f"deleting what pglab created in namespace {self.k8s.namespace}")
+        return [f"left in the cluster: {p}" for p in self.orch.cleanup()]
 
     # ------------------------------------------------------------ between points
-    def _step_to(self, sweep_id: int, point: Point) -> None:
+    def _step_to(self, point: Point) -> None:
         """Patch the Cluster into what ``point`` needs (CPU step, parameters) and wait for CloudNativePG's rollout.
 
         A CPU step is over when the operator reports the Cluster healthy again and every instance pod carries the
@@ -254,13 +219,13 @@ class KubernetesSweep:
             self.current = point  # patched: the Cluster is no longer what ``before`` needed
             seconds = self.orch.wait_rollout(what, self._pods_have(cpus) if cpus is not None else None)
         except K8sError as exc:
-            self.store.add_events(sweep_id, [(now(), f"{kind}-failed", str(exc))])
+            self._events.append((now(), f"{kind}-failed", str(exc)))
             raise
         detail = f"cpus={cpus:g}: rolling update took {seconds:.1f} s" if cpus is not None else \
             f"{', '.join(f'{k}={v}' for k, v in changed.items())}: applied in {seconds:.1f} s"
         if cpus is not None and changed:
             detail += f" (with {', '.join(f'{k}={v}' for k, v in changed.items())})"
-        self.store.add_events(sweep_id, [(now(), kind, detail)])
+        self._events.append((now(), kind, detail))
         self.ui.log(f"{what}: {detail.split(': ', 1)[1]}")
 
     def _pods_have(self, cpus: float) -> Callable[[list[Any]], str | None]:
@@ -302,7 +267,7 @@ class KubernetesSweep:
         }
 
     # ------------------------------------------------------------ storage phase and dataset
-    def _storage_phase(self, sweep_id: int) -> None:
+    def storage_phase(self, results_dir: Path) -> Iterator[FioMeasurement]:
         """fio Jobs on PVCs of the Cluster's storage classes, parsed and stored as the local storage phase does."""
         spec = self.plan.storage
         assert spec is not None
@@ -313,7 +278,7 @@ class KubernetesSweep:
             role = m.body["metadata"]["annotations"]["pglab/volume"]
             where = f"pvc/{m.name} ({classes.get(role) or 'default storage class'})"
             self.ui.log(f"storage: fio on the {role} volume, {where}: {len(jobs)} jobs of {spec.runtime:g} s")
-            dest = self.store.dir / "storage" / role
+            dest = results_dir / "storage" / role
             outcome = self.orch.run_job(m, dest)
             if not outcome.succeeded:
                 raise FioError(f"fio failed in Job/{m.name} on the {role} volume: {_last_words(outcome.log)}")
@@ -325,30 +290,29 @@ class KubernetesSweep:
                     raise FioError(f"fio job {job.name} on the {role} volume left no result in Job/{m.name}'s "
                                    "output (see its pod.log)")
                 results += fio.parse_results(data, job, where, json_file, fio._log_files(dest, job))
-            self.store.save_fio(sweep_id, role, None, results, fio.ceilings(results))
             for r in results:
                 for finding in r.findings:
                     self.ui.log(f"storage: {role} {r.job} {r.direction}: {finding.message}")
+            yield FioMeasurement(role, None, results, fio.ceilings(results))
             pvc = next(x for x in self.orch.created if x.kind == "PersistentVolumeClaim" and x.name == m.name)
             self.orch.created.remove(pvc)  # measured: its space goes back before the database phase
             self.orch.delete(pvc)
 
-    def _initialise(self) -> None:
+    def load_dataset(self) -> None:
         """pgbench -i in a Job: every sweep (and resume) starts on a new Cluster, so the dataset is loaded each time."""
         ds = self.plan.dataset
         m = pgbench_init(self.plan)
         self.ui.log(f"loading the dataset: pgbench -i -s {ds.scale} (Job/{m.name})")
         started = time.monotonic()
-        outcome = self.orch.run_job(m, self.store.dir / "dataset")
+        outcome = self.orch.run_job(m, self.results_dir / "dataset")
         if not outcome.succeeded:
             raise PgbenchError(f"pgbench -i failed in Job/{m.name}: {_last_words(outcome.log)}")
         self.ui.log(f"dataset loaded in {time.monotonic() - started:.1f} s (pod start included)")
 
     # ------------------------------------------------------------ one run
-    def _one_run(self, sweep_id: int, point_id: int, point: Point, repeat: int) -> str | None:
-        """None when the run succeeded, else why it failed. RunInterrupted propagates after marking the run."""
-        store, ui = self.store, self.ui
-        run_id, run_dir = store.start_run(sweep_id, point_id, point.index, repeat)
+    def one_run(self, point: Point, repeat: int, run_id: str, run_dir: Path) -> RunResult:
+        """The run's Job (and the witness's), the exporters read meanwhile, the files it shipped parsed."""
+        ui = self.ui
         m = pgbench_run(self.plan, point, repeat)
         (run_dir / "job.yaml").write_text(to_yaml(m.body))
         sc = point.scenario
@@ -385,61 +349,45 @@ class KubernetesSweep:
                 raise RunFailed(_job_failure(outcome, run_dir))
             result, extra, warmup_start = self._collect(run_dir, m, launched, now())
             window = (result.window_start, result.window_end)
-            metrics = {**Runner._metrics(result), **extra}
+            metrics = {**pgbench_metrics(result), **extra}
             if point.cpus is not None:
                 metrics["limit_cpus"] = point.cpus  # the step's CPU limit per instance, as a local run stores it
             figures = exporter.summarize(scraper.scrapes, scraper.primary, window, DATABASE) if scraper else None
             if figures is not None:
                 metrics.update(figures.metrics)
-            series = [(p.ts, "pgbench", name, v) for p in result.progress
-                      for name, v in (("tps", p.tps), ("latency_ms", p.latency_ms), ("stddev_ms", p.stddev_ms),
-                                      ("failed", p.failed), ("lag_ms", p.lag_ms)) if v is not None]
+            series = pgbench_series(result, "pgbench")
             if figures is not None:
                 series += figures.series
             disk = self._disks(run_dir, launched, window, nodes_read)
             if disk is not None:
                 metrics.update(disk.metrics)
                 series += disk.series
-            events: list[tuple[float, str, str]] = []
+            events: list[Event] = []
             if warmup_start is not None:
                 events += [(warmup_start, "warmup-start", f"{self.plan.run.warmup:g} s"),
                            (window[0], "warmup-end", "")]
-            events += [(window[0], "window-start", ""), (window[1], "window-end", "")]
             if injector is not None:
                 metrics.update(self._scenario_metrics(injector, run_dir, window))
-                events += injector.events
             if wm is not None:
                 metrics.update(self._witness(wm, run_dir, injector.fault_time if injector else None))
-            _write_json(run_dir / "run.json", {"run_id": run_id, "point": point.axes, "repeat": repeat,
-                                               "window": window, "job": m.name, "command": result.command,
-                                               "metrics": metrics, "files": outcome.files + exporter_files + (
-                                                   disk.files if disk else []),
-                                               "exporter": figures.info if figures else None,
-                                               "disk": disk.info if disk else None})
-            store.finish_run(run_id, "ok", window=window, settings=settings or None, metrics=metrics, series=series,
-                             events=events)
-            ui.run_finished(point, repeat, "ok", metrics)
-            return None
-        except RunInterrupted as exc:
-            store.finish_run(run_id, "interrupted", reason=f"interrupted by {exc.signal_name}")
-            ui.run_finished(point, repeat, "interrupted", {})
-            raise
-        except (RunFailed, PgbenchError, K8sError, WitnessLogError, OSError) as exc:
-            reason = first_line(exc)
-            if (problem := self.orch.cluster_health()) and problem not in reason:
-                reason += f"; {problem}"
+            if injector is not None:
+                events += injector.events
+            return RunResult.of(window, metrics, series=series, events=events, settings=settings or None,
+                                record={"job": m.name, "command": result.command,
+                                        "files": outcome.files + exporter_files + (disk.files if disk else []),
+                                        "exporter": figures.info if figures else None,
+                                        "disk": disk.info if disk else None})
+        except self.run_errors:
             if injector is not None and injector.events:
-                store.add_events(sweep_id, injector.events)  # what the fault did, kept with the failed run's sweep
-            store.finish_run(run_id, "failed", reason=reason)
-            ui.run_finished(point, repeat, "failed", {"reason": reason})
-            return reason
+                self._events += injector.events  # what the fault did, kept with the failed run's sweep
+            raise
         finally:
             if injector is not None and injector.fenced:  # a run that failed while a standby was fenced: first
-                self._unfence(sweep_id, injector)
+                self._unfence(injector)
             if wm is not None:
                 self.orch.discard(wm)  # a witness still writing after a failed run goes now, not at the end
 
-    def _unfence(self, sweep_id: int, injector: Injector) -> None:
+    def _unfence(self, injector: Injector) -> None:
         """Lift the fence of a run that ended early; if that fails the next runs would find a standby missing, so
         it is said, kept as an event, and the sweep ends before its next run (the Cluster, fence and all, is deleted
         then)."""
@@ -448,7 +396,7 @@ class KubernetesSweep:
         except (K8sError, urllib3.exceptions.HTTPError) as exc:
             why = f"the fence of {injector.standby} could not be lifted: {first_line(exc)}"
             self.ui.log(why)
-            self.store.add_events(sweep_id, [(now(), "unfence-failed", why)])
+            self._events.append((now(), "unfence-failed", why))
             self._stop = f"{why}; the sweep stops (its next runs would miss that standby)"
 
     def _scenario_metrics(self, injector: Injector, run_dir: Path,
@@ -461,11 +409,9 @@ class KubernetesSweep:
         out: dict[str, float | None] = {"fault_at_s": fault - window[0], "recovered_s": back - fault}
         if injector.kind != "standby-loss":
             out["leader_changed"] = 1.0 if injector.new != injector.old else 0.0
-        lat, end_ts = pgbench.read_transaction_log(sorted(f for f in run_dir.iterdir() if TXN_LOG.match(f.name)))
-        scale = 1.0 / self.plan.run.sampling_rate
-        for phase, a, b in (("before", window[0], fault), ("during", fault, back), ("after", back, window[1])):
-            tps, latency = pgbench.phase_stats(lat, end_ts, a, b)
-            out[f"tps_{phase}"], out[f"latency_{phase}_ms"] = tps * scale, latency
+        out.update(phase_metrics(sorted(f for f in run_dir.iterdir() if TXN_LOG.match(f.name)),
+                                 self.plan.run.sampling_rate,
+                                 [("before", window[0], fault), ("during", fault, back), ("after", back, window[1])]))
         return out
 
     def _witness(self, wm: Manifest, run_dir: Path, fault_time: float | None) -> dict[str, float | None]:
@@ -475,14 +421,10 @@ class KubernetesSweep:
         log = parse_witness_log(outcome.log)
         w = evaluate(log.attempts, log.present, fault_time=fault_time, verified_on=f"{self.k8s.cluster_name}-rw",
                      timeline=log.timeline)
-        _write_json(run_dir / "witness.json", w.as_dict())
+        write_json(run_dir / "witness.json", w.as_dict())
         if not outcome.succeeded:
             raise RunFailed(f"the witness failed in Job/{wm.name}: {_last_words(outcome.log)}")
-        return {"witness_attempts": float(w.attempts), "witness_acked": float(w.acked),
-                "witness_failed": float(w.failed), "in_doubt": float(w.in_doubt),
-                "acked_lost": float(w.acked_lost), "in_doubt_survived": float(len(w.in_doubt_survived)),
-                "witness_unexpected": float(len(w.unexpected)), "rto_s": w.rto_s, "write_gap_s": w.gap_s,
-                "lsn_gap_bytes": float(w.lsn_gap_bytes) if w.lsn_gap_bytes is not None else None}
+        return witness_metrics(w)
 
     def _wait_replay(self) -> None:
         """Start every run with the standbys caught up, as a local run does, so one run's replication backlog never
@@ -592,7 +534,7 @@ class KubernetesSweep:
         if problems:
             result.info["note"] = "; ".join(problems) + ": no disk figures"
         if files:
-            _write_json(folder / "disk.json", result.info)
+            write_json(folder / "disk.json", result.info)
             result.files.append("disk/disk.json")
         if problems or not result.metrics:
             self._tell_disk(str(result.info.get("note")))
@@ -645,7 +587,7 @@ class KubernetesSweep:
             self._probes += 1
             m = volume_probe(self.plan, f"{self.k8s.cluster_name}-volumes-{self._probes}", node, [c for c, _ in todo])
             try:
-                outcome = self.orch.run_job(m, self.store.dir / "volume-probes" / m.name)
+                outcome = self.orch.run_job(m, self.results_dir / "volume-probes" / m.name)
                 found: dict[str, disks.Volume] | str = disks.parse_probe_log(outcome.log)
                 if not outcome.succeeded:
                     found = f"Job/{m.name} failed: {_last_words(outcome.log)}"
@@ -696,7 +638,7 @@ class KubernetesSweep:
                 raise RunFailed(f"parameter {name}: the primary ran with {setting}{unit}, not {value} "
                                 f"(CloudNativePG had not applied it after {SETTINGS_WAIT_S} s)")
             settings[name] = {"setting": setting, "unit": unit or None}
-        _write_json(run_dir / "settings.json", settings)
+        write_json(run_dir / "settings.json", settings)
         return settings
 
     def _collect(self, run_dir: Path, m: Manifest, launched: float,

@@ -1,0 +1,364 @@
+"""The driver of targets pglab reaches as processes and connections: the local lab, the Patroni lab, an external
+server. :class:`ProcessDriver` is what they share with the tenants' fleet (provisioning, the storage phase, the
+dataset, server logs, teardown); :class:`LocalDriver` does one measured run on one primary."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+from pglab import environment
+from pglab.artifacts import write_json, write_samples
+from pglab.engine.driver import FioMeasurement, SweepInfo
+from pglab.engine.types import Event, Observer, RunFailed, RunResult
+from pglab.plan.expand import Point, expand
+from pglab.plan.load import resolve_path
+from pglab.plan.schema import Plan
+from pglab.probes import ProbeContext, ProbeOpenError, Sampler, default_probes
+from pglab.probes.base import now
+from pglab.targets.base import Endpoints, Target
+from pglab.targets.local import cgroups, registry
+from pglab.targets.local.cluster import LabError
+from pglab.workloads import pgbench
+from pglab.workloads.pgbench import PgbenchError, PgbenchProcess
+
+RUN_ERRORS: tuple[type[BaseException], ...] = (RunFailed, PgbenchError, LabError, ProbeOpenError, psycopg.Error)
+
+
+class ProcessDriver:
+    """A sweep over a :class:`Target`: what every process-run target does the same way."""
+
+    run_overhead_s = 3.0
+    run_errors = RUN_ERRORS
+
+    def __init__(self, plan: Plan, plan_dir: Path, plan_text: str, results_dir: Path, target: Target,
+                 ui: Observer):
+        self.plan, self.plan_dir, self.plan_text = plan, plan_dir, plan_text
+        self.results_dir = results_dir.resolve()  # pgbench runs in the run folder: paths must be absolute
+        self.target, self.ui = target, ui
+        self.points = expand(plan)
+        self._pgbench: list[PgbenchProcess] = []  # what an interrupt must stop
+        self._events: list[Event] = []
+        self._logs_dir = self.results_dir / "server-logs"
+        self._endpoints: Endpoints | None = None
+
+    # ------------------------------------------------------------ the sweep's steps
+    def preflight(self) -> None:
+        for message in registry.reap_orphans():  # a lab a killed pglab left behind goes before a new one starts
+            self.ui.log(message)
+        self.target.preflight()
+
+    def open(self, first: Point, with_storage: bool, resumed: bool) -> SweepInfo:
+        if resumed:
+            self._logs_dir = self.results_dir / "server-logs" / time.strftime("resumed-%Y%m%d-%H%M%S")
+        target = self.target
+        if self.plan.matrix.cpus:  # the scaling loop: build the lab at its first step, no restart needed for it
+            target.cpus_axis, target.cpus = True, first.cpus
+        endpoints = self._endpoints = target.provision(self.parameters(first))
+        return SweepInfo(environment.capture(endpoints.primary.conninfo(), target.probe_paths(), target.bindir,
+                                             self.plan_text), target.describe())
+
+    def storage_phase(self, results_dir: Path) -> Iterator[FioMeasurement]:
+        from pglab import storage
+        from pglab.workloads import fio
+
+        spec = self.plan.storage
+        assert spec is not None
+        self.ui.log(f"storage phase: fio on {', '.join(spec.paths)} ({spec.runtime:g} s per job)")
+        jobs = storage.plan_jobs(spec.profiles, [resolve_path(f, self.plan_dir) for f in spec.job_files])
+        paths = {label: p for label, p in self.target.storage_paths().items() if label in spec.paths}
+        yield from storage.measure(results_dir, paths, jobs, runtime_s=spec.runtime,
+                                   size_bytes=fio.parse_size(spec.size), log=self.ui.log)
+
+    def load_dataset(self) -> None:
+        ds = self.plan.dataset
+        endpoints = self._endpoints
+        assert endpoints is not None, "open() provisions before the dataset is loaded"
+        with psycopg.connect(endpoints.primary.conninfo(), autocommit=True) as conn:
+            state = pgbench.dataset_state(conn)
+        if state != {"scale": ds.scale, "partitions": ds.partitions or 0}:
+            self.ui.log(f"loading the dataset: pgbench -i -s {ds.scale}")
+            seconds = pgbench.initialise(self.target.bindir, endpoints.primary, ds, self.results_dir / "dataset")
+            self.ui.log(f"dataset loaded in {seconds:.1f} s")
+
+    def before_run(self, point: Point) -> None:
+        """Nothing between runs: a run provisions what its point needs itself (a reload, a restart, a CPU step)."""
+
+    def health(self) -> str | None:
+        return self.target.health()
+
+    def take_events(self) -> list[Event]:
+        events, self._events = self._events + self.target.take_events(), []
+        return events
+
+    def explain(self, exc: BaseException) -> BaseException | None:
+        return None
+
+    def close(self, keep: bool) -> list[str]:
+        self._stop_pgbench()
+        try:
+            self._keep_server_logs()
+        finally:
+            self.target.teardown(keep=keep)
+        return []
+
+    # ------------------------------------------------------------ shared by the runs
+    def parameters(self, point: Point) -> dict[str, Any]:
+        return {**self.plan.postgres.parameters, **point.parameters, "synchronous_commit": point.synchronous_commit}
+
+    def prepare_dataset(self, target: Target, endpoints: Endpoints, run_dir: Path) -> None:
+        """Put the dataset back as the plan's ``dataset.reset`` says, and wait for the standbys to catch up."""
+        ds = self.plan.dataset
+        if target.read_only:  # a server pglab may not write to: the dataset is used as it is
+            return
+        if ds.reset == "reinit":
+            pgbench.initialise(target.bindir, endpoints.primary, ds, run_dir)
+        elif ds.reset == "snapshot":
+            write_json(run_dir / "dataset-reset.json", target.reset_dataset())
+        with psycopg.connect(endpoints.primary.conninfo(application_name="pglab-control"),
+                             autocommit=True) as conn:
+            if ds.reset == "vacuum":
+                pgbench.reset_for_run(conn)
+            _wait_replay(conn)
+
+    @staticmethod
+    def settings(endpoints: Endpoints, run_dir: Path) -> dict[str, Any]:
+        """The primary's settings that are not defaults, as it reports them (settings.json)."""
+        with psycopg.connect(endpoints.primary.conninfo(application_name="pglab-control"),
+                             autocommit=True) as conn:
+            rows = conn.execute("SELECT name, setting, unit FROM pg_settings WHERE source NOT IN "
+                                "('default', 'override') ORDER BY name").fetchall()
+        settings = {n: {"setting": s, "unit": u} for n, s, u in rows}
+        write_json(run_dir / "settings.json", settings)
+        return settings
+
+    def _stop_pgbench(self) -> None:
+        for proc in self._pgbench:
+            proc.stop()
+        self._pgbench.clear()
+
+    def _keep_server_logs(self) -> None:
+        """Copy the server logs into the results (artifacts) and keep checkpoint starts as sweep events."""
+        try:
+            logs_dir = self._logs_dir
+            logs_dir.mkdir(parents=True, exist_ok=True)
+            for name, path in self.target.server_logs().items():
+                shutil.copyfile(path, logs_dir / f"{name}.log")
+            primary_log = logs_dir / "n0.log"
+            if primary_log.is_file():
+                self._events += checkpoint_events(primary_log.read_text(errors="replace"))
+        except OSError as exc:  # artifacts are best effort here: teardown must still happen
+            self.ui.log(f"server logs not kept: {exc}")
+
+
+class LocalDriver(ProcessDriver):
+    """One primary (and its standbys) per run: the local lab, the Patroni lab, an external server."""
+
+    def one_run(self, point: Point, repeat: int, run_id: str, run_dir: Path) -> RunResult:
+        target, plan = self.target, self.plan
+        sampler: Sampler | None = None
+        try:
+            self.ui.run_started(point, repeat, "prepare")
+            endpoints = target.provision(self.parameters(point))
+            if point.cpus is not None:
+                target.set_cpus(point.cpus)
+            self._events += target.take_events()
+            if problem := target.health():
+                raise RunFailed(problem)
+            limits = target.limits_in_force()
+            if limits:
+                write_json(run_dir / "limits.json", limits)
+            links = target.links_in_force()
+            if links:  # the replication links as Toxiproxy shapes them during this run
+                write_json(run_dir / "network.json", links)
+            self.prepare_dataset(target, endpoints, run_dir)
+            self._events += target.take_events()  # a snapshot reset's own
+            settings = self.settings(endpoints, run_dir)
+            ctx = ProbeContext(
+                primary_conninfo=endpoints.primary.conninfo(application_name="pglab-probe"),
+                standby_conninfos={s.name: s.conninfo(application_name="pglab-probe") for s in endpoints.standbys},
+                paths=target.probe_paths(),
+                server_pids=target.server_pids,
+                client_pids=lambda: [p.pid for p in self._pgbench],
+                wait_hz=plan.probes.wait_hz,
+            )
+            sampler = Sampler(default_probes(ctx) if plan.probes.enabled else [])
+            sampler.start()
+            run = plan.run
+            events: list[Event] = []
+            if run.warmup > 0:
+                self.ui.run_started(point, repeat, "warm-up")
+                events.append((now(), "warmup-start", f"{run.warmup:g} s"))
+                self._pgbench_once(endpoints, point, run_dir, "warmup", seconds=run.warmup, transactions=None,
+                                   log=False)
+                events.append((now(), "warmup-end", ""))
+            self.ui.run_started(point, repeat, "measure")
+            primary_name = target.primary_name()
+            cpu_before, launched = target.cpu_stats(), now()
+            scenario_metrics: dict[str, float | None] = {}
+            if point.scenario is None:
+                measured = self._pgbench_once(endpoints, point, run_dir, "pgbench", seconds=run.measured_seconds,
+                                              transactions=run.transactions, log=True)
+                cpu_after, ended = target.cpu_stats(), now()
+                wait_for_tick(ended)  # let every 1 s probe take the sample that closes the window
+                samples = sampler.stop()
+                result = pgbench.finish_run(measured[0], measured[1], run_dir / "pgbench_log", launched, ended)
+            else:
+                from pglab.drivers.faults import through_scenario
+
+                result, scenario_metrics, scenario_events = through_scenario(
+                    plan, target, self.ui.log, self._pgbench_once, point, run_dir, launched)
+                cpu_after, ended = target.cpu_stats(), result.window_end
+                wait_for_tick(ended)
+                samples = sampler.stop()
+                events += scenario_events
+            window = (result.window_start, result.window_end)
+            metrics = pgbench_metrics(result)
+            metrics.update(sampler.summarize(*window))
+            metrics.update(limit_metrics(limits, cpu_before, cpu_after, ended - launched, primary_name))
+            metrics.update(scenario_metrics)
+            if sampler.errors:
+                (run_dir / "probe-errors.txt").write_text("\n".join(sampler.errors) + "\n")
+            series = pgbench_series(result, "pgbench")
+            series += [(s.ts, s.source, s.metric, s.value) for s in samples]
+            write_samples(run_dir / "probes.csv", samples)
+            return RunResult.of(window, metrics, series=series, events=events, settings=settings,
+                                record={"command": result.command})
+        except BaseException:
+            self._stop_pgbench()
+            if sampler:
+                sampler.stop()
+            raise
+
+    def _pgbench_once(self, endpoints: Endpoints, point: Point, run_dir: Path, name: str, seconds: float | None,
+                      transactions: int | None, log: bool, watch_health: bool = True) -> tuple[PgbenchProcess, int]:
+        """One pgbench, watched: the target's health each second, and a deadline past its duration."""
+        target = self.target
+        args = pgbench.run_args(target.bindir, point.workload, point.clients, point.jobs, self.plan.run,
+                                self.plan_dir, seconds=seconds, transactions=transactions,
+                                log_prefix=run_dir / "pgbench_log" if log else None)
+        args = cgroups.wrap(args, target.client_procs_files())  # pgbench in its own cgroup, when the plan asks
+        proc = PgbenchProcess(args, endpoints.primary, run_dir, name, on_progress=self.ui.progress)
+        self._pgbench.append(proc)
+        started = time.monotonic()
+        # a run that outlives its duration this long is stuck (commits waiting for a standby that is gone)
+        deadline = started + seconds + max(30.0, seconds) if seconds else None
+        try:
+            while (rc := proc.poll_for(1.0)) is None:
+                if watch_health and (problem := target.health()):
+                    proc.stop()
+                    raise RunFailed(f"{problem} ({time.monotonic() - started:.1f} s into the {name} run)")
+                if deadline is not None and seconds is not None and time.monotonic() > deadline:
+                    proc.stop()
+                    raise RunFailed(f"pgbench did not end {time.monotonic() - started - seconds:.0f} s after its "
+                                    f"{seconds:g} s: transactions stuck (a synchronous standby not answering?)")
+            proc.wait()
+        except BaseException:  # an interrupt while waiting: pgbench lives in its own session, stop it here
+            proc.stop()
+            raise
+        finally:
+            self._pgbench.remove(proc)
+        if name == "warmup" and rc != 0:
+            err = proc.stderr_path.read_text().strip().splitlines()
+            raise PgbenchError(f"warm-up pgbench exited with code {rc}: {(err or ['no message'])[-1]}")
+        return proc, rc
+
+
+def pgbench_metrics(result: pgbench.PgbenchRun) -> dict[str, float | None]:
+    """A run's pgbench figures: its summary, and the percentiles of its per-transaction log."""
+    s = result.summary
+    m: dict[str, float | None] = {
+        "tps": s.tps,
+        "latency_avg_ms": s.latency_avg_ms,
+        "latency_stddev_ms": s.latency_stddev_ms,
+        "initial_connection_ms": s.initial_connection_ms,
+        "transactions": float(s.transactions),
+        "failed": float(s.failed),
+        "window_s": result.window_end - result.window_start,
+    }
+    if result.log:
+        m.update({
+            "latency_p50_ms": result.log.percentiles_ms[50],
+            "latency_p95_ms": result.log.percentiles_ms[95],
+            "latency_p99_ms": result.log.percentiles_ms[99],
+            "latency_max_ms": result.log.latency_max_ms,
+            "latency_log_mean_ms": result.log.latency_mean_ms,
+            "logged_transactions": float(result.log.count),
+        })
+    return m
+
+
+def pgbench_series(result: pgbench.PgbenchRun, source: str,
+                   metrics: tuple[str, ...] = ("tps", "latency_ms", "stddev_ms", "failed", "lag_ms")
+                   ) -> list[tuple[float, str, str, float | None]]:
+    """pgbench's per-second progress lines as series points."""
+    return [(p.ts, source, m, v) for p in result.progress for m in metrics if (v := getattr(p, m)) is not None]
+
+
+def limit_metrics(limits: dict[str, Any], before: dict[str, dict[str, float]], after: dict[str, dict[str, float]],
+                  seconds: float, primary_name: str = "n0") -> dict[str, float | None]:
+    """The limits in force during the run, and the primary's CPU use and throttling from its own cgroup (the
+    node that was primary when the run started: on an HA lab, not always n0)."""
+    if not limits:
+        return {}
+    out: dict[str, float | None] = {"limits_applied": 1.0 if limits.get("applied") else 0.0}
+    primary = limits.get(primary_name) or {}
+    if primary.get("cpus") is not None:
+        out["limit_cpus"] = primary["cpus"]
+    if (limits.get("client") or {}).get("cpus") is not None:
+        out["limit_client_cpus"] = limits["client"]["cpus"]
+    for group, prefix in ((primary_name, "primary"), ("client", "client")):
+        b, a = before.get(group), after.get(group)
+        if b and a and seconds > 0:
+            out[f"{prefix}_cgroup_cpu_cores"] = (a["usage_s"] - b["usage_s"]) / seconds
+            periods = a["periods"] - b["periods"]
+            throttled = (a["throttled"] - b["throttled"]) / periods * 100 if periods > 0 else 0.0
+            out["cpu_throttled_pct" if prefix == "primary" else "client_throttled_pct"] = throttled
+    if "primary_cgroup_cpu_cores" in out:
+        out["primary_cpu_cores"] = out.pop("primary_cgroup_cpu_cores")
+    return out
+
+
+_LOG_TIME = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)?) (UTC|GMT)")
+
+
+def checkpoint_events(log_text: str) -> list[Event]:
+    """(epoch ts, "checkpoint-start", reason) for every "checkpoint starting: …" line of a server log.
+
+    pg_stat_bgwriter counts a checkpoint when it completes; the log says when it began, which is when its
+    flush storm starts (log_line_prefix is PostgreSQL's default '%m [%p] ', logged in UTC here)."""
+    events = []
+    for line in log_text.splitlines():
+        if "checkpoint starting:" not in line:
+            continue
+        m = _LOG_TIME.match(line)
+        if m:
+            when = datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S.%f" if "." in m.group(1) else "%Y-%m-%d %H:%M:%S")
+            events.append((when.replace(tzinfo=UTC).timestamp(), "checkpoint-start",
+                           line.split("checkpoint starting:", 1)[1].strip()))
+    return events
+
+
+def wait_for_tick(t: float) -> None:
+    """Sleep past the next whole second, so every 1 s probe has taken the sample that closes the window."""
+    time.sleep(max(0.0, (int(t) + 1 - t) + 0.25))
+
+
+def _wait_replay(conn: psycopg.Connection[Any], timeout: float = 60) -> None:
+    """Start every run with standbys caught up, so one run's replication backlog never leaks into the next."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        behind = conn.execute(
+            "SELECT count(*) FROM pg_stat_replication "
+            "WHERE replay_lsn IS NULL OR replay_lsn < pg_current_wal_lsn()").fetchone()
+        if behind is None or behind[0] == 0:
+            return
+        time.sleep(0.1)
+    raise RunFailed(f"standbys did not catch up within {timeout:.0f} s before the run")

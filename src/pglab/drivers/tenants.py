@@ -1,0 +1,253 @@
+"""The driver of a tenants plan: every tenant's own pgbench at once, in the same window, per tenant and per tier.
+
+Each arrangement × repeat is one run. What it records: per tenant (table ``tenant_metrics``) TPS and latency as
+that tenant's pgbench reports them, p95/p99 from its transaction log, CPU and IOs from its instances' cgroups,
+memory (PSS) sampled mid-window; per tier and per host (``run_metrics``) the aggregates the tier table is made of;
+the host's disk and CPU series from the usual probes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from pglab.artifacts import write_json, write_samples
+from pglab.drivers.local import ProcessDriver, pgbench_metrics, pgbench_series, wait_for_tick
+from pglab.engine.driver import SweepInfo
+from pglab.engine.types import Event, Observer, RunFailed, RunResult, TenantFigure
+from pglab.plan.expand import Point
+from pglab.plan.schema import Plan, Tier
+from pglab.probes import CpuProbe, DiskProbe, MemoryProbe, ProbeContext, Sampler
+from pglab.probes.base import now
+from pglab.targets.local.fleet import Fleet, Tenant
+from pglab.workloads import pgbench
+from pglab.workloads.pgbench import PgbenchError, PgbenchProcess, ProgressPoint
+
+MIB = 1024 * 1024
+
+
+class TenantsDriver(ProcessDriver):
+    """A fleet of local labs, one per tenant of the current arrangement."""
+
+    def __init__(self, plan: Plan, plan_dir: Path, plan_text: str, results_dir: Path, fleet: Fleet, ui: Observer):
+        super().__init__(plan, plan_dir, plan_text, results_dir, fleet, ui)
+        self.fleet = fleet
+        self._running: dict[str, PgbenchProcess] = {}
+
+    def open(self, first: Point, with_storage: bool, resumed: bool) -> SweepInfo:
+        assert first.arrangement is not None
+        self.fleet.use(first.arrangement)  # the fleet of the first arrangement to run
+        return super().open(first, with_storage, resumed)
+
+    def _stop_pgbench(self) -> None:
+        _stop(self._running)
+        super()._stop_pgbench()
+
+    def one_run(self, point: Point, repeat: int, run_id: str, run_dir: Path) -> RunResult:
+        """Every tenant at once; a tenant's failure fails the run, its server logs kept beside its output."""
+        fleet, plan, ui = self.fleet, self.plan, self.ui
+        assert point.arrangement is not None
+        running = self._running
+        sampler: Sampler | None = None
+        try:
+            ui.run_started(point, repeat, "prepare")
+            fleet.use(point.arrangement)
+            fleet.provision(dict(plan.postgres.parameters))
+            self._events += fleet.take_events()
+            if problem := fleet.health():
+                raise RunFailed(problem)
+            limits = fleet.limits_in_force()
+            write_json(run_dir / "limits.json", limits)
+            dirs = {t.name: run_dir / "tenants" / t.name for t in fleet.tenants}
+            for t in fleet.tenants:
+                dirs[t.name].mkdir(parents=True)
+                self.prepare_dataset(t.lab, t.lab.endpoints(), dirs[t.name])
+            self._events += [e for t in fleet.tenants for e in t.lab.take_events()]
+            settings = self.settings(fleet.tenants[0].lab.endpoints(), run_dir)
+            ctx = ProbeContext(primary_conninfo=fleet.tenants[0].lab.endpoints().primary.conninfo(),
+                               paths=fleet.probe_paths(), server_pids=fleet.server_pids,
+                               client_pids=lambda: [p.pid for p in running.values()])
+            sampler = Sampler([DiskProbe(ctx), CpuProbe(ctx), MemoryProbe(ctx)] if plan.probes.enabled else [])
+            sampler.start()
+            run = plan.run
+            events: list[Event] = []
+            if run.warmup > 0:
+                ui.run_started(point, repeat, "warm-up")
+                events.append((now(), "warmup-start", f"{run.warmup:g} s"))
+                self._all_at_once(dirs, "warmup", run.warmup, None, log=False)
+                events.append((now(), "warmup-end", ""))
+            ui.run_started(point, repeat, "measure")
+            before, launched = fleet.usage(), now()
+            codes, memory = self._all_at_once(dirs, "pgbench", run.measured_seconds, run.transactions, log=True)
+            after, ended = fleet.usage(), now()
+            wait_for_tick(ended)
+            samples = sampler.stop()
+            results: dict[str, pgbench.PgbenchRun] = {}
+            failed: list[str] = []
+            for t in fleet.tenants:
+                proc = running.pop(t.name)
+                try:
+                    results[t.name] = pgbench.finish_run(proc, codes[t.name], dirs[t.name] / "pgbench_log", launched,
+                                                         ended)
+                except PgbenchError as exc:
+                    failed.append(f"tenant {t.name} ({t.tier.name}): {exc}")
+            if failed:
+                raise RunFailed("; ".join(failed))
+            window = (min(x.window_start for x in results.values()), max(x.window_end for x in results.values()))
+            instances = plan.tenants.instances if plan.tenants else 1
+            rows, per_tenant = _tenant_rows(fleet.tenants, results, before, after, memory, ended - launched,
+                                            instances)
+            metrics = _aggregates(point, fleet.tenants, per_tenant, instances)
+            metrics.update(sampler.summarize(*window))
+            if sampler.errors:
+                (run_dir / "probe-errors.txt").write_text("\n".join(sampler.errors) + "\n")
+            series = [pt for name, res in results.items()
+                      for pt in pgbench_series(res, f"tenant:{name}", ("tps", "latency_ms"))]
+            series += [(s.ts, s.source, s.metric, s.value) for s in samples]
+            write_samples(run_dir / "probes.csv", samples)
+            _keep_server_logs(fleet, dirs)
+            return RunResult.of(window, metrics, series=series, events=events, settings=settings, tenants=rows,
+                                record={"tenants": {n: {"tier": t, **m} for n, (t, m) in per_tenant.items()}})
+        except BaseException as exc:
+            _stop(running)
+            if sampler:
+                sampler.stop()
+            if isinstance(exc, self.run_errors):
+                _keep_server_logs(fleet, run_dir / "tenants")
+            raise
+
+    def _all_at_once(self, dirs: dict[str, Path], name: str, seconds: float | None, transactions: int | None,
+                     log: bool) -> tuple[dict[str, int], dict[str, float]]:
+        """Start every tenant's pgbench, wait for all; their summed progress feeds the live display. Returns
+        each tenant's exit code, and its server memory (PSS bytes) sampled half-way through, every client
+        connected."""
+        return _all_at_once(self, self.fleet, dirs, self._running, name, seconds, transactions, log)
+
+
+def _all_at_once(r: TenantsDriver, fleet: Fleet, dirs: dict[str, Path], running: dict[str, PgbenchProcess],
+                 name: str, seconds: float | None, transactions: int | None, log: bool
+                 ) -> tuple[dict[str, int], dict[str, float]]:
+    first = fleet.tenants[0].name
+    latest: dict[str, float] = {}
+
+    def progress_of(tenant: str) -> Callable[[ProgressPoint], None]:
+        def seen(p: ProgressPoint) -> None:  # the live display shows the host's TPS, once a second
+            latest[tenant] = p.tps
+            if tenant == first:
+                r.ui.progress(ProgressPoint(p.ts, sum(latest.values()), None, None, None, None))
+        return seen
+
+    for t in fleet.tenants:
+        args = pgbench.run_args(fleet.bindir, t.tier.workload, t.tier.clients, t.tier.jobs,
+                                r.plan.run, r.plan_dir, seconds=seconds, transactions=transactions,
+                                log_prefix=dirs[t.name] / "pgbench_log" if log else None)
+        running[t.name] = PgbenchProcess(args, t.lab.endpoints().primary, dirs[t.name], name,
+                                         on_progress=progress_of(t.name))
+    started = time.monotonic()
+    memory_at = started + (seconds or 0) / 2
+    memory: dict[str, float] = {}
+    deadline = started + seconds + max(30.0, seconds) if seconds else None
+    codes: dict[str, int] = {}
+    while len(codes) < len(running):
+        for tname, proc in running.items():
+            if tname not in codes and (rc := proc.poll_for(0.2 / len(running))) is not None:
+                codes[tname] = rc
+        if not memory and time.monotonic() >= memory_at:
+            memory = fleet.memory()
+        if problem := fleet.health():
+            raise RunFailed(f"{problem} ({time.monotonic() - started:.1f} s into the {name} run)")
+        if deadline is not None and time.monotonic() > deadline:
+            stuck = sorted(set(running) - set(codes))
+            late = time.monotonic() - started - seconds
+            raise RunFailed(f"pgbench of tenant(s) {', '.join(stuck)} did not end {late:.0f} s after its {seconds:g} s")
+    for proc in running.values():
+        proc.wait()
+    if name == "warmup":
+        bad = [t for t, rc in codes.items() if rc != 0]
+        running.clear()
+        if bad:
+            raise PgbenchError(f"warm-up pgbench of tenant(s) {', '.join(bad)} failed")
+    return codes, memory or fleet.memory()
+
+
+def _keep_server_logs(fleet: Fleet, dirs: dict[str, Path] | Path) -> None:
+    """Each tenant's server logs beside its pgbench output: an arrangement's tenants are gone before the sweep
+    ends (the next arrangement gets new ones), so the runner's end-of-sweep copy would miss them."""
+    for t in fleet.tenants:
+        dest = dirs[t.name] if isinstance(dirs, dict) else dirs / t.name
+        with contextlib.suppress(OSError):
+            dest.mkdir(parents=True, exist_ok=True)
+            for node, path in t.lab.server_logs().items():
+                shutil.copyfile(path, dest / f"server-{node}.log")
+
+
+def _stop(running: dict[str, PgbenchProcess]) -> None:
+    for proc in running.values():
+        proc.stop()
+    running.clear()
+
+
+def _tenant_rows(tenants: list[Tenant], results: dict[str, pgbench.PgbenchRun],
+                 before: dict[str, dict[str, float]], after: dict[str, dict[str, float]], memory: dict[str, float],
+                 seconds: float, instances: int) -> tuple[list[TenantFigure],
+                                                          dict[str, tuple[str, dict[str, float | None]]]]:
+    rows: list[TenantFigure] = []
+    per: dict[str, tuple[str, dict[str, float | None]]] = {}
+    for t in tenants:
+        m = pgbench_metrics(results[t.name])
+        b, a = before.get(t.name, {}), after.get(t.name, {})
+        if seconds > 0:
+            for key, out, scale in (("cpu_s", "cpu_cores", 1.0), ("read_ios", "read_iops", 1.0),
+                                    ("write_ios", "write_iops", 1.0), ("read_bytes", "read_mb_s", MIB),
+                                    ("write_bytes", "write_mb_s", MIB)):
+                if key in a and key in b:
+                    m[out] = (a[key] - b[key]) / seconds / scale
+        if "read_iops" in m and "write_iops" in m:
+            m["total_iops"] = (m["read_iops"] or 0) + (m["write_iops"] or 0)
+        if t.name in memory:
+            m["memory_mb"] = memory[t.name] / MIB
+            m["memory_per_instance_mb"] = memory[t.name] / MIB / instances
+        per[t.name] = (t.tier.name, m)
+        rows += [(t.name, t.tier.name, k, v) for k, v in m.items()]
+    return rows, per
+
+
+def _aggregates(point: Point, tenants: list[Tenant], per: dict[str, tuple[str, dict[str, float | None]]],
+                instances: int) -> dict[str, float | None]:
+    """Host totals, and per tier: mean per tenant, spread between its tenants (fairness)."""
+    assert point.arrangement is not None
+    out: dict[str, float | None] = {}
+    tps = [m["tps"] or 0.0 for _tier, m in per.values()]
+    out["tps"] = sum(tps)
+    out["tenants"] = float(len(tenants))
+    out["instances"] = float(len(tenants) * instances)
+    mem = [m["memory_per_instance_mb"] for _tier, m in per.values() if m.get("memory_per_instance_mb") is not None]
+    if mem:
+        out["memory_per_instance_mb"] = statistics.fmean(v for v in mem if v is not None)
+    for key in ("read_iops", "write_iops", "cpu_cores"):  # from the tenants' cgroups; the disk probe adds its own
+        vals = [v for _tier, m in per.values() if (v := m.get(key)) is not None]
+        if vals:
+            out[f"tenants_{key}"] = sum(vals)
+    for tier in point.arrangement.tiers:
+        out.update(tier_metrics(tier, [m for tname, m in per.values() if tname == tier.name]))
+    return out
+
+
+def tier_metrics(tier: Tier, members: list[dict[str, float | None]]) -> dict[str, float | None]:
+    """``tier.<name>.<metric>``: the tier's per-tenant means, and its fairness (how far apart its tenants are)."""
+    p = f"tier.{tier.name}."
+    out: dict[str, float | None] = {p + "tenants": float(len(members))}
+    for key in ("tps", "latency_avg_ms", "latency_p95_ms", "latency_p99_ms", "total_iops", "cpu_cores",
+                "memory_per_instance_mb"):
+        vals = [float(v) for m in members if (v := m.get(key)) is not None]
+        if vals:
+            out[p + key] = statistics.fmean(vals)
+    tps = [float(m.get("tps") or 0.0) for m in members]
+    if len(tps) > 1 and statistics.fmean(tps) > 0:
+        out[p + "tps_min"], out[p + "tps_max"] = min(tps), max(tps)
+        out[p + "tps_spread_pct"] = (max(tps) - min(tps)) / statistics.fmean(tps) * 100
+    return out

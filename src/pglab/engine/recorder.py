@@ -1,0 +1,141 @@
+"""The recorder: the only writer of a sweep's runs to the store, and of each run's ``run.json``.
+
+Drivers measure and return a :class:`RunResult`; whether a run ended ok, failed or was interrupted, and what
+that means for its rows, is decided here once for every target."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable
+from pathlib import Path
+
+from pglab import __version__
+from pglab.artifacts import write_json
+from pglab.engine.driver import Driver, FioMeasurement, SweepInfo
+from pglab.engine.types import Event, Observer, RunResult
+from pglab.errors import RunInterrupted, UserError, first_line
+from pglab.plan.expand import Point
+from pglab.plan.load import resolve_path
+from pglab.plan.schema import Plan
+from pglab.store.sqlite import Store
+
+
+def plan_hash(plan_text: str, files: list[Path] | None = None) -> str:
+    """The plan's identity for resuming: its text and the bytes of every file it names (scripts, fio jobs)."""
+    h = hashlib.sha256(plan_text.encode())
+    for f in files or []:
+        h.update(b"\0" + str(f).encode() + b"\0")
+        try:
+            h.update(f.read_bytes())
+        except OSError:
+            h.update(b"(unreadable)")
+    return h.hexdigest()
+
+
+def plan_files(plan: Plan, plan_dir: Path) -> list[Path]:
+    """Every file the plan names (fio job files, pgbench scripts): part of its identity."""
+    files = [resolve_path(f, plan_dir) for f in (plan.storage.job_files if plan.storage else [])]
+    for wl in plan.matrix.workload:
+        if not isinstance(wl, str):
+            files += [resolve_path(sc.file, plan_dir) for sc in wl.scripts if sc.file]
+    for a in plan.tenants.arrangements if plan.tenants else []:
+        for t in a.tiers:
+            if not isinstance(t.workload, str):
+                files += [resolve_path(sc.file, plan_dir) for sc in t.workload.scripts if sc.file]
+    return files
+
+
+class Recorder:
+    """One sweep's books in one results folder (whose lock the caller holds)."""
+
+    def __init__(self, store: Store, ui: Observer):
+        self.store, self.ui = store, ui
+        self.sweep_id = 0
+        self.resumed = False
+
+    @property
+    def dir(self) -> Path:
+        return self.store.dir
+
+    def open_sweep(self, plan: Plan, plan_text: str, plan_dir: Path, force_new: bool) -> tuple[int, bool]:
+        """A new sweep, or the one this folder holds for the same plan (resume); a different plan is refused.
+        Runs of the previous attempt that did not end ok are set aside in ``discarded/`` to be run again."""
+        store = self.store
+        store.recover()
+        fingerprint = plan_hash(plan_text, plan_files(plan, plan_dir))
+        previous = [s for s in store.sweeps() if s["plan_hash"]]  # `pglab fio` sweeps have no plan
+        last = previous[-1] if previous else None
+        if last is not None and not force_new:
+            if last["plan_hash"] != fingerprint:
+                raise UserError(
+                    f"--results: '{store.dir}' holds a sweep of a different plan ('{last['plan_name']}', or this "
+                    "plan before a change); give a new folder, or add --force-new to start a new sweep there.")
+            dropped = store.reopen_sweep(last["id"])
+            if dropped:
+                aside = store.dir / "discarded"
+                aside.mkdir(exist_ok=True)
+                for d in dropped:
+                    if d.is_dir():
+                        d.replace(aside / d.name)
+                self.ui.log(f"{len(dropped)} unfinished run(s) of the previous attempt set aside in {aside}")
+            self.sweep_id, self.resumed = last["id"], True
+        else:
+            self.sweep_id = store.begin_sweep(plan.name, plan_text, fingerprint, __version__)
+        return self.sweep_id, self.resumed
+
+    def points(self, points: list[Point]) -> tuple[dict[str, int], set[tuple[str, int]]]:
+        """The sweep's point ids by key, and the (key, repeat) already run ok (none unless resumed)."""
+        if self.resumed:
+            return self.store.point_ids(self.sweep_id), self.store.completed_runs(self.sweep_id)
+        return self.store.add_points(self.sweep_id, [(p.index, p.key, p.axes) for p in points]), set()
+
+    def storage_done(self) -> bool:
+        return self.store.storage_done(self.sweep_id)
+
+    def sweep_info(self, info: SweepInfo) -> None:
+        self.store.set_sweep_info(self.sweep_id, info.environment, info.topology)
+
+    def events(self, events: Iterable[Event]) -> None:
+        events = list(events)
+        if events:
+            self.store.add_events(self.sweep_id, events)
+
+    def fio(self, m: FioMeasurement) -> None:
+        self.store.save_fio(self.sweep_id, m.label, m.device, m.results, m.ceilings)
+
+    def run(self, driver: Driver, point: Point, point_id: int, repeat: int) -> str | None:
+        """One run through its driver, recorded: None when it ended ok, else why it failed. RunInterrupted
+        propagates after the run is marked interrupted."""
+        store, ui = self.store, self.ui
+        run_id, run_dir = store.start_run(self.sweep_id, point_id, point.index, repeat)
+        try:
+            result = driver.one_run(point, repeat, run_id, run_dir)
+        except RunInterrupted as exc:
+            self.events(driver.take_events())
+            store.finish_run(run_id, "interrupted", reason=f"interrupted by {exc.signal_name}")
+            ui.run_finished(point, repeat, "interrupted", {})
+            raise
+        except driver.run_errors as exc:
+            reason = first_line(exc)
+            if (problem := driver.health()) and problem not in reason:
+                reason += f"; {problem}"
+            self.events(driver.take_events())
+            store.finish_run(run_id, "failed", reason=reason)
+            ui.run_finished(point, repeat, "failed", {"reason": reason})
+            return reason
+        self.events(driver.take_events())
+        self._finish(run_id, run_dir, point, repeat, result)
+        return None
+
+    def _finish(self, run_id: str, run_dir: Path, point: Point, repeat: int, result: RunResult) -> None:
+        write_json(run_dir / "run.json", result.run_json(run_id, point, repeat))
+        window = result.window
+        events = [*result.events, (window[0], "window-start", ""), (window[1], "window-end", "")]
+        self.store.finish_run(run_id, "ok", window=window,
+                              settings=dict(result.settings) if result.settings is not None else None,
+                              metrics=dict(result.metrics), series=result.series, events=events,
+                              tenants=result.tenants)
+        self.ui.run_finished(point, repeat, "ok", dict(result.metrics))
+
+    def end(self, status: str, reason: str | None) -> None:
+        self.store.end_sweep(self.sweep_id, status, reason)

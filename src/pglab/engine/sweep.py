@@ -1,0 +1,151 @@
+"""The sweep, written once for every target: resume, order of runs, signals, storage phase, end of sweep.
+
+What a target does is its driver's (``pglab.drivers``); what is stored, the recorder's. A sweep holds its results
+folder's lock from the first row to the last, so two pglab never mix their runs in one folder."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import signal
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from pglab.engine.driver import Driver
+from pglab.engine.recorder import Recorder
+from pglab.engine.types import Observer, SilentObserver, SweepResult
+from pglab.errors import RunInterrupted, UserError, first_line
+from pglab.plan.schema import Plan
+from pglab.store.sqlite import Store
+
+
+def run_sweep(driver: Driver, plan: Plan, plan_text: str, plan_dir: Path, results_dir: Path,
+              observer: Observer | None = None, *, force_new: bool = False, keep: bool = False) -> SweepResult:
+    """Run (or resume) the plan's sweep through ``driver`` into ``results_dir``."""
+    ui: Observer = observer or SilentObserver()
+    driver.preflight()  # refusals happen here, before a results folder or a server exists
+    with results_lock(results_dir):
+        store = Store.open(results_dir)
+        try:
+            recorder = Recorder(store, ui)
+            recorder.open_sweep(plan, plan_text, plan_dir, force_new)
+            return _sweep(driver, plan, recorder, ui, keep)
+        finally:
+            store.close()
+
+
+def _sweep(driver: Driver, plan: Plan, recorder: Recorder, ui: Observer, keep: bool) -> SweepResult:
+    sweep_id, resumed = recorder.sweep_id, recorder.resumed
+    result = SweepResult(sweep_id, recorder.dir, resumed=resumed)
+    points = driver.points
+    point_ids, done = recorder.points(points)
+    repeats = plan.run.repeats
+    todo = [(p, r) for p in points for r in range(1, repeats + 1) if (p.key, r) not in done]
+    result.already_done = len(points) * repeats - len(todo)
+    if resumed:
+        ui.log(f"resuming sweep {sweep_id}: {result.already_done} of {len(points) * repeats} runs already "
+               f"complete, {len(todo)} to go")
+    with_storage = plan.storage is not None and not recorder.storage_done()
+    if not todo and not with_storage:
+        recorder.end("done", None)
+        return result
+    seconds = plan.run.measured_seconds
+    per_run = plan.run.warmup + seconds + driver.run_overhead_s if seconds else None
+    ui.sweep_started(len(todo), per_run * len(todo) if per_run else None)
+    status, reason = "done", None
+    first = todo[0][0] if todo else points[0]
+    with interrupt_signals() as signals:
+        try:
+            recorder.sweep_info(driver.open(first, with_storage, resumed))
+            if with_storage:
+                for measurement in driver.storage_phase(recorder.dir):
+                    recorder.fio(measurement)
+                recorder.events(driver.take_events())
+                recorder.events([(time.time(), "storage-done", "")])
+            if todo:
+                driver.load_dataset()
+            for point, repeat in todo:
+                driver.before_run(point)
+                recorder.events(driver.take_events())
+                result.record(point, repeat, recorder.run(driver, point, point_ids[point.key], repeat))
+                if plan.run.pause:
+                    time.sleep(plan.run.pause)
+        except RunInterrupted as exc:
+            status, reason = "interrupted", f"interrupted by {exc.signal_name}"
+            result.interrupted = True
+        except BaseException as exc:
+            better = driver.explain(exc)  # a cause the user can act on, in place of a library's exception
+            status, reason = "failed", first_line(better or exc)
+            if better is not None:
+                raise better from None
+            raise
+        finally:
+            signals.shield()
+            try:
+                problems = driver.close(keep)
+                for p in problems:
+                    ui.log(f"cleanup: {p}")
+                recorder.events(driver.take_events())
+                if problems:
+                    recorder.events([(time.time(), "cleanup-failed", p) for p in problems])
+                    reason = f"{reason + '; ' if reason else ''}left behind: {'; '.join(problems)}"
+            finally:
+                recorder.end(status, reason)
+    return result
+
+
+@contextmanager
+def results_lock(results_dir: Path) -> Iterator[None]:
+    """One writer per results folder: a second pglab run into it is refused instead of mixing two sweeps."""
+    results_dir.mkdir(parents=True, exist_ok=True)
+    fd = os.open(results_dir / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+            raise UserError(f"--results: '{results_dir}' is being written by another pglab (pid {holder}); wait "
+                            "for it to end or choose another folder.") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        yield
+    finally:
+        os.close(fd)  # releases the lock; the file stays, harmless
+
+
+def interrupt_signals() -> _Signals:
+    """SIGINT/SIGTERM → RunInterrupted in the main thread, for the duration of a ``with`` block."""
+    return _Signals()
+
+
+class _Signals:
+    """SIGINT/SIGTERM become RunInterrupted in the main thread; ignored while tearing down."""
+
+    def __init__(self) -> None:
+        self._saved: dict[int, Any] = {}
+
+    def __enter__(self) -> _Signals:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            self._saved[sig] = signal.signal(sig, self._raise)
+        return self
+
+    @staticmethod
+    def _raise(signum: int, _frame: FrameType | None) -> None:
+        raise RunInterrupted(signal.Signals(signum).name)
+
+    def shield(self) -> None:
+        for sig in self._saved:
+            signal.signal(sig, signal.SIG_IGN)
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, handler in self._saved.items():
+            signal.signal(sig, handler)
+
+
+def check_results_dir(path: Path) -> None:
+    if path.exists() and not path.is_dir():
+        raise UserError(f"--results: '{path}' is a file; give a folder.")

@@ -1,0 +1,30 @@
+"""A scenario's figures, the same on every target: the witness's verdict and TPS/latency around the fault."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pglab.scenarios.witness import WitnessResult
+from pglab.workloads import pgbench
+
+
+def witness_metrics(w: WitnessResult) -> dict[str, float | None]:
+    """The witness's verdict as run metrics (RPO: acked_lost; RTO: rto_s)."""
+    return {"witness_attempts": float(w.attempts), "witness_acked": float(w.acked),
+            "witness_failed": float(w.failed), "in_doubt": float(w.in_doubt),
+            "acked_lost": float(w.acked_lost), "in_doubt_survived": float(len(w.in_doubt_survived)),
+            "witness_unexpected": float(len(w.unexpected)), "rto_s": w.rto_s, "write_gap_s": w.gap_s,
+            "lsn_gap_bytes": float(w.lsn_gap_bytes) if w.lsn_gap_bytes is not None else None}
+
+
+def phase_metrics(log_files: list[Path], sampling_rate: float,
+                  phases: list[tuple[str, float, float]]) -> dict[str, float | None]:
+    """``tps_<phase>`` and ``latency_<phase>_ms`` for each (phase, start, end), from pgbench's -l logs (scaled
+    back up when only a sample of the transactions was logged)."""
+    lat, end_ts = pgbench.read_transaction_log(log_files)
+    scale = 1.0 / sampling_rate
+    out: dict[str, float | None] = {}
+    for phase, a, b in phases:
+        tps, latency = pgbench.phase_stats(lat, end_ts, a, b)
+        out[f"tps_{phase}"], out[f"latency_{phase}_ms"] = tps * scale, latency
+    return out
