@@ -191,6 +191,7 @@ case "${1:-}" in
         install_all "${TEST_APT_PACKAGES[@]}" "${KUBE_LAB_APT_PACKAGES[@]}"
         install_kube_lab
         .venv/bin/ruff check src tests bench tools
+        .venv/bin/mypy  # src/, as configured in pyproject.toml: the package ships py.typed
         exec .venv/bin/python -m pytest -q tests ;;
     *)
         echo "usage: ./setup.sh quickstart | test | install | kube-lab" >&2

@@ -26,12 +26,12 @@ import pytest
 from kubernetes import client
 
 from k8s_fake import FakeAPI, exporter_text, results_log, serve
+from pglab.drivers import kubernetes as k8s_sweep
 from pglab.plan.load import parse_plan
 from pglab.plan.schema import Plan
 from pglab.store.sqlite import Store
 from pglab.targets.kubernetes import exporter
 from pglab.targets.kubernetes import render as render_module
-from pglab.drivers import kubernetes as k8s_sweep
 from pglab.targets.kubernetes.orchestrate import K8sError
 from pglab.targets.kubernetes.render import cluster, cpu_quantity, millicores, render
 from test_k8s_run import (

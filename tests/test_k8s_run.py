@@ -22,13 +22,14 @@ from kubernetes import client
 
 from conftest import pglab
 from k8s_fake import FakeAPI, results_log, serve
+from pglab.drivers import kubernetes as k8s_sweep
+from pglab.engine.sweep import run_sweep
+from pglab.engine.types import SweepResult
 from pglab.errors import RunInterrupted
 from pglab.plan.expand import Point
 from pglab.plan.load import parse_plan
-from pglab.engine.types import SweepResult
 from pglab.store.sqlite import Store
 from pglab.targets.kubernetes import orchestrate
-from pglab.drivers import kubernetes as k8s_sweep
 from pglab.targets.kubernetes.orchestrate import K8sError
 from pglab.workloads.pgbench import ProgressPoint
 
@@ -109,8 +110,9 @@ def fake() -> Iterator[tuple[FakeAPI, client.ApiClient]]:
 def run(api_client: client.ApiClient, tmp_path: Path, text: str = PLAN, **kw: Any) -> SweepResult:
     plan = parse_plan(text, base_dir=tmp_path)
     kw.setdefault("ready_timeout_s", 5.0)
-    return k8s_sweep.run_sweep(plan, text, tmp_path, tmp_path / "results", kw.pop("observer", Recorder()),
-                               api=api_client, poll_s=0.01, **kw)
+    observer, force_new, results = kw.pop("observer", Recorder()), kw.pop("force_new", False), tmp_path / "results"
+    driver = k8s_sweep.KubernetesDriver(plan, text, tmp_path, results, observer, api=api_client, poll_s=0.01, **kw)
+    return run_sweep(driver, plan, text, tmp_path, results, observer, force_new=force_new)
 
 
 def rows(store: Store, sql: str, *args: Any) -> list[dict[str, Any]]:

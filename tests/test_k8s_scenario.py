@@ -18,10 +18,12 @@ from kubernetes import client
 
 from conftest import pglab
 from k8s_fake import FakeAPI, results_log, serve
+from pglab.drivers import kubernetes as k8s_sweep
+from pglab.engine.sweep import run_sweep
+from pglab.engine.types import SweepResult
 from pglab.plan.load import parse_plan
 from pglab.report.scenarios import scenario_table
 from pglab.store.sqlite import Store
-from pglab.drivers import kubernetes as k8s_sweep
 from pglab.targets.kubernetes.orchestrate import FENCED
 from pglab.targets.kubernetes.render import START_MARK, WITNESS_MARK, render, witness_script
 from pglab.targets.kubernetes.scenario import WitnessLogError, parse_witness_log
@@ -132,10 +134,12 @@ def fake() -> Iterator[tuple[FakeAPI, client.ApiClient]]:
         yield api, api_client
 
 
-def run(api_client: client.ApiClient, tmp_path: Path, text: str = PLAN, **kw: Any) -> k8s_sweep.SweepResult:
+def run(api_client: client.ApiClient, tmp_path: Path, text: str = PLAN, **kw: Any) -> SweepResult:
     plan = parse_plan(text, base_dir=tmp_path)
-    return k8s_sweep.run_sweep(plan, text, tmp_path, tmp_path / "results", kw.pop("observer", Recorder()),
-                               api=api_client, poll_s=0.01, ready_timeout_s=5.0, **kw)
+    observer, results = kw.pop("observer", Recorder()), tmp_path / "results"
+    driver = k8s_sweep.KubernetesDriver(plan, text, tmp_path, results, observer, api=api_client, poll_s=0.01,
+                                        ready_timeout_s=5.0, **kw)
+    return run_sweep(driver, plan, text, tmp_path, results, observer)
 
 
 def run_events(store: Store, run_id: str) -> dict[str, tuple[float, str]]:

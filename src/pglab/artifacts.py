@@ -10,10 +10,14 @@ from typing import Any, Protocol
 
 
 class _Sample(Protocol):
-    ts: float
-    source: str
-    metric: str
-    value: float | None
+    @property
+    def ts(self) -> float: ...
+    @property
+    def source(self) -> str: ...
+    @property
+    def metric(self) -> str: ...
+    @property
+    def value(self) -> float | None: ...
 
 
 def write_json(path: Path, data: Any) -> None:

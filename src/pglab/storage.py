@@ -39,8 +39,11 @@ def measure(results_dir: Path, paths: dict[str, tuple[Path, str]], jobs: Sequenc
             continue
         out_dir = results_dir / "storage" / _safe(label)
         out_dir.mkdir(parents=True, exist_ok=True)
+        def started(job: fio.JobSpec, label: str = label) -> None:
+            log(f"storage: fio {job.name} on {label}")
+
         results = fio.run_jobs(path, jobs, runtime_s=runtime_s, size_bytes=size_bytes, out_dir=out_dir,
-                               on_job=lambda job, label=label: log(f"storage: fio {job.name} on {label}"))
+                               on_job=started)
         for r in results:
             for finding in r.findings:
                 log(f"storage: {label} {r.job} {r.direction}: {finding.message}")

@@ -28,7 +28,7 @@ from pglab import __version__
 from pglab.artifacts import write_json
 from pglab.drivers.local import pgbench_metrics, pgbench_series
 from pglab.engine.driver import FioMeasurement, SweepInfo
-from pglab.engine.types import Event, Observer, RunFailed, RunResult, SilentObserver, SweepResult
+from pglab.engine.types import Event, Observer, RunFailed, RunResult
 from pglab.errors import UserError, first_line
 from pglab.plan.expand import Point, expand
 from pglab.plan.schema import Plan
@@ -81,16 +81,6 @@ def connect(plan: Plan) -> client.ApiClient:
         raise UserError(f"target.kubernetes.kubeconfig: cannot use {where}"
                         f"{' (context ' + k8s.context + ')' if k8s.context else ''}: {first}; point it at a "
                         "kubeconfig for the cluster to benchmark.") from None
-
-
-def run_sweep(plan: Plan, plan_text: str, plan_dir: Path, results_dir: Path, observer: Observer | None = None, *,
-              force_new: bool = False, **options: Any) -> SweepResult:
-    """The engine's sweep of a Kubernetes plan (``options``: the driver's API client, polling and timeouts)."""
-    from pglab.engine.sweep import run_sweep as engine_sweep
-
-    ui: Observer = observer or SilentObserver()
-    driver = KubernetesDriver(plan, plan_text, plan_dir, results_dir, ui, **options)
-    return engine_sweep(driver, plan, plan_text, plan_dir, results_dir, ui, force_new=force_new)
 
 
 @dataclass
@@ -471,7 +461,7 @@ class KubernetesDriver:
             self.ui.log(f"exporter: primary {primary or '?'} not among the instance pods {pods}; no PostgreSQL "
                         "figures for this run")
             return None
-        return exporter.Scraper(self.orch.scrape, pods, self.scrape_s, primary)
+        return exporter.Scraper(self.orch.scrape, pods, self.scrape_s, str(primary))
 
     def _tell_exporter_errors(self, scraper: exporter.Scraper) -> None:
         """Say once per sweep when an exporter could not be read (RBAC without pods/proxy, say)."""
@@ -573,8 +563,10 @@ class KubernetesDriver:
         is a figure's helper, not a step: its failure makes a guess, not a failed run."""
         wanted: dict[str, list[tuple[str, str, str]]] = {}  # node → (pod, claim, cache key)
         for pod in pods:
-            node = pod.spec.node_name if pod.spec is not None else None
-            for v in (pod.spec.volumes or []) if node else []:
+            node: str | None = pod.spec.node_name if pod.spec is not None else None
+            if not node:
+                continue
+            for v in pod.spec.volumes or []:
                 if v.persistent_volume_claim is not None:
                     claim = v.persistent_volume_claim.claim_name
                     key = f"{claim}@{node}#{pod.metadata.uid or ''}"

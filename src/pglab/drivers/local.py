@@ -10,7 +10,7 @@ import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import psycopg
 
@@ -23,7 +23,7 @@ from pglab.plan.load import resolve_path
 from pglab.plan.schema import Plan
 from pglab.probes import ProbeContext, ProbeOpenError, Sampler, default_probes
 from pglab.probes.base import now
-from pglab.targets.base import Endpoints, Target
+from pglab.targets.base import Endpoints, Target, Topology
 from pglab.targets.local import cgroups, registry
 from pglab.targets.local.cluster import LabError
 from pglab.workloads import pgbench
@@ -32,13 +32,16 @@ from pglab.workloads.pgbench import PgbenchError, PgbenchProcess
 RUN_ERRORS: tuple[type[BaseException], ...] = (RunFailed, PgbenchError, LabError, ProbeOpenError, psycopg.Error)
 
 
-class ProcessDriver:
-    """A sweep over a :class:`Target`: what every process-run target does the same way."""
+TopologyT = TypeVar("TopologyT", bound=Topology)
+
+
+class ProcessDriver(Generic[TopologyT]):
+    """A sweep over a :class:`Topology`: what every process-run target does the same way."""
 
     run_overhead_s = 3.0
     run_errors = RUN_ERRORS
 
-    def __init__(self, plan: Plan, plan_dir: Path, plan_text: str, results_dir: Path, target: Target,
+    def __init__(self, plan: Plan, plan_dir: Path, plan_text: str, results_dir: Path, target: TopologyT,
                  ui: Observer):
         self.plan, self.plan_dir, self.plan_text = plan, plan_dir, plan_text
         self.results_dir = results_dir.resolve()  # pgbench runs in the run folder: paths must be absolute
@@ -59,8 +62,6 @@ class ProcessDriver:
         if resumed:
             self._logs_dir = self.results_dir / "server-logs" / time.strftime("resumed-%Y%m%d-%H%M%S")
         target = self.target
-        if self.plan.matrix.cpus:  # the scaling loop: build the lab at its first step, no restart needed for it
-            target.cpus_axis, target.cpus = True, first.cpus
         endpoints = self._endpoints = target.provision(self.parameters(first))
         return SweepInfo(environment.capture(endpoints.primary.conninfo(), target.probe_paths(), target.bindir,
                                              self.plan_text), target.describe())
@@ -73,7 +74,8 @@ class ProcessDriver:
         assert spec is not None
         self.ui.log(f"storage phase: fio on {', '.join(spec.paths)} ({spec.runtime:g} s per job)")
         jobs = storage.plan_jobs(spec.profiles, [resolve_path(f, self.plan_dir) for f in spec.job_files])
-        paths = {label: p for label, p in self.target.storage_paths().items() if label in spec.paths}
+        paths: dict[str, tuple[Path, str]] = {label: p for label, p in self.target.storage_paths().items()
+                                              if label in spec.paths}
         yield from storage.measure(results_dir, paths, jobs, runtime_s=spec.runtime,
                                    size_bytes=fio.parse_size(spec.size), log=self.ui.log)
 
@@ -158,8 +160,13 @@ class ProcessDriver:
             self.ui.log(f"server logs not kept: {exc}")
 
 
-class LocalDriver(ProcessDriver):
+class LocalDriver(ProcessDriver[Target]):
     """One primary (and its standbys) per run: the local lab, the Patroni lab, an external server."""
+
+    def open(self, first: Point, with_storage: bool, resumed: bool) -> SweepInfo:
+        if self.plan.matrix.cpus:  # the scaling loop: build the lab at its first step, no restart needed for it
+            self.target.cpus_axis, self.target.cpus = True, first.cpus
+        return super().open(first, with_storage, resumed)
 
     def one_run(self, point: Point, repeat: int, run_id: str, run_dir: Path) -> RunResult:
         target, plan = self.target, self.plan

@@ -30,7 +30,7 @@ from pglab.workloads.pgbench import PgbenchError, PgbenchProcess, ProgressPoint
 MIB = 1024 * 1024
 
 
-class TenantsDriver(ProcessDriver):
+class TenantsDriver(ProcessDriver[Fleet]):
     """A fleet of local labs, one per tenant of the current arrangement."""
 
     def __init__(self, plan: Plan, plan_dir: Path, plan_text: str, results_dir: Path, fleet: Fleet, ui: Observer):
@@ -160,7 +160,7 @@ def _all_at_once(r: TenantsDriver, fleet: Fleet, dirs: dict[str, Path], running:
             memory = fleet.memory()
         if problem := fleet.health():
             raise RunFailed(f"{problem} ({time.monotonic() - started:.1f} s into the {name} run)")
-        if deadline is not None and time.monotonic() > deadline:
+        if deadline is not None and seconds is not None and time.monotonic() > deadline:
             stuck = sorted(set(running) - set(codes))
             late = time.monotonic() - started - seconds
             raise RunFailed(f"pgbench of tenant(s) {', '.join(stuck)} did not end {late:.0f} s after its {seconds:g} s")

@@ -52,7 +52,7 @@ class RunResult:
     def run_json(self, run_id: str, point: Point, repeat: int) -> dict[str, Any]:
         """run.json: the run's identity, window and figures, and the target's own record."""
         record = dict(self.record)
-        head = {k: record.pop(k) for k in ("job", "command") if k in record}
+        head: dict[str, Any] = {k: record.pop(k) for k in ("job", "command") if k in record}
         return {"run_id": run_id, "point": point.axes, "repeat": repeat, "window": list(self.window), **head,
                 "metrics": dict(self.metrics), **record}
 

@@ -93,14 +93,11 @@ class Unshaped:
         return "n0"
 
 
-class Target(Protocol):
-    """A place where PostgreSQL runs. The local lab is one; Kubernetes and external servers are others."""
+class Topology(Protocol):
+    """Servers pglab reaches as processes and connections, brought up once per sweep: what every such target
+    (one lab, an external server, a fleet of tenants' labs) gives the driver."""
 
     bindir: Path
-
-    @property
-    def read_only(self) -> bool:
-        """True when pglab may not write to the target (an existing server without consent to write)."""
 
     def preflight(self) -> None:
         """Refuse, with one sentence, what the target cannot do; nothing may have been started yet."""
@@ -129,17 +126,25 @@ class Target(Protocol):
     def teardown(self, keep: bool = False) -> None:
         """Stop everything this target started; remove its files unless ``keep``."""
 
-    cpus_axis: bool
-    cpus: float | None
-
-    def set_cpus(self, cpus: float | None) -> float | None:
-        """A step of the CPU scaling loop (new limits, rolling restart); its seconds, or None when unchanged."""
-
     def take_events(self) -> list[tuple[float, str, str]]:
         """Target events since the last call (restarts, CPU steps), for the sweep's timeline."""
 
     def limits_in_force(self) -> dict[str, Any]:
         """Resource limits as the kernel reports them ({} when the target has none)."""
+
+
+class Target(Topology, Protocol):
+    """One primary and its standbys: the local lab, the Patroni lab, an external server."""
+
+    @property
+    def read_only(self) -> bool:
+        """True when pglab may not write to the target (an existing server without consent to write)."""
+
+    cpus_axis: bool
+    cpus: float | None
+
+    def set_cpus(self, cpus: float | None) -> float | None:
+        """A step of the CPU scaling loop (new limits, rolling restart); its seconds, or None when unchanged."""
 
     def cpu_stats(self) -> dict[str, dict[str, float]]:
         """Per instance: CPU seconds used and CFS throttling counters, for deltas over a window."""

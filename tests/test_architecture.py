@@ -1,0 +1,155 @@
+"""The package's import graph: no cycles, and every module imports only its own layer or the layers below.
+
+The layers follow the data flow of a sweep: the plan → what measures (probes, workloads) → where it runs (targets,
+scenarios) → what a run returns (engine.types, engine.driver) → one driver per target → the store → the engine
+that records → analysis → report → the command line. So, among others: targets never import the engine or a
+driver; nothing below the engine imports the store (the recorder is the only writer of runs); analysis never
+imports report. A new module must be given a layer here.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parent.parent / "src"
+
+# (module or package prefix, layer): the longest matching prefix decides
+LAYERS: list[tuple[str, int]] = [
+    ("pglab", 0), ("pglab.errors", 0), ("pglab.units", 0), ("pglab.metrics", 0), ("pglab.artifacts", 0),
+    ("pglab.plan", 1),
+    ("pglab.probes", 2), ("pglab.workloads", 2), ("pglab.environment", 2),
+    ("pglab.targets", 3), ("pglab.scenarios", 3),
+    ("pglab.engine.types", 4), ("pglab.engine.driver", 4),
+    ("pglab.drivers", 5), ("pglab.storage", 5),
+    ("pglab.store", 6),
+    ("pglab.engine", 7),
+    ("pglab.analysis", 8),
+    ("pglab.report", 9),
+    ("pglab.cli", 10), ("pglab.cluster_cli", 10), ("pglab.__main__", 10),
+]
+
+
+def modules() -> dict[str, Path]:
+    out = {}
+    for f in (SRC / "pglab").rglob("*.py"):
+        parts = list(f.relative_to(SRC).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        out[".".join(parts)] = f
+    return out
+
+
+def imports(name: str, path: Path, known: set[str]) -> set[str]:
+    """The pglab modules ``name`` imports, anywhere in it (also inside functions and TYPE_CHECKING blocks)."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                up = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*up, base] if base else up)
+            for a in node.names:
+                found.add(f"{base}.{a.name}" if f"{base}.{a.name}" in known else base)
+    return {m for m in found if m in known and m != name}
+
+
+def graph() -> dict[str, set[str]]:
+    mods = modules()
+    known = set(mods)
+    return {name: imports(name, path, known) for name, path in mods.items()}
+
+
+def layer(module: str) -> int | None:
+    matches = [(len(prefix), rank) for prefix, rank in LAYERS if module == prefix or module.startswith(prefix + ".")]
+    return max(matches)[1] if matches else None
+
+
+def cycles(g: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in sorted(g[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                found.append(sorted(comp))
+
+    for v in sorted(g):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_the_walk_sees_the_imports_it_must() -> None:
+    """The checks below are only as good as the graph: it holds the package and edges known to exist."""
+    g = graph()
+    assert len(g) > 40
+    assert "pglab.engine.sweep" in g["pglab.cli"] or "pglab.engine.sweep" in set().union(*g.values())
+    assert "pglab.store.sqlite" in g["pglab.engine.recorder"]
+    assert "pglab.engine.types" in g["pglab.drivers.local"]
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_no_import_cycles() -> None:
+    assert cycles(graph()) == []
+
+
+def test_every_module_has_a_layer() -> None:
+    assert [m for m in graph() if layer(m) is None] == []
+
+
+def test_no_module_imports_a_layer_above_its_own() -> None:
+    g = graph()
+    upward = [f"{m} (layer {layer(m)}) imports {d} (layer {layer(d)})" for m, deps in sorted(g.items())
+              for d in sorted(deps) if (layer(d) or 0) > (layer(m) or 0)]
+    assert upward == []
+
+
+@pytest.mark.parametrize(("below", "never"), [
+    ("pglab.targets", "pglab.engine"), ("pglab.targets", "pglab.drivers"), ("pglab.targets", "pglab.store"),
+    ("pglab.drivers", "pglab.store"), ("pglab.drivers", "pglab.engine.sweep"),
+    ("pglab.drivers", "pglab.engine.recorder"), ("pglab.engine", "pglab.drivers"), ("pglab.engine", "pglab.targets"),
+    ("pglab.analysis", "pglab.report"), ("pglab.report", "pglab.drivers"), ("pglab.report", "pglab.engine"),
+])
+def test_layering_rules(below: str, never: str) -> None:
+    """The rules the layers exist for, spelled out (the layer table could be edited into allowing them)."""
+    g = graph()
+    offenders = [f"{m} imports {d}" for m, deps in sorted(g.items()) if m == below or m.startswith(below + ".")
+                 for d in sorted(deps) if d == never or d.startswith(never + ".")]
+    if below == "pglab.engine":  # the exchange types are the drivers' and the engine's alike
+        offenders = [o for o in offenders if not o.startswith(("pglab.engine.types ", "pglab.engine.driver "))]
+    assert offenders == []
+
+
+def test_only_the_recorder_and_readers_open_the_store() -> None:
+    """Runs are written by the engine's recorder alone; report, analysis and the CLI read."""
+    g = graph()
+    users = sorted(m for m, deps in g.items() if any(d.startswith("pglab.store") for d in deps)
+                   and not m.startswith("pglab.store"))
+    allowed = ("pglab.engine.recorder", "pglab.engine.sweep", "pglab.report", "pglab.analysis", "pglab.cli")
+    assert [m for m in users if not m.startswith(allowed)] == []
