@@ -123,6 +123,10 @@ class Recorder:
             store.finish_run(run_id, "failed", reason=reason)
             ui.run_finished(point, repeat, "failed", {"reason": reason})
             return reason
+        except BaseException as exc:  # it ends the sweep; the run is not left marked running
+            self.events(driver.take_events())
+            store.finish_run(run_id, "failed", reason=f"the sweep ended: {first_line(exc)}")
+            raise
         self.events(driver.take_events())
         self._finish(run_id, run_dir, point, repeat, result)
         return None

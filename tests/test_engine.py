@@ -1,0 +1,221 @@
+"""The sweep engine and its recorder, the same for every target: order of runs, ok / failed / interrupted, resume,
+the storage phase, cleanup, and what is stored and written to run.json from a driver's RunResult.
+
+The driver here is scripted (the engine is what is under test, on a real store); the real drivers run end to end in
+test_sweep.py, test_tenants.py, test_faults.py, test_k8s_run.py and test_kube_lab.py. It is also the smallest
+complete driver: what a new target has to supply."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pglab.engine.driver import FioMeasurement, SweepInfo
+from pglab.engine.sweep import run_sweep
+from pglab.engine.types import Event, RunFailed, RunResult, SilentObserver, SweepResult
+from pglab.errors import RunInterrupted
+from pglab.plan import expand, parse_plan
+from pglab.plan.expand import Point
+from pglab.plan.schema import Plan
+from pglab.store.sqlite import Store
+
+PLAN = """
+name: engine
+matrix:
+  clients: [1, 2]
+run: {duration: 5s, repeats: 2}
+"""
+
+
+class LibraryError(Exception):
+    """Something a driver's library raises that the user cannot act on as it is."""
+
+
+class Scripted:
+    """A driver whose runs do what the test says: return figures, fail, be interrupted, or end the sweep."""
+
+    run_overhead_s = 1.0
+    run_errors: tuple[type[BaseException], ...] = (RunFailed,)
+
+    def __init__(self, plan: Plan, script: dict[tuple[int, int], str] | None = None, leftovers: list[str] | None = None,
+                 fio: bool = False):
+        self.points = expand(plan, cores=2)
+        self.script = script or {}
+        self.leftovers = leftovers or []
+        self.fio = fio
+        self.calls: list[str] = []
+        self._events: list[Event] = []
+
+    def preflight(self) -> None:
+        self.calls.append("preflight")
+
+    def open(self, first: Point, with_storage: bool, resumed: bool) -> SweepInfo:
+        self.calls.append(f"open {first.clients} storage={with_storage} resumed={resumed}")
+        return SweepInfo({"target": "scripted"}, {"instances": 1})
+
+    def storage_phase(self, results_dir: Path) -> Iterator[FioMeasurement]:
+        self.calls.append("storage")
+        yield FioMeasurement("data", "sdz", [], {"commit_flushes_per_s": 1234.0})
+        self._events.append((100.0, "fio-done", "data"))
+
+    def load_dataset(self) -> None:
+        self.calls.append("dataset")
+
+    def before_run(self, point: Point) -> None:
+        self._events.append((200.0 + point.clients, "step", f"clients={point.clients}"))
+
+    def one_run(self, point: Point, repeat: int, run_id: str, run_dir: Path) -> RunResult:
+        self.calls.append(f"run {point.clients} #{repeat}")
+        what = self.script.get((point.clients, repeat), "ok")
+        if what == "fail":
+            raise RunFailed("pgbench exited 1\nsecond line not kept")
+        if what == "interrupt":
+            raise RunInterrupted("SIGINT")
+        if what == "library":
+            raise LibraryError("socket closed")
+        (run_dir / "out.txt").write_text("artifact")
+        start = 1000.0 * point.clients + repeat
+        return RunResult.of((start, start + 5.0), {"tps": 100.0 * point.clients + repeat, "latency_avg_ms": None},
+                            series=[(start + 1, "pgbench", "tps", 99.0)], events=[(start - 1, "warmup-start", "1 s")],
+                            settings={"work_mem": {"setting": "4096", "unit": "kB"}},
+                            record={"files": ["out.txt"], "command": ["pgbench", "-c", str(point.clients)]})
+
+    def health(self) -> str | None:
+        return "instance n1 is down"
+
+    def take_events(self) -> list[Event]:
+        events, self._events = self._events, []
+        return events
+
+    def explain(self, exc: BaseException) -> BaseException | None:
+        return RunFailed(f"the server cannot be reached: {exc}") if isinstance(exc, LibraryError) else None
+
+    def close(self, keep: bool) -> list[str]:
+        self.calls.append(f"close keep={keep}")
+        return self.leftovers
+
+
+def sweep(tmp_path: Path, driver: Scripted, text: str = PLAN, **kw: Any) -> SweepResult:
+    plan = parse_plan(text)
+    return run_sweep(driver, plan, text, tmp_path, tmp_path / "results", SilentObserver(), **kw)
+
+
+def driver_points(text: str) -> list[Point]:
+    return Scripted(parse_plan(text)).points
+
+
+def rows(tmp_path: Path, sql: str, *args: Any) -> list[tuple[Any, ...]]:
+    store = Store.open(tmp_path / "results", create=False)
+    try:
+        return list(store.conn.execute(sql, args))
+    finally:
+        store.close()
+
+
+def test_every_point_and_repeat_in_order_and_recorded_as_the_driver_returned_it(tmp_path: Path) -> None:
+    driver = Scripted(parse_plan(PLAN))
+    result = sweep(tmp_path, driver, keep=True)
+    assert (result.ok, result.failed, result.interrupted) == (4, 0, False)
+    assert driver.calls == ["preflight", "open 1 storage=False resumed=False", "dataset", "run 1 #1", "run 1 #2",
+                            "run 2 #1", "run 2 #2", "close keep=True"]
+    runs = rows(tmp_path, "SELECT r.id, r.status, r.window_start, r.window_end, r.dir, r.settings FROM runs r "
+                          "ORDER BY r.started")
+    assert [(s, ws, we) for _, s, ws, we, _, _ in runs] == [("ok", 1001.0, 1006.0), ("ok", 1002.0, 1007.0),
+                                                              ("ok", 2001.0, 2006.0), ("ok", 2002.0, 2007.0)]
+    run_id, _, _, _, run_dir, settings = runs[2]
+    assert json.loads(settings) == {"work_mem": {"setting": "4096", "unit": "kB"}}
+    assert dict(rows(tmp_path, "SELECT name, value FROM run_metrics WHERE run_id = ?", run_id)) == {
+        "tps": 201.0, "latency_avg_ms": None}
+    assert rows(tmp_path, "SELECT ts, source, metric, value FROM series WHERE run_id = ?", run_id) == [
+        (2002.0, "pgbench", "tps", 99.0)]
+    assert sorted(rows(tmp_path, "SELECT ts, kind FROM events WHERE run_id = ?", run_id)) == [
+        (2000.0, "warmup-start"), (2001.0, "window-start"), (2006.0, "window-end")]
+    record = json.loads((tmp_path / "results" / run_dir / "run.json").read_text())
+    assert record == {"run_id": run_id, "point": {"workload": "tpcb-like", "synchronous_commit": "on", "clients": 2,
+                                                "jobs": 2},
+                      "repeat": 1, "window": [2001.0, 2006.0], "command": ["pgbench", "-c", "2"],
+                      "metrics": {"tps": 201.0, "latency_avg_ms": None}, "files": ["out.txt"]}
+    assert (tmp_path / "results" / run_dir / "out.txt").read_text() == "artifact"
+    # the driver's sweep events (a step before each run) are the sweep's, not a run's
+    assert rows(tmp_path, "SELECT count(*) FROM events WHERE kind = 'step' AND run_id IS NULL") == [(4,)]
+    assert rows(tmp_path, "SELECT status, environment FROM sweeps") == [("done", '{"target": "scripted"}')]
+
+
+def test_a_failed_run_is_recorded_with_its_first_line_and_the_targets_health_and_the_sweep_goes_on(
+        tmp_path: Path) -> None:
+    result = sweep(tmp_path, Scripted(parse_plan(PLAN), {(1, 2): "fail"}))
+    assert (result.ok, result.failed) == (3, 1)
+    assert result.failures == [f"{driver_points(PLAN)[0].label()} #2: pgbench exited 1; instance n1 is down"]
+    failed = rows(tmp_path, "SELECT id, reason FROM runs WHERE status = 'failed'")
+    assert [r for _, r in failed] == ["pgbench exited 1; instance n1 is down"]
+    assert rows(tmp_path, "SELECT count(*) FROM run_metrics WHERE run_id = ?", failed[0][0]) == [(0,)]
+    assert rows(tmp_path, "SELECT status FROM sweeps") == [("done",)]
+
+
+def test_an_interrupt_marks_the_run_ends_the_sweep_cleans_up_and_a_rerun_resumes_what_is_left(
+        tmp_path: Path) -> None:
+    plan = parse_plan(PLAN)
+    first = Scripted(plan, {(2, 1): "interrupt"})
+    result = sweep(tmp_path, first)
+    assert (result.ok, result.interrupted) == (2, True)
+    assert first.calls[-1] == "close keep=False"
+    assert rows(tmp_path, "SELECT status, reason FROM sweeps") == [("interrupted", "interrupted by SIGINT")]
+    assert rows(tmp_path, "SELECT status FROM runs ORDER BY started") == [("ok",), ("ok",), ("interrupted",)]
+
+    second = Scripted(plan)
+    result = sweep(tmp_path, second)
+    assert (result.resumed, result.already_done, result.ok) == (True, 2, 2)
+    assert second.calls == ["preflight", "open 2 storage=False resumed=True", "dataset", "run 2 #1", "run 2 #2",
+                            "close keep=False"]
+    assert rows(tmp_path, "SELECT status, count(*) FROM runs GROUP BY status") == [("ok", 4)]
+    assert len(list((tmp_path / "results" / "discarded").iterdir())) == 1  # the interrupted run's folder
+    assert rows(tmp_path, "SELECT status FROM sweeps") == [("done",)]
+
+    third = Scripted(plan)
+    assert sweep(tmp_path, third).already_done == 4
+    assert third.calls == ["preflight"]  # nothing left to run: no topology is brought up
+
+
+def test_the_storage_phase_runs_once_before_the_runs_and_a_resume_skips_it(tmp_path: Path) -> None:
+    text = PLAN + "storage: {profiles: [randread-8k], runtime: 1s, size: 1MiB}\n"
+    plan = parse_plan(text)
+    first = Scripted(plan, {(1, 2): "interrupt"})
+    sweep(tmp_path, first, text)
+    assert first.calls[1:4] == ["open 1 storage=True resumed=False", "storage", "dataset"]
+    assert rows(tmp_path, "SELECT label, name, value FROM ceilings") == [("data", "commit_flushes_per_s", 1234.0)]
+    assert [k for (k,) in rows(tmp_path, "SELECT kind FROM events WHERE run_id IS NULL ORDER BY ts")][:2] == [
+        "fio-done", "step"]
+    second = Scripted(plan)
+    sweep(tmp_path, second, text)
+    assert "storage" not in second.calls and second.calls[1] == "open 1 storage=False resumed=True"
+
+
+def test_what_close_could_not_remove_is_kept_as_events_and_in_the_sweeps_reason(tmp_path: Path) -> None:
+    sweep(tmp_path, Scripted(parse_plan(PLAN), leftovers=["pvc/data-1 still terminating"]))
+    assert rows(tmp_path, "SELECT status, reason FROM sweeps") == [
+        ("done", "left behind: pvc/data-1 still terminating")]
+    assert rows(tmp_path, "SELECT detail FROM events WHERE kind = 'cleanup-failed'") == [
+        ("pvc/data-1 still terminating",)]
+
+
+def test_an_error_outside_the_runs_ends_the_sweep_in_the_drivers_words_after_cleaning_up(tmp_path: Path) -> None:
+    driver = Scripted(parse_plan(PLAN), {(1, 2): "library"})
+    with pytest.raises(RunFailed, match="the server cannot be reached: socket closed"):
+        sweep(tmp_path, driver)
+    assert driver.calls[-1] == "close keep=False"
+    assert rows(tmp_path, "SELECT status, reason FROM sweeps") == [
+        ("failed", "the server cannot be reached: socket closed")]
+    assert rows(tmp_path, "SELECT status, reason FROM runs ORDER BY started") == [
+        ("ok", None), ("failed", "the sweep ended: socket closed")]
+
+
+def test_a_run_result_cannot_be_changed_after_the_driver_returned_it() -> None:
+    r = RunResult.of((1.0, 2.0), {"tps": 1.0})
+    with pytest.raises(TypeError):
+        r.metrics["tps"] = 2.0  # type: ignore[index]
+    with pytest.raises(AttributeError):
+        r.window = (0.0, 0.0)  # type: ignore[misc]
