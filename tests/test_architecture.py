@@ -153,3 +153,26 @@ def test_only_the_recorder_and_readers_open_the_store() -> None:
                    and not m.startswith("pglab.store"))
     allowed = ("pglab.engine.recorder", "pglab.engine.sweep", "pglab.report", "pglab.analysis", "pglab.cli")
     assert [m for m in users if not m.startswith(allowed)] == []
+
+
+STORE_WRITES = {"begin_sweep", "reopen_sweep", "recover", "set_sweep_info", "end_sweep", "add_points", "start_run",
+                "finish_run", "add_events", "save_fio"}
+
+
+def store_writes(path: Path) -> list[str]:
+    """Calls of the store's writing methods in a module: ``x.finish_run(…)`` where ``x`` is not a module it
+    imported (``pgbench.finish_run`` is pgbench's own function)."""
+    tree = ast.parse(path.read_text())
+    modules = {a.asname or a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    modules |= {a.asname or a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) for a in n.names}
+    return [f"{path.name}:{n.lineno} .{n.func.attr}()" for n in ast.walk(tree)
+            if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr in STORE_WRITES
+            and not (isinstance(n.func.value, ast.Name) and n.func.value.id in modules)]
+
+
+def test_the_recorder_is_the_only_writer_of_the_store() -> None:
+    mods = modules()
+    assert store_writes(mods["pglab.engine.recorder"])  # the check sees the writes that are there
+    writers = {m: w for m, p in sorted(mods.items()) if not m.startswith("pglab.store")
+               and m != "pglab.engine.recorder" and (w := store_writes(p))}
+    assert writers == {}

@@ -13,7 +13,6 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-from pglab import __version__
 from pglab.cluster_cli import cluster_app
 from pglab.errors import PlanError, RunInterrupted, UserError
 from pglab.plan.expand import Point
@@ -316,7 +315,9 @@ def fio_command(
     """Benchmark storage with fio on the given paths: 8 KiB random, WAL-like fdatasync, 1 MiB sequential."""
     from pydantic import ValidationError
 
+    from pglab.engine.recorder import Recorder
     from pglab.engine.sweep import interrupt_signals
+    from pglab.engine.types import SilentObserver
     from pglab.plan.schema import Storage
     from pglab.report.tables import full_report
     from pglab.storage import measure, plan_jobs
@@ -350,20 +351,21 @@ def fio_command(
     results = results or Path("results") / f"fio-{time.strftime('%Y%m%d-%H%M%S')}"
     store = Store.open(results)
     command = " ".join(sys.argv[1:])
-    sweep_id = store.begin_sweep("fio", f"# pglab {command}\n", "", __version__)
+    recorder = Recorder(store, SilentObserver())
+    sweep_id = recorder.open_storage_sweep(command)
     status = "failed"
     try:
         with interrupt_signals():
             for m in measure(store.dir, labelled, jobs, runtime_s=storage.runtime, size_bytes=size_bytes,
                              log=lambda m: err.print(f"[dim]{m}[/dim]")):
-                store.save_fio(sweep_id, m.label, m.device, m.results, m.ceilings)
+                recorder.fio(m)
         status = "done"
     except RunInterrupted:
         status = "interrupted"
         err.print("[yellow]interrupted: fio stopped and its test files removed.")
         raise typer.Exit(130) from None
     finally:
-        store.end_sweep(sweep_id, status)
+        recorder.end(status, None)
         text = full_report(store, fmt, sweep_id, table="storage")
         store.close()
     out.print(text, end="", soft_wrap=True, markup=False, highlight=False)

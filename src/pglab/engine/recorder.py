@@ -83,6 +83,11 @@ class Recorder:
             self.sweep_id = store.begin_sweep(plan.name, plan_text, fingerprint, __version__)
         return self.sweep_id, self.resumed
 
+    def open_storage_sweep(self, command: str) -> int:
+        """A sweep of ``pglab fio``: storage figures only, no plan (and so nothing to resume)."""
+        self.sweep_id, self.resumed = self.store.begin_sweep("fio", f"# pglab {command}\n", "", __version__), False
+        return self.sweep_id
+
     def points(self, points: list[Point]) -> tuple[dict[str, int], set[tuple[str, int]]]:
         """The sweep's point ids by key, and the (key, repeat) already run ok (none unless resumed)."""
         if self.resumed:
