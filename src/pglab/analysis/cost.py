@@ -13,9 +13,9 @@ from pglab.store.sqlite import Store
 
 def sweep_cost(store: Store, sweep_id: int) -> Cost | None:
     """The ``cost:`` block of the plan the sweep ran (None when the plan had none)."""
-    row = store.conn.execute("SELECT plan_text FROM sweeps WHERE id = ?", (sweep_id,)).fetchone()
+    text = store.plan_text(sweep_id)
     try:
-        data = yaml.safe_load(row[0]) if row else None
+        data = yaml.safe_load(text) if text is not None else None
         return Cost.model_validate(data["cost"]) if isinstance(data, dict) and data.get("cost") else None
     except (yaml.YAMLError, ValidationError):
         return None

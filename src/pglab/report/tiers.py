@@ -7,7 +7,6 @@ over repeats. The host view sums every tenant and adds the host's own disk and C
 
 from __future__ import annotations
 
-import json
 import statistics
 from collections import OrderedDict
 from typing import Any
@@ -30,8 +29,7 @@ HOST_HEADERS = {"tps": "host TPS", "memory_per_instance_mb": "memory per instanc
 def is_tenants_sweep(store: Store, sweep_id: int | None) -> bool:
     """Its points are arrangements (also before any run ended)."""
     sweep_id = sweep_id if sweep_id is not None else store.latest_sweep_id()
-    rows = store.conn.execute("SELECT axes FROM points WHERE sweep_id = ?", (sweep_id,)).fetchall()
-    return any("arrangement" in json.loads(axes) for (axes,) in rows)
+    return any("arrangement" in axes for axes in store.point_axes(sweep_id))
 
 
 def _median(values: list[float | None]) -> float | None:
@@ -49,11 +47,11 @@ def _arrangements(store: Store, sweep_id: int | None) -> OrderedDict[str, list[R
 
 def _tiers_of(store: Store, sweep_id: int, arrangement: str) -> list[str]:
     """The arrangement's tier names in plan order (runs only store metrics; the plan has the order)."""
-    row = store.conn.execute("SELECT plan_text FROM sweeps WHERE id = ?", (sweep_id,)).fetchone()
+    text = store.plan_text(sweep_id)
     try:
         import yaml
 
-        plan = yaml.safe_load(row[0]) if row else None
+        plan = yaml.safe_load(text) if text is not None else None
         for a in (plan or {}).get("tenants", {}).get("arrangements", []):
             if a.get("name") == arrangement:
                 return [str(t["name"]) for t in a.get("tiers", [])]
