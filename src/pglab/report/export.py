@@ -18,6 +18,7 @@ from typing import Any
 
 import polars as pl
 
+from pglab import metrics
 from pglab.store.sqlite import Store
 
 FORMATS = ("csv", "json", "parquet")
@@ -76,9 +77,8 @@ def _column(name: str, values: list[Any]) -> pl.Series:
 @cache
 def _known() -> dict[str, pl.DataType]:
     """Types of the known columns, so that an empty table or a column of nulls still gets its numeric type."""
-    from pglab.report.tables import CI_COLUMNS, METRIC_COLUMNS
-
-    floats = (*METRIC_COLUMNS, *(f"{c}_ci95" for c in CI_COLUMNS), "tps_cv_pct", "storage_ceiling_pct", "tps_dips",
+    floats = (*metrics.keys("points"), *metrics.keys("runs"), *(f"{c}_ci95" for c in metrics.with_ci("points")),
+              "tps_cv_pct", "storage_ceiling_pct", "tps_dips",
               "iops", "mb_s", "lat_mean_ms", "lat_p50_ms", "lat_p99_ms", "lat_p999_ms", "sync_lat_mean_ms",
               "sync_lat_p99_ms", "sync_lat_p999_ms")
     ints = ("clients", "jobs", "repeat", "repeats", "failed_runs")

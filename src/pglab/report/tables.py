@@ -13,6 +13,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from pglab import metrics
 from pglab.analysis.bottleneck import attribute, describe, mean_metrics, storage_ceiling_share
 from pglab.analysis.cost import cost_table
 from pglab.analysis.stats import estimate
@@ -22,16 +23,13 @@ from pglab.report.scenarios import loud_findings, scenario_table
 from pglab.store.sqlite import RunRow, Store
 
 AXIS_COLUMNS = ("workload", "synchronous_commit", "clients")
-METRIC_COLUMNS = (
-    "tps", "latency_avg_ms", "latency_p95_ms", "latency_p99_ms", "read_iops", "write_iops", "total_iops",
-    "read_latency_ms", "write_latency_ms", "cpu_pct", "wal_mb_s", "replay_lag_max_ms",
-)
-CI_COLUMNS = ("tps", "latency_avg_ms", "latency_p95_ms", "latency_p99_ms")
+METRIC_COLUMNS = metrics.keys("points")  # the catalogue's, in its order; the per-run table shows the same
+CI_COLUMNS = metrics.with_ci("points")
 UNSTABLE_CV = 0.05  # repeats whose TPS spread (coefficient of variation) exceeds 5 % are flagged
 DURABILITY_ORDER = ("off", "local", "remote_write", "on", "remote_apply")
-DECIMALS = {"per_tps": 4, "peak_tps": 1,
-            "tps": 1, "read_iops": 1, "write_iops": 1, "total_iops": 1, "cpu_pct": 1, "wal_mb_s": 2, "iops": 0,
-            "mb_s": 1, "lat_mean_ms": 3, "lat_p99_ms": 3, "lat_p999_ms": 3}
+# columns that are no stored run metric: the cost table's and fio's (the storage phase's own figures)
+DECIMALS = {**metrics.decimals(), "per_tps": 4, "peak_tps": 1, "iops": 0, "mb_s": 1, "lat_mean_ms": 3,
+            "lat_p99_ms": 3, "lat_p999_ms": 3}
 
 
 def _extra_axes(runs: list[RunRow]) -> list[str]:
@@ -120,7 +118,8 @@ def run_table(store: Store, sweep_id: int | None = None) -> tuple[list[str], lis
     sweep_id = sweep_id if sweep_id is not None else store.latest_sweep_id()
     runs = store.runs(sweep_id)
     extra = _extra_axes(runs)
-    columns = ["run_id", "repeat", "status", *AXIS_COLUMNS, *extra, *METRIC_COLUMNS, "dips", "dir", "reason"]
+    run_metrics = metrics.keys("runs")
+    columns = ["run_id", "repeat", "status", *AXIS_COLUMNS, *extra, *run_metrics, "dips", "dir", "reason"]
     rows = []
     for r in runs:
         window = store.run_window(r.id)
@@ -129,7 +128,7 @@ def run_table(store: Store, sweep_id: int | None = None) -> tuple[list[str], lis
                                "reason": r.reason,
                                "dips": "; ".join(d.describe(window[0]) for d in dips) if window else None}
         row.update({c: r.axes.get(c) for c in (*AXIS_COLUMNS, *extra)})
-        row.update({c: r.metrics.get(c) for c in METRIC_COLUMNS})
+        row.update({c: r.metrics.get(c) for c in run_metrics})
         rows.append(row)
     return columns, rows
 
