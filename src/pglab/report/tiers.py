@@ -14,8 +14,7 @@ from typing import Any
 from pglab import metrics
 from pglab.store.sqlite import RunRow, Store
 
-TIER_COLUMNS = ["arrangement", "tier", "instances", *metrics.keys("tiers"), "tps_vs_base_pct", "repeats",
-                "failed_runs"]
+TIER_COLUMNS = ["arrangement", "tier", *metrics.keys("tiers"), "tps_vs_base_pct", "repeats", "failed_runs"]
 TIER_HEADERS = {**metrics.headers("tiers"), "tps_vs_base_pct": "vs base"}
 HOST_COLUMNS = ["arrangement", *metrics.keys("host")]
 HOST_HEADERS = metrics.headers("host")
@@ -78,12 +77,10 @@ def tier_table(store: Store, sweep_id: int | None = None) -> tuple[list[str], li
             def m(metric: str, how: metrics.How = "median", tier: str = tier, ok: list[RunRow] = ok) -> float | None:
                 return metrics.combine(how, [r.metrics.get(metric.replace("{tier}", tier)) for r in ok])
 
-            tenants = m("tier.{tier}.tenants")
-            row: dict[str, Any] = {
-                "arrangement": arrangement, "tier": tier,
-                "instances": int(tenants * instances_each) if tenants is not None else None,
-                **{shown.key: m(shown.metric.name, shown.how) for shown in metrics.columns("tiers")},
-            }
+            row: dict[str, Any] = {"arrangement": arrangement, "tier": tier,
+                                   **{shown.key: m(shown.metric.name, shown.how) for shown in metrics.columns("tiers")}}
+            if row["instances"] is not None:  # the tier's tenants, each with its instances
+                row["instances"] = int(row["instances"] * instances_each)
             tps = m("tier.{tier}.tps")
             row.update({"tps_vs_base_pct": (tps / base - 1) * 100 if tps is not None and base and i > 0 else None,
                         "repeats": len(ok), "failed_runs": len(runs) - len(ok)})
