@@ -193,3 +193,55 @@ def test_scenario_table_aggregates_every_trial_of_a_level(tmp_path: Path) -> Non
         pglab("report", str(tmp_path / "r"), "--table", "scenarios", "--format", "json", check=True).stdout)}
     assert listed["on"]["trials"] == 2 and listed["on"]["acked_lost_total"] == 2
     assert listed["off"]["trials"] == 3 and listed["off"]["rto_max_s"] == 24.0
+
+
+def test_a_folder_of_the_current_schema_reopens_and_reports(tmp_path: Path) -> None:
+    """Written by this pglab, closed, opened again: same schema version, same figures, nothing migrated twice."""
+    import sqlite3
+
+    from pglab.store.sqlite import SCHEMA_VERSION
+
+    results = _store(tmp_path, {("tpcb-like", "on", 4): [100.0, 110.0]})
+    db = sqlite3.connect(results / "results.db")
+    assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+    db.close()
+    store = Store.open(results, create=False)
+    _, rows = point_table(store)
+    store.close()
+    assert rows[0]["tps"] == 105.0 and rows[0]["repeats"] == 2
+    listed = json.loads(pglab("report", str(results), "--format", "json", check=True).stdout)
+    assert [r["tps"] for r in listed] == [105.0]
+
+
+def test_a_folder_of_schema_1_is_migrated_and_reports(tmp_path: Path) -> None:
+    """A folder an older pglab wrote (schema 1: no fio, no tenants tables) opens: the later migrations are applied
+    in order and its runs report as they were stored."""
+    import sqlite3
+
+    from pglab.store.sqlite import MIGRATIONS, SCHEMA_VERSION, _statements
+
+    results = tmp_path / "old"
+    (results / "runs").mkdir(parents=True)
+    db = sqlite3.connect(results / "results.db")
+    for stmt in _statements(MIGRATIONS[1]):
+        db.execute(stmt)
+    db.execute("PRAGMA user_version = 1")
+    db.execute("INSERT INTO sweeps (id, plan_name, plan_text, plan_hash, pglab_version, started, status) "
+               "VALUES (1, 'old', 'name: old\n', 'h', '0.1', 1.0, 'done')")
+    db.execute("INSERT INTO points (id, sweep_id, idx, key, axes) VALUES (1, 1, 0, 'k0', ?)",
+               (json.dumps({"workload": "tpcb-like", "synchronous_commit": "on", "clients": 4}),))
+    for rep, tps in ((1, 200.0), (2, 220.0)):
+        db.execute("INSERT INTO runs (id, sweep_id, point_id, repeat, status, started, dir) "
+                   "VALUES (?, 1, 1, ?, 'ok', 1.0, ?)", (f"r{rep}", rep, f"runs/r{rep}"))
+        db.execute("INSERT INTO run_metrics (run_id, name, value) VALUES (?, 'tps', ?)", (f"r{rep}", tps))
+    db.commit()
+    db.close()
+
+    store = Store.open(results, create=False)
+    assert store.conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+    assert store.fio_results(1) == [] and store.tenant_metrics("r1") == {}  # the later tables exist, empty
+    _, rows = point_table(store)
+    store.close()
+    assert rows[0]["tps"] == 210.0 and rows[0]["repeats"] == 2
+    text = pglab("report", str(results), check=True).stdout
+    assert "210.0" in text and "tpcb-like" in text

@@ -11,6 +11,7 @@ from typing import Any
 
 from scipy import stats
 
+from pglab import metrics
 from pglab.errors import UserError
 from pglab.store.sqlite import RunRow, Store
 
@@ -19,6 +20,8 @@ DEFAULT_METRICS = ("tps", "latency_avg_ms", "latency_p99_ms")
 FASTER = "faster"
 SLOWER = "slower"
 NO_DIFFERENCE = "no significant difference"
+HIGHER = "higher"  # a significant change of a metric neither way of which is better (IOPS, a count)
+LOWER = "lower"
 SINGLE_RUN = "single run"
 NO_DATA = "no data"
 ONLY_IN_A = "only in A"
@@ -37,13 +40,12 @@ class Difference:
     delta_pct: float                        # (b - a) / a * 100; NaN when a_mean is 0
     ci95_pct: tuple[float, float] | None    # 95 % Welch interval of (b - a), as % of a_mean; None when n < 2
     p_value: float | None                   # Welch's t-test; None when a side has < 2 runs
-    verdict: str                            # faster | slower | no significant difference | single run
+    verdict: str                            # faster | slower | higher | lower | no significant difference | single run
 
 
-def lower_is_better(metric: str) -> bool:
-    """Latencies, lags and durations: lower is better. Everything else (tps, IOPS …): higher is better."""
-    m = metric.lower()
-    return "latency" in m or "lag" in m or m.endswith(("_ms", "_s", "_us"))
+def lower_is_better(metric: str) -> bool | None:
+    """The metrics catalogue's word on ``metric`` (None: neither way is better, e.g. IOPS or a count)."""
+    return metrics.lower_is_better(metric)
 
 
 def _clean(values: Sequence[float | None]) -> list[float]:
@@ -72,8 +74,11 @@ def difference(metric: str, a_values: Sequence[float | None], b_values: Sequence
         half = float(stats.t.ppf(0.975, df)) * math.sqrt(se2)
         low, high = diff - half, diff + half
         p_value = float(stats.ttest_ind(xb, xa, equal_var=False).pvalue)
-    if low > 0 or high < 0:
-        better = (high < 0) if lower_is_better(metric) else (low > 0)
+    direction = lower_is_better(metric)
+    if (low > 0 or high < 0) and direction is None:
+        verdict = HIGHER if low > 0 else LOWER  # a change, neither better nor worse
+    elif low > 0 or high < 0:
+        better = (high < 0) if direction else (low > 0)
         verdict = FASTER if better else SLOWER
     else:
         verdict = NO_DIFFERENCE

@@ -7,37 +7,47 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
+from pglab.analysis.stats import estimate
 from pglab.plan.schema import Cost
-from pglab.store.sqlite import Store
+from pglab.store.sqlite import RunRow, Store
 
 
 def sweep_cost(store: Store, sweep_id: int) -> Cost | None:
     """The ``cost:`` block of the plan the sweep ran (None when the plan had none)."""
-    row = store.conn.execute("SELECT plan_text FROM sweeps WHERE id = ?", (sweep_id,)).fetchone()
+    text = store.plan_text(sweep_id)
     try:
-        data = yaml.safe_load(row[0]) if row else None
+        data = yaml.safe_load(text) if text is not None else None
         return Cost.model_validate(data["cost"]) if isinstance(data, dict) and data.get("cost") else None
     except (yaml.YAMLError, ValidationError):
         return None
 
 
+def peak_points(runs: list[RunRow], metric: str = "tps") -> dict[str, tuple[RunRow, float]]:
+    """Per workload, the point whose mean ``metric`` over its ok runs is highest: (a run of it, that mean).
+    The same means the database table shows; the first point reaching the peak wins a tie."""
+    groups: dict[int, list[RunRow]] = {}
+    for r in runs:
+        groups.setdefault(r.point_id, []).append(r)
+    best: dict[str, tuple[RunRow, float]] = {}
+    for group in groups.values():
+        e = estimate([r.metrics.get(metric) for r in group if r.status == "ok"])
+        workload = str(group[0].axes.get("workload"))
+        if e is not None and (workload not in best or e.mean > best[workload][1]):
+            best[workload] = (group[0], e.mean)
+    return best
+
+
 def cost_table(store: Store, sweep_id: int | None = None) -> tuple[list[str], list[dict[str, Any]]]:
     """One row per workload: peak TPS (mean over repeats of the best point), monthly price, price per TPS."""
-    from pglab.report.tables import point_table
-
     sweep_id = sweep_id if sweep_id is not None else store.latest_sweep_id()
     cost = sweep_cost(store, sweep_id) if sweep_id is not None else None
     if cost is None:
         return [], []
-    _, points = point_table(store, sweep_id)
-    best: dict[str, dict[str, Any]] = {}
-    for p in points:
-        if p["tps"] is not None and (p["workload"] not in best or p["tps"] > best[p["workload"]]["tps"]):
-            best[p["workload"]] = p
     columns = ["workload", "peak_tps", "at_clients", "at_synchronous_commit", "monthly", "currency", "per_tps"]
-    rows = [{"workload": wl, "peak_tps": p["tps"], "at_clients": p["clients"],
-             "at_synchronous_commit": p["synchronous_commit"], "monthly": cost.monthly, "currency": cost.currency,
-             "per_tps": cost.monthly / p["tps"]} for wl, p in best.items()]
+    rows = [{"workload": run.axes.get("workload"), "peak_tps": tps, "at_clients": run.axes.get("clients"),
+             "at_synchronous_commit": run.axes.get("synchronous_commit"), "monthly": cost.monthly,
+             "currency": cost.currency, "per_tps": cost.monthly / tps}
+            for run, tps in peak_points(store.runs(sweep_id)).values()]
     return columns, rows
 
 

@@ -18,6 +18,7 @@ from typing import Any
 
 import polars as pl
 
+from pglab import metrics
 from pglab.store.sqlite import Store
 
 FORMATS = ("csv", "json", "parquet")
@@ -76,9 +77,8 @@ def _column(name: str, values: list[Any]) -> pl.Series:
 @cache
 def _known() -> dict[str, pl.DataType]:
     """Types of the known columns, so that an empty table or a column of nulls still gets its numeric type."""
-    from pglab.report.tables import CI_COLUMNS, METRIC_COLUMNS
-
-    floats = (*METRIC_COLUMNS, *(f"{c}_ci95" for c in CI_COLUMNS), "tps_cv_pct", "storage_ceiling_pct", "tps_dips",
+    floats = (*metrics.keys("points"), *metrics.keys("runs"), *(f"{c}_ci95" for c in metrics.with_ci("points")),
+              "tps_cv_pct", "storage_ceiling_pct", "tps_dips",
               "iops", "mb_s", "lat_mean_ms", "lat_p50_ms", "lat_p99_ms", "lat_p999_ms", "sync_lat_mean_ms",
               "sync_lat_p99_ms", "sync_lat_p999_ms")
     ints = ("clients", "jobs", "repeat", "repeats", "failed_runs")
@@ -97,32 +97,18 @@ def _infer(present: list[Any]) -> pl.DataType:
 
 def series_frame(store: Store, sweep_id: int | None) -> pl.DataFrame:
     """Every sample of the sweep's runs in one query, in run order; ``t_s`` counts from the measured window."""
-    rows = store.conn.execute(
-        "SELECT s.run_id, s.ts, s.ts - r.window_start, s.source, s.metric, s.value "
-        "FROM runs r JOIN points p ON p.id = r.point_id JOIN series s ON s.run_id = r.id WHERE r.sweep_id = ? "
-        "ORDER BY p.idx, r.repeat, r.started, s.source, s.metric, s.ts", (sweep_id,)).fetchall()
-    return pl.DataFrame(rows, schema=SERIES_SCHEMA, orient="row")
+    return pl.DataFrame(store.sweep_series(sweep_id), schema=SERIES_SCHEMA, orient="row")
 
 
 def events_frame(store: Store, sweep_id: int | None) -> pl.DataFrame:
     """The runs' own events and the sweep's (e.g. checkpoints), a sweep event tagged with the run whose measured
     window it falls in, if any."""
-    rows = store.conn.execute(
-        "SELECT e.ts, e.kind, e.detail, coalesce(e.run_id, (SELECT r.id FROM runs r WHERE r.sweep_id = ?1 AND "
-        "e.ts BETWEEN r.window_start AND r.window_end ORDER BY r.window_start LIMIT 1)), "
-        "CASE WHEN e.run_id IS NULL THEN 'sweep' ELSE 'run' END "
-        "FROM events e WHERE e.sweep_id = ?1 OR e.run_id IN (SELECT id FROM runs WHERE sweep_id = ?1) "
-        "ORDER BY e.ts, e.rowid", (sweep_id,)).fetchall()
-    return pl.DataFrame(rows, schema=EVENTS_SCHEMA, orient="row")
+    return pl.DataFrame(store.sweep_and_run_events(sweep_id), schema=EVENTS_SCHEMA, orient="row")
 
 
 def fio_series_frame(store: Store, sweep_id: int | None) -> pl.DataFrame:
     """fio's per-second IOPS and latency of each job and direction; ``t_s`` counts from the job's start."""
-    rows = store.conn.execute(
-        "SELECT f.fio_id, r.label, r.job, r.direction, f.ts, f.ts - r.started, f.iops, f.lat_ms "
-        "FROM fio_results r JOIN fio_series f ON f.fio_id = r.id WHERE r.sweep_id = ? ORDER BY r.id, f.ts",
-        (sweep_id,)).fetchall()
-    return pl.DataFrame(rows, schema=FIO_SERIES_SCHEMA, orient="row")
+    return pl.DataFrame(store.fio_series(sweep_id), schema=FIO_SERIES_SCHEMA, orient="row")
 
 
 def write(df: pl.DataFrame, path: Path, fmt: str) -> Path:

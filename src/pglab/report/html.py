@@ -196,7 +196,7 @@ def _run_chart(store: Store, run: dict[str, Any], sweep_id: int, source: str = "
     """TPS, latency, write IOPS and replay lag of one run, its warm-up and window marked (``source``: whose TPS,
     pgbench's, or each tenant's with "tenant:")."""
     rows = store.series(run["run_id"])
-    events = dict(store.conn.execute("SELECT kind, ts FROM events WHERE run_id = ?", (run["run_id"],)).fetchall())
+    events = dict(store.run_event_times(run["run_id"]))
     t0 = events.get("warmup-start", events.get("window-start", rows[0][0] if rows else 0.0))
 
     def traces_of(source_prefix: str, metric: str, name: str, axis: str = "y") -> list[dict[str, Any]]:

@@ -13,6 +13,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from pglab import metrics
 from pglab.analysis.bottleneck import attribute, describe, mean_metrics, storage_ceiling_share
 from pglab.analysis.cost import cost_table
 from pglab.analysis.stats import estimate
@@ -22,16 +23,13 @@ from pglab.report.scenarios import loud_findings, scenario_table
 from pglab.store.sqlite import RunRow, Store
 
 AXIS_COLUMNS = ("workload", "synchronous_commit", "clients")
-METRIC_COLUMNS = (
-    "tps", "latency_avg_ms", "latency_p95_ms", "latency_p99_ms", "read_iops", "write_iops", "total_iops",
-    "read_latency_ms", "write_latency_ms", "cpu_pct", "wal_mb_s", "replay_lag_max_ms",
-)
-CI_COLUMNS = ("tps", "latency_avg_ms", "latency_p95_ms", "latency_p99_ms")
+METRIC_COLUMNS = metrics.keys("points")  # the catalogue's, in its order; the per-run table shows the same
+CI_COLUMNS = metrics.with_ci("points")
 UNSTABLE_CV = 0.05  # repeats whose TPS spread (coefficient of variation) exceeds 5 % are flagged
 DURABILITY_ORDER = ("off", "local", "remote_write", "on", "remote_apply")
-DECIMALS = {"per_tps": 4, "peak_tps": 1,
-            "tps": 1, "read_iops": 1, "write_iops": 1, "total_iops": 1, "cpu_pct": 1, "wal_mb_s": 2, "iops": 0,
-            "mb_s": 1, "lat_mean_ms": 3, "lat_p99_ms": 3, "lat_p999_ms": 3}
+# columns that are no stored run metric: the cost table's and fio's (the storage phase's own figures)
+DECIMALS = {**metrics.decimals(), "per_tps": 4, "peak_tps": 1, "iops": 0, "mb_s": 1, "lat_mean_ms": 3,
+            "lat_p99_ms": 3, "lat_p999_ms": 3}
 
 
 def _extra_axes(runs: list[RunRow]) -> list[str]:
@@ -86,15 +84,9 @@ def point_table(store: Store, sweep_id: int | None = None) -> tuple[list[str], l
     return columns, rows
 
 
-def _window(store: Store, run_id: str) -> tuple[float, float] | None:
-    window = store.conn.execute("SELECT window_start, window_end FROM runs WHERE id = ?",
-                                (run_id,)).fetchone()
-    return (window[0], window[1]) if window and window[0] is not None else None
-
-
 def _dips(store: Store, run: RunRow) -> list[Dip]:
     """The run's TPS dips inside its window, each tied to the checkpoint that began just before it, if any."""
-    window = _window(store, run.id)
+    window = store.run_window(run.id)
     if window is None:
         return []
     series = [(ts, v) for ts, _src, _m, v in store.series(run.id, "pgbench") if _m == "tps" and v is not None]
@@ -108,9 +100,9 @@ def _dips(store: Store, run: RunRow) -> list[Dip]:
 
 
 def _cores(store: Store, sweep_id: int | None) -> int:
-    row = store.conn.execute("SELECT environment FROM sweeps WHERE id = ?", (sweep_id,)).fetchone()
     try:
-        return int(json.loads(row[0])["cpu"]["affinity"]) if row and row[0] else (os.cpu_count() or 1)
+        environment = store.sweep_environment(sweep_id)
+        return int(environment["cpu"]["affinity"]) if environment else (os.cpu_count() or 1)
     except (KeyError, TypeError, ValueError):
         return os.cpu_count() or 1
 
@@ -126,16 +118,17 @@ def run_table(store: Store, sweep_id: int | None = None) -> tuple[list[str], lis
     sweep_id = sweep_id if sweep_id is not None else store.latest_sweep_id()
     runs = store.runs(sweep_id)
     extra = _extra_axes(runs)
-    columns = ["run_id", "repeat", "status", *AXIS_COLUMNS, *extra, *METRIC_COLUMNS, "dips", "dir", "reason"]
+    run_metrics = metrics.keys("runs")
+    columns = ["run_id", "repeat", "status", *AXIS_COLUMNS, *extra, *run_metrics, "dips", "dir", "reason"]
     rows = []
     for r in runs:
-        window = _window(store, r.id)
+        window = store.run_window(r.id)
         dips = _dips(store, r) if r.status == "ok" and window else []
         row: dict[str, Any] = {"run_id": r.id, "repeat": r.repeat, "status": r.status, "dir": r.dir,
                                "reason": r.reason,
                                "dips": "; ".join(d.describe(window[0]) for d in dips) if window else None}
         row.update({c: r.axes.get(c) for c in (*AXIS_COLUMNS, *extra)})
-        row.update({c: r.metrics.get(c) for c in METRIC_COLUMNS})
+        row.update({c: r.metrics.get(c) for c in run_metrics})
         rows.append(row)
     return columns, rows
 
@@ -152,7 +145,11 @@ def storage_table(store: Store, sweep_id: int | None = None) -> tuple[list[str],
     """One row per fio job and direction: figures as fio's JSON has them (latencies in ms)."""
     sweep_id = sweep_id if sweep_id is not None else store.latest_sweep_id()
     rows = []
-    for r in store.fio_results(sweep_id) if sweep_id is not None else []:
+    results = store.fio_results(sweep_id) if sweep_id is not None else []
+    directions: dict[tuple[str, str], set[str]] = {}
+    for r in results:
+        directions.setdefault((r["label"], r["job"]), set()).add(r["direction"])
+    for r in results:
         profile = r["job"]
         notes = [r["note"]] if r["note"] else []
         if r["sync_lat_mean_ms"] is not None:  # fio reports write() and fdatasync() apart; a commit pays both
@@ -161,7 +158,7 @@ def storage_table(store: Store, sweep_id: int | None = None) -> tuple[list[str],
         rows.append({
             "path": r["label"] if r["label"] in ("data", "wal") else r["path"],
             "device": r["device"] or "(none)",
-            "profile": f"{profile} {r['direction']}" if _two_directions(store, sweep_id, r) else profile,
+            "profile": f"{profile} {r['direction']}" if len(directions[r["label"], r["job"]]) > 1 else profile,
             "iops": r["iops"], "mb_s": r["bw_mb_s"], "lat_mean_ms": r["lat_mean_ms"], "lat_p99_ms": r["lat_p99_ms"],
             "lat_p999_ms": r["lat_p999_ms"], "note": "; ".join(notes), "label": r["label"], "job": r["job"],
             "direction": r["direction"], "lat_p50_ms": r["lat_p50_ms"], "sync_lat_mean_ms": r["sync_lat_mean_ms"],
@@ -169,12 +166,6 @@ def storage_table(store: Store, sweep_id: int | None = None) -> tuple[list[str],
             "json_file": r["json_file"],
         })
     return list(STORAGE_COLUMNS), rows
-
-
-def _two_directions(store: Store, sweep_id: int, row: dict[str, Any]) -> bool:
-    return bool(store.conn.execute(
-        "SELECT count(DISTINCT direction) > 1 FROM fio_results WHERE sweep_id = ? AND label = ? AND job = ?",
-        (sweep_id, row["label"], row["job"])).fetchone()[0])
 
 
 def ceilings_text(store: Store, sweep_id: int | None = None) -> str:

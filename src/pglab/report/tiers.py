@@ -7,31 +7,24 @@ over repeats. The host view sums every tenant and adds the host's own disk and C
 
 from __future__ import annotations
 
-import json
 import statistics
 from collections import OrderedDict
 from typing import Any
 
+from pglab import metrics
 from pglab.store.sqlite import RunRow, Store
 
-TIER_COLUMNS = ["arrangement", "tier", "instances", "tps_per_instance", "latency_avg_ms", "latency_p95_ms",
-                "latency_p99_ms", "iops_per_instance", "cpu_cores_per_instance", "tps_spread_pct", "tps_vs_base_pct",
-                "repeats", "failed_runs"]
-TIER_HEADERS = {"tps_per_instance": "TPS per instance", "latency_avg_ms": "latency ms", "latency_p95_ms": "p95 ms",
-                "latency_p99_ms": "p99 ms", "iops_per_instance": "IOPS per instance",
-                "cpu_cores_per_instance": "cores per instance", "tps_spread_pct": "spread %",
-                "tps_vs_base_pct": "vs base"}
-HOST_COLUMNS = ["arrangement", "tenants", "instances", "tps", "memory_per_instance_mb", "read_iops", "write_iops",
-                "tenants_cpu_cores", "cpu_pct"]
-HOST_HEADERS = {"tps": "host TPS", "memory_per_instance_mb": "memory per instance MB", "read_iops": "disk read IOPS",
-                "write_iops": "disk write IOPS", "tenants_cpu_cores": "tenants' cores", "cpu_pct": "host CPU %"}
+TIER_COLUMNS = ["arrangement", "tier", *metrics.keys("tiers"), "tps_vs_base_pct", "repeats", "failed_runs"]
+TIER_HEADERS = {**metrics.headers("tiers"), "tps_vs_base_pct": "vs base"}
+HOST_COLUMNS = ["arrangement", *metrics.keys("host")]
+HOST_HEADERS = metrics.headers("host")
+TENANT_COLUMNS = ["arrangement", "repeat", "tenant", "tier", *metrics.keys("tenants")]
 
 
 def is_tenants_sweep(store: Store, sweep_id: int | None) -> bool:
     """Its points are arrangements (also before any run ended)."""
     sweep_id = sweep_id if sweep_id is not None else store.latest_sweep_id()
-    rows = store.conn.execute("SELECT axes FROM points WHERE sweep_id = ?", (sweep_id,)).fetchall()
-    return any("arrangement" in json.loads(axes) for (axes,) in rows)
+    return any("arrangement" in axes for axes in store.point_axes(sweep_id))
 
 
 def _median(values: list[float | None]) -> float | None:
@@ -49,11 +42,11 @@ def _arrangements(store: Store, sweep_id: int | None) -> OrderedDict[str, list[R
 
 def _tiers_of(store: Store, sweep_id: int, arrangement: str) -> list[str]:
     """The arrangement's tier names in plan order (runs only store metrics; the plan has the order)."""
-    row = store.conn.execute("SELECT plan_text FROM sweeps WHERE id = ?", (sweep_id,)).fetchone()
+    text = store.plan_text(sweep_id)
     try:
         import yaml
 
-        plan = yaml.safe_load(row[0]) if row else None
+        plan = yaml.safe_load(text) if text is not None else None
         for a in (plan or {}).get("tenants", {}).get("arrangements", []):
             if a.get("name") == arrangement:
                 return [str(t["name"]) for t in a.get("tiers", [])]
@@ -81,20 +74,16 @@ def tier_table(store: Store, sweep_id: int | None = None) -> tuple[list[str], li
         names = _tiers_of(store, sweep_id, arrangement) or sorted(
             {k.split(".")[1] for r in ok for k in r.metrics if k.startswith("tier.")})
         for tier in names:
-            def m(metric: str, tier: str = tier, ok: list[RunRow] = ok) -> float | None:
-                return _median([r.metrics.get(f"tier.{tier}.{metric}") for r in ok])
+            def m(metric: str, how: metrics.How = "median", tier: str = tier, ok: list[RunRow] = ok) -> float | None:
+                return metrics.combine(how, [r.metrics.get(metric.replace("{tier}", tier)) for r in ok])
 
-            tenants = m("tenants")
-            tps = m("tps")
-            row: dict[str, Any] = {
-                "arrangement": arrangement, "tier": tier,
-                "instances": int(tenants * instances_each) if tenants is not None else None,
-                "tps_per_instance": tps, "latency_avg_ms": m("latency_avg_ms"), "latency_p95_ms": m("latency_p95_ms"),
-                "latency_p99_ms": m("latency_p99_ms"), "iops_per_instance": m("total_iops"),
-                "cpu_cores_per_instance": m("cpu_cores"), "tps_spread_pct": m("tps_spread_pct"),
-                "tps_vs_base_pct": (tps / base - 1) * 100 if tps is not None and base and i > 0 else None,
-                "repeats": len(ok), "failed_runs": len(runs) - len(ok),
-            }
+            row: dict[str, Any] = {"arrangement": arrangement, "tier": tier,
+                                   **{shown.key: m(shown.metric.name, shown.how) for shown in metrics.columns("tiers")}}
+            if row["instances"] is not None:  # the tier's tenants, each with its instances
+                row["instances"] = int(row["instances"] * instances_each)
+            tps = m("tier.{tier}.tps")
+            row.update({"tps_vs_base_pct": (tps / base - 1) * 100 if tps is not None and base and i > 0 else None,
+                        "repeats": len(ok), "failed_runs": len(runs) - len(ok)})
             rows.append(row)
     columns = [c for c in TIER_COLUMNS if c in ("arrangement", "tier", "instances", "tps_per_instance")
                or any(r.get(c) is not None for r in rows)]
@@ -108,8 +97,8 @@ def host_table(store: Store, sweep_id: int | None = None) -> tuple[list[str], li
     for arrangement, runs in _arrangements(store, sweep_id).items():
         ok = [r for r in runs if r.status == "ok"]
         row: dict[str, Any] = {"arrangement": arrangement}
-        for c in HOST_COLUMNS[1:]:
-            row[c] = _median([r.metrics.get(c) for r in ok])
+        for shown in metrics.columns("host"):
+            row[shown.key] = metrics.combine(shown.how, [r.metrics.get(shown.metric.name) for r in ok])
         for c in ("tenants", "instances"):
             row[c] = int(row[c]) if row[c] is not None else None
         rows.append(row)
@@ -120,15 +109,14 @@ def host_table(store: Store, sweep_id: int | None = None) -> tuple[list[str], li
 def tenant_table(store: Store, sweep_id: int | None = None) -> tuple[list[str], list[dict[str, Any]]]:
     """One row per run × tenant (for CSV/JSON and a close look at fairness)."""
     sweep_id = sweep_id if sweep_id is not None else store.latest_sweep_id()
-    columns = ["arrangement", "repeat", "tenant", "tier", "tps", "latency_avg_ms", "latency_p99_ms", "read_iops",
-               "write_iops", "cpu_cores", "memory_mb", "failed"]
+    columns = list(TENANT_COLUMNS)
     rows = []
     for r in store.runs(sweep_id):
         if "arrangement" not in r.axes or r.status != "ok":
             continue
         for tenant, (tier, m) in store.tenant_metrics(r.id).items():
             rows.append({"arrangement": r.axes["arrangement"], "repeat": r.repeat, "tenant": tenant, "tier": tier,
-                         **{c: m.get(c) for c in columns[4:]}})
+                         **{s.key: m.get(s.metric.name) for s in metrics.columns("tenants")}})
     return columns, rows
 
 

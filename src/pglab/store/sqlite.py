@@ -361,6 +361,58 @@ class Store:
         return [RunRow(r[0], r[1], r[2], r[3], r[4], r[5], r[6], json.loads(r[7]), metrics.get(r[0], {}))
                 for r in rows]
 
+    def run_window(self, run_id: str) -> tuple[float, float] | None:
+        """The run's measured window (epoch s), None when it never reached one (failed early, interrupted)."""
+        row = self.conn.execute("SELECT window_start, window_end FROM runs WHERE id = ?", (run_id,)).fetchone()
+        return (row[0], row[1]) if row and row[0] is not None else None
+
+    def run_event_times(self, run_id: str) -> list[tuple[str, float]]:
+        """(kind, ts) of the run's own events, in the order they were stored."""
+        return [(kind, ts) for kind, ts in self.conn.execute(
+            "SELECT kind, ts FROM events WHERE run_id = ? ORDER BY rowid", (run_id,))]
+
+    def plan_text(self, sweep_id: int | None) -> str | None:
+        """The plan YAML the sweep ran, as it was written."""
+        row = self.conn.execute("SELECT plan_text FROM sweeps WHERE id = ?", (sweep_id,)).fetchone()
+        return row[0] if row else None
+
+    def sweep_environment(self, sweep_id: int | None) -> dict[str, Any] | None:
+        """The environment captured at the sweep's start (None before it was captured)."""
+        row = self.conn.execute("SELECT environment FROM sweeps WHERE id = ?", (sweep_id,)).fetchone()
+        return json.loads(row[0]) if row and row[0] else None
+
+    def point_axes(self, sweep_id: int | None) -> list[dict[str, Any]]:
+        """The axes of every point of the sweep, in plan order (also the points no run has reached yet)."""
+        return [json.loads(axes) for (axes,) in self.conn.execute(
+            "SELECT axes FROM points WHERE sweep_id = ? ORDER BY idx", (sweep_id,))]
+
+    def sweep_series(self, sweep_id: int | None) -> list[tuple[str, float, float | None, str, str, float | None]]:
+        """(run_id, ts, t_s, source, metric, value) of every sample of the sweep's runs, in run order; ``t_s``
+        counts from the run's measured window."""
+        return [tuple(r) for r in self.conn.execute(  # type: ignore[misc]
+            "SELECT s.run_id, s.ts, s.ts - r.window_start, s.source, s.metric, s.value "
+            "FROM runs r JOIN points p ON p.id = r.point_id JOIN series s ON s.run_id = r.id WHERE r.sweep_id = ? "
+            "ORDER BY p.idx, r.repeat, r.started, s.source, s.metric, s.ts", (sweep_id,))]
+
+    def sweep_and_run_events(self, sweep_id: int | None) -> list[tuple[float, str, str | None, str | None, str]]:
+        """(ts, kind, detail, run_id, scope) of the runs' own events and the sweep's (scope 'run' or 'sweep'); a
+        sweep event carries the run whose measured window it falls in, if any."""
+        return [tuple(r) for r in self.conn.execute(  # type: ignore[misc]
+            "SELECT e.ts, e.kind, e.detail, coalesce(e.run_id, (SELECT r.id FROM runs r WHERE r.sweep_id = ?1 AND "
+            "e.ts BETWEEN r.window_start AND r.window_end ORDER BY r.window_start LIMIT 1)), "
+            "CASE WHEN e.run_id IS NULL THEN 'sweep' ELSE 'run' END "
+            "FROM events e WHERE e.sweep_id = ?1 OR e.run_id IN (SELECT id FROM runs WHERE sweep_id = ?1) "
+            "ORDER BY e.ts, e.rowid", (sweep_id,))]
+
+    def fio_series(self, sweep_id: int | None) -> list[tuple[int, str, str, str, float, float | None,
+                                                             float | None, float | None]]:
+        """(fio_id, label, job, direction, ts, t_s, iops, lat_ms) of every fio job of the sweep, per second;
+        ``t_s`` counts from the job's start."""
+        return [tuple(r) for r in self.conn.execute(  # type: ignore[misc]
+            "SELECT f.fio_id, r.label, r.job, r.direction, f.ts, f.ts - r.started, f.iops, f.lat_ms "
+            "FROM fio_results r JOIN fio_series f ON f.fio_id = r.id WHERE r.sweep_id = ? ORDER BY r.id, f.ts",
+            (sweep_id,))]
+
     def tenant_metrics(self, run_id: str) -> dict[str, tuple[str, dict[str, float | None]]]:
         """tenant -> (tier, {metric: value}) of one run of a tenants plan."""
         out: dict[str, tuple[str, dict[str, float | None]]] = {}

@@ -1,0 +1,297 @@
+"""The metrics catalogue: every figure a run stores (``run_metrics``, a tenant's in ``tenant_metrics``) that a report,
+``compare``, an export or the HTML report shows or reads, described once: unit, which way is better, the layer it
+measures, and the report columns it fills.
+
+Adding a metric to the reports is one entry here: the tables (points, runs, scenarios, tiers, host, tenants) take
+their metric columns, headers, decimals and how repeats combine from :data:`METRICS`, in catalogue order; compare
+takes the direction; export the column types. A leaf module: it imports nothing from pglab.
+"""
+
+from __future__ import annotations
+
+import re
+import statistics
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from functools import cache
+from typing import Literal
+
+Layer = Literal["client", "database", "replication", "storage", "cpu", "memory", "limits", "scenario", "tenants"]
+How = Literal["mean", "median", "max", "sum", "value"]
+TABLES = ("points", "runs", "scenarios", "tiers", "host", "tenants")
+
+
+@dataclass(frozen=True)
+class Column:
+    """One report column a metric fills.
+
+    ``table``: points (means over a point's ok repeats) · runs (one per run) · scenarios (over a level's trials) ·
+    tiers (median over repeats) · host (median over repeats) · tenants (one per run × tenant).
+    ``key``: the column's name in CSV/JSON rows (default: the metric's name); ``header``: its title in the terminal
+    and markdown tables (default: the key); ``how``: how the runs of one row combine into it."""
+
+    table: str
+    key: str | None = None
+    header: str | None = None
+    how: How = "mean"
+
+
+@dataclass(frozen=True)
+class Metric:
+    """``name`` as stored; ``{…}`` stands for a part that varies (``tier.{tier}.tps``: one per tier).
+    ``lower_is_better``: None when neither way is better (a count, a limit, a setting)."""
+
+    name: str
+    unit: str
+    lower_is_better: bool | None
+    layer: Layer
+    description: str
+    decimals: int = 2  # terminal and markdown tables
+    ci: bool = False  # points table: the mean ± its 95 % interval (and a ``<key>_ci95`` column)
+    columns: tuple[Column, ...] = field(default=())
+
+
+def _in(*tables: str, key: str | None = None, header: str | None = None, how: How = "mean") -> tuple[Column, ...]:
+    return tuple(Column(t, key, header, how) for t in tables)
+
+
+# Catalogue order is column order: every table lists its metric columns in the order they appear here.
+METRICS: tuple[Metric, ...] = (
+    # ---- tenants plans: how many were measured together
+    Metric("tenants", "count", None, "tenants", "tenants measured together in the run",
+           columns=_in("host", how="median")),
+    Metric("instances", "count", None, "tenants", "PostgreSQL instances of all tenants together",
+           columns=_in("host", how="median")),
+    # ---- the client: pgbench's own figures
+    Metric("tps", "tx/s", False, "client", "transactions per second over the measured window (pgbench)", 1, ci=True,
+           columns=(*_in("points", "runs"), Column("host", header="host TPS", how="median"),
+                    Column("tenants", how="value"))),
+    Metric("latency_avg_ms", "ms", True, "client", "mean transaction latency (pgbench)", ci=True,
+           columns=(*_in("points", "runs"), Column("tenants", how="value"))),
+    Metric("latency_p95_ms", "ms", True, "client", "95th percentile of transaction latency (transaction log)", ci=True,
+           columns=_in("points", "runs")),
+    Metric("latency_p99_ms", "ms", True, "client", "99th percentile of transaction latency (transaction log)", ci=True,
+           columns=(*_in("points", "runs"), Column("tenants", how="value"))),
+    Metric("memory_per_instance_mb", "MB", True, "tenants", "memory of one tenant instance (its cgroup), mean",
+           columns=_in("host", header="memory per instance MB", how="median")),
+    # ---- storage: the devices behind the data and WAL paths
+    Metric("read_iops", "IOPS", None, "storage", "device reads per second (as iostat counts them)", 1,
+           columns=(*_in("points", "runs"), Column("host", header="disk read IOPS", how="median"),
+                    Column("tenants", how="value"))),
+    Metric("write_iops", "IOPS", None, "storage", "device writes per second (as iostat counts them)", 1,
+           columns=(*_in("points", "runs"), Column("host", header="disk write IOPS", how="median"),
+                    Column("tenants", how="value"))),
+    Metric("total_iops", "IOPS", None, "storage", "device reads and writes per second", 1,
+           columns=_in("points", "runs")),
+    Metric("read_latency_ms", "ms", True, "storage", "mean time a device read took (iostat r_await)",
+           columns=_in("points", "runs")),
+    Metric("write_latency_ms", "ms", True, "storage", "mean time a device write took (iostat w_await)",
+           columns=_in("points", "runs")),
+    # ---- CPU
+    Metric("tenants_cpu_cores", "cores", True, "tenants", "CPU of every tenant's cgroup added up",
+           columns=_in("host", header="tenants' cores", how="median")),
+    Metric("cpu_cores", "cores", True, "tenants", "CPU a tenant used (its cgroup)",
+           columns=_in("tenants", how="value")),
+    Metric("memory_mb", "MB", True, "tenants", "memory a tenant used (its cgroup)",
+           columns=_in("tenants", how="value")),
+    Metric("cpu_pct", "%", None, "cpu", "host CPU busy, mean over the window", 1,
+           columns=(*_in("points", "runs"), Column("host", header="host CPU %", how="median"))),
+    # ---- the database
+    Metric("wal_mb_s", "MB/s", None, "database", "WAL written per second (pg_stat_wal)", columns=_in("points", "runs")),
+    Metric("replay_lag_max_ms", "ms", True, "replication", "largest replay lag of any standby in the window",
+           columns=_in("points", "runs")),
+    Metric("failed", "count", True, "client", "transactions that failed (pgbench)",
+           columns=_in("tenants", how="value")),
+    # ---- scenarios: faults and what they cost
+    Metric("rto_s", "s", True, "scenario", "from the fault to the first write acknowledged after it (witness)",
+           columns=(Column("scenarios", "rto_p50_s", "RTO p50 s", "median"),
+                    Column("scenarios", "rto_max_s", "RTO max s", "max"))),
+    Metric("write_gap_s", "s", True, "scenario", "longest stretch without an acknowledged write (witness)",
+           columns=_in("scenarios", key="write_gap_max_s", header="write gap max s", how="max")),
+    Metric("acked_lost", "count", True, "scenario", "acknowledged writes missing afterwards (witness)",
+           columns=(Column("scenarios", "acked_lost_total", "acked lost", "sum"),
+                    Column("scenarios", "acked_lost_max", "lost max/trial", "max"))),
+    Metric("in_doubt", "count", None, "scenario", "writes whose commit the fault cut off unanswered (witness)",
+           columns=_in("scenarios", header="in doubt", how="sum")),
+    Metric("in_doubt_survived", "count", None, "scenario", "writes in doubt found present afterwards (witness)",
+           columns=_in("scenarios", header="in doubt kept", how="sum")),
+    Metric("lsn_gap_bytes", "B", True, "scenario", "WAL the new primary lacked of the old one's (witness)",
+           columns=_in("scenarios", key="lsn_gap_max_bytes", header="LSN gap max B", how="max")),
+    Metric("clients_aborted", "count", True, "scenario", "pgbench clients aborted by the fault",
+           columns=_in("scenarios", header="clients aborted", how="sum")),
+    Metric("tps_before", "tx/s", False, "scenario", "TPS before the fault (transaction log)",
+           columns=_in("scenarios", header="tps before", how="median")),
+    Metric("tps_during", "tx/s", False, "scenario", "TPS from the fault until recovery (transaction log)",
+           columns=_in("scenarios", header="tps during", how="median")),
+    Metric("tps_after", "tx/s", False, "scenario", "TPS after recovery (transaction log)",
+           columns=_in("scenarios", header="tps after", how="median")),
+    Metric("latency_before_ms", "ms", True, "scenario", "mean latency before the fault",
+           columns=_in("scenarios", header="lat before ms", how="median")),
+    Metric("latency_during_ms", "ms", True, "scenario", "mean latency from the fault until recovery",
+           columns=_in("scenarios", header="lat during ms", how="median")),
+    Metric("latency_after_ms", "ms", True, "scenario", "mean latency after recovery",
+           columns=_in("scenarios", header="lat after ms", how="median")),
+    Metric("backup_s", "s", True, "scenario", "time the base backup took",
+           columns=_in("scenarios", header="backup s", how="median")),
+    Metric("backup_mb_s", "MB/s", False, "scenario", "base backup throughput",
+           columns=_in("scenarios", header="backup MB/s", how="median")),
+    # ---- tenants plans: per tier (each a mean over the tier's tenants within a run)
+    Metric("tier.{tier}.tenants", "count", None, "tenants", "tenants in the tier (its table shows their instances)",
+           columns=_in("tiers", key="instances", how="median")),
+    Metric("tier.{tier}.tps", "tx/s", False, "tenants", "TPS per tenant of the tier",
+           columns=_in("tiers", key="tps_per_instance", header="TPS per instance", how="median")),
+    Metric("tier.{tier}.latency_avg_ms", "ms", True, "tenants", "mean latency per tenant of the tier",
+           columns=_in("tiers", key="latency_avg_ms", header="latency ms", how="median")),
+    Metric("tier.{tier}.latency_p95_ms", "ms", True, "tenants", "p95 latency per tenant of the tier",
+           columns=_in("tiers", key="latency_p95_ms", header="p95 ms", how="median")),
+    Metric("tier.{tier}.latency_p99_ms", "ms", True, "tenants", "p99 latency per tenant of the tier",
+           columns=_in("tiers", key="latency_p99_ms", header="p99 ms", how="median")),
+    Metric("tier.{tier}.total_iops", "IOPS", None, "tenants", "device IOPS per tenant of the tier (its cgroup)",
+           columns=_in("tiers", key="iops_per_instance", header="IOPS per instance", how="median")),
+    Metric("tier.{tier}.cpu_cores", "cores", True, "tenants", "CPU per tenant of the tier (its cgroup)",
+           columns=_in("tiers", key="cpu_cores_per_instance", header="cores per instance", how="median")),
+    Metric("tier.{tier}.tps_spread_pct", "%", True, "tenants", "(max − min) / mean TPS of the tier's tenants",
+           columns=_in("tiers", key="tps_spread_pct", header="spread %", how="median")),
+    Metric("tier.{tier}.tps_min", "tx/s", False, "tenants", "TPS of the tier's slowest tenant"),
+    Metric("tier.{tier}.tps_max", "tx/s", False, "tenants", "TPS of the tier's fastest tenant"),
+    Metric("tier.{tier}.memory_per_instance_mb", "MB", True, "tenants", "memory per instance of the tier"),
+    # ---- stored, read by the analysis (bottleneck, limits note), not a column of their own
+    Metric("latency_stddev_ms", "ms", True, "client", "standard deviation of transaction latency (pgbench)"),
+    Metric("latency_p50_ms", "ms", True, "client", "median transaction latency (transaction log)"),
+    Metric("latency_max_ms", "ms", True, "client", "slowest transaction (transaction log)"),
+    Metric("latency_log_mean_ms", "ms", True, "client", "mean latency from the transaction log"),
+    Metric("initial_connection_ms", "ms", True, "client", "time to open pgbench's connections"),
+    Metric("transactions", "count", None, "client", "transactions pgbench completed"),
+    Metric("logged_transactions", "count", None, "client", "transactions in the (sampled) transaction log"),
+    Metric("window_s", "s", None, "client", "length of the measured window"),
+    Metric("client_cpu_cores", "cores", True, "cpu", "CPU pgbench used"),
+    Metric("client_cpu_cores_max", "cores", True, "cpu", "most CPU pgbench used in one second"),
+    Metric("server_cpu_cores", "cores", True, "cpu", "CPU the PostgreSQL servers used"),
+    Metric("cpu_user_pct", "%", None, "cpu", "host CPU in user mode"),
+    Metric("cpu_sys_pct", "%", None, "cpu", "host CPU in the kernel"),
+    Metric("cpu_iowait_pct", "%", True, "cpu", "host CPU idle waiting for I/O"),
+    Metric("cpu_steal_pct", "%", True, "cpu", "host CPU taken by the hypervisor"),
+    Metric("util_pct_max", "%", None, "storage", "highest device utilisation in one second"),
+    Metric("read_mb_s", "MB/s", None, "storage", "device bytes read per second"),
+    Metric("write_mb_s", "MB/s", None, "storage", "device bytes written per second"),
+    Metric("dirty_mb_max", "MB", None, "memory", "most dirty page cache"),
+    Metric("dirty_mb_mean", "MB", None, "memory", "mean dirty page cache"),
+    Metric("writeback_mb_max", "MB", None, "memory", "most page cache under writeback"),
+    Metric("commits_s", "tx/s", False, "database", "commits per second (pg_stat_database)"),
+    Metric("rollbacks_s", "tx/s", True, "database", "rollbacks per second (pg_stat_database)"),
+    Metric("blks_read_s", "blocks/s", None, "database", "blocks read outside shared buffers per second"),
+    Metric("blks_hit_s", "blocks/s", None, "database", "blocks found in shared buffers per second"),
+    Metric("cache_hit_pct", "%", False, "database", "share of block accesses found in shared buffers"),
+    Metric("checkpoints_timed", "count", None, "database", "checkpoints started by checkpoint_timeout"),
+    Metric("checkpoints_req", "count", None, "database", "checkpoints requested (max_wal_size, commands)"),
+    Metric("buffers_checkpoint", "count", None, "database", "buffers written by checkpoints"),
+    Metric("active_backends_mean", "count", None, "database", "mean active backends (pg_stat_activity)"),
+    Metric("wait.{event}", "share", True, "database", "share of active backends waiting on the event"),
+    Metric("disk.{device}.{figure}", "per figure", None, "storage",
+           "one device's own figures (read_iops, write_mb_s, write_latency_ms, util_pct_max …)"),
+    Metric("repl.{standby}.{figure}", "per figure", True, "replication", "one standby's own lags and distances"),
+    Metric("write_lag_max_ms", "ms", True, "replication", "largest write lag of any standby"),
+    Metric("flush_lag_max_ms", "ms", True, "replication", "largest flush lag of any standby"),
+    Metric("replay_lsn_distance_max_bytes", "B", True, "replication", "most WAL any standby had left to replay"),
+    Metric("limits_applied", "flag", None, "limits", "1 when the plan's resource limits were in force, else 0"),
+    Metric("limit_cpus", "cores", None, "limits", "the primary's CPU limit"),
+    Metric("limit_client_cpus", "cores", None, "limits", "pgbench's CPU limit"),
+    Metric("primary_cpu_cores", "cores", True, "limits", "CPU the primary's cgroup used"),
+    Metric("client_cgroup_cpu_cores", "cores", True, "limits", "CPU pgbench's cgroup used"),
+    Metric("cpu_throttled_pct", "%", True, "limits", "CFS periods in which the primary was throttled"),
+    Metric("client_throttled_pct", "%", True, "limits", "CFS periods in which pgbench was throttled"),
+    Metric("tenants_read_iops", "IOPS", None, "tenants", "reads per second of every tenant's cgroup added up"),
+    Metric("tenants_write_iops", "IOPS", None, "tenants", "writes per second of every tenant's cgroup added up"),
+    Metric("fault_at_s", "s", None, "scenario", "when the fault fell, from the start of the load"),
+    Metric("recovered_s", "s", True, "scenario", "from the fault until a primary was back"),
+    Metric("leader_changed", "flag", None, "scenario", "1 when a new primary took over"),
+    Metric("pgbench_starts", "count", None, "scenario", "times pgbench was started during the scenario"),
+    Metric("witness_attempts", "count", None, "scenario", "writes the witness attempted"),
+    Metric("witness_acked", "count", None, "scenario", "writes the witness saw acknowledged"),
+    Metric("witness_failed", "count", None, "scenario", "writes the witness saw refused"),
+    Metric("witness_unexpected", "count", True, "scenario", "rows present the witness never wrote"),
+    Metric("backup_mb", "MB", None, "scenario", "size of the base backup"),
+    Metric("backup_wal_mb", "MB", None, "scenario", "WAL the base backup carried"),
+)
+
+
+@cache
+def _by_name() -> dict[str, Metric]:
+    return {m.name: m for m in METRICS}
+
+
+@cache
+def _patterns() -> list[tuple[re.Pattern[str], Metric]]:
+    return [(re.compile(re.sub(r"\\\{\w+\\\}", r"[^.]+", re.escape(m.name)) + "$"), m)
+            for m in METRICS if "{" in m.name]
+
+
+def get(name: str) -> Metric | None:
+    """The entry of a stored name (``tier.gold.tps`` finds ``tier.{tier}.tps``); None when not catalogued."""
+    if (m := _by_name().get(name)) is not None:
+        return m
+    return next((m for pattern, m in _patterns() if pattern.match(name)), None)
+
+
+def lower_is_better(name: str) -> bool | None:
+    """Which way is better for ``name``: the catalogue's word; for a name it does not know, guessed from the name
+    (latencies, lags and durations lower, the rest higher), as compare did before there was a catalogue."""
+    if (m := get(name)) is not None:
+        return m.lower_is_better
+    n = name.lower()
+    return "latency" in n or "lag" in n or n.endswith(("_ms", "_s", "_us"))
+
+
+@dataclass(frozen=True)
+class Shown:
+    """A metric column of one table: its key, header, decimals and how runs combine, with its metric."""
+
+    key: str
+    header: str
+    how: How
+    metric: Metric
+
+
+@cache
+def columns(table: str) -> tuple[Shown, ...]:
+    """The metric columns of ``table`` in catalogue order."""
+    if table not in TABLES:
+        raise ValueError(f"no report table '{table}'; one of {', '.join(TABLES)}")
+    return tuple(Shown(c.key or m.name, c.header or c.key or m.name, c.how, m)
+                 for m in METRICS for c in m.columns if c.table == table)
+
+
+def keys(table: str) -> tuple[str, ...]:
+    return tuple(s.key for s in columns(table))
+
+
+def headers(table: str) -> dict[str, str]:
+    """Terminal / markdown headers of the table's metric columns that differ from their key."""
+    return {s.key: s.header for s in columns(table) if s.header != s.key}
+
+
+@cache
+def decimals() -> dict[str, int]:
+    """Decimals of every metric column key in the terminal and markdown tables (one per key, whatever the table)."""
+    return {s.key: s.metric.decimals for t in TABLES for s in columns(t)}
+
+
+def with_ci(table: str = "points") -> tuple[str, ...]:
+    """Metric columns shown as mean ± 95 % interval."""
+    return tuple(s.key for s in columns(table) if s.metric.ci)
+
+
+def combine(how: How, values: Iterable[float | None]) -> float | None:
+    """The runs' values of one row in one figure, as the column says (None when no run measured it)."""
+    present = [float(v) for v in values if v is not None]
+    if not present:
+        return None
+    if how == "value":
+        if len(present) > 1:
+            raise ValueError("a 'value' column holds one run's figure, not several")
+        return present[0]
+    if how == "mean":
+        return statistics.fmean(present)
+    if how == "median":
+        return statistics.median(present)
+    return max(present) if how == "max" else sum(present)

@@ -1,0 +1,207 @@
+"""The metrics catalogue (pglab.metrics) is the one place the reports learn about a metric: every figure a run stores
+has an entry, every report column that shows a stored figure is the catalogue's column for it, and the renderers
+(terminal/markdown headers, CSV keys, export types, compare's verdict) agree with it about unit and direction."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+import pytest
+
+from pglab import metrics
+from pglab.analysis.compare import FASTER, HIGHER, SLOWER, difference
+from pglab.probes.base import ProbeContext, Sampler
+from pglab.probes.cpu import CpuProbe
+from pglab.probes.disk import DiskProbe
+from pglab.probes.memory import MemoryProbe
+from pglab.report.export import table_frame
+from pglab.report.scenarios import scenario_table
+from pglab.report.tables import point_table, run_table
+from pglab.report.tiers import host_table, tenant_table, tier_table
+from pglab.store import Store
+
+EXAMPLES = {"{tier}": "gold", "{event}": "IO:WALSync", "{device}": "vda", "{standby}": "n1", "{figure}": "write_iops"}
+
+
+def _example(name: str) -> str:
+    for part, value in EXAMPLES.items():
+        name = name.replace(part, value)
+    return name
+
+
+def _pgbench_names() -> set[str]:
+    """What the runner makes of one pgbench run (its summary and its transaction log)."""
+    from pglab.runner import Runner
+    from pglab.workloads.pgbench import LogStats, PgbenchRun, PgbenchSummary
+
+    run = PgbenchRun(PgbenchSummary(100.0, 1.0, 0.1, 2.0, 1000, 0, 10.0),
+                     LogStats(1000, 1.0, {50: 1.0, 95: 2.0, 99: 3.0}, 9.0, 0.0, 10.0), [], 0.0, 10.0, [], 0)
+    return set(Runner._metrics(run))
+
+
+def _limit_names() -> set[str]:
+    from pglab.runner import _limit_metrics
+
+    before = {g: {"usage_s": 0.0, "periods": 0.0, "throttled": 0.0} for g in ("n0", "client")}
+    after = {g: {"usage_s": 5.0, "periods": 100.0, "throttled": 10.0} for g in ("n0", "client")}
+    return set(_limit_metrics({"applied": True, "n0": {"cpus": 2}, "client": {"cpus": 1}}, before, after, 10.0))
+
+
+def _tier_names() -> set[str]:
+    from pglab.plan.schema import Tier
+    from pglab.tenants import tier_metrics
+
+    member = {"tps": 10.0, "latency_avg_ms": 1.0, "latency_p95_ms": 2.0, "latency_p99_ms": 3.0, "total_iops": 5.0,
+              "cpu_cores": 0.5, "memory_per_instance_mb": 64.0}
+    return set(tier_metrics(Tier(name="gold", tenants=2), [member, {**member, "tps": 12.0}]))
+
+
+def _host_probe_names(tmp_path: Path) -> set[str]:
+    """The host's own probes, sampling this machine for two seconds (the PostgreSQL probes need a server)."""
+    ctx = ProbeContext("", paths={"data": tmp_path})
+    sampler = Sampler([CpuProbe(ctx), DiskProbe(ctx), MemoryProbe(ctx)])
+    start = time.time()
+    sampler.start()
+    time.sleep(2.5)
+    sampler.stop()
+    assert not sampler.errors
+    return set(sampler.summarize(start, time.time()))
+
+
+@pytest.fixture(scope="module")
+def stored(tmp_path_factory: pytest.TempPathFactory) -> set[str]:
+    return _pgbench_names() | _limit_names() | _tier_names() | _host_probe_names(tmp_path_factory.mktemp("probes"))
+
+
+def test_every_metric_a_run_stores_is_catalogued(stored: set[str]) -> None:
+    assert {"tps", "latency_p99_ms", "limit_cpus", "tier.gold.tps_spread_pct", "cpu_pct", "write_iops"} <= stored
+    missing = sorted(n for n in stored if metrics.get(n) is None)
+    assert missing == [], f"stored but not in pglab.metrics: {missing}"
+
+
+def test_catalogue_names_and_columns_are_unique() -> None:
+    names = [m.name for m in metrics.METRICS]
+    assert len(names) == len(set(names))
+    for table in metrics.TABLES:
+        keys = metrics.keys(table)
+        assert len(keys) == len(set(keys)), table
+    decimals: dict[str, set[int]] = {}
+    for table in metrics.TABLES:
+        for s in metrics.columns(table):
+            decimals.setdefault(s.key, set()).add(s.metric.decimals)
+    assert {k: v for k, v in decimals.items() if len(v) > 1} == {}  # a key reads the same in every table
+
+
+def _tracers(names: list[str]) -> dict[str, float]:
+    """A value per stored name that no other name has, also summed over two runs (odd) or cut to a whole number
+    (even)."""
+    return {n: 1000.0 + 10 * i + 0.5 for i, n in enumerate(names)}
+
+
+def _build(root: Path, names: list[str], tracer: dict[str, float]) -> Store:
+    store = Store.open(root)
+    values = {n: tracer[n] for n in names}
+    tenant_rows = [(t, "gold", n, v) for t in ("t01", "t02") for n, v in values.items() if "." not in n]
+    plans = {"matrix": [{"workload": "tpcb-like", "synchronous_commit": "on", "clients": 4}],
+             "scenario": [{"workload": "tpcb-like", "synchronous_commit": "on", "clients": 4,
+                           "scenario": "failover-node"}],
+             "tenants": [{"arrangement": "noqos", "clients": 1}]}
+    for name, axes in plans.items():
+        sweep = store.begin_sweep(name, f"name: {name}\n", "h", "0")
+        ids = store.add_points(sweep, [(i, f"k{i}", a) for i, a in enumerate(axes)])
+        for rep in (1, 2):
+            run_id, _ = store.start_run(sweep, ids["k0"], 0, rep)
+            store.finish_run(run_id, "ok", window=(100.0 * rep, 100.0 * rep + 10), metrics=values,
+                             tenants=tenant_rows if name == "tenants" else ())
+        store.end_sweep(sweep, "done")
+    return store
+
+
+def test_a_report_column_showing_a_stored_metric_is_the_catalogues(tmp_path: Path, stored: set[str]) -> None:
+    """Every run stores every metric, each with its own value; whichever table cell shows one of those values (or
+    the sum over the two repeats) must sit in the catalogue's column for that metric. A column added to a table
+    beside the catalogue fails here."""
+    names = sorted(stored | {_example(m.name) for m in metrics.METRICS})
+    tracer = _tracers(names)
+    by_value: dict[float, set[str]] = {}
+    for n, v in tracer.items():
+        by_value.setdefault(v, set()).add(n)
+        by_value.setdefault(2 * v, set()).add(n)
+        by_value.setdefault(float(int(v)), set()).add(n)  # a count shown whole (host: tenants, instances)
+    store = _build(tmp_path / "r", names, tracer)
+    sweeps = {s["plan_name"]: s["id"] for s in store.sweeps()}
+    tables: dict[str, tuple[list[str], list[dict[str, Any]]]] = {
+        "points": point_table(store, sweeps["matrix"]), "runs": run_table(store, sweeps["matrix"]),
+        "scenarios": scenario_table(store, sweeps["scenario"]), "tiers": tier_table(store, sweeps["tenants"]),
+        "host": host_table(store, sweeps["tenants"]), "tenants": tenant_table(store, sweeps["tenants"])}
+    store.close()
+    seen = 0
+    for table, (columns, rows) in tables.items():
+        assert rows, table
+        catalogued = {s.key: _example(s.metric.name) for s in metrics.columns(table)}
+        for column in columns:
+            cells = [r.get(column) for r in rows]
+            shows = set().union(*(by_value.get(float(v), set()) for v in cells
+                                  if isinstance(v, int | float) and not isinstance(v, bool)))
+            if not shows:
+                continue
+            seen += 1
+            assert column in catalogued, f"{table}.{column} shows {sorted(shows)} without a catalogue entry"
+            assert catalogued[column] in shows, f"{table}.{column} shows {sorted(shows)}, not {catalogued[column]}"
+        # and the other way: every catalogue column of the table is there, showing its metric
+        assert [c for c in columns if c in catalogued] == list(catalogued), table
+    assert seen == sum(len(metrics.columns(t)) for t in tables)
+
+
+UNIT_WORDS = {"ms": "ms", "s": "s", "%": "%", "MB/s": "MB/s", "B": "B", "MB": "MB", "IOPS": "IOPS", "tx/s": "TPS",
+              "cores": "cores"}
+SUFFIXES = (("_mb_s", "MB/s"), ("_ms", "ms"), ("_pct", "%"), ("_bytes", "B"), ("_mb", "MB"), ("_s", "s"))
+
+
+def test_headers_and_keys_name_the_catalogues_unit() -> None:
+    """The terminal/markdown header and the CSV/JSON key of a column say the same unit as its metric."""
+    words = {w.upper(): w for w in UNIT_WORDS.values()}
+    for table in metrics.TABLES:
+        for s in metrics.columns(table):
+            unit = UNIT_WORDS.get(s.metric.unit)
+            for word in s.header.replace("/", " / ").replace("MB / s", "MB/s").split():
+                if word.upper() in words:
+                    assert unit is not None and word.upper() == unit.upper(), (table, s.key, s.header, s.metric.unit)
+            suffix = next((u for sfx, u in SUFFIXES if s.key.endswith(sfx)), None)
+            if suffix is not None and not s.key.endswith("_per_instance"):
+                assert suffix == s.metric.unit, (table, s.key, s.metric.unit)
+    for m in metrics.METRICS:  # suffixes that cannot mean anything else
+        for sfx, unit in (("_ms", "ms"), ("_pct", "%"), ("_bytes", "B"), ("_mb_s", "MB/s")):
+            if m.name.endswith(sfx):
+                assert m.unit == unit, (m.name, m.unit)
+
+
+def test_compare_takes_its_direction_from_the_catalogue() -> None:
+    """B clearly above A: better, worse or just higher, as the catalogue says — for every metric a report shows
+    (acked writes lost or an RTO going up is worse, whatever their names suggest)."""
+    a, b = [10.0, 10.1, 9.9], [20.0, 20.1, 19.9]
+    shown = {m for t in metrics.TABLES for m in (s.metric for s in metrics.columns(t))}
+    for m in shown:
+        d = difference(_example(m.name), a, b)
+        assert d is not None
+        expected = HIGHER if m.lower_is_better is None else (SLOWER if m.lower_is_better else FASTER)
+        assert d.verdict == expected, (m.name, d.verdict)
+    assert difference("acked_lost", a, b).verdict == SLOWER  # type: ignore[union-attr]
+
+
+def test_export_types_every_catalogued_column_as_a_number_even_when_empty() -> None:
+    for table in ("points", "runs"):
+        keys = list(metrics.keys(table))
+        frame = table_frame(keys, [])
+        assert {k: frame.schema[k] for k in keys} == {k: pl.Float64 for k in keys}, table
+
+
+def test_combine_says_how_runs_make_one_figure() -> None:
+    assert metrics.combine("median", [3.0, None, 1.0, 2.0]) == 2.0
+    assert metrics.combine("sum", [1.0, 2.0]) == 3.0 and metrics.combine("max", [1.0, 4.0]) == 4.0
+    assert metrics.combine("mean", [1.0, 2.0]) == 1.5 and metrics.combine("sum", [None]) is None
+    with pytest.raises(ValueError):
+        metrics.combine("value", [1.0, 2.0])
