@@ -33,26 +33,26 @@ def _example(name: str) -> str:
 
 
 def _pgbench_names() -> set[str]:
-    """What the runner makes of one pgbench run (its summary and its transaction log)."""
-    from pglab.runner import Runner
+    """What a driver makes of one pgbench run (its summary and its transaction log)."""
+    from pglab.drivers.local import pgbench_metrics
     from pglab.workloads.pgbench import LogStats, PgbenchRun, PgbenchSummary
 
     run = PgbenchRun(PgbenchSummary(100.0, 1.0, 0.1, 2.0, 1000, 0, 10.0),
                      LogStats(1000, 1.0, {50: 1.0, 95: 2.0, 99: 3.0}, 9.0, 0.0, 10.0), [], 0.0, 10.0, [], 0)
-    return set(Runner._metrics(run))
+    return set(pgbench_metrics(run))
 
 
 def _limit_names() -> set[str]:
-    from pglab.runner import _limit_metrics
+    from pglab.drivers.local import limit_metrics
 
     before = {g: {"usage_s": 0.0, "periods": 0.0, "throttled": 0.0} for g in ("n0", "client")}
     after = {g: {"usage_s": 5.0, "periods": 100.0, "throttled": 10.0} for g in ("n0", "client")}
-    return set(_limit_metrics({"applied": True, "n0": {"cpus": 2}, "client": {"cpus": 1}}, before, after, 10.0))
+    return set(limit_metrics({"applied": True, "n0": {"cpus": 2}, "client": {"cpus": 1}}, before, after, 10.0))
 
 
 def _tier_names() -> set[str]:
     from pglab.plan.schema import Tier
-    from pglab.tenants import tier_metrics
+    from pglab.drivers.tenants import tier_metrics
 
     member = {"tps": 10.0, "latency_avg_ms": 1.0, "latency_p95_ms": 2.0, "latency_p99_ms": 3.0, "total_iops": 5.0,
               "cpu_cores": 0.5, "memory_per_instance_mb": 64.0}
