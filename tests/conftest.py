@@ -1,4 +1,9 @@
-"""Shared helpers for tests that run the real thing: pglab's CLI, PostgreSQL servers, pgbench."""
+"""Shared helpers for tests that run the real thing: pglab's CLI, PostgreSQL servers, pgbench; and the test layers.
+
+Layers (docs/testing.md): a module that starts real servers says so with ``pytestmark = pytest.mark.postgres`` (or
+``kube_lab``); a test using a fixture of ``SERVER_FIXTURES`` is marked ``postgres`` whatever its module says; every
+other test is marked ``unit``, so ``-m unit`` and ``-m "not postgres and not kube_lab"`` select the same tests.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +15,20 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
+LAYERS = ("postgres", "kube_lab")
+SERVER_FIXTURES = {"postgres"}  # fixtures that start a real PostgreSQL (tests/test_k8s_axes.py's, for one)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Put every test in exactly one layer: by its fixtures, its module's ``pytestmark``, or ``unit``."""
+    for item in items:
+        if SERVER_FIXTURES & set(getattr(item, "fixturenames", ())) and item.get_closest_marker("postgres") is None:
+            item.add_marker(pytest.mark.postgres)
+        layers = [name for name in LAYERS if item.get_closest_marker(name) is not None]
+        if len(layers) > 1:
+            raise pytest.UsageError(f"{item.nodeid} is marked {' and '.join(layers)}: a test belongs to one layer")
+        if not layers:
+            item.add_marker(pytest.mark.unit)
 
 
 def pglab(*args: str, timeout: float = 600, check: bool = False, **kwargs: object) -> subprocess.CompletedProcess[str]:
