@@ -1,5 +1,5 @@
 """The Kubernetes sweep's axes that change the Cluster between points (matrix.cpus, matrix.parameters), and the
-instances' exporter read through the pod proxy, against the fake API server of tests/k8s_fake.py.
+instances' exporter read through the pod proxy, against the fake API server of tests/k8s_fake/.
 
 The fake plays CloudNativePG's rolling update: after a merge PATCH of the Cluster's resources or parameters, one
 more read still reports it healthy with the old pods (the operator has not reconciled yet), then it reads

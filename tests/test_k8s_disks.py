@@ -1,5 +1,5 @@
 """Disk figures of a Kubernetes run: the disk-sampler DaemonSet, its logs read back, and the figures computed by the
-local disk probe's own functions; against the fake API server of tests/k8s_fake.py."""
+local disk probe's own functions; against the fake API server of tests/k8s_fake/."""
 
 from __future__ import annotations
 

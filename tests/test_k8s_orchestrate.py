@@ -1,6 +1,6 @@
 """Orchestration (create → wait → collect → clean up) against a fake Kubernetes API at the HTTP boundary.
 
-The fake (tests/k8s_fake.py) is a real HTTP server speaking the REST paths the official client uses; it keeps the
+The fake (tests/k8s_fake/) is a real HTTP server speaking the REST paths the official client uses; it keeps the
 objects, plays the operator and the Job controller. Nothing is mocked inside pglab or the client.
 """
 

@@ -1,6 +1,6 @@
 """`pglab k8s check PLAN` (and the same checks at the start of `pglab run`), against the fake API server.
 
-The fake serves a cluster as it is before pglab comes (tests/k8s_fake.py: nodes, storage classes, the CRD, the
+The fake serves a cluster as it is before pglab comes (tests/k8s_fake/: nodes, storage classes, the CRD, the
 operator's Deployment, access reviews); each test breaks one thing and reads the one line that names it.
 """
 

@@ -1,4 +1,4 @@
-"""`pglab run` on a Kubernetes plan, against the fake API server of tests/k8s_fake.py.
+"""`pglab run` on a Kubernetes plan, against the fake API server of tests/k8s_fake/.
 
 The fake pods print what real tools printed (tests/data/k8s: pgbench 15 and fio 3.33 run on this machine with the
 options the Jobs use), so the stored figures are checked against those files, recomputed here independently.
