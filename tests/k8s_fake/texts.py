@@ -40,10 +40,11 @@ def exporter_text(pod: str, values: dict[str, float | None] | None = None, *, pr
     cloudnative-pg's config/manager/default-monitoring.yaml and metricserver/pg_collector.go (PostgreSQL 17 moves
     the checkpoint counters to cnpg_pg_stat_checkpointer_*). Values are the given ones over defaults from that
     dump; a value given as None is left out, as an exporter that does not serve it."""
-    v = {"xact_commit": 7887.0, "xact_rollback": 3.0, "blks_read": 316.0, "blks_hit": 1284724.0,
-         "wal_bytes": 13429908.0, "checkpoints_timed": 4.0, "checkpoints_req": 2.0, "buffers_checkpoint": 1145.0,
-         **(values or {})}
-    v = {k: x for k, x in v.items() if x is not None}  # None: the exporter does not serve it
+    given: dict[str, float | None] = {
+        "xact_commit": 7887.0, "xact_rollback": 3.0, "blks_read": 316.0, "blks_hit": 1284724.0,
+        "wal_bytes": 13429908.0, "checkpoints_timed": 4.0, "checkpoints_req": 2.0, "buffers_checkpoint": 1145.0,
+        **(values or {})}
+    v = {k: x for k, x in given.items() if x is not None}  # None: the exporter does not serve it
     out: list[str] = []
 
     def family(name: str, kind: str, help_text: str, samples: list[tuple[str, float]]) -> None:
