@@ -10,11 +10,19 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
+if TYPE_CHECKING:
+    from kubernetes import client
+
+    from k8s_fake import FakeAPI
+
 REPO = Path(__file__).resolve().parent.parent
+CHECKER = REPO / ".tools" / "bin" / "cnpg-check"
 LAYERS = ("postgres", "kube_lab")
 SERVER_FIXTURES = {"postgres"}  # fixtures that start a real PostgreSQL (tests/test_k8s_axes.py's, for one)
 
@@ -66,3 +74,32 @@ def plan_file(tmp_path: Path):
         return write_plan(tmp_path / name, text)
 
     return make
+
+
+# ------------------------------------------------------------------ the Kubernetes tests (imported when used)
+@pytest.fixture
+def k8s_api() -> Iterator[tuple[FakeAPI, client.ApiClient]]:
+    """The fake Kubernetes API server (tests/k8s_fake/) as it starts, and an official client pointed at it."""
+    from k8s_fake import serve
+
+    with serve() as pair:
+        yield pair
+
+
+@pytest.fixture
+def fake(k8s_api: tuple[FakeAPI, client.ApiClient]) -> tuple[FakeAPI, client.ApiClient]:
+    """The fake whose Jobs print what real pgbench and fio printed (tests/data/k8s); a module that needs more
+    overrides this fixture and asks for it by the same name."""
+    from k8s_support import pod_log
+
+    api, _ = k8s_api
+    api.default_log = pod_log
+    return k8s_api
+
+
+@pytest.fixture(scope="module")
+def checker() -> Path:
+    """tools/cnpg-check, which ./setup.sh install builds."""
+    if not CHECKER.is_file():
+        pytest.fail(f"{CHECKER} is missing: ./setup.sh install builds it (tools/cnpg-check)")
+    return CHECKER
