@@ -1,15 +1,42 @@
-"""Shared helpers for tests that run the real thing: pglab's CLI, PostgreSQL servers, pgbench."""
+"""Shared helpers for tests that run the real thing: pglab's CLI, PostgreSQL servers, pgbench; and the test layers.
+
+Layers (docs/testing.md): a module that starts real servers says so with ``pytestmark = pytest.mark.postgres`` (or
+``kube_lab``); a test using a fixture of ``SERVER_FIXTURES`` is marked ``postgres`` whatever its module says; every
+other test is marked ``unit``, so ``-m unit`` and ``-m "not postgres and not kube_lab"`` select the same tests.
+"""
 
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
+if TYPE_CHECKING:
+    from kubernetes import client
+
+    from k8s_fake import FakeAPI
+
 REPO = Path(__file__).resolve().parent.parent
+CHECKER = REPO / ".tools" / "bin" / "cnpg-check"
+LAYERS = ("postgres", "kube_lab")
+SERVER_FIXTURES = {"postgres"}  # fixtures that start a real PostgreSQL (tests/test_k8s_axes.py's, for one)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Put every test in exactly one layer: by its fixtures, its module's ``pytestmark``, or ``unit``."""
+    for item in items:
+        if SERVER_FIXTURES & set(getattr(item, "fixturenames", ())) and item.get_closest_marker("postgres") is None:
+            item.add_marker(pytest.mark.postgres)
+        layers = [name for name in LAYERS if item.get_closest_marker(name) is not None]
+        if len(layers) > 1:
+            raise pytest.UsageError(f"{item.nodeid} is marked {' and '.join(layers)}: a test belongs to one layer")
+        if not layers:
+            item.add_marker(pytest.mark.unit)
 
 
 def pglab(*args: str, timeout: float = 600, check: bool = False, **kwargs: object) -> subprocess.CompletedProcess[str]:
@@ -47,3 +74,32 @@ def plan_file(tmp_path: Path):
         return write_plan(tmp_path / name, text)
 
     return make
+
+
+# ------------------------------------------------------------------ the Kubernetes tests (imported when used)
+@pytest.fixture
+def k8s_api() -> Iterator[tuple[FakeAPI, client.ApiClient]]:
+    """The fake Kubernetes API server (tests/k8s_fake/) as it starts, and an official client pointed at it."""
+    from k8s_fake import serve
+
+    with serve() as pair:
+        yield pair
+
+
+@pytest.fixture
+def fake(k8s_api: tuple[FakeAPI, client.ApiClient]) -> tuple[FakeAPI, client.ApiClient]:
+    """The fake whose Jobs print what real pgbench and fio printed (tests/data/k8s); a module that needs more
+    overrides this fixture and asks for it by the same name."""
+    from k8s_support import pod_log
+
+    api, _ = k8s_api
+    api.default_log = pod_log
+    return k8s_api
+
+
+@pytest.fixture(scope="module")
+def checker() -> Path:
+    """tools/cnpg-check, which ./setup.sh install builds."""
+    if not CHECKER.is_file():
+        pytest.fail(f"{CHECKER} is missing: ./setup.sh install builds it (tools/cnpg-check)")
+    return CHECKER

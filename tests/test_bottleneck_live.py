@@ -14,7 +14,11 @@ import shutil
 import tempfile
 from pathlib import Path
 
+import pytest
+
 from conftest import pglab
+
+pytestmark = pytest.mark.postgres
 
 
 def test_cpu_bound_and_sync_replication_bound_points_are_named() -> None:

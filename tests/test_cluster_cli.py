@@ -21,7 +21,8 @@ import pytest
 
 from conftest import pglab, processes_mentioning
 
-pytestmark = pytest.mark.skipif(not Path("/usr/bin/etcd").exists(), reason="etcd-server not installed (./setup.sh)")
+pytestmark = [pytest.mark.postgres,
+              pytest.mark.skipif(not Path("/usr/bin/etcd").exists(), reason="etcd-server not installed (./setup.sh)")]
 
 PLAN = """name: cluster-cli
 target:

@@ -22,6 +22,8 @@ from pglab.plan.schema import Dataset, LocalTarget
 from pglab.targets.local import dataset_fast as df
 from pglab.targets.local.cluster import LocalLab, Node
 
+pytestmark = pytest.mark.postgres
+
 SCALE, PARTITIONS = 2, 3
 
 # what pgbench -i leaves behind, independent of the order it was built in

@@ -13,9 +13,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from conftest import pglab, processes_mentioning
 from pglab.plan.schema import Dataset, LocalTarget
 from pglab.targets.local.cluster import LocalLab, Node
+
+pytestmark = pytest.mark.postgres
 
 ACCOUNTS = """SELECT count(*), md5(string_agg(aid || ':' || bid || ':' || abalance, ',' ORDER BY aid))
 FROM pgbench_accounts"""

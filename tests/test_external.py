@@ -19,6 +19,8 @@ from pglab.plan.schema import Dataset, LocalTarget
 from pglab.targets.local.cluster import LocalLab
 from pglab.workloads import pgbench
 
+pytestmark = pytest.mark.postgres
+
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[dict[str, Any]]:

@@ -12,8 +12,12 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from conftest import pglab, processes_mentioning
 from test_resume import _pgbench_children
+
+pytestmark = pytest.mark.postgres
 
 
 def _postmaster(lab: Path, node: str) -> int:

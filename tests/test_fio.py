@@ -25,6 +25,8 @@ from pglab.errors import RunInterrupted, UserError
 from pglab.workloads import fio
 from pglab.workloads.fio import FioResult, JobSpec
 
+pytestmark = pytest.mark.postgres
+
 RUNTIME = 3
 SIZE = 32 * 1024 * 1024
 

@@ -26,7 +26,8 @@ from pglab.targets.local.cluster import cgroup_name
 from pglab.targets.local.ha import HALab, check_timings, clean_ha_lab, is_ha_lab
 
 REPO = Path(__file__).resolve().parent.parent
-pytestmark = pytest.mark.skipif(not Path("/usr/bin/etcd").exists(), reason="etcd-server not installed (./setup.sh)")
+pytestmark = [pytest.mark.postgres,
+              pytest.mark.skipif(not Path("/usr/bin/etcd").exists(), reason="etcd-server not installed (./setup.sh)")]
 SEEN_PIDS: set[int] = set()  # every lab daemon seen running, checked gone after teardown
 
 

@@ -28,7 +28,8 @@ from pglab.targets.local.cluster import cgroup_name
 from pglab.targets.local.ha import HALab
 from pglab.targets.local.ha_target import PatroniTarget
 
-pytestmark = pytest.mark.skipif(not Path("/usr/bin/etcd").exists(), reason="etcd-server not installed (./setup.sh)")
+pytestmark = [pytest.mark.postgres,
+              pytest.mark.skipif(not Path("/usr/bin/etcd").exists(), reason="etcd-server not installed (./setup.sh)")]
 RTT_MS = 20
 SPEC = {"instances": 2, "synchronous": {"method": "any", "number": 1}, "ha": "patroni",
         "resources": {"cpus": 1, "memory": "1G"}, "client": {"cpus": 1}, "network": {"latency_ms": RTT_MS}}

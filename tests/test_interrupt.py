@@ -15,6 +15,8 @@ import pytest
 
 from conftest import processes_mentioning
 
+pytestmark = pytest.mark.postgres
+
 
 def _children(pid: int, name: str, arg: str) -> list[int]:
     """Child processes of ``pid`` named ``name`` with ``arg`` on their command line."""

@@ -8,7 +8,6 @@ is the real binary setup.sh builds into .tools/bin.
 from __future__ import annotations
 
 import os
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -16,12 +15,11 @@ import pytest
 import yaml
 
 from conftest import REPO, pglab
+from k8s_support import check
 from pglab.plan.expand import expand
 from pglab.plan.load import parse_plan
 from pglab.targets.kubernetes.render import cluster, fio_manifests, pgbench_run, render
 from pglab.workloads.fio import jobs_for
-
-CHECKER = REPO / ".tools" / "bin" / "cnpg-check"
 
 PLAN = """
 name: k
@@ -43,17 +41,6 @@ matrix:
   workload: [{name: mix, scripts: [{builtin: tpcb-like, weight: 9}, {file: sql/report.sql}]}]
 run: {duration: 30s, warmup: 5s, repeats: 2}
 """
-
-
-@pytest.fixture(scope="module")
-def checker() -> Path:
-    if not CHECKER.is_file():
-        pytest.fail(f"{CHECKER} is missing: ./setup.sh install builds it (tools/cnpg-check)")
-    return CHECKER
-
-
-def check(checker: Path, *files: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([str(checker), *map(str, files)], capture_output=True, text=True, timeout=60, check=False)
 
 
 def plan_dir(tmp_path: Path, text: str = PLAN) -> Path:

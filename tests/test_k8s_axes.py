@@ -1,5 +1,5 @@
 """The Kubernetes sweep's axes that change the Cluster between points (matrix.cpus, matrix.parameters), and the
-instances' exporter read through the pod proxy, against the fake API server of tests/k8s_fake.py.
+instances' exporter read through the pod proxy, against the fake API server of tests/k8s_fake/.
 
 The fake plays CloudNativePG's rolling update: after a merge PATCH of the Cluster's resources or parameters, one
 more read still reports it healthy with the old pods (the operator has not reconciled yet), then it reads
@@ -25,7 +25,22 @@ from urllib.parse import unquote
 import pytest
 from kubernetes import client
 
-from k8s_fake import FakeAPI, exporter_text, results_log, serve
+from k8s_fake import FakeAPI, exporter_text, results_log
+from k8s_support import (
+    CLUSTER,
+    JOB_S,
+    PGBENCH,
+    TXN_LOGS,
+    Recorder,
+    assert_all_deleted,
+    job_posts,
+    k8s_plan,
+    pod_log,
+    posted_jobs,
+    rows,
+    run,
+    timed_log,
+)
 from pglab.drivers import kubernetes as k8s_sweep
 from pglab.plan.load import parse_plan
 from pglab.plan.schema import Plan
@@ -34,38 +49,8 @@ from pglab.targets.kubernetes import exporter
 from pglab.targets.kubernetes import render as render_module
 from pglab.targets.kubernetes.orchestrate import K8sError
 from pglab.targets.kubernetes.render import cluster, cpu_quantity, millicores, render
-from test_k8s_run import (
-    PGBENCH,
-    TXN_LOGS,
-    Recorder,
-    assert_all_deleted,
-    job_posts,
-    pod_log,
-    posted_jobs,
-    rows,
-    run,
-)
 
-CLUSTER = "/apis/postgresql.cnpg.io/v1/namespaces/bench/clusters/pg"
-
-CPU_PLAN = """
-name: k
-target:
-  kubernetes:
-    namespace: bench
-    cluster_name: pg
-    instances: 2
-    resources: {cpu: 1, memory: 1Gi}
-matrix: {clients: [1, 2], jobs: [1], cpus: [0.5, 2]}
-run: {duration: 4s}
-"""
-
-
-@pytest.fixture
-def fake() -> Iterator[tuple[FakeAPI, client.ApiClient]]:
-    with serve() as (api, api_client):
-        api.default_log = pod_log
-        yield api, api_client
+CPU_PLAN = k8s_plan("matrix: {clients: [1, 2], jobs: [1], cpus: [0.5, 2]}", "run: {duration: 4s}")
 
 
 def amounts(cpu: str) -> dict[str, Any]:
@@ -176,19 +161,8 @@ def test_interrupted_during_a_rollout_cleans_up_and_resumes_at_that_step(fake: t
 
 
 # ------------------------------------------------------------------ matrix.parameters
-PARAM_PLAN = """
-name: k
-target:
-  kubernetes:
-    namespace: bench
-    cluster_name: pg
-    instances: 2
-    resources: {cpu: 1, memory: 1Gi}
-postgres:
-  parameters: {jit: false}
-matrix: {clients: [1], jobs: [1], parameters: {work_mem: [4MB, 8MB]}}
-run: {duration: 4s}
-"""
+PARAM_PLAN = k8s_plan("postgres:\n  parameters: {jit: false}",
+                      "matrix: {clients: [1], jobs: [1], parameters: {work_mem: [4MB, 8MB]}}", "run: {duration: 4s}")
 # what pg_settings shows for the values these tests use (PostgreSQL 15: work_mem in kB)
 PG_SETTINGS = {"work_mem": {"4MB": ("4096", "kB"), "8MB": ("8192", "kB")}, "jit": {"off": ("off", "")}}
 
@@ -352,35 +326,8 @@ def test_the_settings_wait_lets_postgresql_compare_the_values(postgres: dict[str
 
 
 # ------------------------------------------------------------------ the exporter, through the pod proxy
-EXPORTER_PLAN = """
-name: k
-target:
-  kubernetes:
-    namespace: bench
-    cluster_name: pg
-    instances: 2
-    resources: {cpu: 1, memory: 1Gi}
-matrix: {clients: [1], jobs: [1]}
-run: {duration: 4s}
-"""
-JOB_S = 1.2  # how long the fake keeps a run's Job running
+EXPORTER_PLAN = k8s_plan("matrix: {clients: [1], jobs: [1]}", "run: {duration: 4s}")
 MIB = 1024 * 1024
-
-
-def timed_log(api: FakeAPI) -> Callable[[str], str]:
-    """A run Job whose transactions (per-transaction log) end between 0.3 and 0.9 s after the Job was created,
-    this machine's clock: the window falls among the exporter reads pglab takes while the Job runs."""
-
-    def log(job: str) -> str:
-        if "-run-" not in job:
-            return pod_log(job)
-        t0 = api.job_created_at[job]
-        ends = [t0 + 0.3 + 0.6 * i / 59 for i in range(60)]
-        txn = "".join(f"0 {i} 1000 0 {int(e)} {int((e % 1) * 1e6)}\n" for i, e in enumerate(ends))
-        files = {"pgbench.out": (PGBENCH / "pgbench.out").read_text(), "pgbench.err": "", "pgbench.77": txn}
-        return results_log(files, text="")
-
-    return log
 
 
 def load(api: FakeAPI, t: float) -> float:

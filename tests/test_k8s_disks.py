@@ -1,5 +1,5 @@
 """Disk figures of a Kubernetes run: the disk-sampler DaemonSet, its logs read back, and the figures computed by the
-local disk probe's own functions; against the fake API server of tests/k8s_fake.py."""
+local disk probe's own functions; against the fake API server of tests/k8s_fake/."""
 
 from __future__ import annotations
 
@@ -9,13 +9,14 @@ import math
 import os
 import subprocess
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from kubernetes import client
 
-from k8s_fake import FakeAPI, diskstats_text, node_exporter_text, sampler_log, serve
+from conftest import CHECKER, REPO
+from k8s_fake import FakeAPI, diskstats_text, node_exporter_text, sampler_log
+from k8s_support import JOB_S, Recorder, check, k8s_plan, run, sample_latencies, timed_log
 from pglab.plan.load import parse_plan
 from pglab.probes.base import ProbeContext
 from pglab.probes.disk import MIB, SECTOR, DiskProbe, _figures, parse_diskstats, read_diskstats, resolve_device
@@ -30,21 +31,8 @@ from pglab.targets.kubernetes.render import (
     volume_probe,
     volume_probe_script,
 )
-from test_k8s import CHECKER, REPO, check
-from test_k8s_axes import JOB_S, timed_log
-from test_k8s_run import Recorder, pod_log, run, sample_latencies
 
-PLAN = """
-name: k
-target:
-  kubernetes:
-    namespace: bench
-    cluster_name: pg
-    instances: 2
-    resources: {cpu: 1, memory: 1Gi}
-matrix: {clients: [1], jobs: [1]}
-run: {duration: 4s, repeats: 2}
-"""
+PLAN = k8s_plan("matrix: {clients: [1], jobs: [1]}", "run: {duration: 4s, repeats: 2}")
 DS = "/apis/apps/v1/namespaces/bench/daemonsets/pg-disk-sampler"
 # per second on each node: (writes, sectors per write, ms per write, I/O ms) of vdb, the database volume
 LOAD = {"node-1": (300, 16, 2, 400), "node-2": (100, 8, 1, 150)}
@@ -68,11 +56,10 @@ def node_blocks(node: str) -> list[tuple[float, dict[str, list[int]]]]:
 
 
 @pytest.fixture
-def fake() -> Iterator[tuple[FakeAPI, client.ApiClient]]:
-    with serve() as (api, api_client):
-        api.default_log = pod_log
-        api.diskstats_log = lambda node: sampler_log(node, node_blocks(node))
-        yield api, api_client
+def fake(fake: tuple[FakeAPI, client.ApiClient]) -> tuple[FakeAPI, client.ApiClient]:
+    """conftest's fake, its disk sampler pods logging the counters of ``node_blocks``."""
+    fake[0].diskstats_log = lambda node: sampler_log(node, node_blocks(node))
+    return fake
 
 
 # ------------------------------------------------------------------ the DaemonSet
@@ -247,8 +234,8 @@ def test_volume_probe_script_prints_the_device_number_of_each_mount(tmp_path: Pa
     assert names.get(found["pg-1"].number) == resolve_device(src).device
 
 
-WAL_PLAN = PLAN.replace("    resources: {cpu: 1, memory: 1Gi}\n",
-                        "    resources: {cpu: 1, memory: 1Gi}\n    wal_storage: {size: 1Gi}\n")
+WAL_PLAN = k8s_plan("matrix: {clients: [1], jobs: [1]}", "run: {duration: 4s, repeats: 2}",
+                    kubernetes=("wal_storage: {size: 1Gi}",))
 
 
 def test_the_probed_devices_are_measured_not_the_busiest(fake: tuple[FakeAPI, client.ApiClient],
@@ -308,8 +295,8 @@ def test_a_volume_without_a_block_device_gives_no_figures(fake: tuple[FakeAPI, c
 
 
 # ------------------------------------------------------------------ node-exporter instead of the sampler
-NE_PLAN = PLAN.replace("    resources: {cpu: 1, memory: 1Gi}\n", "    resources: {cpu: 1, memory: 1Gi}\n"
-                       "    node_exporter: {}\n").replace("repeats: 2", "repeats: 1")
+NE_PLAN = k8s_plan("matrix: {clients: [1], jobs: [1]}", "run: {duration: 4s, repeats: 1}",
+                   kubernetes=("node_exporter: {}",))
 
 
 def test_node_exporter_counters_give_the_disk_probes_figures_without_a_daemonset(

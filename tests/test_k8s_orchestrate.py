@@ -1,41 +1,31 @@
 """Orchestration (create → wait → collect → clean up) against a fake Kubernetes API at the HTTP boundary.
 
-The fake (tests/k8s_fake.py) is a real HTTP server speaking the REST paths the official client uses; it keeps the
+The fake (tests/k8s_fake/) is a real HTTP server speaking the REST paths the official client uses; it keeps the
 objects, plays the operator and the Job controller. Nothing is mocked inside pglab or the client.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from kubernetes import client
 
-from k8s_fake import FakeAPI, results_log, serve
+from k8s_fake import FakeAPI, results_log
+from k8s_support import k8s_plan
 from pglab.plan.load import parse_plan
 from pglab.targets.kubernetes.orchestrate import K8sError, Orchestrator, extract_results
 from pglab.targets.kubernetes.render import BEGIN_MARK, END_MARK
 
-PLAN = """
-name: k
-target:
-  kubernetes:
-    namespace: bench
-    cluster_name: pg
-    instances: 2
-    resources: {cpu: 1, memory: 1Gi}
-storage: {profiles: [randread-8k], runtime: 2s, size: 64MiB, paths: [data]}
-matrix: {clients: [1, 2], jobs: [1]}
-run: {duration: 2s}
-"""
+PLAN = k8s_plan("storage: {profiles: [randread-8k], runtime: 2s, size: 64MiB, paths: [data]}",
+                "matrix: {clients: [1, 2], jobs: [1]}", "run: {duration: 2s}")
 
 
 @pytest.fixture
-def fake() -> Iterator[tuple[FakeAPI, client.ApiClient]]:
-    with serve() as pair:
-        yield pair
+def fake(k8s_api: tuple[FakeAPI, client.ApiClient]) -> tuple[FakeAPI, client.ApiClient]:
+    """The fake as it starts: its Jobs print ``NAME done`` (these tests check the orchestration, not figures)."""
+    return k8s_api
 
 
 def orchestrator(api_client: client.ApiClient, tmp_path: Path, text: str = PLAN, **kw: Any) -> Orchestrator:

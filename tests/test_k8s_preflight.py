@@ -1,24 +1,23 @@
 """`pglab k8s check PLAN` (and the same checks at the start of `pglab run`), against the fake API server.
 
-The fake serves a cluster as it is before pglab comes (tests/k8s_fake.py: nodes, storage classes, the CRD, the
+The fake serves a cluster as it is before pglab comes (tests/k8s_fake/: nodes, storage classes, the CRD, the
 operator's Deployment, access reviews); each test breaks one thing and reads the one line that names it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from kubernetes import client
 
 from k8s_fake import CNPG_CRD, FakeAPI, node, operator_deployment, serve, storage_class
+from k8s_support import cli, kubeconfig
 from pglab.plan.expand import expand
 from pglab.plan.load import parse_plan
 from pglab.plan.schema import Toleration
 from pglab.targets.kubernetes.preflight import Node, Version, image_tag, parse_version, refusal, tolerates
 from pglab.targets.kubernetes.render import pgbench_run, rbac
-from test_k8s_run import cli, kubeconfig, pod_log
 
 PLAN = """
 name: pf
@@ -51,12 +50,12 @@ def lab_nodes() -> list[dict[str, object]]:
 
 
 @pytest.fixture
-def fake() -> Iterator[tuple[FakeAPI, client.ApiClient]]:
-    with serve() as (api, api_client):
-        api.nodes = lab_nodes()
-        api.storage_classes = [storage_class("fast"), storage_class("standard", default=True)]
-        api.default_log = pod_log
-        yield api, api_client
+def fake(fake: tuple[FakeAPI, client.ApiClient]) -> tuple[FakeAPI, client.ApiClient]:
+    """conftest's fake on the lab's nodes, with a storage class ``fast`` beside the default one."""
+    api, _ = fake
+    api.nodes = lab_nodes()
+    api.storage_classes = [storage_class("fast"), storage_class("standard", default=True)]
+    return fake
 
 
 def write_plan(tmp_path: Path, api_client: client.ApiClient, text: str = PLAN, **replace: str) -> Path:

@@ -1,4 +1,4 @@
-"""`pglab run` on a Kubernetes plan, against the fake API server of tests/k8s_fake.py.
+"""`pglab run` on a Kubernetes plan, against the fake API server of tests/k8s_fake/.
 
 The fake pods print what real tools printed (tests/data/k8s: pgbench 15 and fio 3.33 run on this machine with the
 options the Jobs use), so the stored figures are checked against those files, recomputed here independently.
@@ -6,143 +6,49 @@ options the Jobs use), so the stored figures are checked against those files, re
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import signal
-import sys
 import threading
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
 from kubernetes import client
 
 from conftest import pglab
-from k8s_fake import FakeAPI, results_log, serve
-from pglab.drivers import kubernetes as k8s_sweep
-from pglab.engine.sweep import run_sweep
-from pglab.engine.types import SweepResult
+from k8s_fake import FakeAPI, results_log
+from k8s_support import (
+    DATA,
+    FIO,
+    JOBS,
+    PGBENCH,
+    TXN_LOGS,
+    Recorder,
+    assert_all_deleted,
+    cli,
+    job_posts,
+    k8s_plan,
+    kubeconfig,
+    posted_jobs,
+    run,
+    sample_latencies,
+)
 from pglab.errors import RunInterrupted
-from pglab.plan.expand import Point
-from pglab.plan.load import parse_plan
 from pglab.store.sqlite import Store
 from pglab.targets.kubernetes import orchestrate
 from pglab.targets.kubernetes.orchestrate import K8sError
-from pglab.workloads.pgbench import ProgressPoint
 
-DATA = Path(__file__).parent / "data" / "k8s"
-PGBENCH = DATA / "pgbench15"
-FIO = DATA / "fio333"
-TXN_LOGS = ("pgbench.25728", "pgbench.25728.1")
-
-PLAN = """
-name: k
-target:
-  kubernetes:
-    namespace: bench
-    cluster_name: pg
-    instances: 2
-    resources: {cpu: 1, memory: 1Gi}
-storage: {profiles: [randread-8k], runtime: 2s, size: 64MiB, paths: [data]}
-matrix: {clients: [1, 2], jobs: [1]}
-run: {duration: 4s, repeats: 2}
-"""
+PLAN = k8s_plan("storage: {profiles: [randread-8k], runtime: 2s, size: 64MiB, paths: [data]}",
+                "matrix: {clients: [1, 2], jobs: [1]}", "run: {duration: 4s, repeats: 2}")
 RUN_JOBS = ["pg-run-0000-1", "pg-run-0000-2", "pg-run-0001-1", "pg-run-0001-2"]
-JOBS = "/apis/batch/v1/namespaces/bench/jobs"
-
-
-def pod_log(job: str) -> str:
-    """What each Job of the plan prints, from the real outputs in tests/data/k8s."""
-    if job.endswith("-fio-data"):
-        files = {f.name: f.read_text() for f in FIO.iterdir()}
-        return results_log({**files, "fio-version.txt": "fio-3.33\n"}, text="")
-    if job.endswith("-pgbench-init"):
-        init = (PGBENCH / "init.log").read_text()
-        return results_log({"init.log": init}, text=init)
-    files = {name: (PGBENCH / name).read_text() for name in ("pgbench.out", "pgbench.err", *TXN_LOGS)}
-    return results_log({**files, "reset.log": "TRUNCATE TABLE\nVACUUM\n"}, text="")
-
-
-def sample_latencies() -> tuple[np.ndarray, np.ndarray]:
-    """(latency ms, end epoch s) of every transaction in the sample's -l logs, read here without pglab."""
-    lat, end = [], []
-    for name in TXN_LOGS:
-        for line in (PGBENCH / name).read_text().splitlines():
-            f = line.split()
-            lat.append(int(f[2]) / 1000)
-            end.append(int(f[4]) + int(f[5]) / 1e6)
-    return np.array(lat), np.array(end)
-
-
-class Recorder:
-    """An observer that keeps what the CLI would show."""
-
-    def __init__(self) -> None:
-        self.messages: list[str] = []
-        self.finished: list[tuple[str, int, str]] = []
-
-    def log(self, message: str) -> None:
-        self.messages.append(message)
-
-    def sweep_started(self, runs: int, estimate_s: float | None) -> None:
-        self.messages.append(f"sweep of {runs} runs")
-
-    def run_started(self, point: Point, repeat: int, phase: str) -> None:
-        pass
-
-    def progress(self, p: ProgressPoint) -> None:
-        pass
-
-    def run_finished(self, point: Point, repeat: int, status: str, metrics: dict[str, Any]) -> None:
-        self.finished.append((point.label(), repeat, status))
-
-
-@pytest.fixture
-def fake() -> Iterator[tuple[FakeAPI, client.ApiClient]]:
-    with serve() as (api, api_client):
-        api.default_log = pod_log
-        yield api, api_client
-
-
-def run(api_client: client.ApiClient, tmp_path: Path, text: str = PLAN, **kw: Any) -> SweepResult:
-    plan = parse_plan(text, base_dir=tmp_path)
-    kw.setdefault("ready_timeout_s", 5.0)
-    observer, force_new, results = kw.pop("observer", Recorder()), kw.pop("force_new", False), tmp_path / "results"
-    driver = k8s_sweep.KubernetesDriver(plan, text, tmp_path, results, observer, api=api_client, poll_s=0.01, **kw)
-    return run_sweep(driver, plan, text, tmp_path, results, observer, force_new=force_new)
-
-
-def rows(store: Store, sql: str, *args: Any) -> list[dict[str, Any]]:
-    cur = store.conn.execute(sql, args)
-    cols = [c[0] for c in cur.description]
-    return [dict(zip(cols, r, strict=True)) for r in cur]
-
-
-def assert_all_deleted(api: FakeAPI) -> None:
-    deleted = {p for m, p in api.requests if m == "DELETE"}
-    assert api.created and set(api.created) <= deleted, set(api.created) - deleted
-    assert api.objects == {}
-
-
-def posted_jobs(api: FakeAPI, since: int = 0) -> list[str]:
-    """The benchmark's Jobs in creation order, from request ``since`` on (the volume probes, the disk figures'
-    helpers, left out)."""
-    return [name for i, name in api.job_posts if i >= since and "-volumes-" not in name]
-
-
-def job_posts(api: FakeAPI) -> list[int]:
-    """Where in ``api.requests`` the benchmark's Jobs were created."""
-    return [i for i, name in api.job_posts if "-volumes-" not in name]
 
 
 # ------------------------------------------------------------------ the whole sweep
 def test_run_stores_pgbench_fio_and_artifacts_then_deletes_everything(fake: tuple[FakeAPI, client.ApiClient],
                                                                       tmp_path: Path) -> None:
     api, api_client = fake
-    result = run(api_client, tmp_path)
+    result = run(api_client, tmp_path, PLAN)
     assert (result.ok, result.failed, result.interrupted) == (4, 0, False)
     assert posted_jobs(api) == ["pg-fio-data", "pg-pgbench-init", *RUN_JOBS]
 
@@ -210,7 +116,7 @@ def test_run_stores_pgbench_fio_and_artifacts_then_deletes_everything(fake: tupl
 
     # a rerun of a finished sweep creates nothing
     before = len(api.created)
-    again = run(api_client, tmp_path)
+    again = run(api_client, tmp_path, PLAN)
     assert (again.resumed, again.already_done, again.ok) == (True, 4, 0)
     assert len(api.created) == before
 
@@ -248,7 +154,7 @@ def test_failed_pgbench_job_is_a_failed_run_and_the_sweep_goes_on(fake: tuple[Fa
     api.logs["pg-run-0000-2"] = results_log({"pgbench.out": "", "reset.log": "TRUNCATE TABLE\nVACUUM\n",
                                              "pgbench.err": (PGBENCH / "unreachable.err").read_text()}, text="")
     observer = Recorder()
-    result = run(api_client, tmp_path, observer=observer)
+    result = run(api_client, tmp_path, PLAN, observer=observer)
     assert (result.ok, result.failed) == (3, 1)
     assert posted_jobs(api)[-2:] == ["pg-run-0001-1", "pg-run-0001-2"]  # the runs after it still ran
     reason = ('pgbench failed in Job/pg-run-0000-2: pgbench: error: could not translate host name "pg-rw" to '
@@ -269,7 +175,7 @@ def test_dataset_reset_failure_is_named(fake: tuple[FakeAPI, client.ApiClient], 
     api.failing_jobs.add("pg-run-0001-1")
     api.logs["pg-run-0001-1"] = results_log(
         {"reset.log": 'ERROR:  relation "pgbench_history" does not exist\n'}, text="")
-    result = run(api_client, tmp_path)
+    result = run(api_client, tmp_path, PLAN)
     assert result.failures == ['tpcb-like sc=on c=2 j=1 #1: dataset reset before the run failed in '
                                'Job/pg-run-0001-1: ERROR:  relation "pgbench_history" does not exist']
     assert result.ok == 3
@@ -281,7 +187,7 @@ def test_cluster_never_healthy_fails_clearly_and_cleans_up(fake: tuple[FakeAPI, 
     api.never_ready = True
     message = "Cluster/pg not ready after 0 s (phase: Setting up primary, ready instances: 0 of 2)"
     with pytest.raises(K8sError, match=message.replace("(", r"\(").replace(")", r"\)")):
-        run(api_client, tmp_path, ready_timeout_s=0.2)
+        run(api_client, tmp_path, PLAN, ready_timeout_s=0.2)
     assert posted_jobs(api) == []
     assert_all_deleted(api)
     store = Store.open(tmp_path / "results", create=False)
@@ -297,7 +203,7 @@ def test_failed_dataset_load_fails_the_sweep_and_cleans_up(fake: tuple[FakeAPI, 
     api.failing_jobs.add("pg-pgbench-init")
     api.logs["pg-pgbench-init"] = results_log({}, text=(PGBENCH / "unreachable.err").read_text())
     with pytest.raises(Exception, match=r'pgbench -i failed in Job/pg-pgbench-init: .*could not create connection'):
-        run(api_client, tmp_path)
+        run(api_client, tmp_path, PLAN)
     assert posted_jobs(api) == ["pg-fio-data", "pg-pgbench-init"]
     assert_all_deleted(api)
     store = Store.open(tmp_path / "results", create=False)
@@ -322,7 +228,7 @@ def test_a_job_whose_pod_cannot_start_fails_with_the_kubelets_reason(fake: tuple
     api.hanging_jobs = {"pg-pgbench-init"}
     api.pod_waiting = {"pg-pgbench-init": list(waiting)}
     with pytest.raises(K8sError) as caught:
-        run(api_client, tmp_path, job_timeout_s=10)  # not the Job's own timeout: its pod's reason
+        run(api_client, tmp_path, PLAN, job_timeout_s=10)  # not the Job's own timeout: its pod's reason
     assert str(caught.value).startswith("Job/pg-pgbench-init: its pod cannot start after 0 s (")
     assert any(f"({r}: {m})" in str(caught.value) for r, m in waiting), str(caught.value)
     assert_all_deleted(api)
@@ -341,7 +247,7 @@ def test_signal_during_a_run_cleans_up_and_a_rerun_resumes(fake: tuple[FakeAPI, 
             threading.Timer(0.3, os.kill, (os.getpid(), sig)).start()
 
     api.on_job_created = strike
-    result = run(api_client, tmp_path)
+    result = run(api_client, tmp_path, PLAN)
     assert (result.interrupted, result.ok, result.failed) == (True, 2, 0)
     assert_all_deleted(api)
     assert ("DELETE", f"{JOBS}/pg-run-0001-1") in api.requests
@@ -359,7 +265,7 @@ def test_signal_during_a_run_cleans_up_and_a_rerun_resumes(fake: tuple[FakeAPI, 
     api.on_job_created = lambda job: None
     first_attempt = len(api.requests)
     observer = Recorder()
-    again = run(api_client, tmp_path, observer=observer)
+    again = run(api_client, tmp_path, PLAN, observer=observer)
     assert (again.resumed, again.already_done, again.ok, again.interrupted) == (True, 2, 2, False)
     assert posted_jobs(api, since=first_attempt) == ["pg-pgbench-init", "pg-run-0001-1", "pg-run-0001-2"]
     assert "resuming sweep 1: 2 of 4 runs already complete, 2 to go" in observer.messages
@@ -382,35 +288,13 @@ def test_interrupt_while_waiting_for_the_cluster(fake: tuple[FakeAPI, client.Api
             if message.startswith("waiting for Cluster"):
                 raise RunInterrupted("SIGTERM")
 
-    result = run(api_client, tmp_path, observer=Interrupting())
+    result = run(api_client, tmp_path, PLAN, observer=Interrupting())
     assert result.interrupted and result.ok == 0
     assert posted_jobs(api) == []
     assert_all_deleted(api)
 
 
 # ------------------------------------------------------------------ the command line
-def kubeconfig(tmp_path: Path, api_client: client.ApiClient) -> Path:
-    path = tmp_path / "kubeconfig"
-    path.write_text(json.dumps({
-        "apiVersion": "v1", "kind": "Config", "current-context": "fake",
-        "clusters": [{"name": "fake", "cluster": {"server": api_client.configuration.host}}],
-        "users": [{"name": "u", "user": {"token": "t"}}],
-        "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "u"}}]}))
-    return path
-
-
-def cli(monkeypatch: pytest.MonkeyPatch, *args: str) -> int:
-    """pglab's own entry point in this process, with the sweep's polling shortened (the plan is untouched)."""
-    from pglab import cli as cli_module
-
-    monkeypatch.setattr(k8s_sweep, "KubernetesDriver", functools.partial(k8s_sweep.KubernetesDriver, poll_s=0.01,
-                                                                         ready_timeout_s=0.3))
-    monkeypatch.setattr(sys, "argv", ["pglab", *args])
-    with pytest.raises(SystemExit) as exc:
-        cli_module.main()
-    return int(exc.value.code or 0)
-
-
 def test_cli_runs_a_kubernetes_plan(fake: tuple[FakeAPI, client.ApiClient], tmp_path: Path,
                                     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     api, api_client = fake

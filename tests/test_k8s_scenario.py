@@ -8,39 +8,23 @@ write gap) and wrote again on the new primary; its read-back lacks the last two 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
-from typing import Any
 
 import pytest
 from kubernetes import client
 
-from conftest import pglab
-from k8s_fake import FakeAPI, results_log, serve
-from pglab.drivers import kubernetes as k8s_sweep
-from pglab.engine.sweep import run_sweep
-from pglab.engine.types import SweepResult
+from conftest import CHECKER, pglab
+from k8s_fake import FakeAPI, results_log
+from k8s_support import JOBS, PGBENCH, assert_all_deleted, check, k8s_plan, posted_jobs, run
 from pglab.plan.load import parse_plan
 from pglab.report.scenarios import scenario_table
 from pglab.store.sqlite import Store
 from pglab.targets.kubernetes.orchestrate import FENCED
 from pglab.targets.kubernetes.render import START_MARK, WITNESS_MARK, render, witness_script
 from pglab.targets.kubernetes.scenario import WitnessLogError, parse_witness_log
-from test_k8s import CHECKER, check
-from test_k8s_run import JOBS, PGBENCH, Recorder, assert_all_deleted, posted_jobs
 
-PLAN = """
-name: k
-target:
-  kubernetes:
-    namespace: bench
-    cluster_name: pg
-    instances: 2
-    resources: {cpu: 1, memory: 1Gi}
-matrix: {clients: [2], jobs: [1], scenario: [{kind: failover, at: 1s}]}
-run: {duration: 4s}
-"""
+PLAN = k8s_plan("matrix: {clients: [2], jobs: [1], scenario: [{kind: failover, at: 1s}]}", "run: {duration: 4s}")
 RUN, WITNESS = "pg-run-0000-1", "pg-witness-0000-1"
 FAULT_AT = 1.0  # the plan's 'at'
 LOST = 2  # acks just before the fault that the new primary does not have
@@ -112,34 +96,27 @@ class Story:
 
 
 @pytest.fixture
-def fake() -> Iterator[tuple[FakeAPI, client.ApiClient]]:
-    with serve() as (api, api_client):
-        stories: dict[str, Story] = {}
+def fake(k8s_api: tuple[FakeAPI, client.ApiClient]) -> tuple[FakeAPI, client.ApiClient]:
+    """The fake whose run and witness Jobs print one failover's ``Story``, told from when the run Job started."""
+    api, _ = k8s_api
+    stories: dict[str, Story] = {}
 
-        def story() -> Story:
-            if "s" not in stories:
-                stories["s"] = Story(api.job_created_at[RUN])
-            return stories["s"]
+    def story() -> Story:
+        if "s" not in stories:
+            stories["s"] = Story(api.job_created_at[RUN])
+        return stories["s"]
 
-        def log(job: str) -> str:
-            if job == RUN:
-                return story().run_log()
-            if job == WITNESS:
-                return story().witness_log()
-            return results_log({"init.log": "done\n"}, text="done\n")
+    def log(job: str) -> str:
+        if job == RUN:
+            return story().run_log()
+        if job == WITNESS:
+            return story().witness_log()
+        return results_log({"init.log": "done\n"}, text="done\n")
 
-        api.default_log = log
-        api.job_seconds = 1.6  # the run Job is still running when the fault is due
-        api.story = story  # type: ignore[attr-defined]
-        yield api, api_client
-
-
-def run(api_client: client.ApiClient, tmp_path: Path, text: str = PLAN, **kw: Any) -> SweepResult:
-    plan = parse_plan(text, base_dir=tmp_path)
-    observer, results = kw.pop("observer", Recorder()), tmp_path / "results"
-    driver = k8s_sweep.KubernetesDriver(plan, text, tmp_path, results, observer, api=api_client, poll_s=0.01,
-                                        ready_timeout_s=5.0, **kw)
-    return run_sweep(driver, plan, text, tmp_path, results, observer)
+    api.default_log = log
+    api.job_seconds = 1.6  # the run Job is still running when the fault is due
+    api.story = story  # type: ignore[attr-defined]
+    return k8s_api
 
 
 def run_events(store: Store, run_id: str) -> dict[str, tuple[float, str]]:
@@ -151,7 +128,7 @@ def test_failover_deletes_the_primary_pod_and_stores_rto_rpo_and_events(fake: tu
                                                                         tmp_path: Path) -> None:
     api, api_client = fake
     api.log_not_ready[RUN] = 3  # the run pod's container is still starting at the first looks
-    result = run(api_client, tmp_path)
+    result = run(api_client, tmp_path, PLAN)
     assert (result.ok, result.failed) == (1, 0), result.failures
     assert api.log_not_ready[RUN] == 0
     story: Story = api.story()  # type: ignore[attr-defined]
@@ -211,7 +188,7 @@ def test_a_failover_that_never_completes_fails_the_run_and_cleans_up(fake: tuple
                                                                      tmp_path: Path) -> None:
     api, api_client = fake
     api.never_promote = True
-    result = run(api_client, tmp_path, scenario_timeout_s=0.5)
+    result = run(api_client, tmp_path, PLAN, scenario_timeout_s=0.5)
     assert (result.ok, result.failed) == (0, 1)
     reason = ("failover: no new primary reported 0 s after pod/pg-1 was deleted (currentPrimary pg-1, targetPrimary "
               "pending, phase: Failing over, ready instances: 1 of 2); Cluster/pg not healthy (phase: Failing over, "

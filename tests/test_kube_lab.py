@@ -29,6 +29,8 @@ from pglab.store.sqlite import Store
 sys.path.insert(0, str(REPO / "tools" / "kube-lab"))
 import kubelab
 
+pytestmark = pytest.mark.kube_lab
+
 NAMESPACE_GONE_S = 300  # a namespace's deletion waits for its pods and claims
 
 

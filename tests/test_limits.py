@@ -10,9 +10,13 @@ import sqlite3
 import tempfile
 from pathlib import Path
 
+import pytest
+
 from conftest import pglab, processes_mentioning
 from pglab.targets.local import procs
 from pglab.targets.local.cluster import cgroup_name
+
+pytestmark = pytest.mark.postgres
 
 
 def _cgroup_of(pid: int, controller: str) -> str:

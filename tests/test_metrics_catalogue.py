@@ -51,8 +51,8 @@ def _limit_names() -> set[str]:
 
 
 def _tier_names() -> set[str]:
-    from pglab.plan.schema import Tier
     from pglab.drivers.tenants import tier_metrics
+    from pglab.plan.schema import Tier
 
     member = {"tps": 10.0, "latency_avg_ms": 1.0, "latency_p95_ms": 2.0, "latency_p99_ms": 3.0, "total_iops": 5.0,
               "cpu_cores": 0.5, "memory_per_instance_mb": 64.0}

@@ -10,7 +10,11 @@ import sqlite3
 import tempfile
 from pathlib import Path
 
+import pytest
+
 from conftest import pglab, processes_mentioning
+
+pytestmark = pytest.mark.postgres
 
 RTT_MS = 40
 

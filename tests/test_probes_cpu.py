@@ -13,6 +13,8 @@ import pytest
 from pglab.probes import CpuProbe, MemoryProbe, ProbeContext, Sampler, now
 from pglab.probes._util import rows
 
+pytestmark = pytest.mark.postgres
+
 BURN = "import sys, time\nend = float(sys.argv[1])\nwhile time.time() < end:\n    pass\n"
 
 

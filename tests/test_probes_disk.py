@@ -23,6 +23,8 @@ from pglab.probes import DiskProbe, ProbeContext, Sample, Sampler, now, resolve_
 from pglab.probes._util import counter_delta, rows, rows_in_window
 from pglab.probes.disk import describe_block
 
+pytestmark = pytest.mark.postgres
+
 FIO_WRITES = 1024  # 8 MiB in 8 KiB writes
 
 

@@ -39,6 +39,8 @@ from pglab.probes._util import rows_in_window
 from pglab.probes.pgstats import _query_for
 from pglab.targets.local.postgres_bin import find_bindir
 
+pytestmark = pytest.mark.postgres
+
 BINDIR = find_bindir()
 RUN_SECONDS = 7
 RATE = 400  # tps; this 2-core machine does ~900 with 2 clients

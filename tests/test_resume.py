@@ -12,8 +12,12 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from conftest import pglab, processes_mentioning
 from test_interrupt import _children
+
+pytestmark = pytest.mark.postgres
 
 PLAN = """
 name: resumable

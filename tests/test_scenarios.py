@@ -11,8 +11,12 @@ import sqlite3
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from conftest import pglab, processes_mentioning
 from pglab.targets.local.ha import TIMINGS
+
+pytestmark = pytest.mark.postgres
 
 
 def _runs(results: Path) -> list[dict[str, Any]]:

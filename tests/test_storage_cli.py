@@ -13,6 +13,8 @@ import pytest
 
 from conftest import pglab
 
+pytestmark = pytest.mark.postgres
+
 
 @pytest.fixture
 def scratch() -> Path:

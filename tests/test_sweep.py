@@ -24,6 +24,8 @@ import pytest
 
 from conftest import pglab, processes_mentioning
 
+pytestmark = pytest.mark.postgres
+
 RECORD_SC = """\
 BEGIN;
 SELECT pg_advisory_xact_lock(4242);

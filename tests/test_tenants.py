@@ -21,6 +21,8 @@ from pglab.errors import UserError
 from pglab.plan.load import load_plan
 from pglab.targets.local.cluster import cgroup_name
 
+pytestmark = pytest.mark.postgres
+
 CAP_IOPS = 50
 INTERRUPT_CAP_IOPS = 2000
 

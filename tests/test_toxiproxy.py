@@ -21,6 +21,8 @@ from pglab.targets.local import registry
 from pglab.targets.local import toxiproxy as tp
 from pglab.targets.local.cluster import LabError
 
+pytestmark = pytest.mark.postgres
+
 
 class _Echo(socketserver.BaseRequestHandler):
     def handle(self) -> None:

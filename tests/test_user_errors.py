@@ -15,6 +15,8 @@ import pytest
 
 from conftest import pglab, processes_mentioning
 
+pytestmark = pytest.mark.postgres
+
 
 def _plan(tmp_path: Path, local: str) -> Path:
     plan = tmp_path / "plan.yaml"

@@ -38,6 +38,8 @@ from pglab.scenarios.witness import (
 from pglab.targets.base import _quote
 from pglab.targets.local.cluster import LocalLab, Node, kill_tree
 
+pytestmark = pytest.mark.postgres
+
 
 def _wait(what: str, check: Callable[[], Any], timeout: float = 20) -> Any:
     deadline = time.monotonic() + timeout
