@@ -389,7 +389,7 @@ class Store:
     def sweep_series(self, sweep_id: int | None) -> list[tuple[str, float, float | None, str, str, float | None]]:
         """(run_id, ts, t_s, source, metric, value) of every sample of the sweep's runs, in run order; ``t_s``
         counts from the run's measured window."""
-        return [tuple(r) for r in self.conn.execute(  # type: ignore[misc]
+        return [tuple(r) for r in self.conn.execute(
             "SELECT s.run_id, s.ts, s.ts - r.window_start, s.source, s.metric, s.value "
             "FROM runs r JOIN points p ON p.id = r.point_id JOIN series s ON s.run_id = r.id WHERE r.sweep_id = ? "
             "ORDER BY p.idx, r.repeat, r.started, s.source, s.metric, s.ts", (sweep_id,))]
@@ -397,7 +397,7 @@ class Store:
     def sweep_and_run_events(self, sweep_id: int | None) -> list[tuple[float, str, str | None, str | None, str]]:
         """(ts, kind, detail, run_id, scope) of the runs' own events and the sweep's (scope 'run' or 'sweep'); a
         sweep event carries the run whose measured window it falls in, if any."""
-        return [tuple(r) for r in self.conn.execute(  # type: ignore[misc]
+        return [tuple(r) for r in self.conn.execute(
             "SELECT e.ts, e.kind, e.detail, coalesce(e.run_id, (SELECT r.id FROM runs r WHERE r.sweep_id = ?1 AND "
             "e.ts BETWEEN r.window_start AND r.window_end ORDER BY r.window_start LIMIT 1)), "
             "CASE WHEN e.run_id IS NULL THEN 'sweep' ELSE 'run' END "
@@ -408,7 +408,7 @@ class Store:
                                                              float | None, float | None]]:
         """(fio_id, label, job, direction, ts, t_s, iops, lat_ms) of every fio job of the sweep, per second;
         ``t_s`` counts from the job's start."""
-        return [tuple(r) for r in self.conn.execute(  # type: ignore[misc]
+        return [tuple(r) for r in self.conn.execute(
             "SELECT f.fio_id, r.label, r.job, r.direction, f.ts, f.ts - r.started, f.iops, f.lat_ms "
             "FROM fio_results r JOIN fio_series f ON f.fio_id = r.id WHERE r.sweep_id = ? ORDER BY r.id, f.ts",
             (sweep_id,))]
@@ -427,7 +427,7 @@ class Store:
         if source:
             sql += " AND source = ?"
             args += (source,)
-        return [tuple(r) for r in self.conn.execute(sql + " ORDER BY ts", args)]  # type: ignore[misc]
+        return [tuple(r) for r in self.conn.execute(sql + " ORDER BY ts", args)]
 
 
 def _num(v: Any) -> float | None:

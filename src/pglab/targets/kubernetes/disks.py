@@ -25,6 +25,7 @@ import math
 import os
 import re
 from dataclasses import dataclass, field
+from typing import Any
 
 from pglab.probes.base import ProbeContext, Sample
 from pglab.probes.disk import SECTOR, DiskProbe, _Counters, _figures, parse_diskstats
@@ -210,7 +211,7 @@ def summarize(blocks_of: dict[str, list[Block]], instances: dict[str, str], prim
         figures = node_devices(blocks, window)
         nodes[node] = {"samples": len(blocks), "devices": figures}
         found = (volumes or {}).get(pod, "no volume probe ran")
-        chosen: list[dict[str, object]] = []
+        chosen: list[dict[str, Any]] = []
         if not figures:
             out.problems.append(f"no sample of node {node} (pod/{pod}) in the window")
         elif isinstance(found, str):
