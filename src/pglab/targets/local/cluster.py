@@ -13,16 +13,13 @@ Layout of a lab directory (owned by pglab; the servers' parts owned by the serve
 
 from __future__ import annotations
 
-import contextlib
 import errno
-import hashlib
 import json
 import math
 import os
 import re
 import secrets
 import shutil
-import signal
 import socket
 import subprocess
 import tempfile
@@ -34,21 +31,18 @@ from typing import Any
 
 import psycopg
 
-from pglab.errors import UserError
+from pglab.errors import LabError, UserError  # LabError: also imported from here by runner, tenants, cli
 from pglab.plan.schema import Dataset, LocalTarget
 from pglab.targets.base import Endpoint, Endpoints
-from pglab.targets.local import cgroups, dataset_fast, procs, registry
+from pglab.targets.local import cgroups, dataset_fast, leftovers, procs, registry
+from pglab.targets.local.cgroups import cgroup_name
 from pglab.targets.local.limits import GroupedLimits, ShapedLinks
 from pglab.targets.local.postgres_bin import ServerFiles, ServerUser, find_bindir, resolve_server_user
-from pglab.workloads.fio import parse_size
+from pglab.targets.local.procs import kill_tree
 
 SUPERUSER = "pglab"
 DBNAME = "pglab"
 Log = Callable[[str], None]
-
-
-class LabError(Exception):
-    """A server step failed (not the user's input): the message carries the tool's own words."""
 
 
 def conf_value(value: Any) -> str:
@@ -387,7 +381,7 @@ class LocalLab(ServerFiles, GroupedLimits, ShapedLinks):
         r = self.spec.resources
         cores = max(1, min(os.cpu_count() or 1, math.ceil(self.cpus))) if self.cpus else None
         load = dataset_fast.fast_load_settings(self.bindir, ds, cores=cores,
-                                               memory_bytes=parse_size(r.memory) if r and r.memory else None)
+                                               memory_bytes=r.memory.bytes if r and r.memory else None)
         started = time.monotonic()
         self.parameters = dict(load.parameters)
         self._write_conf(primary)
@@ -791,72 +785,13 @@ class LocalLab(ServerFiles, GroupedLimits, ShapedLinks):
             registry.unregister(self.lab_dir)
 
 
-def cgroup_name(lab_dir: Path) -> str:
-    """The lab's cgroup: named after its directory, plus a digest of the full path, so that two labs in folders
-    of the same name (tenants t01 of two sweeps) never share one."""
-    digest = hashlib.sha1(str(lab_dir.resolve()).encode()).hexdigest()[:8]
-    return f"pglab-{lab_dir.name}-{digest}"
-
-
-def kill_tree(pid: int) -> None:
-    """SIGKILL a process and its descendants (last resort when pg_ctl cannot stop a server)."""
-    children: list[int] = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            if int(fields[1]) == pid:
-                children.append(int(entry.name))
-        except (OSError, IndexError, ValueError):
-            continue
-    for p in [pid, *children]:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(p, signal.SIGKILL)
-
-
 def clean_lab(lab_dir: Path, unregister_entry: bool = True) -> list[str]:
     """Stop every server a lab directory's lab.json names, and any pgbench or fio still working on it, and remove
-    the lab. Returns what was stopped.
+    the lab (and its registry entry unless told not to). Returns what was stopped.
 
-    Used for labs kept with ``--keep`` and for labs left behind by a pglab that was killed.
+    Used for labs kept with ``--keep``; labs left behind by a pglab that was killed are cleaned by the registry.
     """
-    lab_dir = lab_dir.resolve()
-    state_file = lab_dir / "lab.json"
-    try:
-        state = json.loads(state_file.read_text())
-    except (OSError, ValueError):
-        raise UserError(f"'{lab_dir}' is not a pglab lab (no readable lab.json).") from None
-    node_dirs = [Path(n[k]).parent for n in state.get("nodes", []) for k in ("data", "wal")]
-    registry.kill_all([p for p in registry.processes_using([lab_dir / "sock", lab_dir / "toxiproxy", *node_dirs])
-                       if not _is_postmaster_child(p)])  # clients first: pgbench, fio
-    stopped = []
-    for n in state.get("nodes", []):
-        node = Node(n["name"], "", Path(n["data"]), Path(n["wal"]), int(n["port"]), lab_dir / "logs")
-        pid = node.postmaster_pid()
-        if pid is not None:
-            os.kill(pid, signal.SIGQUIT)  # immediate shutdown: the postmaster takes its children down
-            deadline = time.monotonic() + 10
-            while node.postmaster_pid() == pid and time.monotonic() < deadline:
-                time.sleep(0.1)
-            if node.postmaster_pid() == pid:
-                kill_tree(pid)
-            stopped.append(f"{node.name} (pid {pid})")
-        for d in (node.data.parent, node.wal.parent):
-            if d.is_dir() and not d.is_relative_to(lab_dir):
-                shutil.rmtree(d, ignore_errors=True)
-    shutil.rmtree(lab_dir, ignore_errors=True)
-    with contextlib.suppress(OSError):
-        cgroups.remove_named(cgroup_name(lab_dir))
+    stopped = leftovers.stop_plain_lab(lab_dir)
     if unregister_entry:
-        registry.unregister(lab_dir)
+        registry.unregister(lab_dir.resolve())
     return stopped
-
-
-def _is_postmaster_child(pid: int) -> bool:
-    """Server processes are stopped through their postmaster, not killed one by one."""
-    try:
-        comm = Path(f"/proc/{pid}/comm").read_text().strip()
-    except OSError:
-        return False
-    return comm in ("postgres", "postmaster") or comm.startswith("postgres")

@@ -15,8 +15,8 @@ Layout of a lab directory (owned by pglab; the servers' parts owned by the serve
     <lab>/n0/data  <lab>/n0/wal data and WAL (bases can be moved elsewhere by the plan's paths)
     <lab>/toxiproxy/            Toxiproxy's working directory, when the plan shapes the replication links
     <lab>/logs/etcd.log  <lab>/logs/patroni-n0.log  <lab>/logs/n0.log (PostgreSQL's own log)  <lab>/logs/toxiproxy.log
-    <lab>/lab.json              what runs where; its ``nodes`` have the fields cluster.clean_lab reads, and
-                                ``kind: ha`` tells clean_ha_lab it is an HA lab
+    <lab>/lab.json              what runs where; its ``nodes`` have the fields a plain lab's have, and
+                                ``kind: ha`` tells leftovers.stop_lab it is an HA lab
 
 Limits and links, as the plain lab has them: with ``resources`` (or a CPU axis) each node gets a cgroup
 (``pglab-<lab>-<digest>/n0`` …) and its Patroni is started inside it, so the postgres Patroni starts, restarts
@@ -64,11 +64,13 @@ import psycopg
 import yaml
 from psycopg.conninfo import make_conninfo
 
-from pglab.errors import UserError
+from pglab.errors import LabError, UserError
 from pglab.plan.schema import LocalTarget
 from pglab.targets.base import Endpoint, Endpoints
-from pglab.targets.local import cgroups, procs, registry
-from pglab.targets.local.cluster import DBNAME, SUPERUSER, LabError, cgroup_name, conf_value
+from pglab.targets.local import cgroups, leftovers, procs, registry
+from pglab.targets.local.cgroups import cgroup_name
+from pglab.targets.local.cluster import DBNAME, SUPERUSER, conf_value
+from pglab.targets.local.leftovers import is_ha_lab as is_ha_lab  # also imported from here by cli.py
 from pglab.targets.local.limits import GroupedLimits, ShapedLinks
 from pglab.targets.local.postgres_bin import ServerFiles, ServerUser, find_bindir, resolve_server_user
 from pglab.targets.local.toxiproxy import ToxiproxyServer, find_toxiproxy
@@ -1190,7 +1192,7 @@ class HALab(ServerFiles, GroupedLimits, ShapedLinks):
         if self.toxiproxy is not None:
             self.toxiproxy.stop()
         if self.lab_dir is not None:
-            _sweep([self.lab_dir, *self._outside_dirs()])
+            leftovers.sweep([self.lab_dir, *self._outside_dirs()])
         for f in self._logs:
             f.close()
         self._logs.clear()
@@ -1243,60 +1245,10 @@ def _terminate(proc: Proc, timeout: float) -> None:
             proc.wait(timeout=10)
 
 
-def _sweep(paths: list[Path]) -> list[tuple[int, str]]:
-    """Kill whatever still runs from the lab's directories (command line, environment or working directory);
-    returns their pids and names."""
-    killed: list[tuple[int, str]] = []
-    for _round in range(5):
-        pids = registry.processes_using(paths)
-        if not pids:
-            break
-        killed += [(p, procs.comm(p)) for p in pids]
-        procs.freeze_and_kill(pids)
-        registry.kill_all(pids)
-    return killed
-
-
-def is_ha_lab(lab_dir: Path) -> bool:
-    try:
-        return bool(json.loads((lab_dir / "lab.json").read_text()).get("kind") == "ha")
-    except (OSError, ValueError, AttributeError):
-        return False
-
-
 def clean_ha_lab(lab_dir: Path, unregister_entry: bool = True) -> list[str]:
-    """Stop what an HA lab left running (kept, or left behind by a pglab that was killed) and remove it: every
-    Patroni first (it would restart a postgres stopped under it), then each postmaster, then etcd, then anything
-    else still using the lab's directories. Returns what was stopped."""
-    lab_dir = lab_dir.resolve()
-    try:
-        state = json.loads((lab_dir / "lab.json").read_text())
-    except (OSError, ValueError):
-        raise UserError(f"'{lab_dir}' is not a pglab lab (no readable lab.json).") from None
-    if state.get("kind") != "ha":
-        raise UserError(f"'{lab_dir}' is not an HA lab (clean it with cluster.clean_lab).")
-    nodes = state.get("nodes", [])
-    parents = {Path(n[k]).parent for n in nodes for k in ("data", "wal")}
-    outside = sorted(p for p in parents if not p.is_relative_to(lab_dir))
-    stopped: list[str] = []
-    configs = [n["config"] for n in nodes if n.get("config")]
-    patronis = [p for p in registry.processes_using([Path(c) for c in configs])
-                if not procs.comm(p).startswith("postgres")]
-    registry.kill_all(patronis)
-    stopped += [f"patroni (pid {p})" for p in patronis]
-    for n in nodes:
-        pid = procs.postmaster_pid(Path(n["data"]))
-        if pid is None:
-            continue
-        procs.stop_postmaster(pid)
-        stopped.append(f"{n['name']} (pid {pid})")
-    others = _sweep([lab_dir, *outside])  # etcd, toxiproxy, clients
-    stopped += [f"{comm or 'process'} (pid {p})" for p, comm in others]
-    with contextlib.suppress(OSError):
-        cgroups.remove_named(cgroup_name(lab_dir))  # its nodes' and pgbench's groups, empty by now
-    for d in outside:
-        shutil.rmtree(d, ignore_errors=True)
-    shutil.rmtree(lab_dir, ignore_errors=True)
+    """Stop what an HA lab left running (kept, or left behind by a pglab that was killed) and remove it (and its
+    registry entry unless told not to); see :func:`leftovers.stop_ha_lab`. Returns what was stopped."""
+    stopped = leftovers.stop_ha_lab(lab_dir)
     if unregister_entry:
-        registry.unregister(lab_dir)
+        registry.unregister(lab_dir.resolve())
     return stopped
