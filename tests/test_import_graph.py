@@ -11,7 +11,7 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 CYCLE_FREE = ("pglab.targets.local", "pglab.workloads", "pglab.plan", "pglab.units", "pglab.errors")
 BELOW_THE_LABS = ("pglab.units", "pglab.errors", "pglab.targets.local.registry", "pglab.targets.local.leftovers",
                   "pglab.targets.local.procs", "pglab.targets.local.cgroups", "pglab.targets.local.toxiproxy",
-                  "pglab.targets.local.limits", "pglab.workloads.fio")
+                  "pglab.targets.local.limits", "pglab.targets.local.lab_base", "pglab.workloads.fio")
 LABS = ("pglab.targets.local.cluster", "pglab.targets.local.ha")
 
 

@@ -68,11 +68,10 @@ from pglab.errors import LabError, UserError
 from pglab.plan.schema import LocalTarget
 from pglab.targets.base import Endpoint, Endpoints
 from pglab.targets.local import cgroups, leftovers, procs, registry
-from pglab.targets.local.cgroups import cgroup_name
 from pglab.targets.local.cluster import DBNAME, SUPERUSER, conf_value
+from pglab.targets.local.lab_base import LabBase
 from pglab.targets.local.leftovers import is_ha_lab as is_ha_lab  # also imported from here by cli.py
-from pglab.targets.local.limits import GroupedLimits, ShapedLinks
-from pglab.targets.local.postgres_bin import ServerFiles, ServerUser, find_bindir, resolve_server_user
+from pglab.targets.local.postgres_bin import ServerUser, find_bindir, resolve_server_user
 from pglab.targets.local.toxiproxy import ToxiproxyServer, find_toxiproxy
 
 Log = Callable[[str], None]
@@ -233,8 +232,10 @@ def check_timings(timings: dict[str, int]) -> None:
                         f"({loop_wait} + 2 * {retry} > {ttl}).")
 
 
-class HALab(ServerFiles, GroupedLimits, ShapedLinks):
+class HALab(LabBase[HANode]):
     """Patroni + etcd on this host, from a ``target.local`` spec. ``start()``, then faults, then ``teardown()``."""
+
+    MEMBER = "node"  # a node's cgroup holds its Patroni and all Patroni starts, as a pod's holds its manager
 
     def __init__(self, spec: LocalTarget, base_dir: Path, log: Log = lambda _m: None,
                  timings: dict[str, int] | None = None):
@@ -265,8 +266,7 @@ class HALab(ServerFiles, GroupedLimits, ShapedLinks):
         self.client_group: cgroups.Group | None = None
         self.limits_problem: str | None = None  # why limits are not applied (limits: best-effort)
         self.cpus: float | None = spec.resources.cpus if spec.resources else None
-        self.cpus_axis = False  # set by the runner when the plan sweeps matrix.cpus
-        self.events: list[tuple[float, str, str]] = []
+        self._events: list[tuple[float, str, str]] = []
         self.toxiproxy: ToxiproxyServer | None = None  # when the plan shapes the replication links
         self.proxy_ports: dict[str, int] = {}  # node -> the port of the proxy in front of its postgres
 
@@ -357,60 +357,8 @@ class HALab(ServerFiles, GroupedLimits, ShapedLinks):
         return " / ".join(text[-lines:])
 
     # ---------------------------------------------------------------- limits (cgroups)
-    def _make_groups(self) -> None:
-        """One cgroup per node (when the plan gives resources or a CPU axis) and one for pgbench, named as
-        LocalLab names them (``pglab-<lab>-<digest>/n0`` …). A node's group holds its Patroni and everything Patroni
-        starts: its limits cover the instance manager too, as a CloudNativePG pod's cover its instance manager."""
-        assert self.lab_dir is not None
-        wants_nodes = self.spec.resources is not None or self.cpus_axis
-        if not wants_nodes and self.spec.client is None:
-            return
-        field = "target.local.resources"
-        try:
-            if wants_nodes:
-                for node in self.nodes:
-                    self._make_group(node)
-            if self.spec.client is not None:
-                field = "target.local.client"
-                client = self.spec.client
-                self.client_group = cgroups.Group(f"{cgroup_name(self.lab_dir)}/client",
-                                                  cgroups.Limits(cpus=client.cpus, cpuset=client.cpuset))
-                self.client_group.apply()
-        except cgroups.CgroupError as exc:
-            self._remove_groups()
-            if self.spec.limits == "strict":
-                raise UserError(f"{field}: the limits cannot be applied here ({exc}); run pglab as root on a host "
-                                "with cgroups, or set target.local.limits: best-effort.") from None
-            self.limits_problem = str(exc)
-            self.log(f"limits NOT applied (limits: best-effort): {exc}")
-
-    def _make_group(self, node: HANode) -> None:
-        assert self.lab_dir is not None
-        devices = sorted({cgroups.device_of(d) for d in (node.data.parent, node.wal.parent)})
-        group = cgroups.Group(f"{cgroup_name(self.lab_dir)}/{node.name}", self._limits(self.cpus), devices)
-        self.groups[node.name] = group
-        group.apply()
-
-    def _remove_groups(self) -> None:
-        for g in [*self.groups.values(), *([self.client_group] if self.client_group else [])]:
-            g.remove()
-        self.groups, self.client_group = {}, None
-
-    def set_cpus(self, cpus: float | None, timeout: float = 180) -> float | None:
-        """A step of the CPU scaling loop: the new quota on every node's group, then a rolling restart through
-        Patroni's REST API (``rolling_restart``). Returns its seconds, recorded as a ``cpu-step`` event."""
-        if cpus == self.cpus or not self.groups:
-            return None
-        started = time.monotonic()
-        self.cpus = cpus
-        for g in self.groups.values():
-            g.apply(self._limits(cpus))
+    def _roll(self, timeout: float) -> None:
         self.rolling_restart(timeout)
-        seconds = time.monotonic() - started
-        label = "unlimited" if cpus is None else f"{cpus:g}"
-        self.events.append((time.time(), "cpu-step", f"cpus={label}: rolling restart took {seconds:.1f} s"))
-        self.log(f"CPU limit {label} per node: rolling restart took {seconds:.1f} s")
-        return seconds
 
     def rolling_restart(self, timeout: float = 180) -> list[str]:
         """Restart every live node's postgres through Patroni (``POST /restart``): the replicas one by one, each
@@ -429,11 +377,6 @@ class HALab(ServerFiles, GroupedLimits, ShapedLinks):
                 raise LabError(f"restart of {name} refused ({status}): {reply}")
             self.wait_ready(max(1.0, deadline - time.monotonic()))
         return order
-
-    def take_events(self) -> list[tuple[float, str, str]]:
-        """Lab events since the last call (CPU steps), for the sweep's timeline."""
-        out, self.events = self.events, []
-        return out
 
     # ---------------------------------------------------------------- replication links (Toxiproxy)
     def _start_proxies(self) -> None:
@@ -490,18 +433,6 @@ class HALab(ServerFiles, GroupedLimits, ShapedLinks):
                     self._created_dirs.append(d)
             self.nodes.append(HANode(name, data, wal, ports[2 * i], ports[2 * i + 1], lab / name / "patroni.yml",
                                      lab / "logs" / f"patroni-{name}.log", lab / "logs" / f"{name}.log"))
-
-    def _check_traversable(self, path: Path, field: str) -> None:
-        if self.server_user is None:
-            if not os.access(path, os.W_OK | os.X_OK):
-                raise UserError(f"{field}: '{path}' is not writable; choose a directory you can write to.")
-            return
-        kwargs: dict[str, Any] = self.server_user.popen_kwargs()
-        probe = subprocess.run(["test", "-x", str(path)], check=False, **kwargs)
-        if probe.returncode != 0:
-            raise UserError(f"{field}: the server user '{self.server_user.name}' cannot reach '{path}' (a parent "
-                            "directory is not searchable); choose a directory under a world-searchable path such as "
-                            "/var/tmp.")
 
     def _write_state(self) -> None:
         if not self.lab_dir:
@@ -956,11 +887,6 @@ class HALab(ServerFiles, GroupedLimits, ShapedLinks):
         return self.members()
 
     # ---------------------------------------------------------------- clients
-    @property
-    def client_passfile(self) -> Path:
-        assert self.lab_dir is not None
-        return self.lab_dir / "secrets" / "pgpass"
-
     def conninfo_multi(self, **extra: str | int) -> str:
         """A multi-host libpq string over every node that lands on the primary (``target_session_attrs``)."""
         params: dict[str, str | int] = {
@@ -989,9 +915,6 @@ class HALab(ServerFiles, GroupedLimits, ShapedLinks):
 
         return Endpoints(ep(self._node(leader), "primary"),
                          [ep(n, "standby") for n in self.nodes if n.name != leader and n.name not in self.killed])
-
-    def server_pids(self) -> list[int]:
-        return [p for n in self.nodes if (p := n.postmaster_pid())]
 
     def pids(self) -> dict[str, int]:
         """Every lab daemon now running: etcd, each Patroni, each postmaster."""
