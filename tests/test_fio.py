@@ -231,7 +231,7 @@ def test_parse_size(text: str | int, expected: int) -> None:
     assert fio.parse_size(text) == expected
 
 
-@pytest.mark.parametrize("bad", ["", "lots", "1x", "-1", "0", 0, "1.3k", "MiB", "1iB", True])
+@pytest.mark.parametrize("bad", ["", "lots", "1x", "-1", "0", 0, "1.3k", "MiB", "1iB", True, "1.0000000000000001G"])
 def test_parse_size_rejects(bad: str | int) -> None:
     with pytest.raises(ValueError):
         fio.parse_size(bad)

@@ -8,6 +8,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
+import yaml
 
 from conftest import pglab, processes_mentioning
 from pglab.errors import PlanError
@@ -41,6 +42,24 @@ def test_every_combination_is_a_point() -> None:
     assert plan.run.warmup == 1.0 and plan.run.measured_seconds == 5.0
 
 
+def test_sizes_are_numbers_from_validation_and_the_users_text_everywhere_else() -> None:
+    plan = parse_plan("name: t\nstorage: {size: ' 256 MiB'}\ntarget: {local: {resources: {memory: 1.5g}}}")
+    assert plan.storage is not None and plan.target.local is not None and plan.target.local.resources is not None
+    size, memory = plan.storage.size, plan.target.local.resources.memory
+    assert memory is not None
+    assert (size, size.bytes) == ("256 MiB", 256 * 2**20)
+    assert (memory, memory.bytes) == ("1.5g", 3 * 2**29)
+    dumped = plan.model_dump()
+    assert type(dumped["storage"]["size"]) is str and dumped["storage"]["size"] == "256 MiB"
+    assert type(dumped["target"]["local"]["resources"]["memory"]) is str
+    assert yaml.safe_load(yaml.safe_dump(dumped))["storage"]["size"] == "256 MiB"  # plain text: safe_dump takes it
+    assert json.loads(plan.model_dump_json())["target"]["local"]["resources"]["memory"] == "1.5g"
+    default = parse_plan("name: t\nstorage: {}").storage
+    assert default is not None and (default.size, default.size.bytes) == ("1GiB", 2**30)
+    given_as_bytes = parse_plan("name: t\nstorage: {size: 1048576}").storage
+    assert given_as_bytes is not None and (given_as_bytes.size, given_as_bytes.size.bytes) == ("1048576", 2**20)
+
+
 @pytest.mark.parametrize(
     ("text", "expected"),
     [
@@ -58,6 +77,11 @@ def test_every_combination_is_a_point() -> None:
         ("name: t\nmatrix: [1, 2]", "matrix: must be a mapping"),
         ("- just\n- a list", "the plan must be a YAML mapping"),
         ("name: t\nmatrix: {clients: [1, 2}", "not valid YAML at line 2"),
+        ("name: t\nstorage: {size: 1.3k}", "storage.size: must be a whole number of bytes"),
+        ("name: t\nstorage: {size: 512k}", "storage.size: must be between 1 MiB and 1 PiB"),
+        ("name: t\nstorage: {size: '99999999999999999999.3'}", "storage.size: must be between 1 MiB and 1 PiB"),
+        ("name: t\nstorage: {size: 1e9}", "storage.size: must be a size such as 256MiB"),
+        ("name: t\ntarget: {local: {resources: {memory: lots}}}", "target.local.resources.memory: must be a size"),
     ],
 )
 def test_invalid_plans_name_the_field(text: str, expected: str) -> None:

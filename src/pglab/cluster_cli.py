@@ -20,7 +20,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from pglab.errors import UserError
+from pglab.errors import LabError, UserError
 
 cluster_app = typer.Typer(no_args_is_help=True, help="Local HA labs (etcd + Patroni): create, status, switchover, "
                           "failover, scale, backup, restore, destroy.")
@@ -165,7 +165,6 @@ def status(lab: str = typer.Argument(..., help="lab name or directory"),
 def list_labs() -> None:
     """HA labs registered by this user's pglab, with their leader."""
     from pglab.targets.local import registry
-    from pglab.targets.local.cluster import LabError
     from pglab.targets.local.ha import HALab, is_ha_lab
 
     for e in registry.entries():
@@ -255,7 +254,7 @@ def backup(lab: str = typer.Argument(..., help="lab name or directory"),
            target: Path = typer.Argument(..., help="folder for the backup (new or empty)"),
            fmt: str = typer.Option("plain", "--format", help="plain (a data directory) or tar")) -> None:
     """pg_basebackup of the current leader (WAL streamed with it, fast checkpoint); prints size and seconds."""
-    from pglab.targets.local.cluster import SUPERUSER, LabError
+    from pglab.targets.local.cluster import SUPERUSER
 
     if fmt not in ("plain", "tar"):
         raise UserError(f"--format: '{fmt}' is not one of plain, tar.")
@@ -302,8 +301,6 @@ def restore(backup_dir: Path = typer.Argument(..., help="a folder written by 'pg
                                           "ORDER BY datname").fetchall()]
     sysid = int(row[0]) if row else None
     if sysid != lab.restored_system_id:
-        from pglab.targets.local.cluster import LabError
-
         raise LabError(f"restored lab {lab.name} runs system {sysid}, the backup holds {lab.restored_system_id}; "
                        f"destroy it ('pglab cluster destroy {lab.name}').")
     out.print(f"restored {backup_dir} into {lab.name} in {lab.lab_dir} ({time.monotonic() - started:.1f} s): "

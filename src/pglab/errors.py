@@ -1,4 +1,5 @@
-"""Errors a user can cause. The CLI turns them into one sentence and exit code 2."""
+"""Errors shared across layers: those a user can cause (the CLI turns them into one sentence and exit code 2), and
+a lab's server step that failed."""
 
 
 class UserError(Exception):
@@ -14,6 +15,10 @@ class PlanError(UserError):
     def __init__(self, problems: list[str]):
         self.problems = problems
         super().__init__("\n".join(problems))
+
+
+class LabError(Exception):
+    """A server step failed (not the user's input): the message carries the tool's own words."""
 
 
 class RunInterrupted(Exception):

@@ -7,8 +7,20 @@ import posixpath
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PlainSerializer,
+    PlainValidator,
+    WithJsonSchema,
+    field_validator,
+    model_validator,
+)
 from pydantic_core import PydanticCustomError
+
+from pglab.units import NotASize, NotWholeBytes, Size
 
 BUILTIN_WORKLOADS = ("tpcb-like", "select-only", "simple-update")
 SYNC_COMMIT_LEVELS = ("off", "local", "remote_write", "on", "remote_apply")
@@ -165,6 +177,30 @@ PlanFile = Annotated[str, BeforeValidator(_plan_file)]
 Text = Annotated[str, _text()]
 Clients = Annotated[int, _int_between(1, MAX_CLIENTS)]
 
+MIN_SIZE, MAX_SIZE = 1 << 20, 1 << 50
+
+
+def _size(value: Any) -> Size:
+    """A fio size: bytes, or a number with a binary unit (fio's kb_base=1024): 256MiB, 1G, 512m; 1 MiB … 1 PiB.
+
+    Parsed here, once: the field holds the text as written and its ``.bytes``."""
+    try:
+        size = Size(value)
+    except NotWholeBytes as exc:
+        if exc.exact > MAX_SIZE:
+            raise PydanticCustomError("size", "must be between 1 MiB and 1 PiB") from None
+        raise PydanticCustomError("size", "must be a whole number of bytes") from None
+    except NotASize:
+        raise PydanticCustomError("size", "must be a size such as 256MiB, 1GiB or a number of bytes") from None
+    if not MIN_SIZE <= size.bytes <= MAX_SIZE:
+        raise PydanticCustomError("size", "must be between 1 MiB and 1 PiB")
+    return size
+
+
+# The text the user wrote (dumps, stored plans and manifests show it unchanged) and its bytes (``.bytes``).
+PlanSize = Annotated[Size, PlainValidator(_size), PlainSerializer(str, return_type=str),
+                     WithJsonSchema({"type": "string"})]
+
 
 class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
@@ -193,8 +229,7 @@ class Resources(Strict):
     """Limits per instance, through cgroups (like a Kubernetes pod's requests = limits: Guaranteed QoS)."""
 
     cpus: Cpus | None = Field(None, description="CPU quota in cores (1.5 = 150 ms of CPU time per 100 ms)")
-    memory: Annotated[str, BeforeValidator(lambda v: _size(v))] | None = Field(
-        None, description="memory limit (cgroup memory.max), e.g. 4GiB")
+    memory: PlanSize | None = Field(None, description="memory limit (cgroup memory.max), e.g. 4GiB")
     read_iops: Annotated[int, _int_between(1, 10**9)] | None = Field(None, description="read IOs per second")
     write_iops: Annotated[int, _int_between(1, 10**9)] | None = Field(None, description="write IOs per second")
     read_mbps: Annotated[float, _number_between(0.0, 10**6, low_open=True)] | None = Field(
@@ -745,34 +780,6 @@ class Probes(Strict):
     enabled: bool = True
 
 
-_SIZE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([kmgtp]?)(i?b?)\s*", re.IGNORECASE | re.ASCII)
-_SIZE_UNITS = {"": 0, "k": 1, "m": 2, "g": 3, "t": 4, "p": 5}
-MIN_SIZE, MAX_SIZE = 1 << 20, 1 << 50
-
-
-def _size(value: Any) -> str:
-    """A fio size: bytes, or a number with a binary unit (fio's kb_base=1024): 256MiB, 1G, 512m; 1 MiB … 1 PiB."""
-    bad = "must be a size such as 256MiB, 1GiB or a number of bytes"
-    if isinstance(value, bool) or not isinstance(value, int | str):
-        raise PydanticCustomError("size", bad)
-    if isinstance(value, int):
-        size = value
-    else:
-        m = _SIZE.fullmatch(value) if len(value) <= 64 else None
-        if not m or (m.group(2) == "" and m.group(3).lower() not in ("", "b")):
-            raise PydanticCustomError("size", bad)
-        exact = float(m.group(1)) * 1024 ** _SIZE_UNITS[m.group(2).lower()]
-        if not math.isfinite(exact) or exact > MAX_SIZE:
-            size = MAX_SIZE + 1
-        elif exact != int(exact):
-            raise PydanticCustomError("size", "must be a whole number of bytes")
-        else:
-            size = int(exact)
-    if not MIN_SIZE <= size <= MAX_SIZE:
-        raise PydanticCustomError("size", "must be between 1 MiB and 1 PiB")
-    return str(value).strip()
-
-
 class Storage(Strict):
     """The storage phase: fio on the lab's own data and WAL paths, before the database phase."""
 
@@ -782,7 +789,7 @@ class Storage(Strict):
     job_files: list[PlanFile] = Field(default_factory=list, max_length=100,
                                       description="custom fio job files (relative to the plan's folder)")
     runtime: Seconds = Field(30.0, description="seconds per fio job")
-    size: Annotated[str, BeforeValidator(_size)] = Field("1GiB", description="size of each job's test file")
+    size: PlanSize = Field("1GiB", validate_default=True, description="size of each job's test file")
     paths: list[Literal["data", "wal"]] = Field(default_factory=lambda: ["data", "wal"], min_length=1)
 
     @field_validator("runtime")

@@ -65,6 +65,7 @@ from typing import Any
 
 from pglab.errors import UserError
 from pglab.targets.local import registry
+from pglab.units import parse_size  # also imported from here by cli.py and runner.py
 
 PROFILE_NAMES: tuple[str, ...] = (
     "randread-8k",
@@ -220,30 +221,6 @@ def find_fio() -> str:
     if found is None:
         raise UserError("fio is not installed; install it with ./setup.sh install (or apt-get install fio).")
     return found
-
-
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgtp]?)(i?b?)\s*$", re.IGNORECASE)
-_UNITS = {"": 0, "k": 1, "m": 2, "g": 3, "t": 4, "p": 5}
-
-
-def parse_size(text: str | int) -> int:
-    """Bytes from "256MiB", "1G", "512m", "8k", "1048576" or an int. Units are binary (as fio's default
-    kb_base=1024 reads them: k, KB and KiB all mean 1024). Raises ValueError."""
-    if isinstance(text, bool):
-        raise ValueError(f"not a size: {text!r}")
-    if isinstance(text, int):
-        value = text
-    else:
-        m = _SIZE.match(str(text))
-        if not m or (m.group(2) == "" and m.group(3) != "" and m.group(3).lower() != "b"):
-            raise ValueError(f"not a size: {text!r} (use e.g. 256MiB, 1G, 512m or a number of bytes)")
-        value_f = float(m.group(1)) * 1024 ** _UNITS[m.group(2).lower()]
-        if value_f != int(value_f):
-            raise ValueError(f"not a whole number of bytes: {text!r}")
-        value = int(value_f)
-    if value <= 0:
-        raise ValueError(f"a size must be positive: {text!r}")
-    return value
 
 
 def _human(n: float) -> str:

@@ -327,14 +327,14 @@ def fio_volumes(plan: Plan) -> list[tuple[str, K8sStorage]]:
 def _pvc_size(plan: Plan) -> str:
     """Room for fio's test file and its logs, in whole GiB."""
     assert plan.storage is not None
-    need = fio.parse_size(plan.storage.size) + fio.SPACE_MARGIN
+    need = plan.storage.size.bytes + fio.SPACE_MARGIN
     return f"{max(1, math.ceil(need / GIB))}Gi"
 
 
 def fio_script(plan: Plan) -> str:
     """fio's jobs (the storage issue's profiles, same options as on a local lab), one after the other."""
     assert plan.storage is not None
-    size = fio.parse_size(plan.storage.size)
+    size = plan.storage.size.bytes
     k8s = target_of(plan)
     missing = (f"pglab: the image {k8s.clients.fio_image} has no fio; name an image with fio in "
                "target.kubernetes.clients.fio_image (tools/images/Containerfile builds one)")

@@ -21,6 +21,7 @@ above pglab still applies, and are removed at teardown.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import time
 from dataclasses import dataclass
@@ -336,3 +337,10 @@ def remove_named(name: str) -> None:
                 child.rmdir()
         with contextlib.suppress(OSError):
             top.rmdir()
+
+
+def cgroup_name(lab_dir: Path) -> str:
+    """The lab's cgroup: named after its directory, plus a digest of the full path, so that two labs in folders
+    of the same name (tenants t01 of two sweeps) never share one."""
+    digest = hashlib.sha1(str(lab_dir.resolve()).encode()).hexdigest()[:8]
+    return f"pglab-{lab_dir.name}-{digest}"

@@ -13,16 +13,13 @@ Layout of a lab directory (owned by pglab; the servers' parts owned by the serve
 
 from __future__ import annotations
 
-import contextlib
 import errno
-import hashlib
 import json
 import math
 import os
 import re
 import secrets
 import shutil
-import signal
 import socket
 import subprocess
 import tempfile
@@ -34,21 +31,18 @@ from typing import Any
 
 import psycopg
 
-from pglab.errors import UserError
+from pglab.errors import LabError, UserError  # LabError: also imported from here by runner, tenants, cli
 from pglab.plan.schema import Dataset, LocalTarget
 from pglab.targets.base import Endpoint, Endpoints
-from pglab.targets.local import cgroups, dataset_fast, procs, registry
-from pglab.targets.local.limits import GroupedLimits, ShapedLinks
-from pglab.targets.local.postgres_bin import ServerFiles, ServerUser, find_bindir, resolve_server_user
-from pglab.workloads.fio import parse_size
+from pglab.targets.local import cgroups, dataset_fast, leftovers, procs, registry
+from pglab.targets.local.cgroups import cgroup_name as cgroup_name  # tests import it from here
+from pglab.targets.local.lab_base import LabBase
+from pglab.targets.local.postgres_bin import ServerUser, find_bindir, resolve_server_user
+from pglab.targets.local.procs import kill_tree
 
 SUPERUSER = "pglab"
 DBNAME = "pglab"
 Log = Callable[[str], None]
-
-
-class LabError(Exception):
-    """A server step failed (not the user's input): the message carries the tool's own words."""
 
 
 def conf_value(value: Any) -> str:
@@ -78,8 +72,8 @@ class Node:
         return procs.postmaster_pid(self.data)  # a killed postmaster may linger unreaped as a zombie: not counted
 
 
-class LocalLab(ServerFiles, GroupedLimits, ShapedLinks):
-    """Implements the Target protocol on this host."""
+class LocalLab(LabBase[Node]):
+    """Implements the Target protocol on this host: streaming replication run by pglab itself (pg_ctl)."""
 
     def __init__(self, spec: LocalTarget, base_dir: Path, log: Log = lambda _m: None, dataset: Dataset | None = None):
         """``dataset``: load it on the primary alone while building the lab, snapshot it and make the standbys
@@ -138,74 +132,19 @@ class LocalLab(ServerFiles, GroupedLimits, ShapedLinks):
         return self.lab_dir / "server" / "pgpass"
 
     @property
-    def client_passfile(self) -> Path:
-        assert self.lab_dir is not None
-        return self.lab_dir / "secrets" / "pgpass"
-
-    @property
     def sock_dir(self) -> Path:
         assert self.lab_dir is not None
         return self.lab_dir / "sock"
 
     # ---------------------------------------------------------------- limits (cgroups)
-    def _make_groups(self) -> None:
-        """One cgroup per instance (when the plan gives resources or a CPU axis) and one for pgbench."""
-        assert self.lab_dir is not None
-        wants_servers = self.spec.resources is not None or self.cpus_axis
-        client = self.spec.client
-        if not wants_servers and client is None:
-            return
-        top = cgroup_name(self.lab_dir)
-        field = "target.local.resources"
-        try:
-            if wants_servers:
-                for node in self.nodes:
-                    devices = sorted({cgroups.device_of(d) for d in (node.data.parent, node.wal.parent)})
-                    group = cgroups.Group(f"{top}/{node.name}", self._limits(self.cpus), devices)
-                    self.groups[node.name] = group
-                    group.apply()
-            if client is not None:
-                field = "target.local.client"
-                self.client_group = cgroups.Group(f"{top}/client", cgroups.Limits(cpus=client.cpus,
-                                                                                 cpuset=client.cpuset))
-                self.client_group.apply()
-        except cgroups.CgroupError as exc:
-            for g in [*self.groups.values(), *([self.client_group] if self.client_group else [])]:
-                g.remove()
-            self.groups, self.client_group = {}, None
-            if self.spec.limits == "strict":
-                raise UserError(f"{field}: the limits cannot be applied here ({exc}); run pglab as "
-                                "root on a host with cgroups, or set target.local.limits: best-effort.") from None
-            self.limits_problem = str(exc)
-            self.log(f"limits NOT applied (limits: best-effort): {exc}")
-
-    cpus_axis = False  # set by the runner when the plan sweeps matrix.cpus
+    def _roll(self, timeout: float) -> None:
+        self.restart()  # standbys first, then the primary, waiting until all stream again
 
     def _enter_group(self, node: Node) -> None:
         group = self.groups.get(node.name)
         pid = node.postmaster_pid()
         if group is not None and pid is not None:
             group.add_tree(pid)
-
-    def set_cpus(self, cpus: float | None) -> float | None:
-        """A step of the CPU scaling loop: new quota on every instance, then a rolling restart (standbys first,
-        then the primary) as an operator would roll it, waiting until all stream again. Returns its seconds."""
-        if cpus == self.cpus or not self.groups:
-            return None
-        started = time.monotonic()
-        self.cpus = cpus
-        for g in self.groups.values():
-            g.apply(self._limits(cpus))
-        self.restart()
-        seconds = time.monotonic() - started
-        self._events.append((time.time(), "cpu-step", f"cpus={cpus:g}: rolling restart took {seconds:.1f} s"))
-        self.log(f"CPU limit {cpus:g} per instance: rolling restart took {seconds:.1f} s")
-        return seconds
-
-    def take_events(self) -> list[tuple[float, str, str]]:
-        """Lab events since the last call (CPU steps, restarts after a fault), for the sweep's timeline."""
-        out, self._events = self._events, []
-        return out
 
     # ---------------------------------------------------------------- lifecycle
     read_only = False  # pglab's own lab
@@ -279,19 +218,6 @@ class LocalLab(ServerFiles, GroupedLimits, ShapedLinks):
             port = free_port()
             self.nodes.append(Node(name, "primary" if i == 0 else "standby", data, wal, port,
                                    lab / "logs" / f"{name}.log"))
-
-    def _check_traversable(self, path: Path, field: str) -> None:
-        if not self.server_user:
-            if not os.access(path, os.W_OK | os.X_OK):
-                raise UserError(f"{field}: '{path}' is not writable; choose a directory you can write to.")
-            return
-        probe = subprocess.run(["test", "-x", str(path)], user=self.server_user.uid, group=self.server_user.gid,
-                               extra_groups=[], check=False)
-        if probe.returncode != 0:
-            raise UserError(
-                f"{field}: the server user '{self.server_user.name}' cannot reach '{path}' (a parent directory "
-                "is not searchable); choose a directory under a world-searchable path such as /var/tmp."
-            )
 
     def _write_secrets(self) -> str:
         password = secrets.token_urlsafe(24)
@@ -387,7 +313,7 @@ class LocalLab(ServerFiles, GroupedLimits, ShapedLinks):
         r = self.spec.resources
         cores = max(1, min(os.cpu_count() or 1, math.ceil(self.cpus))) if self.cpus else None
         load = dataset_fast.fast_load_settings(self.bindir, ds, cores=cores,
-                                               memory_bytes=parse_size(r.memory) if r and r.memory else None)
+                                               memory_bytes=r.memory.bytes if r and r.memory else None)
         started = time.monotonic()
         self.parameters = dict(load.parameters)
         self._write_conf(primary)
@@ -697,9 +623,6 @@ class LocalLab(ServerFiles, GroupedLimits, ShapedLinks):
     def primary_name(self) -> str:
         return self.nodes[0].name  # no failover in this lab: the first node stays the primary
 
-    def server_pids(self) -> list[int]:
-        return [p for n in self.nodes if (p := n.postmaster_pid())]
-
     def probe_paths(self) -> dict[str, Path]:
         out: dict[str, Path] = {}
         for n in self.nodes:
@@ -781,9 +704,7 @@ class LocalLab(ServerFiles, GroupedLimits, ShapedLinks):
         if self.toxiproxy is not None:
             self.toxiproxy.stop()
             self.toxiproxy = None
-        for g in [*self.groups.values(), *([self.client_group] if self.client_group else [])]:
-            g.remove()
-        self.groups, self.client_group = {}, None
+        self._remove_groups()
         for d in reversed(self._created_dirs):
             shutil.rmtree(d, ignore_errors=True)
         self._created_dirs.clear()
@@ -791,72 +712,13 @@ class LocalLab(ServerFiles, GroupedLimits, ShapedLinks):
             registry.unregister(self.lab_dir)
 
 
-def cgroup_name(lab_dir: Path) -> str:
-    """The lab's cgroup: named after its directory, plus a digest of the full path, so that two labs in folders
-    of the same name (tenants t01 of two sweeps) never share one."""
-    digest = hashlib.sha1(str(lab_dir.resolve()).encode()).hexdigest()[:8]
-    return f"pglab-{lab_dir.name}-{digest}"
-
-
-def kill_tree(pid: int) -> None:
-    """SIGKILL a process and its descendants (last resort when pg_ctl cannot stop a server)."""
-    children: list[int] = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            if int(fields[1]) == pid:
-                children.append(int(entry.name))
-        except (OSError, IndexError, ValueError):
-            continue
-    for p in [pid, *children]:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(p, signal.SIGKILL)
-
-
 def clean_lab(lab_dir: Path, unregister_entry: bool = True) -> list[str]:
     """Stop every server a lab directory's lab.json names, and any pgbench or fio still working on it, and remove
-    the lab. Returns what was stopped.
+    the lab (and its registry entry unless told not to). Returns what was stopped.
 
-    Used for labs kept with ``--keep`` and for labs left behind by a pglab that was killed.
+    Used for labs kept with ``--keep``; labs left behind by a pglab that was killed are cleaned by the registry.
     """
-    lab_dir = lab_dir.resolve()
-    state_file = lab_dir / "lab.json"
-    try:
-        state = json.loads(state_file.read_text())
-    except (OSError, ValueError):
-        raise UserError(f"'{lab_dir}' is not a pglab lab (no readable lab.json).") from None
-    node_dirs = [Path(n[k]).parent for n in state.get("nodes", []) for k in ("data", "wal")]
-    registry.kill_all([p for p in registry.processes_using([lab_dir / "sock", lab_dir / "toxiproxy", *node_dirs])
-                       if not _is_postmaster_child(p)])  # clients first: pgbench, fio
-    stopped = []
-    for n in state.get("nodes", []):
-        node = Node(n["name"], "", Path(n["data"]), Path(n["wal"]), int(n["port"]), lab_dir / "logs")
-        pid = node.postmaster_pid()
-        if pid is not None:
-            os.kill(pid, signal.SIGQUIT)  # immediate shutdown: the postmaster takes its children down
-            deadline = time.monotonic() + 10
-            while node.postmaster_pid() == pid and time.monotonic() < deadline:
-                time.sleep(0.1)
-            if node.postmaster_pid() == pid:
-                kill_tree(pid)
-            stopped.append(f"{node.name} (pid {pid})")
-        for d in (node.data.parent, node.wal.parent):
-            if d.is_dir() and not d.is_relative_to(lab_dir):
-                shutil.rmtree(d, ignore_errors=True)
-    shutil.rmtree(lab_dir, ignore_errors=True)
-    with contextlib.suppress(OSError):
-        cgroups.remove_named(cgroup_name(lab_dir))
+    stopped = leftovers.stop_plain_lab(lab_dir)
     if unregister_entry:
-        registry.unregister(lab_dir)
+        registry.unregister(lab_dir.resolve())
     return stopped
-
-
-def _is_postmaster_child(pid: int) -> bool:
-    """Server processes are stopped through their postmaster, not killed one by one."""
-    try:
-        comm = Path(f"/proc/{pid}/comm").read_text().strip()
-    except OSError:
-        return False
-    return comm in ("postgres", "postmaster") or comm.startswith("postgres")

@@ -15,8 +15,8 @@ Layout of a lab directory (owned by pglab; the servers' parts owned by the serve
     <lab>/n0/data  <lab>/n0/wal data and WAL (bases can be moved elsewhere by the plan's paths)
     <lab>/toxiproxy/            Toxiproxy's working directory, when the plan shapes the replication links
     <lab>/logs/etcd.log  <lab>/logs/patroni-n0.log  <lab>/logs/n0.log (PostgreSQL's own log)  <lab>/logs/toxiproxy.log
-    <lab>/lab.json              what runs where; its ``nodes`` have the fields cluster.clean_lab reads, and
-                                ``kind: ha`` tells clean_ha_lab it is an HA lab
+    <lab>/lab.json              what runs where; its ``nodes`` have the fields a plain lab's have, and
+                                ``kind: ha`` tells leftovers.stop_lab it is an HA lab
 
 Limits and links, as the plain lab has them: with ``resources`` (or a CPU axis) each node gets a cgroup
 (``pglab-<lab>-<digest>/n0`` …) and its Patroni is started inside it, so the postgres Patroni starts, restarts
@@ -64,13 +64,14 @@ import psycopg
 import yaml
 from psycopg.conninfo import make_conninfo
 
-from pglab.errors import UserError
+from pglab.errors import LabError, UserError
 from pglab.plan.schema import LocalTarget
 from pglab.targets.base import Endpoint, Endpoints
-from pglab.targets.local import cgroups, procs, registry
-from pglab.targets.local.cluster import DBNAME, SUPERUSER, LabError, cgroup_name, conf_value
-from pglab.targets.local.limits import GroupedLimits, ShapedLinks
-from pglab.targets.local.postgres_bin import ServerFiles, ServerUser, find_bindir, resolve_server_user
+from pglab.targets.local import cgroups, leftovers, procs, registry
+from pglab.targets.local.cluster import DBNAME, SUPERUSER, conf_value
+from pglab.targets.local.lab_base import LabBase
+from pglab.targets.local.leftovers import is_ha_lab as is_ha_lab  # also imported from here by cli.py
+from pglab.targets.local.postgres_bin import ServerUser, find_bindir, resolve_server_user
 from pglab.targets.local.toxiproxy import ToxiproxyServer, find_toxiproxy
 
 Log = Callable[[str], None]
@@ -231,8 +232,10 @@ def check_timings(timings: dict[str, int]) -> None:
                         f"({loop_wait} + 2 * {retry} > {ttl}).")
 
 
-class HALab(ServerFiles, GroupedLimits, ShapedLinks):
+class HALab(LabBase[HANode]):
     """Patroni + etcd on this host, from a ``target.local`` spec. ``start()``, then faults, then ``teardown()``."""
+
+    MEMBER = "node"  # a node's cgroup holds its Patroni and all Patroni starts, as a pod's holds its manager
 
     def __init__(self, spec: LocalTarget, base_dir: Path, log: Log = lambda _m: None,
                  timings: dict[str, int] | None = None):
@@ -263,8 +266,7 @@ class HALab(ServerFiles, GroupedLimits, ShapedLinks):
         self.client_group: cgroups.Group | None = None
         self.limits_problem: str | None = None  # why limits are not applied (limits: best-effort)
         self.cpus: float | None = spec.resources.cpus if spec.resources else None
-        self.cpus_axis = False  # set by the runner when the plan sweeps matrix.cpus
-        self.events: list[tuple[float, str, str]] = []
+        self._events: list[tuple[float, str, str]] = []
         self.toxiproxy: ToxiproxyServer | None = None  # when the plan shapes the replication links
         self.proxy_ports: dict[str, int] = {}  # node -> the port of the proxy in front of its postgres
 
@@ -355,60 +357,8 @@ class HALab(ServerFiles, GroupedLimits, ShapedLinks):
         return " / ".join(text[-lines:])
 
     # ---------------------------------------------------------------- limits (cgroups)
-    def _make_groups(self) -> None:
-        """One cgroup per node (when the plan gives resources or a CPU axis) and one for pgbench, named as
-        LocalLab names them (``pglab-<lab>-<digest>/n0`` …). A node's group holds its Patroni and everything Patroni
-        starts: its limits cover the instance manager too, as a CloudNativePG pod's cover its instance manager."""
-        assert self.lab_dir is not None
-        wants_nodes = self.spec.resources is not None or self.cpus_axis
-        if not wants_nodes and self.spec.client is None:
-            return
-        field = "target.local.resources"
-        try:
-            if wants_nodes:
-                for node in self.nodes:
-                    self._make_group(node)
-            if self.spec.client is not None:
-                field = "target.local.client"
-                client = self.spec.client
-                self.client_group = cgroups.Group(f"{cgroup_name(self.lab_dir)}/client",
-                                                  cgroups.Limits(cpus=client.cpus, cpuset=client.cpuset))
-                self.client_group.apply()
-        except cgroups.CgroupError as exc:
-            self._remove_groups()
-            if self.spec.limits == "strict":
-                raise UserError(f"{field}: the limits cannot be applied here ({exc}); run pglab as root on a host "
-                                "with cgroups, or set target.local.limits: best-effort.") from None
-            self.limits_problem = str(exc)
-            self.log(f"limits NOT applied (limits: best-effort): {exc}")
-
-    def _make_group(self, node: HANode) -> None:
-        assert self.lab_dir is not None
-        devices = sorted({cgroups.device_of(d) for d in (node.data.parent, node.wal.parent)})
-        group = cgroups.Group(f"{cgroup_name(self.lab_dir)}/{node.name}", self._limits(self.cpus), devices)
-        self.groups[node.name] = group
-        group.apply()
-
-    def _remove_groups(self) -> None:
-        for g in [*self.groups.values(), *([self.client_group] if self.client_group else [])]:
-            g.remove()
-        self.groups, self.client_group = {}, None
-
-    def set_cpus(self, cpus: float | None, timeout: float = 180) -> float | None:
-        """A step of the CPU scaling loop: the new quota on every node's group, then a rolling restart through
-        Patroni's REST API (``rolling_restart``). Returns its seconds, recorded as a ``cpu-step`` event."""
-        if cpus == self.cpus or not self.groups:
-            return None
-        started = time.monotonic()
-        self.cpus = cpus
-        for g in self.groups.values():
-            g.apply(self._limits(cpus))
+    def _roll(self, timeout: float) -> None:
         self.rolling_restart(timeout)
-        seconds = time.monotonic() - started
-        label = "unlimited" if cpus is None else f"{cpus:g}"
-        self.events.append((time.time(), "cpu-step", f"cpus={label}: rolling restart took {seconds:.1f} s"))
-        self.log(f"CPU limit {label} per node: rolling restart took {seconds:.1f} s")
-        return seconds
 
     def rolling_restart(self, timeout: float = 180) -> list[str]:
         """Restart every live node's postgres through Patroni (``POST /restart``): the replicas one by one, each
@@ -427,11 +377,6 @@ class HALab(ServerFiles, GroupedLimits, ShapedLinks):
                 raise LabError(f"restart of {name} refused ({status}): {reply}")
             self.wait_ready(max(1.0, deadline - time.monotonic()))
         return order
-
-    def take_events(self) -> list[tuple[float, str, str]]:
-        """Lab events since the last call (CPU steps), for the sweep's timeline."""
-        out, self.events = self.events, []
-        return out
 
     # ---------------------------------------------------------------- replication links (Toxiproxy)
     def _start_proxies(self) -> None:
@@ -488,18 +433,6 @@ class HALab(ServerFiles, GroupedLimits, ShapedLinks):
                     self._created_dirs.append(d)
             self.nodes.append(HANode(name, data, wal, ports[2 * i], ports[2 * i + 1], lab / name / "patroni.yml",
                                      lab / "logs" / f"patroni-{name}.log", lab / "logs" / f"{name}.log"))
-
-    def _check_traversable(self, path: Path, field: str) -> None:
-        if self.server_user is None:
-            if not os.access(path, os.W_OK | os.X_OK):
-                raise UserError(f"{field}: '{path}' is not writable; choose a directory you can write to.")
-            return
-        kwargs: dict[str, Any] = self.server_user.popen_kwargs()
-        probe = subprocess.run(["test", "-x", str(path)], check=False, **kwargs)
-        if probe.returncode != 0:
-            raise UserError(f"{field}: the server user '{self.server_user.name}' cannot reach '{path}' (a parent "
-                            "directory is not searchable); choose a directory under a world-searchable path such as "
-                            "/var/tmp.")
 
     def _write_state(self) -> None:
         if not self.lab_dir:
@@ -954,11 +887,6 @@ class HALab(ServerFiles, GroupedLimits, ShapedLinks):
         return self.members()
 
     # ---------------------------------------------------------------- clients
-    @property
-    def client_passfile(self) -> Path:
-        assert self.lab_dir is not None
-        return self.lab_dir / "secrets" / "pgpass"
-
     def conninfo_multi(self, **extra: str | int) -> str:
         """A multi-host libpq string over every node that lands on the primary (``target_session_attrs``)."""
         params: dict[str, str | int] = {
@@ -987,9 +915,6 @@ class HALab(ServerFiles, GroupedLimits, ShapedLinks):
 
         return Endpoints(ep(self._node(leader), "primary"),
                          [ep(n, "standby") for n in self.nodes if n.name != leader and n.name not in self.killed])
-
-    def server_pids(self) -> list[int]:
-        return [p for n in self.nodes if (p := n.postmaster_pid())]
 
     def pids(self) -> dict[str, int]:
         """Every lab daemon now running: etcd, each Patroni, each postmaster."""
@@ -1190,7 +1115,7 @@ class HALab(ServerFiles, GroupedLimits, ShapedLinks):
         if self.toxiproxy is not None:
             self.toxiproxy.stop()
         if self.lab_dir is not None:
-            _sweep([self.lab_dir, *self._outside_dirs()])
+            leftovers.sweep([self.lab_dir, *self._outside_dirs()])
         for f in self._logs:
             f.close()
         self._logs.clear()
@@ -1243,60 +1168,10 @@ def _terminate(proc: Proc, timeout: float) -> None:
             proc.wait(timeout=10)
 
 
-def _sweep(paths: list[Path]) -> list[tuple[int, str]]:
-    """Kill whatever still runs from the lab's directories (command line, environment or working directory);
-    returns their pids and names."""
-    killed: list[tuple[int, str]] = []
-    for _round in range(5):
-        pids = registry.processes_using(paths)
-        if not pids:
-            break
-        killed += [(p, procs.comm(p)) for p in pids]
-        procs.freeze_and_kill(pids)
-        registry.kill_all(pids)
-    return killed
-
-
-def is_ha_lab(lab_dir: Path) -> bool:
-    try:
-        return bool(json.loads((lab_dir / "lab.json").read_text()).get("kind") == "ha")
-    except (OSError, ValueError, AttributeError):
-        return False
-
-
 def clean_ha_lab(lab_dir: Path, unregister_entry: bool = True) -> list[str]:
-    """Stop what an HA lab left running (kept, or left behind by a pglab that was killed) and remove it: every
-    Patroni first (it would restart a postgres stopped under it), then each postmaster, then etcd, then anything
-    else still using the lab's directories. Returns what was stopped."""
-    lab_dir = lab_dir.resolve()
-    try:
-        state = json.loads((lab_dir / "lab.json").read_text())
-    except (OSError, ValueError):
-        raise UserError(f"'{lab_dir}' is not a pglab lab (no readable lab.json).") from None
-    if state.get("kind") != "ha":
-        raise UserError(f"'{lab_dir}' is not an HA lab (clean it with cluster.clean_lab).")
-    nodes = state.get("nodes", [])
-    parents = {Path(n[k]).parent for n in nodes for k in ("data", "wal")}
-    outside = sorted(p for p in parents if not p.is_relative_to(lab_dir))
-    stopped: list[str] = []
-    configs = [n["config"] for n in nodes if n.get("config")]
-    patronis = [p for p in registry.processes_using([Path(c) for c in configs])
-                if not procs.comm(p).startswith("postgres")]
-    registry.kill_all(patronis)
-    stopped += [f"patroni (pid {p})" for p in patronis]
-    for n in nodes:
-        pid = procs.postmaster_pid(Path(n["data"]))
-        if pid is None:
-            continue
-        procs.stop_postmaster(pid)
-        stopped.append(f"{n['name']} (pid {pid})")
-    others = _sweep([lab_dir, *outside])  # etcd, toxiproxy, clients
-    stopped += [f"{comm or 'process'} (pid {p})" for p, comm in others]
-    with contextlib.suppress(OSError):
-        cgroups.remove_named(cgroup_name(lab_dir))  # its nodes' and pgbench's groups, empty by now
-    for d in outside:
-        shutil.rmtree(d, ignore_errors=True)
-    shutil.rmtree(lab_dir, ignore_errors=True)
+    """Stop what an HA lab left running (kept, or left behind by a pglab that was killed) and remove it (and its
+    registry entry unless told not to); see :func:`leftovers.stop_ha_lab`. Returns what was stopped."""
+    stopped = leftovers.stop_ha_lab(lab_dir)
     if unregister_entry:
-        registry.unregister(lab_dir)
+        registry.unregister(lab_dir.resolve())
     return stopped

@@ -11,7 +11,6 @@ from typing import Any
 from pglab.plan.schema import LocalTarget
 from pglab.targets.local import cgroups
 from pglab.targets.local.toxiproxy import ToxiproxyServer
-from pglab.workloads.fio import parse_size
 
 MIB = 1024 * 1024
 
@@ -29,7 +28,7 @@ class GroupedLimits:
         """An instance's limits: the plan's resources, with ``cpus`` (the CPU axis' current step) as the quota."""
         r = self.spec.resources
         return cgroups.Limits(
-            cpus=cpus, memory_bytes=parse_size(r.memory) if r and r.memory else None,
+            cpus=cpus, memory_bytes=r.memory.bytes if r and r.memory else None,
             read_iops=r.read_iops if r else None, write_iops=r.write_iops if r else None,
             read_bps=round(r.read_mbps * MIB) if r and r.read_mbps else None,
             write_bps=round(r.write_mbps * MIB) if r and r.write_mbps else None)

@@ -1,5 +1,5 @@
 """Processes as /proc shows them, for the labs and their cleanup: alive (a zombie is not), descendants, a data
-directory's postmaster, and stopping one for good."""
+directory's postmaster, the processes using a lab's directories, and stopping them for good."""
 
 from __future__ import annotations
 
@@ -73,3 +73,71 @@ def stop_postmaster(pid: int, grace: float = 10.0, signalled: bool = False) -> N
         time.sleep(0.05)
     if alive(pid):
         freeze_and_kill([pid, *descendants(pid)])
+
+
+def process_start_time(pid: int) -> int | None:
+    """Clock ticks since boot at which ``pid`` started (field 22 of /proc/pid/stat); None when it is gone."""
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def processes_using(paths: list[Path]) -> list[int]:
+    """Pids (other than this process and its ancestors) whose command line, environment or working directory
+    names one of ``paths``: servers, pgbench (PGHOST is the lab's socket directory), fio (its scratch folder)."""
+    texts = [str(p) for p in paths if str(p) not in ("", "/")]
+    mine = {os.getpid(), *_ancestors()}
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) in mine:
+            continue
+        try:
+            cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        try:
+            cwd = os.readlink(entry / "cwd")
+            env = (entry / "environ").read_bytes().decode(errors="replace")  # pgbench: PGHOST=<lab>/sock
+        except OSError:
+            cwd = env = ""
+        if any(t in cmd or t in env or cwd == t or cwd.startswith(t + "/") for t in texts):
+            found.append(int(entry.name))
+    return found
+
+
+def _ancestors() -> list[int]:
+    out, pid = [], os.getppid()
+    while pid > 1:
+        out.append(pid)
+        try:
+            pid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            break
+    return out
+
+
+def kill_all(pids: list[int]) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and any(process_start_time(p) is not None and alive(p) for p in pids):
+        time.sleep(0.05)
+
+
+def kill_tree(pid: int) -> None:
+    """SIGKILL a process and its descendants (last resort when pg_ctl cannot stop a server)."""
+    children: list[int] = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            if int(fields[1]) == pid:
+                children.append(int(entry.name))
+        except (OSError, IndexError, ValueError):
+            continue
+    for p in [pid, *children]:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(p, signal.SIGKILL)

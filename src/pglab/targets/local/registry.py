@@ -18,13 +18,13 @@ import contextlib
 import json
 import os
 import shutil
-import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pglab.targets.local import procs
+from pglab.targets.local import leftovers
+from pglab.targets.local.procs import kill_all, process_start_time, processes_using
 
 
 def state_dir() -> Path:
@@ -42,14 +42,6 @@ def _labs_dir() -> Path:
 
 def _entry_file(lab_dir: Path) -> Path:
     return _labs_dir() / (str(lab_dir.resolve()).strip("/").replace("/", "_") + ".json")
-
-
-def process_start_time(pid: int) -> int | None:
-    """Clock ticks since boot at which ``pid`` started (field 22 of /proc/pid/stat); None when it is gone."""
-    try:
-        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
-    except (OSError, IndexError, ValueError):
-        return None
 
 
 @dataclass(frozen=True)
@@ -102,61 +94,14 @@ def entries() -> list[Entry]:
     return out
 
 
-def processes_using(paths: list[Path]) -> list[int]:
-    """Pids (other than this process and its ancestors) whose command line, environment or working directory
-    names one of ``paths``: servers, pgbench (PGHOST is the lab's socket directory), fio (its scratch folder)."""
-    texts = [str(p) for p in paths if str(p) not in ("", "/")]
-    mine = {os.getpid(), *_ancestors()}
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) in mine:
-            continue
-        try:
-            cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        try:
-            cwd = os.readlink(entry / "cwd")
-            env = (entry / "environ").read_bytes().decode(errors="replace")  # pgbench: PGHOST=<lab>/sock
-        except OSError:
-            cwd = env = ""
-        if any(t in cmd or t in env or cwd == t or cwd.startswith(t + "/") for t in texts):
-            found.append(int(entry.name))
-    return found
-
-
-def _ancestors() -> list[int]:
-    out, pid = [], os.getppid()
-    while pid > 1:
-        out.append(pid)
-        try:
-            pid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            break
-    return out
-
-
-def kill_all(pids: list[int]) -> None:
-    for pid in pids:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(pid, signal.SIGKILL)
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline and any(process_start_time(p) is not None and procs.alive(p) for p in pids):
-        time.sleep(0.05)
-
-
 def reap(entry: Entry) -> str:
     """Stop everything an orphaned lab left running and remove its files. Returns one sentence saying what."""
-    from pglab.targets.local.cluster import clean_lab
-    from pglab.targets.local.ha import clean_ha_lab, is_ha_lab
-
     stopped: list[str] = []
     if (entry.lab_dir / "lab.json").is_file():
-        clean = clean_ha_lab if is_ha_lab(entry.lab_dir) else clean_lab  # an HA lab: Patroni first, then etcd
         with contextlib.suppress(Exception):
-            stopped = clean(entry.lab_dir, unregister_entry=False)
-    leftovers = processes_using([entry.lab_dir, *entry.dirs])
-    kill_all(leftovers)
+            stopped = leftovers.stop_lab(entry.lab_dir)
+    remaining = processes_using([entry.lab_dir, *entry.dirs])
+    kill_all(remaining)
     shutil.rmtree(entry.lab_dir, ignore_errors=True)
     for d in entry.dirs:
         shutil.rmtree(d, ignore_errors=True)
@@ -164,10 +109,10 @@ def reap(entry: Entry) -> str:
         entry.file.unlink()
     if entry.lab_dir.name.startswith(".pglab-fio-"):
         return (f"cleaned up fio scratch folder {entry.lab_dir} left behind by pglab pid {entry.owner_pid} (no "
-                f"longer running)" + (f"; killed {len(leftovers)} fio process(es) still writing there"
-                                      if leftovers else ""))
+                f"longer running)" + (f"; killed {len(remaining)} fio process(es) still writing there"
+                                      if remaining else ""))
     what = ", ".join(stopped) if stopped else "no server was running"
-    extra = f"; killed {len(leftovers)} other process(es) still using it" if leftovers else ""
+    extra = f"; killed {len(remaining)} other process(es) still using it" if remaining else ""
     return (f"cleaned up lab {entry.lab_dir} left behind by pglab pid {entry.owner_pid} (no longer running): "
             f"stopped {what}{extra}")
 

@@ -37,7 +37,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, Any, NoReturn
 
-from pglab.errors import UserError
+from pglab.errors import LabError, UserError
 
 REPO_BINARY = Path(__file__).resolve().parents[4] / ".tools" / "bin" / "toxiproxy-server"
 HOST = "127.0.0.1"
@@ -77,9 +77,6 @@ class Link:
 
 
 def _error(message: str) -> NoReturn:
-    # LabError lives in cluster, which imports this module: imported here to avoid the cycle.
-    from pglab.targets.local.cluster import LabError
-
     raise LabError(message)
 
 

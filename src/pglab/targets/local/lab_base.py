@@ -1,0 +1,142 @@
+"""What the plain lab (``cluster.LocalLab``) and the Patroni lab (``ha.HALab``) do alike, written once.
+
+As in Patroni's design, this base implements the operations both labs share (the CPU step, events, server pids,
+cgroups per member, directory checks) over narrow primitives each lab supplies: its ``nodes`` and ``_roll``, the
+rolling restart that follows a CPU step (pg_ctl, standbys first, on the plain lab; Patroni's REST API on the HA
+lab). Paths, limits and shaped links come from the mixins both already used (ServerFiles, GroupedLimits,
+ShapedLinks).
+"""
+
+from __future__ import annotations
+
+import abc
+import os
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Generic, Protocol, TypeVar
+
+from pglab.errors import UserError
+from pglab.targets.base import Endpoints
+from pglab.targets.local import cgroups
+from pglab.targets.local.cgroups import cgroup_name
+from pglab.targets.local.limits import GroupedLimits, ShapedLinks
+from pglab.targets.local.postgres_bin import ServerFiles
+
+
+class LabNode(Protocol):
+    """A member of a lab, as the shared operations see it."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def data(self) -> Path: ...
+    @property
+    def wal(self) -> Path: ...
+    def postmaster_pid(self) -> int | None: ...
+
+
+N = TypeVar("N", bound=LabNode)
+
+
+class LabBase(ServerFiles, GroupedLimits, ShapedLinks, abc.ABC, Generic[N]):
+    """The shared half of a local lab; a lab sets the attributes below in its ``__init__``."""
+
+    MEMBER = "instance"  # how the log names one member of the lab ("CPU limit 2 per instance")
+    cpus_axis = False  # set by the runner when the plan sweeps matrix.cpus
+
+    log: Callable[[str], None]
+    lab_dir: Path | None
+    nodes: list[N]
+    cpus: float | None
+    _events: list[tuple[float, str, str]]
+
+    # ------------------------------------------------------------ primitives each lab supplies
+    @abc.abstractmethod
+    def _roll(self, timeout: float) -> None:
+        """Restart every member after a CPU step, as an operator would roll it, until all serve again."""
+
+    @abc.abstractmethod
+    def endpoints(self) -> Endpoints: ...
+
+    # ------------------------------------------------------------ shared operations
+    @property
+    def client_passfile(self) -> Path:
+        assert self.lab_dir is not None
+        return self.lab_dir / "secrets" / "pgpass"
+
+    def server_pids(self) -> list[int]:
+        return [p for n in self.nodes if (p := n.postmaster_pid())]
+
+    def set_cpus(self, cpus: float | None, timeout: float = 180) -> float | None:
+        """A step of the CPU scaling loop: the new quota on every member's group, then a rolling restart
+        (:meth:`_roll`). Returns its seconds, recorded as a ``cpu-step`` event."""
+        if cpus == self.cpus or not self.groups:
+            return None
+        started = time.monotonic()
+        self.cpus = cpus
+        for g in self.groups.values():
+            g.apply(self._limits(cpus))
+        self._roll(timeout)
+        seconds = time.monotonic() - started
+        label = "unlimited" if cpus is None else f"{cpus:g}"
+        self._events.append((time.time(), "cpu-step", f"cpus={label}: rolling restart took {seconds:.1f} s"))
+        self.log(f"CPU limit {label} per {self.MEMBER}: rolling restart took {seconds:.1f} s")
+        return seconds
+
+    def take_events(self) -> list[tuple[float, str, str]]:
+        """Lab events since the last call (CPU steps, restarts, dataset resets), for the sweep's timeline."""
+        out, self._events = self._events, []
+        return out
+
+    def _check_traversable(self, path: Path, field: str) -> None:
+        if self.server_user is None:
+            if not os.access(path, os.W_OK | os.X_OK):
+                raise UserError(f"{field}: '{path}' is not writable; choose a directory you can write to.")
+            return
+        kwargs: dict[str, Any] = self.server_user.popen_kwargs()
+        probe = subprocess.run(["test", "-x", str(path)], check=False, **kwargs)
+        if probe.returncode != 0:
+            raise UserError(f"{field}: the server user '{self.server_user.name}' cannot reach '{path}' (a parent "
+                            "directory is not searchable); choose a directory under a world-searchable path such as "
+                            "/var/tmp.")
+
+    def _make_groups(self) -> None:
+        """One cgroup per member (when the plan gives resources or a CPU axis) and one for pgbench, named
+        ``pglab-<lab>-<digest>/n0`` …, ``…/client``. With ``limits: best-effort`` a failure is recorded, not
+        raised."""
+        assert self.lab_dir is not None
+        wants_members = self.spec.resources is not None or self.cpus_axis
+        client = self.spec.client
+        if not wants_members and client is None:
+            return
+        field = "target.local.resources"
+        try:
+            if wants_members:
+                for node in self.nodes:
+                    self._make_group(node)
+            if client is not None:
+                field = "target.local.client"
+                self.client_group = cgroups.Group(f"{cgroup_name(self.lab_dir)}/client",
+                                                  cgroups.Limits(cpus=client.cpus, cpuset=client.cpuset))
+                self.client_group.apply()
+        except cgroups.CgroupError as exc:
+            self._remove_groups()
+            if self.spec.limits == "strict":
+                raise UserError(f"{field}: the limits cannot be applied here ({exc}); run pglab as root on a host "
+                                "with cgroups, or set target.local.limits: best-effort.") from None
+            self.limits_problem = str(exc)
+            self.log(f"limits NOT applied (limits: best-effort): {exc}")
+
+    def _make_group(self, node: N) -> None:
+        assert self.lab_dir is not None
+        devices = sorted({cgroups.device_of(d) for d in (node.data.parent, node.wal.parent)})
+        group = cgroups.Group(f"{cgroup_name(self.lab_dir)}/{node.name}", self._limits(self.cpus), devices)
+        self.groups[node.name] = group
+        group.apply()
+
+    def _remove_groups(self) -> None:
+        for g in [*self.groups.values(), *([self.client_group] if self.client_group else [])]:
+            g.remove()
+        self.groups, self.client_group = {}, None
