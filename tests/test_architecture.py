@@ -21,6 +21,10 @@ LAYERS: list[tuple[str, int]] = [
     ("pglab", 0), ("pglab.errors", 0), ("pglab.units", 0), ("pglab.metrics", 0), ("pglab.artifacts", 0),
     ("pglab.plan", 1),
     ("pglab.probes", 2), ("pglab.workloads", 2), ("pglab.environment", 2),
+    # below what measures: endpoints (what pgbench connects to), and the bookkeeping of the processes, cgroups and
+    # files pglab starts (fio's scratch files are registered too, so a killed pglab's are reaped)
+    ("pglab.targets.base", 2), ("pglab.targets.local.registry", 2), ("pglab.targets.local.leftovers", 2),
+    ("pglab.targets.local.procs", 2), ("pglab.targets.local.cgroups", 2),
     ("pglab.targets", 3), ("pglab.scenarios", 3),
     ("pglab.engine.types", 4), ("pglab.engine.driver", 4),
     ("pglab.drivers", 5), ("pglab.storage", 5),
@@ -176,3 +180,28 @@ def test_the_recorder_is_the_only_writer_of_the_store() -> None:
     writers = {m: w for m, p in sorted(mods.items()) if not m.startswith("pglab.store")
                and m != "pglab.engine.recorder" and (w := store_writes(p))}
     assert writers == {}
+
+
+LABS = {"pglab.targets.local.cluster", "pglab.targets.local.ha"}
+BELOW_THE_LABS = ["pglab.units", "pglab.errors", "pglab.targets.local.registry", "pglab.targets.local.leftovers",
+                  "pglab.targets.local.procs", "pglab.targets.local.cgroups", "pglab.targets.local.toxiproxy",
+                  "pglab.targets.local.limits", "pglab.targets.local.lab_base", "pglab.workloads.fio"]
+
+
+def reachable(g: dict[str, set[str]], start: str) -> set[str]:
+    seen: set[str] = set()
+    todo = [start]
+    while todo:
+        for dep in g[todo.pop()] - seen:
+            seen.add(dep)
+            todo.append(dep)
+    return seen
+
+
+@pytest.mark.parametrize("module", BELOW_THE_LABS)
+def test_what_the_labs_are_made_of_reaches_no_lab(module: str) -> None:
+    """The registry cleans a lab a killed pglab left from its lab.json alone (leftovers), so cleaning never loads a
+    lab's code, and the labs' parts can be used without them."""
+    g = graph()
+    assert "pglab.targets.local.registry" in g["pglab.targets.local.cluster"]  # the walk sees the labs' imports
+    assert reachable(g, module) & LABS == set()

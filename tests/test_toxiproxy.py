@@ -16,10 +16,9 @@ from pathlib import Path
 import pytest
 
 from conftest import processes_mentioning
-from pglab.errors import UserError
+from pglab.errors import LabError, UserError
 from pglab.targets.local import registry
 from pglab.targets.local import toxiproxy as tp
-from pglab.targets.local.cluster import LabError
 
 pytestmark = pytest.mark.postgres
 

@@ -14,11 +14,10 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from pglab.cluster_cli import cluster_app
-from pglab.errors import PlanError, RunInterrupted, UserError
+from pglab.errors import LabError, PlanError, RunInterrupted, UserError
 from pglab.plan.expand import Point
 from pglab.plan.load import load_plan
 from pglab.plan.schema import Plan
-from pglab.targets.local.cluster import LabError
 from pglab.workloads.fio import FioError
 from pglab.workloads.pgbench import PgbenchError, ProgressPoint
 
@@ -343,7 +342,7 @@ def fio_command(
         if not f.is_file():
             raise UserError(f"--job-file: no such file '{f}'.")
     jobs = plan_jobs(storage.profiles if (profiles or not job_files) else [], job_files)
-    size_bytes = fio.parse_size(storage.size)
+    size_bytes = storage.size.bytes
     labelled = {str(p): (p, "--path") for p in paths}
     fio.find_fio()
     for p, field in labelled.values():

@@ -18,6 +18,7 @@ from pglab import environment
 from pglab.artifacts import write_json, write_samples
 from pglab.engine.driver import FioMeasurement, SweepInfo
 from pglab.engine.types import Event, Observer, RunFailed, RunResult
+from pglab.errors import LabError
 from pglab.plan.expand import Point, expand
 from pglab.plan.load import resolve_path
 from pglab.plan.schema import Plan
@@ -25,7 +26,6 @@ from pglab.probes import ProbeContext, ProbeOpenError, Sampler, default_probes
 from pglab.probes.base import now
 from pglab.targets.base import Endpoints, Target, Topology
 from pglab.targets.local import cgroups, registry
-from pglab.targets.local.cluster import LabError
 from pglab.workloads import pgbench
 from pglab.workloads.pgbench import PgbenchError, PgbenchProcess
 
@@ -68,7 +68,6 @@ class ProcessDriver(Generic[TopologyT]):
 
     def storage_phase(self, results_dir: Path) -> Iterator[FioMeasurement]:
         from pglab import storage
-        from pglab.workloads import fio
 
         spec = self.plan.storage
         assert spec is not None
@@ -77,7 +76,7 @@ class ProcessDriver(Generic[TopologyT]):
         paths: dict[str, tuple[Path, str]] = {label: p for label, p in self.target.storage_paths().items()
                                               if label in spec.paths}
         yield from storage.measure(results_dir, paths, jobs, runtime_s=spec.runtime,
-                                   size_bytes=fio.parse_size(spec.size), log=self.ui.log)
+                                   size_bytes=spec.size.bytes, log=self.ui.log)
 
     def load_dataset(self) -> None:
         ds = self.plan.dataset

@@ -78,10 +78,12 @@ def expand(plan: Plan, cores: int | None = None) -> list[Point]:
     names = list(m.parameters)
     param_combos = list(itertools.product(*(m.parameters[n] for n in names))) or [()]
     points: list[Point] = []
-    for cpus in m.cpus or [None]:
+    cpu_steps: list[float | None] = [*m.cpus] if m.cpus else [None]
+    scenarios: list[Scenario | None] = [*m.scenario] if m.scenario else [None]
+    for cpus in cpu_steps:
         for combo in param_combos:
             params = dict(zip(names, combo, strict=True))
-            for scenario, wl, sc, clients in itertools.product(m.scenario or [None], m.workload,
+            for scenario, wl, sc, clients in itertools.product(scenarios, m.workload,
                                                                m.synchronous_commit, m.clients):
                 # pgbench cannot run more threads than clients: jobs [4, 8] at 2 clients are one point, not two
                 jobs_axis = dict.fromkeys(min(j, clients) for j in m.jobs or [default_jobs(clients, cores)])

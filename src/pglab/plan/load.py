@@ -67,7 +67,7 @@ def _refuse_tag(loader: Any, node: yaml.Node) -> Any:
 _Loader: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml when it is there: 3-4 times faster
 
 
-class _PlanLoader(_Loader):  # type: ignore[misc]
+class _PlanLoader(_Loader):
     """SafeLoader that refuses duplicate keys (naming their path) and tags a plan has no use for; dates stay text."""
 
     paths: dict[int, tuple[Any, ...]]  # id(mapping node) → its path, from _inspect
@@ -86,7 +86,7 @@ class _PlanLoader(_Loader):  # type: ignore[misc]
                     continue  # unhashable: the base class says so
                 if duplicate:
                     raise _DuplicateKey((*self.paths.get(id(node), ()), _Key(key)), key_node.start_mark.line + 1)
-        return super().construct_mapping(node, deep=deep)  # type: ignore[no-any-return]
+        return super().construct_mapping(node, deep=deep)
 
 
 _PlanLoader.add_constructor("tag:yaml.org,2002:timestamp", yaml.SafeLoader.construct_yaml_str)  # dates: text

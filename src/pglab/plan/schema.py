@@ -663,10 +663,10 @@ class Tenants(Strict):
 class Matrix(Strict):
     """Axes; every combination is one point."""
 
-    workload: list[Workload] = Field(default_factory=lambda: ["tpcb-like"], min_length=1)
+    workload: list[Workload] = Field(default_factory=lambda: list[Workload](["tpcb-like"]), min_length=1)
     clients: list[Clients] = Field(default_factory=lambda: [1], min_length=1)
     jobs: list[Clients] | None = Field(None, min_length=1, description="default: min(clients, cores)")
-    synchronous_commit: list[SyncCommit] = Field(default_factory=lambda: ["on"], min_length=1)
+    synchronous_commit: list[SyncCommit] = Field(default_factory=lambda: list[SyncCommit](["on"]), min_length=1)
     parameters: dict[str, list[ParamValue]] = Field(default_factory=dict)
     cpus: list[Cpus] | None = Field(None, min_length=1, description="CPU limit per instance as an axis: the "
                                     "scaling loop (a rolling restart between steps)")
@@ -780,17 +780,20 @@ class Probes(Strict):
     enabled: bool = True
 
 
+FioProfile = Literal["randread-8k", "randwrite-8k", "wal-fdatasync-8k", "seqread-1m", "seqwrite-1m", "mixed-70-30-8k"]
+StoragePath = Literal["data", "wal"]
+
+
 class Storage(Strict):
     """The storage phase: fio on the lab's own data and WAL paths, before the database phase."""
 
-    profiles: list[Literal["randread-8k", "randwrite-8k", "wal-fdatasync-8k", "seqread-1m", "seqwrite-1m",
-                           "mixed-70-30-8k"]] = Field(
-        default_factory=lambda: ["randread-8k", "randwrite-8k", "wal-fdatasync-8k", "seqwrite-1m"])
+    profiles: list[FioProfile] = Field(
+        default_factory=lambda: list[FioProfile](["randread-8k", "randwrite-8k", "wal-fdatasync-8k", "seqwrite-1m"]))
     job_files: list[PlanFile] = Field(default_factory=list, max_length=100,
                                       description="custom fio job files (relative to the plan's folder)")
     runtime: Seconds = Field(30.0, description="seconds per fio job")
     size: PlanSize = Field("1GiB", validate_default=True, description="size of each job's test file")
-    paths: list[Literal["data", "wal"]] = Field(default_factory=lambda: ["data", "wal"], min_length=1)
+    paths: list[StoragePath] = Field(default_factory=lambda: list[StoragePath](["data", "wal"]), min_length=1)
 
     @field_validator("runtime")
     @classmethod

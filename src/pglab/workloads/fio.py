@@ -65,7 +65,7 @@ from typing import Any
 
 from pglab.errors import UserError
 from pglab.targets.local import registry
-from pglab.units import parse_size  # also imported from here by cli.py and runner.py
+from pglab.units import parse_size
 
 PROFILE_NAMES: tuple[str, ...] = (
     "randread-8k",

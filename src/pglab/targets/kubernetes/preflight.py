@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, NamedTuple
 
 import urllib3
-from kubernetes import client  # type: ignore[import-untyped]  # the client ships no type information
-from kubernetes.client.rest import ApiException  # type: ignore[import-untyped]
+from kubernetes import client  # the client ships no type information (pyproject's mypy section)
+from kubernetes.client.rest import ApiException
 
 from pglab.errors import UserError, first_line
 from pglab.plan.schema import KubernetesTarget, Placement, Plan, Toleration

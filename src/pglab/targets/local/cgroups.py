@@ -208,9 +208,9 @@ class Group:
             with contextlib.suppress(CgroupError):
                 out["cpuset"] = _read(self._file("cpuset.cpus")) or None
         else:
-            quota = int(_read(self._file("cpu.cfs_quota_us")) or -1)
-            period = int(_read(self._file("cpu.cfs_period_us")) or PERIOD_US)
-            out["cpus"] = None if quota < 0 else quota / period
+            quota_us = int(_read(self._file("cpu.cfs_quota_us")) or -1)
+            period_us = int(_read(self._file("cpu.cfs_period_us")) or PERIOD_US)
+            out["cpus"] = None if quota_us < 0 else quota_us / period_us
             if self.limits.memory_bytes is not None:
                 out["memory_bytes"] = int(_read(self._file("memory.limit_in_bytes")))
             if self.limits.io:

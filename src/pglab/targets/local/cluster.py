@@ -31,7 +31,7 @@ from typing import Any
 
 import psycopg
 
-from pglab.errors import LabError, UserError  # LabError: also imported from here by runner, tenants, cli
+from pglab.errors import LabError, UserError
 from pglab.plan.schema import Dataset, LocalTarget
 from pglab.targets.base import Endpoint, Endpoints
 from pglab.targets.local import cgroups, dataset_fast, leftovers, procs, registry
@@ -550,8 +550,8 @@ class LocalLab(LabBase[Node]):
         except LabError as exc:
             message = str(exc).removeprefix("postgres failed: ").replace("FATAL:  ", "")
             message = re.sub(r"^\S+ \S+ \S+ \[\d+\] ", "", message)
-            name = next((n for n in parameters if f'"{n}"' in message), None)
-            field = f"parameters.{name}" if name else "parameters"
+            rejected = next((n for n in parameters if f'"{n}"' in message), None)
+            field = f"parameters.{rejected}" if rejected else "parameters"
             raise UserError(f"{field}: PostgreSQL rejects it ({message}); fix the plan.") from None
 
     def repair(self) -> list[str]:

@@ -18,10 +18,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pglab.errors import LabError
 from pglab.plan.schema import Arrangement, Plan, Resources, Tier
 from pglab.targets.base import Endpoints
 from pglab.targets.local import cgroups, procs
-from pglab.targets.local.cluster import LabError, LocalLab, Log
+from pglab.targets.local.cluster import LocalLab, Log
 from pglab.targets.local.postgres_bin import find_bindir
 
 

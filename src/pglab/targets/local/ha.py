@@ -798,9 +798,9 @@ class HALab(LabBase[HANode]):
         self.restored_system_id = int.from_bytes(control[:8], "little")
         os.chmod(data, 0o700)
         if self.server_user:
-            for root, dirs, files in os.walk(stage):
-                for entry in [root, *(os.path.join(root, x) for x in dirs + files)]:
-                    os.lchown(entry, self.server_user.uid, self.server_user.gid)
+            for top, dirs, files in os.walk(stage):
+                for path in [top, *(os.path.join(top, x) for x in dirs + files)]:
+                    os.lchown(path, self.server_user.uid, self.server_user.gid)
         script = self.lab_dir / "server" / "restore.sh"
         script.write_text(f"#!/bin/sh\nset -e\nmv '{wal}' '{first.wal}'\nmv '{data}' '{first.data}'\n")
         os.chmod(script, 0o700)

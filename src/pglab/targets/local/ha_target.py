@@ -12,9 +12,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from pglab.errors import LabError
 from pglab.plan.schema import LocalTarget
 from pglab.targets.base import Endpoint, Endpoints
-from pglab.targets.local.cluster import DBNAME, SUPERUSER, LabError
+from pglab.targets.local.cluster import DBNAME, SUPERUSER
 from pglab.targets.local.ha import HALab, Kill
 
 Log = Any
