@@ -184,7 +184,7 @@ class KubernetesDriver:
         if self._orch is None:
             return []
         self.ui.log(f"deleting what pglab created in namespace {self.k8s.namespace}")
-        return [f"left in the cluster: {p}" for p in self.orch.cleanup()]
+        return self.orch.cleanup()
 
     # ------------------------------------------------------------ between points
     def _step_to(self, point: Point) -> None:
