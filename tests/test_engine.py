@@ -49,13 +49,20 @@ class Scripted:
         self.fio = fio
         self.calls: list[str] = []
         self._events: list[Event] = []
+        self.info: SweepInfo | None = None
+        self.run_dirs: list[Path] = []
 
     def preflight(self) -> None:
         self.calls.append("preflight")
 
-    def open(self, first: Point, with_storage: bool, resumed: bool) -> SweepInfo:
+    def open(self, first: Point, with_storage: bool, resumed: bool) -> None:
         self.calls.append(f"open {first.clients} storage={with_storage} resumed={resumed}")
-        return SweepInfo({"target": "scripted"}, {"instances": 1})
+        self.info = SweepInfo({"target": "scripted"}, {"instances": 1})
+        if self.script.get((0, 0)) == "open fails":
+            raise LibraryError("the volume's storage class does not exist")
+
+    def describe(self) -> SweepInfo | None:
+        return self.info
 
     def storage_phase(self, results_dir: Path) -> Iterator[FioMeasurement]:
         self.calls.append("storage")
@@ -70,6 +77,7 @@ class Scripted:
 
     def one_run(self, point: Point, repeat: int, run_id: str, run_dir: Path) -> RunResult:
         self.calls.append(f"run {point.clients} #{repeat}")
+        self.run_dirs.append(run_dir)
         what = self.script.get((point.clients, repeat), "ok")
         if what == "fail":
             raise RunFailed("pgbench exited 1\nsecond line not kept")
@@ -219,3 +227,23 @@ def test_a_run_result_cannot_be_changed_after_the_driver_returned_it() -> None:
         r.metrics["tps"] = 2.0  # type: ignore[index]
     with pytest.raises(AttributeError):
         r.window = (0.0, 0.0)  # type: ignore[misc]
+
+
+def test_a_relative_results_folder_gives_the_driver_absolute_run_folders(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """pgbench and fio run inside the run's folder and are given paths in it: relative ones would point nowhere
+    (``pglab run`` without --results uses results/<name>-<time>)."""
+    monkeypatch.chdir(tmp_path)
+    plan = parse_plan(PLAN)
+    driver = Scripted(plan)
+    result = run_sweep(driver, plan, PLAN, tmp_path, Path("results"), SilentObserver())
+    assert result.results_dir == tmp_path / "results"
+    assert driver.run_dirs and all(d.is_absolute() and d.is_dir() for d in driver.run_dirs)
+
+
+def test_what_is_known_of_a_platform_that_came_half_up_is_kept(tmp_path: Path) -> None:
+    driver = Scripted(parse_plan(PLAN), {(0, 0): "open fails"})
+    with pytest.raises(RunFailed, match="storage class does not exist"):
+        sweep(tmp_path, driver)
+    assert driver.calls[-1] == "close keep=False"
+    assert rows(tmp_path, "SELECT status, environment FROM sweeps") == [("failed", '{"target": "scripted"}')]

@@ -348,7 +348,7 @@ def fio_command(
     for p, field in labelled.values():
         fio.check_path(p, size_bytes, field=field)
     results = results or Path("results") / f"fio-{time.strftime('%Y%m%d-%H%M%S')}"
-    store = Store.open(results)
+    store = Store.open(results.resolve())  # fio runs in its output folder: paths must be absolute
     command = " ".join(sys.argv[1:])
     recorder = Recorder(store, SilentObserver())
     sweep_id = recorder.open_storage_sweep(command)

@@ -119,6 +119,8 @@ class KubernetesDriver:
         self._tries: dict[str, int] = {}  # probes of a key so far (a failure is tried once more)
         self._probes = 0
         self._events: list[Event] = []
+        self._info: SweepInfo | None = None
+        self._failed_health: str | None = None
         self.k8s = target_of(plan)
         self.points = expand(plan, cores=client_cores(self.k8s))  # the same points (and Job names) render made
         self.current: Point = self.points[0]  # the point the Cluster is shaped for (CPU step, parameters)
@@ -137,12 +139,11 @@ class KubernetesDriver:
                                   ready_timeout_s=self.ready_timeout_s, job_timeout_s=self.job_timeout_s,
                                   log=self.ui.log)
 
-    def open(self, first: Point, with_storage: bool, resumed: bool) -> SweepInfo:
+    def open(self, first: Point, with_storage: bool, resumed: bool) -> None:
         """Namespace, RBAC, the Cluster (waited for until healthy), fio volumes, the scripts' ConfigMap."""
         probes = self.results_dir / "volume-probes"  # a resumed sweep's probes go beside the earlier ones
         self._probes = len(list(probes.iterdir())) if probes.is_dir() else 0
         self.current = first  # the first point to run (a resume may start further on) decides the Cluster's shape
-        info: SweepInfo | None = None
         for m in self.manifests:
             if m.kind == "Job" or (m.kind == "PersistentVolumeClaim" and not with_storage):
                 continue
@@ -159,9 +160,11 @@ class KubernetesDriver:
                 self.ui.log(f"waiting for Cluster/{m.name} to be healthy ({self.k8s.instances} instances)")
                 status = self.orch.wait_cluster_ready()
                 self.ui.log(f"Cluster/{m.name} healthy, primary {status.get('currentPrimary', '?')}")
-                info = SweepInfo(self._environment(status), self.k8s.model_dump(mode="json"))
-        assert info is not None, "render() always makes a Cluster"
-        return info
+                self._info = SweepInfo(self._environment(status), self.k8s.model_dump(mode="json"))
+
+    def describe(self) -> SweepInfo | None:
+        """Known once the Cluster is healthy (kept also when a later object of ``open`` is refused)."""
+        return self._info
 
     def before_run(self, point: Point) -> None:
         if self._stop:
@@ -169,7 +172,9 @@ class KubernetesDriver:
         self._step_to(point)
 
     def health(self) -> str | None:
-        return self.orch.cluster_health()
+        """The Cluster's health when the last run failed, read before its fence was lifted or its witness went."""
+        health, self._failed_health = self._failed_health, None
+        return health
 
     def take_events(self) -> list[Event]:
         events, self._events = self._events, []
@@ -368,6 +373,10 @@ class KubernetesDriver:
                                         "exporter": figures.info if figures else None,
                                         "disk": disk.info if disk else None})
         except self.run_errors:
+            try:
+                self._failed_health = self.orch.cluster_health()
+            except Exception:  # a health check that fails adds nothing to the run's reason
+                self._failed_health = None
             if injector is not None and injector.events:
                 self._events += injector.events  # what the fault did, kept with the failed run's sweep
             raise

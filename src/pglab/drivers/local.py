@@ -51,6 +51,7 @@ class ProcessDriver(Generic[TopologyT]):
         self._events: list[Event] = []
         self._logs_dir = self.results_dir / "server-logs"
         self._endpoints: Endpoints | None = None
+        self._info: SweepInfo | None = None
 
     # ------------------------------------------------------------ the sweep's steps
     def preflight(self) -> None:
@@ -58,13 +59,16 @@ class ProcessDriver(Generic[TopologyT]):
             self.ui.log(message)
         self.target.preflight()
 
-    def open(self, first: Point, with_storage: bool, resumed: bool) -> SweepInfo:
+    def open(self, first: Point, with_storage: bool, resumed: bool) -> None:
         if resumed:
             self._logs_dir = self.results_dir / "server-logs" / time.strftime("resumed-%Y%m%d-%H%M%S")
         target = self.target
         endpoints = self._endpoints = target.provision(self.parameters(first))
-        return SweepInfo(environment.capture(endpoints.primary.conninfo(), target.probe_paths(), target.bindir,
-                                             self.plan_text), target.describe())
+        self._info = SweepInfo(environment.capture(endpoints.primary.conninfo(), target.probe_paths(),
+                                                   target.bindir, self.plan_text), target.describe())
+
+    def describe(self) -> SweepInfo | None:
+        return self._info
 
     def storage_phase(self, results_dir: Path) -> Iterator[FioMeasurement]:
         from pglab import storage
@@ -162,10 +166,10 @@ class ProcessDriver(Generic[TopologyT]):
 class LocalDriver(ProcessDriver[Target]):
     """One primary (and its standbys) per run: the local lab, the Patroni lab, an external server."""
 
-    def open(self, first: Point, with_storage: bool, resumed: bool) -> SweepInfo:
+    def open(self, first: Point, with_storage: bool, resumed: bool) -> None:
         if self.plan.matrix.cpus:  # the scaling loop: build the lab at its first step, no restart needed for it
             self.target.cpus_axis, self.target.cpus = True, first.cpus
-        return super().open(first, with_storage, resumed)
+        super().open(first, with_storage, resumed)
 
     def one_run(self, point: Point, repeat: int, run_id: str, run_dir: Path) -> RunResult:
         target, plan = self.target, self.plan

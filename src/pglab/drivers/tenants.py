@@ -17,7 +17,6 @@ from pathlib import Path
 
 from pglab.artifacts import write_json, write_samples
 from pglab.drivers.local import ProcessDriver, pgbench_metrics, pgbench_series, wait_for_tick
-from pglab.engine.driver import SweepInfo
 from pglab.engine.types import Event, Observer, RunFailed, RunResult, TenantFigure
 from pglab.plan.expand import Point
 from pglab.plan.schema import Plan, Tier
@@ -38,10 +37,10 @@ class TenantsDriver(ProcessDriver[Fleet]):
         self.fleet = fleet
         self._running: dict[str, PgbenchProcess] = {}
 
-    def open(self, first: Point, with_storage: bool, resumed: bool) -> SweepInfo:
+    def open(self, first: Point, with_storage: bool, resumed: bool) -> None:
         assert first.arrangement is not None
         self.fleet.use(first.arrangement)  # the fleet of the first arrangement to run
-        return super().open(first, with_storage, resumed)
+        super().open(first, with_storage, resumed)
 
     def _stop_pgbench(self) -> None:
         _stop(self._running)

@@ -42,8 +42,12 @@ class Driver(Protocol):
     def preflight(self) -> None:
         """Refuse, with one sentence, what the target cannot do: before a results folder or a server exists."""
 
-    def open(self, first: Point, with_storage: bool, resumed: bool) -> SweepInfo:
+    def open(self, first: Point, with_storage: bool, resumed: bool) -> None:
         """Bring the topology up, shaped for ``first`` (a resume may start further on)."""
+
+    def describe(self) -> SweepInfo | None:
+        """What is known of the platform so far (stored with the sweep, also when ``open`` failed half-way);
+        None before anything is up."""
 
     def storage_phase(self, results_dir: Path) -> Iterator[FioMeasurement]:
         """fio on the target's paths or volumes, one measurement at a time (each stored as it comes)."""

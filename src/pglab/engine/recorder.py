@@ -52,6 +52,7 @@ class Recorder:
         self.store, self.ui = store, ui
         self.sweep_id = 0
         self.resumed = False
+        self.info: SweepInfo | None = None
 
     @property
     def dir(self) -> Path:
@@ -97,8 +98,10 @@ class Recorder:
     def storage_done(self) -> bool:
         return self.store.storage_done(self.sweep_id)
 
-    def sweep_info(self, info: SweepInfo) -> None:
-        self.store.set_sweep_info(self.sweep_id, info.environment, info.topology)
+    def sweep_info(self, info: SweepInfo | None) -> None:
+        if info is not None:
+            self.info = info
+            self.store.set_sweep_info(self.sweep_id, info.environment, info.topology)
 
     def events(self, events: Iterable[Event]) -> None:
         events = list(events)
@@ -115,6 +118,7 @@ class Recorder:
         run_id, run_dir = store.start_run(self.sweep_id, point_id, point.index, repeat)
         try:
             result = driver.one_run(point, repeat, run_id, run_dir)
+            write_json(run_dir / "run.json", result.run_json(run_id, point, repeat))
         except RunInterrupted as exc:
             self.events(driver.take_events())
             store.finish_run(run_id, "interrupted", reason=f"interrupted by {exc.signal_name}")
@@ -122,7 +126,11 @@ class Recorder:
             raise
         except driver.run_errors as exc:
             reason = first_line(exc)
-            if (problem := driver.health()) and problem not in reason:
+            try:
+                problem = driver.health()
+            except Exception:  # the reason is what matters; a health check that fails adds nothing
+                problem = None
+            if problem and problem not in reason:
                 reason += f"; {problem}"
             self.events(driver.take_events())
             store.finish_run(run_id, "failed", reason=reason)
@@ -137,7 +145,6 @@ class Recorder:
         return None
 
     def _finish(self, run_id: str, run_dir: Path, point: Point, repeat: int, result: RunResult) -> None:
-        write_json(run_dir / "run.json", result.run_json(run_id, point, repeat))
         window = result.window
         events = [*result.events, (window[0], "window-start", ""), (window[1], "window-end", "")]
         self.store.finish_run(run_id, "ok", window=window,

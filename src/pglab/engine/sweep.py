@@ -5,6 +5,7 @@ folder's lock from the first row to the last, so two pglab never mix their runs 
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import signal
@@ -27,6 +28,7 @@ def run_sweep(driver: Driver, plan: Plan, plan_text: str, plan_dir: Path, result
               observer: Observer | None = None, *, force_new: bool = False, keep: bool = False) -> SweepResult:
     """Run (or resume) the plan's sweep through ``driver`` into ``results_dir``."""
     ui: Observer = observer or SilentObserver()
+    results_dir = results_dir.resolve()  # pgbench and fio run inside the run's folder: every path must be absolute
     driver.preflight()  # refusals happen here, before a results folder or a server exists
     with results_lock(results_dir):
         store = Store.open(results_dir)
@@ -60,7 +62,8 @@ def _sweep(driver: Driver, plan: Plan, recorder: Recorder, ui: Observer, keep: b
     first = todo[0][0] if todo else points[0]
     with interrupt_signals() as signals:
         try:
-            recorder.sweep_info(driver.open(first, with_storage, resumed))
+            driver.open(first, with_storage, resumed)
+            recorder.sweep_info(driver.describe())
             if with_storage:
                 for measurement in driver.storage_phase(recorder.dir):
                     recorder.fio(measurement)
@@ -86,10 +89,15 @@ def _sweep(driver: Driver, plan: Plan, recorder: Recorder, ui: Observer, keep: b
         finally:
             signals.shield()
             try:
-                problems = driver.close(keep)
+                if recorder.info is None:  # the topology came partly up: what is known of it is kept
+                    with contextlib.suppress(Exception):
+                        recorder.sweep_info(driver.describe())
+                try:
+                    problems = driver.close(keep)
+                finally:
+                    recorder.events(driver.take_events())  # also what the driver kept while closing
                 for p in problems:
                     ui.log(f"cleanup: {p}")
-                recorder.events(driver.take_events())
                 if problems:
                     recorder.events([(time.time(), "cleanup-failed", p) for p in problems])
                     reason = f"{reason + '; ' if reason else ''}left behind: {'; '.join(problems)}"
