@@ -51,8 +51,9 @@ from types import FrameType
 from typing import Any
 
 from pglab.plan.schema import Dataset, LabPaths, LocalTarget
-from pglab.targets.local import dataset_fast as df
+from pglab.targets.local import dataset as df
 from pglab.targets.local.cluster import LocalLab
+from pglab.targets.local.dataset.load import _memory_bytes
 from pglab.workloads import pgbench
 
 TARGET_LOAD = 2.0
@@ -210,7 +211,7 @@ def machine(paths: Sequence[Path]) -> dict[str, Any]:
                 break
     dft = subprocess.run(["df", "-T", *map(str, paths)], capture_output=True, text=True, check=False).stdout
     return {"nproc": os.cpu_count(), "cpu_model": model, "kernel": platform.release(),
-            "python": platform.python_version(), "memory_gib": round(df._memory_bytes() / 2**30, 1),
+            "python": platform.python_version(), "memory_gib": round(_memory_bytes() / 2**30, 1),
             "df_T": dft.strip().splitlines()}
 
 

@@ -19,8 +19,9 @@ import psycopg
 import pytest
 
 from pglab.plan.schema import Dataset, LocalTarget
-from pglab.targets.local import dataset_fast as df
+from pglab.targets.local import dataset as df
 from pglab.targets.local.cluster import LocalLab, Node
+from pglab.targets.local.dataset import copytree, snapshots
 
 pytestmark = pytest.mark.postgres
 
@@ -164,7 +165,7 @@ def test_snapshot_is_the_stopped_cluster_with_only_the_wal_it_needs(lab: dict[st
     assert snap.meta["control"]["Database cluster state"] == "shut down"
     assert snap.meta["control"]["wal_level setting"] == "replica"  # standbys can start from it
     assert not (snap.data / "pg_wal").exists()  # a server started on the snapshot by mistake cannot change it
-    segments = sorted(p.name for p in snap.wal.iterdir() if df._SEGMENT.match(p.name))
+    segments = sorted(p.name for p in snap.wal.iterdir() if snapshots._SEGMENT.match(p.name))
     redo = snap.meta["control"]["Latest checkpoint's REDO WAL file"]
     assert redo in segments and len(segments) <= 2, segments
     assert (snap.data / "PG_VERSION").stat().st_uid == (node.data / "PG_VERSION").stat().st_uid
@@ -249,7 +250,7 @@ def test_a_failed_copy_leaves_the_old_cluster_in_place(lab: dict[str, Any], monk
     marker = node.data / "pglab-marker"
     marker.write_text("old")
     wal_before = sorted(p.name for p in node.wal.iterdir())
-    _fail_on(monkeypatch, df._Copier, "_file", 5)
+    _fail_on(monkeypatch, copytree._Copier, "_file", 5)
     with pytest.raises(OSError, match="No space"):
         df.restore(lab["snap"], node.data, node.wal, method="copy")
     assert marker.read_text() == "old" and sorted(p.name for p in node.wal.iterdir()) == wal_before
@@ -267,7 +268,7 @@ def test_a_failed_patch_leaves_no_data_directory_and_a_rerun_completes(lab: dict
     with open(node.data / "global" / "pg_control", "r+b") as f:  # a changed block in a file of the snapshot
         f.seek(4096)
         f.write(b"x" * 100)
-    _fail_on(monkeypatch, df._Patcher, "_patch", 5)
+    _fail_on(monkeypatch, copytree._Patcher, "_patch", 5)
     with pytest.raises(OSError, match="No space"):
         df.restore(lab["snap"], node.data, node.wal, method="patch")
     assert not node.data.exists() and not node.wal.exists()  # never a half-patched cluster at its place
@@ -338,7 +339,7 @@ def test_a_standby_built_from_the_snapshot_streams(lab: dict[str, Any]) -> None:
 
 def test_wal_kept_is_the_checkpoint_segment_and_the_next() -> None:
     control = {"Latest checkpoint's REDO WAL file": "0000000100000002000000FF", "Bytes per WAL segment": "16777216"}
-    assert df._wal_keep(control) == {"00000002000000FF", "0000000300000000"}
+    assert snapshots._wal_keep(control) == {"00000002000000FF", "0000000300000000"}
     assert df.partition_ranges(2, 3) == [(1, 66667), (66668, 133334), (133335, 200000)]
 
 
@@ -363,7 +364,7 @@ def test_copies_reflink_where_the_filesystem_can_and_refuses_to_pretend(where: s
     try:
         _tree(root / "src")
         supported = df.reflink_supported(root, root)
-        copier = df._Copier("auto")
+        copier = copytree._Copier("auto")
         copier.tree(root / "src", root / "dst")
         copier.finish()
         assert copier.report(0, 0, [root]).method == ("reflink" if supported else "copy_file_range")
@@ -373,7 +374,7 @@ def test_copies_reflink_where_the_filesystem_can_and_refuses_to_pretend(where: s
             assert supported, f"{given} does not support reflinks ({df.filesystem_type(root)})"
         if not supported:
             with pytest.raises(df.SnapshotError, match="reflink copy refused"):
-                copier = df._Copier("reflink")
+                copier = copytree._Copier("reflink")
                 copier.tree(root / "src", root / "dst2")
     finally:
         if root != tmp_path:

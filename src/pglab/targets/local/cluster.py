@@ -34,7 +34,8 @@ import psycopg
 from pglab.errors import LabError, UserError
 from pglab.plan.schema import Dataset, LocalTarget
 from pglab.targets.base import Endpoint, Endpoints
-from pglab.targets.local import cgroups, dataset_fast, leftovers, procs, registry
+from pglab.targets.local import cgroups, leftovers, procs, registry
+from pglab.targets.local import dataset as dataset_fast
 from pglab.targets.local.cgroups import cgroup_name as cgroup_name  # tests import it from here
 from pglab.targets.local.lab_base import LabBase
 from pglab.targets.local.postgres_bin import ServerUser, find_bindir, resolve_server_user
