@@ -139,6 +139,10 @@ def test_no_module_imports_a_layer_above_its_own() -> None:
     ("pglab.drivers", "pglab.store"), ("pglab.drivers", "pglab.engine.sweep"),
     ("pglab.drivers", "pglab.engine.recorder"), ("pglab.engine", "pglab.drivers"), ("pglab.engine", "pglab.targets"),
     ("pglab.analysis", "pglab.report"), ("pglab.report", "pglab.drivers"), ("pglab.report", "pglab.engine"),
+    # the dataset's building blocks: a load needs no copy, a copy no snapshot
+    ("pglab.targets.local.dataset.load", "pglab.targets.local.dataset.copytree"),
+    ("pglab.targets.local.dataset.load", "pglab.targets.local.dataset.snapshots"),
+    ("pglab.targets.local.dataset.copytree", "pglab.targets.local.dataset.snapshots"),
 ])
 def test_layering_rules(below: str, never: str) -> None:
     """The rules the layers exist for, spelled out (the layer table could be edited into allowing them)."""

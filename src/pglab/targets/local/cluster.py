@@ -35,7 +35,7 @@ from pglab.errors import LabError, UserError
 from pglab.plan.schema import Dataset, LocalTarget
 from pglab.targets.base import Endpoint, Endpoints
 from pglab.targets.local import cgroups, leftovers, procs, registry
-from pglab.targets.local import dataset as dataset_fast
+from pglab.targets.local import dataset as datasets  # the fast load, copies and snapshots
 from pglab.targets.local.cgroups import cgroup_name as cgroup_name  # tests import it from here
 from pglab.targets.local.lab_base import LabBase
 from pglab.targets.local.postgres_bin import ServerUser, find_bindir, resolve_server_user
@@ -81,7 +81,7 @@ class LocalLab(LabBase[Node]):
         from the snapshot (then :meth:`reset_dataset` can put it back); without it the lab is built empty."""
         self.spec = spec
         self.dataset = dataset
-        self.snapshot: dataset_fast.Snapshot | None = None
+        self.snapshot: datasets.Snapshot | None = None
         self.dataset_info: dict[str, Any] = {}
         self.log = log
         self.bindir = find_bindir(spec.bindir)
@@ -313,7 +313,7 @@ class LocalLab(LabBase[Node]):
         ds = self.dataset
         r = self.spec.resources
         cores = max(1, min(os.cpu_count() or 1, math.ceil(self.cpus))) if self.cpus else None
-        load = dataset_fast.fast_load_settings(self.bindir, ds, cores=cores,
+        load = datasets.fast_load_settings(self.bindir, ds, cores=cores,
                                                memory_bytes=r.memory.bytes if r and r.memory else None)
         started = time.monotonic()
         self.parameters = dict(load.parameters)
@@ -326,8 +326,8 @@ class LocalLab(LabBase[Node]):
         out = self.lab_dir / "dataset"
         out.mkdir(exist_ok=True)
         try:
-            report = dataset_fast.fast_load(self.endpoints_of([primary]).primary, ds, load, out)
-        except dataset_fast.SnapshotError as exc:
+            report = datasets.fast_load(self.endpoints_of([primary]).primary, ds, load, out)
+        except datasets.SnapshotError as exc:
             raise LabError(f"loading the dataset: {exc}; server log: {self.log_tail(primary)}") from None
         except psycopg.Error as exc:
             if "No space left on device" in str(exc):
@@ -341,14 +341,14 @@ class LocalLab(LabBase[Node]):
         self._pg_ctl(primary, "-m", "fast", "-l", str(primary.log), "restart")
         self._pg_ctl(primary, "-m", "fast", "stop")
         t = time.monotonic()
-        sync_s = dataset_fast.sync_tree(primary.data, primary.wal) if not load.synced_by_server else 0.0
+        sync_s = datasets.sync_tree(primary.data, primary.wal) if not load.synced_by_server else 0.0
         if len(self.nodes) == 1 and ds.reset != "snapshot":  # no standby to make, no reset to serve
             self.dataset_info = {"load_s": round(report.seconds, 2), "parallel": report.parallel,
                                  "sync_s": round(sync_s, 2), "total_s": round(time.monotonic() - started, 2)}
             self.log(f"dataset loaded in {report.seconds:.1f} s (no snapshot: a single instance without resets)")
             return
         try:
-            self.snapshot, copy = dataset_fast.snapshot(
+            self.snapshot, copy = datasets.snapshot(
                 primary.data, primary.wal, primary.data.parent / "snapshot", bindir=self.bindir,
                 wal_dest=primary.wal.parent / "snapshot-wal")
         except OSError as exc:
@@ -379,7 +379,7 @@ class LocalLab(LabBase[Node]):
             if not quiet:
                 self.log(f"{node.name}: standby from the snapshot")
             try:
-                methods[node.name] = dataset_fast.make_standby(
+                methods[node.name] = datasets.make_standby(
                     self.snapshot, node.data, node.wal, primary_conninfo=self._replication_conninfo(node),
                     slot=node.name).method
             except OSError as exc:
@@ -402,7 +402,7 @@ class LocalLab(LabBase[Node]):
             if node.postmaster_pid() is not None:
                 self._pg_ctl(node, "-m", "immediate", "stop", timeout=60)
         primary = self.nodes[0]
-        copy = dataset_fast.restore(self.snapshot, primary.data, primary.wal)
+        copy = datasets.restore(self.snapshot, primary.data, primary.wal)
         methods = {primary.name: copy.method}
         self._write_conf(primary)
         self._start(primary)
