@@ -1,0 +1,25 @@
+"""The HA lab: N PostgreSQL instances run by Patroni, with one etcd as the DCS, all on this host (``HALab``, in
+lab.py, where the lab's layout and timings are described).
+
+Split along its seams, each part a class ``HALab`` composes, the lower ones knowing nothing of the higher:
+
+    node.py         the nodes, their daemons, and the state every part shares (``HAParts``)
+    config.py       what Patroni is told: timings (checked), DCS configuration, each node's patroni.yml
+    membership.py   the cluster as Patroni's REST API reports it: members, the leader, waiting until ready
+    processes.py    etcd and Patroni: found, started (in a node's cgroup), adopted, stopped
+    faults.py       switchover, kills, the new leader, a node started again
+    settings.py     parameters through Patroni's dynamic configuration, restarts they need, rolling restarts
+    restore.py      a backup staged for the first node's bootstrap
+    lab.py          ``HALab``: builds, attaches, adds and removes nodes, tears down
+"""
+
+from pglab.targets.local.ha.config import NAMESPACE, REPLICATION_USER, TIMINGS, check_timings
+from pglab.targets.local.ha.faults import Kill, Transition
+from pglab.targets.local.ha.lab import HALab, clean_ha_lab
+from pglab.targets.local.ha.membership import Member
+from pglab.targets.local.ha.node import HOST, HANode, Log, Proc
+from pglab.targets.local.ha.processes import Adopted, find_etcd, find_patroni
+from pglab.targets.local.leftovers import is_ha_lab  # also imported from here by cli.py and cluster_cli.py
+
+__all__ = ["HOST", "NAMESPACE", "REPLICATION_USER", "TIMINGS", "Adopted", "HALab", "HANode", "Kill", "Log", "Member",
+           "Proc", "Transition", "check_timings", "clean_ha_lab", "find_etcd", "find_patroni", "is_ha_lab"]
