@@ -71,6 +71,13 @@ def _commit_ms(lab: HALab, n: int = 25) -> float:
     with psycopg.connect(lab.conninfo_multi(), autocommit=True) as conn:
         assert conn.info.port == lab._node(lab.primary().name).port  # the real port: clients skip the proxies
         conn.execute("SET synchronous_commit = on")
+        # right after a switchover Patroni names the synchronous standby a moment after the leader is up: until
+        # then commits wait for no one, and there is no round trip to pay yet
+        deadline = time.monotonic() + 60
+        while not conn.execute("SELECT count(*) FROM pg_stat_replication "
+                               "WHERE sync_state IN ('sync', 'quorum')").fetchone()[0]:  # type: ignore[index]
+            assert time.monotonic() < deadline, "no synchronous standby 60 s after the leader was ready"
+            time.sleep(0.2)
         conn.execute("CREATE TABLE IF NOT EXISTS c (id serial PRIMARY KEY, at timestamptz DEFAULT now())")
         times = []
         for _ in range(n):

@@ -247,6 +247,7 @@ def test_signal_during_a_run_cleans_up_and_a_rerun_resumes(fake: tuple[FakeAPI, 
             threading.Timer(0.3, os.kill, (os.getpid(), sig)).start()
 
     api.on_job_created = strike
+    before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)  # ignored when run in the background
     result = run(api_client, tmp_path, PLAN)
     assert (result.interrupted, result.ok, result.failed) == (True, 2, 0)
     assert_all_deleted(api)
@@ -258,7 +259,7 @@ def test_signal_during_a_run_cleans_up_and_a_rerun_resumes(fake: tuple[FakeAPI, 
         (1, 1, "ok"), (1, 2, "ok"), (2, 1, "interrupted")]
     interrupted_dir = store.dir / store.runs()[-1].dir
     store.close()
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # handlers put back
+    assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before  # handlers put back
 
     # the rerun into the same folder: the two missing runs only, on a new Cluster; fio is not measured again
     api.hanging_jobs.clear()
