@@ -55,10 +55,11 @@ class Scrape:
     """One read of one pod's exporter: when (this machine's clock), the text, or why there is none."""
 
     pod: str
-    ts: float
-    text: str | None
+    ts: float  # the middle of the read: the answer's counters are from some time during it (or a cached query
+    text: str | None  # result up to metricsQueriesTTL older)
     error: str | None = None
     values: dict[Key, float] = field(default_factory=dict)
+    took: float = 0.0  # how long the read took (through the API server's proxy: up to seconds on a busy node)
 
 
 class Scraper:
@@ -97,7 +98,8 @@ class Scraper:
                 error = None
             except Exception as exc:  # the API server's or the pod's answer: a gap in the figures, not a failure
                 text, error = None, first_line(exc)
-            scrape = Scrape(pod, (before + now()) / 2, text, error)
+            after = now()
+            scrape = Scrape(pod, (before + after) / 2, text, error, took=after - before)
             if text is not None:
                 scrape.values = parse(text)
             self.scrapes.append(scrape)
@@ -229,7 +231,7 @@ def summarize(scrapes: list[Scrape], primary: str, window: tuple[float, float], 
     metrics: dict[str, float] = {}
     if len(inside) >= 2 and inside[-1].ts > inside[0].ts:
         first, last = inside[0], inside[-1]
-        info.update(start=first.ts, end=last.ts)
+        info.update(start=first.ts, end=last.ts, start_read_s=first.took, end_read_s=last.took)
         d = deltas(first, last, database)
         metrics.update(rates(d, last.ts - first.ts))
         metrics.update({k: d[k] for k in ("checkpoints_timed", "checkpoints_req", "buffers_checkpoint") if k in d})
