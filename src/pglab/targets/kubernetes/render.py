@@ -573,7 +573,9 @@ def witness_script(plan: Plan, seconds: float) -> str:
     psql makes one session per attempt (BEGIN, INSERT … RETURNING the WAL position, COMMIT): its LSN line printed
     means the INSERT returned (the COMMIT was sent next); exit 2 is a lost connection, so a lost COMMIT is in doubt,
     anything else not acked failed — the local witness's rule (``witness.classify``)."""
-    psql = "psql -XAtq -v ON_ERROR_STOP=1"
+    # every attempt has deadlines: a connect to the old primary's address, or a session whose server was killed,
+    # would otherwise wait out TCP's retries (minutes) and hide when writes came back
+    psql = "psql -XAtq -v ON_ERROR_STOP=1 -d 'connect_timeout=3 tcp_user_timeout=3000'"
     create = (f"CREATE TABLE IF NOT EXISTS {WITNESS_TABLE} (id bigint PRIMARY KEY, t_client double precision NOT "
               "NULL, t_server timestamptz NOT NULL DEFAULT clock_timestamp())")
     insert = (f"INSERT INTO {WITNESS_TABLE} (id, t_client) VALUES ($i, $t0) RETURNING "
