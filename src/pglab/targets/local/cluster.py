@@ -19,7 +19,6 @@ import math
 import os
 import re
 import secrets
-import shutil
 import socket
 import subprocess
 import tempfile
@@ -705,12 +704,7 @@ class LocalLab(LabBase[Node]):
         if self.toxiproxy is not None:
             self.toxiproxy.stop()
             self.toxiproxy = None
-        self._remove_groups()
-        for d in reversed(self._created_dirs):
-            shutil.rmtree(d, ignore_errors=True)
-        self._created_dirs.clear()
-        if self.lab_dir:
-            registry.unregister(self.lab_dir)
+        self._remove_what_was_made()
 
 
 def clean_lab(lab_dir: Path, unregister_entry: bool = True) -> list[str]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import abc
 import os
+import shutil
 import subprocess
 import time
 from collections.abc import Callable
@@ -19,7 +20,7 @@ from typing import Any, Generic, Protocol, TypeVar
 
 from pglab.errors import UserError
 from pglab.targets.base import Endpoints
-from pglab.targets.local import cgroups
+from pglab.targets.local import cgroups, registry
 from pglab.targets.local.cgroups import cgroup_name
 from pglab.targets.local.limits import GroupedLimits, ShapedLinks
 from pglab.targets.local.postgres_bin import ServerFiles
@@ -51,6 +52,7 @@ class LabBase(ServerFiles, GroupedLimits, ShapedLinks, abc.ABC, Generic[N]):
     nodes: list[N]
     cpus: float | None
     _events: list[tuple[float, str, str]]
+    _created_dirs: list[Path]  # directories the lab made, removed last-made first when it goes
 
     # ------------------------------------------------------------ primitives each lab supplies
     @abc.abstractmethod
@@ -140,3 +142,12 @@ class LabBase(ServerFiles, GroupedLimits, ShapedLinks, abc.ABC, Generic[N]):
         for g in [*self.groups.values(), *([self.client_group] if self.client_group else [])]:
             g.remove()
         self.groups, self.client_group = {}, None
+
+    def _remove_what_was_made(self) -> None:
+        """Once every process of the lab is gone: its cgroups, its directories, its registry entry."""
+        self._remove_groups()
+        for d in reversed(self._created_dirs):
+            shutil.rmtree(d, ignore_errors=True)
+        self._created_dirs.clear()
+        if self.lab_dir:
+            registry.unregister(self.lab_dir)

@@ -428,12 +428,7 @@ class HALab(Faults, Settings):
                 self.log(f"HA lab kept running in {self.lab_dir}")
             return
         self.stop(graceful=False)  # its files go next: a clean shutdown would only cost seconds
-        self._remove_groups()  # empty now: every process of the lab is gone
-        for d in reversed(self._created_dirs):
-            shutil.rmtree(d, ignore_errors=True)
-        self._created_dirs.clear()
-        if self.lab_dir:
-            registry.unregister(self.lab_dir)
+        self._remove_what_was_made()  # every process of the lab is gone now
 
 
 def clean_ha_lab(lab_dir: Path, unregister_entry: bool = True) -> list[str]:
