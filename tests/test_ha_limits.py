@@ -67,7 +67,8 @@ def _assert_in_own_groups(lab: HALab) -> None:
 
 
 def _commit_ms(lab: HALab, n: int = 25) -> float:
-    """Median time of a one-row synchronous commit (synchronous_commit = on, quorum ANY 1) on the leader."""
+    """Median time of a one-row synchronous commit (synchronous_commit = on, quorum ANY 1) on the leader; what the
+    leader and Toxiproxy said about the link is printed, for a failure's reader."""
     with psycopg.connect(lab.conninfo_multi(), autocommit=True) as conn:
         assert conn.info.port == lab._node(lab.primary().name).port  # the real port: clients skip the proxies
         conn.execute("SET synchronous_commit = on")
@@ -84,6 +85,12 @@ def _commit_ms(lab: HALab, n: int = 25) -> float:
             started = time.perf_counter()
             conn.execute("INSERT INTO c DEFAULT VALUES")
             times.append(time.perf_counter() - started)
+        names = conn.execute("SHOW synchronous_standby_names").fetchone()
+        senders = conn.execute("SELECT application_name, client_port, state, sync_state "
+                               "FROM pg_stat_replication").fetchall()
+    assert lab.toxiproxy is not None
+    print(f"commit ms {[round(t * 1000, 1) for t in times]}; synchronous_standby_names {names}; senders {senders}; "
+          f"toxics {[(p, lab.toxiproxy.toxics(p)) for p in lab.proxy_ports]}")
     return statistics.median(times) * 1000
 
 
