@@ -221,16 +221,17 @@ def _union_cut(loc: tuple[Any, ...]) -> int | None:
 def _location(err: Any) -> tuple[Any, ...]:
     """pydantic's location with mapping keys marked as keys (a bare int is a list index)."""
     loc = list(err["loc"])
-    if "[key]" in loc:  # a dict's key failed its own validation: loc is (..., key, '[key]')
-        i = loc.index("[key]")
-        loc[i - 1 : i + 1] = [_Key(err.get("input", loc[i - 1]))]
+    if err["type"] == "extra_forbidden" and loc:  # first: the unknown key may itself be named '[key]'
+        loc[-1] = _Key(loc[-1])
+    elif len(loc) > 1 and loc[-1] == "[key]":  # a dict's key failed its own validation: loc is (..., key, '[key]')
+        loc[-2:] = [_Key(err.get("input", loc[-2]))]
     elif err["type"] == "invalid_key" and loc:  # a key that is not text: pydantic's loc shows it mangled
         loc[-1] = _Key(err.get("input"))
-    elif err["type"] == "extra_forbidden" and loc:
-        loc[-1] = _Key(loc[-1])
+    if loc[:2] == ["run", "repeats"] and loc[2:3] in (["count"], ["adaptive"]):  # the branch's tag
+        del loc[2]
     at = (err.get("ctx") or {}).get("at")
-    if at:
-        loc += at.split(".")
+    if at:  # a list index in the path is a number: matrix.scenario[0].at
+        loc += [int(part) if part.isdigit() else part for part in at.split(".")]
     return tuple(loc)
 
 
