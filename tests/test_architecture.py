@@ -30,7 +30,7 @@ LAYERS: list[tuple[str, int]] = [
     ("pglab.drivers", 5), ("pglab.storage", 5),
     ("pglab.store", 6),
     ("pglab.engine", 7),
-    ("pglab.analysis", 8),
+    ("pglab.analysis", 8), ("pglab.analysis.stats", 0),  # pure statistics: the engine's adaptive repeats use it
     ("pglab.report", 9),
     ("pglab.cli", 10), ("pglab.cluster_cli", 10), ("pglab.__main__", 10),
 ]

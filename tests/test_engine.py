@@ -8,7 +8,7 @@ complete driver: what a new target has to supply."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +27,7 @@ PLAN = """
 name: engine
 matrix:
   clients: [1, 2]
-run: {duration: 5s, repeats: 2}
+run: {duration: 5s, repeats: 2, order: sequential}
 """
 
 
@@ -51,6 +51,7 @@ class Scripted:
         self._events: list[Event] = []
         self.info: SweepInfo | None = None
         self.run_dirs: list[Path] = []
+        self.tps: Callable[[Point, int], float] = lambda point, repeat: 100.0 * point.clients + repeat
 
     def preflight(self) -> None:
         self.calls.append("preflight")
@@ -87,7 +88,7 @@ class Scripted:
             raise LibraryError("socket closed")
         (run_dir / "out.txt").write_text("artifact")
         start = 1000.0 * point.clients + repeat
-        return RunResult.of((start, start + 5.0), {"tps": 100.0 * point.clients + repeat, "latency_avg_ms": None},
+        return RunResult.of((start, start + 5.0), {"tps": self.tps(point, repeat), "latency_avg_ms": None},
                             series=[(start + 1, "pgbench", "tps", 99.0)], events=[(start - 1, "warmup-start", "1 s")],
                             settings={"work_mem": {"setting": "4096", "unit": "kB"}},
                             record={"files": ["out.txt"], "command": ["pgbench", "-c", str(point.clients)]})
@@ -247,3 +248,105 @@ def test_what_is_known_of_a_platform_that_came_half_up_is_kept(tmp_path: Path) -
         sweep(tmp_path, driver)
     assert driver.calls[-1] == "close keep=False"
     assert rows(tmp_path, "SELECT status, environment FROM sweeps") == [("failed", '{"target": "scripted"}')]
+
+
+# ------------------------------------------------------------------ order and repeats
+MATRIX = """
+name: order
+matrix:
+  clients: [1, 2, 4]
+  parameters: {work_mem: [4MB, 64MB]}
+"""
+
+
+def _ran(driver: Scripted) -> list[str]:
+    return [c.removeprefix("run ") for c in driver.calls if c.startswith("run ")]
+
+
+def _stored_order(tmp_path: Path) -> list[tuple[str, int]]:
+    store = Store.open(tmp_path / "results", create=False)
+    try:
+        return store.run_order(store.latest_sweep_id() or 0)
+    finally:
+        store.close()
+
+
+def test_interleaved_rounds_run_every_point_once_in_blocks_of_parameters_and_the_order_comes_back_from_the_seed(
+        tmp_path: Path) -> None:
+    text = MATRIX + "run: {duration: 5s, repeats: 3, seed: 42}\n"
+    first = Scripted(parse_plan(text))
+    sweep(tmp_path / "a", first, text=text)
+    ran = _ran(first)
+    assert len(ran) == 18
+    work_mem = [p.parameters["work_mem"] for p in first.points]
+    # a block per work_mem value (a restart at most between blocks), the plan's block first
+    by_block = [ran[:9], ran[9:]]
+    assert work_mem[0] == "4MB"
+    for block in by_block:
+        rounds = [block[i:i + 3] for i in range(0, 9, 3)]
+        for number, one_round in enumerate(rounds, 1):  # each round: every point once, this round's repeat
+            assert sorted(one_round) == [f"1 #{number}", f"2 #{number}", f"4 #{number}"], block
+    assert len({tuple(r) for r in (ran[0:3], ran[3:6], ran[6:9], ran[9:12], ran[12:15], ran[15:18])}) > 1  # shuffled
+    stored = _stored_order(tmp_path / "a")
+    assert [f"{next(p.clients for p in first.points if p.key == k)} #{r}" for k, r in stored] == ran
+    again = Scripted(parse_plan(text))
+    sweep(tmp_path / "b", again, text=text)
+    assert _ran(again) == ran  # the same seed, the same order
+    other_text = text.replace("seed: 42", "seed: 43")
+    other = Scripted(parse_plan(other_text))
+    sweep(tmp_path / "c", other, text=other_text)
+    assert _ran(other) != ran and sorted(_ran(other)) == sorted(ran)
+
+
+def test_without_a_seed_one_is_drawn_recorded_and_a_resume_follows_it(tmp_path: Path) -> None:
+    text = MATRIX + "run: {duration: 5s, repeats: 2}\n"
+    whole = Scripted(parse_plan(text))
+    sweep(tmp_path / "whole", whole, text=text)
+    store = Store.open(tmp_path / "whole" / "results", create=False)
+    try:
+        schedule = store.sweep_schedule(1)
+    finally:
+        store.close()
+    assert schedule is not None and schedule["order"] == "interleaved" and isinstance(schedule["seed"], int)
+    seeded = text.replace("repeats: 2}", f"repeats: 2, seed: {schedule['seed']}}}")
+    interrupted = Scripted(parse_plan(seeded))
+    order = _ran(whole)
+    stop = order[5].split(" #")
+    interrupted.script = {(int(stop[0]), int(stop[1])): "interrupt"}
+    sweep(tmp_path / "part", interrupted, text=seeded)
+    resumed = Scripted(parse_plan(seeded))
+    sweep(tmp_path / "part", resumed, text=seeded)
+    assert _ran(interrupted)[:5] == order[:5] and _ran(resumed) == order[5:]
+
+
+def test_sequential_runs_the_plans_order_with_repeats_back_to_back(tmp_path: Path) -> None:
+    text = MATRIX + "run: {duration: 5s, repeats: 2, order: sequential}\n"
+    driver = Scripted(parse_plan(text))
+    sweep(tmp_path, driver, text=text)
+    assert _ran(driver) == [f"{p.clients} #{r}" for p in driver.points for r in (1, 2)]
+
+
+def test_adaptive_repeats_stop_a_quiet_point_at_its_target_and_a_noisy_one_at_max(tmp_path: Path) -> None:
+    text = ("name: adaptive\nmatrix: {clients: [1, 2]}\n"
+            "run: {duration: 5s, repeats: {min: 3, max: 8, target_ci: 2%}, seed: 1}\n")
+    driver = Scripted(parse_plan(text))
+    noise = [1.0, 0.6, 1.4, 0.7, 1.3, 0.8, 1.2, 0.9]
+    driver.tps = lambda point, repeat: 1000.0 + repeat if point.clients == 1 else 1000.0 * noise[repeat - 1]
+    result = sweep(tmp_path, driver, text=text)
+    ran = _ran(driver)
+    quiet, noisy = [r for r in ran if r.startswith("1 #")], [r for r in ran if r.startswith("2 #")]
+    assert quiet == ["1 #1", "1 #2", "1 #3"]  # 1001, 1002, 1003: the interval is ±0.25 %, within 2 % at min
+    assert noisy == [f"2 #{r}" for r in range(1, 9)]  # ±30 % swings: never within 2 %, stops at max
+    assert result.ok == 11
+    said = dict(rows(tmp_path, "SELECT kind, detail FROM events WHERE kind LIKE 'repeats-%'"))
+    assert said["repeats-target-reached"].startswith("tpcb-like sc=on c=1 ") and "3 ok runs" in \
+        said["repeats-target-reached"]
+    assert "c=2 " in said["repeats-max-reached"] and "8 ok runs" in said["repeats-max-reached"]
+
+
+def test_adaptive_repeats_count_only_runs_that_ended_ok(tmp_path: Path) -> None:
+    text = "name: adaptive\nmatrix: {clients: [1]}\nrun: {duration: 5s, repeats: {min: 2, max: 4, target_ci: 5%}}\n"
+    driver = Scripted(parse_plan(text), script={(1, 1): "fail"})
+    driver.tps = lambda point, repeat: 1000.0
+    sweep(tmp_path, driver, text=text)
+    assert _ran(driver) == ["1 #1", "1 #2", "1 #3"]  # #1 failed: one ok run gives no interval, so one more round

@@ -50,7 +50,8 @@ from pglab.targets.kubernetes import render as render_module
 from pglab.targets.kubernetes.orchestrate import K8sError
 from pglab.targets.kubernetes.render import cluster, cpu_quantity, millicores, render
 
-CPU_PLAN = k8s_plan("matrix: {clients: [1, 2], jobs: [1], cpus: [0.5, 2]}", "run: {duration: 4s}")
+CPU_PLAN = k8s_plan("matrix: {clients: [1, 2], jobs: [1], cpus: [0.5, 2]}",
+                    "run: {duration: 4s, order: sequential}")
 
 
 def amounts(cpu: str) -> dict[str, Any]:
@@ -110,6 +111,24 @@ def test_cpu_steps_patch_the_cluster_wait_for_the_rollout_and_record_it(fake: tu
     assert events[0]["kind"] == "cpu-step" and events[0]["detail"].startswith("cpus=2: rolling update took ")
     assert store.sweeps()[-1]["status"] == "done"
     store.close()
+    assert_all_deleted(api)
+
+
+def test_interleaved_rounds_stay_inside_a_cpu_step_so_the_cluster_rolls_out_once(
+        fake: tuple[FakeAPI, client.ApiClient], tmp_path: Path) -> None:
+    api, api_client = fake
+    text = CPU_PLAN.replace("run: {duration: 4s, order: sequential}", "run: {duration: 4s, repeats: 2, seed: 3}")
+    result = run(api_client, tmp_path, text)
+    assert (result.ok, result.failed) == (8, 0)
+    assert api.patches == [{"spec": {"resources": amounts("2")}}]  # one rolling update for eight runs
+    jobs = [j for j in posted_jobs(api) if j.startswith("pg-run-")]
+    patch_at = api.requests.index(("PATCH", CLUSTER))
+    posts = job_posts(api)[1:]  # the runs' Jobs (the first post is pgbench -i)
+    assert all(p < patch_at for p in posts[:4]) and all(p > patch_at for p in posts[4:])
+    assert sorted(jobs[:4]) == ["pg-run-0000-1", "pg-run-0000-2", "pg-run-0001-1", "pg-run-0001-2"]
+    rounds = [sorted(jobs[i:i + 2]) for i in range(0, 8, 2)]  # each round: both client counts, its repeat
+    assert rounds == [["pg-run-0000-1", "pg-run-0001-1"], ["pg-run-0000-2", "pg-run-0001-2"],
+                      ["pg-run-0002-1", "pg-run-0003-1"], ["pg-run-0002-2", "pg-run-0003-2"]]
     assert_all_deleted(api)
 
 

@@ -40,7 +40,7 @@ from pglab.targets.kubernetes import orchestrate
 from pglab.targets.kubernetes.orchestrate import K8sError
 
 PLAN = k8s_plan("storage: {profiles: [randread-8k], runtime: 2s, size: 64MiB, paths: [data]}",
-                "matrix: {clients: [1, 2], jobs: [1]}", "run: {duration: 4s, repeats: 2}")
+                "matrix: {clients: [1, 2], jobs: [1]}", "run: {duration: 4s, repeats: 2, order: sequential}")
 RUN_JOBS = ["pg-run-0000-1", "pg-run-0000-2", "pg-run-0001-1", "pg-run-0001-2"]
 
 
@@ -123,7 +123,8 @@ def test_run_stores_pgbench_fio_and_artifacts_then_deletes_everything(fake: tupl
 
 def test_warmup_is_cut_from_the_window(fake: tuple[FakeAPI, client.ApiClient], tmp_path: Path) -> None:
     api, api_client = fake
-    text = PLAN.replace("run: {duration: 4s, repeats: 2}", "run: {duration: 3s, warmup: 1s}").replace(
+    text = PLAN.replace("run: {duration: 4s, repeats: 2, order: sequential}",
+                        "run: {duration: 3s, warmup: 1s}").replace(
         "storage: {profiles: [randread-8k], runtime: 2s, size: 64MiB, paths: [data]}\n", "")
     result = run(api_client, tmp_path, text)
     assert result.ok == 2
@@ -344,7 +345,7 @@ def test_the_log_of_a_real_run_job_script_is_stored(fake: tuple[FakeAPI, client.
     api.logs["pg-run-0000-1"] = (DATA / "run-job-pod.log").read_text()
     text = PLAN.replace("matrix: {clients: [1, 2], jobs: [1]}",
                         "dataset: {scale: 1}\nmatrix: {clients: [2], jobs: [2]}")
-    text = text.replace("run: {duration: 4s, repeats: 2}", "run: {duration: 3s, warmup: 1s}")
+    text = text.replace("run: {duration: 4s, repeats: 2, order: sequential}", "run: {duration: 3s, warmup: 1s}")
     text = text.replace("storage: {profiles: [randread-8k], runtime: 2s, size: 64MiB, paths: [data]}\n", "")
     result = run(api_client, tmp_path, text)
     assert (result.ok, result.failed) == (1, 0)

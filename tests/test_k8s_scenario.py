@@ -238,11 +238,11 @@ def test_render_writes_the_witness_job_beside_each_failover_run(tmp_path: Path) 
 
 @pytest.mark.parametrize(("scenario", "message"), [
     ("{kind: failover, kill: postgres}",
-     "matrix.scenario.0.kill: on Kubernetes a failover deletes the primary pod (kill: node); kill: postgres is not "
+     "matrix.scenario[0].kill: on Kubernetes a failover deletes the primary pod (kill: node); kill: postgres is not "
      "available there"),
-    ("{kind: backup}", "matrix.scenario.0.kind: the backup scenario runs on the local lab only (a CloudNativePG "
+    ("{kind: backup}", "matrix.scenario[0].kind: the backup scenario runs on the local lab only (a CloudNativePG "
      "backup needs an object store or volume snapshots pglab does not set up); remove it from this Kubernetes plan"),
-    ("{kind: standby-loss, down: 1s}", "matrix.scenario.0.kind: a standby-loss needs a standby: raise "
+    ("{kind: standby-loss, down: 1s}", "matrix.scenario[0].kind: a standby-loss needs a standby: raise "
      "target.kubernetes.instances"),
 ])
 def test_plan_refuses_other_scenarios_on_kubernetes(tmp_path: Path, scenario: str, message: str) -> None:

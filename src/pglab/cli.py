@@ -117,12 +117,21 @@ def run(
 
     Run again into the same --results folder after an interruption (Ctrl-C, a crash, a kill) and the sweep
     resumes: completed runs are kept, unfinished ones are run again."""
+    _check_format(fmt)
+    plan, text = _load(plan_file)
+    outcome, results, started, included, interrupted = _run_plan(
+        plan, text, plan_file.resolve().parent, results, keep=keep, force_new=force_new,
+        allow_destructive=allow_destructive)
+    _sweep_ended(outcome, plan.name, results, fmt, started, included, interrupted)
+
+
+def _run_plan(plan: Plan, text: str, plan_dir: Path, results: Path | None, *, keep: bool = False,
+              force_new: bool = False, allow_destructive: bool = False) -> tuple[Any, Path, float, str, str]:
+    """A plan's sweep through its driver, as `pglab run` and `pglab noise` do it: the outcome, the results folder,
+    when it started, and what the end-of-sweep lines say was included and what an interrupt left."""
     from pglab.drivers import check_options, driver_for
     from pglab.engine.sweep import check_results_dir, run_sweep
 
-    _check_format(fmt)
-    plan, text = _load(plan_file)
-    plan_dir = plan_file.resolve().parent
     check_options(plan, keep=keep, allow_destructive=allow_destructive)
     results = results or Path("results") / f"{plan.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     check_results_dir(results)
@@ -145,11 +154,38 @@ def run(
     except cluster_errors as exc:
         err.print(f"error: {exc}", markup=False, highlight=False)
         raise typer.Exit(1) from None
-    _sweep_ended(outcome, plan.name, results, fmt, started, included, interrupted)
+    return outcome, results, started, included, interrupted
+
+
+@app.command()
+def noise(
+    plan_file: Path = typer.Argument(..., help="plan (YAML): its first point is measured"),
+    repeats: int = typer.Option(6, "--repeats", help="identical runs (even, at least 4): two sides of half each"),
+    results: Path | None = typer.Option(None, "--results", help="results folder (default results/<name>-noise-<time>)"),
+    keep: bool = typer.Option(False, "--keep", help="leave the lab running and its files in place"),
+    allow_destructive: bool = typer.Option(False, "--allow-destructive", help="as for pglab run"),
+) -> None:
+    """Measure the host's noise floor: the plan's first point run --repeats times in one lab, an A/A comparison of
+    its even and odd runs, and the smallest difference a comparison on this host can resolve."""
+    from pglab.analysis.noise import noise_floor
+    from pglab.plan.noise import noise_plan
+    from pglab.store import Store
+
+    _, text = _load(plan_file)
+    plan, derived = noise_plan(text, repeats)
+    outcome, results, started, included, interrupted = _run_plan(
+        plan, derived, plan_file.resolve().parent, results, keep=keep, allow_destructive=allow_destructive)
+    store = Store.open(results, create=False)
+    try:
+        floor = noise_floor(store, outcome.sweep_id)
+    finally:
+        store.close()
+    lines = floor.lines() if floor is not None else ["noise floor: fewer than two runs ended ok, no spread to measure"]
+    _sweep_ended(outcome, plan.name, results, "table", started, included, interrupted, after=lines)
 
 
 def _sweep_ended(outcome: Any, name: str, results: Path, fmt: str, started: float, included: str,
-                 interrupted: str) -> None:
+                 interrupted: str, after: list[str] | None = None) -> None:
     """The end of `pglab run`, local or Kubernetes: the tables, one summary line, failures; exit 130 when
     interrupted, 1 when a run failed."""
     from pglab.report.tables import full_report
@@ -159,6 +195,8 @@ def _sweep_ended(outcome: Any, name: str, results: Path, fmt: str, started: floa
     text = full_report(store, fmt, outcome.sweep_id, title=f"{name} — {results}")
     store.close()
     out.print(text, end="", soft_wrap=True, markup=False, highlight=False)
+    for line in after or []:
+        out.print(line, soft_wrap=True, markup=False, highlight=False)
     elapsed = time.monotonic() - started
     before = f", {outcome.already_done} completed before this resume" if outcome.resumed else ""
     err.print(f"results: {results}  ({outcome.ok} ok, {outcome.failed} failed{before}; "
@@ -378,7 +416,14 @@ def plan_validate(plan_file: Path = typer.Argument(..., help="plan (YAML)")) -> 
 
     plan, _ = _load(plan_file)
     n = len(expand(plan))
-    out.print(f"{plan_file}: valid — {n} points × {plan.run.repeats} repeats = {n * plan.run.repeats} runs")
+    run = plan.run
+    if run.target_ci_pct is None:
+        out.print(f"{plan_file}: valid — {n} points × {run.min_repeats} repeats = {n * run.min_repeats} runs, "
+                  f"{run.order}")
+    else:
+        out.print(f"{plan_file}: valid — {n} points × {run.min_repeats}–{run.max_repeats} repeats (until TPS's 95 % "
+                  f"interval is within ±{run.target_ci_pct:g} %) = {n * run.min_repeats}–{n * run.max_repeats} runs, "
+                  f"{run.order}")
 
 
 @plan_app.command("schema")

@@ -12,11 +12,12 @@ from pathlib import Path
 from pglab import __version__
 from pglab.artifacts import write_json
 from pglab.engine.driver import Driver, FioMeasurement, SweepInfo
+from pglab.engine.schedule import Schedule, new_seed
 from pglab.engine.types import Event, Observer, RunResult
 from pglab.errors import RunInterrupted, UserError, first_line
 from pglab.plan.expand import Point
 from pglab.plan.load import resolve_path
-from pglab.plan.schema import Plan
+from pglab.plan.schema import Plan, Run
 from pglab.store.sqlite import Store
 
 
@@ -94,6 +95,19 @@ class Recorder:
         if self.resumed:
             return self.store.point_ids(self.sweep_id), self.store.completed_runs(self.sweep_id)
         return self.store.add_points(self.sweep_id, [(p.index, p.key, p.axes) for p in points]), set()
+
+    def schedule(self, run: Run) -> Schedule:
+        """The sweep's order and repeats: as recorded when resuming (its seed above all), else new and recorded."""
+        recorded = self.store.sweep_schedule(self.sweep_id) if self.resumed else None
+        if recorded is not None:
+            return Schedule.from_json(recorded)
+        schedule = Schedule.of(run, run.seed if run.seed is not None else new_seed())
+        self.store.set_sweep_schedule(self.sweep_id, schedule.as_json())
+        return schedule
+
+    def tps_of(self, point: Point) -> list[float]:
+        """TPS of the point's runs that ended ok (what adaptive repeats judge)."""
+        return self.store.ok_values(self.sweep_id, "tps").get(point.key, [])
 
     def storage_done(self) -> bool:
         return self.store.storage_done(self.sweep_id)

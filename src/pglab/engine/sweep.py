@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import itertools
 import os
 import signal
 import time
@@ -16,10 +17,13 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from pglab.analysis.stats import estimate
 from pglab.engine.driver import Driver
 from pglab.engine.recorder import Recorder
-from pglab.engine.types import Observer, SilentObserver, SweepResult
+from pglab.engine.schedule import Schedule
+from pglab.engine.types import Event, Observer, SilentObserver, SweepResult
 from pglab.errors import RunInterrupted, UserError, first_line
+from pglab.plan.expand import Point
 from pglab.plan.schema import Plan
 from pglab.store.sqlite import Store
 
@@ -45,21 +49,26 @@ def _sweep(driver: Driver, plan: Plan, recorder: Recorder, ui: Observer, keep: b
     result = SweepResult(sweep_id, recorder.dir, resumed=resumed)
     points = driver.points
     point_ids, done = recorder.points(points)
-    repeats = plan.run.repeats
-    todo = [(p, r) for p in points for r in range(1, repeats + 1) if (p.key, r) not in done]
-    result.already_done = len(points) * repeats - len(todo)
+    schedule = recorder.schedule(plan.run)
+    result.already_done = len(done)
+    todo = schedule.runs(points, done, recorder.tps_of)
+    upcoming = next(todo, None)
+    first_rounds = [(p.key, r) for p in points for r in range(1, schedule.min_repeats + 1)]  # adaptive: more later
+    left = max(1, len([r for r in first_rounds if r not in done])) if upcoming else 0
     if resumed:
-        ui.log(f"resuming sweep {sweep_id}: {result.already_done} of {len(points) * repeats} runs already "
-               f"complete, {len(todo)} to go")
+        at_least = "at least " if schedule.target_ci_pct is not None and upcoming else ""
+        ui.log(f"resuming sweep {sweep_id}: {result.already_done} of {at_least}{len(first_rounds)} runs already "
+               f"complete, {at_least}{left} to go")
     with_storage = plan.storage is not None and not recorder.storage_done()
-    if not todo and not with_storage:
+    if upcoming is None and not with_storage:
         recorder.end("done", None)
         return result
+    ui.log(f"runs: {schedule.describe()}")
     seconds = plan.run.measured_seconds
     per_run = plan.run.warmup + seconds + driver.run_overhead_s if seconds else None
-    ui.sweep_started(len(todo), per_run * len(todo) if per_run else None)
+    ui.sweep_started(left, per_run * left if per_run else None)
     status, reason = "done", None
-    first = todo[0][0] if todo else points[0]
+    first = upcoming[0] if upcoming else points[0]
     with interrupt_signals() as signals:
         try:
             driver.open(first, with_storage, resumed)
@@ -69,14 +78,16 @@ def _sweep(driver: Driver, plan: Plan, recorder: Recorder, ui: Observer, keep: b
                     recorder.fio(measurement)
                 recorder.events(driver.take_events())
                 recorder.events([(time.time(), "storage-done", "")])
-            if todo:
+            if upcoming:
                 driver.load_dataset()
-            for point, repeat in todo:
+            for point, repeat in itertools.chain([upcoming] if upcoming else [], todo):
                 driver.before_run(point)
                 recorder.events(driver.take_events())
                 result.record(point, repeat, recorder.run(driver, point, point_ids[point.key], repeat))
                 if plan.run.pause:
                     time.sleep(plan.run.pause)
+            if schedule.target_ci_pct is not None:
+                recorder.events(_targets(schedule, points, recorder, ui))
         except RunInterrupted as exc:
             status, reason = "interrupted", f"interrupted by {exc.signal_name}"
             result.interrupted = True
@@ -104,6 +115,24 @@ def _sweep(driver: Driver, plan: Plan, recorder: Recorder, ui: Observer, keep: b
             finally:
                 recorder.end(status, reason)
     return result
+
+
+def _targets(schedule: Schedule, points: list[Point], recorder: Recorder, ui: Observer) -> list[Event]:
+    """Which points' TPS came within the target interval, and which stopped at max: one event each, logged too."""
+    events: list[Event] = []
+    for point in points:
+        tps = recorder.tps_of(point)
+        e = estimate(tps)
+        width = f"±{e.ci95 / abs(e.mean) * 100:.1f} %" if e and e.ci95 is not None and e.mean else "no interval"
+        reached = schedule.reached(tps)
+        kind = "repeats-target-reached" if reached else "repeats-max-reached"
+        detail = f"{point.label()}: {len(tps)} ok runs, TPS {width} (target ±{schedule.target_ci_pct:g} %)"
+        events.append((time.time(), kind, detail))
+        if not reached:
+            ui.log(f"target not reached: {detail}")
+    reached_n = sum(e[1] == "repeats-target-reached" for e in events)
+    ui.log(f"adaptive repeats: {reached_n} of {len(points)} points within ±{schedule.target_ci_pct:g} %")
+    return events
 
 
 @contextmanager

@@ -11,9 +11,11 @@ from pydantic import (
     BaseModel,
     BeforeValidator,
     ConfigDict,
+    Discriminator,
     Field,
     PlainSerializer,
     PlainValidator,
+    Tag,
     WithJsonSchema,
     field_validator,
     model_validator,
@@ -742,12 +744,58 @@ def _unique(values: list[Any]) -> list[Any]:
     return values
 
 
+def _percent(value: Any) -> float:
+    """``5%`` (or a bare number, read as percent): in (0, 100)."""
+    text = value.strip().removesuffix("%").strip() if isinstance(value, str) and value.strip().endswith("%") else None
+    try:
+        number = float(text) if text is not None else value
+    except ValueError:
+        number = None
+    if isinstance(number, bool) or not isinstance(number, int | float) or not math.isfinite(number):
+        raise PydanticCustomError("percent", "must be a percentage such as 5%")
+    if not 0 < number < 100:
+        raise PydanticCustomError("percent", "must be more than 0% and less than 100%")
+    return float(number)
+
+
+Percent = Annotated[float, BeforeValidator(_percent)]
+
+
+class AdaptiveRepeats(Strict):
+    """Repeat a point until its TPS is known well enough, as pyperf and the Phoronix suite do: at least ``min``
+    runs, then more (one round at a time) until the 95 % interval's half-width is within ``target_ci`` of the mean,
+    or ``max`` runs."""
+
+    min: Annotated[int, _int_between(2, MAX_REPEATS, "an integer of at least 2 (an interval needs two runs)")] = 3
+    max: Annotated[int, _int_between(2, MAX_REPEATS, "an integer of at least 2")] = 10
+    target_ci: Percent = Field(description="half-width of TPS's 95 % interval, % of the mean, e.g. 5%")
+
+    @model_validator(mode="after")
+    def _bounds(self) -> AdaptiveRepeats:
+        if self.max < self.min:
+            raise PydanticCustomError("run", "max ({max}) must be at least min ({min})",
+                                      {"max": self.max, "min": self.min, "at": "run.repeats.max"})
+        return self
+
+
+# a count, or a mapping of adaptive settings: told apart by the input's type, so each gets its own messages
+Repeats = Annotated[Annotated[Annotated[int, _int_between(1, MAX_REPEATS)], Tag("count")]
+                    | Annotated[AdaptiveRepeats, Tag("adaptive")],
+                    Discriminator(lambda v: "adaptive" if isinstance(v, dict | AdaptiveRepeats) else "count")]
+
+
 class Run(Strict):
     duration: Seconds | None = Field(None, description="measured seconds per run (default 60 s)")
     transactions: Annotated[int, _int_between(1, MAX_TRANSACTIONS)] | None = Field(
         None, description="transactions per client instead of duration")
     warmup: Seconds = Field(0.0, description="run before the measured window, outside it")
-    repeats: Annotated[int, _int_between(1, MAX_REPEATS)] = 1
+    repeats: Repeats = Field(
+        1, description="runs per point, or {min, max, target_ci} to repeat until TPS is known within target_ci")
+    order: Literal["interleaved", "sequential"] = Field(
+        "interleaved", description="interleaved: each round runs every point once, in a shuffled order, so drift "
+                                   "spreads over the points; CPU steps and parameter sets form blocks")
+    seed: Annotated[int, _int_between(0, 2**63 - 1, "a non-negative integer")] | None = Field(
+        None, description="seed of the interleaved order (default: drawn and recorded with the sweep)")
     rate: Annotated[float, _number_between(0, MAX_RATE, low_open=True)] | None = Field(
         None, description="target transactions/s (pgbench -R)")
     sampling_rate: Annotated[float, _number_between(0, 1, low_open=True)] = Field(
@@ -767,6 +815,18 @@ class Run(Strict):
         if self.duration is not None and self.transactions is not None:
             raise PydanticCustomError("run", "give either 'duration' or 'transactions', not both")
         return self
+
+    @property
+    def min_repeats(self) -> int:
+        return self.repeats.min if isinstance(self.repeats, AdaptiveRepeats) else self.repeats
+
+    @property
+    def max_repeats(self) -> int:
+        return self.repeats.max if isinstance(self.repeats, AdaptiveRepeats) else self.repeats
+
+    @property
+    def target_ci_pct(self) -> float | None:
+        return self.repeats.target_ci if isinstance(self.repeats, AdaptiveRepeats) else None
 
     @property
     def measured_seconds(self) -> float | None:
@@ -922,8 +982,9 @@ class Plan(Strict):
                                           {"at": "run.transactions"})
             end = sc.at + (sc.down if sc.kind == "standby-loss" else 0)
             if end >= seconds:
-                raise PydanticCustomError("scenario", "the scenario ends at {end:g} s, after the {seconds:g} s run; "
-                                          "lower 'at' or raise run.duration", {"end": end, "seconds": seconds,
+                raise PydanticCustomError("scenario", "the scenario ends at {end} s, after the {seconds} s run; "
+                                          "lower 'at' or raise run.duration", {"end": f"{end:g}",
+                                                                                "seconds": f"{seconds:g}",
                                                                                 "at": f"{at}.at"})
         return self
 
@@ -954,10 +1015,10 @@ class Plan(Strict):
 
     @model_validator(mode="after")
     def _runs(self) -> Plan:
-        runs = self.matrix.points * self.run.repeats
+        runs = self.matrix.points * self.run.max_repeats
         if runs > MAX_RUNS:
             raise PydanticCustomError("plan", "{points} points × {repeats} repeats make {runs} runs, more than "
                                       "{max}; lower run.repeats or shorten an axis",
-                                      {"points": self.matrix.points, "repeats": self.run.repeats, "runs": runs,
+                                      {"points": self.matrix.points, "repeats": self.run.max_repeats, "runs": runs,
                                        "max": MAX_RUNS, "at": "run.repeats"})
         return self

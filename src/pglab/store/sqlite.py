@@ -19,7 +19,7 @@ from typing import Any
 
 from pglab.errors import UserError
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 MIGRATIONS: dict[int, str] = {
     1: """
@@ -122,6 +122,9 @@ MIGRATIONS: dict[int, str] = {
         value REAL,
         PRIMARY KEY (run_id, tenant, name)
     );
+    """,
+    4: """
+    ALTER TABLE sweeps ADD COLUMN schedule TEXT;  -- JSON: order, seed, repeats (min, max, target_ci)
     """,
 }
 
@@ -240,6 +243,31 @@ class Store:
         with self.tx():
             self.conn.execute("UPDATE sweeps SET environment=?, target=? WHERE id=?",
                               (json.dumps(environment, default=str), json.dumps(target, default=str), sweep_id))
+
+    def set_sweep_schedule(self, sweep_id: int, schedule: dict[str, Any]) -> None:
+        """How the sweep orders and repeats its runs (the seed above all): a resumed sweep goes on in that order."""
+        with self.tx():
+            self.conn.execute("UPDATE sweeps SET schedule=? WHERE id=?", (json.dumps(schedule), sweep_id))
+
+    def sweep_schedule(self, sweep_id: int) -> dict[str, Any] | None:
+        row = self.conn.execute("SELECT schedule FROM sweeps WHERE id=?", (sweep_id,)).fetchone()
+        return json.loads(row[0]) if row and row[0] else None
+
+    def ok_values(self, sweep_id: int, metric: str) -> dict[str, list[float]]:
+        """Point key → the metric of each of its runs that ended ok, in the order they ran."""
+        out: dict[str, list[float]] = {}
+        for key, value in self.conn.execute(
+                "SELECT p.key, m.value FROM runs r JOIN points p ON p.id = r.point_id JOIN run_metrics m "
+                "ON m.run_id = r.id AND m.name = ? WHERE r.sweep_id = ? AND r.status = 'ok' AND m.value IS NOT NULL "
+                "ORDER BY r.started", (metric, sweep_id)):
+            out.setdefault(key, []).append(float(value))
+        return out
+
+    def run_order(self, sweep_id: int) -> list[tuple[str, int]]:
+        """(point key, repeat) of the sweep's runs in the order they started."""
+        return [(k, r) for k, r in self.conn.execute(
+            "SELECT p.key, r.repeat FROM runs r JOIN points p ON p.id = r.point_id WHERE r.sweep_id = ? "
+            "ORDER BY r.started, r.rowid", (sweep_id,))]
 
     def end_sweep(self, sweep_id: int, status: str, reason: str | None = None) -> None:
         with self.tx():

@@ -675,7 +675,7 @@ def render(plan: Plan, base_dir: Path) -> list[Manifest]:
         out.append(scripts)
     out.append(pgbench_init(plan))
     for point in expand(plan, cores=client_cores(k8s)):
-        for repeat in range(1, plan.run.repeats + 1):
+        for repeat in range(1, plan.run.max_repeats + 1):
             if point.scenario is not None and point.scenario.witness:
                 out.append(witness_job(plan, point, repeat))  # started just before the run's Job, beside it
             out.append(pgbench_run(plan, point, repeat))
