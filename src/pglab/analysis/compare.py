@@ -69,7 +69,7 @@ def verdict(metric: str, significant: bool | None, increase: bool) -> str:
     if direction is None:
         return HIGHER if increase else LOWER
     better = increase != direction
-    if metric.startswith("tps") or "latency" in metric:
+    if metric.rsplit(".", 1)[-1].startswith("tps") or "latency" in metric:
         return FASTER if better else SLOWER
     return BETTER if better else WORSE
 

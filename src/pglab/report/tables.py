@@ -314,7 +314,7 @@ def render(columns: list[str], rows: list[dict[str, Any]], fmt: str, title: str 
     table = Table(title=title, title_justify="left", show_lines=False, header_style="bold")
     for c in shown:
         left = c in ("workload", "synchronous_commit", "status", "run_id", "dir", "reason", "path", "device", "profile",
-                     "note", "dips")
+                     "note", "dips", "flags") or c.endswith("verdict")
         name = headers.get(c, c)
         table.add_column(name, justify="left" if left else "right", no_wrap=c not in ("note", "dips"),
                          min_width=len(name), max_width=60 if c in ("note", "dips") else None)
