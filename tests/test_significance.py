@@ -288,3 +288,42 @@ def test_cost_comparison_says_whether_cheaper_per_tps_is_measured(tmp_path: Path
         c = contrast(a, b)
         assert c is not None and c.ratio_ci is not None
         assert f"{(1 / c.ratio_ci[1] - 1) * 100:+.1f} % to {(1 / c.ratio_ci[0] - 1) * 100:+.1f} %" in line
+
+
+# tenants: a tier against the first arrangement
+
+
+def _tenants_store(path: Path, base: list[float], tier: list[float]) -> Store:
+    """Arrangement 'noqos' (2 tenants, host TPS ``base`` per run) then 'qos' whose tier 'gold' made ``tier``."""
+    store = Store.open(path)
+    sweep = store.begin_sweep("t", "name: t\n", "h", "0")
+    ids = store.add_points(sweep, [(0, "k0", {"arrangement": "noqos", "clients": 1}),
+                                   (1, "k1", {"arrangement": "qos", "clients": 1})])
+    for i, (key, values) in enumerate((("k0", base), ("k1", tier))):
+        for rep, v in enumerate(values, 1):
+            run_id, _ = store.start_run(sweep, ids[key], i, rep)
+            m = {"tps": 2 * v, "tenants": 2.0} if i == 0 else {"tps": 2 * v, "tenants": 2.0, "tier.gold.tps": v}
+            store.finish_run(run_id, "ok", metrics=m)
+    store.end_sweep(sweep, "done")
+    return store
+
+
+@pytest.mark.parametrize(("case", "verdict"), [(ONE_RUN, "too few repeats"), (SEPARATED, "slower"),
+                                               (NOISY, "no significant difference")])
+def test_tier_vs_base_has_its_interval_and_verdict(tmp_path: Path, case: tuple[list[float], list[float]],
+                                                   verdict: str) -> None:
+    from pglab.report.tiers import tier_table
+
+    store = _tenants_store(tmp_path / "r", *case)
+    _, rows = tier_table(store)
+    gold = next(r for r in rows if r["tier"] == "gold")
+    d = difference("tps", *case)
+    assert d is not None
+    assert gold["tps_vs_base_pct"] == pytest.approx(d.delta_pct) and gold["tps_verdict"] == verdict
+    if d.ci95_pct is not None:
+        assert (gold["tps_ci95_low_pct"], gold["tps_ci95_high_pct"]) == pytest.approx(d.ci95_pct)
+    for fmt in ("table", "markdown", "csv", "json"):
+        assert verdict in full_report(store, fmt, table="tiers"), fmt
+    assert verdict in html.build(store)
+    if verdict == "no significant difference":  # NOISY's runs spread more than 5 %: both arrangements flagged
+        assert [r["flags"] for r in rows] == ["unstable"] * len(rows)

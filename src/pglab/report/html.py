@@ -186,7 +186,7 @@ def _tenants_parts(store: Store, sweep_id: int) -> tuple[list[str], list[dict[st
         summary.append(note[0].upper() + note[1:] + ".")
     for h in host_rows:
         parts = [f"{r['tier']} {r['tps_per_instance']:,.1f} TPS per instance"
-                 + (f" ({r['tps_vs_base_pct']:+.1f} % vs {headers['tps_vs_base_pct'][3:]})"
+                 + (f" ({_delta('tps_vs_base_pct', r)} vs {headers['tps_vs_base_pct'][3:]})"
                     if r.get("tps_vs_base_pct") is not None else "")
                  for r in tier_rows if r["arrangement"] == h["arrangement"] and r.get("tps_per_instance") is not None]
         summary.append(f"{h['arrangement']}: {h['tenants']} tenants, host {h['tps'] or 0:,.0f} TPS; "
