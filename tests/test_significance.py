@@ -123,6 +123,8 @@ def test_durability_with_one_run_says_too_few_repeats_everywhere(tmp_path: Path)
     table = full_report(store, "table", table="durability")
     line = next(x for x in table.splitlines() if "+112.6 %" in x)
     assert "too few repeats" in line and "[" not in line  # no interval pretended
+    assert "set run.repeats to 3 or more" in table
+    assert "set run.repeats to 3 or more" not in full_report(_durability_store(tmp_path / "s", *SEPARATED), "table")
 
 
 def test_durability_with_separated_repeats_is_slower_and_its_interval_excludes_zero(tmp_path: Path) -> None:
@@ -324,6 +326,7 @@ def test_tier_vs_base_has_its_interval_and_verdict(tmp_path: Path, case: tuple[l
         assert (gold["tps_ci95_low_pct"], gold["tps_ci95_high_pct"]) == pytest.approx(d.ci95_pct)
     for fmt in ("table", "markdown", "csv", "json"):
         assert verdict in full_report(store, fmt, table="tiers"), fmt
+    assert ("set run.repeats to 3 or more" in full_report(store, "table")) == (verdict == "too few repeats")
     assert verdict in html.build(store)
     if verdict == "no significant difference":  # NOISY's runs spread more than 5 %: both arrangements flagged
         assert [r["flags"] for r in rows] == ["unstable"] * len(rows)

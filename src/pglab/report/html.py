@@ -121,7 +121,7 @@ def build(store: Store, sweep_id: int | None = None) -> str:
         summary.insert(0, note[0].upper() + note[1:] + ".")
     flagged = [p for p in points if p.get("flags")]
     if flagged:
-        summary.append(f"{len(flagged)} point(s) flagged (unstable: TPS CV over repeats > {UNSTABLE_CV:.0%}; "
+        summary.append(f"{len(flagged)} point(s) flagged (unstable: TPS CV over repeats > {UNSTABLE_CV * 100:g} %; "
                        "interfered: other load on the lab's CPU): "
                        + ", ".join(f"{p['workload']} {p['synchronous_commit']} {p['clients']} clients {p['flags']}"
                                    for p in flagged[:6]) + ("…" if len(flagged) > 6 else "") + ".")

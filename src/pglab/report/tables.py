@@ -15,7 +15,7 @@ from rich.table import Table
 
 from pglab import metrics
 from pglab.analysis.bottleneck import attribute, describe, mean_metrics, storage_ceiling_share
-from pglab.analysis.compare import VERDICTS, difference
+from pglab.analysis.compare import TOO_FEW_REPEATS, VERDICTS, difference
 from pglab.analysis.cost import cost_table
 from pglab.analysis.flags import UNSTABLE, flag_text, flags
 from pglab.analysis.stats import estimate
@@ -336,6 +336,8 @@ def limits_note(store: Store, sweep_id: int | None = None) -> str | None:
             "their figures are those of an unlimited lab; see limits.json in each run folder")
 
 
+TOO_FEW_NOTE = (f"{TOO_FEW_REPEATS}: a Δ with fewer than 2 runs on a side has no interval, so it says nothing yet "
+                "about a difference; set run.repeats to 3 or more\n")
 TABLES = ("database", "storage", "durability", "scenarios", "cost", "uplift", "tiers", "tenants")
 UPLIFT_HEADERS = {"a": "A tps", "b": "B tps", "uplift_pct": "uplift % [95 %]", "ci95_low_pct": "95 % low",
                   "ci95_high_pct": "95 % high"}
@@ -376,6 +378,7 @@ def full_report(store: Store, fmt: str, sweep_id: int | None = None, per_run: bo
             chosen = scenario_table(store, sweep_id)
         return render(*chosen, fmt)
     parts = []
+    compared: list[dict[str, Any]] = []  # the rows of the comparison tables printed, for the note below
     if fio_rows and table in (None, "storage"):
         parts.append(render(fio_columns, fio_rows, fmt, title="storage (fio)", shown=STORAGE_SHOWN,
                             headers=STORAGE_HEADERS))
@@ -391,6 +394,7 @@ def full_report(store: Store, fmt: str, sweep_id: int | None = None, per_run: bo
                 if c.endswith(suffix):
                     headers[c] = f"{c[: -len(suffix)]} {name}"
                     break
+        compared += dur_rows
         parts.append(render(dur_columns, dur_rows, fmt, title="price of durability: synchronous_commit levels side "
                             f"by side, Δ = % vs {dur_rows[0]['base']} [95 % interval]",
                             shown=[c for c in display_columns(dur_columns) if c != "base"], headers=headers))
@@ -403,9 +407,12 @@ def full_report(store: Store, fmt: str, sweep_id: int | None = None, per_run: bo
         from pglab.analysis.compare import uplift_tables
 
         for up_title, up_columns, up_rows in uplift_tables(store, sweep_id):
+            compared += up_rows
             parts.append(render(up_columns, up_rows, fmt, title=up_title, headers=UPLIFT_HEADERS))
     if (note := limits_note(store, sweep_id)) and table in (None, "database"):
         parts.append(note + "\n")
+    if any(v == TOO_FEW_REPEATS for r in compared for v in r.values()):
+        parts.append(TOO_FEW_NOTE)
     if cost_rows and table in (None, "cost") and not per_run:
         parts.append(render(cost_columns, cost_rows, fmt, title="cost at peak TPS",
                             headers={"per_tps": f"{cost_rows[0]['currency']}/TPS·month", "peak_tps": "peak tps"}))
@@ -431,6 +438,8 @@ def _tenants_report(store: Store, fmt: str, sweep_id: int | None, table: str | N
         parts.append(render(tier_columns, tier_rows, fmt, headers=tiers.tier_headers(store, sweep_id),
                             title="tiers: per tenant, mean over the tier's tenants (median over repeats); spread = "
                             "(max − min) / mean TPS within the tier"))
+        if any(r.get("tps_verdict") == TOO_FEW_REPEATS for r in tier_rows):
+            parts.append(TOO_FEW_NOTE)
     host_columns, host_rows = tiers.host_table(store, sweep_id)
     if table in (None, "database") and host_rows:
         parts.append(render(host_columns, host_rows, fmt, headers=tiers.HOST_HEADERS,
