@@ -330,3 +330,19 @@ def test_tier_vs_base_has_its_interval_and_verdict(tmp_path: Path, case: tuple[l
     assert verdict in html.build(store)
     if verdict == "no significant difference":  # NOISY's runs spread more than 5 %: both arrangements flagged
         assert [r["flags"] for r in rows] == ["unstable"] * len(rows)
+
+
+def test_compare_command_notes_too_few_repeats(tmp_path: Path) -> None:
+    from conftest import pglab
+
+    for name, case in (("one", ONE_RUN), ("sep", SEPARATED)):
+        _durability_store(tmp_path / f"{name}a", case[0], case[0]).close()
+        _durability_store(tmp_path / f"{name}b", case[1], case[1]).close()
+    one = pglab("compare", str(tmp_path / "onea"), str(tmp_path / "oneb"), check=True).stdout
+    assert "+112.6 %" in one and "too few repeats" in one and "set run.repeats to 3 or more" in one
+    sep = pglab("compare", str(tmp_path / "sepa"), str(tmp_path / "sepb"), "--uplift", "--format", "markdown",
+                check=True).stdout
+    d = difference("tps", *SEPARATED)
+    assert d is not None and d.ci95_pct is not None
+    assert f"-40.0 % [{d.ci95_pct[0]:+.1f}, {d.ci95_pct[1]:+.1f}] | slower" in sep
+    assert "set run.repeats" not in sep

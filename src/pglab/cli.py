@@ -278,6 +278,10 @@ def compare(
             title = f"{b} vs {a}"
     finally:
         store_a.close()
+    if any(r.get("tps_verdict") == "too few repeats" for r in rows):
+        from pglab.report.tables import TOO_FEW_NOTE
+
+        cost_lines.insert(0, TOO_FEW_NOTE.rstrip())
     if uplift:
         from pglab.report.tables import UPLIFT_HEADERS
 
