@@ -48,15 +48,17 @@ def tps_runs(*values: float) -> list[dict[str, float | None]]:
     return [{"tps": v, "latency_avg_ms": 1000.0 / v} for v in values]
 
 
-def welch_by_hand(a: list[float], b: list[float]) -> tuple[float, float]:
+def fieller_by_hand(a: list[float], b: list[float]) -> tuple[float, float]:
+    """The textbook form of Fieller's interval for mean(b) / mean(a), t with Welch's df, as % change."""
     na, nb = len(a), len(b)
     ma, mb = sum(a) / na, sum(b) / nb
-    va = sum((x - ma) ** 2 for x in a) / (na - 1)
-    vb = sum((x - mb) ** 2 for x in b) / (nb - 1)
-    se = math.sqrt(va / na + vb / nb)
-    df = (va / na + vb / nb) ** 2 / ((va / na) ** 2 / (na - 1) + (vb / nb) ** 2 / (nb - 1))
-    half = stats.t.ppf(0.975, df) * se
-    return (mb - ma - half) / ma * 100, (mb - ma + half) / ma * 100
+    sa2 = sum((x - ma) ** 2 for x in a) / (na - 1) / na
+    sb2 = sum((x - mb) ** 2 for x in b) / (nb - 1) / nb
+    df = (sa2 + sb2) ** 2 / (sa2 ** 2 / (na - 1) + sb2 ** 2 / (nb - 1))
+    t = stats.t.ppf(0.975, df)
+    g, r = t * t * sa2 / ma ** 2, mb / ma
+    half = t / ma * math.sqrt(sb2 * (1 - g) + r * r * sa2)
+    return ((r - half) / (1 - g) - 1) * 100, ((r + half) / (1 - g) - 1) * 100
 
 
 def test_clear_difference(tmp_path: Path) -> None:
@@ -69,13 +71,16 @@ def test_clear_difference(tmp_path: Path) -> None:
     assert row["runs_a"] == 3 and row["runs_b"] == 3
     assert row["tps_a"] == pytest.approx(100) and row["tps_b"] == pytest.approx(120)
     assert row["tps_delta_pct"] == pytest.approx(20.0)
-    # by hand: both variances are 1, se = sqrt(1/3 + 1/3), df = 4, half = t(0.975, 4) * se = 2.7764 * 0.8165
-    half = 2.7764451051977987 * math.sqrt(2 / 3)
-    assert stats.t.ppf(0.975, 4) == pytest.approx(2.7764451051977987)
-    assert row["tps_ci95_low_pct"] == pytest.approx((20 - half) / 100 * 100)
-    assert row["tps_ci95_high_pct"] == pytest.approx((20 + half) / 100 * 100)
-    assert row["tps_ci95_low_pct"] == pytest.approx(17.733, abs=1e-3)
-    assert row["tps_ci95_high_pct"] == pytest.approx(22.267, abs=1e-3)
+    # by hand: both variances are 1, s²/n = 1/3 a side, df = 4, t = t(0.975, 4) = 2.7764; Fieller: the ρ with
+    # (120 − 100ρ)² = t²·(1/3 + ρ²/3), i.e. (10000 − t²/3)ρ² − 24000ρ + (14400 − t²/3) = 0
+    t = 2.7764451051977987
+    assert stats.t.ppf(0.975, 4) == pytest.approx(t)
+    qa, qc = 10000 - t * t / 3, 14400 - t * t / 3
+    roots = sorted((24000 - s * math.sqrt(24000 ** 2 - 4 * qa * qc)) / (2 * qa) for s in (1, -1))
+    assert row["tps_ci95_low_pct"] == pytest.approx((roots[0] - 1) * 100)
+    assert row["tps_ci95_high_pct"] == pytest.approx((roots[1] - 1) * 100)
+    assert row["tps_ci95_low_pct"] == pytest.approx(17.526, abs=1e-3)
+    assert row["tps_ci95_high_pct"] == pytest.approx(22.535, abs=1e-3)
     assert row["tps_ci95_low_pct"] > 0
     assert row["tps_verdict"] == "faster"
     assert row["tps_p_value"] == pytest.approx(stats.ttest_ind([120, 121, 119], [100, 101, 99], equal_var=False).pvalue)
@@ -94,7 +99,8 @@ def test_unequal_variances_match_hand_welch() -> None:
     d = difference("tps", a, b)
     assert isinstance(d, Difference)
     assert d.a_n == 4 and d.b_n == 3
-    assert d.ci95_pct == pytest.approx(welch_by_hand(a, b))
+    assert d.ci95_pct == pytest.approx(fieller_by_hand(a, b))
+    assert d.ci95 == pytest.approx(tuple(stats.ttest_ind(b, a, equal_var=False).confidence_interval(0.95)))
     assert d.p_value == pytest.approx(stats.ttest_ind(b, a, equal_var=False).pvalue)
     assert d.verdict == "no significant difference"  # the interval straddles 0
 
@@ -106,7 +112,7 @@ def test_no_significant_difference(tmp_path: Path) -> None:
     row = rows[0]
     assert row["tps_delta_pct"] == pytest.approx((102 - 101.25) / 101.25 * 100)
     assert row["tps_ci95_low_pct"] < 0 < row["tps_ci95_high_pct"]
-    low, high = welch_by_hand([100, 110, 90, 105], [102, 95, 112, 99])
+    low, high = fieller_by_hand([100, 110, 90, 105], [102, 95, 112, 99])
     assert (row["tps_ci95_low_pct"], row["tps_ci95_high_pct"]) == pytest.approx((low, high))
     assert row["tps_p_value"] > 0.05
     assert row["tps_verdict"] == "no significant difference"
@@ -136,9 +142,12 @@ def test_single_run(tmp_path: Path) -> None:
     row = rows[0]
     assert row["tps_delta_pct"] == pytest.approx(50.0)
     assert row["tps_ci95_low_pct"] is None and row["tps_ci95_high_pct"] is None and row["tps_p_value"] is None
-    assert row["tps_verdict"] == "single run"
+    assert row["tps_verdict"] == "too few repeats"
     d = difference("tps", [100.0], [150.0])
-    assert d is not None and d.ci95_pct is None and d.p_value is None and d.verdict == "single run"
+    assert d is not None and d.ci95_pct is None and d.p_value is None and d.verdict == "too few repeats"
+    for fmt in ("table", "markdown"):  # the Δ is printed with its verdict beside it, never bare
+        text = render(*uplift_rows(*compare_stores(a, b, metrics=("tps",))), fmt)
+        assert "+50.0 %" in text and "too few repeats" in text and "[" not in text.split("+50.0 %")[1][:3]
 
 
 def test_failed_runs_are_left_out(tmp_path: Path) -> None:
@@ -169,7 +178,7 @@ def test_compare_within_synchronous_commit(tmp_path: Path) -> None:
     assert eight["tps_verdict"] == "no significant difference"
     ucols, urows = uplift_rows(columns, rows)
     assert ucols == ["workload", "clients", "jobs", "a", "b", "uplift_pct", "ci95_low_pct", "ci95_high_pct",
-                     "verdict"]
+                     "verdict", "flags"]
     assert urows[0]["uplift_pct"] == pytest.approx(-50.0) and urows[0]["clients"] == 1
     with pytest.raises(UserError, match="values present: local, on"):
         compare_within(store, "synchronous_commit", "off", "on")

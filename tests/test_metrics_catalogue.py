@@ -12,7 +12,7 @@ import polars as pl
 import pytest
 
 from pglab import metrics
-from pglab.analysis.compare import FASTER, HIGHER, SLOWER, difference
+from pglab.analysis.compare import BETTER, FASTER, HIGHER, SLOWER, WORSE, difference
 from pglab.probes.base import ProbeContext, Sampler
 from pglab.probes.cpu import CpuProbe
 from pglab.probes.disk import DiskProbe
@@ -181,15 +181,19 @@ def test_headers_and_keys_name_the_catalogues_unit() -> None:
 
 def test_compare_takes_its_direction_from_the_catalogue() -> None:
     """B clearly above A: better, worse or just higher, as the catalogue says — for every metric a report shows
-    (acked writes lost or an RTO going up is worse, whatever their names suggest)."""
+    (acked writes lost or an RTO going up is worse, whatever their names suggest); throughput and latency say it
+    as faster or slower."""
     a, b = [10.0, 10.1, 9.9], [20.0, 20.1, 19.9]
     shown = {m for t in metrics.TABLES for m in (s.metric for s in metrics.columns(t))}
     for m in shown:
         d = difference(_example(m.name), a, b)
         assert d is not None
-        expected = HIGHER if m.lower_is_better is None else (SLOWER if m.lower_is_better else FASTER)
+        speed = m.name.rsplit(".", 1)[-1].startswith("tps") or "latency" in m.name
+        up_is = (SLOWER, FASTER) if speed else (WORSE, BETTER)
+        expected = HIGHER if m.lower_is_better is None else up_is[0] if m.lower_is_better else up_is[1]
         assert d.verdict == expected, (m.name, d.verdict)
-    assert difference("acked_lost", a, b).verdict == SLOWER  # type: ignore[union-attr]
+    assert difference("acked_lost", a, b).verdict == WORSE  # type: ignore[union-attr]
+    assert difference("latency_p99_ms", a, b).verdict == SLOWER  # type: ignore[union-attr]
 
 
 def test_export_types_every_catalogued_column_as_a_number_even_when_empty() -> None:

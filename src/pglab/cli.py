@@ -316,23 +316,27 @@ def compare(
             title = f"{b} vs {a}"
     finally:
         store_a.close()
+    if any(r.get("tps_verdict") == "too few repeats" for r in rows):
+        from pglab.report.tables import TOO_FEW_NOTE
+
+        cost_lines.insert(0, TOO_FEW_NOTE.rstrip())
     if uplift:
         from pglab.report.tables import UPLIFT_HEADERS
 
         ucols, urows = uplift_rows(columns, rows)
-        out.print(render(ucols, urows, fmt, title=f"uplift: {title} (TPS, Δ % and Welch 95 % interval of B − A)",
+        out.print(render(ucols, urows, fmt, title=f"uplift: {title} (TPS, Δ % of B vs A [95 % interval])",
                          headers=UPLIFT_HEADERS), end="", soft_wrap=True, markup=False, highlight=False)
         if fmt in ("table", "markdown"):
             for line in cost_lines:
                 out.print(line, markup=False, highlight=False)
         return
-    metric_columns = ("tps_a", "tps_b", "tps_delta_pct", "tps_ci95_low_pct", "tps_ci95_high_pct", "tps_verdict",
-                      "latency_avg_ms_delta_pct", "latency_avg_ms_verdict", "runs_a", "runs_b")
+    metric_columns = ("tps_a", "tps_b", "tps_delta_pct", "tps_verdict", "latency_avg_ms_delta_pct",
+                      "latency_avg_ms_verdict", "runs_a", "runs_b")
     shown = [c for c in columns if c in metric_columns or not c.startswith(("tps_", "latency_", "runs_"))]
-    headers = {"tps_a": "A tps", "tps_b": "B tps", "tps_delta_pct": "Δ tps %", "tps_ci95_low_pct": "95 % low",
-               "tps_ci95_high_pct": "95 % high", "tps_verdict": "verdict", "latency_avg_ms_delta_pct": "Δ lat %",
+    headers = {"tps_a": "A tps", "tps_b": "B tps", "tps_delta_pct": "Δ tps % [95 %]", "tps_verdict": "verdict",
+               "latency_avg_ms_delta_pct": "Δ lat % [95 %]",
                "latency_avg_ms_verdict": "latency verdict", "runs_a": "A runs", "runs_b": "B runs"}
-    out.print(render(columns, rows, fmt, title=f"{title} (Δ % and 95 % interval of B − A, Welch)", shown=shown,
+    out.print(render(columns, rows, fmt, title=f"{title} (Δ % of B vs A [95 % interval])", shown=shown,
                      headers=headers), end="", soft_wrap=True, markup=False, highlight=False)
     if fmt in ("table", "markdown"):
         for line in cost_lines:

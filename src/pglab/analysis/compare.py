@@ -1,5 +1,6 @@
 """`pglab compare`: matching points of two result sets, the difference of their means with a Welch 95 % interval,
-and a verdict (faster / slower / no significant difference) that never rests on a single run."""
+its percentage with a Fieller interval, and a verdict (faster / slower / no significant difference / too few
+repeats) that never rests on a single run."""
 
 from __future__ import annotations
 
@@ -9,9 +10,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from scipy import stats
-
 from pglab import metrics
+from pglab.analysis.flags import flag_text, flags
+from pglab.analysis.stats import contrast
 from pglab.errors import UserError
 from pglab.store.sqlite import RunRow, Store
 
@@ -19,13 +20,16 @@ DEFAULT_METRICS = ("tps", "latency_avg_ms", "latency_p99_ms")
 
 FASTER = "faster"
 SLOWER = "slower"
+BETTER = "better"  # a significant change of a metric with a better way that is no speed (CPU use, lag …)
+WORSE = "worse"
 NO_DIFFERENCE = "no significant difference"
 HIGHER = "higher"  # a significant change of a metric neither way of which is better (IOPS, a count)
 LOWER = "lower"
-SINGLE_RUN = "single run"
+TOO_FEW_REPEATS = "too few repeats"  # a side with fewer than 2 runs: no interval, so no verdict
 NO_DATA = "no data"
 ONLY_IN_A = "only in A"
 ONLY_IN_B = "only in B"
+VERDICTS = (FASTER, SLOWER, BETTER, WORSE, HIGHER, LOWER, NO_DIFFERENCE)  # the ones an interval stands behind
 
 METRIC_SUFFIXES = ("a", "b", "delta_pct", "ci95_low_pct", "ci95_high_pct", "p_value", "verdict")
 
@@ -38,9 +42,11 @@ class Difference:
     a_n: int
     b_n: int
     delta_pct: float                        # (b - a) / a * 100; NaN when a_mean is 0
-    ci95_pct: tuple[float, float] | None    # 95 % Welch interval of (b - a), as % of a_mean; None when n < 2
+    ci95_pct: tuple[float, float] | None    # Fieller 95 % interval of b / a − 1, in %; None when n < 2
     p_value: float | None                   # Welch's t-test; None when a side has < 2 runs
-    verdict: str                            # faster | slower | higher | lower | no significant difference | single run
+    verdict: str                            # faster | slower | better | worse | higher | lower |
+    #                                         no significant difference | too few repeats
+    ci95: tuple[float, float] | None = None  # Welch 95 % interval of b − a, in the metric's unit
 
 
 def lower_is_better(metric: str) -> bool | None:
@@ -52,38 +58,36 @@ def _clean(values: Sequence[float | None]) -> list[float]:
     return [float(v) for v in values if v is not None and not math.isnan(float(v))]
 
 
-def difference(metric: str, a_values: Sequence[float | None], b_values: Sequence[float | None]) -> Difference | None:
-    """B against A for one metric; None when a side has no value at all."""
-    xa, xb = _clean(a_values), _clean(b_values)
-    if not xa or not xb:
-        return None
-    na, nb = len(xa), len(xb)
-    ma, mb = sum(xa) / na, sum(xb) / nb
-    diff = mb - ma
-    delta_pct = diff / ma * 100 if ma != 0 else math.nan
-    if na < 2 or nb < 2:
-        return Difference(metric, ma, mb, na, nb, delta_pct, None, None, SINGLE_RUN)
-    va = sum((x - ma) ** 2 for x in xa) / (na - 1)
-    vb = sum((x - mb) ** 2 for x in xb) / (nb - 1)
-    se2 = va / na + vb / nb
-    if se2 == 0:  # no spread on either side: the difference is exactly what was measured
-        low = high = diff
-        p_value = 1.0 if diff == 0 else 0.0
-    else:
-        df = se2 ** 2 / ((va / na) ** 2 / (na - 1) + (vb / nb) ** 2 / (nb - 1))
-        half = float(stats.t.ppf(0.975, df)) * math.sqrt(se2)
-        low, high = diff - half, diff + half
-        p_value = float(stats.ttest_ind(xb, xa, equal_var=False).pvalue)
+def verdict(metric: str, significant: bool | None, increase: bool) -> str:
+    """The word for a change of ``metric``: faster/slower for throughput and latency, better/worse for another
+    metric with a better way, higher/lower for one without; never a direction without an interval behind it."""
+    if significant is None:
+        return TOO_FEW_REPEATS
+    if not significant:
+        return NO_DIFFERENCE
     direction = lower_is_better(metric)
-    if (low > 0 or high < 0) and direction is None:
-        verdict = HIGHER if low > 0 else LOWER  # a change, neither better nor worse
-    elif low > 0 or high < 0:
-        better = (high < 0) if direction else (low > 0)
-        verdict = FASTER if better else SLOWER
-    else:
-        verdict = NO_DIFFERENCE
-    ci = (low / ma * 100, high / ma * 100) if ma != 0 else (math.nan, math.nan)
-    return Difference(metric, ma, mb, na, nb, delta_pct, ci, p_value, verdict)
+    if direction is None:
+        return HIGHER if increase else LOWER
+    better = increase != direction
+    if metric.rsplit(".", 1)[-1].startswith("tps") or "latency" in metric:
+        return FASTER if better else SLOWER
+    return BETTER if better else WORSE
+
+
+def difference(metric: str, a_values: Sequence[float | None], b_values: Sequence[float | None]) -> Difference | None:
+    """B against A for one metric (see :func:`pglab.analysis.stats.contrast`); None when a side has no value.
+    Every comparison pglab prints — compare, uplift, the price of durability, cost — comes from here."""
+    c = contrast(a_values, b_values)
+    if c is None:
+        return None
+    ma = c.a.mean
+    delta_pct = (c.ratio - 1) * 100 if c.ratio is not None else math.nan
+    word = verdict(metric, c.significant, c.diff > 0)
+    if c.diff_ci is None:
+        return Difference(metric, ma, c.b.mean, c.a.n, c.b.n, delta_pct, None, None, word)
+    ci_pct = ((c.ratio_ci[0] - 1) * 100, (c.ratio_ci[1] - 1) * 100) if c.ratio_ci is not None else (math.nan,
+                                                                                                    math.nan)
+    return Difference(metric, ma, c.b.mean, c.a.n, c.b.n, delta_pct, ci_pct, c.p_value, word, c.diff_ci)
 
 
 def _norm(value: Any) -> str:
@@ -123,6 +127,7 @@ def compare_runs(a: Sequence[RunRow], b: Sequence[RunRow], metrics: Sequence[str
     columns = [*axis_names, "runs_a", "runs_b"]
     for m in metrics:
         columns += [f"{m}_{s}" for s in METRIC_SUFFIXES]
+    columns.append("flags")
     rows: list[dict[str, Any]] = []
     keys = list(ga) + [k for k in gb if k not in ga]
     for key in keys:
@@ -130,6 +135,7 @@ def compare_runs(a: Sequence[RunRow], b: Sequence[RunRow], metrics: Sequence[str
         first = (ra or rb)[0]
         row: dict[str, Any] = {n: first.axes.get(n) for n in axis_names}
         row["runs_a"], row["runs_b"] = len(ra), len(rb)
+        row["flags"] = flag_text([("A", flags([r.metrics for r in ra])), ("B", flags([r.metrics for r in rb]))])
         for m in metrics:
             row.update({f"{m}_{s}": None for s in METRIC_SUFFIXES})
             va, vb = [r.metrics.get(m) for r in ra], [r.metrics.get(m) for r in rb]
@@ -192,15 +198,15 @@ def compare_within(store: Store, axis: str, value_a: Any, value_b: Any, sweep: i
 def uplift_rows(columns: list[str], rows: list[dict[str, Any]], metric: str = "tps",
                 ) -> tuple[list[str], list[dict[str, Any]]]:
     """The published "uplift" table for one metric: per point, A, B, Δ % with its interval and the verdict."""
-    axes = [c for c in columns if c not in ("runs_a", "runs_b") and not any(
+    axes = [c for c in columns if c not in ("runs_a", "runs_b", "flags") and not any(
         c.endswith(f"_{s}") and c[: -len(s) - 1] in _metrics_of(columns) for s in METRIC_SUFFIXES)]
-    out_cols = [*axes, "a", "b", "uplift_pct", "ci95_low_pct", "ci95_high_pct", "verdict"]
+    out_cols = [*axes, "a", "b", "uplift_pct", "ci95_low_pct", "ci95_high_pct", "verdict", "flags"]
     out = []
     for r in rows:
         row = {c: r.get(c) for c in axes}
         row.update({"a": r.get(f"{metric}_a"), "b": r.get(f"{metric}_b"), "uplift_pct": r.get(f"{metric}_delta_pct"),
                     "ci95_low_pct": r.get(f"{metric}_ci95_low_pct"), "ci95_high_pct": r.get(f"{metric}_ci95_high_pct"),
-                    "verdict": r.get(f"{metric}_verdict")})
+                    "verdict": r.get(f"{metric}_verdict"), "flags": r.get("flags", "")})
         out.append(row)
     return out_cols, out
 
@@ -227,5 +233,5 @@ def uplift_tables(store: Store, sweep: int | None = None) -> list[tuple[str, lis
         for other in vs[1:]:
             columns, rows = compare_within(store, axis, vs[0], other, sweep, metrics=("tps",))
             ucols, urows = uplift_rows(columns, rows)
-            out.append((f"uplift: {axis}={other} vs {axis}={vs[0]} (TPS, Δ % and Welch 95 % interval)", ucols, urows))
+            out.append((f"uplift: {axis}={other} vs {axis}={vs[0]} (TPS, Δ % [95 % interval])", ucols, urows))
     return out

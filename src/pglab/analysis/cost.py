@@ -7,7 +7,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from pglab.analysis.stats import estimate
+from pglab.analysis.stats import contrast, estimate
 from pglab.plan.schema import Cost
 from pglab.store.sqlite import RunRow, Store
 
@@ -52,10 +52,14 @@ def cost_table(store: Store, sweep_id: int | None = None) -> tuple[list[str], li
 
 
 def cost_comparison(store_a: Store, store_b: Store) -> list[str]:
-    """One sentence per workload present on both sides: how much cheaper (or dearer) per TPS B is than A."""
+    """One sentence per workload present on both sides: how much cheaper (or dearer) per TPS B is than A, with the
+    95 % interval of that change (from the peak points' TPS, the prices being exact) and whether it is significant
+    — "too few repeats" when a peak point ran once."""
     a_id, b_id = store_a.latest_sweep_id(), store_b.latest_sweep_id()
     _, rows_a = cost_table(store_a, a_id)
     _, rows_b = cost_table(store_b, b_id)
+    peaks_a = peak_points(store_a.runs(a_id)) if a_id is not None else {}
+    peaks_b = peak_points(store_b.runs(b_id)) if b_id is not None else {}
     by_a = {r["workload"]: r for r in rows_a}
     lines = []
     for rb in rows_b:
@@ -64,8 +68,24 @@ def cost_comparison(store_a: Store, store_b: Store) -> list[str]:
             continue
         change = (rb["per_tps"] - ra["per_tps"]) / ra["per_tps"] * 100
         word = "cheaper" if change < 0 else "dearer"
+        run_a, run_b = peaks_a[str(rb["workload"])][0], peaks_b[str(rb["workload"])][0]
+        tps = contrast(_ok_tps(store_a, a_id, run_a), _ok_tps(store_b, b_id, run_b))
+        price = rb["monthly"] / ra["monthly"]
+        if tps is None or tps.significant is None:
+            judged = "too few repeats to tell"
+        elif tps.ratio_ci is None or tps.ratio_ci[0] <= 0:
+            judged = "95 % interval unbounded; no significant difference"
+        else:  # cost per TPS = price ratio / TPS ratio: the TPS ratio's Fieller interval, turned over
+            low, high = price / tps.ratio_ci[1], price / tps.ratio_ci[0]
+            verdict = word if low > 1 or high < 1 else "no significant difference"
+            judged = f"95 % interval {(low - 1) * 100:+.1f} % to {(high - 1) * 100:+.1f} %; {verdict}"
         lines.append(f"{rb['workload']}: B costs {rb['per_tps']:.4f} {rb['currency']}/TPS·month vs "
-                     f"{ra['per_tps']:.4f} for A at peak TPS: {abs(change):.1f} % {word} per TPS "
-                     f"(peak {rb['peak_tps']:,.0f} vs {ra['peak_tps']:,.0f} TPS; monthly {rb['monthly']:g} vs "
+                     f"{ra['per_tps']:.4f} for A at peak TPS: {abs(change):.1f} % {word} per TPS ({judged}; "
+                     f"peak {rb['peak_tps']:,.0f} vs {ra['peak_tps']:,.0f} TPS; monthly {rb['monthly']:g} vs "
                      f"{ra['monthly']:g})")
     return lines
+
+
+def _ok_tps(store: Store, sweep_id: int | None, run: RunRow) -> list[float | None]:
+    """The TPS of every ok run of ``run``'s point."""
+    return [r.metrics.get("tps") for r in store.runs(sweep_id) if r.point_id == run.point_id and r.status == "ok"]

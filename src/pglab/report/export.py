@@ -82,7 +82,8 @@ def _known() -> dict[str, pl.DataType]:
               "iops", "mb_s", "lat_mean_ms", "lat_p50_ms", "lat_p99_ms", "lat_p999_ms", "sync_lat_mean_ms",
               "sync_lat_p99_ms", "sync_lat_p999_ms")
     ints = ("clients", "jobs", "repeat", "repeats", "failed_runs")
-    return {**{c: pl.Float64() for c in floats}, **{c: pl.Int64() for c in ints}, "unstable": pl.Boolean()}
+    return {**{c: pl.Float64() for c in floats}, **{c: pl.Int64() for c in ints}, "unstable": pl.Boolean(),
+            "flags": pl.String()}
 
 
 def _infer(present: list[Any]) -> pl.DataType:

@@ -12,9 +12,18 @@ from plotly.offline import get_plotlyjs
 
 from pglab.analysis.compare import uplift_tables
 from pglab.analysis.cost import cost_table
+from pglab.analysis.flags import UNSTABLE_CV
 from pglab.analysis.steady import find_dips
 from pglab.report import tiers
-from pglab.report.tables import durability_table, limits_note, point_table, run_table, storage_table
+from pglab.report.tables import (
+    delta_text,
+    durability_table,
+    interval_columns,
+    limits_note,
+    point_table,
+    run_table,
+    storage_table,
+)
 from pglab.store.sqlite import Store
 
 MAX_SERIES_RUNS = 24  # per-run time series charts; the rest of the runs are in the tables
@@ -60,6 +69,13 @@ def _by_configuration(points: list[dict[str, Any]], metric: str) -> list[dict[st
     return traces
 
 
+def _delta(col: str, row: dict[str, Any]) -> str:
+    """A Δ with its interval and verdict, as the terminal shows it: "−92.9 % [−190.2, +4.4] (no significant
+    difference)"."""
+    low, high, verdict = interval_columns(col) or ("", "", "")
+    return f"{delta_text(row.get(col), row.get(low), row.get(high), row.get(verdict))} ({row.get(verdict)})"
+
+
 def build(store: Store, sweep_id: int | None = None) -> str:
     sweep_id = sweep_id if sweep_id is not None else store.latest_sweep_id()
     if sweep_id is None:
@@ -83,14 +99,15 @@ def build(store: Store, sweep_id: int | None = None) -> str:
             summary.append(f"{wl}: peak {best['tps']:,.0f} TPS at {best['clients']} clients, "
                            f"synchronous_commit={best['synchronous_commit']}; bottleneck: {best['bottleneck']}.")
     for row in dur_rows:
-        costs = [f"{k.removesuffix('_tps_vs_base_pct')} {v:+.1f} %" for k, v in row.items()
+        costs = [f"{k.removesuffix('_tps_vs_base_pct')} {_delta(k, row)}" for k, v in row.items()
                  if k.endswith("_tps_vs_base_pct") and v is not None]
         if costs:
             summary.append(f"price of durability, {row['workload']} at {row['clients']} clients (TPS vs "
-                           f"{row['base']}): {', '.join(costs)}.")
+                           f"{row['base']}, 95 % interval): {', '.join(costs)}"
+                           + (f"; flagged: {row['flags']}." if row.get("flags") else "."))
     for up_title, _, up_rows in uplifts:
-        parts = [f"{r['uplift_pct']:+.1f} % at {r['clients']} clients ({r['verdict']})" for r in up_rows
-                 if r.get("uplift_pct") is not None]
+        parts = [f"{_delta('uplift_pct', r)} at {r['clients']} clients" + (f", {r['flags']}" if r.get("flags") else "")
+                 for r in up_rows if r.get("uplift_pct") is not None]
         if parts:
             summary.append(f"{up_title.split(' (')[0]}: {', '.join(parts)}.")
     unsteady = [p for p in points if p.get("tps_dips")]
@@ -102,9 +119,12 @@ def build(store: Store, sweep_id: int | None = None) -> str:
                        + f"; in {at_checkpoint} of them a checkpoint had started just before (runs table: 'dips').")
     if note := limits_note(store, sweep_id):
         summary.insert(0, note[0].upper() + note[1:] + ".")
-    unstable = [p for p in points if p.get("unstable")]
-    if unstable:
-        summary.append(f"{len(unstable)} point(s) unstable (TPS CV over repeats > 5 %).")
+    flagged = [p for p in points if p.get("flags")]
+    if flagged:
+        summary.append(f"{len(flagged)} point(s) flagged (unstable: TPS CV over repeats > {UNSTABLE_CV * 100:g} %; "
+                       "interfered: other load on the lab's CPU): "
+                       + ", ".join(f"{p['workload']} {p['synchronous_commit']} {p['clients']} clients {p['flags']}"
+                                   for p in flagged[:6]) + ("…" if len(flagged) > 6 else "") + ".")
     summary += [f"storage {r['path']} {r['profile']}: {r['note']}" for r in fio_rows if r.get("note")]
     summary += [f"{r['workload']}: {r['per_tps']:.4f} {r['currency']} per TPS·month at peak." for r in cost_rows]
 
@@ -166,7 +186,7 @@ def _tenants_parts(store: Store, sweep_id: int) -> tuple[list[str], list[dict[st
         summary.append(note[0].upper() + note[1:] + ".")
     for h in host_rows:
         parts = [f"{r['tier']} {r['tps_per_instance']:,.1f} TPS per instance"
-                 + (f" ({r['tps_vs_base_pct']:+.1f} % vs {headers['tps_vs_base_pct'][3:]})"
+                 + (f" ({_delta('tps_vs_base_pct', r)} vs {headers['tps_vs_base_pct'][3:]})"
                     if r.get("tps_vs_base_pct") is not None else "")
                  for r in tier_rows if r["arrangement"] == h["arrangement"] and r.get("tps_per_instance") is not None]
         summary.append(f"{h['arrangement']}: {h['tenants']} tenants, host {h['tps'] or 0:,.0f} TPS; "

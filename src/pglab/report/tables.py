@@ -15,7 +15,9 @@ from rich.table import Table
 
 from pglab import metrics
 from pglab.analysis.bottleneck import attribute, describe, mean_metrics, storage_ceiling_share
+from pglab.analysis.compare import TOO_FEW_REPEATS, VERDICTS, difference
 from pglab.analysis.cost import cost_table
+from pglab.analysis.flags import UNSTABLE, flag_text, flags
 from pglab.analysis.stats import estimate
 from pglab.analysis.steady import Dip, find_dips, tie_to_checkpoints
 from pglab.report.scenarios import HEADERS as SCENARIO_HEADERS
@@ -25,7 +27,6 @@ from pglab.store.sqlite import RunRow, Store
 AXIS_COLUMNS = ("workload", "synchronous_commit", "clients")
 METRIC_COLUMNS = metrics.keys("points")  # the catalogue's, in its order; the per-run table shows the same
 CI_COLUMNS = metrics.with_ci("points")
-UNSTABLE_CV = 0.05  # repeats whose TPS spread (coefficient of variation) exceeds 5 % are flagged
 DURABILITY_ORDER = ("off", "local", "remote_write", "on", "remote_apply")
 # columns that are no stored run metric: the cost table's and fio's (the storage phase's own figures)
 DECIMALS = {**metrics.decimals(), "per_tps": 4, "peak_tps": 1, "iops": 0, "mb_s": 1, "lat_mean_ms": 3,
@@ -50,7 +51,7 @@ def point_table(store: Store, sweep_id: int | None = None) -> tuple[list[str], l
     sweep_id = sweep_id if sweep_id is not None else store.latest_sweep_id()
     runs = store.runs(sweep_id)
     extra = _extra_axes(runs)
-    columns = [*AXIS_COLUMNS, *extra, *METRIC_COLUMNS, "repeats", "failed_runs", "bottleneck"]
+    columns = [*AXIS_COLUMNS, *extra, *METRIC_COLUMNS, "repeats", "failed_runs", "bottleneck", "flags"]
     columns += [f"{c}_ci95" for c in CI_COLUMNS] + ["tps_cv_pct", "unstable", "storage_ceiling_pct", "tps_dips",
                 "tps_dips_at_checkpoint"]
     cores, ceilings = _cores(store, sweep_id), _data_ceilings(store, sweep_id)
@@ -60,6 +61,7 @@ def point_table(store: Store, sweep_id: int | None = None) -> tuple[list[str], l
     rows = []
     for group in groups.values():
         ok = [r for r in group if r.status == "ok"]
+        point_flags = flags([r.metrics for r in ok])
         row: dict[str, Any] = {c: group[0].axes.get(c) for c in (*AXIS_COLUMNS, *extra)}
         for c in METRIC_COLUMNS:
             e = estimate([r.metrics.get(c) for r in ok])
@@ -69,8 +71,9 @@ def point_table(store: Store, sweep_id: int | None = None) -> tuple[list[str], l
             if c == "tps":
                 cv = e.cv if e else None
                 row["tps_cv_pct"] = cv * 100 if cv is not None else None
-                row["unstable"] = bool(cv is not None and cv > UNSTABLE_CV)
+                row["unstable"] = UNSTABLE in point_flags
         row["repeats"] = len(ok)
+        row["flags"] = flag_text([("", point_flags)])
         row["failed_runs"] = len(group) - len(ok)
         means = mean_metrics(ok)
         row["bottleneck"] = describe(attribute(means, cores, group[0].axes.get("jobs"), ceilings)) if ok else ""
@@ -186,7 +189,7 @@ def _fmt(col: str, value: Any) -> str:
     if isinstance(value, float):
         if math.isnan(value):
             return ""
-        if col.endswith("_pct") and ("_vs_" in col or col in ("uplift_pct", "ci95_low_pct", "ci95_high_pct")):
+        if col.endswith("_pct") and ("_vs_" in col or "delta" in col or "ci95" in col or col == "uplift_pct"):
             return f"{value:+.1f} %"
         decimals = 1 if col.endswith("_tps") else DECIMALS.get(col, 2)
         return f"{value:.{decimals}f}"
@@ -194,6 +197,9 @@ def _fmt(col: str, value: Any) -> str:
 
 
 def _cell(col: str, row: dict[str, Any]) -> str:
+    interval = interval_columns(col)
+    if interval is not None and interval[0] in row:
+        return delta_text(row.get(col), row.get(interval[0]), row.get(interval[1]), row.get(interval[2]))
     text = _fmt(col, row.get(col))
     half = row.get(f"{col}_ci95")
     if text and half is not None:
@@ -201,52 +207,91 @@ def _cell(col: str, row: dict[str, Any]) -> str:
     return text
 
 
+def interval_columns(col: str) -> tuple[str, str, str] | None:
+    """For a Δ % column (``tps_delta_pct``, ``uplift_pct``, ``on_tps_vs_base_pct``), the columns of its 95 %
+    interval and verdict, which tables and markdown show in the Δ's cell."""
+    for suffix in ("_delta_pct", "_vs_base_pct", "uplift_pct"):
+        if col.endswith(suffix):
+            prefix = col[: -len(suffix)] + ("_" if suffix.startswith("_") else "")
+            return f"{prefix}ci95_low_pct", f"{prefix}ci95_high_pct", f"{prefix}verdict"
+    return None
+
+
+def delta_text(delta: float | None, low: float | None, high: float | None, verdict: str | None) -> str:
+    """A Δ % as every view prints it: "+3.9 % [−8.1, +15.9]" with its interval, "[unbounded]" when the interval
+    has no bounds, and no interval but the verdict's "too few repeats" when there is none to compute."""
+    if delta is None or (isinstance(delta, float) and math.isnan(delta)):
+        return ""
+    text = f"{delta:+.1f} %"
+    if low is not None and high is not None:
+        return f"{text} [{low:+.1f}, {high:+.1f}]"
+    if verdict in VERDICTS:
+        return f"{text} [unbounded]"
+    return text
+
+
 def display_columns(columns: list[str]) -> list[str]:
-    return [c for c in columns if not c.endswith("_ci95") and c not in ("tps_cv_pct", "unstable",
-                                                                        "storage_ceiling_pct", "tps_dips",
-                                                                        "tps_dips_at_checkpoint")]
+    """The columns a terminal or markdown table shows: intervals go into their figure's cell, not columns."""
+    return [c for c in columns if not c.endswith(("_ci95", "ci95_low_pct", "ci95_high_pct", "p_value"))
+            and c not in ("tps_cv_pct", "unstable", "storage_ceiling_pct", "tps_dips", "tps_dips_at_checkpoint")]
 
 
 def durability_table(store: Store, sweep_id: int | None = None) -> tuple[list[str], list[dict[str, Any]]]:
     """The price of durability: TPS and latency per synchronous_commit level side by side, with the % change
-    against 'off' when it was measured, else against 'local'. One row per workload × clients (× other axes)."""
+    against 'off' when it was measured, else against 'local', its 95 % interval and verdict (the same
+    :func:`~pglab.analysis.compare.difference` as `pglab compare`: one run a side is "too few repeats").
+    One row per workload × clients (× other axes); ``flags`` names the levels whose points are flagged."""
+    sweep_id = sweep_id if sweep_id is not None else store.latest_sweep_id()
     columns, points = point_table(store, sweep_id)
     levels = [lv for lv in DURABILITY_ORDER if any(p["synchronous_commit"] == lv for p in points)]
     if len(levels) < 2:
         return [], []
     base = "off" if "off" in levels else ("local" if "local" in levels else levels[0])
     keys = [c for c in columns if c not in METRIC_COLUMNS and c not in ("synchronous_commit", "repeats",
-            "failed_runs", "tps_cv_pct", "unstable", "bottleneck", "storage_ceiling_pct", "tps_dips",
+            "failed_runs", "tps_cv_pct", "unstable", "bottleneck", "flags", "storage_ceiling_pct", "tps_dips",
             "tps_dips_at_checkpoint")
             and not c.endswith("_ci95")]
     groups: OrderedDict[tuple[Any, ...], dict[str, dict[str, Any]]] = OrderedDict()
     for p in points:
         groups.setdefault(tuple(p.get(k) for k in keys), {})[p["synchronous_commit"]] = p
+    runs: dict[tuple[Any, ...], list[RunRow]] = {}
+    for r in store.runs(sweep_id):
+        if r.status == "ok":
+            runs.setdefault((*(r.axes.get(k) for k in keys), r.axes.get("synchronous_commit")), []).append(r)
     out_columns = [*keys, "base"]
     for lv in levels:
         out_columns += [f"{lv}_tps", f"{lv}_latency_avg_ms"]
         if lv != base:
-            out_columns += [f"{lv}_tps_vs_base_pct", f"{lv}_latency_vs_base_pct"]
+            for m in ("tps", "latency"):
+                out_columns += [f"{lv}_{m}_vs_base_pct", f"{lv}_{m}_ci95_low_pct", f"{lv}_{m}_ci95_high_pct",
+                                f"{lv}_{m}_verdict"]
+    out_columns.append("flags")
     rows = []
     for key, by_level in groups.items():
         row: dict[str, Any] = dict(zip(keys, key, strict=True))
         row["base"] = base
-        ref = by_level.get(base, {})
+        ref = runs.get((*key, base), [])
         for lv in levels:
             p = by_level.get(lv, {})
             row[f"{lv}_tps"] = p.get("tps")
             row[f"{lv}_latency_avg_ms"] = p.get("latency_avg_ms")
-            if lv != base:
-                row[f"{lv}_tps_vs_base_pct"] = _pct(p.get("tps"), ref.get("tps"))
-                row[f"{lv}_latency_vs_base_pct"] = _pct(p.get("latency_avg_ms"), ref.get("latency_avg_ms"))
+            if lv == base:
+                continue
+            mine = runs.get((*key, lv), [])
+            for m, metric in (("tps", "tps"), ("latency", "latency_avg_ms")):
+                d = difference(metric, [r.metrics.get(metric) for r in ref], [r.metrics.get(metric) for r in mine])
+                low, high = d.ci95_pct if d is not None and d.ci95_pct is not None else (None, None)
+                row[f"{lv}_{m}_vs_base_pct"] = _number(d.delta_pct) if d is not None else None
+                row[f"{lv}_{m}_ci95_low_pct"], row[f"{lv}_{m}_ci95_high_pct"] = _number(low), _number(high)
+                row[f"{lv}_{m}_verdict"] = d.verdict if d is not None else None
+        row["flags"] = flag_text([(lv, by_level[lv]["flags"].split(", ")) for lv in levels
+                                  if by_level.get(lv, {}).get("flags")])
         rows.append(row)
     return out_columns, rows
 
 
-def _pct(value: float | None, ref: float | None) -> float | None:
-    if value is None or not ref:
-        return None
-    return (value - ref) / ref * 100.0
+def _number(value: float | None) -> float | None:
+    return None if value is None or math.isnan(value) else value
 
 
 def render(columns: list[str], rows: list[dict[str, Any]], fmt: str, title: str | None = None,
@@ -269,7 +314,7 @@ def render(columns: list[str], rows: list[dict[str, Any]], fmt: str, title: str 
     table = Table(title=title, title_justify="left", show_lines=False, header_style="bold")
     for c in shown:
         left = c in ("workload", "synchronous_commit", "status", "run_id", "dir", "reason", "path", "device", "profile",
-                     "note", "dips")
+                     "note", "dips", "flags") or c.endswith("verdict")
         name = headers.get(c, c)
         table.add_column(name, justify="left" if left else "right", no_wrap=c not in ("note", "dips"),
                          min_width=len(name), max_width=60 if c in ("note", "dips") else None)
@@ -291,8 +336,10 @@ def limits_note(store: Store, sweep_id: int | None = None) -> str | None:
             "their figures are those of an unlimited lab; see limits.json in each run folder")
 
 
+TOO_FEW_NOTE = (f"{TOO_FEW_REPEATS}: a Δ with fewer than 2 runs on a side has no interval, so it says nothing yet "
+                "about a difference; set run.repeats to 3 or more\n")
 TABLES = ("database", "storage", "durability", "scenarios", "cost", "uplift", "tiers", "tenants")
-UPLIFT_HEADERS = {"a": "A tps", "b": "B tps", "uplift_pct": "uplift %", "ci95_low_pct": "95 % low",
+UPLIFT_HEADERS = {"a": "A tps", "b": "B tps", "uplift_pct": "uplift % [95 %]", "ci95_low_pct": "95 % low",
                   "ci95_high_pct": "95 % high"}
 
 
@@ -331,6 +378,7 @@ def full_report(store: Store, fmt: str, sweep_id: int | None = None, per_run: bo
             chosen = scenario_table(store, sweep_id)
         return render(*chosen, fmt)
     parts = []
+    compared: list[dict[str, Any]] = []  # the rows of the comparison tables printed, for the note below
     if fio_rows and table in (None, "storage"):
         parts.append(render(fio_columns, fio_rows, fmt, title="storage (fio)", shown=STORAGE_SHOWN,
                             headers=STORAGE_HEADERS))
@@ -341,13 +389,15 @@ def full_report(store: Store, fmt: str, sweep_id: int | None = None, per_run: bo
         headers = {}
         for c in dur_columns:
             for suffix, name in (("_tps_vs_base_pct", "Δ tps"), ("_latency_vs_base_pct", "Δ lat"),
+                                 ("_tps_verdict", "tps verdict"), ("_latency_verdict", "lat verdict"),
                                  ("_latency_avg_ms", "lat ms"), ("_tps", "tps")):
                 if c.endswith(suffix):
                     headers[c] = f"{c[: -len(suffix)]} {name}"
                     break
+        compared += dur_rows
         parts.append(render(dur_columns, dur_rows, fmt, title="price of durability: synchronous_commit levels side "
-                            f"by side, Δ = % vs {dur_rows[0]['base']}", shown=[c for c in dur_columns if c != "base"],
-                            headers=headers))
+                            f"by side, Δ = % vs {dur_rows[0]['base']} [95 % interval]",
+                            shown=[c for c in display_columns(dur_columns) if c != "base"], headers=headers))
     sc_columns, sc_rows = scenario_table(store, sweep_id)
     if sc_rows and table in (None, "scenarios") and not per_run:
         parts.append(render(sc_columns, sc_rows, fmt, title="scenarios: outage (RTO), acknowledged writes lost and "
@@ -357,9 +407,12 @@ def full_report(store: Store, fmt: str, sweep_id: int | None = None, per_run: bo
         from pglab.analysis.compare import uplift_tables
 
         for up_title, up_columns, up_rows in uplift_tables(store, sweep_id):
+            compared += up_rows
             parts.append(render(up_columns, up_rows, fmt, title=up_title, headers=UPLIFT_HEADERS))
     if (note := limits_note(store, sweep_id)) and table in (None, "database"):
         parts.append(note + "\n")
+    if any(v == TOO_FEW_REPEATS for r in compared for v in r.values()):
+        parts.append(TOO_FEW_NOTE)
     if cost_rows and table in (None, "cost") and not per_run:
         parts.append(render(cost_columns, cost_rows, fmt, title="cost at peak TPS",
                             headers={"per_tps": f"{cost_rows[0]['currency']}/TPS·month", "peak_tps": "peak tps"}))
@@ -385,6 +438,8 @@ def _tenants_report(store: Store, fmt: str, sweep_id: int | None, table: str | N
         parts.append(render(tier_columns, tier_rows, fmt, headers=tiers.tier_headers(store, sweep_id),
                             title="tiers: per tenant, mean over the tier's tenants (median over repeats); spread = "
                             "(max − min) / mean TPS within the tier"))
+        if any(r.get("tps_verdict") == TOO_FEW_REPEATS for r in tier_rows):
+            parts.append(TOO_FEW_NOTE)
     host_columns, host_rows = tiers.host_table(store, sweep_id)
     if table in (None, "database") and host_rows:
         parts.append(render(host_columns, host_rows, fmt, headers=tiers.HOST_HEADERS,

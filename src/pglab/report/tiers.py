@@ -7,15 +7,18 @@ over repeats. The host view sums every tenant and adds the host's own disk and C
 
 from __future__ import annotations
 
-import statistics
+import math
 from collections import OrderedDict
 from typing import Any
 
 from pglab import metrics
+from pglab.analysis.compare import difference
+from pglab.analysis.flags import flag_text, flags
 from pglab.store.sqlite import RunRow, Store
 
-TIER_COLUMNS = ["arrangement", "tier", *metrics.keys("tiers"), "tps_vs_base_pct", "repeats", "failed_runs"]
-TIER_HEADERS = {**metrics.headers("tiers"), "tps_vs_base_pct": "vs base"}
+TIER_COLUMNS = ["arrangement", "tier", *metrics.keys("tiers"), "tps_vs_base_pct", "tps_ci95_low_pct",
+                "tps_ci95_high_pct", "tps_verdict", "repeats", "failed_runs", "flags"]
+TIER_HEADERS = {**metrics.headers("tiers"), "tps_vs_base_pct": "vs base", "tps_verdict": "verdict"}
 HOST_COLUMNS = ["arrangement", *metrics.keys("host")]
 HOST_HEADERS = metrics.headers("host")
 TENANT_COLUMNS = ["arrangement", "repeat", "tenant", "tier", *metrics.keys("tenants")]
@@ -27,9 +30,8 @@ def is_tenants_sweep(store: Store, sweep_id: int | None) -> bool:
     return any("arrangement" in axes for axes in store.point_axes(sweep_id))
 
 
-def _median(values: list[float | None]) -> float | None:
-    vals = [v for v in values if v is not None]
-    return statistics.median(vals) if vals else None
+def _number(value: float | None) -> float | None:
+    return None if value is None or math.isnan(value) else value
 
 
 def _arrangements(store: Store, sweep_id: int | None) -> OrderedDict[str, list[RunRow]]:
@@ -57,7 +59,9 @@ def _tiers_of(store: Store, sweep_id: int, arrangement: str) -> list[str]:
 
 def tier_table(store: Store, sweep_id: int | None = None) -> tuple[list[str], list[dict[str, Any]]]:
     """One row per arrangement × tier. ``vs base``: the tier's TPS per instance against the first arrangement's
-    TPS per instance over all its tenants (the plan's first arrangement is its baseline, e.g. no QoS)."""
+    TPS per instance over all its tenants (the plan's first arrangement is its baseline, e.g. no QoS): the Δ of
+    the means over repeats with its 95 % interval and verdict, as every comparison (one run a side: "too few
+    repeats"). ``flags``: the arrangement's runs' flags (unstable host TPS, interference)."""
     sweep_id = sweep_id if sweep_id is not None else store.latest_sweep_id()
     if sweep_id is None:
         return [], []
@@ -65,12 +69,13 @@ def tier_table(store: Store, sweep_id: int | None = None) -> tuple[list[str], li
     if not groups:
         return [], []
     instances_each = _instances_per_tenant(store, sweep_id)
-    base: float | None = None
+    base: list[float | None] = []
     rows: list[dict[str, Any]] = []
     for i, (arrangement, runs) in enumerate(groups.items()):
         ok = [r for r in runs if r.status == "ok"]
-        if i == 0 and ok:
-            base = _median([(r.metrics.get("tps") or 0) / max(1.0, r.metrics.get("tenants") or 1) for r in ok])
+        if i == 0:
+            base = [(r.metrics.get("tps") or 0) / max(1.0, r.metrics.get("tenants") or 1) for r in ok]
+        arrangement_flags = flag_text([("", flags([r.metrics for r in ok]))])
         names = _tiers_of(store, sweep_id, arrangement) or sorted(
             {k.split(".")[1] for r in ok for k in r.metrics if k.startswith("tier.")})
         for tier in names:
@@ -81,9 +86,12 @@ def tier_table(store: Store, sweep_id: int | None = None) -> tuple[list[str], li
                                    **{shown.key: m(shown.metric.name, shown.how) for shown in metrics.columns("tiers")}}
             if row["instances"] is not None:  # the tier's tenants, each with its instances
                 row["instances"] = int(row["instances"] * instances_each)
-            tps = m("tier.{tier}.tps")
-            row.update({"tps_vs_base_pct": (tps / base - 1) * 100 if tps is not None and base and i > 0 else None,
-                        "repeats": len(ok), "failed_runs": len(runs) - len(ok)})
+            d = difference("tps", base, [r.metrics.get(f"tier.{tier}.tps") for r in ok]) if i > 0 else None
+            low, high = d.ci95_pct if d is not None and d.ci95_pct is not None else (None, None)
+            row.update({"tps_vs_base_pct": _number(d.delta_pct) if d is not None else None,
+                        "tps_ci95_low_pct": _number(low), "tps_ci95_high_pct": _number(high),
+                        "tps_verdict": d.verdict if d is not None else None,
+                        "repeats": len(ok), "failed_runs": len(runs) - len(ok), "flags": arrangement_flags})
             rows.append(row)
     columns = [c for c in TIER_COLUMNS if c in ("arrangement", "tier", "instances", "tps_per_instance")
                or any(r.get(c) is not None for r in rows)]
