@@ -32,8 +32,9 @@ class NoiseFloor:
                "runs: " + ", ".join(f"{t:.1f}" for t in self.tps)]
         if self.aa is not None and self.aa.ci95_pct is not None:
             low, high = self.aa.ci95_pct
-            out.append(f"A/A (even runs vs odd runs, {self.aa.a_n} each): {self.aa.delta_pct:+.2f} % "
-                       f"[{low:+.2f} %, {high:+.2f} %] — {self.aa.verdict}")
+            interval = "[unbounded]" if math.isnan(low) or math.isnan(high) else f"[{low:+.2f} %, {high:+.2f} %]"
+            out.append(f"A/A (even runs vs odd runs, {self.aa.a_n} each): {self.aa.delta_pct:+.2f} % {interval} — "
+                       f"{self.aa.verdict}")
         out.append("smallest difference a comparison can resolve here (95 %): " + ", ".join(
             f"±{pct:.1f} % with {n} runs per side" for n, pct in self.resolvable_pct.items()))
         return out
