@@ -342,6 +342,14 @@ def test_adaptive_repeats_stop_a_quiet_point_at_its_target_and_a_noisy_one_at_ma
     assert said["repeats-target-reached"].startswith("tpcb-like sc=on c=1 ") and "3 ok runs" in \
         said["repeats-target-reached"]
     assert "c=2 " in said["repeats-max-reached"] and "8 ok runs" in said["repeats-max-reached"]
+    from pglab.report.tables import point_table
+    store = Store.open(tmp_path / "results", create=False)
+    try:
+        _, table = point_table(store)
+    finally:
+        store.close()
+    assert {row["clients"]: row["flags"] for row in table} == {
+        1: "", 2: "unstable, TPS interval wider than ±2 % after 8 runs"}
 
 
 def test_adaptive_repeats_count_only_runs_that_ended_ok(tmp_path: Path) -> None:

@@ -20,6 +20,7 @@ from pglab.analysis.cost import cost_table
 from pglab.analysis.flags import UNSTABLE, flag_text, flags
 from pglab.analysis.stats import estimate
 from pglab.analysis.steady import Dip, find_dips, tie_to_checkpoints
+from pglab.engine.schedule import Schedule
 from pglab.report.scenarios import HEADERS as SCENARIO_HEADERS
 from pglab.report.scenarios import loud_findings, scenario_table
 from pglab.store.sqlite import RunRow, Store
@@ -55,6 +56,8 @@ def point_table(store: Store, sweep_id: int | None = None) -> tuple[list[str], l
     columns += [f"{c}_ci95" for c in CI_COLUMNS] + ["tps_cv_pct", "unstable", "storage_ceiling_pct", "tps_dips",
                 "tps_dips_at_checkpoint"]
     cores, ceilings = _cores(store, sweep_id), _data_ceilings(store, sweep_id)
+    recorded = store.sweep_schedule(sweep_id) if sweep_id is not None else None
+    adaptive = Schedule.from_json(recorded) if recorded and recorded.get("target_ci_pct") is not None else None
     groups: OrderedDict[int, list[RunRow]] = OrderedDict()
     for r in runs:
         groups.setdefault(r.point_id, []).append(r)
@@ -62,6 +65,8 @@ def point_table(store: Store, sweep_id: int | None = None) -> tuple[list[str], l
     for group in groups.values():
         ok = [r for r in group if r.status == "ok"]
         point_flags = flags([r.metrics for r in ok])
+        if adaptive is not None and not adaptive.reached([v for r in ok if (v := r.metrics.get("tps")) is not None]):
+            point_flags.append(f"TPS interval wider than ±{adaptive.target_ci_pct:g} % after {len(ok)} runs")
         row: dict[str, Any] = {c: group[0].axes.get(c) for c in (*AXIS_COLUMNS, *extra)}
         for c in METRIC_COLUMNS:
             e = estimate([r.metrics.get(c) for r in ok])
