@@ -1,0 +1,91 @@
+"""Adaptive repeats on a real lab: a quiet point stops at ``min`` once its TPS interval is within the target; the
+same point made noisy by a CPU hog the test starts for every other run goes on to ``max``.
+
+The hog: busy loops, twice as many as the host has cores, running while the sweep's
+even-numbered runs work (the test watches the results folder for each new run's folder)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from conftest import pglab
+from pglab.store.sqlite import Store
+
+pytestmark = pytest.mark.postgres
+
+PLAN = """
+name: adaptive
+target: {local: {instances: 1}}
+dataset: {scale: 1}
+matrix: {workload: [select-only], clients: [2]}
+run: {duration: 3s, repeats: {min: 3, max: 7, target_ci: 30%}}
+"""
+
+
+def _tps(results: Path) -> list[float]:
+    store = Store.open(results, create=False)
+    try:
+        return [r.metrics["tps"] for r in store.runs() if r.status == "ok" and r.metrics.get("tps") is not None]
+    finally:
+        store.close()
+
+
+class Hog:
+    """Busy loops started and stopped by run: on while the sweep's 2nd, 4th … run works."""
+
+    def __init__(self, runs_dir: Path):
+        self.runs_dir, self.stop = runs_dir, threading.Event()
+        self.loops: list[subprocess.Popen[bytes]] = []
+        self.thread = threading.Thread(target=self._watch, daemon=True)
+
+    def _watch(self) -> None:
+        seen = 0
+        while not self.stop.wait(0.05):
+            n = len(list(self.runs_dir.glob("p*"))) if self.runs_dir.is_dir() else 0
+            if n != seen:
+                seen = n
+                self._set(on=n % 2 == 0)
+
+    def _set(self, on: bool) -> None:
+        if on and not self.loops:
+            # each loop in its own session, so its own scheduler group where the kernel groups by session
+            # (autogroup): the lab's processes share the CPU with every loop instead of with one group of them
+            self.loops = [subprocess.Popen([sys.executable, "-c", "while True: pass"], start_new_session=True)
+                          for _ in range(2 * (os.cpu_count() or 1))]
+        elif not on:
+            for p in self.loops:
+                p.kill()
+                p.wait()
+            self.loops = []
+
+    def __enter__(self) -> Hog:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.thread.join()
+        self._set(on=False)
+
+
+def test_a_quiet_point_stops_at_its_target_and_a_hogged_one_at_max(tmp_path: Path) -> None:
+    plan = tmp_path / "plan.yaml"
+    plan.write_text(PLAN)
+    quiet = pglab("run", str(plan), "--results", str(tmp_path / "quiet"), timeout=600)
+    assert quiet.returncode == 0, quiet.stderr
+    with Hog(tmp_path / "noisy" / "runs"):
+        noisy = pglab("run", str(plan), "--results", str(tmp_path / "noisy"), timeout=900)
+    assert noisy.returncode == 0, noisy.stderr
+    calm, hogged = _tps(tmp_path / "quiet"), _tps(tmp_path / "noisy")
+    print(f"quiet TPS {calm}\nhogged every other run: {hogged}")
+    assert len(calm) == 3, calm  # within ±30 % after min
+    assert len(hogged) == 7, hogged  # never within ±30 %: max
+    assert max(hogged[1::2]) < min(hogged[0::2])  # the hog is what made the noise: its runs are the slow ones
+    assert "adaptive repeats: 1 of 1 points within ±30 %" in quiet.stderr
+    assert "adaptive repeats: 0 of 1 points within ±30 %" in noisy.stderr
