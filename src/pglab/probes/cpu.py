@@ -30,7 +30,7 @@ import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from pglab.probes._util import counter_delta, rows_in_window
+from pglab.probes._util import counter_delta, rows_prorated
 from pglab.probes.base import ProbeContext, Sample
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -208,7 +208,14 @@ class _Group:
 
 
 class CpuProbe:
-    """Host CPU breakdown, and server/client CPU in cores (1.0 = one full core)."""
+    """Host CPU breakdown, and server/client CPU in cores (1.0 = one full core).
+
+    ``other_cores`` is the CPU the host's processes used outside the lab: the host's user+nice+system time
+    (/proc/stat; irq, softirq and steal are not any process's) less the lab's, where the lab is one process
+    tree rooted at pglab itself (its sampler threads, the witness, Patroni …), the servers and pgbench. One
+    tree rather than three sums, so a pgbench that pglab reaps is counted once, through pglab's cutime.
+    Why: a point where another process saturated the host must not read as "cpu bound" (issue item 6).
+    """
 
     name = "cpu"
 
@@ -219,21 +226,29 @@ class CpuProbe:
         self._tree = ProcessTree()
         self._server = _Group()
         self._client = _Group()
+        self._lab = _Group()
+        self._other_debt = 0.0  # clock ticks the lab counted beyond the host's (a lagging read), carried
         self._prev_cpu: tuple[int, ...] = ()
         self._prev_t = 0.0
+
+    def _lab_pids(self) -> set[int]:
+        return self._tree.descendants([os.getpid(), *self.ctx.server_pids(), *self.ctx.client_pids()])
 
     def open(self) -> None:
         self._prev_cpu = read_cpu_times()
         self._tree.refresh()  # the baseline listing
         self._server.delta(self._tree.descendants(self.ctx.server_pids()), self._tree, set(), True)
         self._client.delta(self._tree.descendants(self.ctx.client_pids()), self._tree, set(), True)
+        self._lab.delta(self._lab_pids(), self._tree, set(), True)
         self._prev_t = time.monotonic()
 
     def sample(self, ts: float) -> list[Sample]:
         cpu = read_cpu_times()
         before = self._tree.refresh()
-        server = self._server.delta(self._tree.descendants(self.ctx.server_pids()), self._tree, before, False)
+        server_roots = self.ctx.server_pids()
+        server = self._server.delta(self._tree.descendants(server_roots), self._tree, before, False)
         client = self._client.delta(self._tree.descendants(self.ctx.client_pids()), self._tree, before, False)
+        lab = self._lab.delta(self._lab_pids(), self._tree, before, False)
         t = time.monotonic()
         dt = t - self._prev_t
         prev_cpu, self._prev_cpu, self._prev_t = self._prev_cpu, cpu, t
@@ -243,6 +258,10 @@ class CpuProbe:
         total = sum(d) or 1
         pct = {name: v / total * 100 for name, v in zip(_CPU_FIELDS, d, strict=True)}
         server_cores = server / CLK_TCK / dt
+        # processes' time on the host (guest time is inside user) less the lab's; a negative remainder (the
+        # lab's times read a little after /proc/stat) is carried so the window's sum stays exact
+        other = d[0] + d[1] + d[2] - lab + self._other_debt
+        self._other_debt = min(other, 0.0)
         client_cores = client / CLK_TCK / dt
         values = {
             "user_pct": pct["user"],
@@ -258,6 +277,8 @@ class CpuProbe:
             "server_host_pct": server_cores / self.ncpu * 100,
             "client_cores": client_cores,
             "client_host_pct": client_cores / self.ncpu * 100,
+            "other_cores": max(other, 0.0) / CLK_TCK / dt,
+            "servers_known": 1.0 if server_roots else 0.0,
             "dt": dt,
         }
         return [Sample(ts, "cpu", k, v) for k, v in values.items()]
@@ -265,17 +286,21 @@ class CpuProbe:
     def close(self) -> None:
         self._server = _Group()
         self._client = _Group()
+        self._lab = _Group()
+        self._other_debt = 0.0
 
     def summarize(self, samples: Sequence[Sample], start: float, end: float) -> dict[str, float]:
-        rs = rows_in_window(samples, start, end, rate=True)
-        total_dt = sum(r.get("dt") for r in rs)
+        """Means over the exact window: each tick weighs the seconds of its interval inside the window."""
+        rs = rows_prorated(samples, start, end)
+        total_dt = sum(r.get("dt") * share for r, share in rs)
         if not rs or total_dt <= 0:
             return {}
 
-        def mean(metric: str) -> float:  # weighted by each tick's measured length
-            return sum(r.get(metric) * r.get("dt") for r in rs) / total_dt
+        def mean(metric: str) -> float:  # a rate times its tick's length is the tick's raw delta, pro-rated
+            return sum(r.get(metric) * r.get("dt") * share for r, share in rs) / total_dt
 
-        return {
+        mostly = [r for r, share in rs if share >= 0.5] or [r for r, _ in rs]  # a peak is one tick's
+        out = {
             "cpu_pct": mean("busy_pct"),
             "cpu_user_pct": mean("user_pct"),
             "cpu_sys_pct": mean("system_pct"),
@@ -283,5 +308,10 @@ class CpuProbe:
             "cpu_steal_pct": mean("steal_pct"),
             "server_cpu_cores": mean("server_cores"),
             "client_cpu_cores": mean("client_cores"),
-            "client_cpu_cores_max": max(r.get("client_cores") for r in rs),
+            "client_cpu_cores_max": max(r.get("client_cores") for r in mostly),
+            "interference_cpu_cores": mean("other_cores"),
         }
+        if not any(r.get("servers_known", 1.0) for r, _ in rs):
+            # no server process known on this host (an external server): its CPU is not attributed, not zero
+            del out["server_cpu_cores"]
+        return out
