@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import csv
 import io
+import json
 import os
 import shutil
 import tempfile
@@ -17,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from conftest import pglab
+from pglab.analysis.bottleneck import interfered
 
 pytestmark = pytest.mark.postgres
 
@@ -41,9 +43,22 @@ run: {{duration: 4s, warmup: 1s, repeats: 1}}
         assert proc.returncode == 0, proc.stderr
         rows = {r["workload"]: r for r in csv.DictReader(io.StringIO(proc.stdout))}
         select_only, tpcb = rows["select-only"]["bottleneck"], rows["tpcb-like"]["bottleneck"]
-        assert select_only.startswith("cpu ("), select_only
-        assert "% busy" in select_only or "cores" in select_only
-        assert tpcb.startswith("sync-replication ("), tpcb
+        runs = [json.loads(f.read_text()) for f in (base / "r" / "runs").glob("*/run.json")]
+        outside = {r["point"]["workload"]: interfered(r["metrics"]) for r in runs}
+        for r in runs:
+            print(r["point"]["workload"], "outside the lab:", r["metrics"].get("interference_cpu_cores"), "cores")
+        print(select_only, tpcb, sep="\n")
+        # on a machine shared with other jobs, the host may be saturated from outside the lab: the verdict then
+        # says so first, and the lab's own bound must still be named
+        if outside["select-only"]:
+            assert select_only.startswith(("interference (", "cpu (")), select_only
+        else:
+            assert select_only.startswith("cpu ("), select_only
+            assert "% busy" in select_only or "cores" in select_only
+        if outside["tpcb-like"] and tpcb.startswith("interference ("):
+            assert "sync-replication (" in tpcb, tpcb
+        else:
+            assert tpcb.startswith("sync-replication ("), tpcb
         assert "IPC:SyncRep" in tpcb
         # the standby's delay, not the CPU, bounds tpcb-like: far fewer transactions than select-only
         assert float(rows["tpcb-like"]["tps"]) < float(rows["select-only"]["tps"]) / 5
