@@ -120,7 +120,7 @@ def test_server_cpu_counts_the_whole_tree_including_short_lived_children() -> No
 
 
 def test_host_percentages_add_up() -> None:
-    probe = CpuProbe(ProbeContext(""))
+    probe = CpuProbe(ProbeContext(""), fine=1.0)  # a row at every call
     probe.open()
     time.sleep(0.3)
     got = {s.metric: s.value for s in probe.sample(now())}
@@ -230,3 +230,46 @@ def test_cpu_used_outside_the_lab_is_interference() -> None:
         assert "cores used outside the lab" in verdicts[0].evidence
     if not interfered(quiet):  # a shared machine may have been busy anyway: then the verdict says so too
         assert all(v.resource != "interference" for v in attribute(quiet, cores=ncpu, jobs=1))
+
+
+def test_window_figures_match_reads_at_the_exact_edges() -> None:
+    """A client busy 0.5 s in every 1.6 s (uneven within any second) and 5 s and 15 s windows whose edges fall
+    mid-second: the host's busy share and the client's cores agree with the test's own reads at the edges.
+
+    Within 2 % (and a clock tick, 10 ms of CPU, of the client's time): pro-rating whole seconds was up to 13 %
+    off on such a load, since a second's share of the burst depends on where the burst fell in it."""
+    pids: list[int] = []
+    probe = CpuProbe(ProbeContext("", client_pids=lambda: pids))
+    sampler = Sampler([probe])
+    burner = subprocess.Popen([sys.executable, "-c", "import time\nwhile True:\n t = time.time()\n"
+                               " while time.time() - t < 0.5: pass\n time.sleep(1.1)"])
+    pids.append(burner.pid)
+
+    def host() -> tuple[int, int]:
+        with open("/proc/stat") as f:
+            v = [int(x) for x in f.readline().split()[1:9]]
+        return sum(v), v[3] + v[4]  # all, idle + iowait
+
+    try:
+        sampler.start()
+        t0 = float(int(_next_second())) + 1.0
+        windows = [(t0 + 0.37, 5.0), (t0 + 1.61, 15.0)]
+        reads = {}
+        for edge in sorted({e for a, length in windows for e in (a, a + length)}):
+            time.sleep(max(0.0, edge - now()))
+            reads[edge] = (now(), host(), _own_ticks(burner.pid))
+        time.sleep(1.3)
+    finally:
+        samples = sampler.stop()
+        burner.kill()
+        burner.wait()
+    assert not sampler.errors
+    for a, length in windows:
+        (ta, (all_a, idle_a), c_a), (tb, (all_b, idle_b), c_b) = reads[a], reads[a + length]
+        busy = 100 * (1 - (idle_b - idle_a) / (all_b - all_a))
+        client = (c_b - c_a) / TICK / (tb - ta)
+        got = probe.summarize(samples, ta, tb)
+        print(f"{length:g} s: host busy {busy:.2f} % (probe {got['cpu_pct']:.2f}), client {client:.3f} cores "
+              f"(probe {got['client_cpu_cores']:.3f})")
+        assert got["cpu_pct"] == pytest.approx(busy, rel=0.02)
+        assert got["client_cpu_cores"] == pytest.approx(client, rel=0.02, abs=2 / TICK / length)

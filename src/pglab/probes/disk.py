@@ -323,7 +323,7 @@ class DiskProbe:
         if not self.devices:
             return []
         cur = self._read(now())
-        if ts < self._next_row - self.interval / 2:
+        if self.interval < self.row_interval and ts < self._next_row - self.interval / 2:
             return []  # a fine read only: kept for the window's edges
         self._next_row = self._row_after(ts)
         t = time.monotonic()
