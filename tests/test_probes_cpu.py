@@ -176,10 +176,12 @@ def _measure(hogs: int) -> tuple[dict[str, float], float, float]:
     pids: list[int] = []
     probe = CpuProbe(ProbeContext("", client_pids=lambda: pids))
     sampler = Sampler([probe])
-    outsiders = [_outsider() for _ in range(hogs)]
+    outsiders: list[int] = []
     burner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     pids.append(burner.pid)
     try:
+        for _ in range(hogs):
+            outsiders.append(_outsider())
         for pid in outsiders:
             with open(f"/proc/{pid}/stat") as f:
                 assert int(f.read().rsplit(")", 1)[1].split()[1]) != os.getpid()  # not pglab's child
