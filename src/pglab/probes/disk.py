@@ -378,7 +378,7 @@ class DiskProbe:
         if not per_dev and not exact:
             return out
         sums: dict[str, dict[str, float]] = {}
-        for dev in per_dev.keys() | exact.keys():
+        for dev in sorted(per_dev.keys() | exact.keys()):
             rs = per_dev.get(dev, [])
             s = exact.get(dev) or {k: sum(r.get(k) * share for r, share in rs) for k in _RAW}
             # a peak is one row's: the rows mostly inside the window (all of them when none is)
