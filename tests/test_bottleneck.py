@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pglab.analysis.bottleneck import attribute, describe, storage_ceiling_share
+from pglab.analysis.bottleneck import INTERFERENCE_CORES, attribute, describe, interfered, storage_ceiling_share
 
 # select-only, 8 clients, 2 pgbench threads: the host is saturated, backends wait for the starved pgbench
 CPU_BOUND = {"cpu_pct": 96.0, "server_cpu_cores": 1.56, "client_cpu_cores": 0.29, "wait.Client:ClientRead": 0.42,
@@ -61,3 +61,27 @@ def test_a_client_at_its_own_quota_is_named() -> None:
                           "client_throttled_pct": 80.0, "wait.Client:ClientRead": 0.7}, cores=2, jobs=2)
     assert verdicts[0].resource == "client"
     assert verdicts[0].evidence == "pgbench 0.49 of its 0.5-core quota, throttled in 80 % of CFS periods"
+
+
+def test_a_host_saturated_by_another_process_is_interference_not_cpu() -> None:
+    """Measured: another process burning the host while a select-only point ran (servers 0.18, pgbench 0.02)."""
+    figures = {"cpu_pct": 100.0, "server_cpu_cores": 0.18, "client_cpu_cores": 0.02, "interference_cpu_cores": 1.6}
+    assert interfered(figures)
+    verdicts = attribute(figures, cores=2, jobs=1)
+    assert [v.resource for v in verdicts] == ["interference"]
+    assert verdicts[0].evidence.startswith("1.60 of 2 cores used outside the lab; host CPU 100 % busy")
+    # the lab's own CPU first when it uses more than the outsiders: both named
+    busy_lab = {**CPU_BOUND, "interference_cpu_cores": 0.3}
+    assert [v.resource for v in attribute(busy_lab, cores=2, jobs=2)] == ["cpu", "interference"]
+    # below the threshold it is the host's cpu as before
+    assert not interfered({**CPU_BOUND, "interference_cpu_cores": INTERFERENCE_CORES - 0.01})
+    assert [v.resource for v in attribute({**CPU_BOUND, "interference_cpu_cores": 0.1}, cores=2, jobs=2)] == ["cpu"]
+    assert not interfered({"cpu_pct": 100.0})  # no figure (older runs, Kubernetes): not claimed
+
+
+def test_servers_not_found_on_the_host_are_not_claimed_idle() -> None:
+    """An external server: without its processes the text says its CPU is not attributed, never 0.00 cores."""
+    verdicts = attribute({"cpu_pct": 97.0, "client_cpu_cores": 0.4, "interference_cpu_cores": 0.1}, cores=2)
+    assert verdicts[0].evidence == "host CPU 97 % busy, servers' CPU not attributed, pgbench 0.40"
+    outside = attribute({"cpu_pct": 97.0, "client_cpu_cores": 0.4, "interference_cpu_cores": 1.5}, cores=2)
+    assert outside[0].resource == "interference" and "the server's own among them" in outside[0].evidence

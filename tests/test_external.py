@@ -16,6 +16,7 @@ import pytest
 
 from conftest import pglab
 from pglab.plan.schema import Dataset, LocalTarget
+from pglab.targets.external import local_postmaster
 from pglab.targets.local.cluster import LocalLab
 from pglab.workloads import pgbench
 
@@ -33,7 +34,7 @@ def server() -> Iterator[dict[str, Any]]:
             conn.execute("CREATE TABLE customers (id int PRIMARY KEY, name text)")
             conn.execute("INSERT INTO customers SELECT g, 'c' || g FROM generate_series(1, 100) g")
         yield {"ep": ep, "conninfo": f"host={ep.host} port={ep.port} user={ep.user} dbname={ep.dbname}",
-               "passfile": str(ep.passfile)}
+               "passfile": str(ep.passfile), "postmaster": lab.server_pids()[0]}
     finally:
         lab.teardown()
         shutil.rmtree(base, ignore_errors=True)
@@ -80,6 +81,15 @@ def test_read_only_benchmark_writes_nothing(tmp_path: Path, server: dict[str, An
     settings = json.loads(next((tmp_path / "r" / "runs").glob("*/settings.json")).read_text())
     assert settings["default_transaction_read_only"]["setting"] == "on"  # the sessions could not have written
     assert settings["synchronous_commit"]["setting"] == "off"  # the point's level, as a session option
+    # the server runs on this host: found through our own backend, its CPU is the servers', not outside the lab
+    metrics = json.loads(next((tmp_path / "r" / "runs").glob("*/run.json")).read_text())["metrics"]
+    assert metrics["server_cpu_cores"] > 0, metrics
+    assert "interference_cpu_cores" in metrics
+
+
+def test_the_postmaster_on_this_host_is_found_from_our_backend(server: dict[str, Any]) -> None:
+    assert local_postmaster(server["ep"].conninfo()) == server["postmaster"]
+    assert local_postmaster("host=/nonexistent dbname=x user=x connect_timeout=1") is None
 
 
 def test_write_workload_or_missing_dataset_refused_without_consent(tmp_path: Path, server: dict[str, Any]) -> None:

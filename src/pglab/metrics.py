@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 from functools import cache
 from typing import Literal
 
-Layer = Literal["client", "database", "replication", "storage", "cpu", "memory", "limits", "scenario", "tenants"]
+Layer = Literal["client", "database", "replication", "storage", "cpu", "memory", "limits", "scenario", "tenants",
+                "host"]
 How = Literal["mean", "median", "max", "sum", "value"]
 TABLES = ("points", "runs", "scenarios", "tiers", "host", "tenants")
 
@@ -167,6 +168,9 @@ METRICS: tuple[Metric, ...] = (
     Metric("client_cpu_cores", "cores", True, "cpu", "CPU pgbench used"),
     Metric("client_cpu_cores_max", "cores", True, "cpu", "most CPU pgbench used in one second"),
     Metric("server_cpu_cores", "cores", True, "cpu", "CPU the PostgreSQL servers used"),
+    Metric("interference_cpu_cores", "cores", True, "host",
+           "CPU the host's processes used outside the lab (not the servers, pgbench or pglab) during the window; "
+           "analysis.bottleneck.interfered() says when it is too much to trust the point"),
     Metric("cpu_user_pct", "%", None, "cpu", "host CPU in user mode"),
     Metric("cpu_sys_pct", "%", None, "cpu", "host CPU in the kernel"),
     Metric("cpu_iowait_pct", "%", True, "cpu", "host CPU idle waiting for I/O"),

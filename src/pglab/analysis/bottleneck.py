@@ -1,8 +1,9 @@
 """Which resource bounds a result, each verdict with the figures behind it.
 
 Rules over the figures the probes stored for the measured window (shares of active backends per wait event,
-CPU of the host, of the servers and of pgbench, device utilisation) and, when the storage phase ran, the
-fio ceilings. A rule fires when its figure passes a threshold; the verdicts are ordered by how far past.
+CPU of the host, of the servers, of pgbench and of the host's processes outside the lab, device utilisation)
+and, when the storage phase ran, the fio ceilings. A rule fires when its figure passes a threshold; the verdicts
+are ordered by how far past.
 Thresholds are deliberately plain, so a reader can check a verdict against the run's own numbers.
 """
 
@@ -18,6 +19,14 @@ WAIT_SHARE = 0.30  # a wait class holding this share of active backends is what 
 DEVICE_UTIL_PCT = 90.0  # the device is busy nearly all the time
 CEILING_SHARE = 0.80  # IOPS this close to what fio measured on the same device
 THROTTLED_PCT = 20.0  # the CFS scheduler throttled the primary's cgroup in this share of its periods
+INTERFERENCE_CORES = 0.25
+"""Cores used on the host outside the lab (``interference_cpu_cores``) past which a point is interfered with.
+
+Why a quarter of a core: an idle host's daemons (journald, sshd, cron, the kernel's threads) stay well under
+0.05 core, and pglab's own reads are counted as the lab's, so 0.25 is far above the noise; yet it is an eighth
+of a 2-core host, which moves a CPU-bound point's TPS by more than its repeats usually differ. One figure for
+every host size: what another process takes from the lab is cores, whatever the host has.
+"""
 
 WAL_WAITS = ("IO:WALSync", "IO:WALWrite", "LWLock:WALWrite", "IO:WALInitSync", "IO:WALInitWrite")
 SYNC_REP_WAITS = ("IPC:SyncRep",)
@@ -26,7 +35,7 @@ CLIENT_WAITS = ("Client:ClientRead",)
 
 @dataclass(frozen=True)
 class Verdict:
-    resource: str  # cpu | client | sync-replication | wal-flush | locks | storage
+    resource: str  # cpu | interference | client | sync-replication | wal-flush | locks | storage
     score: float  # figure / threshold: > 1 means past it; verdicts sort by it
     evidence: str  # the figures, in words
 
@@ -46,10 +55,24 @@ def _lock_share(metrics: dict[str, float | None]) -> float:
     return total
 
 
+def interfered(metrics: dict[str, float | None]) -> bool:
+    """True when processes outside the lab used at least :data:`INTERFERENCE_CORES` during the window: the
+    point's figures then measured the host shared with someone else, not the platform alone."""
+    other = metrics.get("interference_cpu_cores")
+    return other is not None and other >= INTERFERENCE_CORES
+
+
+def _servers(server: float | None, cores: int) -> str:
+    """The servers' CPU in words; without a figure (an external server not found on this host) say so."""
+    return f"servers {server:.2f} of {cores} cores" if server is not None else "servers' CPU not attributed"
+
+
 def attribute(metrics: dict[str, float | None], cores: int, jobs: int | None = None,
               ceilings: dict[str, float] | None = None) -> list[Verdict]:
     """Every rule that fires, the cause first. An empty list means nothing stood out.
 
+    A saturated host is named ``interference`` rather than ``cpu`` when processes outside the lab used
+    :data:`INTERFERENCE_CORES` or more and more than the servers and pgbench together.
     Two orderings are not by score: a saturated host CPU comes first (backends then also wait for a starved
     pgbench, which is a symptom); and row/transaction lock waits come after what the lock *holders* wait on
     (with 8 clients on 2 branches, most backends queue behind the one committing, and the committing one waits
@@ -61,16 +84,27 @@ def attribute(metrics: dict[str, float | None], cores: int, jobs: int | None = N
     client = metrics.get("client_cpu_cores")
     client_read = _share(metrics, CLIENT_WAITS)
     host_saturated = busy is not None and busy >= HOST_CPU_BUSY_PCT
+    other = metrics.get("interference_cpu_cores")
+    lab = (server or 0.0) + (client or 0.0)
     if host_saturated:
         assert busy is not None
         detail = f"host CPU {busy:.0f} % busy"
-        if server is not None:
-            detail += f", servers {server:.2f} of {cores} cores"
+        detail += f", {_servers(server, cores)}"
         if client is not None:
             detail += f", pgbench {client:.2f}"
         if client_read >= WAIT_SHARE:
             detail += f"; {client_read * 100:.0f} % of active backends wait for the starved pgbench"
-        out.append(Verdict("cpu", 100.0 + busy / HOST_CPU_BUSY_PCT, detail))
+        if interfered(metrics) and other is not None:
+            # what saturates the host is named first: the processes outside the lab when they use more than it
+            first = other >= lab
+            out.append(Verdict("interference", 100.0 + busy / HOST_CPU_BUSY_PCT + (0.5 if first else -0.5),
+                               f"{other:.2f} of {cores} cores used outside the lab"
+                               + (" (the server's own among them if it runs on this host)" if server is None else "")
+                               + f"; {detail}"))
+            if not first:
+                out.append(Verdict("cpu", 100.0 + busy / HOST_CPU_BUSY_PCT, detail))
+        else:
+            out.append(Verdict("cpu", 100.0 + busy / HOST_CPU_BUSY_PCT, detail))
     elif server is not None and server >= SERVER_CORES_SHARE * cores:
         out.append(Verdict("cpu", server / (SERVER_CORES_SHARE * cores), f"servers {server:.2f} of {cores} cores"))
     quota, primary = metrics.get("limit_cpus"), metrics.get("primary_cpu_cores")

@@ -50,6 +50,27 @@ def rows_in_window(samples: Iterable[Sample], start: float, end: float, *, rate:
     return out
 
 
+def overlap(row: Row, start: float, end: float) -> float:
+    """Seconds of a rate row's interval ``[ts - dt, ts]`` that lie inside the window ``[start, end]``."""
+    dt = row.get("dt")
+    return max(0.0, min(row.ts, end) - max(row.ts - dt, start)) if dt > 0 else 0.0
+
+
+def rows_prorated(samples: Iterable[Sample], start: float, end: float) -> list[tuple[Row, float]]:
+    """Rate rows overlapping the window, each with the fraction of its interval inside it.
+
+    Why: a tick keeps whole or drops whole when chosen by the middle of its interval, so a window's edges were up
+    to half a tick off (a 14.8 s window's r_await came out 15 % low). Scaling an edge tick's raw deltas and ``dt``
+    by the fraction inside interpolates the kernel counters linearly at the window's exact edges.
+    """
+    out = []
+    for row in rows(samples):
+        seconds = overlap(row, start, end)
+        if seconds > 0:
+            out.append((row, seconds / row.get("dt")))
+    return out
+
+
 def counter_delta(new: int, old: int, bits: int = 32) -> int:
     """Delta of a monotonically increasing kernel counter.
 

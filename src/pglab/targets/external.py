@@ -26,6 +26,51 @@ from pglab.workloads import pgbench
 PGBENCH_TABLE_PATTERN = r"^pgbench_(accounts|branches|tellers|history)(_\d+)?$"
 
 
+_CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def _proc_stat(pid: int) -> tuple[str, int, int] | None:
+    """(comm, ppid, start time in clock ticks since boot) of a process on this host, or None."""
+    try:
+        data = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    comm, rest = data[data.find("(") + 1 : data.rfind(")")], data[data.rfind(")") + 2 :].split()
+    try:
+        return comm, int(rest[1]), int(rest[19])
+    except (IndexError, ValueError):
+        return None
+
+
+def _boot_time() -> float:
+    for line in Path("/proc/stat").read_text().splitlines():
+        if line.startswith("btime "):
+            return float(line.split()[1])
+    return 0.0
+
+
+def local_postmaster(conninfo: str) -> int | None:
+    """The pid of the server's postmaster when it runs on this host, else None.
+
+    The backend serving our own connection is a child of the postmaster. Its pid is only trusted when the process
+    of that pid here is a postgres whose start time matches the backend's (within 2 s): a server on another host,
+    or in another pid namespace (a container), has pids that mean nothing here.
+    """
+    try:
+        with psycopg.connect(conninfo, autocommit=True, connect_timeout=5) as c:
+            row = c.execute("SELECT pid, extract(epoch FROM backend_start)::float8 FROM pg_stat_activity "
+                            "WHERE pid = pg_backend_pid()").fetchone()
+            backend = _proc_stat(int(row[0])) if row else None
+    except psycopg.Error:
+        return None
+    if row is None or backend is None or backend[0] not in ("postgres", "postmaster"):
+        return None
+    if abs(_boot_time() + backend[2] / _CLK_TCK - float(row[1])) > 2.0:
+        return None
+    parent = _proc_stat(backend[1])
+    return backend[1] if parent is not None and parent[0] in ("postgres", "postmaster") else None
+
+
 def _default_passfile() -> Path:
     return Path(os.environ.get("PGPASSFILE") or Path.home() / ".pgpass")
 
@@ -45,6 +90,7 @@ class ExternalServer(Unshaped):  # a server pglab does not own is not limited or
                                   Path(spec.passfile).expanduser() if spec.passfile else _default_passfile(),
                                   sslmode=params.get("sslmode"))
         self.session: dict[str, Any] = {}
+        self._postmaster: tuple[int, int] | None = None  # (pid, start time) once looked for; (0, 0): not here
 
     # ------------------------------------------------------------ safety, before anything starts
     def preflight(self) -> None:
@@ -108,7 +154,19 @@ class ExternalServer(Unshaped):  # a server pglab does not own is not limited or
         return Endpoints(replace(self._endpoint, options=options or None), [])
 
     def server_pids(self) -> list[int]:
-        return []
+        """The server's postmaster when it runs on this host, so its CPU is the servers' and not "outside the
+        lab"; looked up once (again only if that process is gone: a restart). [] for a server elsewhere."""
+        if self._postmaster is not None:
+            pid, start = self._postmaster
+            if not pid:
+                return []
+            now = _proc_stat(pid)
+            if now is not None and now[2] == start:
+                return [pid]
+        found = local_postmaster(self._endpoint.conninfo(application_name="pglab-control"))
+        st = _proc_stat(found) if found else None
+        self._postmaster = (found, st[2]) if found and st else (0, 0)
+        return [found] if found and st else []
 
     def probe_paths(self) -> dict[str, Path]:
         return {}
