@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+from pglab.analysis.bottleneck import interfered
 from pglab.analysis.stats import estimate
 
 UNSTABLE_CV = 0.05  # repeats whose TPS spread (coefficient of variation) exceeds 5 % are flagged
-INTERFERENCE_CORES = 0.25  # mean CPU (cores) used by others during the window above which a point is flagged
 
 UNSTABLE = "unstable"
 INTERFERED = "interfered"
@@ -23,10 +23,8 @@ def flags(runs: Sequence[Mapping[str, float | None]]) -> list[str]:
     tps = estimate([r.get("tps") for r in runs])
     if tps is not None and tps.cv is not None and tps.cv > UNSTABLE_CV:
         out.append(UNSTABLE)
-    # the probe's figure, while bottleneck.interfered() is not there yet; when it is, this becomes
-    # `if interfered(means): out.append(INTERFERED)` with means = the runs' mean metrics
     cores = estimate([r.get("interference_cpu_cores") for r in runs])
-    if cores is not None and cores.mean > INTERFERENCE_CORES:
+    if cores is not None and interfered({"interference_cpu_cores": cores.mean}):
         out.append(INTERFERED)
     return out
 
