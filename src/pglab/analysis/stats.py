@@ -104,3 +104,10 @@ def _fieller(ma: float, mb: float, sa2: float, sb2: float, t: float) -> tuple[fl
 
 def _clean(values: Sequence[float | None]) -> list[float]:
     return [float(v) for v in values if v is not None and not math.isnan(float(v))]
+
+
+def within(values: Sequence[float | None], target_pct: float) -> bool:
+    """The half-width of the mean's 95 % interval is at most ``target_pct`` of the mean (adaptive repeats' rule);
+    never with fewer than two values."""
+    e = estimate(values)
+    return bool(e and e.ci95 is not None and e.mean and e.ci95 / abs(e.mean) * 100 <= target_pct)

@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pglab.analysis.stats import estimate
+from pglab.analysis.stats import within
 from pglab.plan.expand import Point
 from pglab.plan.schema import Run
 
@@ -55,10 +55,7 @@ class Schedule:
 
     def reached(self, tps: Sequence[float]) -> bool:
         """The point's TPS is known within the target (always, for a fixed number of repeats)."""
-        if self.target_ci_pct is None:
-            return True
-        e = estimate(tps)
-        return bool(e and e.ci95 is not None and e.mean and e.ci95 / abs(e.mean) * 100 <= self.target_ci_pct)
+        return self.target_ci_pct is None or within(tps, self.target_ci_pct)
 
     def runs(self, points: Sequence[Point], done: set[tuple[str, int]],
              tps_of: Callable[[Point], Sequence[float]]) -> Iterator[tuple[Point, int]]:

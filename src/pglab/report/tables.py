@@ -18,9 +18,8 @@ from pglab.analysis.bottleneck import attribute, describe, mean_metrics, storage
 from pglab.analysis.compare import TOO_FEW_REPEATS, VERDICTS, difference
 from pglab.analysis.cost import cost_table
 from pglab.analysis.flags import UNSTABLE, flag_text, flags
-from pglab.analysis.stats import estimate
+from pglab.analysis.stats import estimate, within
 from pglab.analysis.steady import Dip, find_dips, tie_to_checkpoints
-from pglab.engine.schedule import Schedule
 from pglab.report.scenarios import HEADERS as SCENARIO_HEADERS
 from pglab.report.scenarios import loud_findings, scenario_table
 from pglab.store.sqlite import RunRow, Store
@@ -57,7 +56,7 @@ def point_table(store: Store, sweep_id: int | None = None) -> tuple[list[str], l
                 "tps_dips_at_checkpoint"]
     cores, ceilings = _cores(store, sweep_id), _data_ceilings(store, sweep_id)
     recorded = store.sweep_schedule(sweep_id) if sweep_id is not None else None
-    adaptive = Schedule.from_json(recorded) if recorded and recorded.get("target_ci_pct") is not None else None
+    target_pct = recorded.get("target_ci_pct") if recorded else None  # adaptive repeats: the TPS interval wanted
     groups: OrderedDict[int, list[RunRow]] = OrderedDict()
     for r in runs:
         groups.setdefault(r.point_id, []).append(r)
@@ -65,8 +64,8 @@ def point_table(store: Store, sweep_id: int | None = None) -> tuple[list[str], l
     for group in groups.values():
         ok = [r for r in group if r.status == "ok"]
         point_flags = flags([r.metrics for r in ok])
-        if adaptive is not None and not adaptive.reached([v for r in ok if (v := r.metrics.get("tps")) is not None]):
-            point_flags.append(f"TPS interval wider than ±{adaptive.target_ci_pct:g} % after {len(ok)} runs")
+        if target_pct is not None and not within([r.metrics.get("tps") for r in ok], target_pct):
+            point_flags.append(f"TPS interval wider than ±{target_pct:g} % after {len(ok)} runs")
         row: dict[str, Any] = {c: group[0].axes.get(c) for c in (*AXIS_COLUMNS, *extra)}
         for c in METRIC_COLUMNS:
             e = estimate([r.metrics.get(c) for r in ok])
