@@ -14,6 +14,9 @@ Buffered writes that the kernel's flusher threads write back later (most checkpo
 which PostgreSQL issues without ``O_DIRECT``) are charged to the root group and escape the limit. cgroup v2
 with the ``io`` controller attributes writeback to the group that dirtied the page, so the limits hold there.
 
+The same counters give each instance's own I/O over a run (``io_stat``), beside the device-wide figures of the
+disk probe; a lab without limits still makes an accounting-only group per instance for them (``account_io``).
+
 Groups live below the cgroup pglab itself runs in (``<ours>/pglab-<id>/<member>``), so any limit already
 above pglab still applies, and are removed at teardown.
 """
@@ -164,9 +167,10 @@ class Group:
     def account_io(self) -> None:
         """Make sure the group counts its I/O on its devices, without limiting it (an accounting-only group).
 
-        On v1 a zero limit is written for each device: zero means "no limit", but the write sets the throttle
-        layer up for the disk, and recent kernels keep ``blkio.throttle`` counters only for disks that have
-        been set up so. Raises :class:`CgroupError` when the group has no I/O statistics here."""
+        On v1 a zero limit is written for each device: zero means "no limit", but the write makes sure the
+        throttle layer, which keeps the ``blkio.throttle`` counters, is set up for the disk (some kernels set it
+        up only once a first rule is written). Raises :class:`CgroupError` when the group has no I/O statistics
+        here."""
         if self.version == 1:
             for dev in self.devices:
                 _write(self._file("blkio.throttle.read_iops_device"), f"{dev} 0")
