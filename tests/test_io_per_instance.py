@@ -41,26 +41,25 @@ def _device_bytes_written(run_dir: Path, since: float) -> float:
 
 @pytest.mark.postgres
 @pytest.mark.skipif(cgroups.io_accounting_problem() is not None, reason="needs root and a blkio/io controller")
-def test_each_instance_writes_what_its_role_does_and_no_more_than_the_device() -> None:
+@pytest.mark.parametrize("lab", ["{instances: 2}", "{instances: 2, ha: patroni}"], ids=["local", "patroni"])
+def test_each_instance_writes_what_its_role_does_and_no_more_than_the_device(lab: str) -> None:
     base = Path(tempfile.mkdtemp(prefix="pglab-test-"))
     os.chmod(base, 0o711)  # the server user traverses it
     plan = base / "plan.yaml"
     # no resources: the instances' groups are accounting only; select-only first, so that no checkpoint of the
     # tpcb-like run's writes falls into its window
-    plan.write_text("""
+    plan.write_text(f"""
 name: io-per-instance
-target: {local: {instances: 2}}
-dataset: {scale: 1}
-matrix: {workload: [select-only, tpcb-like], clients: [4]}
-run: {duration: 5s, repeats: 1}
+target: {{local: {lab}}}
+dataset: {{scale: 1}}
+matrix: {{workload: [select-only, tpcb-like], clients: [4]}}
+run: {{duration: 5s, repeats: 1}}
 """)
     try:
         results = base / "r"
         proc = pglab("run", str(plan), "--results", str(results), "--format", "json")
         assert proc.returncode == 0, proc.stderr
         runs = _runs(results)
-        print({w: {"metrics": {k: v for k, v in r["metrics"].items() if "iops" in k or "mb_s" in k}, "io": r["io"]}
-               for w, (_, r) in runs.items()})
         (_, tpcb), (_, select) = runs["tpcb-like"], runs["select-only"]
         for run_dir, record in runs.values():
             io = record["io"]
