@@ -18,6 +18,8 @@ import pytest
 from conftest import pglab
 from pglab.targets.local import cgroups
 
+pytestmark = pytest.mark.postgres  # labs, and cgroups with a process in them
+
 MIB = 1024 * 1024
 IN_FLIGHT = 2 * MIB  # writes submitted before the last sample and completed after it: a queue's worth at most
 
@@ -39,7 +41,6 @@ def _device_bytes_written(run_dir: Path, since: float) -> float:
                    if r["source"].startswith("disk:") and r["metric"] == "d_wsect" and float(r["ts"]) > since)
 
 
-@pytest.mark.postgres
 @pytest.mark.skipif(cgroups.io_accounting_problem() is not None, reason="needs root and a blkio/io controller")
 @pytest.mark.parametrize("lab", ["{instances: 2}", "{instances: 2, ha: patroni}"], ids=["local", "patroni"])
 def test_each_instance_writes_what_its_role_does_and_no_more_than_the_device(lab: str) -> None:
@@ -145,3 +146,25 @@ def test_each_instances_rates_come_from_its_own_counters() -> None:
     assert figures["standby_write_iops"] == 20.0 and figures["standby_write_mb_s"] == 1.5
     assert record["nodes"]["n1"]["role"] == "primary" and record["nodes"]["n0"]["role"] == "standby"
     assert record["window"] == [100.0, 110.0] and "primary_io_pressure_pct" not in figures
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_a_groups_counters_are_read_for_its_own_devices_only(tmp_path: Path, version: int) -> None:
+    """The kernel's own formats: v1's blkio.throttle tables, v2's io.stat and io.pressure (the stall time)."""
+    g = cgroups.Group.__new__(cgroups.Group)  # a group over files laid out as the kernel writes them
+    g.name, g.limits, g.devices, g.version, g.dirs = "n0", cgroups.Limits(), ["254:0"], version, [tmp_path]
+    if version == 1:
+        (tmp_path / "blkio.throttle.io_serviced").write_text(
+            "254:0 Read 2\n254:0 Write 128\n254:0 Sync 100\n254:0 Discard 7\n254:0 Total 137\n"
+            "253:0 Write 999\nTotal 1136\n")
+        (tmp_path / "blkio.throttle.io_service_bytes").write_text(
+            "254:0 Read 8192\n254:0 Write 1048576\n254:0 Discard 4096\n253:0 Write 999\nTotal 1\n")
+        stall = {}
+    else:
+        (tmp_path / "io.stat").write_text("254:0 rbytes=8192 wbytes=1048576 rios=2 wios=128 dbytes=4096 dios=7\n"
+                                          "253:0 rbytes=1 wbytes=999 rios=1 wios=999 dbytes=0 dios=0\n")
+        (tmp_path / "io.pressure").write_text("some avg10=0.00 avg60=0.00 avg300=0.00 total=2500000\n"
+                                              "full avg10=0.00 avg60=0.00 avg300=0.00 total=1000000\n")
+        stall = {"io_stall_s": 2.5}
+    assert g.io_stat() == {"read_ios": 2.0, "write_ios": 128.0, "read_bytes": 8192.0, "write_bytes": 1048576.0,
+                           **stall}
