@@ -10,6 +10,7 @@ ShapedLinks).
 from __future__ import annotations
 
 import abc
+import contextlib
 import os
 import shutil
 import subprocess
@@ -162,10 +163,13 @@ class LabBase(ServerFiles, GroupedLimits, ShapedLinks, abc.ABC, Generic[N]):
         limits = self._limits(self.cpus) if self.member_limits else cgroups.Limits()
         group = cgroups.Group(f"{cgroup_name(self.lab_dir)}/{node.name}", limits, devices)
         self.groups[node.name] = group
-        if self.member_limits:
-            group.apply()
-        else:
+        if not self.member_limits:
             group.account_io()
+            return
+        group.apply()
+        if not limits.io:  # no I/O rule of the plan's sets the disk's throttle up: count anyway, never fail on it
+            with contextlib.suppress(cgroups.CgroupError):
+                group.account_io()
 
     def _remove_groups(self) -> None:
         for g in [*self.groups.values(), *([self.client_group] if self.client_group else [])]:
