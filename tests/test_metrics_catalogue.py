@@ -50,6 +50,16 @@ def _limit_names() -> set[str]:
     return set(limit_metrics({"applied": True, "n0": {"cpus": 2}, "client": {"cpus": 1}}, before, after, 10.0))
 
 
+def _io_names() -> set[str]:
+    """Each instance's I/O from its cgroup (cgroup v2 with PSI adds the stall time), and the flag without groups."""
+    from pglab.drivers.local import io_metrics
+
+    zero = {"read_ios": 0.0, "write_ios": 0.0, "read_bytes": 0.0, "write_bytes": 0.0, "io_stall_s": 0.0}
+    one = {k: 1.0 for k in zero}
+    figures, _ = io_metrics({"n0": zero, "n1": zero}, {"n0": one, "n1": one}, (0.0, 10.0))
+    return set(figures) | set(io_metrics({}, {}, (0.0, 10.0), problem="no cgroups")[0])
+
+
 def _tier_names() -> set[str]:
     from pglab.drivers.tenants import tier_metrics
     from pglab.plan.schema import Tier
@@ -73,11 +83,13 @@ def _host_probe_names(tmp_path: Path) -> set[str]:
 
 @pytest.fixture(scope="module")
 def stored(tmp_path_factory: pytest.TempPathFactory) -> set[str]:
-    return _pgbench_names() | _limit_names() | _tier_names() | _host_probe_names(tmp_path_factory.mktemp("probes"))
+    return (_pgbench_names() | _limit_names() | _io_names() | _tier_names()
+            | _host_probe_names(tmp_path_factory.mktemp("probes")))
 
 
 def test_every_metric_a_run_stores_is_catalogued(stored: set[str]) -> None:
-    assert {"tps", "latency_p99_ms", "limit_cpus", "tier.gold.tps_spread_pct", "cpu_pct", "write_iops"} <= stored
+    assert {"tps", "latency_p99_ms", "limit_cpus", "tier.gold.tps_spread_pct", "cpu_pct", "write_iops",
+            "primary_write_iops", "standby_io_pressure_pct", "io_per_instance"} <= stored
     missing = sorted(n for n in stored if metrics.get(n) is None)
     assert missing == [], f"stored but not in pglab.metrics: {missing}"
 

@@ -76,17 +76,29 @@ METRICS: tuple[Metric, ...] = (
     Metric("memory_per_instance_mb", "MB", True, "tenants", "memory of one tenant instance (its cgroup), mean",
            columns=_in("host", header="memory per instance MB", how="median")),
     # ---- storage: the devices behind the data and WAL paths
-    Metric("read_iops", "IOPS", None, "storage", "device reads per second (as iostat counts them)", 1,
-           columns=(*_in("points", "runs"), Column("host", header="disk read IOPS", how="median"),
-                    Column("tenants", how="value"))),
-    Metric("write_iops", "IOPS", None, "storage", "device writes per second (as iostat counts them)", 1,
-           columns=(*_in("points", "runs"), Column("host", header="disk write IOPS", how="median"),
-                    Column("tenants", how="value"))),
-    Metric("total_iops", "IOPS", None, "storage", "device reads and writes per second", 1,
+    Metric("read_iops", "IOPS", None, "storage",
+           "device-wide reads per second (as iostat counts them): every instance on the disk and the rest of the host",
+           1, columns=(*_in("points", "runs", header="disk read IOPS"), Column("host", header="disk read IOPS",
+                                                                               how="median"),
+                       Column("tenants", how="value"))),
+    Metric("write_iops", "IOPS", None, "storage",
+           "device-wide writes per second (as iostat counts them): every instance on the disk and the rest of the host",
+           1, columns=(*_in("points", "runs", header="disk write IOPS"), Column("host", header="disk write IOPS",
+                                                                                how="median"),
+                       Column("tenants", how="value"))),
+    # ---- storage, per instance: each instance's own cgroup, read at the window's start and end
+    Metric("primary_write_iops", "IOPS", None, "storage",
+           "writes per second of the primary alone, per instance from its cgroup (cgroup v1: what its own processes "
+           "submitted, the kernel's writeback not included; IOs before the block layer merges them)", 1,
+           columns=_in("points", "runs", header="primary write IOPS")),
+    Metric("standby_write_iops", "IOPS", None, "storage",
+           "writes per second of one standby (the mean over the standbys), per instance from its cgroup", 1,
+           columns=_in("points", "runs", header="standby write IOPS")),
+    Metric("total_iops", "IOPS", None, "storage", "device-wide reads and writes per second", 1,
            columns=_in("points", "runs")),
-    Metric("read_latency_ms", "ms", True, "storage", "mean time a device read took (iostat r_await)",
+    Metric("read_latency_ms", "ms", True, "storage", "mean time a device read took (iostat r_await), device-wide",
            columns=_in("points", "runs")),
-    Metric("write_latency_ms", "ms", True, "storage", "mean time a device write took (iostat w_await)",
+    Metric("write_latency_ms", "ms", True, "storage", "mean time a device write took (iostat w_await), device-wide",
            columns=_in("points", "runs")),
     # ---- CPU
     Metric("tenants_cpu_cores", "cores", True, "tenants", "CPU of every tenant's cgroup added up",
@@ -175,9 +187,28 @@ METRICS: tuple[Metric, ...] = (
     Metric("cpu_sys_pct", "%", None, "cpu", "host CPU in the kernel"),
     Metric("cpu_iowait_pct", "%", True, "cpu", "host CPU idle waiting for I/O"),
     Metric("cpu_steal_pct", "%", True, "cpu", "host CPU taken by the hypervisor"),
-    Metric("util_pct_max", "%", None, "storage", "highest device utilisation in one second"),
-    Metric("read_mb_s", "MB/s", None, "storage", "device bytes read per second"),
-    Metric("write_mb_s", "MB/s", None, "storage", "device bytes written per second"),
+    Metric("util_pct_max", "%", None, "storage", "highest device utilisation in one second, device-wide"),
+    Metric("read_mb_s", "MB/s", None, "storage", "device-wide bytes read per second (every instance on the disk)"),
+    Metric("write_mb_s", "MB/s", None, "storage", "device-wide bytes written per second (every instance on the disk)"),
+    Metric("io_per_instance", "flag", None, "storage",
+           "1 when the primary_*/standby_* I/O figures come from each instance's cgroup; 0 when the run's I/O "
+           "figures are device-wide only (run.json's io.reason says why)"),
+    Metric("primary_read_iops", "IOPS", None, "storage", "reads per second of the primary alone, per instance from "
+           "its cgroup"),
+    Metric("primary_read_mb_s", "MB/s", None, "storage", "bytes read per second by the primary alone, per instance "
+           "from its cgroup"),
+    Metric("primary_write_mb_s", "MB/s", None, "storage", "bytes written per second by the primary alone, per "
+           "instance from its cgroup (cgroup v1: what its own processes submitted)"),
+    Metric("primary_io_pressure_pct", "%", True, "storage", "share of the window some of the primary's tasks "
+           "waited on I/O, per instance from its cgroup's io.pressure (cgroup v2 only)"),
+    Metric("standby_read_iops", "IOPS", None, "storage", "reads per second of one standby (mean over the "
+           "standbys), per instance from its cgroup"),
+    Metric("standby_read_mb_s", "MB/s", None, "storage", "bytes read per second by one standby (mean over the "
+           "standbys), per instance from its cgroup"),
+    Metric("standby_write_mb_s", "MB/s", None, "storage", "bytes written per second by one standby (mean over the "
+           "standbys), per instance from its cgroup"),
+    Metric("standby_io_pressure_pct", "%", True, "storage", "share of the window some of one standby's tasks "
+           "waited on I/O (mean over the standbys), from its cgroup's io.pressure (cgroup v2 only)"),
     Metric("dirty_mb_max", "MB", None, "memory", "most dirty page cache"),
     Metric("dirty_mb_mean", "MB", None, "memory", "mean dirty page cache"),
     Metric("writeback_mb_max", "MB", None, "memory", "most page cache under writeback"),

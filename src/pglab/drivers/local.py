@@ -29,6 +29,8 @@ from pglab.targets.local import cgroups, registry
 from pglab.workloads import pgbench
 from pglab.workloads.pgbench import PgbenchError, PgbenchProcess
 
+MIB = 1024 * 1024  # MB/s as the disk probe counts them (MiB)
+
 RUN_ERRORS: tuple[type[BaseException], ...] = (RunFailed, PgbenchError, LabError, ProbeOpenError, psycopg.Error)
 
 
@@ -211,12 +213,13 @@ class LocalDriver(ProcessDriver[Target]):
                 events.append((now(), "warmup-end", ""))
             self.ui.run_started(point, repeat, "measure")
             primary_name = target.primary_name()
-            cpu_before, launched = target.cpu_stats(), now()
+            io_before, cpu_before, launched = target.io_stats(), target.cpu_stats(), now()
             scenario_metrics: dict[str, float | None] = {}
             if point.scenario is None:
                 measured = self._pgbench_once(endpoints, point, run_dir, "pgbench", seconds=run.measured_seconds,
                                               transactions=run.transactions, log=True)
                 cpu_after, ended = target.cpu_stats(), now()
+                io_after = target.io_stats()
                 wait_for_tick(ended)  # let every 1 s probe take the sample that closes the window
                 samples = sampler.stop()
                 result = pgbench.finish_run(measured[0], measured[1], run_dir / "pgbench_log", launched, ended)
@@ -226,6 +229,7 @@ class LocalDriver(ProcessDriver[Target]):
                 result, scenario_metrics, scenario_events = through_scenario(
                     plan, target, self.ui.log, self._pgbench_once, point, run_dir, launched)
                 cpu_after, ended = target.cpu_stats(), result.window_end
+                io_after = target.io_stats()
                 wait_for_tick(ended)
                 samples = sampler.stop()
                 events += scenario_events
@@ -233,6 +237,9 @@ class LocalDriver(ProcessDriver[Target]):
             metrics = pgbench_metrics(result)
             metrics.update(sampler.summarize(*window))
             metrics.update(limit_metrics(limits, cpu_before, cpu_after, ended - launched, primary_name))
+            io_figures, io_record = io_metrics(io_before, io_after, (launched, ended), primary_name,
+                                               target.io_accounting())
+            metrics.update(io_figures)
             metrics.update(scenario_metrics)
             if sampler.errors:
                 (run_dir / "probe-errors.txt").write_text("\n".join(sampler.errors) + "\n")
@@ -240,7 +247,7 @@ class LocalDriver(ProcessDriver[Target]):
             series += [(s.ts, s.source, s.metric, s.value) for s in samples]
             write_samples(run_dir / "probes.csv", samples)
             return RunResult.of(window, metrics, series=series, events=events, settings=settings,
-                                record={"command": result.command})
+                                record={"command": result.command, "io": io_record})
         except BaseException:
             self._stop_pgbench()
             if sampler:
@@ -334,6 +341,44 @@ def limit_metrics(limits: dict[str, Any], before: dict[str, dict[str, float]], a
     if "primary_cgroup_cpu_cores" in out:
         out["primary_cpu_cores"] = out.pop("primary_cgroup_cpu_cores")
     return out
+
+
+def io_metrics(before: dict[str, dict[str, float]], after: dict[str, dict[str, float]],
+               window: tuple[float, float], primary_name: str = "n0",
+               problem: str | None = None) -> tuple[dict[str, float | None], dict[str, Any]]:
+    """Each instance's own I/O over ``window``, from its cgroup's counters read at its start and end: the metrics
+    (``primary_*``; ``standby_*``, the mean of one standby) and run.json's ``io`` (every instance's figures).
+
+    The disk probe's ``read_iops``, ``write_mb_s`` … are the devices', every instance and anything else on the host
+    together; these are one instance's. On cgroup v1 they are what the instance's processes submitted themselves
+    (see :meth:`cgroups.Group.io_stat`). Without groups, ``io_per_instance`` is 0 and the record says why."""
+    seconds = window[1] - window[0]
+    nodes: dict[str, dict[str, float]] = {}
+    if problem is None and seconds > 0:
+        for name, a in after.items():
+            if (b := before.get(name)) is None:
+                continue
+            fig = {"read_iops": (a["read_ios"] - b["read_ios"]) / seconds,
+                   "write_iops": (a["write_ios"] - b["write_ios"]) / seconds,
+                   "read_mb_s": (a["read_bytes"] - b["read_bytes"]) / MIB / seconds,
+                   "write_mb_s": (a["write_bytes"] - b["write_bytes"]) / MIB / seconds}
+            if "io_stall_s" in a and "io_stall_s" in b:  # cgroup v2 with PSI: time its tasks waited on I/O
+                fig["io_pressure_pct"] = (a["io_stall_s"] - b["io_stall_s"]) / seconds * 100
+            nodes[name] = fig
+    if primary_name not in nodes:
+        return {"io_per_instance": 0.0}, {"scope": "device-wide only",
+                                          "reason": problem or f"no cgroup counters for {primary_name}"}
+    out: dict[str, float | None] = {"io_per_instance": 1.0}
+    out.update({f"primary_{k}": v for k, v in nodes[primary_name].items()})
+    standbys = [f for n, f in nodes.items() if n != primary_name]
+    for key in nodes[primary_name]:
+        if values := [f[key] for f in standbys if key in f]:
+            out[f"standby_{key}"] = sum(values) / len(values)
+    version = cgroups.version()
+    source = ("cgroup v1 blkio.throttle: I/O the instance's processes submitted (not the kernel's writeback)"
+              if version == 1 else "cgroup v2 io.stat: I/O attributed to the instance, writeback included")
+    return out, {"scope": "per instance", "source": source, "window": list(window),
+                 "nodes": {n: {"role": "primary" if n == primary_name else "standby", **f} for n, f in nodes.items()}}
 
 
 _LOG_TIME = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)?) (UTC|GMT)")

@@ -83,6 +83,12 @@ class Unshaped:
     def cpu_stats(self) -> dict[str, dict[str, float]]:
         return {}
 
+    def io_stats(self) -> dict[str, dict[str, float]]:
+        return {}
+
+    def io_accounting(self) -> str | None:
+        return "pglab does not run this target's servers, so it has no cgroup per instance to count its I/O"
+
     def client_procs_files(self) -> list[Path]:
         return []
 
@@ -148,6 +154,13 @@ class Target(Topology, Protocol):
 
     def cpu_stats(self) -> dict[str, dict[str, float]]:
         """Per instance: CPU seconds used and CFS throttling counters, for deltas over a window."""
+
+    def io_stats(self) -> dict[str, dict[str, float]]:
+        """Per instance: I/Os and bytes its cgroup submitted so far (``read_ios``, ``write_bytes`` …), for deltas
+        over a window; {} when there are no such groups."""
+
+    def io_accounting(self) -> str | None:
+        """None when each instance's I/O is counted on its own; otherwise why I/O figures are device-wide only."""
 
     def client_procs_files(self) -> list[Path]:
         """cgroup.procs files pgbench must enter before it runs (its own budget), or []."""

@@ -14,6 +14,9 @@ Buffered writes that the kernel's flusher threads write back later (most checkpo
 which PostgreSQL issues without ``O_DIRECT``) are charged to the root group and escape the limit. cgroup v2
 with the ``io`` controller attributes writeback to the group that dirtied the page, so the limits hold there.
 
+The same counters give each instance's own I/O over a run (``io_stat``), beside the device-wide figures of the
+disk probe; a lab without limits still makes an accounting-only group per instance for them (``account_io``).
+
 Groups live below the cgroup pglab itself runs in (``<ours>/pglab-<id>/<member>``), so any limit already
 above pglab still applies, and are removed at teardown.
 """
@@ -161,6 +164,20 @@ class Group:
         raise CgroupError(f"the cgroup {self.dirs[0] if self.dirs else self.name} has no '{name}' "
                           "(its controller is not enabled here)")
 
+    def account_io(self) -> None:
+        """Make sure the group counts its I/O on its devices, without limiting it (an accounting-only group).
+
+        On v1 a zero limit is written for each device: zero means "no limit", but the write makes sure the
+        throttle layer, which keeps the ``blkio.throttle`` counters, is set up for the disk (some kernels set it
+        up only once a first rule is written). Raises :class:`CgroupError` when the group has no I/O statistics
+        here."""
+        if self.version == 1:
+            for dev in self.devices:
+                _write(self._file("blkio.throttle.read_iops_device"), f"{dev} 0")
+            self._file("blkio.throttle.io_serviced")
+        else:
+            self._file("io.stat")
+
     # ------------------------------------------------------------ limits
     def apply(self, limits: Limits | None = None) -> dict[str, Any]:
         """Write the limits, then read back and return what is in force (for the run's record)."""
@@ -234,10 +251,15 @@ class Group:
                 "throttled_s": float(values.get("throttled_time", 0)) / 1e9}
 
     def io_stat(self) -> dict[str, float]:
-        """Read/write IOs and bytes the group submitted to its devices since it was created.
+        """Read/write IOs and bytes the group submitted to its devices since it was created, and on v2 the
+        seconds some of its tasks stalled on I/O (``io_stall_s``, from ``io.pressure``; v1 gives no time).
 
-        v1 counts what ``blkio.throttle`` sees (writeback by the kernel's flusher threads is not the group's);
-        v2 counts what the ``io`` controller attributes to the group, writeback included."""
+        v1 counts what ``blkio.throttle`` sees as bios are submitted: the group's own reads and the writes its
+        tasks push out themselves (a backend's or the walwriter's fdatasync of WAL, the checkpointer's fsync at
+        the end of a checkpoint); pages the kernel's flusher threads write back later are the root group's, not
+        the group's. v2 counts what the ``io`` controller attributes to the group, writeback included. Both
+        count bios before the block layer merges them, so a group's IOs can exceed the device's requests for the
+        same bytes; bytes are the figure the two sides share."""
         out = {"read_ios": 0.0, "write_ios": 0.0, "read_bytes": 0.0, "write_bytes": 0.0}
         if self.version == 2:
             for line in _read(self._file("io.stat")).splitlines():
@@ -248,6 +270,12 @@ class Group:
                 for key, name in (("rios", "read_ios"), ("wios", "write_ios"), ("rbytes", "read_bytes"),
                                   ("wbytes", "write_bytes")):
                     out[name] += float(kv.get(key, 0))
+            with contextlib.suppress(CgroupError):  # PSI may be off (psi=0): then no time
+                for line in _read(self._file("io.pressure")).splitlines():
+                    kind, *fields = line.split()
+                    kv = dict(f.split("=", 1) for f in fields if "=" in f)
+                    if kind == "some" and "total" in kv:
+                        out["io_stall_s"] = float(kv["total"]) / 1e6
             return out
         for file, unit in (("blkio.throttle.io_serviced", "ios"), ("blkio.throttle.io_service_bytes", "bytes")):
             for line in _read(self._file(file)).splitlines():
@@ -294,6 +322,23 @@ class Group:
         for p in parents:  # pglab-<id> holds only our groups
             with contextlib.suppress(OSError):
                 p.rmdir()
+
+
+def io_accounting_problem() -> str | None:
+    """None when pglab can give each instance a group that counts its I/O; otherwise why the I/O figures can only
+    be the devices' (all instances and anything else on the host together)."""
+    if os.geteuid() != 0:
+        return "pglab does not run as root, so it cannot create a cgroup per instance to count its I/O"
+    v = version()
+    if v == 2:
+        if "io" not in _read(ROOT / "cgroup.controllers").split():
+            return f"the cgroup v2 'io' controller is not available under {ROOT}"
+        return None
+    if v == 1:
+        if not (ROOT / "blkio").is_dir():
+            return f"the cgroup v1 'blkio' controller is not mounted under {ROOT}"
+        return None
+    return f"no cgroup hierarchy is mounted under {ROOT}"
 
 
 def device_of(path: Path) -> str:

@@ -66,6 +66,12 @@ class PatroniTarget:
     def cpu_stats(self) -> dict[str, dict[str, float]]:
         return self.lab.cpu_stats()
 
+    def io_stats(self) -> dict[str, dict[str, float]]:
+        return self.lab.io_stats()
+
+    def io_accounting(self) -> str | None:
+        return self.lab.io_accounting()
+
     def client_procs_files(self) -> list[Path]:
         return self.lab.client_procs_files()
 

@@ -10,6 +10,7 @@ ShapedLinks).
 from __future__ import annotations
 
 import abc
+import contextlib
 import os
 import shutil
 import subprocess
@@ -74,7 +75,7 @@ class LabBase(ServerFiles, GroupedLimits, ShapedLinks, abc.ABC, Generic[N]):
     def set_cpus(self, cpus: float | None, timeout: float = 180) -> float | None:
         """A step of the CPU scaling loop: the new quota on every member's group, then a rolling restart
         (:meth:`_roll`). Returns its seconds, recorded as a ``cpu-step`` event."""
-        if cpus == self.cpus or not self.groups:
+        if cpus == self.cpus or not self.member_limits:
             return None
         started = time.monotonic()
         self.cpus = cpus
@@ -107,15 +108,22 @@ class LabBase(ServerFiles, GroupedLimits, ShapedLinks, abc.ABC, Generic[N]):
     def _make_groups(self) -> None:
         """One cgroup per member (when the plan gives resources or a CPU axis) and one for pgbench, named
         ``pglab-<lab>-<digest>/n0`` …, ``…/client``. With ``limits: best-effort`` a failure is recorded, not
-        raised."""
+        raised. Members without limits still get a group, accounting only, to count each one's I/O."""
         assert self.lab_dir is not None
         wants_members = self.spec.resources is not None or self.cpus_axis
         client = self.spec.client
-        if not wants_members and client is None:
-            return
+        if wants_members or client is not None:
+            self._make_limited_groups(wants_members)
+        if not self.groups:
+            self._make_accounting_groups()
+
+    def _make_limited_groups(self, wants_members: bool) -> None:
+        assert self.lab_dir is not None
+        client = self.spec.client
         field = "target.local.resources"
         try:
             if wants_members:
+                self.member_limits = True
                 for node in self.nodes:
                     self._make_group(node)
             if client is not None:
@@ -125,18 +133,43 @@ class LabBase(ServerFiles, GroupedLimits, ShapedLinks, abc.ABC, Generic[N]):
                 self.client_group.apply()
         except cgroups.CgroupError as exc:
             self._remove_groups()
+            self.member_limits = False
             if self.spec.limits == "strict":
                 raise UserError(f"{field}: the limits cannot be applied here ({exc}); run pglab as root on a host "
                                 "with cgroups, or set target.local.limits: best-effort.") from None
             self.limits_problem = str(exc)
             self.log(f"limits NOT applied (limits: best-effort): {exc}")
 
+    def _make_accounting_groups(self) -> None:
+        """A group per member that limits nothing and counts its I/O (and CPU), whenever cgroups allow it;
+        otherwise the reason is kept (:meth:`io_accounting`) and the runs' I/O figures are the devices' only."""
+        problem = cgroups.io_accounting_problem()
+        if problem is None:
+            try:
+                for node in self.nodes:
+                    self._make_group(node)
+            except cgroups.CgroupError as exc:
+                for g in self.groups.values():
+                    g.remove()
+                self.groups, problem = {}, str(exc)
+        self.io_problem = problem
+        if problem:
+            self.log(f"I/O figures are device-wide only (no cgroup per {self.MEMBER}): {problem}")
+
     def _make_group(self, node: N) -> None:
+        """The member's group: the plan's limits written, or (accounting only) none and its I/O counted."""
         assert self.lab_dir is not None
         devices = sorted({cgroups.device_of(d) for d in (node.data.parent, node.wal.parent)})
-        group = cgroups.Group(f"{cgroup_name(self.lab_dir)}/{node.name}", self._limits(self.cpus), devices)
+        limits = self._limits(self.cpus) if self.member_limits else cgroups.Limits()
+        group = cgroups.Group(f"{cgroup_name(self.lab_dir)}/{node.name}", limits, devices)
         self.groups[node.name] = group
+        if not self.member_limits:
+            group.account_io()
+            return
         group.apply()
+        if not limits.io:  # no I/O rule of the plan's sets the disk's throttle up: count anyway, never fail on it
+            with contextlib.suppress(cgroups.CgroupError):
+                group.account_io()
 
     def _remove_groups(self) -> None:
         for g in [*self.groups.values(), *([self.client_group] if self.client_group else [])]:

@@ -23,6 +23,8 @@ class GroupedLimits:
     groups: dict[str, cgroups.Group]
     client_group: cgroups.Group | None
     limits_problem: str | None
+    member_limits: bool = False  # the members' groups carry the plan's limits (else they only account)
+    io_problem: str | None = None  # why no member has a group to count its I/O
 
     def _limits(self, cpus: float | None) -> cgroups.Limits:
         """An instance's limits: the plan's resources, with ``cpus`` (the CPU axis' current step) as the quota."""
@@ -37,10 +39,11 @@ class GroupedLimits:
         """What the kernel reports for every group now (stored with each run)."""
         if self.limits_problem:
             return {"applied": False, "reason": self.limits_problem}
-        if not self.groups and self.client_group is None:
-            return {}  # the plan asks for no limits
+        limited = self.groups if self.member_limits else {}
+        if not limited and self.client_group is None:
+            return {}  # the plan asks for no limits (accounting-only groups limit nothing)
         out: dict[str, Any] = {"applied": True}
-        for name, g in self.groups.items():
+        for name, g in limited.items():
             out[name] = g.in_force()
         if self.client_group is not None:
             out["client"] = self.client_group.in_force()
@@ -49,11 +52,30 @@ class GroupedLimits:
     def cpu_stats(self) -> dict[str, dict[str, float]]:
         """CPU used and CFS throttling per instance group (and pgbench's), for deltas over a measured window."""
         out = {}
-        named = {**self.groups, **({"client": self.client_group} if self.client_group else {})}
+        limited = self.groups if self.member_limits else {}
+        named = {**limited, **({"client": self.client_group} if self.client_group else {})}
         for name, g in named.items():
             with contextlib.suppress(cgroups.CgroupError, ValueError):
                 out[name] = g.cpu_stat()
         return out
+
+    def io_stats(self) -> dict[str, dict[str, float]]:
+        """I/Os and bytes each instance's group has submitted so far (limited or accounting only), for deltas
+        over a measured window; {} when the instances have no groups (:meth:`io_accounting` says why)."""
+        out = {}
+        for name, g in self.groups.items():
+            with contextlib.suppress(cgroups.CgroupError, ValueError):
+                out[name] = g.io_stat()
+        return out
+
+    def io_accounting(self) -> str | None:
+        """None when every instance's I/O is counted in its own group; otherwise why the run's I/O figures are
+        device-wide only."""
+        if self.io_problem:
+            return self.io_problem
+        if not self.groups:  # a lab another pglab process built: its groups are that process's
+            return "the instances have no cgroups in this pglab process"
+        return None
 
     def client_procs_files(self) -> list[Path]:
         return self.client_group.procs_files() if self.client_group else []
