@@ -135,7 +135,7 @@ def test_cli_rejects_a_broken_plan_and_starts_nothing(plan_file, tmp_path: Path)
 
 def test_cli_validate_accepts_the_quickstart() -> None:
     proc = pglab("plan", "validate", "examples/quickstart.yaml", check=True)
-    assert "18 points" in proc.stdout
+    assert "valid — 12 points × 3 repeats = 36 runs, interleaved" in proc.stdout, proc.stdout
 
 
 def test_cli_schema_is_json_schema() -> None:
