@@ -36,7 +36,7 @@ END;
 
 SEED_COLUMNS = ["workload", "synchronous_commit", "clients", "tps", "latency_avg_ms", "latency_p95_ms",
                 "latency_p99_ms", "read_iops", "write_iops", "total_iops", "read_latency_ms", "write_latency_ms",
-                "cpu_pct", "wal_mb_s", "replay_lag_max_ms", "repeats"]
+                "cpu_pct", "wal_mb_s", "replay_lag_max_ms"]  # then each instance's I/O, repeats …
 
 
 @pytest.fixture(scope="module")

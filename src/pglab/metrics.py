@@ -86,14 +86,6 @@ METRICS: tuple[Metric, ...] = (
            1, columns=(*_in("points", "runs", header="disk write IOPS"), Column("host", header="disk write IOPS",
                                                                                 how="median"),
                        Column("tenants", how="value"))),
-    # ---- storage, per instance: each instance's own cgroup, read at the window's start and end
-    Metric("primary_write_iops", "IOPS", None, "storage",
-           "writes per second of the primary alone, per instance from its cgroup (cgroup v1: what its own processes "
-           "submitted, the kernel's writeback not included; IOs before the block layer merges them)", 1,
-           columns=_in("points", "runs", header="primary write IOPS")),
-    Metric("standby_write_iops", "IOPS", None, "storage",
-           "writes per second of one standby (the mean over the standbys), per instance from its cgroup", 1,
-           columns=_in("points", "runs", header="standby write IOPS")),
     Metric("total_iops", "IOPS", None, "storage", "device-wide reads and writes per second", 1,
            columns=_in("points", "runs")),
     Metric("read_latency_ms", "ms", True, "storage", "mean time a device read took (iostat r_await), device-wide",
@@ -113,6 +105,15 @@ METRICS: tuple[Metric, ...] = (
     Metric("wal_mb_s", "MB/s", None, "database", "WAL written per second (pg_stat_wal)", columns=_in("points", "runs")),
     Metric("replay_lag_max_ms", "ms", True, "replication", "largest replay lag of any standby in the window",
            columns=_in("points", "runs")),
+    # ---- storage, per instance: each instance's own cgroup, read at the window's start and end (after the
+    #      published shape: per configuration, the device-wide IOPS and latencies, then CPU %, WAL and lag)
+    Metric("primary_write_iops", "IOPS", None, "storage",
+           "writes per second of the primary alone, per instance from its cgroup (cgroup v1: what its own processes "
+           "submitted, the kernel's writeback not included; IOs before the block layer merges them)", 1,
+           columns=_in("points", "runs", header="primary write IOPS")),
+    Metric("standby_write_iops", "IOPS", None, "storage",
+           "writes per second of one standby (the mean over the standbys), per instance from its cgroup", 1,
+           columns=_in("points", "runs", header="standby write IOPS")),
     Metric("failed", "count", True, "client", "transactions that failed (pgbench)",
            columns=_in("tenants", how="value")),
     # ---- scenarios: faults and what they cost
