@@ -310,9 +310,28 @@ def _check_files(plan: Plan, base_dir: Path) -> list[str]:
     problems = []
     for field, name in files:
         problem = _file_problem(name, base_dir)
+        if problem is None and field.startswith("storage.job_files"):
+            problem = fio_code_problem((base_dir / name).read_text(errors="replace"))
         if problem:
             problems.append(f"{field}: {problem}")
     return problems
+
+
+# fio runs these as shell commands, programs or libraries; a job file that came with a plan must not run code
+_FIO_CODE = re.compile(r"^\s*(?P<key>exec_prerun|exec_postrun|include)\b"
+                       r"|^\s*ioengine\s*=\s*(?P<engine>exec\b|external\b)", re.MULTILINE)
+
+
+def fio_code_problem(job_file_text: str) -> str | None:
+    """Why a fio job file is refused, or None: plans are code (docs/reliability.md), and fio as root would run a
+    job's ``exec_prerun``/``exec_postrun`` command, ``ioengine=exec`` program or ``external`` library as root
+    (``include`` could bring any of them in). Refused everywhere, at validation: a storage benchmark needs none."""
+    m = _FIO_CODE.search(job_file_text)
+    if m is None:
+        return None
+    what = m.group("key") or f"ioengine={m.group('engine')}"
+    return (f"fio job file sets {what}, which runs code on this machine with pglab's rights; remove it (pglab "
+            f"refuses plan-provided commands in fio job files)")
 
 
 def _file_problem(name: str, base_dir: Path) -> str | None:

@@ -64,6 +64,7 @@ from pathlib import Path
 from typing import Any
 
 from pglab.errors import UserError
+from pglab.plan.load import fio_code_problem
 from pglab.targets.local import registry
 from pglab.units import parse_size
 
@@ -181,6 +182,8 @@ def custom_jobs(job_file: Path) -> list[JobSpec]:
         raise UserError(f"{where} does not exist; give the path of an existing fio job file.") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise UserError(f"{where} cannot be read ({exc}); give a readable text fio job file.") from None
+    if problem := fio_code_problem(text):
+        raise UserError(f"{where}: {problem}.")
     try:
         parser.read_string(text, source=str(job_file))
     except configparser.Error as exc:

@@ -4,6 +4,7 @@ Layout of a lab directory (owned by pglab; the servers' parts owned by the serve
 
     <lab>/secrets/pgpass        client credentials (0600, owner: the user running pglab)
     <lab>/server/pgpass         replication credentials (0600, owner: the server user)
+    <lab>/pgpass-client         client credentials for pgbench run as the server user (as root only)
     <lab>/sock/                 unix sockets of every instance
     <lab>/n0/data  <lab>/n0/wal primary (data and WAL bases can be moved elsewhere by the plan)
     <lab>/n1/...                standbys, built with pg_basebackup -R

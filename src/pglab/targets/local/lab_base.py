@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Generic, Protocol, TypeVar
 
 from pglab.errors import UserError
-from pglab.targets.base import Endpoints
+from pglab.targets.base import Endpoints, PlanCodeUser
 from pglab.targets.local import cgroups, registry
 from pglab.targets.local.cgroups import cgroup_name
 from pglab.targets.local.limits import GroupedLimits, ShapedLinks
@@ -68,6 +68,19 @@ class LabBase(ServerFiles, GroupedLimits, ShapedLinks, abc.ABC, Generic[N]):
     def client_passfile(self) -> Path:
         assert self.lab_dir is not None
         return self.lab_dir / "secrets" / "pgpass"
+
+    def plan_code_user(self) -> PlanCodeUser | None:
+        """As root, pgbench (the plan's scripts) runs as the server user, with its own copy of the client
+        credentials (``<lab>/pgpass-client``: that user runs the servers, so it knows the password already)."""
+        if self.server_user is None or self.lab_dir is None:
+            return None
+        passfile = self.lab_dir / "pgpass-client"
+        fd = os.open(passfile, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(self.client_passfile.read_text())
+        self._chown(passfile)
+        user = self.server_user
+        return PlanCodeUser(user.name, user.uid, user.gid, passfile)
 
     def server_pids(self) -> list[int]:
         return [p for n in self.nodes if (p := n.postmaster_pid())]

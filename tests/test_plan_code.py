@@ -1,0 +1,77 @@
+"""Plans are code (docs/reliability.md): pgbench runs a plan's custom scripts, whose ``\\shell`` runs anything, so
+as root it runs as the lab's unprivileged user, like the servers; fio job files may not carry commands at all."""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from conftest import pglab
+from pglab.errors import PlanError, UserError
+from pglab.plan.load import fio_code_problem, load_plan
+from pglab.workloads import fio
+
+LAB_USER = os.environ.get("PGLAB_RUN_AS") or "postgres"
+
+
+@pytest.mark.postgres
+@pytest.mark.skipif(os.geteuid() != 0, reason="pglab demotes pgbench only when it runs as root")
+def test_a_plans_shell_command_runs_as_the_lab_user_in_the_client_group(tmp_path: Path) -> None:
+    """tmp_path (root's, 0700) holds the plan and the results: the lab user can reach neither, so this also
+    proves pgbench finds its script and writes its -l logs relative to the run folder it starts in."""
+    lab_user = pwd.getpwnam(LAB_USER)
+    out = Path(tempfile.mkdtemp(prefix="pglab-plan-code-", dir="/var/tmp"))
+    try:
+        os.chmod(out, 0o1777)  # where the lab user may write what the script says
+        (tmp_path / "who.sql").write_text(f"\\shell id -u > {out}/uid\n"
+                                          f"\\shell cat /proc/self/cgroup > {out}/cgroup\nSELECT 1;\n")
+        plan = tmp_path / "plan.yaml"
+        plan.write_text("name: plan-code\n"
+                        "target: {local: {instances: 1, synchronous: null, client: {cpus: 1}}}\n"
+                        "dataset: {scale: 1}\n"
+                        "matrix: {workload: [{name: who, scripts: [{file: who.sql}]}], clients: [1]}\n"
+                        "run: {duration: 2s, warmup: 0s, repeats: 1}\n")
+        proc = pglab("run", str(plan), "--results", str(tmp_path / "r"), "--format", "json")
+        assert proc.returncode == 0, proc.stderr
+        assert (out / "uid").read_text().strip() == str(lab_user.pw_uid) != "0"
+        # \shell's process is pgbench's child: it is in the client's group, as pgbench is
+        assert any(line.endswith("/client") for line in (out / "cgroup").read_text().splitlines())
+        (row,) = json.loads(proc.stdout)
+        assert row["tps"] > 0
+        (run_dir,) = [p for p in (tmp_path / "r" / "runs").iterdir() if p.is_dir()]
+        assert run_dir.stat().st_uid == 0  # the run folder is given back; only pgbench's files are the user's
+        logs = list(run_dir.glob("pgbench_log.*"))
+        assert logs and all(f.stat().st_uid == lab_user.pw_uid for f in logs)
+        assert (run_dir / "scripts" / "who.sql").read_text() == (tmp_path / "who.sql").read_text()
+        assert (run_dir / "pgbench.out").stat().st_uid == 0
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
+
+
+@pytest.mark.parametrize(("line", "named"), [
+    ("exec_prerun=touch /tmp/owned", "exec_prerun"), ("exec_postrun = sh -c 'id'", "exec_postrun"),
+    ("ioengine=exec", "ioengine=exec"), ("ioengine = external:/tmp/libevil.so", "ioengine=external"),
+    ("include other.fio", "include"),
+])
+def test_fio_job_files_that_run_code_are_refused_at_validation(tmp_path: Path, line: str, named: str) -> None:
+    """Refused, not run as the lab user: ``pglab fio`` and external targets have no lab user (see the docs)."""
+    job = tmp_path / "jobs.fio"
+    job.write_text(f"[global]\nbs=8k\n{line}\n[r]\nrw=randread\n")
+    (tmp_path / "plan.yaml").write_text("name: p\ntarget: {local: {}}\nstorage: {job_files: [jobs.fio]}\n"
+                                        "matrix: {workload: [select-only]}\n")
+    with pytest.raises(PlanError, match=rf"storage\.job_files\[0\]: fio job file sets {named}, which runs code"):
+        load_plan(tmp_path / "plan.yaml")
+    with pytest.raises(UserError, match=r"jobs\.fio: fio job file sets"):  # pglab fio --job-file, at run time
+        fio.custom_jobs(job)
+
+
+@pytest.mark.parametrize("text", ["[r]\nrw=randread\nioengine=libaio\n", "[r]\n; exec_prerun=x\nrw=read\n",
+                                  "[r]\nioengine=psync\nexecutable_name=x\n"])
+def test_fio_job_files_without_commands_pass(text: str) -> None:
+    assert fio_code_problem(text) is None
