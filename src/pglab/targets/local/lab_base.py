@@ -70,17 +70,22 @@ class LabBase(ServerFiles, GroupedLimits, ShapedLinks, abc.ABC, Generic[N]):
         return self.lab_dir / "secrets" / "pgpass"
 
     def plan_code_user(self) -> PlanCodeUser | None:
-        """As root, pgbench (the plan's scripts) runs as the server user, with its own copy of the client
-        credentials (``<lab>/pgpass-client``: that user runs the servers, so it knows the password already)."""
+        """As root, pgbench (the plan's scripts) runs as the server user, with credentials it can read."""
         if self.server_user is None or self.lab_dir is None:
             return None
-        passfile = self.lab_dir / "pgpass-client"
+        user = self.server_user
+        return PlanCodeUser(user.name, user.uid, user.gid, self._server_user_passfile())
+
+    def _server_user_passfile(self) -> Path:
+        """The client's credentials where the server user can read them (that user runs the servers, so it knows
+        the password already): a copy in ``<lab>/server``, the server user's folder."""
+        assert self.lab_dir is not None
+        passfile = self.lab_dir / "server" / "pgpass-client"
         fd = os.open(passfile, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as f:
             f.write(self.client_passfile.read_text())
         self._chown(passfile)
-        user = self.server_user
-        return PlanCodeUser(user.name, user.uid, user.gid, passfile)
+        return passfile
 
     def server_pids(self) -> list[int]:
         return [p for n in self.nodes if (p := n.postmaster_pid())]
