@@ -75,3 +75,22 @@ def test_fio_job_files_that_run_code_are_refused_at_validation(tmp_path: Path, l
                                   "[r]\nioengine=psync\nexecutable_name=x\n"])
 def test_fio_job_files_without_commands_pass(text: str) -> None:
     assert fio_code_problem(text) is None
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the check applies when pglab runs as root")
+def test_as_root_a_plan_bindir_someone_else_can_change_is_refused(tmp_path: Path) -> None:
+    """pgbench -i and the --version probes run from the plan's bindir as root: its files must be root's alone."""
+    from pglab.targets.local.postgres_bin import find_bindir
+
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "pgbench").write_text("#!/bin/sh\nexit 0\n")
+    os.chmod(bindir / "pgbench", 0o755)
+    assert find_bindir(str(bindir), needed=("pgbench",)) == bindir
+    os.chown(bindir / "pgbench", pwd.getpwnam(LAB_USER).pw_uid, 0)
+    with pytest.raises(UserError, match=r"pgbench belongs to uid \d+, so its owner could run code as root"):
+        find_bindir(str(bindir), needed=("pgbench",))
+    os.chown(bindir / "pgbench", 0, 0)
+    os.chmod(bindir, 0o777)
+    with pytest.raises(UserError, match=rf"{bindir} is writable by others"):
+        find_bindir(str(bindir), needed=("pgbench",))
