@@ -15,7 +15,9 @@ import pytest
 from conftest import pglab
 from pglab.errors import PlanError, UserError
 from pglab.plan.load import fio_code_problem, load_plan
+from pglab.targets.base import Endpoint, PlanCodeUser
 from pglab.workloads import fio
+from pglab.workloads.pgbench import PgbenchError, PgbenchProcess
 
 LAB_USER = os.environ.get("PGLAB_RUN_AS") or "postgres"
 
@@ -94,3 +96,40 @@ def test_as_root_a_plan_bindir_someone_else_can_change_is_refused(tmp_path: Path
     os.chmod(bindir, 0o777)
     with pytest.raises(UserError, match=rf"{bindir} is writable by others"):
         find_bindir(str(bindir), needed=("pgbench",))
+
+
+def _as_lab_user() -> PlanCodeUser:
+    pw = pwd.getpwnam(LAB_USER)
+    return PlanCodeUser(pw.pw_name, pw.pw_uid, pw.pw_gid, Path("/nonexistent/pgpass"))
+
+
+ENDPOINT = Endpoint("n0", "primary", "/nonexistent", 5432, "u", "d", Path("/nonexistent/pgpass"))
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="pglab demotes pgbench only when it runs as root")
+def test_the_run_folder_is_the_lab_users_only_while_the_client_runs(tmp_path: Path) -> None:
+    """The client waits at the door until pglab wrote its pid into the group's procs file, runs as the lab user in
+    its folder (its own files are that user's), and the folder is root's again afterwards."""
+    procs = tmp_path / "cgroup.procs"  # a stand-in: pglab writes the pid, as into a real group's file
+    procs.write_text("")
+    run = tmp_path / "run"
+    run.mkdir()
+    proc = PgbenchProcess(["sh", "-c", 'id -u > uid; echo "$PGPASSFILE" > passfile; echo $$ > pid'], ENDPOINT, run,
+                          "client", run_as=_as_lab_user(), procs_files=[procs])
+    assert proc.wait() == 0
+    assert (run / "uid").read_text().strip() == str(pwd.getpwnam(LAB_USER).pw_uid)
+    assert (run / "uid").stat().st_uid == pwd.getpwnam(LAB_USER).pw_uid
+    assert (run / "passfile").read_text().strip() == "/nonexistent/pgpass"
+    assert procs.read_text() == (run / "pid").read_text().strip() == str(proc.pid)
+    assert run.stat().st_uid == 0 and (run / "client.out").stat().st_uid == 0
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="pglab demotes pgbench only when it runs as root")
+def test_a_client_that_cannot_enter_its_group_never_runs(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    run.mkdir()
+    with pytest.raises(PgbenchError, match="could not enter its cgroup"):
+        PgbenchProcess(["touch", "ran"], ENDPOINT, run, "client", run_as=_as_lab_user(),
+                       procs_files=[tmp_path / "no-such-group" / "cgroup.procs"])
+    assert not (run / "ran").exists()
+    assert run.stat().st_uid == 0

@@ -7,6 +7,7 @@ output; percentiles are computed from its per-transaction log (``-l``), latency 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -242,7 +243,9 @@ class PgbenchProcess:
         os.chown(self.out_dir, user.uid, user.gid)
         args = ["sh", "-c", 'read -r _go && exec "$@"', "sh", *self.args] if procs_files else self.args
         try:
-            proc = subprocess.Popen(args, cwd=self.out_dir, env=env, stdin=subprocess.PIPE if procs_files else None,
+            # stdin: the door's pipe, never pglab's terminal
+            proc = subprocess.Popen(args, cwd=self.out_dir, env=env,
+                                    stdin=subprocess.PIPE if procs_files else subprocess.DEVNULL,
                                     stdout=self._stdout, stderr=subprocess.PIPE, text=True, start_new_session=True,
                                     user=user.uid, group=user.gid, extra_groups=[])
         except BaseException:
@@ -255,13 +258,14 @@ class PgbenchProcess:
                 for f in procs_files:
                     f.write_text(str(proc.pid))
                 proc.stdin.write("go\n")
+                proc.stdin.close()
             except OSError as exc:
-                proc.stdin.close()  # EOF: the shell exits without running pgbench
+                with contextlib.suppress(OSError):
+                    proc.stdin.close()  # EOF: the shell exits without running pgbench
                 proc.wait(timeout=10)
                 self._stdout.close()
                 self._give_back()
                 raise PgbenchError(f"pgbench could not enter its cgroup ({exc})") from None
-            proc.stdin.close()
         return proc
 
     def _give_back(self) -> None:
