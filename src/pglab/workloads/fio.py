@@ -64,7 +64,7 @@ from pathlib import Path
 from typing import Any
 
 from pglab.errors import UserError
-from pglab.plan.load import fio_code_problem
+from pglab.plan.load import fio_job_file_problem
 from pglab.targets.local import registry
 from pglab.units import parse_size
 
@@ -182,8 +182,6 @@ def custom_jobs(job_file: Path) -> list[JobSpec]:
         raise UserError(f"{where} does not exist; give the path of an existing fio job file.") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise UserError(f"{where} cannot be read ({exc}); give a readable text fio job file.") from None
-    if problem := fio_code_problem(text):
-        raise UserError(f"{where}: {problem}.")
     try:
         parser.read_string(text, source=str(job_file))
     except configparser.Error as exc:
@@ -210,6 +208,8 @@ def custom_jobs(job_file: Path) -> list[JobSpec]:
             merged.pop(key, None)
         name = re.sub(r"[^A-Za-z0-9._-]+", "-", section).strip("-") or "job"
         jobs.append(JobSpec(name, f"custom:{job_file.name}", merged))
+    if problem := fio_job_file_problem(text):  # after the checks above, whose advice is more precise
+        raise UserError(f"{where}: {problem}.")
     if not jobs:
         raise UserError(f"{where} has no job section; add one, e.g. [myjob] with rw=randread.")
     names = [j.name for j in jobs]
