@@ -5,6 +5,7 @@ database holding tables that are not pgbench's."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -85,6 +86,8 @@ def test_read_only_benchmark_writes_nothing(tmp_path: Path, server: dict[str, An
     metrics = json.loads(next((tmp_path / "r" / "runs").glob("*/run.json")).read_text())["metrics"]
     assert metrics["server_cpu_cores"] > 0, metrics
     assert "interference_cpu_cores" in metrics
+    # no lab user to run the plan's scripts as: said, when pglab is root (docs/reliability.md, plans are code)
+    assert ("this target has no lab user: pgbench and the plan's scripts" in proc.stderr) == (os.geteuid() == 0)
 
 
 def test_the_postmaster_on_this_host_is_found_from_our_backend(server: dict[str, Any]) -> None:

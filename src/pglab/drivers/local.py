@@ -4,6 +4,7 @@ dataset, server logs, teardown); :class:`LocalDriver` does one measured run on o
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import time
@@ -172,6 +173,10 @@ class LocalDriver(ProcessDriver[Target]):
         if self.plan.matrix.cpus:  # the scaling loop: build the lab at its first step, no restart needed for it
             self.target.cpus_axis, self.target.cpus = True, first.cpus
         super().open(first, with_storage, resumed)
+        if os.geteuid() == 0 and self.target.plan_code_user() is None:
+            self.ui.log("pglab runs as root and this target has no lab user: pgbench and the plan's scripts "
+                        "(\\shell, \\setshell) run as root; run pglab as an unprivileged user for a plan you did "
+                        "not write")
 
     def one_run(self, point: Point, repeat: int, run_id: str, run_dir: Path) -> RunResult:
         target, plan = self.target, self.plan
@@ -258,11 +263,17 @@ class LocalDriver(ProcessDriver[Target]):
                       transactions: int | None, log: bool, watch_health: bool = True) -> tuple[PgbenchProcess, int]:
         """One pgbench, watched: the target's health each second, and a deadline past its duration."""
         target = self.target
+        user = target.plan_code_user()
+        scripts, log_prefix = self.plan_dir, run_dir / "pgbench_log"
+        if user is not None:  # as the lab user, pgbench may not reach the plan's or the results' folder: it
+            # starts in run_dir (entered as root) and opens everything relative to it
+            scripts, log_prefix = pgbench.stage_scripts(point.workload, self.plan_dir, run_dir), Path("pgbench_log")
         args = pgbench.run_args(target.bindir, point.workload, point.clients, point.jobs, self.plan.run,
-                                self.plan_dir, seconds=seconds, transactions=transactions,
-                                log_prefix=run_dir / "pgbench_log" if log else None)
-        args = cgroups.wrap(args, target.client_procs_files())  # pgbench in its own cgroup, when the plan asks
-        proc = PgbenchProcess(args, endpoints.primary, run_dir, name, on_progress=self.ui.progress)
+                                scripts, seconds=seconds, transactions=transactions,
+                                log_prefix=log_prefix if log else None)
+        # pgbench in its own cgroup when the plan asks, as the lab user when pglab is root
+        proc = PgbenchProcess(args, endpoints.primary, run_dir, name, on_progress=self.ui.progress, run_as=user,
+                              procs_files=target.client_procs_files())
         self._pgbench.append(proc)
         started = time.monotonic()
         # a run that outlives its duration this long is stuck (commits waiting for a standby that is gone)

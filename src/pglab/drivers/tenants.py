@@ -141,11 +141,15 @@ def _all_at_once(r: TenantsDriver, fleet: Fleet, dirs: dict[str, Path], running:
         return seen
 
     for t in fleet.tenants:
+        user = t.lab.plan_code_user()
+        scripts, log_prefix = r.plan_dir, dirs[t.name] / "pgbench_log"
+        if user is not None:  # as the lab user: everything relative to the tenant's folder (see LocalDriver)
+            scripts, log_prefix = pgbench.stage_scripts(t.tier.workload, r.plan_dir, dirs[t.name]), Path("pgbench_log")
         args = pgbench.run_args(fleet.bindir, t.tier.workload, t.tier.clients, t.tier.jobs,
-                                r.plan.run, r.plan_dir, seconds=seconds, transactions=transactions,
-                                log_prefix=dirs[t.name] / "pgbench_log" if log else None)
+                                r.plan.run, scripts, seconds=seconds, transactions=transactions,
+                                log_prefix=log_prefix if log else None)
         running[t.name] = PgbenchProcess(args, t.lab.endpoints().primary, dirs[t.name], name,
-                                         on_progress=progress_of(t.name))
+                                         on_progress=progress_of(t.name), run_as=user)
     started = time.monotonic()
     memory_at = started + (seconds or 0) / 2
     memory: dict[str, float] = {}

@@ -310,9 +310,36 @@ def _check_files(plan: Plan, base_dir: Path) -> list[str]:
     problems = []
     for field, name in files:
         problem = _file_problem(name, base_dir)
+        if problem is None and field.startswith("storage.job_files"):
+            problem = fio_job_file_problem((base_dir / name).read_text(errors="replace"))
         if problem:
             problems.append(f"{field}: {problem}")
     return problems
+
+
+# fio runs these as shell commands, programs or libraries; a job file that came with a plan must not run code
+_FIO_CODE = re.compile(r"^\s*(?P<key>exec_prerun|exec_postrun|include)\b"
+                       r"|^\s*ioengine\s*=\s*(?P<engine>exec\b|external\b)", re.MULTILINE)
+_FIO_OPTION = re.compile(r"^\s*(?P<key>[A-Za-z_][\w-]*)\s*=\s*(?P<value>.*?)\s*$", re.MULTILINE)
+
+
+def fio_job_file_problem(job_file_text: str) -> str | None:
+    """Why a fio job file is refused, or None. Plans are code (docs/reliability.md): fio as root would run a job's
+    ``exec_prerun``/``exec_postrun`` command, ``ioengine=exec`` program or ``external`` library as root (``include``
+    could bring any of them in), and write or read any file an option names (``write_iolog=/etc/…``). Refused
+    everywhere, at validation: a storage benchmark needs none of them, and fio writes only in its scratch folder."""
+    m = _FIO_CODE.search(job_file_text)
+    if m is not None:
+        what = m.group("key") or f"ioengine={m.group('engine')}"
+        return (f"fio job file sets {what}, which runs code on this machine with pglab's rights; remove it (pglab "
+                f"refuses plan-provided commands in fio job files)")
+    for m in _FIO_OPTION.finditer(job_file_text):
+        for part in re.split(r"(?<!\\):", m.group("value")):
+            if part.startswith("/") or ".." in Path(part).parts:
+                return (f"fio job file sets {m.group('key')}={m.group('value')}, a path outside the job's scratch "
+                        f"folder; use a name relative to it (pglab runs every job in a scratch folder under the "
+                        f"measured path)")
+    return None
 
 
 def _file_problem(name: str, base_dir: Path) -> str | None:

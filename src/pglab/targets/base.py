@@ -60,6 +60,18 @@ class Endpoint:
 
 
 @dataclass(frozen=True)
+class PlanCodeUser:
+    """Who runs the plan's code (pgbench, whose scripts may ``\\shell``) when pglab is root: the lab's unprivileged
+    server user, never root, so a plan someone was sent cannot give its author a root shell. ``passfile`` holds
+    the endpoint's credentials where that user can read them (the endpoint's own is root's)."""
+
+    name: str
+    uid: int
+    gid: int
+    passfile: Path
+
+
+@dataclass(frozen=True)
 class Endpoints:
     primary: Endpoint
     standbys: list[Endpoint] = field(default_factory=list)
@@ -91,6 +103,9 @@ class Unshaped:
 
     def client_procs_files(self) -> list[Path]:
         return []
+
+    def plan_code_user(self) -> PlanCodeUser | None:
+        return None  # no lab user: the plan's code runs as whoever runs pglab (docs/reliability.md)
 
     def links_in_force(self) -> dict[str, Any]:
         return {}
@@ -164,6 +179,9 @@ class Target(Topology, Protocol):
 
     def client_procs_files(self) -> list[Path]:
         """cgroup.procs files pgbench must enter before it runs (its own budget), or []."""
+
+    def plan_code_user(self) -> PlanCodeUser | None:
+        """The unprivileged user pgbench runs as when pglab is root, or None (pgbench runs as pglab's user)."""
 
     def links_in_force(self) -> dict[str, Any]:
         """Replication links as shaped now (latency, bandwidth per standby), or {} when not shaped."""

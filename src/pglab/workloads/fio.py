@@ -64,6 +64,7 @@ from pathlib import Path
 from typing import Any
 
 from pglab.errors import UserError
+from pglab.plan.load import fio_job_file_problem
 from pglab.targets.local import registry
 from pglab.units import parse_size
 
@@ -207,6 +208,8 @@ def custom_jobs(job_file: Path) -> list[JobSpec]:
             merged.pop(key, None)
         name = re.sub(r"[^A-Za-z0-9._-]+", "-", section).strip("-") or "job"
         jobs.append(JobSpec(name, f"custom:{job_file.name}", merged))
+    if problem := fio_job_file_problem(text):  # after the checks above, whose advice is more precise
+        raise UserError(f"{where}: {problem}.")
     if not jobs:
         raise UserError(f"{where} has no job section; add one, e.g. [myjob] with rw=randread.")
     names = [j.name for j in jobs]

@@ -7,8 +7,10 @@ output; percentiles are computed from its per-transaction log (``-l``), latency 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+import shutil
 import signal
 import subprocess
 import threading
@@ -22,7 +24,8 @@ import numpy as np
 
 from pglab.plan.load import resolve_path
 from pglab.plan.schema import CustomWorkload, Dataset, Run
-from pglab.targets.base import Endpoint
+from pglab.targets.base import Endpoint, PlanCodeUser
+from pglab.targets.local import cgroups
 
 PGBENCH_TABLES = ("pgbench_accounts", "pgbench_branches", "pgbench_tellers", "pgbench_history")
 PERCENTILES = (50, 95, 99)
@@ -183,6 +186,21 @@ def run_args(bindir: Path, workload: str | CustomWorkload, clients: int, jobs: i
     return args + script_args(workload, base_dir)
 
 
+def stage_scripts(workload: str | CustomWorkload, plan_dir: Path, work_dir: Path) -> Path:
+    """Copy the workload's script files to ``work_dir``/scripts, for a pgbench run as the lab user: that user may
+    not reach the plan's folder (root's), but pgbench starts in ``work_dir``. Returns the folder to resolve the
+    scripts against, relative to ``work_dir`` (the copies also keep, with the run, the code that ran)."""
+    if isinstance(workload, str):
+        return plan_dir
+    for s in workload.scripts:
+        if s.file is not None:
+            copy = work_dir / "scripts" / s.file
+            copy.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(resolve_path(s.file, plan_dir), copy)
+            os.chmod(copy, 0o644)
+    return Path("scripts")
+
+
 # ------------------------------------------------------------------ running
 class PgbenchProcess:
     """One pgbench invocation: started in its own session so that a terminal Ctrl-C reaches pglab only,
@@ -190,7 +208,10 @@ class PgbenchProcess:
 
     def __init__(self, args: list[str], endpoint: Endpoint, out_dir: Path, name: str,
                  on_progress: Callable[[ProgressPoint], None] | None = None,
-                 env_extra: dict[str, str] | None = None):
+                 env_extra: dict[str, str] | None = None, *, run_as: PlanCodeUser | None = None,
+                 procs_files: Sequence[Path] = ()):
+        """``procs_files``: the cgroup pgbench must be in before it runs. ``run_as``: the user pgbench (and the
+        plan's ``\\shell`` commands) run as; ``out_dir`` is then that user's while pgbench runs, for its -l logs."""
         self.args = args
         self.out_dir = out_dir
         self.name = name
@@ -202,10 +223,56 @@ class PgbenchProcess:
         self.stdout_path = out_dir / f"{name}.out"
         self.stderr_path = out_dir / f"{name}.err"
         self._stdout = open(self.stdout_path, "w")  # noqa: SIM115 - closed in wait()
-        self.proc = subprocess.Popen(args, cwd=out_dir, env=env, stdout=self._stdout, stderr=subprocess.PIPE,
-                                     text=True, start_new_session=True)
+        self._owner: tuple[int, int] | None = None
+        if run_as is None:
+            self.proc = subprocess.Popen(cgroups.wrap(args, list(procs_files)), cwd=out_dir, env=env,
+                                         stdout=self._stdout, stderr=subprocess.PIPE, text=True,
+                                         start_new_session=True)
+        else:
+            env["PGPASSFILE"] = str(run_as.passfile)
+            self.proc = self._start_as(run_as, env, procs_files)
         self._reader = threading.Thread(target=self._read_stderr, daemon=True)
         self._reader.start()
+
+    def _start_as(self, user: PlanCodeUser, env: dict[str, str], procs_files: Sequence[Path]
+                  ) -> subprocess.Popen[str]:
+        """pgbench as ``user``. It cannot enter a root-owned cgroup itself, so it waits at the door (a shell
+        reading a line) until pglab has moved it into the group, then execs; if that fails it never runs."""
+        st = self.out_dir.stat()
+        self._owner = (st.st_uid, st.st_gid)
+        os.chown(self.out_dir, user.uid, user.gid)
+        args = ["sh", "-c", 'read -r _go && exec "$@"', "sh", *self.args] if procs_files else self.args
+        try:
+            # stdin: the door's pipe, never pglab's terminal
+            proc = subprocess.Popen(args, cwd=self.out_dir, env=env,
+                                    stdin=subprocess.PIPE if procs_files else subprocess.DEVNULL,
+                                    stdout=self._stdout, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                                    user=user.uid, group=user.gid, extra_groups=[])
+        except BaseException:
+            self._stdout.close()
+            self._give_back()
+            raise
+        if procs_files:
+            assert proc.stdin is not None
+            try:
+                for f in procs_files:
+                    f.write_text(str(proc.pid))
+                proc.stdin.write("go\n")
+                proc.stdin.close()
+            except OSError as exc:
+                with contextlib.suppress(OSError):
+                    proc.stdin.close()  # EOF: the shell exits without running pgbench
+                proc.wait(timeout=10)
+                self._stdout.close()
+                self._give_back()
+                raise PgbenchError(f"pgbench could not enter its cgroup ({exc})") from None
+        return proc
+
+    def _give_back(self) -> None:
+        """The run folder back to its owner; the files pgbench wrote in it stay the lab user's."""
+        if self._owner is not None:
+            os.chown(self.out_dir, *self._owner)
+            self._owner = None
 
     @property
     def pid(self) -> int:
@@ -235,6 +302,8 @@ class PgbenchProcess:
         finally:
             self._reader.join(timeout=5)
             self._stdout.close()
+            if self.proc.poll() is not None:
+                self._give_back()
         return rc
 
     def stop(self, grace: float = 5.0) -> None:

@@ -20,7 +20,7 @@ from typing import Any
 
 from pglab.errors import LabError
 from pglab.plan.schema import Arrangement, Plan, Resources, Tier
-from pglab.targets.base import Endpoints
+from pglab.targets.base import Endpoints, PlanCodeUser
 from pglab.targets.local import cgroups, procs
 from pglab.targets.local.cluster import LocalLab, Log
 from pglab.targets.local.postgres_bin import find_bindir
@@ -182,6 +182,9 @@ class Fleet:
 
     def client_procs_files(self) -> list[Path]:
         return []
+
+    def plan_code_user(self) -> PlanCodeUser | None:
+        return None  # each tenant's pgbench runs as its own lab's user (tenant.lab.plan_code_user())
 
     def links_in_force(self) -> dict[str, Any]:
         return {}

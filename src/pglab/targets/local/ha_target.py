@@ -14,7 +14,7 @@ from typing import Any
 
 from pglab.errors import LabError
 from pglab.plan.schema import LocalTarget
-from pglab.targets.base import Endpoint, Endpoints
+from pglab.targets.base import Endpoint, Endpoints, PlanCodeUser
 from pglab.targets.local.cluster import DBNAME, SUPERUSER
 from pglab.targets.local.ha import HALab, Kill
 
@@ -74,6 +74,9 @@ class PatroniTarget:
 
     def client_procs_files(self) -> list[Path]:
         return self.lab.client_procs_files()
+
+    def plan_code_user(self) -> PlanCodeUser | None:
+        return self.lab.plan_code_user()
 
     def links_in_force(self) -> dict[str, Any]:
         return self.lab.links_in_force()

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Generic, Protocol, TypeVar
 
 from pglab.errors import UserError
-from pglab.targets.base import Endpoints
+from pglab.targets.base import Endpoints, PlanCodeUser
 from pglab.targets.local import cgroups, registry
 from pglab.targets.local.cgroups import cgroup_name
 from pglab.targets.local.limits import GroupedLimits, ShapedLinks
@@ -68,6 +68,24 @@ class LabBase(ServerFiles, GroupedLimits, ShapedLinks, abc.ABC, Generic[N]):
     def client_passfile(self) -> Path:
         assert self.lab_dir is not None
         return self.lab_dir / "secrets" / "pgpass"
+
+    def plan_code_user(self) -> PlanCodeUser | None:
+        """As root, pgbench (the plan's scripts) runs as the server user, with credentials it can read."""
+        if self.server_user is None or self.lab_dir is None:
+            return None
+        user = self.server_user
+        return PlanCodeUser(user.name, user.uid, user.gid, self._server_user_passfile())
+
+    def _server_user_passfile(self) -> Path:
+        """The client's credentials where the server user can read them (that user runs the servers, so it knows
+        the password already): a copy in ``<lab>/server``, the server user's folder."""
+        assert self.lab_dir is not None
+        passfile = self.lab_dir / "server" / "pgpass-client"
+        fd = os.open(passfile, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(self.client_passfile.read_text())
+        self._chown(passfile)
+        return passfile
 
     def server_pids(self) -> list[int]:
         return [p for n in self.nodes if (p := n.postmaster_pid())]

@@ -6,6 +6,7 @@ import os
 import pwd
 import re
 import shutil
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,10 +42,28 @@ def find_bindir(explicit: str | None = None, needed: tuple[str, ...] = NEEDED) -
             candidates.append(Path(which).resolve().parent)
     for c in candidates:
         if all((c / b).is_file() and os.access(c / b, os.X_OK) for b in needed):
+            if explicit and os.geteuid() == 0:
+                _check_root_only(c, needed)
             return c
     where = str(candidates[0]) if explicit or os.environ.get("PGLAB_PG_BINDIR") else "this machine"
     missing = [b for b in needed if not candidates or not (candidates[0] / b).exists()]
     raise UserError(f"PostgreSQL binaries ({', '.join(missing or needed)}) not found in {where}; {INSTALL_HINT}.")
+
+
+def _check_root_only(bindir: Path, needed: tuple[str, ...]) -> None:
+    """As root, pglab runs ``pgbench -i`` and the ``--version`` probes from a plan's bindir: a binary, or a folder
+    above it, that someone other than root can change would run their code as root (plans are code). A
+    world-writable folder with the sticky bit (/tmp) is fine: others cannot replace root's entries in it."""
+    for binary in needed:
+        real = (bindir / binary).resolve()
+        for p in (real, *real.parents):
+            st = p.stat()
+            sticky = stat.S_ISDIR(st.st_mode) and bool(st.st_mode & stat.S_ISVTX)
+            if st.st_uid != 0 or (st.st_mode & 0o022 and not sticky):
+                who = f"belongs to uid {st.st_uid}" if st.st_uid != 0 else "is writable by others"
+                raise UserError(f"bindir {bindir}: pglab runs as root and {p} {who}, so its owner could run code "
+                                f"as root; leave bindir out (the system's PostgreSQL) or name one only root can "
+                                f"change.")
 
 
 @dataclass(frozen=True)
