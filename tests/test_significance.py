@@ -346,3 +346,13 @@ def test_compare_command_notes_too_few_repeats(tmp_path: Path) -> None:
     assert d is not None and d.ci95_pct is not None
     assert f"-40.0 % [{d.ci95_pct[0]:+.1f}, {d.ci95_pct[1]:+.1f}] | slower" in sep
     assert "set run.repeats" not in sep
+
+
+def test_an_unbounded_interval_is_printed_as_such_in_the_terminal_and_markdown() -> None:
+    from pglab.report.tables import render
+
+    columns = ["workload", "on_tps_vs_base_pct", "on_tps_ci95_low_pct", "on_tps_ci95_high_pct", "on_tps_verdict"]
+    row = {"workload": "tpcb-like", "on_tps_vs_base_pct": -33.2, "on_tps_ci95_low_pct": None,
+           "on_tps_ci95_high_pct": None, "on_tps_verdict": "no significant difference"}
+    for fmt in ("table", "markdown"):  # the terminal's table reads cells as text: "[unbounded]" is no style tag
+        assert "-33.2 % [unbounded]" in render(columns, [row], fmt), fmt

@@ -12,6 +12,7 @@ from typing import Any
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from pglab import metrics
 from pglab.analysis.bottleneck import attribute, describe, mean_metrics, storage_ceiling_share
@@ -323,7 +324,7 @@ def render(columns: list[str], rows: list[dict[str, Any]], fmt: str, title: str 
         table.add_column(name, justify="left" if left else "right", no_wrap=c not in ("note", "dips"),
                          min_width=len(name), max_width=60 if c in ("note", "dips") else None)
     for r in rows:
-        table.add_row(*(_cell(c, r) for c in shown))
+        table.add_row(*(Text(_cell(c, r)) for c in shown))  # text, not markup: "[unbounded]" is no style tag
     console = Console(width=1000, record=True, file=io.StringIO())
     console.print(table)
     return "\n".join(line.rstrip() for line in console.export_text().splitlines()) + "\n"
