@@ -76,7 +76,7 @@ t = time.perf_counter()
 from pglab.workloads import txlog
 log = txlog.read([Path(a) for a in sys.argv[1:]])
 p = txlog.percentiles_ms(log.latency_us, (50, 95, 99))
-first = float((log.end_ts - log.latency_us / 1e6).min())
+first = txlog.first_start(log)
 h = txlog.LatencyHistogram.of(log.latency_us)
 print(time.perf_counter() - t, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, log.count, *p)
 """

@@ -2,9 +2,10 @@
 
 A 60 s run at 170 k TPS writes 10 M lines; parsing them line by line in Python took ~47 s and ~1 GB, so the
 logs are read in blocks of bytes and each block is parsed by polars' CSV reader (no Python loop per line). What is
-kept per successful transaction is its latency (int32 µs) and its end time (float64 epoch s, computed exactly
-as ``time_epoch + time_us / 1e6``): the run's percentiles stay exact (all latencies), the windowed figures
-need the end times. Logs may be gzip-compressed (``.gz``): they are compressed once summarised.
+kept per successful transaction is its latency (int32 µs) and its end time (int32 µs from the first; as float64
+epoch s on demand, computed as ``time_epoch + time_us / 1e6`` as before): the run's percentiles stay exact (all
+latencies), the windowed figures need the end times. 10 M transactions: 80 MB. Logs may be gzip-compressed
+(``.gz``): they are compressed once summarised.
 
 Line format (PostgreSQL docs, "Per-Transaction Logging"):
 ``client_id transaction_no time script_no time_epoch time_us [schedule_lag] [retries]``, ``time`` in µs, or
@@ -30,17 +31,19 @@ from typing import IO, Any
 import numpy as np
 import polars as pl
 
-BLOCK_BYTES = 16 << 20  # bytes parsed at once (~450 k lines): polars' frame for them stays ~ 50 MB
+BLOCK_BYTES = 4 << 20  # bytes parsed at once (~110 k lines): polars' memory grows with it (16 MB: +90 MB peak)
 
 
 @dataclass
 class TxLog:
     """The successful transactions of one or more -l logs, in file order; failed ones keep only their end time,
-    skipped ones are counted."""
+    skipped ones are counted. End times are kept as int32 µs from the first one (int64 past ±35 min): 4 bytes
+    a transaction instead of a float64's 8, and still exact."""
 
     latency_us: np.ndarray  # int32 (int64 if a latency exceeded 35 min)
-    end_ts: np.ndarray  # float64 epoch seconds
-    failed_end_ts: np.ndarray  # float64, end times of the ``failed`` lines
+    end_offset_us: np.ndarray  # int32 (or int64): end time in µs minus end_base_us
+    end_base_us: int
+    failed_end_ts: np.ndarray  # float64 epoch s, end times of the ``failed`` lines
     skipped: int
 
     @property
@@ -52,6 +55,24 @@ class TxLog:
     def count(self) -> int:
         return int(self.latency_us.size)
 
+    def end_ts(self, start: int = 0, stop: int | None = None) -> np.ndarray:
+        """End times (float64 epoch s) of transactions [start:stop], as the former reader computed them:
+        ``time_epoch + time_us / 1e6``."""
+        return _seconds(self.end_base_us + self.end_offset_us[start:stop].astype(np.int64))
+
+    def last_end(self) -> float:
+        return float(_seconds(np.array([self.end_base_us + int(self.end_offset_us.max())]))[0])
+
+    def select(self, keep: np.ndarray) -> TxLog:
+        """The transactions where ``keep`` (a boolean mask) holds."""
+        return TxLog(self.latency_us[keep], self.end_offset_us[keep], self.end_base_us, self.failed_end_ts,
+                     self.skipped)
+
+
+def _seconds(end_us: np.ndarray) -> np.ndarray:
+    s, us = np.divmod(end_us, 1_000_000)
+    return s.astype(np.float64) + us / 1e6
+
 
 class _Growing:
     """A 1-D array grown in place (realloc/mremap: no copy of what is there, no doubled peak)."""
@@ -61,6 +82,8 @@ class _Growing:
         self.n = 0
 
     def extend(self, values: np.ndarray) -> None:
+        if values.size == 0:
+            return
         need = self.n + values.size
         if need > self.a.size:
             if values.dtype.itemsize > self.a.dtype.itemsize:  # int32 latencies meet one over 2^31 µs
@@ -100,7 +123,7 @@ _ODD = (b"\t", b"\r", b"\x0b", b"\x0c", b"  ", b"\n ", b" \n")
 
 
 def _parse_block(data: bytes) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
-    """One block of whole lines: latencies (µs), end times, failed end times, skipped count.
+    """One block of whole lines: latencies (µs), end times (int64 µs), failed end times (s), skipped count.
 
     Parsed by polars' CSV reader (single spaces, as pgbench writes); a block with any other whitespace, or a
     field int() would refuse, is left to the former line-by-line rule (:func:`_parse_lines`)."""
@@ -117,7 +140,8 @@ def _parse_block(data: bytes) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
         lat=pl.when(t.str.contains(r"^[0-9]+$")).then(t.cast(pl.Int64, strict=False)),
         failed=t == "failed", skipped=t == "skipped", kept=t.str.contains(r"^[0-9]+$") | (t == "failed"),
         end=pl.col("s").cast(pl.Int64, strict=False).cast(pl.Float64)
-        + pl.col("us").cast(pl.Int64, strict=False) / 1e6)
+        + pl.col("us").cast(pl.Int64, strict=False) / 1e6,
+        end_us=pl.col("s").cast(pl.Int64, strict=False) * 1_000_000 + pl.col("us").cast(pl.Int64, strict=False))
     bad = df.select(((pl.col("kept") & pl.col("end").is_null())
                      | (pl.col("kept") & ~pl.col("failed") & pl.col("lat").is_null())).any()).item()
     if bad:  # a number beyond int64, or an end time int() would refuse (and raise on): the former rule
@@ -126,7 +150,7 @@ def _parse_block(data: bytes) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
     latency = ok["lat"].to_numpy()
     if latency.size and latency.max() < 2**31:
         latency = latency.astype(np.int32)
-    return (latency, ok["end"].to_numpy(), df.filter(pl.col("failed"))["end"].to_numpy(),
+    return (latency, ok["end_us"].to_numpy(), df.filter(pl.col("failed"))["end"].to_numpy(),
             int(df["skipped"].sum()))
 
 
@@ -134,7 +158,7 @@ def _parse_lines(data: bytes) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
     """The former reader's rule, line by line: six fields or more, ``time`` all digits (int() raising on a
     malformed end time included)."""
     lat: list[int] = []
-    end: list[float] = []
+    end: list[int] = []
     failed: list[float] = []
     skipped = 0
     for raw in data.decode(errors="replace").splitlines():
@@ -143,30 +167,47 @@ def _parse_lines(data: bytes) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
             continue
         if parts[2].isdigit():
             lat.append(int(parts[2]))
-            end.append(int(parts[4]) + int(parts[5]) / 1e6)
+            end.append(int(parts[4]) * 1_000_000 + int(parts[5]))
         elif parts[2] == "failed":
             failed.append(int(parts[4]) + int(parts[5]) / 1e6)
         elif parts[2] == "skipped":
             skipped += 1
-    latency = np.asarray(lat, dtype=np.int64)
+    try:
+        latency = np.asarray(lat, dtype=np.int64)
+    except OverflowError:
+        raise ValueError(f"a latency of over 2**63 µs in a pgbench log: {max(lat)}") from None
     if latency.size and latency.max() < 2**31:
         latency = latency.astype(np.int32)
-    return latency, np.asarray(end, dtype=np.float64), np.asarray(failed, dtype=np.float64), skipped
+    return latency, np.asarray(end, dtype=np.int64), np.asarray(failed, dtype=np.float64), skipped
 
 
 def read(files: Sequence[Path]) -> TxLog:
     """All successful transactions of pgbench's -l logs (plain or .gz), in file order, in bounded memory."""
-    lat, end, failed = _Growing(np.int32), _Growing(np.float64), _Growing(np.float64)
+    lat, end, failed = _Growing(np.int32), _Growing(np.int32), _Growing(np.float64)
+    base: int | None = None
     skipped = 0
     for path in files:
         with open_log(path) as f:
             for data in _blocks(f):
                 la, en, fa, sk = _parse_block(data)
+                if base is None and en.size:
+                    base = int(en[0])
+                off = en - (base or 0)
+                if off.size and off.min() >= -(2**31) and off.max() < 2**31:
+                    off = off.astype(np.int32)
                 lat.extend(la)
-                end.extend(en)
+                end.extend(off)
                 failed.extend(fa)
                 skipped += sk
-    return TxLog(lat.done(), end.done(), failed.done(), skipped)
+    return TxLog(lat.done(), end.done(), base or 0, failed.done(), skipped)
+
+
+def first_start(log: TxLog) -> float:
+    """When the first transaction began (epoch s): min(end - latency), in blocks (no 80 MB temporary), with the
+    former reader's arithmetic (µs / 1000 / 1000), so the same float."""
+    step = 1 << 20
+    return min(float((log.end_ts(i, i + step) - log.latency_us[i:i + step] / 1000.0 / 1000.0).min())
+               for i in range(0, log.count, step))
 
 
 # ------------------------------------------------------------------ exact percentiles
@@ -221,8 +262,18 @@ class LatencyHistogram:
     def of(cls, latency_us: np.ndarray) -> LatencyHistogram:
         if latency_us.size == 0:
             return cls({}, 0, 0)
-        idx, n = np.unique(bucket_of(latency_us), return_counts=True)
-        return cls(dict(zip(idx.tolist(), n.tolist(), strict=True)), int(latency_us.min()), int(latency_us.max()))
+        step = 1 << 20  # in blocks: bucket_of's int64/float64 temporaries for 10 M values would be ~300 MB
+        counts = np.zeros(0, dtype=np.int64)
+        for i in range(0, latency_us.size, step):
+            c = np.bincount(bucket_of(latency_us[i:i + step]))
+            if c.size > counts.size:
+                c[:counts.size] += counts
+                counts = c
+            else:
+                counts[:c.size] += c
+        idx = np.flatnonzero(counts)
+        return cls(dict(zip(idx.tolist(), counts[idx].tolist(), strict=True)), int(latency_us.min()),
+                   int(latency_us.max()))
 
     @property
     def count(self) -> int:
@@ -239,8 +290,9 @@ class LatencyHistogram:
         return LatencyHistogram(counts, min(self.min_us, other.min_us), max(self.max_us, other.max_us))
 
     def percentiles_ms(self, qs: Sequence[float]) -> list[float]:
-        """numpy's linear percentile with each order statistic replaced by its bucket's representative (clipped
-        to the exact min/max): within RELATIVE_ERROR of the exact percentile of the raw latencies."""
+        """numpy's linear percentile with each order statistic replaced by its bucket's representative (the
+        smallest and largest by the exact min/max): within RELATIVE_ERROR of the exact percentile of the raw
+        latencies, since each order statistic is, and the interpolation between two positive values keeps it."""
         n = self.count
         if n == 0:
             return [float("nan")] * len(qs)
@@ -250,7 +302,12 @@ class LatencyHistogram:
         virtual = (n - 1) * (np.asarray(qs, dtype=np.float64) / 100)
         lo = np.floor(virtual).astype(np.int64)
         hi = np.minimum(lo + 1, n - 1)
-        a, b = rep[np.searchsorted(cum, lo, side="right")], rep[np.searchsorted(cum, hi, side="right")]
+
+        def at(rank: np.ndarray) -> np.ndarray:
+            value = rep[np.searchsorted(cum, rank, side="right")]
+            return np.where(rank == 0, self.min_us, np.where(rank == n - 1, self.max_us, value))
+
+        a, b = at(lo), at(hi)
         t = virtual - lo
         return [float(v) for v in (a + (b - a) * t) / 1000.0]
 
