@@ -74,17 +74,18 @@ import sys, time, resource
 from pathlib import Path
 t = time.perf_counter()
 from pglab.workloads import txlog
+from pglab.workloads.pgbench import txlog_stats
 log = txlog.read([Path(a) for a in sys.argv[1:]])
-p = txlog.percentiles_ms(log.latency_us, (50, 95, 99))
-first = txlog.first_start(log)
+n = log.count
 h = txlog.LatencyHistogram.of(log.latency_us)
-print(time.perf_counter() - t, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, log.count, *p)
+p = txlog_stats(log, last_use=True).percentiles_ms.values()  # what pgbench.summarise_logs does
+print(time.perf_counter() - t, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, n, *p)
 """
 
 BASE = """
 import resource
 import numpy
-from pglab.workloads import txlog
+from pglab.workloads import pgbench, txlog
 print(0, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 0, 0, 0, 0)
 """
 

@@ -702,9 +702,9 @@ class KubernetesDriver:
                 failed=round(int((log.failed_end_ts >= start).sum()) * scale), duration_s=last - start)
             del lat
             warmup_start, first = (first, start) if warmup > 0 else (None, start)
-        stats = pgbench.txlog_stats(log)
-        if stats is not None:  # the window's latencies, mergeable across repeats without the logs
+        if log.count:  # the window's latencies, mergeable across repeats without the logs
             txlog.LatencyHistogram.of(log.latency_us).save(run_dir / txlog.HISTOGRAM_FILE)
+        stats = pgbench.txlog_stats(log, last_use=True)
         del log
         log_files = txlog.compress(log_files)
         command = m.body["spec"]["template"]["spec"]["containers"][0]["command"]

@@ -140,21 +140,18 @@ def log_stats(latency_ms: np.ndarray, end_ts: np.ndarray) -> LogStats | None:
     )
 
 
-def txlog_stats(log: txlog.TxLog) -> LogStats | None:
+def txlog_stats(log: txlog.TxLog, last_use: bool = False) -> LogStats | None:
     """:func:`log_stats` of a :class:`txlog.TxLog` without its float64 copies: the same percentiles (exact,
-    from the int32 µs), the mean from the exact integer sum."""
+    from the int32 µs), the mean from the exact integer sum. ``last_use``: the percentiles partition the log's
+    latencies in place (no 40 MB copy for 10 M transactions); the log is not to be used afterwards."""
     if log.count == 0:
         return None
     lat = log.latency_us
-    pct = txlog.percentiles_ms(lat, PERCENTILES)
-    return LogStats(
-        count=log.count,
-        latency_mean_ms=float(lat.sum(dtype=np.int64)) / log.count / 1000.0,
-        percentiles_ms=dict(zip(PERCENTILES, pct, strict=True)),
-        latency_max_ms=float(lat.max()) / 1000.0,
-        first_start=txlog.first_start(log),
-        last_end=log.last_end(),
-    )
+    first, last = txlog.first_start(log), log.last_end()
+    mean, top = float(lat.sum(dtype=np.int64)) / log.count / 1000.0, float(lat.max()) / 1000.0
+    pct = txlog.percentiles_ms(lat, PERCENTILES, in_place=last_use)
+    return LogStats(count=log.count, latency_mean_ms=mean, percentiles_ms=dict(zip(PERCENTILES, pct, strict=True)),
+                    latency_max_ms=top, first_start=first, last_end=last)
 
 
 def summarise_logs(log_prefix: Path) -> tuple[LogStats | None, list[Path]]:
@@ -163,9 +160,9 @@ def summarise_logs(log_prefix: Path) -> tuple[LogStats | None, list[Path]]:
     files = sorted(log_prefix.parent.glob(log_prefix.name + ".*"))
     files = [f for f in files if not f.name.endswith(".part")]
     log = txlog.read(files)
-    stats = txlog_stats(log)
-    if stats is not None:
+    if log.count:
         txlog.LatencyHistogram.of(log.latency_us).save(log_prefix.parent / txlog.HISTOGRAM_FILE)
+    stats = txlog_stats(log, last_use=True)
     del log
     return stats, txlog.compress(files)
 
