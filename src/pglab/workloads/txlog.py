@@ -88,7 +88,9 @@ class _Growing:
         if need > self.a.size:
             if values.dtype.itemsize > self.a.dtype.itemsize:  # int32 latencies meet one over 2^31 µs
                 self.a = self.a.astype(values.dtype)
-            self.a.resize(max(need, self.a.size * 2), refcheck=False)
+            # numpy zero-fills what it grows (resident at once): grow by an eighth, not double (realloc moves
+            # the pages, it does not copy them)
+            self.a.resize(need + max(need // 8, 1 << 16), refcheck=False)
         elif values.dtype.itemsize > self.a.dtype.itemsize:
             self.a = self.a.astype(values.dtype)
         self.a[self.n:need] = values
