@@ -6,6 +6,7 @@ options the Jobs use), so the stored figures are checked against those files, re
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import signal
@@ -78,9 +79,13 @@ def test_run_stores_pgbench_fio_and_artifacts_then_deletes_everything(fake: tupl
         tps = [(ts, v) for ts, _s, metric, v in store.series(r.id, "pgbench") if metric == "tps"]
         assert tps == [(1795359922.810, 673.9), (1795359923.811, 661.9), (1795359924.811, 932.1)]
         run_dir = store.dir / r.dir
-        shipped = {"pgbench.out", "pgbench.err", *TXN_LOGS, "reset.log", "pod.log", "job.yaml", "run.json"}
+        # the -l logs kept gzip-compressed once summarised, with the window's latency histogram beside them
+        shipped = {"pgbench.out", "pgbench.err", *(f"{n}.gz" for n in TXN_LOGS), "reset.log", "pod.log", "job.yaml",
+                   "run.json", "latency_histogram.json"}
         assert shipped <= {f.name for f in run_dir.iterdir()}
-        assert (run_dir / TXN_LOGS[1]).read_text() == (PGBENCH / TXN_LOGS[1]).read_text()
+        assert gzip.decompress((run_dir / f"{TXN_LOGS[1]}.gz").read_bytes()) == (PGBENCH / TXN_LOGS[1]).read_bytes()
+        hist = json.loads((run_dir / "latency_histogram.json").read_text())
+        assert hist["count"] == len(lat) and hist["max"] == round(lat.max() * 1000)
         assert json.loads((run_dir / "run.json").read_text())["job"] in RUN_JOBS
 
     # the storage phase: fio's JSON from the pod, parsed into the same rows as a local storage phase

@@ -9,6 +9,7 @@ standby), and nothing left in the cluster afterwards, also after Ctrl-C.
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import re
@@ -112,10 +113,15 @@ def pgbench_tps(out: str) -> float:
     return float(match.group(1))
 
 
+def _log_text(path: Path) -> str:
+    """A -l log as pgbench wrote it: pglab keeps it gzip-compressed (``.gz``) once summarised."""
+    return gzip.decompress(path.read_bytes()).decode() if path.suffix == ".gz" else path.read_text()
+
+
 def txn_latencies_ms(run_dir: Path) -> np.ndarray:
     """Every transaction's latency in pgbench's -l logs shipped with the run, read here without pglab."""
     lat = [int(line.split()[2]) / 1000 for f in sorted(run_dir.glob("pgbench.[0-9]*"))
-           for line in f.read_text().splitlines() if line.strip()]
+           for line in _log_text(f).splitlines() if line.strip()]
     return np.array(lat)
 
 
@@ -123,7 +129,7 @@ def txn_times(run_dir: Path) -> tuple[np.ndarray, np.ndarray]:
     """When each successful transaction of the -l logs began and ended (epoch s), read without pglab: it ended at
     time_epoch + time_us, its latency (µs) before."""
     rows = [(int(f[4]) + int(f[5]) / 1e6, int(f[2]) / 1e6) for path in sorted(run_dir.glob("pgbench.[0-9]*"))
-            for line in path.read_text().splitlines() if len(f := line.split()) >= 6 and f[2].isdigit()]
+            for line in _log_text(path).splitlines() if len(f := line.split()) >= 6 and f[2].isdigit()]
     ended = np.array([e for e, _ in rows])
     return ended - np.array([lat for _, lat in rows]), ended
 

@@ -6,6 +6,7 @@ One sweep (kept with --keep so the topology can be inspected afterwards) serves 
 from __future__ import annotations
 
 import csv
+import gzip
 import io
 import json
 import os
@@ -152,8 +153,10 @@ def test_stored_tps_is_pgbench_own_figure(sweep: Any) -> None:
 def test_percentiles_recomputed_from_the_raw_log(sweep: Any) -> None:
     for run in _runs(sweep):
         latencies = []
-        for log in run["dir"].glob("pgbench_log.*"):
-            for line in log.read_text().splitlines():
+        logs = list(run["dir"].glob("pgbench_log.*"))
+        assert logs and all(log.suffix == ".gz" for log in logs)  # kept, compressed once summarised
+        for log in logs:
+            for line in gzip.decompress(log.read_bytes()).decode().splitlines():
                 fields = line.split()
                 if fields[2].isdigit():
                     latencies.append(int(fields[2]) / 1000.0)

@@ -59,11 +59,12 @@ from pglab.targets.kubernetes.render import (
     witness_job,
 )
 from pglab.targets.kubernetes.scenario import Injector, WitnessLogError, parse_witness_log
-from pglab.workloads import fio, pgbench
+from pglab.workloads import fio, pgbench, txlog
 from pglab.workloads.fio import FioError
 from pglab.workloads.pgbench import PgbenchError, PgbenchRun, PgbenchSummary
 
-TXN_LOG = re.compile(r"^pgbench\.\d+(\.\d+)?$")  # -l --log-prefix=/results/pgbench: pgbench.<pid>[.<thread>]
+TXN_LOG = re.compile(r"^pgbench\.\d+(\.\d+)?(\.gz)?$")  # -l --log-prefix=/results/pgbench: pgbench.<pid>[.<thread>]
+# (.gz once summarised)
 SCENARIO_TIMEOUT_S = 300.0  # from a fault (or a fenced standby let go) to a healthy Cluster again
 JOB_OVERHEAD_S = 15.0  # pod scheduling, image already pulled, log read back: for the ETA only
 DISK_LOG_MARGIN_S = 10.0  # the disk sampler's log is read from this long before the run's Job was created
@@ -675,9 +676,9 @@ class KubernetesDriver:
         err_text = "".join(f.read_text(errors="replace") for f in errs)
         progress = [p for line in err_text.splitlines() if (p := pgbench.parse_progress_line(line)) is not None]
         log_files = sorted(f for f in run_dir.iterdir() if TXN_LOG.match(f.name))
-        lat, end_ts = pgbench.read_transaction_log(log_files)
-        if lat.size:
-            first, last = float((end_ts - lat / 1000.0).min()), float(end_ts.max())
+        log = txlog.read(log_files)
+        if log.count:
+            first, last = txlog.first_start(log), log.last_end()
         elif progress:
             first, last = progress[0].ts - 1.0, progress[-1].ts
         else:
@@ -686,8 +687,8 @@ class KubernetesDriver:
         warmup_start = None
         if warmup > 0 or scenario:  # no one pgbench line covers a scenario's segments: recomputed from the log
             start = first + warmup
-            keep = end_ts >= start
-            lat, end_ts = lat[keep], end_ts[keep]
+            log = log.select(log.end_ts() >= start)
+            lat = log.latency_ms
             if lat.size == 0 or last <= start:
                 raise PgbenchError(f"no transaction ended after the {warmup:g} s warm-up (pgbench.out: "
                                    f"{summary.transactions} transactions in all)")
@@ -697,25 +698,18 @@ class KubernetesDriver:
             summary = PgbenchSummary(
                 tps=lat.size * scale / (last - start), latency_avg_ms=float(lat.mean()),
                 latency_stddev_ms=float(lat.std()), initial_connection_ms=summary.initial_connection_ms,
-                transactions=round(lat.size * scale), failed=round(_failed_after(log_files, start) * scale),
-                duration_s=last - start)
+                transactions=round(lat.size * scale),
+                failed=round(int((log.failed_end_ts >= start).sum()) * scale), duration_s=last - start)
+            del lat
             warmup_start, first = (first, start) if warmup > 0 else (None, start)
-        stats = pgbench.log_stats(lat, end_ts)
+        if log.count:  # the window's latencies, mergeable across repeats without the logs
+            txlog.LatencyHistogram.of(log.latency_us).save(run_dir / txlog.HISTOGRAM_FILE)
+        stats = pgbench.txlog_stats(log, last_use=True)
+        del log
+        log_files = txlog.compress(log_files)
         command = m.body["spec"]["template"]["spec"]["containers"][0]["command"]
         run = PgbenchRun(summary, stats, progress, first, last, command, 0, log_files)
         return run, extra, warmup_start
-
-
-def _failed_after(files: list[Path], start: float) -> int:
-    """Failed transactions in pgbench's -l logs (``failed`` in the latency field) that ended after ``start``."""
-    n = 0
-    for path in files:
-        with open(path) as f:
-            for line in f:
-                parts = line.split()
-                if len(parts) >= 6 and parts[2] == "failed" and int(parts[4]) + int(parts[5]) / 1e6 >= start:
-                    n += 1
-    return n
 
 
 def _last_words(log: str) -> str:

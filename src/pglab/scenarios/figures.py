@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from pglab.scenarios.witness import WitnessResult
-from pglab.workloads import pgbench
+from pglab.workloads import pgbench, txlog
 
 
 def witness_metrics(w: WitnessResult) -> dict[str, float | None]:
@@ -20,11 +20,12 @@ def witness_metrics(w: WitnessResult) -> dict[str, float | None]:
 def phase_metrics(log_files: list[Path], sampling_rate: float,
                   phases: list[tuple[str, float, float]]) -> dict[str, float | None]:
     """``tps_<phase>`` and ``latency_<phase>_ms`` for each (phase, start, end), from pgbench's -l logs (scaled
-    back up when only a sample of the transactions was logged)."""
-    lat, end_ts = pgbench.read_transaction_log(log_files)
+    back up when only a sample of the transactions was logged). The logs may be gzip-compressed already."""
+    log = txlog.read(log_files)
+    end_ts = log.end_ts()
     scale = 1.0 / sampling_rate
     out: dict[str, float | None] = {}
     for phase, a, b in phases:
-        tps, latency = pgbench.phase_stats(lat, end_ts, a, b)
+        tps, latency = pgbench.phase_stats(log.latency_us, end_ts, a, b, scale=1000.0)
         out[f"tps_{phase}"], out[f"latency_{phase}_ms"] = tps * scale, latency
     return out

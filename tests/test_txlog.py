@@ -1,0 +1,192 @@
+"""pglab.workloads.txlog against the former line-by-line reader, on logs in pgbench's -l format; the latency
+histogram's bounded error when merged; compressed logs read back."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pglab.workloads import pgbench, txlog
+from pglab.workloads.pgbench import LogStats
+
+
+def former_reader(files: Sequence[Path]) -> tuple[np.ndarray, np.ndarray, list[float]]:
+    """The reader pglab had before txlog (and kubernetes' _failed_after), verbatim: the reference."""
+    lat: list[int] = []
+    end: list[float] = []
+    failed: list[float] = []
+    for path in files:
+        with open(path) as f:
+            for line in f:
+                parts = line.split()
+                if len(parts) >= 6 and parts[2] == "failed":
+                    failed.append(int(parts[4]) + int(parts[5]) / 1e6)
+                if len(parts) < 6 or not parts[2].isdigit():
+                    continue
+                lat.append(int(parts[2]))
+                end.append(int(parts[4]) + int(parts[5]) / 1e6)
+    return np.asarray(lat, dtype=np.float64) / 1000.0, np.asarray(end, dtype=np.float64), failed
+
+
+def write_log(path: Path, n: int, seed: int, lag: bool, retries: bool, cut: bool = False) -> None:
+    """n lines as pgbench writes them: ~1 % failed, ~1 % skipped, a long tail, optional lag and retries; ``cut``
+    ends the file in the middle of a line (pgbench killed)."""
+    rng = np.random.default_rng(seed)
+    lat = np.maximum(1, rng.lognormal(np.log(800), 1.2, n)).astype(np.int64)
+    lat[rng.random(n) < 0.001] = rng.integers(10**7, 10**9, 1)  # a few seconds-long transactions
+    end = (1_763_900_000 * 10**6 + np.sort(rng.integers(0, 30 * 10**6, n))).astype(np.int64)
+    kind = rng.random(n)
+    lines = []
+    for i in range(n):
+        time = "failed" if kind[i] < 0.01 else "skipped" if kind[i] < 0.02 else str(lat[i])
+        fields = [str(i % 7), str(i // 7), time, str(i % 2), str(end[i] // 10**6), str(end[i] % 10**6)]
+        if lag:
+            fields.append(str(int(rng.integers(0, 5000))))
+        if retries:
+            fields.append(str(int(rng.integers(0, 3))))
+        lines.append(" ".join(fields))
+    text = "\n".join(lines) + "\n"
+    if cut:
+        text += "3 999 1234 0 17639"
+    path.write_text(text)
+
+
+@pytest.fixture
+def logs(tmp_path: Path) -> list[Path]:
+    """pgbench_log.<pid>.<thread>: one per thread, each with its own optional columns."""
+    files = []
+    for i, (lag, retries) in enumerate([(False, False), (True, False), (True, True), (False, True)]):
+        path = tmp_path / (f"pgbench_log.4242.{i}" if i else "pgbench_log.4242")
+        write_log(path, 3000 + 500 * i, seed=i, lag=lag, retries=retries, cut=i == 3)
+        files.append(path)
+    return sorted(files)
+
+
+def test_same_transactions_as_the_former_reader(logs: list[Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(txlog, "BLOCK_BYTES", 4096)  # many blocks: lines cut across reads are joined back
+    lat, end, failed = former_reader(logs)
+    got = txlog.read(logs)
+    assert got.end_offset_us.dtype == np.int32  # 4 bytes a transaction
+    assert lat.size > 10_000 and len(failed) > 100
+    assert np.array_equal(got.latency_ms, lat) and np.array_equal(got.end_ts(), end)
+    assert np.array_equal(got.failed_end_ts, np.asarray(failed))
+    assert got.skipped == sum(line.split()[2] == "skipped" for f in logs for line in f.read_text().splitlines())
+    assert pgbench.read_transaction_log(logs)[0].tobytes() == lat.tobytes()
+
+
+def test_exact_figures_as_before(logs: list[Path]) -> None:
+    lat, end, _ = former_reader(logs)
+    before = pgbench.log_stats(lat, end)
+    now = pgbench.txlog_stats(txlog.read(logs))
+    assert before is not None and now is not None
+    assert now.percentiles_ms == before.percentiles_ms  # bit for bit: numpy's own interpolation
+    assert {p: float(np.percentile(lat, p)) for p in pgbench.PERCENTILES} == now.percentiles_ms
+    assert (now.count, now.latency_max_ms, now.first_start, now.last_end) == (
+        before.count, before.latency_max_ms, before.first_start, before.last_end)
+    assert now.latency_mean_ms == pytest.approx(before.latency_mean_ms, rel=1e-12)
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 7, 100, 101, 1001])
+def test_percentiles_match_numpy_for_any_size(n: int) -> None:
+    us = np.random.default_rng(n).integers(1, 10**6, n).astype(np.int32)
+    qs = (0, 1, 25, 50, 90, 95, 99, 99.9, 100)
+    assert txlog.percentiles_ms(us, qs) == [float(v) for v in np.percentile(us / 1000.0, qs)]
+
+
+def test_phase_stats_the_same_from_microseconds(logs: list[Path]) -> None:
+    lat, end, _ = former_reader(logs)
+    log = txlog.read(logs)
+    a, b = float(end.min()) + 5, float(end.min()) + 12
+    assert pgbench.phase_stats(log.latency_us, log.end_ts(), a, b, scale=1000.0) == pgbench.phase_stats(lat, end, a, b)
+
+
+def test_odd_lines_take_the_former_rule(tmp_path: Path) -> None:
+    """A tab, a doubled space, a line of three fields first in the file, a latency over int32: as split() did."""
+    path = tmp_path / "pgbench_log.1"
+    path.write_text("0 1 2\n0 0 500 0 1763900000 100\n0  1 600 0 1763900000 200\n0\t2 700 0 1763900001 5\n"
+                    "0 3 9999999999999 0 1763900001 6\n0 4 skipped 0 1763900001 7 3\n")
+    lat, end, _ = former_reader([path])
+    got = txlog.read([path])
+    assert np.array_equal(got.latency_ms, lat) and np.array_equal(got.end_ts(), end) and got.skipped == 1
+    assert got.latency_us.dtype == np.int64  # one latency over 35 min: no int32 wrap
+
+
+def test_end_times_over_35_minutes_apart(tmp_path: Path) -> None:
+    """Past int32 µs from the first end time, offsets are kept as int64: still exact."""
+    path = tmp_path / "pgbench_log.1"
+    path.write_text("0 0 500 0 1763900000 100\n0 1 600 0 1763990000 999999\n0 2 700 0 1763800000 5\n")
+    got = txlog.read([path])
+    assert got.end_offset_us.dtype == np.int64
+    assert np.array_equal(got.end_ts(), former_reader([path])[1])
+    assert got.last_end() == 1763990000 + 999999 / 1e6
+
+
+def test_a_latency_beyond_int64_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "pgbench_log.1"
+    path.write_text("0 0 500 0 1763900000 100\n0 3 99999999999999999999 0 1763900001 6\n")
+    with pytest.raises(ValueError, match="2\\*\\*63"):
+        txlog.read([path])
+
+
+def test_a_malformed_end_time_raises_as_before(tmp_path: Path) -> None:
+    path = tmp_path / "pgbench_log.1"
+    path.write_text("0 0 500 0 1763900000 100\n0 1 600 0 17639x0000 200\n")
+    with pytest.raises(ValueError):
+        former_reader([path])
+    with pytest.raises(ValueError):
+        txlog.read([path])
+
+
+def test_compressed_logs_read_back(logs: list[Path]) -> None:
+    plain = txlog.read(logs)
+    packed = txlog.compress(logs)
+    assert [p.name for p in packed] == [f"{f.name}.gz" for f in logs] and not any(f.exists() for f in logs)
+    assert gzip.decompress(packed[0].read_bytes()).startswith(b"0 0 ")
+    back = txlog.read(packed)
+    assert np.array_equal(back.latency_us, plain.latency_us) and np.array_equal(back.end_ts(), plain.end_ts())
+    assert txlog.compress(packed) == packed  # already compressed: left as is
+
+
+def test_summarise_logs_keeps_histogram_and_compresses(logs: list[Path]) -> None:
+    lat, end, _ = former_reader(logs)
+    stats, files = pgbench.summarise_logs(logs[0].parent / "pgbench_log")
+    assert isinstance(stats, LogStats) and stats.percentiles_ms == pgbench.log_stats(lat, end).percentiles_ms  # type: ignore[union-attr]
+    assert all(f.suffix == ".gz" for f in files) and len(files) == len(logs)
+    hist = txlog.LatencyHistogram.load(logs[0].parent / txlog.HISTOGRAM_FILE)
+    assert hist.count == lat.size and hist.max_us == round(lat.max() * 1000)
+    assert json.loads((logs[0].parent / txlog.HISTOGRAM_FILE).read_text())["relative_error"] == txlog.RELATIVE_ERROR
+
+
+def test_bucket_bounds() -> None:
+    """Every integer µs value is within RELATIVE_ERROR of its bucket's representative; buckets are contiguous."""
+    v = np.r_[np.arange(0, 70_000), np.random.default_rng(0).integers(1, 2**40, 200_000)]
+    idx = txlog.bucket_of(v)
+    rep = txlog.bucket_value(idx)
+    assert np.all(np.abs(rep - v) <= txlog.RELATIVE_ERROR * np.maximum(v, 1))
+    assert np.array_equal(rep[:256], np.arange(256))  # exact below 256 µs
+    small = idx[:70_000]
+    assert np.all(np.diff(small) >= 0) and np.all(np.diff(small) <= 1)  # monotonic, no bucket skipped
+
+
+def test_merged_histograms_within_documented_error(tmp_path: Path) -> None:
+    """Repeats / tenants / pgbench processes: their histograms added give percentiles within RELATIVE_ERROR of
+    numpy's exact percentiles over all the raw latencies together."""
+    rng = np.random.default_rng(7)
+    parts = [np.maximum(1, rng.lognormal(np.log(m), s, n)).astype(np.int32)
+             for m, s, n in [(300, 0.5, 20_000), (2_000, 1.0, 5_000), (50, 0.2, 30_000), (40_000, 0.8, 1_000)]]
+    merged = txlog.LatencyHistogram({}, 0, 0)
+    for i, p in enumerate(parts):  # through the JSON kept in each run folder
+        txlog.LatencyHistogram.of(p).save(tmp_path / f"h{i}.json")
+        merged = merged.merge(txlog.LatencyHistogram.load(tmp_path / f"h{i}.json"))
+    everything = np.concatenate(parts) / 1000.0
+    qs = (0, 1, 50, 90, 95, 99, 99.9, 100)
+    exact = np.percentile(everything, qs)
+    approx = np.asarray(merged.percentiles_ms(qs))
+    assert merged.count == everything.size
+    assert np.all(np.abs(approx - exact) <= txlog.RELATIVE_ERROR * exact)
+    assert approx[0] == exact[0] and approx[-1] == exact[-1]  # min and max kept exactly
