@@ -148,6 +148,7 @@ class LocalLab(LabBase[Node]):
 
     # ---------------------------------------------------------------- lifecycle
     read_only = False  # pglab's own lab
+    all_standbys_stream = True  # every standby streams between runs: one not connected is behind, not gone
 
     def preflight(self) -> None:
         """Binaries and the server user were checked on construction; paths are checked as they are created."""
