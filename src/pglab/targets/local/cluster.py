@@ -679,6 +679,9 @@ class LocalLab(LabBase[Node]):
         pid = node.postmaster_pid()
         if pid is None:
             return
+        if discard and procs.stopped(pid):  # frozen: pg_ctl would wait its 30 s for nothing, twice
+            kill_tree(pid)
+            return
         for mode in ("immediate",) if discard else ("fast", "immediate"):
             try:
                 self._pg_ctl(node, "-m", mode, "stop", timeout=30)
