@@ -113,6 +113,9 @@ def test_frozen_standbys_fail_the_run_then_stop_the_sweep_in_one_sentence(tmp_pa
     assert runs[0][1] == "failed" and "pgbench did not end" in (runs[0][2] or ""), runs
     # the stopped pgbench's backends (committing, waiting for the standbys' ack) were ended before the next run
     assert backends_after_failure == [], backends_after_failure
+    # no wait without a word: the overrun and the replay wait are said while they last
+    assert "pgbench has not ended 5 s after its 4 s" in err
+    assert "waiting for standby(s) n1, n2 to replay" in err
     sentence = "standby(s) n1, n2 stopped answering (no replay progress for 60 s)"
     assert sentence in err.splitlines()[-1], err[-2000:]
     db = sqlite3.connect(results / "results.db")

@@ -302,11 +302,17 @@ class LocalDriver(ProcessDriver[Target]):
         started = time.monotonic()
         # a run that outlives its duration this long is stuck (commits waiting for a standby that is gone)
         deadline = started + seconds + max(30.0, seconds) if seconds else None
+        overrun_said = False  # the wait past the duration is said once, not sat through in silence
         try:
             while (rc := proc.poll_for(1.0)) is None:
                 if watch_health and (problem := target.health()):
                     proc.stop()
                     raise RunFailed(f"{problem} ({time.monotonic() - started:.1f} s into the {name} run)")
+                if (deadline is not None and seconds is not None and not overrun_said
+                        and time.monotonic() > started + seconds + 5):
+                    self.ui.log(f"pgbench has not ended 5 s after its {seconds:g} s (transactions stuck?); it is "
+                                f"stopped {deadline - started - seconds:.0f} s after its end")
+                    overrun_said = True
                 if deadline is not None and seconds is not None and time.monotonic() > deadline:
                     proc.stop()
                     raise RunFailed(f"pgbench did not end {time.monotonic() - started - seconds:.0f} s after its "
