@@ -18,7 +18,7 @@ from pglab import environment
 from pglab.artifacts import write_json, write_samples
 from pglab.engine.driver import FioMeasurement, SweepInfo
 from pglab.engine.types import Event, Observer, RunFailed, RunResult
-from pglab.errors import LabError, LabUnsound, first_line
+from pglab.errors import LabError, LabUnsound, RunInterrupted, first_line
 from pglab.plan.expand import Point, expand
 from pglab.plan.load import resolve_path
 from pglab.plan.schema import Plan
@@ -285,7 +285,7 @@ class LocalDriver(ProcessDriver[Target]):
             self._stop_pgbench()
             if sampler:
                 sampler.stop()
-            if not isinstance(exc, (KeyboardInterrupt, LabUnsound)):
+            if not isinstance(exc, (KeyboardInterrupt, RunInterrupted, LabUnsound)):  # teardown follows those
                 self.end_leftovers_after_failure(endpoints)
             raise
 

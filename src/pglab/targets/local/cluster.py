@@ -494,6 +494,8 @@ class LocalLab(LabBase[Node]):
         return " / ".join(text[-lines:])
 
     def connect(self, node: Node, dbname: str = DBNAME, **kwargs: Any) -> psycopg.Connection[Any]:
+        """pglab's own session on an instance: short statements only, so bounded (docs/reliability.md)."""
+        kwargs.setdefault("options", "-c lock_timeout=30s -c statement_timeout=300s")
         return psycopg.connect(
             host=str(self.sock_dir), port=node.port, user=SUPERUSER, dbname=dbname,
             passfile=str(self.client_passfile), autocommit=True, connect_timeout=10,
