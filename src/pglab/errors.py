@@ -21,6 +21,11 @@ class LabError(Exception):
     """A server step failed (not the user's input): the message carries the tool's own words."""
 
 
+class LabUnsound(Exception):
+    """The lab cannot be brought back to a sound state within a deadline (standbys not answering): the sweep stops
+    with this one sentence instead of failing every remaining run, or waiting without a word."""
+
+
 class RunInterrupted(Exception):
     """Raised inside the runner when SIGINT/SIGTERM arrives, so teardown runs in ``finally`` blocks."""
 

@@ -8,7 +8,7 @@ import os
 import re
 import shutil
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Generic, TypeVar
@@ -19,7 +19,7 @@ from pglab import environment
 from pglab.artifacts import write_json, write_samples
 from pglab.engine.driver import FioMeasurement, SweepInfo
 from pglab.engine.types import Event, Observer, RunFailed, RunResult
-from pglab.errors import LabError
+from pglab.errors import LabError, LabUnsound, RunInterrupted, first_line
 from pglab.plan.expand import Point, expand
 from pglab.plan.load import resolve_path
 from pglab.plan.schema import Plan
@@ -33,6 +33,13 @@ from pglab.workloads.pgbench import PgbenchError, PgbenchProcess
 MIB = 1024 * 1024  # MB/s as the disk probe counts them (MiB)
 
 RUN_ERRORS: tuple[type[BaseException], ...] = (RunFailed, PgbenchError, LabError, ProbeOpenError, psycopg.Error)
+
+# pglab's own sessions between runs (docs/reliability.md): a statement or a lock that does not come within these ends
+# in an error that names it, never in a silent wait
+LOCK_TIMEOUT_S = 30  # the reset's TRUNCATE behind a lock a leftover session holds
+STATEMENT_TIMEOUT_S = 900  # VACUUM (ANALYZE) and CHECKPOINT of a large dataset
+REPLAY_STALL_S = 60.0  # no standby behind makes replay progress this long: they stopped answering
+REPLAY_MAX_S = 600.0  # progress, but never caught up
 
 
 TopologyT = TypeVar("TopologyT", bound=Topology)
@@ -126,23 +133,48 @@ class ProcessDriver(Generic[TopologyT]):
         ds = self.plan.dataset
         if target.read_only:  # a server pglab may not write to: the dataset is used as it is
             return
+        # a lab whose every standby must stream names them: one missing is behind (an HA lab's membership moves)
+        names = [s.name for s in endpoints.standbys] if getattr(target, "all_standbys_stream", False) else []
+        with psycopg.connect(control_conninfo(endpoints), autocommit=True) as conn:
+            self._end_leftovers(conn)  # a failed run's backends first: their locks would block the reset
+            _wait_replay(conn, names, self.ui.log)  # standbys that do not answer stop the sweep here, not in a COMMIT
         if ds.reset == "reinit":
             pgbench.initialise(target.bindir, endpoints.primary, ds, run_dir)
         elif ds.reset == "snapshot":
             write_json(run_dir / "dataset-reset.json", target.reset_dataset())
-        with psycopg.connect(endpoints.primary.conninfo(application_name="pglab-control"),
-                             autocommit=True) as conn:
+        with psycopg.connect(control_conninfo(endpoints), autocommit=True) as conn:
             if ds.reset == "vacuum":
                 pgbench.reset_for_run(conn)
-            _wait_replay(conn)
+            _wait_replay(conn, names, self.ui.log)
+
+    def _end_leftovers(self, conn: psycopg.Connection[Any]) -> None:
+        """End a stopped pgbench's backends on the primary; each one ended is a sweep event."""
+        ended = pgbench.end_leftover_sessions(conn)
+        if ended:
+            self.ui.log(f"ended {len(ended)} backend(s) a stopped pgbench left on the primary")
+            self._events += [(time.time(), "leftover-backend-ended", e) for e in ended]
+
+    def end_leftovers_after_failure(self, endpoints: Endpoints | None) -> None:
+        """Best effort right after a failed or stopped run, so its locks do not outlive it (prepare_dataset does it
+        again before the next run, where a failure counts)."""
+        if endpoints is None or getattr(self.target, "read_only", False):
+            return
+        try:
+            with psycopg.connect(control_conninfo(endpoints, connect_timeout=5), autocommit=True) as conn:
+                self._end_leftovers(conn)
+        except (psycopg.Error, PgbenchError) as exc:
+            self.ui.log(f"backends of the stopped pgbench not ended yet: {first_line(exc)}")
 
     @staticmethod
     def settings(endpoints: Endpoints, run_dir: Path) -> dict[str, Any]:
         """The primary's settings that are not defaults, as it reports them (settings.json)."""
         with psycopg.connect(endpoints.primary.conninfo(application_name="pglab-control"),
                              autocommit=True) as conn:
+            # pglab's own timeouts set in the session (source 'session'), so they are not the server's settings
+            conn.execute(f"SET statement_timeout = '{STATEMENT_TIMEOUT_S}s'")
+            conn.execute(f"SET lock_timeout = '{LOCK_TIMEOUT_S}s'")
             rows = conn.execute("SELECT name, setting, unit FROM pg_settings WHERE source NOT IN "
-                                "('default', 'override') ORDER BY name").fetchall()
+                                "('default', 'override', 'session') ORDER BY name").fetchall()
         settings = {n: {"setting": s, "unit": u} for n, s, u in rows}
         write_json(run_dir / "settings.json", settings)
         return settings
@@ -181,6 +213,7 @@ class LocalDriver(ProcessDriver[Target]):
     def one_run(self, point: Point, repeat: int, run_id: str, run_dir: Path) -> RunResult:
         target, plan = self.target, self.plan
         sampler: Sampler | None = None
+        endpoints: Endpoints | None = None
         try:
             self.ui.run_started(point, repeat, "prepare")
             endpoints = target.provision(self.parameters(point))
@@ -253,10 +286,12 @@ class LocalDriver(ProcessDriver[Target]):
             write_samples(run_dir / "probes.csv", samples)
             return RunResult.of(window, metrics, series=series, events=events, settings=settings,
                                 record={"command": result.command, "io": io_record})
-        except BaseException:
+        except BaseException as exc:
             self._stop_pgbench()
             if sampler:
                 sampler.stop()
+            if not isinstance(exc, (KeyboardInterrupt, RunInterrupted, LabUnsound)):  # teardown follows those
+                self.end_leftovers_after_failure(endpoints)
             raise
 
     def _pgbench_once(self, endpoints: Endpoints, point: Point, run_dir: Path, name: str, seconds: float | None,
@@ -278,11 +313,17 @@ class LocalDriver(ProcessDriver[Target]):
         started = time.monotonic()
         # a run that outlives its duration this long is stuck (commits waiting for a standby that is gone)
         deadline = started + seconds + max(30.0, seconds) if seconds else None
+        overrun_said = False  # the wait past the duration is said once, not sat through in silence
         try:
             while (rc := proc.poll_for(1.0)) is None:
                 if watch_health and (problem := target.health()):
                     proc.stop()
                     raise RunFailed(f"{problem} ({time.monotonic() - started:.1f} s into the {name} run)")
+                if (deadline is not None and seconds is not None and not overrun_said
+                        and time.monotonic() > started + seconds + 5):
+                    self.ui.log(f"pgbench has not ended 5 s after its {seconds:g} s (transactions stuck?); it is "
+                                f"stopped {deadline - started - seconds:.0f} s after its end")
+                    overrun_said = True
                 if deadline is not None and seconds is not None and time.monotonic() > deadline:
                     proc.stop()
                     raise RunFailed(f"pgbench did not end {time.monotonic() - started - seconds:.0f} s after its "
@@ -417,14 +458,48 @@ def wait_for_tick(t: float) -> None:
     time.sleep(max(0.0, (int(t) + 1 - t) + 0.25))
 
 
-def _wait_replay(conn: psycopg.Connection[Any], timeout: float = 60) -> None:
-    """Start every run with standbys caught up, so one run's replication backlog never leaks into the next."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        behind = conn.execute(
-            "SELECT count(*) FROM pg_stat_replication "
-            "WHERE replay_lsn IS NULL OR replay_lsn < pg_current_wal_lsn()").fetchone()
-        if behind is None or behind[0] == 0:
+def control_conninfo(endpoints: Endpoints, connect_timeout: int = 10) -> str:
+    """pglab's own session on the primary between runs: bounded by lock and statement timeouts, and committing
+    without waiting for a synchronous standby (the replay wait after it checks the standbys, with a deadline)."""
+    ours = f"-c lock_timeout={LOCK_TIMEOUT_S}s -c statement_timeout={STATEMENT_TIMEOUT_S}s -c synchronous_commit=local"
+    theirs = endpoints.primary.options
+    return endpoints.primary.conninfo(application_name="pglab-control", connect_timeout=connect_timeout,
+                                      options=f"{theirs} {ours}" if theirs else ours)
+
+
+def _wait_replay(conn: psycopg.Connection[Any], standbys: list[str], log: Callable[[str], None],
+                 stall_s: float = REPLAY_STALL_S, max_s: float = REPLAY_MAX_S) -> None:
+    """Start every run with standbys caught up, so one run's replication backlog never leaks into the next.
+
+    A standby pglab expects that is not connected counts as behind (a frozen standby's walsender goes after
+    wal_sender_timeout: its row vanishing is not catching up). When none of those behind replays anything for
+    ``stall_s``, or they are still behind after ``max_s``, the lab is not sound: :class:`LabUnsound` ends the sweep."""
+    started = last_progress = last_log = time.monotonic()
+    seen: dict[str, Any] = {}
+    while True:
+        rows = conn.execute("SELECT application_name, replay_lsn, replay_lsn >= pg_current_wal_lsn() "
+                            "FROM pg_stat_replication").fetchall()
+        state = {name: (lsn, bool(ok)) for name, lsn, ok in rows}
+        expected = standbys or list(state)
+        behind = [n for n in expected if not state.get(n, (None, False))[1]]
+        if not behind:
             return
-        time.sleep(0.1)
-    raise RunFailed(f"standbys did not catch up within {timeout:.0f} s before the run")
+        t = time.monotonic()
+        replayed = {n: state[n][0] for n in behind if n in state}
+        if any(lsn is not None and lsn != seen.get(n) for n, lsn in replayed.items()):
+            last_progress = t
+        seen.update(replayed)
+        names = ", ".join(behind)
+        if t - last_progress > stall_s:
+            raise LabUnsound(f"standby(s) {names} stopped answering (no replay progress for {stall_s:.0f} s); "
+                             "the lab cannot run the next point: resume with the same pglab run and --results "
+                             "once they are back")
+        if t - started > max_s:
+            raise LabUnsound(f"standby(s) {names} still behind the primary after {max_s:.0f} s of replay; the lab "
+                             "cannot run the next point: resume with the same pglab run and --results once they "
+                             "have caught up")
+        if t - last_log >= 10:
+            log(f"waiting for standby(s) {names} to replay ({t - started:.0f} s; the sweep stops after "
+                f"{stall_s:.0f} s without progress)")
+            last_log = t
+        time.sleep(0.2)

@@ -443,6 +443,43 @@ def initialise(bindir: Path, endpoint: Endpoint, dataset: Dataset, out_dir: Path
     return time.monotonic() - t0
 
 
+def end_leftover_sessions(conn: Any, grace_s: float = 5.0) -> list[str]:
+    """Cancel, then terminate, the backends of a pgbench that is gone (application_name 'pgbench', pgbench's own
+    default), so the locks they hold cannot block the next run's reset. Returns one line per backend ended.
+
+    A backend waiting for a synchronous standby's ack ("COMMIT waiting for …") does not end on a cancel: PostgreSQL
+    warns "canceling wait for synchronous replication due to user request" and the commit stays committed locally
+    (not yet replicated); the terminate that follows ends it, and the replay wait after it says whether the standbys
+    receive it. Both calls return at once (pg_terminate_backend without a timeout); the wait for them is bounded."""
+    query = ("SELECT pid, coalesce(wait_event, state, '?'), left(query, 60) FROM pg_stat_activity "
+             "WHERE application_name = 'pgbench' AND pid <> pg_backend_pid() AND backend_type = 'client backend'")
+    rows = conn.execute(query).fetchall()
+    if not rows:
+        return []
+    pids = [r[0] for r in rows]
+    deadline = time.monotonic() + grace_s
+    for fn in ("pg_cancel_backend", "pg_terminate_backend"):
+        conn.execute(f"SELECT {fn}(pid) FROM unnest(%s::int[]) AS pid", (pids,))
+        step_end = min(deadline, time.monotonic() + grace_s / 2)
+        while time.monotonic() < step_end:
+            left = conn.execute("SELECT count(*) FROM pg_stat_activity WHERE pid = ANY(%s)", (pids,)).fetchone()
+            if not left or left[0] == 0:
+                break
+            time.sleep(0.1)
+        else:
+            continue
+        break
+    left = {r[0] for r in conn.execute("SELECT pid FROM pg_stat_activity WHERE pid = ANY(%s)", (pids,))}
+    if left:
+        raise LeftoverSessions(f"{len(left)} backend(s) of a stopped pgbench did not end within {grace_s:g} s of "
+                               f"pg_terminate_backend (pids {', '.join(map(str, sorted(left)))})")
+    return [f"pid {pid} ({wait}: {q.strip()})" for pid, wait, q in rows]
+
+
+class LeftoverSessions(PgbenchError):
+    """Backends of a stopped pgbench still there after pg_terminate_backend."""
+
+
 def reset_for_run(conn: Any) -> None:
     """Bring the dataset to a known state before a run (see docs/methodology.md, "Dataset state").
 

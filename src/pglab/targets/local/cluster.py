@@ -151,6 +151,7 @@ class LocalLab(LabBase[Node]):
 
     # ---------------------------------------------------------------- lifecycle
     read_only = False  # pglab's own lab
+    all_standbys_stream = True  # every standby streams between runs: one not connected is behind, not gone
 
     def preflight(self) -> None:
         """Binaries and the server user were checked on construction; paths are checked as they are created."""
@@ -496,6 +497,8 @@ class LocalLab(LabBase[Node]):
         return " / ".join(text[-lines:])
 
     def connect(self, node: Node, dbname: str = DBNAME, **kwargs: Any) -> psycopg.Connection[Any]:
+        """pglab's own session on an instance: short statements only, so bounded (docs/reliability.md)."""
+        kwargs.setdefault("options", "-c lock_timeout=30s -c statement_timeout=300s")
         return psycopg.connect(
             host=str(self.sock_dir), port=node.port, user=SUPERUSER, dbname=dbname,
             passfile=str(self.client_passfile), autocommit=True, connect_timeout=10,
@@ -680,6 +683,9 @@ class LocalLab(LabBase[Node]):
         (``discard``: a checkpoint under a tenant's IOPS limit can take minutes and serves nothing)."""
         pid = node.postmaster_pid()
         if pid is None:
+            return
+        if discard and procs.stopped(pid):  # frozen: pg_ctl would wait its 30 s for nothing, twice
+            kill_tree(pid)
             return
         for mode in ("immediate",) if discard else ("fast", "immediate"):
             try:

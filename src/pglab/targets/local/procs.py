@@ -19,6 +19,14 @@ def alive(pid: int) -> bool:
     return state != "Z"
 
 
+def stopped(pid: int) -> bool:
+    """Stopped by a signal (SIGSTOP: a hung VM as a lab plays it): it would not act on a shutdown request."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in ("T", "t")
+    except (OSError, IndexError):
+        return False
+
+
 def comm(pid: int) -> str:
     try:
         return Path(f"/proc/{pid}/comm").read_text().strip()

@@ -1,0 +1,177 @@
+"""No silent hang: standbys frozen (SIGSTOP, as a hung VM or a partition looks), pgbench frozen, the primary
+killed, each during a run of a local lab. The run fails with the deadline's reason, a stopped pgbench's backends do
+not outlive it, the lab that cannot recover stops the sweep in one sentence, and nothing is left behind."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from conftest import pglab, processes_mentioning
+from test_resume import _pgbench_children
+
+pytestmark = pytest.mark.postgres
+
+PLAN = """
+name: chaos
+target: {{local: {{instances: {instances}, synchronous: {{method: any, number: 1}}}}}}
+dataset: {{scale: 1}}
+matrix: {{workload: [tpcb-like], clients: [2], synchronous_commit: ['on']}}
+run: {{duration: 4s, repeats: {repeats}}}
+"""
+
+
+def _start(plan: Path, results: Path) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-m", "pglab.cli", "run", str(plan), "--results", str(results),
+                             "--format", "csv"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+
+
+def _lab(results: Path) -> Path:
+    target = sqlite3.connect(results / "results.db").execute("SELECT target FROM sweeps").fetchone()[0]
+    return Path(json.loads(target)["lab_dir"])
+
+
+def _postmaster(lab: Path, node: str) -> int:
+    state = json.loads((lab / "lab.json").read_text())
+    data = next(Path(n["data"]) for n in state["nodes"] if n["name"] == node)
+    return int((data / "postmaster.pid").read_text().splitlines()[0])
+
+
+def _tree(pid: int) -> list[int]:
+    from pglab.targets.local.procs import descendants
+
+    return [pid, *descendants(pid)]
+
+
+def _runs(results: Path) -> list[tuple[int, str, str | None]]:
+    db = sqlite3.connect(results / "results.db", timeout=30)
+    try:
+        return db.execute("SELECT repeat, status, reason FROM runs ORDER BY id").fetchall()
+    finally:
+        db.close()
+
+
+def _pgbench_backends(lab: Path) -> list[tuple[int, str | None]]:
+    """The primary's backends of pgbench (its default application_name) and what they wait for."""
+    state = json.loads((lab / "lab.json").read_text())
+    port = next(n["port"] for n in state["nodes"] if n["name"] == "n0")
+    with psycopg.connect(host=str(lab / "sock"), port=port, user="pglab", dbname="pglab", connect_timeout=5,
+                         passfile=str(lab / "secrets" / "pgpass"), options="-c statement_timeout=5s",
+                         autocommit=True) as conn:
+        return conn.execute("SELECT pid, wait_event FROM pg_stat_activity WHERE application_name = 'pgbench'"
+                            ).fetchall()
+
+
+def test_frozen_standbys_fail_the_run_then_stop_the_sweep_in_one_sentence(tmp_path: Path) -> None:
+    plan = tmp_path / "plan.yaml"
+    plan.write_text(PLAN.format(instances=3, repeats=3))
+    results = tmp_path / "results"
+    proc = _start(plan, results)
+    lab: Path | None = None
+    frozen: list[int] = []
+    backends_after_failure: list[tuple[int, str | None]] | None = None
+    try:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and proc.poll() is None and not (pids := _pgbench_children(proc.pid)):
+            time.sleep(0.1)
+        assert proc.poll() is None, proc.communicate()[1][-2000:]
+        time.sleep(2.0)  # inside the measured run: commits now wait for an ack that will not come
+        lab = _lab(results)
+        frozen = [p for n in ("n1", "n2") for p in _tree(_postmaster(lab, n))]
+        for p in frozen:
+            os.kill(p, signal.SIGSTOP)
+        # run 1 fails at its deadline; the next run's replay wait then finds the standbys silent
+        while time.monotonic() < deadline and proc.poll() is None and _runs(results)[0][1] != "failed":
+            time.sleep(0.2)
+        if proc.poll() is None:
+            time.sleep(1.0)
+            backends_after_failure = _pgbench_backends(lab)
+        _out, err = proc.communicate(timeout=240)
+    finally:
+        for p in frozen:  # the standbys are back, whatever became of them
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(p, signal.SIGCONT)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+            pglab("lab", "clean")
+    assert pids, "pgbench never started"
+    assert proc.returncode == 1, err
+    assert "Traceback" not in err
+    runs = _runs(results)
+    assert runs[0][1] == "failed" and "pgbench did not end" in (runs[0][2] or ""), runs
+    # the stopped pgbench's backends (committing, waiting for the standbys' ack) were ended before the next run
+    assert backends_after_failure == [], backends_after_failure
+    # no wait without a word: the overrun and the replay wait are said while they last
+    assert "pgbench has not ended 5 s after its 4 s" in err
+    assert "waiting for standby(s) n1, n2 to replay" in err
+    sentence = "standby(s) n1, n2 stopped answering (no replay progress for 60 s)"
+    assert sentence in err.splitlines()[-1], err[-2000:]
+    db = sqlite3.connect(results / "results.db")
+    status, reason = db.execute("SELECT status, reason FROM sweeps").fetchone()
+    ended = [d for k, d in db.execute("SELECT kind, detail FROM events") if k == "leftover-backend-ended"]
+    db.close()
+    assert status == "failed" and sentence in reason, reason
+    assert ended and any("SyncRep" in d for d in ended), ended
+    assert runs[1] == (2, "failed", f"the sweep ended: {reason}"), runs
+    assert lab is not None and processes_mentioning(str(lab)) == []
+
+    # the standbys are back (SIGCONT): the same command resumes and completes the sweep
+    again = pglab("run", str(plan), "--results", str(results), "--format", "csv", timeout=300)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert [s for _r, s, _ in _runs(results)].count("ok") == 3
+    assert processes_mentioning(str(results)) == []
+
+
+def test_pgbench_frozen_then_the_primary_killed_fail_their_runs_and_the_sweep_goes_on(tmp_path: Path) -> None:
+    plan = tmp_path / "plan.yaml"
+    plan.write_text(PLAN.format(instances=2, repeats=3))
+    results = tmp_path / "results"
+    proc = _start(plan, results)
+    lab: Path | None = None
+    seen: set[int] = set()
+    faults = ["pgbench", "n0"]
+    try:
+        deadline = time.monotonic() + 300
+        while faults and time.monotonic() < deadline and proc.poll() is None:
+            fresh = [p for p in _pgbench_children(proc.pid) if p not in seen]
+            if not fresh:
+                time.sleep(0.1)
+                continue
+            seen.update(fresh)
+            time.sleep(2.0)  # inside the measured run
+            lab = lab or _lab(results)
+            if faults.pop(0) == "pgbench":
+                os.kill(fresh[0], signal.SIGSTOP)  # alive, silent: only the deadline ends it
+            else:
+                os.kill(_postmaster(lab, "n0"), signal.SIGKILL)
+        _out, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+            pglab("lab", "clean")
+    assert not faults, f"the sweep ended before every fault was injected: {err[-2000:]}"
+    assert proc.returncode == 1, err  # failed runs: exit 1, after the sweep went on
+    assert "Traceback" not in err
+    runs = _runs(results)
+    assert [(r, s) for r, s, _ in runs] == [(1, "failed"), (2, "failed"), (3, "ok")], runs
+    assert "pgbench did not end" in (runs[0][2] or ""), runs
+    assert "n0" in (runs[1][2] or "") or "connection" in (runs[1][2] or ""), runs
+    assert "restarted n0" in err
+    db = sqlite3.connect(results / "results.db")
+    assert db.execute("SELECT status FROM sweeps").fetchone()[0] == "done"
+    db.close()
+    assert lab is not None and processes_mentioning(str(lab)) == []
+    assert not any(Path(f"/proc/{p}").exists() for p in seen)

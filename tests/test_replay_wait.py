@@ -1,0 +1,50 @@
+"""The replay wait before a run: a standby that stops answering ends the sweep in one sentence, a standby whose
+walsender went away counts as behind (not as caught up), and a standby that catches up lets the run start."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from pglab.drivers.local import _wait_replay
+from pglab.errors import LabUnsound
+
+
+class FakeConn:
+    """pg_stat_replication as the primary shows it, one answer per query (the last one repeats)."""
+
+    def __init__(self, answers: list[list[tuple[str, str | None, bool | None]]]):
+        self.answers = answers
+        self.queries = 0
+
+    def execute(self, _sql: str) -> FakeConn:
+        self.queries += 1
+        return self
+
+    def fetchall(self) -> list[tuple[str, str | None, bool | None]]:
+        return self.answers[min(self.queries, len(self.answers)) - 1]
+
+
+def test_standbys_that_replay_nothing_stop_the_sweep_naming_them() -> None:
+    conn: Any = FakeConn([[("n1", "0/100", False), ("n2", "0/100", False)]])
+    logged: list[str] = []
+    with pytest.raises(LabUnsound, match=r"^standby\(s\) n1, n2 stopped answering \(no replay progress for 0 s\)"):
+        _wait_replay(conn, ["n1", "n2"], logged.append, stall_s=0.3)
+
+
+def test_a_standby_gone_from_pg_stat_replication_is_behind_not_caught_up() -> None:
+    conn: Any = FakeConn([[("n1", "0/200", True)]])  # n2's walsender gave up after wal_sender_timeout
+    with pytest.raises(LabUnsound, match=r"standby\(s\) n2 stopped answering"):
+        _wait_replay(conn, ["n1", "n2"], lambda _line: None, stall_s=0.3)
+
+
+def test_standbys_that_catch_up_let_the_run_start() -> None:
+    conn: Any = FakeConn([[("n1", "0/100", False)], [("n1", "0/180", False)], [("n1", "0/200", True)]])
+    _wait_replay(conn, ["n1"], lambda _line: None, stall_s=60)
+    assert conn.queries == 3
+
+
+def test_without_names_the_standbys_connected_are_waited_for() -> None:
+    """A lab whose membership moves (HA) names none: those connected are waited for, none connected is no wait."""
+    _wait_replay(FakeConn([[]]), [], lambda _line: None, stall_s=0.3)  # type: ignore[arg-type]
