@@ -159,3 +159,9 @@ def test_bare_on_and_off_are_synchronous_commit_levels() -> None:
 
     plan = parse_plan("name: t\nmatrix: {synchronous_commit: [off, local, on]}\n")
     assert plan.matrix.synchronous_commit == ["off", "local", "on"]
+
+
+def test_adaptive_repeats_with_max_below_min_are_refused_naming_the_field() -> None:
+    with pytest.raises(PlanError) as info:
+        parse_plan("name: x\nrun: {repeats: {min: 4, max: 3, target_ci: 5%}}\n")
+    assert info.value.problems == ["run.repeats.max: max (3) must be at least min (4)"]

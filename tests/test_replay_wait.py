@@ -48,3 +48,11 @@ def test_standbys_that_catch_up_let_the_run_start() -> None:
 def test_without_names_the_standbys_connected_are_waited_for() -> None:
     """A lab whose membership moves (HA) names none: those connected are waited for, none connected is no wait."""
     _wait_replay(FakeConn([[]]), [], lambda _line: None, stall_s=0.3)  # type: ignore[arg-type]
+
+
+def test_without_names_a_client_that_reports_no_replay_such_as_an_archiver_is_not_waited_for() -> None:
+    """pg_receivewal streams WAL but reports no replay position: on a server pglab does not own it is not a standby
+    the run must wait for (and never catching up, it would stop the sweep)."""
+    conn: Any = FakeConn([[("pg_receivewal", None, None), ("n1", "0/200", True)]])
+    _wait_replay(conn, [], lambda _line: None, stall_s=0.3)
+    assert conn.queries == 1

@@ -26,6 +26,7 @@ from pglab.plan.schema import Plan
 from pglab.probes import ProbeContext, ProbeOpenError, Sampler, default_probes
 from pglab.probes.base import now
 from pglab.targets.base import Endpoints, Target, Topology
+from pglab.targets.external import ExternalServer
 from pglab.targets.local import cgroups, registry
 from pglab.workloads import pgbench
 from pglab.workloads.pgbench import PgbenchError, PgbenchProcess
@@ -136,7 +137,8 @@ class ProcessDriver(Generic[TopologyT]):
         # a lab whose every standby must stream names them: one missing is behind (an HA lab's membership moves)
         names = [s.name for s in endpoints.standbys] if getattr(target, "all_standbys_stream", False) else []
         with psycopg.connect(control_conninfo(endpoints), autocommit=True) as conn:
-            self._end_leftovers(conn)  # a failed run's backends first: their locks would block the reset
+            if not isinstance(target, ExternalServer):  # on a server pglab does not own, others' sessions are theirs
+                self._end_leftovers(conn)  # a failed run's backends first: their locks would block the reset
             _wait_replay(conn, names, self.ui.log)  # standbys that do not answer stop the sweep here, not in a COMMIT
         if ds.reset == "reinit":
             pgbench.initialise(target.bindir, endpoints.primary, ds, run_dir)
@@ -157,7 +159,7 @@ class ProcessDriver(Generic[TopologyT]):
     def end_leftovers_after_failure(self, endpoints: Endpoints | None) -> None:
         """Best effort right after a failed or stopped run, so its locks do not outlive it (prepare_dataset does it
         again before the next run, where a failure counts)."""
-        if endpoints is None or getattr(self.target, "read_only", False):
+        if endpoints is None or getattr(self.target, "read_only", False) or isinstance(self.target, ExternalServer):
             return
         try:
             with psycopg.connect(control_conninfo(endpoints, connect_timeout=5), autocommit=True) as conn:
@@ -480,7 +482,8 @@ def _wait_replay(conn: psycopg.Connection[Any], standbys: list[str], log: Callab
         rows = conn.execute("SELECT application_name, replay_lsn, replay_lsn >= pg_current_wal_lsn() "
                             "FROM pg_stat_replication").fetchall()
         state = {name: (lsn, bool(ok)) for name, lsn, ok in rows}
-        expected = standbys or list(state)
+        # without names: the connected standbys that replay (an archiver such as pg_receivewal reports no replay)
+        expected = standbys or [n for n, (lsn, _) in state.items() if lsn is not None]
         behind = [n for n in expected if not state.get(n, (None, False))[1]]
         if not behind:
             return

@@ -55,10 +55,11 @@ def _sweep(driver: Driver, plan: Plan, recorder: Recorder, ui: Observer, keep: b
     upcoming = next(todo, None)
     first_rounds = [(p.key, r) for p in points for r in range(1, schedule.min_repeats + 1)]  # adaptive: more later
     left = max(1, len([r for r in first_rounds if r not in done])) if upcoming else 0
-    if resumed:
-        at_least = "at least " if schedule.target_ci_pct is not None and upcoming else ""
-        ui.log(f"resuming sweep {sweep_id}: {result.already_done} of {at_least}{len(first_rounds)} runs already "
-               f"complete, {at_least}{left} to go")
+    if resumed and schedule.target_ci_pct is not None:  # adaptive: how many more is decided as runs end
+        ui.log(f"resuming sweep {sweep_id}: {result.already_done} runs already complete, at least {left} to go")
+    elif resumed:
+        ui.log(f"resuming sweep {sweep_id}: {result.already_done} of {len(first_rounds)} runs already complete, "
+               f"{left} to go")
     with_storage = plan.storage is not None and not recorder.storage_done()
     if upcoming is None and not with_storage:
         recorder.end("done", None)

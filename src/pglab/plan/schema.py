@@ -774,7 +774,7 @@ class AdaptiveRepeats(Strict):
     def _bounds(self) -> AdaptiveRepeats:
         if self.max < self.min:
             raise PydanticCustomError("run", "max ({max}) must be at least min ({min})",
-                                      {"max": self.max, "min": self.min, "at": "run.repeats.max"})
+                                      {"max": self.max, "min": self.min, "at": "max"})
         return self
 
 

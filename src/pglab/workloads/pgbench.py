@@ -452,7 +452,8 @@ def end_leftover_sessions(conn: Any, grace_s: float = 5.0) -> list[str]:
     (not yet replicated); the terminate that follows ends it, and the replay wait after it says whether the standbys
     receive it. Both calls return at once (pg_terminate_backend without a timeout); the wait for them is bounded."""
     query = ("SELECT pid, coalesce(wait_event, state, '?'), left(query, 60) FROM pg_stat_activity "
-             "WHERE application_name = 'pgbench' AND pid <> pg_backend_pid() AND backend_type = 'client backend'")
+             "WHERE application_name = 'pgbench' AND pid <> pg_backend_pid() AND backend_type = 'client backend' "
+             "AND datname = current_database() AND usename = current_user")  # pglab's pgbench, no one else's
     rows = conn.execute(query).fetchall()
     if not rows:
         return []
