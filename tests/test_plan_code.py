@@ -58,6 +58,39 @@ def test_a_plans_shell_command_runs_as_the_lab_user_in_the_client_group(tmp_path
         shutil.rmtree(out, ignore_errors=True)
 
 
+@pytest.mark.postgres
+@pytest.mark.skipif(os.geteuid() != 0, reason="pglab demotes pgbench only when it runs as root")
+def test_what_a_plans_shell_plants_in_the_run_folder_never_redirects_pglabs_own_writes(tmp_path: Path) -> None:
+    """While pgbench runs the run folder is the lab user's: a \\shell may leave symlinks where pglab (root) writes
+    next (the latency histogram, the next pgbench's output, the staged scripts). None of them may be followed."""
+    out = Path(tempfile.mkdtemp(prefix="pglab-plan-code-", dir="/var/tmp"))
+    try:
+        os.chmod(out, 0o1777)
+        planted = {"latency_histogram.json": out / "histogram", "pgbench.out": out / "out", "scripts": out / "dir"}
+        # where pglab writes next: names not there yet, and the staged scripts' folder (root's, moved aside: the run
+        # folder is the user's while pgbench runs); once each, so the run itself goes on
+        lines = "".join(f"\\shell [ -e {name} -o -L {name} ] || ln -s {target} {name}\n"
+                        for name, target in planted.items() if name != "scripts")
+        lines += f"\\shell [ -L scripts ] || {{ mv scripts scripts.$$; ln -s {planted['scripts']} scripts; }}\n"
+        (tmp_path / "plant.sql").write_text(lines + "\\shell mkfifo fifo 2>/dev/null; true\nSELECT 1;\n")
+        plan = tmp_path / "plan.yaml"
+        plan.write_text("name: plant\n"
+                        "target: {local: {instances: 1, synchronous: null}}\n"
+                        "dataset: {scale: 1}\n"
+                        "matrix: {workload: [{name: plant, scripts: [{file: plant.sql}]}], clients: [1]}\n"
+                        "run: {duration: 2s, warmup: 1s, repeats: 1}\n")
+        proc = pglab("run", str(plan), "--results", str(tmp_path / "r"), "--format", "json")
+        assert proc.returncode == 0, proc.stderr
+        assert sorted(p.name for p in out.iterdir()) == []  # root wrote nothing through the lab user's links
+        (run_dir,) = [p for p in (tmp_path / "r" / "runs").iterdir() if p.is_dir()]
+        for name in planted:
+            assert not (run_dir / name).is_symlink(), name
+        assert (run_dir / "latency_histogram.json").is_file() and not (run_dir / "fifo").exists()
+        assert all(d.stat().st_uid == 0 for d in [run_dir, *(p for p in run_dir.rglob("*") if p.is_dir())])
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
+
+
 @pytest.mark.parametrize(("line", "named"), [
     ("exec_prerun=touch /tmp/owned", "exec_prerun"), ("exec_postrun = sh -c 'id'", "exec_postrun"),
     ("ioengine=exec", "ioengine=exec"), ("ioengine = external:/tmp/libevil.so", "ioengine=external"),

@@ -12,6 +12,7 @@ import os
 import re
 import shutil
 import signal
+import stat
 import subprocess
 import threading
 import time
@@ -218,6 +219,19 @@ def stage_scripts(workload: str | CustomWorkload, plan_dir: Path, work_dir: Path
 
 
 # ------------------------------------------------------------------ running
+def _reclaim(folder: Path, uid: int, gid: int) -> None:
+    """``folder`` and every folder below it owned by uid:gid and not writable by others; symlinks, special files and
+    hard links in them removed (never followed)."""
+    os.chown(folder, uid, gid, follow_symlinks=False)
+    os.chmod(folder, stat.S_IMODE(os.lstat(folder).st_mode) & ~0o022)
+    with os.scandir(folder) as entries:
+        for entry in list(entries):
+            if entry.is_dir(follow_symlinks=False):
+                _reclaim(Path(entry.path), uid, gid)
+            elif not entry.is_file(follow_symlinks=False) or entry.stat(follow_symlinks=False).st_nlink > 1:
+                os.unlink(entry.path)  # a symlink, a FIFO, a socket, a device, or a hard link to another's file
+
+
 class PgbenchProcess:
     """One pgbench invocation: started in its own session so that a terminal Ctrl-C reaches pglab only,
     and pglab decides how pgbench ends."""
@@ -239,6 +253,8 @@ class PgbenchProcess:
         self.stdout_path = out_dir / f"{name}.out"
         self.stderr_path = out_dir / f"{name}.err"
         self._stdout = open(self.stdout_path, "w")  # noqa: SIM115 - closed in wait()
+        # opened before the folder may become the lab user's: nothing of pglab is opened by name while it is
+        self._stderr = open(self.stderr_path, "w")  # noqa: SIM115 - closed by the reader thread
         self._owner: tuple[int, int] | None = None
         if run_as is None:
             self.proc = subprocess.Popen(cgroups.wrap(args, list(procs_files)), cwd=out_dir, env=env,
@@ -266,6 +282,7 @@ class PgbenchProcess:
                                     user=user.uid, group=user.gid, extra_groups=[])
         except BaseException:
             self._stdout.close()
+            self._stderr.close()
             self._give_back()
             raise
         if procs_files:
@@ -285,10 +302,17 @@ class PgbenchProcess:
         return proc
 
     def _give_back(self) -> None:
-        """The run folder back to its owner; the files pgbench wrote in it stay the lab user's."""
+        r"""The run folder back to its owner, made safe for pglab (root) to write in again: while it was the lab
+        user's, the plan's ``\shell`` could plant a symlink (``latency_histogram.json`` → /etc/shadow), a FIFO or a
+        folder of its own there. Every folder becomes the owner's again (first, so nothing new appears in it while
+        it is read), anything that is neither a regular file nor a folder is removed; the files pgbench wrote stay
+        the lab user's (pglab only reads them)."""
         if self._owner is not None:
-            os.chown(self.out_dir, *self._owner)
+            _reclaim(self.out_dir, *self._owner)
             self._owner = None
+            for path in (self.stdout_path, self.stderr_path):  # moved away: the run then fails on an empty output
+                if not path.exists():
+                    path.touch(exist_ok=False)
 
     @property
     def pid(self) -> int:
@@ -296,7 +320,7 @@ class PgbenchProcess:
 
     def _read_stderr(self) -> None:
         assert self.proc.stderr is not None
-        with open(self.stderr_path, "w") as err:
+        with self._stderr as err:
             for line in self.proc.stderr:
                 err.write(line)
                 p = parse_progress_line(line)
