@@ -146,6 +146,11 @@ def test_each_instances_rates_come_from_its_own_counters() -> None:
     assert figures["standby_write_iops"] == 20.0 and figures["standby_write_mb_s"] == 1.5
     assert record["nodes"]["n1"]["role"] == "primary" and record["nodes"]["n0"]["role"] == "standby"
     assert record["window"] == [100.0, 110.0] and "primary_io_pressure_pct" not in figures
+    # a failover during the window (n1 → n2): no node was the primary throughout, so no primary_* / standby_*
+    moved, record = io_metrics(before, after, (100.0, 110.0), primary_name="n1", primary_at_end="n2")
+    assert moved == {"io_per_instance": 1.0} and "n1 → n2" in record["note"]
+    assert (record["nodes"]["n1"]["role"], record["nodes"]["n2"]["role"]) == ("primary at start", "primary at end")
+    assert record["nodes"]["n2"]["write_iops"] == 30.0
 
 
 @pytest.mark.parametrize("version", [1, 2])

@@ -253,6 +253,7 @@ class LocalDriver(ProcessDriver[Target]):
                 events.append((now(), "warmup-end", ""))
             self.ui.run_started(point, repeat, "measure")
             primary_name = target.primary_name()
+            primary_at_end: str | None = primary_name
             io_before, cpu_before, launched = target.io_stats(), target.cpu_stats(), now()
             scenario_metrics: dict[str, float | None] = {}
             if point.scenario is None:
@@ -270,6 +271,10 @@ class LocalDriver(ProcessDriver[Target]):
                     plan, target, self.ui.log, self._pgbench_once, point, run_dir, launched)
                 cpu_after, ended = target.cpu_stats(), result.window_end
                 io_after = target.io_stats()
+                try:
+                    primary_at_end = target.primary_name()  # a failover or switchover moves the primary's role
+                except Exception:  # no leader yet: the roles over the window are not known either
+                    primary_at_end = None
                 wait_for_tick(ended)
                 samples = sampler.stop()
                 events += scenario_events
@@ -278,7 +283,7 @@ class LocalDriver(ProcessDriver[Target]):
             metrics.update(sampler.summarize(*window))
             metrics.update(limit_metrics(limits, cpu_before, cpu_after, ended - launched, primary_name))
             io_figures, io_record = io_metrics(io_before, io_after, (launched, ended), primary_name,
-                                               target.io_accounting())
+                                               target.io_accounting(), primary_at_end=primary_at_end)
             metrics.update(io_figures)
             metrics.update(scenario_metrics)
             if sampler.errors:
@@ -399,7 +404,8 @@ def limit_metrics(limits: dict[str, Any], before: dict[str, dict[str, float]], a
 
 def io_metrics(before: dict[str, dict[str, float]], after: dict[str, dict[str, float]],
                window: tuple[float, float], primary_name: str = "n0",
-               problem: str | None = None) -> tuple[dict[str, float | None], dict[str, Any]]:
+               problem: str | None = None, *, primary_at_end: str | None = "") -> tuple[dict[str, float | None],
+                                                                                   dict[str, Any]]:
     """Each instance's own I/O over ``window``, from its cgroup's counters read at its start and end: the metrics
     (``primary_*``; ``standby_*``, the mean of one standby) and run.json's ``io`` (every instance's figures).
 
@@ -422,15 +428,24 @@ def io_metrics(before: dict[str, dict[str, float]], after: dict[str, dict[str, f
     if primary_name not in nodes:
         return {"io_per_instance": 0.0}, {"scope": "device-wide only",
                                           "reason": problem or f"no cgroup counters for {primary_name}"}
+    version = cgroups.version()
+    source = ("cgroup v1 blkio.throttle: I/O the instance's processes submitted (not the kernel's writeback)"
+              if version == 1 else "cgroup v2 io.stat: I/O attributed to the instance, writeback included")
+    if primary_at_end != "" and primary_at_end != primary_name:  # "": the caller did not look again
+        # the primary's role moved during the window (a failover, a switchover): no instance was the primary
+        # throughout, so primary_* / standby_* would mix roles; each node's figures stay in the record
+        moved = f"{primary_name} → {primary_at_end or 'no leader'}"
+        return {"io_per_instance": 1.0}, {
+            "scope": "per instance", "source": source, "window": list(window),
+            "note": f"the primary changed during the window ({moved}): primary_* and standby_* left out",
+            "nodes": {n: {"role": "primary at start" if n == primary_name else
+                          "primary at end" if n == primary_at_end else "standby", **f} for n, f in nodes.items()}}
     out: dict[str, float | None] = {"io_per_instance": 1.0}
     out.update({f"primary_{k}": v for k, v in nodes[primary_name].items()})
     standbys = [f for n, f in nodes.items() if n != primary_name]
     for key in nodes[primary_name]:
         if values := [f[key] for f in standbys if key in f]:
             out[f"standby_{key}"] = sum(values) / len(values)
-    version = cgroups.version()
-    source = ("cgroup v1 blkio.throttle: I/O the instance's processes submitted (not the kernel's writeback)"
-              if version == 1 else "cgroup v2 io.stat: I/O attributed to the instance, writeback included")
     return out, {"scope": "per instance", "source": source, "window": list(window),
                  "nodes": {n: {"role": "primary" if n == primary_name else "standby", **f} for n, f in nodes.items()}}
 
