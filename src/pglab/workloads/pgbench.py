@@ -297,6 +297,7 @@ class PgbenchProcess:
                     proc.stdin.close()  # EOF: the shell exits without running pgbench
                 proc.wait(timeout=10)
                 self._stdout.close()
+                self._stderr.close()
                 self._give_back()
                 raise PgbenchError(f"pgbench could not enter its cgroup ({exc})") from None
         return proc
