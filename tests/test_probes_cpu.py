@@ -40,7 +40,7 @@ def _run_sampled(probe: CpuProbe, sampler: Sampler, start_proc, seconds: int) ->
 
 
 def test_client_cpu_of_a_burning_process_is_one_core() -> None:
-    """What the burner itself used (its os.times), and one core of a host nothing else shares."""
+    """What the burner itself used (its os.times), and one core."""
     pids: list[int] = []
     probe = CpuProbe(ProbeContext("", client_pids=lambda: pids))
     sampler = Sampler([probe])
@@ -58,8 +58,7 @@ def test_client_cpu_of_a_burning_process_is_one_core() -> None:
     summary = probe.summarize(samples, s, s + 2)
     # all but its last 50 ms (after the window) fell inside the two seconds
     assert summary["client_cpu_cores"] * 2 == pytest.approx(reported, rel=0.1, abs=0.06), (summary, reported)
-    if not interfered(summary):  # on a host other programs left alone, a busy loop gets a whole core
-        assert 0.8 <= summary["client_cpu_cores"] <= 1.2, summary
+    assert 0.8 <= summary["client_cpu_cores"] <= 1.2, summary
     assert summary["client_cpu_cores_max"] <= 1.2
     assert "server_cpu_cores" not in summary  # no server named: not attributed, never claimed idle
     assert 0 < summary["cpu_pct"] <= 100
@@ -106,7 +105,7 @@ def test_server_cpu_counts_the_whole_tree_including_short_lived_children() -> No
     s, samples = _run_sampled(probe, sampler, start, 2)
     out, _ = procs[0].communicate()
     reported_s, children = float(out.split()[0]), int(out.split()[1])
-    assert children >= 5  # enough exits between ticks to matter (fewer on a host other programs keep busy)
+    assert children >= 10
     ticks = [r for r in rows(samples) if s < r.ts <= s + 3.5]
     measured_s = sum(r.get("server_cores") * r.get("dt") for r in ticks)
     print(f"tree CPU: probe {measured_s:.3f} s, tree itself {reported_s:.3f} s, {children} children")
