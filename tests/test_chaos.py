@@ -18,7 +18,7 @@ import psycopg
 import pytest
 
 from conftest import pglab, processes_mentioning
-from test_resume import _pgbench_children
+from test_resume import _fault_each_measured_pgbench, _pgbench_children
 
 pytestmark = pytest.mark.postgres
 
@@ -140,22 +140,20 @@ def test_pgbench_frozen_then_the_primary_killed_fail_their_runs_and_the_sweep_go
     results = tmp_path / "results"
     proc = _start(plan, results)
     lab: Path | None = None
-    seen: set[int] = set()
     faults = ["pgbench", "n0"]
+    seen: list[int] = []  # the pgbench of each run struck
+
+    def strike(fault: str, pgbench: int) -> None:
+        nonlocal lab
+        seen.append(pgbench)
+        lab = lab or _lab(results)
+        if fault == "pgbench":
+            os.kill(pgbench, signal.SIGSTOP)  # alive, silent: only the deadline ends it
+        else:
+            os.kill(_postmaster(lab, "n0"), signal.SIGKILL)
+
     try:
-        deadline = time.monotonic() + 300
-        while faults and time.monotonic() < deadline and proc.poll() is None:
-            fresh = [p for p in _pgbench_children(proc.pid) if p not in seen]
-            if not fresh:
-                time.sleep(0.1)
-                continue
-            seen.update(fresh)
-            time.sleep(2.0)  # inside the measured run
-            lab = lab or _lab(results)
-            if faults.pop(0) == "pgbench":
-                os.kill(fresh[0], signal.SIGSTOP)  # alive, silent: only the deadline ends it
-            else:
-                os.kill(_postmaster(lab, "n0"), signal.SIGKILL)
+        _fault_each_measured_pgbench(proc, faults, 300, strike)
         _out, err = proc.communicate(timeout=300)
     finally:
         if proc.poll() is None:

@@ -9,13 +9,12 @@ import signal
 import sqlite3
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from conftest import pglab, processes_mentioning
-from test_resume import _pgbench_children
+from test_resume import _fault_each_measured_pgbench
 
 pytestmark = pytest.mark.postgres
 
@@ -40,22 +39,17 @@ run: {duration: 6s, repeats: 4}
                              "--format", "csv"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
     lab: Path | None = None
-    seen: set[int] = set()
     faults = ["pgbench", "n1", "n0"]
+
+    def kill(victim: str, pgbench: int) -> None:
+        nonlocal lab
+        if lab is None:
+            target = sqlite3.connect(results / "results.db").execute("SELECT target FROM sweeps").fetchone()[0]
+            lab = Path(json.loads(target)["lab_dir"])
+        os.kill(pgbench if victim == "pgbench" else _postmaster(lab, victim), signal.SIGKILL)
+
     try:
-        deadline = time.monotonic() + 240
-        while faults and time.monotonic() < deadline and proc.poll() is None:
-            fresh = [p for p in _pgbench_children(proc.pid) if p not in seen]
-            if not fresh:
-                time.sleep(0.1)
-                continue
-            seen.update(fresh)
-            time.sleep(2.0)  # inside the measured run
-            if lab is None:
-                target = sqlite3.connect(results / "results.db").execute("SELECT target FROM sweeps").fetchone()[0]
-                lab = Path(json.loads(target)["lab_dir"])
-            victim = faults.pop(0)
-            os.kill(fresh[0] if victim == "pgbench" else _postmaster(lab, victim), signal.SIGKILL)
+        _fault_each_measured_pgbench(proc, faults, 240, kill)
         _out, err = proc.communicate(timeout=240)
     finally:
         if proc.poll() is None:

@@ -10,6 +10,7 @@ import sqlite3
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -31,6 +32,22 @@ run: {duration: 2s, repeats: 2}
 def _pgbench_children(pid: int) -> list[int]:
     """The measured pgbench (not pgbench -i) started by ``pid``."""
     return _children(pid, "pgbench", "-T")
+
+
+def _fault_each_measured_pgbench(proc: subprocess.Popen[str], faults: list[str], timeout: float,
+                                 act: Callable[[str, int], None]) -> None:
+    """``act(fault, pgbench pid)`` 2 s into each new measured pgbench ``proc`` (pglab) starts, one fault each, until
+    ``faults`` (consumed: what is left was never injected) runs out, pglab ends, or ``timeout`` passes."""
+    seen: set[int] = set()
+    deadline = time.monotonic() + timeout
+    while faults and time.monotonic() < deadline and proc.poll() is None:
+        fresh = [p for p in _pgbench_children(proc.pid) if p not in seen]
+        if not fresh:
+            time.sleep(0.1)
+            continue
+        seen.update(fresh)
+        time.sleep(2.0)  # inside the measured run
+        act(faults.pop(0), fresh[0])
 
 
 def _ok_runs(results: Path) -> list[tuple[str, str, int]]:
