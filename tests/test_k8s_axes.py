@@ -450,6 +450,26 @@ def test_a_metric_the_exporter_lacks_is_not_stored(fake: tuple[FakeAPI, client.A
     store.close()
 
 
+def test_a_scrape_without_the_database_counters_leaves_them_to_the_scrapes_that_have_them() -> None:
+    # a busy exporter answers without a query's metrics when that query failed: the commits come from the first and
+    # last scrapes inside the window that have them, the WAL figures from theirs
+    def scrape(ts: float, database: bool) -> exporter.Scrape:
+        x = ts / 10
+        values = primary_values(x) if database else {**primary_values(x), "xact_commit": None, "xact_rollback": None,
+                                                     "blks_read": None, "blks_hit": None}
+        text = exporter_text("pg-1", values)
+        return exporter.Scrape("pg-1", ts, text, values=exporter.parse(text))
+
+    scrapes = [scrape(0.0, True), scrape(1.0, False), scrape(2.0, True), scrape(3.0, True), scrape(4.0, False)]
+    fig = exporter.summarize(scrapes, "pg-1", (0.5, 4.5), "app")
+    assert (fig.info["start"], fig.info["end"], fig.info["without_database_counters"]) == (2.0, 3.0, 2)
+    assert fig.metrics["commits_s"] == pytest.approx(200.0)  # 2000 per unit of x, x = ts / 10: over 2.0 → 3.0
+    assert fig.metrics["wal_mb_s"] == pytest.approx(0.4 * 3 / 3)  # the server counters: 1.0 → 4.0
+    only_one = exporter.summarize(scrapes[:3], "pg-1", (0.5, 4.5), "app")
+    assert "commits_s" not in only_one.metrics and "note" in only_one.info
+    assert only_one.metrics["wal_mb_s"] == pytest.approx(0.4)
+
+
 def test_an_unreadable_exporter_gives_no_figures_and_the_run_goes_on(fake: tuple[FakeAPI, client.ApiClient],
                                                                     tmp_path: Path,
                                                                     monkeypatch: pytest.MonkeyPatch) -> None:

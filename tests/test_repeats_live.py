@@ -1,4 +1,4 @@
-"""Adaptive repeats on a real lab: a quiet point stops at ``min`` once its TPS interval is within the target; the
+"""Adaptive repeats on a real lab: a quiet point stops as soon as its TPS interval is within the target; the
 same point made noisy by a CPU hog the test starts for every other run goes on to ``max``.
 
 The hog: busy loops, twice as many as the host has cores, running while the sweep's
@@ -6,13 +6,16 @@ even-numbered runs work (the test watches the results folder for each new run's 
 
 from __future__ import annotations
 
+import math
 import os
+import statistics
 import subprocess
 import sys
 import threading
 from pathlib import Path
 
 import pytest
+from scipy import stats
 
 from conftest import pglab
 from pglab.store.sqlite import Store
@@ -26,6 +29,12 @@ dataset: {scale: 1}
 matrix: {workload: [select-only], clients: [2]}
 run: {duration: 3s, repeats: {min: 3, max: 7, target_ci: 30%}}
 """
+
+
+def half_width_pct(tps: list[float]) -> float:
+    """The 95 % Student-t interval's half width of the mean TPS, in % of the mean."""
+    n = len(tps)
+    return float(stats.t.ppf(0.975, n - 1)) * statistics.stdev(tps) / math.sqrt(n) / statistics.mean(tps) * 100
 
 
 def _tps(results: Path) -> list[float]:
@@ -84,8 +93,14 @@ def test_a_quiet_point_stops_at_its_target_and_a_hogged_one_at_max(tmp_path: Pat
     assert noisy.returncode == 0, noisy.stderr
     calm, hogged = _tps(tmp_path / "quiet"), _tps(tmp_path / "noisy")
     print(f"quiet TPS {calm}\nhogged every other run: {hogged}")
-    assert len(calm) == 3, calm  # within ±30 % after min
+    # the quiet point ended at the first run count from min on whose interval is within ±30 % (computed here with
+    # scipy, independently of pglab): at min when its first runs agree, a run or two later when one of them was off
+    # (a cold first run on a shared machine)
+    assert 3 <= len(calm) < 7, calm
+    assert half_width_pct(calm) <= 30, calm
+    assert all(half_width_pct(calm[:n]) > 30 for n in range(3, len(calm))), calm
     assert len(hogged) == 7, hogged  # never within ±30 %: max
+    assert half_width_pct(hogged) > 30, hogged
     assert max(hogged[1::2]) < min(hogged[0::2])  # the hog is what made the noise: its runs are the slow ones
     assert "adaptive repeats: 1 of 1 points within ±30 %" in quiet.stderr
     assert "adaptive repeats: 0 of 1 points within ±30 %" in noisy.stderr

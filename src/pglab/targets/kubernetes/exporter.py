@@ -229,16 +229,25 @@ def summarize(scrapes: list[Scrape], primary: str, window: tuple[float, float], 
     inside = [s for s in mine if window[0] <= s.ts <= window[1]]
     info: dict[str, object] = {"primary": primary, "scrapes": len(mine), "in_window": len(inside)}
     metrics: dict[str, float] = {}
-    if len(inside) >= 2 and inside[-1].ts > inside[0].ts:
-        first, last = inside[0], inside[-1]
-        info.update(start=first.ts, end=last.ts, start_read_s=first.took, end_read_s=last.took)
-        d = deltas(first, last, database)
+    # an answer can lack a query's metrics (the exporter's query failed or timed out on a busy node): each group of
+    # counters is taken over the first and last scrapes inside the window that have it
+    groups = {"database": tuple(_DATABASE), "server": tuple(_SERVER)}
+    for group, names in groups.items():
+        having = [s for s in inside if any(n in counters(s.values, database) for n in names)]
+        if len(having) < len(inside):
+            info[f"without_{group}_counters"] = len(inside) - len(having)
+        if len(having) < 2 or having[-1].ts <= having[0].ts:
+            continue
+        first, last = having[0], having[-1]
+        if group == "database":
+            info.update(start=first.ts, end=last.ts, start_read_s=first.took, end_read_s=last.took)
+        d = {k: v for k, v in deltas(first, last, database).items() if k in names}
         metrics.update(rates(d, last.ts - first.ts))
         metrics.update({k: d[k] for k in ("checkpoints_timed", "checkpoints_req", "buffers_checkpoint") if k in d})
         if "blks_hit" in d and "blks_read" in d and d["blks_hit"] + d["blks_read"] > 0:
             metrics["cache_hit_pct"] = d["blks_hit"] / (d["blks_hit"] + d["blks_read"]) * 100
-    else:
-        info["note"] = "fewer than two scrapes of the primary inside the window: no exporter figures"
+    if "start" not in info:
+        info["note"] = "fewer than two scrapes of the primary's database counters inside the window: no commit figures"
     per_standby: dict[str, dict[str, float]] = {}
     for s in inside:
         for standby, lags in replication(s.values).items():
