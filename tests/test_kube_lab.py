@@ -209,6 +209,7 @@ def test_a_sweep_interrupted_then_resumed_on_the_lab(lab: kubelab.KubeLab, tmp_p
         # the API server's proxy on a busy node) or a cached query result up to METRICS_QUERIES_TTL older; a few
         # commits are pglab's own
         exp = json.loads((run_dir / "run.json").read_text())["exporter"]
+        assert "commits_s" in m, (exp, sorted(m))
         counted = round(m["commits_s"] * (exp["end"] - exp["start"]))
         begun, ended = txn_times(run_dir)  # a transaction committed between the two
         ttl = float(METRICS_QUERIES_TTL.removesuffix("s"))
