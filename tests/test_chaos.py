@@ -173,3 +173,51 @@ def test_pgbench_frozen_then_the_primary_killed_fail_their_runs_and_the_sweep_go
     db.close()
     assert lab is not None and processes_mentioning(str(lab)) == []
     assert not any(Path(f"/proc/{p}").exists() for p in seen)
+
+
+def test_a_frozen_primary_fails_its_run_and_stops_the_sweep_in_one_sentence(tmp_path: Path) -> None:
+    plan = tmp_path / "plan.yaml"
+    plan.write_text(PLAN.format(instances=2, repeats=2))
+    results = tmp_path / "results"
+    proc = _start(plan, results)
+    frozen: list[int] = []
+    labs: list[Path] = []
+
+    def strike(_fault: str, _pgbench: int) -> None:
+        labs.append(_lab(results))
+        frozen.extend(_tree(_postmaster(labs[0], "n0")))
+        for p in frozen:
+            os.kill(p, signal.SIGSTOP)
+
+    started = time.monotonic()
+    try:
+        _fault_each_measured_pgbench(proc, ["n0"], 240, strike)
+        _out, err = proc.communicate(timeout=240)
+    finally:
+        for p in frozen:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(p, signal.SIGCONT)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+            pglab("lab", "clean")
+    print(f"ended {time.monotonic() - started:.1f} s after pglab started\n{err[-3000:]}")
+    assert frozen, "the primary was never frozen"
+    assert proc.returncode == 1, err
+    assert "Traceback" not in err
+    runs = _runs(results)
+    # the run fails at pgbench's deadline, the next one finds the primary silent: one sentence, the sweep stops
+    assert runs[0][1] == "failed" and "the primary n0 does not answer" in (runs[0][2] or ""), runs
+    sentence = "the primary n0 stopped answering (two connections timed out, 10 s each)"
+    assert sentence in err.splitlines()[-1], err[-2000:]
+    db = sqlite3.connect(results / "results.db")
+    status, reason = db.execute("SELECT status, reason FROM sweeps").fetchone()
+    db.close()
+    assert status == "failed" and sentence in reason, reason
+    assert runs[1] == (2, "failed", f"the sweep ended: {reason}"), runs
+    assert processes_mentioning(str(labs[0])) == []  # the frozen primary was stopped with its lab
+
+    # the primary is back (SIGCONT): the same command resumes and completes the sweep
+    again = pglab("run", str(plan), "--results", str(results), "--format", "csv", timeout=300)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert [s for _r, s, _ in _runs(results)].count("ok") == 2

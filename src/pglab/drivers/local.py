@@ -40,6 +40,7 @@ RUN_ERRORS: tuple[type[BaseException], ...] = (RunFailed, PgbenchError, LabError
 LOCK_TIMEOUT_S = 30  # the reset's TRUNCATE behind a lock a leftover session holds
 STATEMENT_TIMEOUT_S = 900  # VACUUM (ANALYZE) and CHECKPOINT of a large dataset
 REPLAY_STALL_S = 60.0  # no standby behind makes replay progress this long: they stopped answering
+CONTROL_CONNECT_S = 10  # pglab's own connection to the primary between runs
 REPLAY_MAX_S = 600.0  # progress, but never caught up
 
 
@@ -136,7 +137,7 @@ class ProcessDriver(Generic[TopologyT]):
             return
         # a lab whose every standby must stream names them: one missing is behind (an HA lab's membership moves)
         names = [s.name for s in endpoints.standbys] if getattr(target, "all_standbys_stream", False) else []
-        with psycopg.connect(control_conninfo(endpoints), autocommit=True) as conn:
+        with self._control(endpoints) as conn:
             if not isinstance(target, ExternalServer):  # on a server pglab does not own, others' sessions are theirs
                 self._end_leftovers(conn)  # a failed run's backends first: their locks would block the reset
             _wait_replay(conn, names, self.ui.log)  # standbys that do not answer stop the sweep here, not in a COMMIT
@@ -144,10 +145,26 @@ class ProcessDriver(Generic[TopologyT]):
             pgbench.initialise(target.bindir, endpoints.primary, ds, run_dir)
         elif ds.reset == "snapshot":
             write_json(run_dir / "dataset-reset.json", target.reset_dataset())
-        with psycopg.connect(control_conninfo(endpoints), autocommit=True) as conn:
+        with self._control(endpoints) as conn:
             if ds.reset == "vacuum":
                 pgbench.reset_for_run(conn)
             _wait_replay(conn, names, self.ui.log)
+
+    def _control(self, endpoints: Endpoints) -> psycopg.Connection[Any]:
+        """pglab's session on the primary between runs. A primary that lets two connections in a row time out is
+        frozen (stopped, hung, partitioned) or drowning: the sweep stops in one sentence instead of failing every
+        run after it."""
+        for attempt in (1, 2):
+            try:
+                return psycopg.connect(control_conninfo(endpoints, CONTROL_CONNECT_S), autocommit=True)
+            except psycopg.errors.ConnectionTimeout as exc:
+                if attempt == 2:
+                    raise LabUnsound(
+                        f"the primary {endpoints.primary.name} stopped answering (two connections timed out, "
+                        f"{CONTROL_CONNECT_S} s each); the lab cannot run the next point: resume with the same pglab "
+                        "run and --results once it answers") from None
+                self.ui.log(f"the primary {endpoints.primary.name} does not answer ({first_line(exc)}); one more try")
+        raise AssertionError("unreachable")
 
     def _end_leftovers(self, conn: psycopg.Connection[Any]) -> None:
         """End a stopped pgbench's backends on the primary; each one ended is a sweep event."""
@@ -333,8 +350,10 @@ class LocalDriver(ProcessDriver[Target]):
                     overrun_said = True
                 if deadline is not None and seconds is not None and time.monotonic() > deadline:
                     proc.stop()
-                    raise RunFailed(f"pgbench did not end {time.monotonic() - started - seconds:.0f} s after its "
-                                    f"{seconds:g} s: transactions stuck (a synchronous standby not answering?)")
+                    late = time.monotonic() - started - seconds
+                    why = ("transactions stuck (a synchronous standby not answering?)" if _answers(endpoints)
+                           else f"the primary {endpoints.primary.name} does not answer (a connection timed out)")
+                    raise RunFailed(f"pgbench did not end {late:.0f} s after its {seconds:g} s: {why}")
             proc.wait()
         except BaseException:  # an interrupt while waiting: pgbench lives in its own session, stop it here
             proc.stop()
@@ -473,6 +492,18 @@ def checkpoint_events(log_text: str) -> list[Event]:
 def wait_for_tick(t: float) -> None:
     """Sleep past the next whole second, so every 1 s probe has taken the sample that closes the window."""
     time.sleep(max(0.0, (int(t) + 1 - t) + 0.25))
+
+
+def _answers(endpoints: Endpoints, timeout_s: int = 5) -> bool:
+    """Whether the primary lets a connection in within ``timeout_s``; only a timeout says no (a refusal or an
+    authentication error is an answer)."""
+    try:
+        psycopg.connect(control_conninfo(endpoints, timeout_s), autocommit=True).close()
+    except psycopg.errors.ConnectionTimeout:
+        return False
+    except psycopg.Error:
+        pass
+    return True
 
 
 def control_conninfo(endpoints: Endpoints, connect_timeout: int = 10) -> str:

@@ -69,6 +69,9 @@ def in_window(sample: Sample, start: float, end: float, dt: float) -> bool:
     return start <= mid <= end
 
 
+STOP_TIMEOUT_S = 10.0  # all probes' threads together, when a run ends
+
+
 class Sampler:
     """Runs each probe in its own thread at its own interval; collects samples in memory."""
 
@@ -78,7 +81,7 @@ class Sampler:
         self.errors: list[str] = []
         self._lock = threading.Lock()
         self._stop = threading.Event()
-        self._threads: list[threading.Thread] = []
+        self._threads: list[tuple[Probe, threading.Thread]] = []
         self._on_error = on_error
 
     def start(self) -> None:
@@ -95,9 +98,20 @@ class Sampler:
         for probe in self.probes:
             t = threading.Thread(target=self._loop, args=(probe,), name=f"probe-{probe.name}", daemon=True)
             t.start()
-            self._threads.append(t)
+            self._threads.append((probe, t))
 
     def _loop(self, probe: Probe) -> None:
+        """Sample at the probe's interval until stopped; the thread closes its probe itself, so a connection is
+        never closed under a query still waiting on its server (libpq connections are not for two threads)."""
+        try:
+            self._sample_until_stopped(probe)
+        finally:
+            try:
+                probe.close()
+            except Exception as exc:
+                self.errors.append(f"{probe.name}: close: {exc}")
+
+    def _sample_until_stopped(self, probe: Probe) -> None:
         interval = probe.interval
         next_tick = (int(now() / interval) + 1) * interval
         while not self._stop.is_set():
@@ -118,15 +132,25 @@ class Sampler:
             if late > 0:  # skip missed ticks rather than bursting
                 next_tick += (int(late / interval) + 1) * interval
 
-    def stop(self) -> list[Sample]:
+    def stop(self, timeout: float = STOP_TIMEOUT_S) -> list[Sample]:
+        """Stop the probes within ``timeout`` seconds in all. A probe still waiting on a server that does not answer
+        (frozen: its statement_timeout is the server's to enforce) is left to its thread, which closes it when the
+        call returns (the server answers, or is stopped at teardown): it is said, never closed under that call."""
         self._stop.set()
-        for t in self._threads:
-            t.join(timeout=10)
+        deadline = time.monotonic() + timeout
+        for _probe, t in self._threads:
+            t.join(timeout=max(0.0, deadline - time.monotonic()))
+        for probe, t in self._threads:
+            if t.is_alive():
+                self.errors.append(f"{probe.name}: still waiting on its server {timeout:g} s after the run; left to "
+                                   "end on its own")
+        threaded = [id(probe) for probe, _t in self._threads]
         for probe in self.probes:
-            try:
-                probe.close()
-            except Exception as exc:
-                self.errors.append(f"{probe.name}: close: {exc}")
+            if id(probe) not in threaded:  # opened, never sampled: no thread closes it
+                try:
+                    probe.close()
+                except Exception as exc:
+                    self.errors.append(f"{probe.name}: close: {exc}")
         with self._lock:
             return list(self.samples)
 
