@@ -22,7 +22,7 @@ import pytest
 from conftest import pglab
 from pglab.analysis.bottleneck import interfered
 
-pytestmark = pytest.mark.postgres
+pytestmark = [pytest.mark.postgres, pytest.mark.quiet]
 
 
 def test_cpu_bound_and_sync_replication_bound_points_are_named() -> None:

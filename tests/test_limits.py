@@ -27,6 +27,7 @@ def _cgroup_of(pid: int, controller: str) -> str:
     return ""
 
 
+@pytest.mark.quiet
 def test_limits_applied_read_back_and_the_cpu_scaling_loop() -> None:
     base = Path(tempfile.mkdtemp(prefix="pglab-test-"))
     os.chmod(base, 0o711)
@@ -114,6 +115,7 @@ def test_limits_that_cannot_be_applied(tmp_path: Path) -> None:
     assert "NOT applied" in report
 
 
+@pytest.mark.quiet
 def test_a_client_held_to_a_small_quota_is_recognised(tmp_path: Path) -> None:
     plan = tmp_path / "plan.yaml"
     plan.write_text("name: client\ntarget: {local: {instances: 1, synchronous: null, client: {cpus: 0.1}}}\n"

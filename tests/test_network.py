@@ -14,7 +14,7 @@ import pytest
 
 from conftest import pglab, processes_mentioning
 
-pytestmark = pytest.mark.postgres
+pytestmark = [pytest.mark.postgres, pytest.mark.quiet]
 
 RTT_MS = 40
 

@@ -14,7 +14,7 @@ from pglab.analysis.bottleneck import attribute, interfered
 from pglab.probes import CpuProbe, MemoryProbe, ProbeContext, Sampler, now
 from pglab.probes._util import rows
 
-pytestmark = pytest.mark.postgres
+pytestmark = [pytest.mark.postgres, pytest.mark.quiet]
 
 BURN = "import sys, time\nend = float(sys.argv[1])\nwhile time.time() < end:\n    pass\n"
 

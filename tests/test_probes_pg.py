@@ -194,6 +194,7 @@ def test_probes_ran_without_errors(run: Run) -> None:
     assert run.errors == []
 
 
+@pytest.mark.quiet
 def test_commit_rate_matches_pgbench_tps(run: Run) -> None:
     """Over whole seconds inside the run the commit rate is pgbench's tps.
 

@@ -20,7 +20,7 @@ from scipy import stats
 from conftest import pglab
 from pglab.store.sqlite import Store
 
-pytestmark = pytest.mark.postgres
+pytestmark = [pytest.mark.postgres, pytest.mark.quiet]
 
 PLAN = """
 name: adaptive
