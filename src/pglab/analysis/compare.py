@@ -235,3 +235,69 @@ def uplift_tables(store: Store, sweep: int | None = None) -> list[tuple[str, lis
             ucols, urows = uplift_rows(columns, rows)
             out.append((f"uplift: {axis}={other} vs {axis}={vs[0]} (TPS, Δ % [95 % interval])", ucols, urows))
     return out
+
+
+# what makes two sides' points measure different things besides what the user meant to compare: a Δ over these
+# mixes that difference in, so `pglab compare` says so before its figures
+WORKLOAD_FIELDS = ("dataset", "run", "matrix.workload", "postgres", "storage")
+HOST_FIELDS = {"postgres.version_num": "PostgreSQL version", "pgbench": "pgbench", "cpu.model": "host CPU model",
+               "cpu.count": "host CPUs", "cpu.affinity": "CPUs available", "memory.total_bytes": "host memory bytes",
+               "kernel.release": "kernel"}
+STORAGE_FIELDS = ("fstype", "source", "mount_options")
+
+
+def _flat(value: Any, prefix: str = "") -> dict[str, str]:
+    """A nested plan or environment as dotted keys and their values as text."""
+    if isinstance(value, dict):
+        out: dict[str, str] = {}
+        for k, v in value.items():
+            out.update(_flat(v, f"{prefix}{k}."))
+        return out
+    return {prefix.rstrip("."): _norm(value) if not isinstance(value, list) else ", ".join(map(_norm, value))}
+
+
+def _sweep_row(store: Store, sweep: int | None) -> dict[str, Any]:
+    sweep = sweep if sweep is not None else store.latest_sweep_id()
+    return next((s for s in store.sweeps() if s["id"] == sweep), {})
+
+
+def side_differences(store_a: Store, store_b: Store, sweep_a: int | None = None,
+                     sweep_b: int | None = None) -> list[tuple[str, str, str]]:
+    """What differs between the two sides' plans (every field but the name: scale, instances, durations,
+    parameters, matrix …) and environments (PostgreSQL version, host, storage of each path), as (what, A, B);
+    "(none)" where one side has no such field."""
+    import json
+
+    import yaml
+
+    sides = [_sweep_row(store_a, sweep_a), _sweep_row(store_b, sweep_b)]
+    plans, envs = [], []
+    for s in sides:
+        try:
+            plan = yaml.safe_load(s.get("plan_text") or "") or {}
+        except yaml.YAMLError:
+            plan = {}
+        plans.append(_flat(plan if isinstance(plan, dict) else {}))
+        try:
+            env = json.loads(s.get("environment") or "{}") or {}
+        except ValueError:
+            env = {}
+        flat_env = {HOST_FIELDS[k]: v for k, v in _flat(env).items() if k in HOST_FIELDS}
+        for label, about in (env.get("paths") or {}).items():
+            for field in STORAGE_FIELDS:
+                if isinstance(about, dict) and about.get(field) is not None:
+                    flat_env[f"storage {label} {field}"] = _norm(about[field])
+        envs.append(flat_env)
+    out = []
+    for a, b in ((plans[0], plans[1]), (envs[0], envs[1])):
+        for key in dict.fromkeys([*a, *b]):
+            if key != "name" and a.get(key) != b.get(key):
+                out.append((key, a.get(key, "(none)"), b.get(key, "(none)")))
+    return out
+
+
+def workload_differs(differences: list[tuple[str, str, str]]) -> list[str]:
+    """The differing fields that change what a point measures (dataset, run lengths, workload scripts, server
+    parameters, PostgreSQL version), as opposed to the platform being compared."""
+    return [k for k, _, _ in differences
+            if k.startswith(WORKLOAD_FIELDS) or k in ("PostgreSQL version", "pgbench")]
