@@ -504,7 +504,7 @@ def full_report(store: Store, fmt: str, sweep_id: int | None = None, per_run: bo
     if fio_rows and table in (None, "storage"):
         shown = [c for c in STORAGE_SHOWN if c != "note"] if compact else STORAGE_SHOWN
         parts.append(render(fio_columns, fio_rows, fmt, title="storage (fio)", shown=shown, headers=STORAGE_HEADERS,
-                            width=width))
+                            width=width, optional=("shown_lat_p999_ms", "mb_s", "device") if compact else ()))
         if compact:
             parts.append(_prose("".join(f"{r['path']} {r['profile']}: {r['note']}\n" for r in fio_rows if r["note"]),
                                 width))
