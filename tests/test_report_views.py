@@ -108,7 +108,9 @@ def test_default_table_fits_the_terminal_and_keeps_one_row_per_line(results: Pat
     assert re.search(r"│ tpcb-like\s+│ local\s+│\s+8 │\s+1250\.0 ± \d", text)  # TPS with its interval
     assert "bottleneck" in text and "\n  none: no rule fired" in text  # the tag and its legend below
     piped = pglab("report", str(results), env=_env(None), check=True).stdout
-    assert "left out to fit" not in piped  # piped: nothing cut, nothing wrapped
+    assert max(len(line) for line in piped.splitlines()) <= 120  # piped, no COLUMNS: 120
+    # one line a row: four points, two durability rows, one cost row
+    assert len([line for line in piped.splitlines() if line.startswith("│ select-only")]) == 4 + 2 + 1
 
 
 def test_columns_chooses_the_figures_and_rejects_an_unknown_one(results: Path) -> None:

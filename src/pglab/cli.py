@@ -211,12 +211,15 @@ def _sweep_ended(outcome: Any, name: str, results: Path, fmt: str, started: floa
         raise typer.Exit(1)
 
 
-def _terminal_width() -> int | None:
-    """The width the terminal tables must fit: the terminal's, or COLUMNS; None when piped (nothing is cut, and
-    every row stays one line)."""
+PIPED_WIDTH = 120  # what a table piped into a file or a pager fits, unless COLUMNS says otherwise
+
+
+def _terminal_width() -> int:
+    """The width the terminal tables must fit: the terminal's, or COLUMNS, or 120 when piped; a row never
+    wraps (columns are left out instead, and a line says which)."""
     if os.environ.get("COLUMNS", "").isdigit() or out.is_terminal:
         return out.width
-    return None
+    return PIPED_WIDTH
 
 
 @app.command()
