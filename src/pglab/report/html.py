@@ -231,8 +231,11 @@ MAX_SERIES_RUNS = 12  # per-run charts: the runs that matter first, then a sampl
 def _runs_that_matter(points: list[dict[str, Any]], runs: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], str]:
     """Runs with TPS dips, runs of unstable points and failed runs first, then an even sample of the others."""
     unstable = {(p["workload"], p["synchronous_commit"], p["clients"]) for p in points if p.get("unstable")}
-    first = [r for r in runs if r["status"] != "ok" or r.get("dips")
-             or (r["workload"], r["synchronous_commit"], r["clients"]) in unstable]
+    def rank(r: dict[str, Any]) -> int:
+        return (0 if r["status"] != "ok" else 1 if r.get("dips") else
+                2 if (r["workload"], r["synchronous_commit"], r["clients"]) in unstable else 3)
+
+    first = sorted((r for r in runs if rank(r) < 3), key=rank)  # failed, then dips, then unstable
     rest = [r for r in runs if r not in first]
     room = max(0, MAX_SERIES_RUNS - len(first))
     step = len(rest) / room if room and rest else 0

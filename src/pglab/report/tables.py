@@ -336,9 +336,10 @@ def _number(value: float | None) -> float | None:
 
 def render(columns: list[str], rows: list[dict[str, Any]], fmt: str, title: str | None = None,
            shown: list[str] | None = None, headers: dict[str, str] | None = None, width: int | None = None,
-           optional: tuple[str, ...] = (), plain: tuple[str, ...] = ()) -> str:
+           optional: tuple[str | tuple[str, ...], ...] = (), plain: tuple[str, ...] = ()) -> str:
     """One table as text. In the terminal format every row stays on one line (no cell wraps): with ``width``,
-    the ``optional`` columns are left out, the last first, until the table fits (and a line says which);
+    the ``optional`` columns (or groups of columns, left out together) are left out, the last first, until the
+    table fits (and a line says which);
     without, nothing is cut. ``plain`` columns show their mean without its ± interval."""
     if fmt == "json":
         return json.dumps([{c: r.get(c) for c in columns} for r in rows], indent=2)
@@ -355,17 +356,19 @@ def render(columns: list[str], rows: list[dict[str, Any]], fmt: str, title: str 
         lines = ["| " + " | ".join(headers.get(c, c) for c in shown) + " |", "|" + "|".join("---" for _ in shown) + "|"]
         lines += ["| " + " | ".join(_cell(c, r) for c in shown) + " |" for r in rows]
         return "\n".join(lines) + "\n"
-    droppable = [c for c in optional if c in shown]
+    droppable = [g for g in ((o,) if isinstance(o, str) else o for o in optional) if set(g) & set(shown)]
     left_out: list[str] = []
     while True:
         text = _rich_table(shown, rows, title, headers, plain)
         if width is None or not droppable or max(map(len, text.splitlines()[1:]), default=0) <= width:
             break
-        left_out.append(droppable.pop())
-        shown.remove(left_out[-1])
+        for c in droppable.pop():
+            if c in shown:
+                left_out.append(c)
+                shown.remove(c)
     if left_out:
-        text += (f"(left out to fit {width} columns: {', '.join(headers.get(c, c) for c in left_out)}; "
-                 "--wide shows every column)\n")
+        text += _prose(f"(left out to fit {width} columns: {', '.join(headers.get(c, c) for c in left_out)}; "
+                       "--wide shows every column)", width)
     return text
 
 
@@ -408,7 +411,7 @@ def database_columns(columns: list[str], rows: list[dict[str, Any]], chosen: lis
     if chosen is None and not any(r.get("flags") for r in rows):
         figures = [c for c in figures if c != "flags"]
     if per_run and chosen is None:
-        figures = [c for c in figures if c != "bottleneck_tag"] + ["dips"]
+        figures = [c for c in figures if c not in ("bottleneck_tag", "flags", "write_latency_ms")] + ["dips"]
     return [*fixed, *(c for c in figures if c not in fixed)]
 
 
@@ -511,9 +514,10 @@ def full_report(store: Store, fmt: str, sweep_id: int | None = None, per_run: bo
         parts.append(_prose(ceilings_text(store, sweep_id), width))
     if (db_rows or not fio_rows) and table in (None, "database"):
         shown = database_columns(db_columns, db_rows, columns, wide or fmt != "table", per_run)
-        parts.append(render(db_columns, db_rows, fmt, title=title, shown=shown,
-                            headers=COMPACT_HEADERS if compact else None, width=width,
-                            optional=COMPACT_OPTIONAL if compact and columns is None else (),
+        headers = ({**COMPACT_HEADERS, "tps": "tps"} if per_run else COMPACT_HEADERS) if compact else None
+        droppable = ("cpu_pct", "write_iops", "dips") if per_run else COMPACT_OPTIONAL
+        parts.append(render(db_columns, db_rows, fmt, title=title, shown=shown, headers=headers, width=width,
+                            optional=droppable if compact and columns is None else (),
                             plain=("latency_p99_ms",) if compact and columns is None else ()))
         if compact and not per_run:
             parts.append(_prose(bottleneck_legend(db_rows), width))
@@ -529,7 +533,7 @@ def full_report(store: Store, fmt: str, sweep_id: int | None = None, per_run: bo
         compared += dur_rows
         base = dur_rows[0]["base"]
         shown = [c for c in display_columns(dur_columns) if c != "base"]
-        optional: tuple[str, ...] = ()
+        optional: tuple[str | tuple[str, ...], ...] = ()
         if compact:
             keys = dur_columns[: dur_columns.index("base")]
             deltas = [c for c in dur_columns if c.endswith("_tps_vs_base_pct")]
@@ -537,7 +541,7 @@ def full_report(store: Store, fmt: str, sweep_id: int | None = None, per_run: bo
             lat = [c for c in dur_columns if c.endswith("_latency_vs_base_pct")]
             flagged = ["flags"] if any(r.get("flags") for r in dur_rows) else []
             shown = [*keys, f"{base}_tps", *deltas, *verdicts, *flagged, *lat]
-            optional = (*verdicts, *flagged, *lat)
+            optional = (tuple(verdicts), *flagged, tuple(lat))  # a kind of column goes for every level at once
         parts.append(render(dur_columns, dur_rows, fmt, title="price of durability: synchronous_commit levels side "
                             f"by side, Δ = % vs {base} [95 % interval]", shown=shown, headers=headers,
                             width=width, optional=optional))
