@@ -239,3 +239,28 @@ def test_html_renders_in_chromium_offline(page: tuple[Path, str]) -> None:
     assert from_page == []
     dom = subprocess.run([*flags, "--dump-dom", path.as_uri()], capture_output=True, text=True, timeout=120).stdout
     assert dom.count("<svg") >= 8 and 'id="durability-tpcb-like-tps"' in dom
+
+
+def test_per_run_is_for_the_database_table_and_columns_work_in_markdown(results: Path) -> None:
+    bad = pglab("report", str(results), "--per-run", "--table", "durability")
+    assert bad.returncode == 2 and "--per-run: one row per run is for the database table" in bad.stderr
+    md = pglab("report", str(results), "--format", "markdown", "--table", "database", "--columns",
+               "tps,cpu_pct", check=True).stdout
+    assert md.splitlines()[0] == "| workload | synchronous_commit | clients | tps | cpu_pct |"
+
+
+def test_a_sweep_without_disk_figures_says_so_instead_of_an_empty_chart(tmp_path: Path) -> None:
+    from pglab.report import html
+
+    store = Store.open(tmp_path / "r")
+    sweep = store.begin_sweep("t", "name: t\n", "h", "0")
+    ids = store.add_points(sweep, [(i, f"k{i}", {"workload": "tpcb-like", "synchronous_commit": "on", "clients": c,
+                                                  "jobs": 1}) for i, c in enumerate((1, 4))])
+    for i in range(2):
+        for rep in (1, 2):
+            run_id, _ = store.start_run(sweep, ids[f"k{i}"], i, rep)
+            store.finish_run(run_id, "ok", metrics={"tps": 100.0 * (i + 1) + rep, "latency_p99_ms": 2.0})
+    store.end_sweep(sweep, "done")
+    page = html.build(store)
+    assert "The disk was not measured for this sweep" in page and 'id="disk"' not in page
+    assert 'id="scaling-tpcb-like-tps"' in page and 'id="durability' not in page  # one level: no durability chart

@@ -233,8 +233,9 @@ def report(
     html: Path | None = typer.Option(None, "--html", help="also write the self-contained HTML report to this file"),
     wide: bool = typer.Option(False, "--wide", help="every column, however wide (default: a compact table that "
                               "fits the terminal)"),
-    columns: str | None = typer.Option(None, "--columns", help="the database table's figures, comma-separated "
-                                       "(e.g. tps,latency_avg_ms,wal_mb_s); the axes are always shown"),
+    columns: str | None = typer.Option(None, "--columns", help="the database table's figures in the terminal or "
+                                       "markdown, comma-separated (e.g. tps,latency_avg_ms,wal_mb_s); the axes are "
+                                       "always shown"),
 ) -> None:
     """Print the results tables again, from the store: storage (fio) and database (pgbench)."""
     from pglab.report.tables import TABLES, full_report, selectable_columns, table_problem
@@ -252,6 +253,9 @@ def report(
             raise UserError(f"--sweep: '{results}' holds no sweep {sweep}; it holds {', '.join(map(str, ids))}.")
         if (problem := table_problem(store, sweep if sweep is not None else ids[-1], table)) is not None:
             raise UserError(problem)
+        if per_run and table not in (None, "database", "storage"):
+            raise UserError(f"--per-run: one row per run is for the database table, not '{table}'; drop --per-run "
+                            "or --table.")
         chosen = None
         if columns is not None:
             valid = selectable_columns(store, sweep, per_run)

@@ -513,7 +513,7 @@ def full_report(store: Store, fmt: str, sweep_id: int | None = None, per_run: bo
                                 width))
         parts.append(_prose(ceilings_text(store, sweep_id), width))
     if (db_rows or not fio_rows) and table in (None, "database"):
-        shown = database_columns(db_columns, db_rows, columns, wide or fmt != "table", per_run)
+        shown = database_columns(db_columns, db_rows, columns, wide or (fmt != "table" and columns is None), per_run)
         headers = ({**COMPACT_HEADERS, "tps": "tps"} if per_run else COMPACT_HEADERS) if compact else None
         droppable = ("cpu_pct", "write_iops", "dips") if per_run else COMPACT_OPTIONAL
         parts.append(render(db_columns, db_rows, fmt, title=title, shown=shown, headers=headers, width=width,
