@@ -202,6 +202,7 @@ def test_html_has_the_sections_and_leaves_out_the_empty_ones(page: tuple[Path, s
     assert "instances: 3" in html  # the plan's YAML
     assert "<td class=\"text\">cpu.model</td><td class=\"text long\">test CPU</td>" in html  # environment table
     assert re.search(r'<td class="">1,250 ± \d', html)  # intervals in the table, right-aligned as figures
+    assert f"<td class=\"\">{61 / 18_000:.3g}</td>" in html  # the cost table's money: 0.00339
     # the durability chart: grouped bars with error bars, per workload, TPS and latency
     figure = html[html.index('id="durability-tpcb-like-tps"'):]
     figure = figure[: figure.index("</figure>")]

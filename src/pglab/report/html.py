@@ -43,7 +43,7 @@ def _cell(value: Any) -> str:
 def _section(sid: str, title: str, columns: list[str], rows: list[dict[str, Any]], note: str = "",
              headers: dict[str, str] | None = None) -> dict[str, Any]:
     text = {c for c in columns if rows and isinstance(rows[0].get(c), str)
-            and not re.match(r"[+−-]?[\d,.]+ (±|%)", rows[0][c])}  # a figure with its interval stays right-aligned
+            and not re.match(r"[+−-]?[\d,.]+( ±| %|$)", rows[0][c])}  # a figure as text stays right-aligned
     long = {c for c in columns if c in ("bottleneck", "note", "dips", "reason")}
     return {"id": sid, "title": title, "columns": columns, "headers": headers or {}, "text": text, "long": long,
             "note": note,
@@ -107,7 +107,6 @@ def build(store: Store, sweep_id: int | None = None) -> str:
                        + ", ".join(f"{p['workload']} {p['synchronous_commit']} {p['clients']} clients {p['flags']}"
                                    for p in flagged[:6]) + ("…" if len(flagged) > 6 else "") + ".")
     summary += [f"storage {r['path']} {r['profile']}: {r['note']}" for r in fio_rows if r.get("note")]
-
     summary += [f"{r['workload']}: {money(r['per_tps'])} {r['currency']} per TPS·month at peak." for r in cost_rows]
 
     shown = [c for c in columns if not c.endswith("_ci95") and c != "bottleneck_tag"]
@@ -118,9 +117,12 @@ def build(store: Store, sweep_id: int | None = None) -> str:
         tables.append(_section("durability-table", "Price of durability (table)", dur_columns,
                                [_with_deltas(r) for r in dur_rows], headers=_durability_headers(dur_columns)))
     for i, (up_title, up_columns, up_rows) in enumerate(uplifts):
-        tables.append(_section(f"uplift{i}", up_title[0].upper() + up_title[1:], up_columns, up_rows))
+        tables.append(_section(f"uplift{i}", up_title[0].upper() + up_title[1:], up_columns,
+                               [_with_deltas(r) for r in up_rows]))
     if cost_rows:
-        tables.append(_section("cost", "Cost at peak TPS", cost_columns, cost_rows))
+        tables.append(_section("cost", "Cost at peak TPS", cost_columns,
+                               [{**r, "per_tps": money(r["per_tps"]), "monthly": money(r["monthly"])}
+                                for r in cost_rows], headers={"per_tps": "per TPS·month"}))
     if fio_rows:
         tables.append(_section("storage", "Storage profiles (fio)", STORAGE_HTML, fio_rows,
                                "For WAL profiles the latency columns are the fdatasync after each write: what a "
