@@ -389,8 +389,11 @@ def compare(
     headers = {"tps_a": "A tps", "tps_b": "B tps", "tps_delta_pct": "Δ tps % [95 %]", "tps_verdict": "verdict",
                "latency_avg_ms_delta_pct": "Δ lat % [95 %]",
                "latency_avg_ms_verdict": "latency verdict", "runs_a": "A runs", "runs_b": "B runs"}
+    headers["synchronous_commit"] = "sync commit"
     out.print(render(columns, rows, fmt, title=f"{title}: Δ % = (B − A) / A [95 % interval]", shown=shown,
-                     headers=headers), end="", soft_wrap=True, markup=False, highlight=False)
+                     headers=headers, width=_terminal_width(),
+                     optional=("latency_avg_ms_delta_pct", "flags", "latency_avg_ms_verdict", "runs_b", "runs_a",
+                               "jobs")), end="", soft_wrap=True, markup=False, highlight=False)
     if fmt in ("table", "markdown"):
         for line in cost_lines:
             out.print(line, markup=False, highlight=False)
@@ -403,8 +406,11 @@ def _differences_text(differences: list[tuple[str, str, str]], measured: list[st
     lines = ["what differs between A and B:"]
     lines += [f"  {what}: A {va} · B {vb}" for what, va, vb in differences]
     if measured:
-        lines.append(f"warning: A and B differ in what each point measures ({', '.join(measured)}), not only in "
-                     "the platform; the Δ below includes those differences.")
+        import textwrap
+
+        lines += textwrap.wrap(f"warning: A and B differ in what each point measures ({', '.join(measured)}), not "
+                               "only in the platform; the Δ below includes those differences.", 120,
+                               subsequent_indent="  ", break_on_hyphens=False)
     return [*lines, ""]
 
 

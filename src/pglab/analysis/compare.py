@@ -237,9 +237,11 @@ def uplift_tables(store: Store, sweep: int | None = None) -> list[tuple[str, lis
     return out
 
 
-# what makes two sides' points measure different things besides what the user meant to compare: a Δ over these
-# mixes that difference in, so `pglab compare` says so before its figures
-WORKLOAD_FIELDS = ("dataset", "run", "matrix.workload", "postgres", "storage")
+# plan fields that change what a matched point measures besides the platform (the dataset, the run's lengths,
+# the server's parameters): a Δ over these mixes that difference in, so `pglab compare` warns before its figures;
+# the matrix decides which points match, repeats only how sure the Δ is, the storage phase runs apart
+WORKLOAD_FIELDS = ("dataset.", "run.", "postgres.")
+NOT_WORKLOAD = ("run.repeats", "run.seed", "run.target_ci_pct", "run.max_repeats")
 HOST_FIELDS = {"postgres.version_num": "PostgreSQL version", "pgbench": "pgbench", "cpu.model": "host CPU model",
                "cpu.count": "host CPUs", "cpu.affinity": "CPUs available", "memory.total_bytes": "host memory bytes",
                "kernel.release": "kernel"}
@@ -253,7 +255,7 @@ def _flat(value: Any, prefix: str = "") -> dict[str, str]:
         for k, v in value.items():
             out.update(_flat(v, f"{prefix}{k}."))
         return out
-    return {prefix.rstrip("."): _norm(value) if not isinstance(value, list) else ", ".join(map(_norm, value))}
+    return {prefix.rstrip("."): ", ".join(map(str, value)) if isinstance(value, list) else str(value)}
 
 
 def _sweep_row(store: Store, sweep: int | None) -> dict[str, Any]:
@@ -264,8 +266,8 @@ def _sweep_row(store: Store, sweep: int | None) -> dict[str, Any]:
 def side_differences(store_a: Store, store_b: Store, sweep_a: int | None = None,
                      sweep_b: int | None = None) -> list[tuple[str, str, str]]:
     """What differs between the two sides' plans (every field but the name: scale, instances, durations,
-    parameters, matrix …) and environments (PostgreSQL version, host, storage of each path), as (what, A, B);
-    "(none)" where one side has no such field."""
+    parameters, matrix …) and environments (PostgreSQL version, host, the disk of each path both sides have), as
+    (what, A, B); "(none)" where one side has no such field."""
     import json
 
     import yaml
@@ -286,12 +288,13 @@ def side_differences(store_a: Store, store_b: Store, sweep_a: int | None = None,
         for label, about in (env.get("paths") or {}).items():
             for field in STORAGE_FIELDS:
                 if isinstance(about, dict) and about.get(field) is not None:
-                    flat_env[f"storage {label} {field}"] = _norm(about[field])
+                    flat_env[f"disk of {label}: {field}"] = str(about[field])
         envs.append(flat_env)
     out = []
     for a, b in ((plans[0], plans[1]), (envs[0], envs[1])):
         for key in dict.fromkeys([*a, *b]):
-            if key != "name" and a.get(key) != b.get(key):
+            one_sided_disk = key.startswith("disk of ") and (key not in a or key not in b)  # an instance more
+            if key != "name" and a.get(key) != b.get(key) and not one_sided_disk:
                 out.append((key, a.get(key, "(none)"), b.get(key, "(none)")))
     return out
 
@@ -300,4 +303,5 @@ def workload_differs(differences: list[tuple[str, str, str]]) -> list[str]:
     """The differing fields that change what a point measures (dataset, run lengths, workload scripts, server
     parameters, PostgreSQL version), as opposed to the platform being compared."""
     return [k for k, _, _ in differences
-            if k.startswith(WORKLOAD_FIELDS) or k in ("PostgreSQL version", "pgbench")]
+            if (k.startswith(WORKLOAD_FIELDS) and not k.startswith(NOT_WORKLOAD))
+            or k in ("PostgreSQL version", "pgbench")]
