@@ -265,3 +265,19 @@ def test_a_sweep_without_disk_figures_says_so_instead_of_an_empty_chart(tmp_path
     page = html.build(store)
     assert "The disk was not measured for this sweep" in page and 'id="disk"' not in page
     assert 'id="scaling-tpcb-like-tps"' in page and 'id="durability' not in page  # one level: no durability chart
+
+
+def test_per_run_table_says_why_a_run_failed_below_it(tmp_path: Path) -> None:
+    store = Store.open(tmp_path / "r")
+    sweep = store.begin_sweep("t", "name: t\n", "h", "0")
+    ids = store.add_points(sweep, [(0, "k0", {"workload": "tpcb-like", "synchronous_commit": "on", "clients": 1,
+                                              "jobs": 1})])
+    ok, _ = store.start_run(sweep, ids["k0"], 0, 1)
+    store.finish_run(ok, "ok", metrics={"tps": 100.0})
+    failed, _ = store.start_run(sweep, ids["k0"], 0, 2)
+    store.finish_run(failed, "failed", reason="pgbench was killed by SIGKILL")
+    store.end_sweep(sweep, "done")
+    store.close()
+    text = pglab("report", str(tmp_path / "r"), "--per-run", env=_env(None), check=True).stdout
+    assert f"\n{failed} failed: pgbench was killed by SIGKILL\n" in text
+    assert max(len(line) for line in text.splitlines()) <= 120

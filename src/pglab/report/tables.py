@@ -521,6 +521,9 @@ def full_report(store: Store, fmt: str, sweep_id: int | None = None, per_run: bo
                             plain=("latency_p99_ms",) if compact and columns is None else ()))
         if compact and not per_run:
             parts.append(_prose(bottleneck_legend(db_rows), width))
+        if compact and per_run and columns is None:  # why a run failed: below the table, not in a wide column
+            parts.append(_prose("".join(f"{r['run_id']} {r['status']}: {r['reason']}\n" for r in db_rows
+                                        if r.get("reason")), width))
     if dur_rows and table in (None, "durability") and not per_run:
         headers = {}
         for c in dur_columns:
