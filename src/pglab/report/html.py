@@ -136,7 +136,7 @@ def build(store: Store, sweep_id: int | None = None) -> str:
     picked, why = _runs_that_matter(points, runs)
     run_charts = [c for c in (_run_chart(store, r, sweep_id) for r in picked) if c]
     notes = {"runs": why}
-    return _render(sweep, sweep_id, summary, tables, charts, run_charts, notes)
+    return _render(sweep, sweep_id, summary, tables, [c for c in charts if c["svg"]], run_charts, notes)
 
 
 STORAGE_HTML = ["path", "device", "profile", "iops", "mb_s", "lat_of", "shown_lat_mean_ms", "shown_lat_p99_ms",
@@ -277,7 +277,7 @@ def _render(sweep: dict[str, Any], sweep_id: int, summary: list[str], tables: li
     environment = _environment_rows(sweep.get("environment"))
     groups = [("durability", "Price of durability"), ("scaling", "TPS and latency vs clients"),
               ("disk", "Disk vs clients"), ("tiers", "Tiers")]
-    chart_groups = [{"id": gid, "title": title, "charts": [c for c in charts if c.get("group") == gid]}
+    chart_groups = [{"id": gid, "title": title, "charts": [c for c in charts if c.get("group") == gid and c["svg"]]}
                     for gid, title in groups]
     chart_groups = [g for g in chart_groups if g["charts"]]
     toc = [("summary", "Summary"), *((g["id"], g["title"]) for g in chart_groups)]

@@ -95,7 +95,10 @@ def _range(series: Sequence[Series]) -> tuple[float, float]:
 
 def categories(title: str, labels: Sequence[str], series: Sequence[Series], ytitle: str, xtitle: str,
                bars: bool = False, height: int = 300) -> str:
-    """Lines (or grouped bars) over categorical x positions, each value with its 95 % error bar."""
+    """Lines (or grouped bars) over categorical x positions, each value with its 95 % error bar; "" when no
+    series has a value (a figure not measured draws no empty frame)."""
+    if not any(v is not None for s in series for v in s.values):
+        return ""
     plot_h = height - TOP - 44
     low, high = _range(series)
     ticks = _ticks(low, high)
@@ -109,7 +112,7 @@ def categories(title: str, labels: Sequence[str], series: Sequence[Series], ytit
                     f"{escape(label)}</text>")
     body.append(f'<text x="{LEFT + (WIDTH - LEFT - RIGHT) / 2:.0f}" y="{height - 6}" text-anchor="middle">'
                 f"{escape(xtitle)}</text>")
-    bar_w = slot * 0.8 / max(1, len(series))
+    bar_w = min(slot * 0.8 / max(1, len(series)), 70.0)
     for k, s in enumerate(series):
         color = PALETTE[k % len(PALETTE)]
         points = []
