@@ -281,3 +281,18 @@ def test_per_run_table_says_why_a_run_failed_below_it(tmp_path: Path) -> None:
     text = pglab("report", str(tmp_path / "r"), "--per-run", env=_env(None), check=True).stdout
     assert f"\n{failed} failed: pgbench was killed by SIGKILL\n" in text
     assert max(len(line) for line in text.splitlines()) <= 120
+
+
+def test_error_bars_stay_inside_the_chart() -> None:
+    """The axis reaches past the highest value plus its interval, and stops at zero for figures that cannot
+    go below it: every error bar is drawn inside the frame."""
+    from pglab.report import svg
+
+    chart = svg.categories("t", ["1", "8"], [svg.Series("a", [6371.4, 5000.0], [9000.0, 1000.0]),
+                                             svg.Series("b", [6700.0, None], [2000.0, None])], "TPS", "clients")
+    bars = re.findall(r'<path d="M([\d.]+),([\d.]+)V([\d.]+)', chart)
+    assert len(bars) == 3
+    plot_bottom = svg.TOP + 300 - svg.TOP - 44
+    for _x, low, high in bars:
+        assert svg.TOP <= float(high) < float(low) <= plot_bottom
+    assert svg.categories("t", ["1"], [svg.Series("a", [None])], "TPS", "clients") == ""

@@ -34,12 +34,9 @@ def _ticks(low: float, high: float, count: int = 5) -> list[float]:
         if raw <= mult * step:
             step *= mult
             break
-    start = math.floor(low / step) * step
-    ticks = []
-    value = start
-    while value <= high + step * 0.5:
-        ticks.append(round(value, 10))
-        value += step
+    ticks = [round(math.floor(low / step) * step, 10)]
+    while ticks[-1] < high:  # the last tick at or above the top: nothing drawn outside the frame
+        ticks.append(round(ticks[-1] + step, 10))
     return ticks
 
 
