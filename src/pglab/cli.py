@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -192,7 +193,7 @@ def _sweep_ended(outcome: Any, name: str, results: Path, fmt: str, started: floa
     from pglab.store import Store
 
     store = Store.open(results, create=False)
-    text = full_report(store, fmt, outcome.sweep_id, title=f"{name} — {results}")
+    text = full_report(store, fmt, outcome.sweep_id, title=f"{name} — {results}", width=_terminal_width())
     store.close()
     out.print(text, end="", soft_wrap=True, markup=False, highlight=False)
     for line in after or []:
@@ -210,6 +211,17 @@ def _sweep_ended(outcome: Any, name: str, results: Path, fmt: str, started: floa
         raise typer.Exit(1)
 
 
+PIPED_WIDTH = 120  # what a table piped into a file or a pager fits, unless COLUMNS says otherwise
+
+
+def _terminal_width() -> int:
+    """The width the terminal tables must fit: the terminal's, or COLUMNS, or 120 when piped; a row never
+    wraps (columns are left out instead, and a line says which)."""
+    if os.environ.get("COLUMNS", "").isdigit() or out.is_terminal:
+        return out.width
+    return PIPED_WIDTH
+
+
 @app.command()
 def report(
     results: Path = typer.Argument(..., help="results folder written by 'pglab run'"),
@@ -219,9 +231,14 @@ def report(
     table: str | None = typer.Option(None, "--table", help="database|storage|durability|scenarios|cost|uplift "
                                      "(CSV/JSON hold one table; default: database when there is one)"),
     html: Path | None = typer.Option(None, "--html", help="also write the self-contained HTML report to this file"),
+    wide: bool = typer.Option(False, "--wide", help="every column, however wide (default: a compact table that "
+                              "fits the terminal)"),
+    columns: str | None = typer.Option(None, "--columns", help="the database table's figures in the terminal or "
+                                       "markdown, comma-separated (e.g. tps,latency_avg_ms,wal_mb_s); the axes are "
+                                       "always shown"),
 ) -> None:
     """Print the results tables again, from the store: storage (fio) and database (pgbench)."""
-    from pglab.report.tables import TABLES, full_report
+    from pglab.report.tables import TABLES, full_report, selectable_columns, table_problem
     from pglab.store import Store
 
     _check_format(fmt)
@@ -229,9 +246,26 @@ def report(
         raise UserError(f"--table: '{table}' is not one of {', '.join(TABLES)}.")
     store = Store.open(results, create=False)
     try:
-        if store.latest_sweep_id() is None:
+        ids = [s["id"] for s in store.sweeps()]
+        if not ids or store.latest_sweep_id() is None:
             raise UserError(f"'{results}' holds no sweep yet; run a plan into it first.")
-        text = full_report(store, fmt, sweep, per_run=per_run, table=table)
+        if sweep is not None and sweep not in ids:
+            raise UserError(f"--sweep: '{results}' holds no sweep {sweep}; it holds {', '.join(map(str, ids))}.")
+        if (problem := table_problem(store, sweep if sweep is not None else ids[-1], table)) is not None:
+            raise UserError(problem)
+        if per_run and table not in (None, "database", "storage"):
+            raise UserError(f"--per-run: one row per run is for the database table, not '{table}'; drop --per-run "
+                            "or --table.")
+        chosen = None
+        if columns is not None:
+            valid = selectable_columns(store, sweep, per_run)
+            chosen = [c.strip() for c in columns.split(",") if c.strip()]
+            unknown = [c for c in chosen if c not in valid]
+            if unknown or not chosen:
+                raise UserError(f"--columns: '{', '.join(unknown) or columns}' is no column of this table; choose "
+                                f"from {', '.join(valid)}.")
+        text = full_report(store, fmt, sweep, per_run=per_run, table=table, width=_terminal_width(), wide=wide,
+                           columns=chosen)
         if html is not None:
             from pglab.report import html as html_report
 
@@ -288,14 +322,24 @@ def compare(
     uplift: bool = typer.Option(False, "--uplift", help="the published shape: TPS of A and B per point, uplift % "
                                 "with its interval and verdict (and $/TPS when both plans have a cost)"),
 ) -> None:
-    """Δ % of TPS and latency per matching point, with a Welch 95 % interval and a verdict."""
-    from pglab.analysis.compare import compare_stores, compare_within, uplift_rows
+    """Δ % of TPS and latency per matching point, B relative to A, with a Welch 95 % interval and a verdict; two
+    folders: what differs between their plans and environments first."""
+    from pglab.analysis.compare import (
+        ONLY_IN_A,
+        ONLY_IN_B,
+        compare_stores,
+        compare_within,
+        side_differences,
+        uplift_rows,
+        workload_differs,
+    )
     from pglab.analysis.cost import cost_comparison
     from pglab.report.tables import render
     from pglab.store import Store
 
     _check_format(fmt)
     cost_lines: list[str] = []
+    preface: list[str] = []
     if b is None and not (axis and value_a is not None and value_b is not None):
         raise UserError("compare: give two results folders, or one folder with --axis, --a and --b.")
     if b is not None and axis:
@@ -305,17 +349,26 @@ def compare(
         if b is None:
             assert axis is not None
             columns, rows = compare_within(store_a, axis, value_a, value_b)
-            title = f"{axis}: {value_b} vs {value_a} in {a}"
+            title = f"B ({axis}={value_b}) relative to A ({axis}={value_a}) in {a}"
         else:
             store_b = Store.open(b, create=False)
             try:
                 columns, rows = compare_stores(store_a, store_b)
                 cost_lines = cost_comparison(store_a, store_b)
+                differences = side_differences(store_a, store_b)
             finally:
                 store_b.close()
-            title = f"{b} vs {a}"
+            title = f"B ({b}) relative to A ({a})"
+            preface = _differences_text(differences, workload_differs(differences))
+            if rows and all(r.get("tps_verdict") in (ONLY_IN_A, ONLY_IN_B) for r in rows):
+                raise UserError(f"compare: no point of '{b}' matches one of '{a}' (workload, synchronous_commit, "
+                                "clients and the other axes must be equal); compare sweeps of the same matrix.")
     finally:
         store_a.close()
+    if preface:  # before the figures; beside CSV/JSON on stderr, so that the data stays parseable
+        target = out if fmt in ("table", "markdown") else err
+        for line in preface:
+            target.print(line, soft_wrap=True, markup=False, highlight=False)
     if any(r.get("tps_verdict") == "too few repeats" for r in rows):
         from pglab.report.tables import TOO_FEW_NOTE
 
@@ -324,7 +377,7 @@ def compare(
         from pglab.report.tables import UPLIFT_HEADERS
 
         ucols, urows = uplift_rows(columns, rows)
-        out.print(render(ucols, urows, fmt, title=f"uplift: {title} (TPS, Δ % of B vs A [95 % interval])",
+        out.print(render(ucols, urows, fmt, title=f"uplift: {title}: TPS, Δ % = (B − A) / A [95 % interval]",
                          headers=UPLIFT_HEADERS), end="", soft_wrap=True, markup=False, highlight=False)
         if fmt in ("table", "markdown"):
             for line in cost_lines:
@@ -336,11 +389,29 @@ def compare(
     headers = {"tps_a": "A tps", "tps_b": "B tps", "tps_delta_pct": "Δ tps % [95 %]", "tps_verdict": "verdict",
                "latency_avg_ms_delta_pct": "Δ lat % [95 %]",
                "latency_avg_ms_verdict": "latency verdict", "runs_a": "A runs", "runs_b": "B runs"}
-    out.print(render(columns, rows, fmt, title=f"{title} (Δ % of B vs A [95 % interval])", shown=shown,
-                     headers=headers), end="", soft_wrap=True, markup=False, highlight=False)
+    headers["synchronous_commit"] = "sync commit"
+    out.print(render(columns, rows, fmt, title=f"{title}: Δ % = (B − A) / A [95 % interval]", shown=shown,
+                     headers=headers, width=_terminal_width(),
+                     optional=("latency_avg_ms_delta_pct", "flags", "latency_avg_ms_verdict", "runs_b", "runs_a",
+                               "jobs")), end="", soft_wrap=True, markup=False, highlight=False)
     if fmt in ("table", "markdown"):
         for line in cost_lines:
             out.print(line, markup=False, highlight=False)
+
+
+def _differences_text(differences: list[tuple[str, str, str]], measured: list[str]) -> list[str]:
+    """What differs between A and B, one line each, and a warning when it changes what the points measure."""
+    if not differences:
+        return ["A and B: same plan (but its name) and same environment figures.", ""]
+    lines = ["what differs between A and B:"]
+    lines += [f"  {what}: A {va} · B {vb}" for what, va, vb in differences]
+    if measured:
+        import textwrap
+
+        lines += textwrap.wrap(f"warning: A and B differ in what each point measures ({', '.join(measured)}), not "
+                               "only in the platform; the Δ below includes those differences.", 120,
+                               subsequent_indent="  ", break_on_hyphens=False)
+    return [*lines, ""]
 
 
 @app.command("fio")

@@ -7,6 +7,7 @@ Units are binary, as fio reads them with its default kb_base=1024: k, KB and KiB
 
 from __future__ import annotations
 
+import math
 import re
 from fractions import Fraction
 
@@ -64,3 +65,11 @@ class Size(str):
         self = super().__new__(cls, str(value).strip())
         self.bytes = n
         return self
+
+
+def money(value: float) -> str:
+    """A price to three significant digits: 0.0598 stays 0.0598 (a fixed number of decimals turns it to 0.1)."""
+    if value == 0 or not math.isfinite(value):
+        return f"{value:g}"
+    digits = max(0, 2 - math.floor(math.log10(abs(value))))
+    return f"{value:,.{digits}f}"

@@ -235,3 +235,73 @@ def uplift_tables(store: Store, sweep: int | None = None) -> list[tuple[str, lis
             ucols, urows = uplift_rows(columns, rows)
             out.append((f"uplift: {axis}={other} vs {axis}={vs[0]} (TPS, Δ % [95 % interval])", ucols, urows))
     return out
+
+
+# plan fields that change what a matched point measures besides the platform (the dataset, the run's lengths,
+# the server's parameters): a Δ over these mixes that difference in, so `pglab compare` warns before its figures;
+# the matrix decides which points match, repeats only how sure the Δ is, the storage phase runs apart
+WORKLOAD_FIELDS = ("dataset.", "run.", "postgres.")
+NOT_WORKLOAD = ("run.repeats", "run.seed", "run.target_ci_pct", "run.max_repeats")
+HOST_FIELDS = {"postgres.version_num": "PostgreSQL version", "pgbench": "pgbench", "cpu.model": "host CPU model",
+               "cpu.count": "host CPUs", "cpu.affinity": "CPUs available", "memory.total_bytes": "host memory bytes",
+               "kernel.release": "kernel"}
+STORAGE_FIELDS = ("fstype", "source", "mount_options")
+
+
+def _flat(value: Any, prefix: str = "") -> dict[str, str]:
+    """A nested plan or environment as dotted keys and their values as text."""
+    if isinstance(value, dict):
+        out: dict[str, str] = {}
+        for k, v in value.items():
+            out.update(_flat(v, f"{prefix}{k}."))
+        return out
+    return {prefix.rstrip("."): ", ".join(map(str, value)) if isinstance(value, list) else str(value)}
+
+
+def _sweep_row(store: Store, sweep: int | None) -> dict[str, Any]:
+    sweep = sweep if sweep is not None else store.latest_sweep_id()
+    return next((s for s in store.sweeps() if s["id"] == sweep), {})
+
+
+def side_differences(store_a: Store, store_b: Store, sweep_a: int | None = None,
+                     sweep_b: int | None = None) -> list[tuple[str, str, str]]:
+    """What differs between the two sides' plans (every field but the name: scale, instances, durations,
+    parameters, matrix …) and environments (PostgreSQL version, host, the disk of each path both sides have), as
+    (what, A, B); "(none)" where one side has no such field."""
+    import json
+
+    import yaml
+
+    sides = [_sweep_row(store_a, sweep_a), _sweep_row(store_b, sweep_b)]
+    plans, envs = [], []
+    for s in sides:
+        try:
+            plan = yaml.safe_load(s.get("plan_text") or "") or {}
+        except yaml.YAMLError:
+            plan = {}
+        plans.append(_flat(plan if isinstance(plan, dict) else {}))
+        try:
+            env = json.loads(s.get("environment") or "{}") or {}
+        except ValueError:
+            env = {}
+        flat_env = {HOST_FIELDS[k]: v for k, v in _flat(env).items() if k in HOST_FIELDS}
+        for label, about in (env.get("paths") or {}).items():
+            for field in STORAGE_FIELDS:
+                if isinstance(about, dict) and about.get(field) is not None:
+                    flat_env[f"disk of {label}: {field}"] = str(about[field])
+        envs.append(flat_env)
+    out = []
+    for a, b in ((plans[0], plans[1]), (envs[0], envs[1])):
+        for key in dict.fromkeys([*a, *b]):
+            one_sided_disk = key.startswith("disk of ") and (key not in a or key not in b)  # an instance more
+            if key != "name" and a.get(key) != b.get(key) and not one_sided_disk:
+                out.append((key, a.get(key, "(none)"), b.get(key, "(none)")))
+    return out
+
+
+def workload_differs(differences: list[tuple[str, str, str]]) -> list[str]:
+    """The differing fields that change what a point measures (dataset, run lengths, workload scripts, server
+    parameters, PostgreSQL version), as opposed to the platform being compared."""
+    return [k for k, _, _ in differences
+            if (k.startswith(WORKLOAD_FIELDS) and not k.startswith(NOT_WORKLOAD))
+            or k in ("PostgreSQL version", "pgbench")]

@@ -10,6 +10,7 @@ from pydantic import ValidationError
 from pglab.analysis.stats import contrast, estimate
 from pglab.plan.schema import Cost
 from pglab.store.sqlite import RunRow, Store
+from pglab.units import money
 
 
 def sweep_cost(store: Store, sweep_id: int) -> Cost | None:
@@ -79,8 +80,8 @@ def cost_comparison(store_a: Store, store_b: Store) -> list[str]:
             low, high = price / tps.ratio_ci[1], price / tps.ratio_ci[0]
             verdict = word if low > 1 or high < 1 else "no significant difference"
             judged = f"95 % interval {(low - 1) * 100:+.1f} % to {(high - 1) * 100:+.1f} %; {verdict}"
-        lines.append(f"{rb['workload']}: B costs {rb['per_tps']:.4f} {rb['currency']}/TPS·month vs "
-                     f"{ra['per_tps']:.4f} for A at peak TPS: {abs(change):.1f} % {word} per TPS ({judged}; "
+        lines.append(f"{rb['workload']}: B costs {money(rb['per_tps'])} {rb['currency']}/TPS·month vs "
+                     f"{money(ra['per_tps'])} for A at peak TPS: {abs(change):.1f} % {word} per TPS ({judged}; "
                      f"peak {rb['peak_tps']:,.0f} vs {ra['peak_tps']:,.0f} TPS; monthly {rb['monthly']:g} vs "
                      f"{ra['monthly']:g})")
     return lines

@@ -1,21 +1,23 @@
-"""The offline HTML report: one self-contained file (plotly's JavaScript embedded, no request leaves it)."""
+"""The offline HTML report: one self-contained file, charts drawn as inline SVG (no script, no request leaves it)."""
 
 from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 from typing import Any
 
 from jinja2 import Environment, PackageLoader, select_autoescape
-from plotly.offline import get_plotlyjs
 
 from pglab.analysis.compare import uplift_tables
 from pglab.analysis.cost import cost_table
 from pglab.analysis.flags import UNSTABLE_CV
 from pglab.analysis.steady import find_dips
-from pglab.report import tiers
+from pglab.report import svg, tiers
 from pglab.report.tables import (
+    DURABILITY_ORDER,
+    STORAGE_HEADERS,
     delta_text,
     durability_table,
     interval_columns,
@@ -25,8 +27,7 @@ from pglab.report.tables import (
     storage_table,
 )
 from pglab.store.sqlite import Store
-
-MAX_SERIES_RUNS = 24  # per-run time series charts; the rest of the runs are in the tables
+from pglab.units import money
 
 
 def _cell(value: Any) -> str:
@@ -41,32 +42,12 @@ def _cell(value: Any) -> str:
 
 def _section(sid: str, title: str, columns: list[str], rows: list[dict[str, Any]], note: str = "",
              headers: dict[str, str] | None = None) -> dict[str, Any]:
-    text = {c for c in columns if rows and isinstance(rows[0].get(c), str)}
+    text = {c for c in columns if rows and isinstance(rows[0].get(c), str)
+            and not re.match(r"[+−-]?[\d,.]+( ±| %|$)", rows[0][c])}  # a figure as text stays right-aligned
     long = {c for c in columns if c in ("bottleneck", "note", "dips", "reason")}
     return {"id": sid, "title": title, "columns": columns, "headers": headers or {}, "text": text, "long": long,
             "note": note,
             "rows": [{c: _cell(r.get(c)) for c in columns} for r in rows]}
-
-
-def _line_chart(cid: str, title: str, traces: list[dict[str, Any]], xtitle: str, ytitle: str,
-                css: str = "chart", shapes: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-    layout = {"xaxis": {"title": {"text": xtitle}}, "yaxis": {"title": {"text": ytitle}},
-              "margin": {"t": 20}, "legend": {"orientation": "h"}, "shapes": shapes or []}
-    return {"id": cid, "title": title, "css": css, "data": json.dumps(traces), "layout": json.dumps(layout)}
-
-
-def _by_configuration(points: list[dict[str, Any]], metric: str) -> list[dict[str, Any]]:
-    groups: dict[str, list[dict[str, Any]]] = {}
-    for p in points:
-        extra = " ".join(f"{k.split('.', 1)[1]}={p[k]}" for k in p if k.startswith("parameters."))
-        name = f"{p['workload']} {p['synchronous_commit']} {extra}".strip()
-        groups.setdefault(name, []).append(p)
-    traces = []
-    for name, ps in groups.items():
-        ps = sorted(ps, key=lambda p: p["clients"])
-        traces.append({"type": "scatter", "mode": "lines+markers", "name": name,
-                       "x": [p["clients"] for p in ps], "y": [p.get(metric) for p in ps]})
-    return traces
 
 
 def _delta(col: str, row: dict[str, Any]) -> str:
@@ -85,7 +66,7 @@ def build(store: Store, sweep_id: int | None = None) -> str:
         return _render(sweep, sweep_id, *_tenants_parts(store, sweep_id))
     columns, points = point_table(store, sweep_id)
     _, runs = run_table(store, sweep_id)
-    fio_columns, fio_rows = storage_table(store, sweep_id)
+    _, fio_rows = storage_table(store, sweep_id)
     dur_columns, dur_rows = durability_table(store, sweep_id)
     cost_columns, cost_rows = cost_table(store, sweep_id)
     uplifts = uplift_tables(store, sweep_id) if runs else []
@@ -126,53 +107,192 @@ def build(store: Store, sweep_id: int | None = None) -> str:
                        + ", ".join(f"{p['workload']} {p['synchronous_commit']} {p['clients']} clients {p['flags']}"
                                    for p in flagged[:6]) + ("…" if len(flagged) > 6 else "") + ".")
     summary += [f"storage {r['path']} {r['profile']}: {r['note']}" for r in fio_rows if r.get("note")]
-    summary += [f"{r['workload']}: {r['per_tps']:.4f} {r['currency']} per TPS·month at peak." for r in cost_rows]
+    summary += [f"{r['workload']}: {money(r['per_tps'])} {r['currency']} per TPS·month at peak." for r in cost_rows]
 
-    shown = [c for c in columns if not c.endswith("_ci95")]
-    tables = [_section("points", "Per configuration (means over repeats)", shown, points,
-                       "95 % intervals are in the CSV export; the bottleneck comes from the run's own figures.")]
+    shown = [c for c in columns if not c.endswith("_ci95") and c != "bottleneck_tag"]
+    tables = [_section("points", "Per configuration (means over repeats)", shown, [_with_ci(p) for p in points],
+                       "Figures are means over the point's repeats, ± the half-width of their 95 % interval; the "
+                       "bottleneck comes from the run's own figures.")]
     if dur_rows:
-        tables.append(_section("durability", "Price of durability", dur_columns, dur_rows))
+        tables.append(_section("durability-table", "Price of durability (table)", dur_columns,
+                               [_with_deltas(r) for r in dur_rows], headers=_durability_headers(dur_columns)))
     for i, (up_title, up_columns, up_rows) in enumerate(uplifts):
-        tables.append(_section(f"uplift{i}", up_title[0].upper() + up_title[1:], up_columns, up_rows))
-    if not uplifts:
-        tables.append(_section("uplift", "Uplift", [], [], "This sweep varies no configuration axis (a parameter "
-                               "list, …); compare two result folders with 'pglab compare A B --uplift'."))
+        tables.append(_section(f"uplift{i}", up_title[0].upper() + up_title[1:], up_columns,
+                               [_with_deltas(r) for r in up_rows]))
     if cost_rows:
-        tables.append(_section("cost", "Cost at peak TPS", cost_columns, cost_rows))
+        tables.append(_section("cost", "Cost at peak TPS", cost_columns,
+                               [{**r, "per_tps": money(r["per_tps"]), "monthly": money(r["monthly"])}
+                                for r in cost_rows], headers={"per_tps": "per TPS·month"}))
     if fio_rows:
-        tables.append(_section("storage", "Storage profiles (fio)", fio_columns, fio_rows))
+        tables.append(_section("storage", "Storage profiles (fio)", STORAGE_HTML, fio_rows,
+                               "For WAL profiles the latency columns are the fdatasync after each write: what a "
+                               "commit waits for; the write() alone is in the note.", headers=STORAGE_HEADERS))
     tables.append(_section("runs", "Runs (every figure traces to its run id and folder)",
                            ["run_id", "status", "workload", "synchronous_commit", "clients", "tps", "latency_p99_ms",
                             "dips", "dir", "reason"], runs))
 
-    charts = [
-        _line_chart("tps_vs_clients", "TPS vs clients", _by_configuration(points, "tps"), "clients", "TPS"),
-        _line_chart("latency_vs_clients", "Latency p95 / p99 vs clients",
-                    [{**t, "name": f"{t['name']} p95"} for t in _by_configuration(points, "latency_p95_ms")]
-                    + [{**t, "name": f"{t['name']} p99", "line": {"dash": "dot"}}
-                       for t in _by_configuration(points, "latency_p99_ms")], "clients", "ms"),
-        _line_chart("iops_vs_clients", "Device IOPS and latency vs clients",
-                    [{**t, "name": f"{t['name']} write IOPS"} for t in _by_configuration(points, "write_iops")]
-                    + [{**t, "name": f"{t['name']} read IOPS"} for t in _by_configuration(points, "read_iops")]
-                    + [{**t, "name": f"{t['name']} write latency ms", "yaxis": "y2", "line": {"dash": "dot"}}
-                       for t in _by_configuration(points, "write_latency_ms")], "clients", "IOPS"),
-    ]
-    charts[-1]["layout"] = json.dumps({**json.loads(charts[-1]["layout"]),
-                                       "yaxis2": {"title": {"text": "ms"}, "overlaying": "y", "side": "right"}})
-    for run in [r for r in runs if r["status"] == "ok"][:MAX_SERIES_RUNS]:
-        charts.append(_run_chart(store, run, sweep_id))
-    return _render(sweep, sweep_id, summary, tables, charts)
+    charts = _durability_charts(points)
+    charts += _facet_charts(points)
+    picked, why = _runs_that_matter(points, runs)
+    run_charts = [c for c in (_run_chart(store, r, sweep_id) for r in picked) if c]
+    notes = {"runs": why}
+    return _render(sweep, sweep_id, summary, tables, [c for c in charts if c["svg"]], run_charts, notes)
+
+
+STORAGE_HTML = ["path", "device", "profile", "iops", "mb_s", "lat_of", "shown_lat_mean_ms", "shown_lat_p99_ms",
+                "shown_lat_p999_ms", "note"]
+
+
+def _with_ci(point: dict[str, Any]) -> dict[str, Any]:
+    """A point's figures as the page shows them: the mean ± its 95 % interval where there is one."""
+    out = dict(point)
+    for c in list(point):
+        half = point.get(f"{c}_ci95")
+        if half is not None and isinstance(point.get(c), float) and not math.isnan(half):
+            out[c] = f"{_cell(point[c])} ± {_cell(half)}"
+    return out
+
+
+def _with_deltas(row: dict[str, Any]) -> dict[str, Any]:
+    out = dict(row)
+    for c in row:
+        if interval_columns(c) is not None and row.get(c) is not None:
+            low, high, verdict = interval_columns(c) or ("", "", "")
+            out[c] = delta_text(row.get(c), row.get(low), row.get(high), row.get(verdict))
+    return out
+
+
+def _durability_headers(columns: list[str]) -> dict[str, str]:
+    headers = {}
+    for c in columns:
+        for suffix, name in (("_tps_vs_base_pct", "Δ TPS % [95 %]"), ("_latency_vs_base_pct", "Δ latency % [95 %]"),
+                             ("_tps_verdict", "TPS verdict"), ("_latency_verdict", "latency verdict"),
+                             ("_latency_avg_ms", "latency ms"), ("_tps", "TPS")):
+            if c.endswith(suffix):
+                headers[c] = f"{c[: -len(suffix)]} {name}"
+                break
+    return headers
+
+
+def _config(p: dict[str, Any]) -> str:
+    extra = " ".join(f"{k.split('.', 1)[1]}={p[k]}" for k in p if k.startswith("parameters."))
+    return f"{p['synchronous_commit']} {extra}".strip()
+
+
+def _series_over(points: list[dict[str, Any]], labels: list[str], key: str, metric: str) -> list[svg.Series]:
+    by: dict[str, dict[str, dict[str, Any]]] = {}
+    for p in points:
+        by.setdefault(str(p[key]) if key != "config" else _config(p), {})[str(p["clients"])] = p
+    return [svg.Series(name, [at.get(c, {}).get(metric) for c in labels],
+                       [at.get(c, {}).get(f"{metric}_ci95") for c in labels]) for name, at in by.items()]
+
+
+def _clients(points: list[dict[str, Any]]) -> list[str]:
+    return [str(c) for c in sorted({p["clients"] for p in points if p.get("clients") is not None})]
+
+
+def _durability_charts(points: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per workload, grouped bars: TPS and mean latency per synchronous_commit level at each client count."""
+    levels = [lv for lv in DURABILITY_ORDER if any(p["synchronous_commit"] == lv for p in points)]
+    if len(levels) < 2:
+        return []
+    charts = []
+    for wl in dict.fromkeys(p["workload"] for p in points):
+        mine = sorted((p for p in points if p["workload"] == wl), key=lambda p: levels.index(p["synchronous_commit"])
+                      if p["synchronous_commit"] in levels else 99)
+        labels = _clients(mine)
+        for metric, unit in (("tps", "TPS"), ("latency_avg_ms", "mean latency ms")):
+            title = f"{wl}: {unit} per synchronous_commit level (error bars: 95 % interval)"
+            charts.append({"id": f"durability-{wl}-{metric}", "title": title, "group": "durability",
+                           "svg": svg.categories(title, labels, _series_over(mine, labels, "synchronous_commit",
+                                                                             metric), unit, "clients", bars=True)})
+    return charts
+
+
+def _facet_charts(points: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """TPS, p99 latency and the disk's write IOPS vs clients, one chart per workload (clients as categories)."""
+    charts = []
+    measured_disk = any(p.get("write_iops") is not None for p in points)
+    for wl in dict.fromkeys(p["workload"] for p in points):
+        mine = [p for p in points if p["workload"] == wl]
+        labels = _clients(mine)
+        for metric, unit, group in (("tps", "TPS", "scaling"), ("latency_p99_ms", "p99 latency ms", "scaling"),
+                                    ("write_iops", "disk write IOPS", "disk")):
+            if group == "disk" and not measured_disk:
+                continue
+            title = f"{wl}: {unit} vs clients (error bars: 95 % interval)"
+            charts.append({"id": f"{group}-{wl}-{metric}", "title": title, "group": group,
+                           "svg": svg.categories(title, labels, _series_over(mine, labels, "config", metric), unit,
+                                                 "clients")})
+    return charts
+
+
+MAX_SERIES_RUNS = 12  # per-run charts: the runs that matter first, then a sample of the rest
+
+
+def _runs_that_matter(points: list[dict[str, Any]], runs: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], str]:
+    """Runs with TPS dips, runs of unstable points and failed runs first, then an even sample of the others."""
+    unstable = {(p["workload"], p["synchronous_commit"], p["clients"]) for p in points if p.get("unstable")}
+    def rank(r: dict[str, Any]) -> int:
+        return (0 if r["status"] != "ok" else 1 if r.get("dips") else
+                2 if (r["workload"], r["synchronous_commit"], r["clients"]) in unstable else 3)
+
+    first = sorted((r for r in runs if rank(r) < 3), key=rank)  # failed, then dips, then unstable
+    rest = [r for r in runs if r not in first]
+    room = max(0, MAX_SERIES_RUNS - len(first))
+    step = len(rest) / room if room and rest else 0
+    sample = [rest[int(i * step)] for i in range(min(room, len(rest)))] if step else []
+    picked = (first + sample)[:MAX_SERIES_RUNS]
+    why = (f"{len(picked)} of {len(runs)} runs: those with TPS dips, of unstable points or failed "
+           f"({len(first)}), then an even sample of the others; every run is in the runs table.")
+    return sorted(picked, key=runs.index), why
+
+
+def _environment_rows(env_text: str | None) -> list[dict[str, str]]:
+    """The captured environment as (what, value) rows; server settings as "value unit (source)"."""
+    if not env_text:
+        return []
+    env = json.loads(env_text)
+    rows: list[dict[str, str]] = []
+
+    def walk(value: Any, key: str) -> None:
+        if isinstance(value, dict) and {"setting", "source"} <= set(value):
+            unit = f" {value['unit']}" if value.get("unit") else ""
+            rows.append({"what": key, "value": f"{value['setting']}{unit} ({value['source']})"})
+        elif isinstance(value, dict):
+            for k, v in value.items():
+                walk(v, f"{key}.{k}" if key else str(k))
+        elif isinstance(value, list):
+            rows.append({"what": key, "value": ", ".join(map(str, value))})
+        else:
+            rows.append({"what": key, "value": "" if value is None else str(value)})
+
+    walk({k: v for k, v in env.items() if k != "plan"}, "")
+    return rows
 
 
 def _render(sweep: dict[str, Any], sweep_id: int, summary: list[str], tables: list[dict[str, Any]],
-            charts: list[dict[str, Any]]) -> str:
-    env = sweep.get("environment")
-    environment = json.dumps(json.loads(env), indent=1) if env else "(not captured)"
+            charts: list[dict[str, Any]], run_charts: list[dict[str, Any]] | None = None,
+            notes: dict[str, str] | None = None) -> str:
+    environment = _environment_rows(sweep.get("environment"))
+    groups = [("durability", "Price of durability"), ("scaling", "TPS and latency vs clients"),
+              ("disk", "Disk vs clients"), ("tiers", "Tiers")]
+    chart_groups = [{"id": gid, "title": title, "charts": [c for c in charts if c.get("group") == gid and c["svg"]]}
+                    for gid, title in groups]
+    chart_groups = [g for g in chart_groups if g["charts"]]
+    toc = [("summary", "Summary"), *((g["id"], g["title"]) for g in chart_groups)]
+    if run_charts:
+        toc.append(("runs-charts", "Runs over time"))
+    toc += [(t["id"], t["title"]) for t in tables]
+    toc += [("plan", "Plan"), ("environment", "Environment")]
     templates = Environment(loader=PackageLoader("pglab.report", "templates"), autoescape=select_autoescape())
     return templates.get_template("report.html.j2").render(
         title=sweep["plan_name"], subtitle=f"sweep {sweep_id}, pglab {sweep['pglab_version']}",
-        summary=summary, tables=tables, charts=charts, environment=environment, plotly_js=get_plotlyjs())
+        summary=summary, tables=tables, chart_groups=chart_groups, run_charts=run_charts or [], toc=toc,
+        notes=notes or {}, environment=environment, plan=sweep.get("plan_text") or "(not stored)",
+        disk_note="" if any(g["id"] == "disk" for g in chart_groups) or any(c.get("group") == "tiers"
+                                                                             for c in charts)
+        else "The disk was not measured for this sweep (an existing server, or no device found): no disk chart.")
 
 
 def _tenants_parts(store: Store, sweep_id: int) -> tuple[list[str], list[dict[str, Any]], list[dict[str, Any]]]:
@@ -197,59 +317,60 @@ def _tenants_parts(store: Store, sweep_id: int) -> tuple[list[str], list[dict[st
                        headers=tiers.HOST_HEADERS),
               _section("tenants", "Every tenant of every run", tenant_columns, tenant_rows)]
     charts = []
+    tier_names = list(dict.fromkeys(str(r["tier"]) for r in tier_rows))
     for metric, title, unit in (("tps_per_instance", "TPS per instance, per tier", "TPS"),
                                 ("latency_p99_ms", "Latency p99 per tier", "ms")):
-        traces = []
+        series = []
         for arrangement in dict.fromkeys(r["arrangement"] for r in tier_rows):
-            rows = [r for r in tier_rows if r["arrangement"] == arrangement]
-            traces.append({"type": "bar", "name": arrangement, "x": [r["tier"] for r in rows],
-                           "y": [r.get(metric) for r in rows]})
-        charts.append(_line_chart(f"tiers_{metric}", title, traces, "tier", unit))
+            at = {str(r["tier"]): r.get(metric) for r in tier_rows if r["arrangement"] == arrangement}
+            series.append(svg.Series(str(arrangement), [at.get(t) for t in tier_names]))
+        charts.append({"id": f"tiers-{metric}", "title": title, "group": "tiers",
+                       "svg": svg.categories(title, tier_names, series, unit, "tier", bars=True)})
     _, runs = run_table(store, sweep_id)
     for run in [r for r in runs if r["status"] == "ok"][:MAX_SERIES_RUNS]:
-        charts.append(_run_chart(store, {**run, "workload": run.get("arrangement", ""), "synchronous_commit": "",
-                                         "clients": "all"}, sweep_id, source="tenant:"))
+        chart = _run_chart(store, {**run, "workload": run.get("arrangement", ""), "synchronous_commit": "",
+                                   "clients": "all"}, sweep_id, source="tenant:")
+        if chart:
+            charts.append({**chart, "group": "tiers"})
     return summary, tables, charts
 
 
-def _run_chart(store: Store, run: dict[str, Any], sweep_id: int, source: str = "pgbench") -> dict[str, Any]:
-    """TPS, latency, write IOPS and replay lag of one run, its warm-up and window marked (``source``: whose TPS,
-    pgbench's, or each tenant's with "tenant:")."""
+def _run_chart(store: Store, run: dict[str, Any], sweep_id: int, source: str = "pgbench") -> dict[str, Any] | None:
+    """One run over time, each figure on its own axis: TPS, latency, the disk's writes and replay lag (when
+    measured); warm-up end and the window dashed, checkpoint starts dotted, TPS dips shaded (``source``: whose
+    TPS, pgbench's, or each tenant's with "tenant:")."""
     rows = store.series(run["run_id"])
+    if not rows:
+        return None
     events = dict(store.run_event_times(run["run_id"]))
-    t0 = events.get("warmup-start", events.get("window-start", rows[0][0] if rows else 0.0))
+    t0 = events.get("warmup-start", events.get("window-start", rows[0][0]))
 
-    def traces_of(source_prefix: str, metric: str, name: str, axis: str = "y") -> list[dict[str, Any]]:
-        by_source: dict[str, list[tuple[float, float | None]]] = {}
+    def lines(source_prefix: str, metric: str, name: str) -> list[tuple[str, list[float], list[float | None]]]:
+        by_source: dict[str, tuple[list[float], list[float | None]]] = {}
         for ts, src, m, v in rows:
             if src.startswith(source_prefix) and m == metric:
-                by_source.setdefault(src, []).append((ts - t0, v))
-        return [{"type": "scatter", "mode": "lines", "yaxis": axis, "x": [p[0] for p in pts], "y": [p[1] for p in pts],
-                 "name": name if len(by_source) == 1 else f"{name} {src.split(':', 1)[-1]}"}
-                for src, pts in by_source.items()]
+                xs, ys = by_source.setdefault(src, ([], []))
+                xs.append(ts - t0)
+                ys.append(v)
+        return [(name if len(by_source) == 1 else f"{name} {src.split(':', 1)[-1]}", xs, ys)
+                for src, (xs, ys) in by_source.items()]
 
-    traces = [*traces_of(source, "tps", "TPS"), *traces_of(source, "latency_ms", "latency ms", "y2"),
-              *traces_of("disk:", "w_s", "write IOPS"), *traces_of("repl:", "replay_lag_ms", "replay lag ms", "y2")]
-    shapes = [{"type": "line", "x0": ts - t0, "x1": ts - t0, "yref": "paper", "y0": 0, "y1": 1,
-               "line": {"dash": "dash", "width": 1}} for kind, ts in events.items()
-              if kind in ("warmup-end", "window-start", "window-end")]
-    if rows:
-        for ts, reason in store.sweep_events(sweep_id, "checkpoint-start", rows[0][0] - 1, rows[-1][0]):
-            shapes.append({"type": "line", "x0": ts - t0, "x1": ts - t0, "yref": "paper", "y0": 0, "y1": 1,
-                           "line": {"dash": "dot", "width": 2, "color": "purple"}, "name": f"checkpoint ({reason})"})
+    panels = [svg.Panel(unit, got) for unit, got in (
+        ("TPS", lines(source, "tps", "TPS")), ("latency ms", lines(source, "latency_ms", "latency ms")),
+        ("write IOPS", lines("disk:", "w_s", "write IOPS")), ("replay lag ms", lines("repl:", "replay_lag_ms",
+                                                                                     "replay lag ms"))) if got]
+    if not panels:
+        return None
+    marks = [(ts - t0, "6,4") for kind, ts in events.items() if kind in ("warmup-end", "window-start", "window-end")]
+    marks += [(ts - t0, "2,3") for ts, _ in store.sweep_events(sweep_id, "checkpoint-start", rows[0][0] - 1,
+                                                               rows[-1][0])]
+    shades = []
     if "window-start" in events and "window-end" in events:
         tps = [(ts, v) for ts, src, m, v in rows if src == "pgbench" and m == "tps" and v is not None]
-        for dip in find_dips(tps, events["window-start"], events["window-end"]):  # shaded: TPS dips
-            shapes.append({"type": "rect", "x0": dip.start - t0, "x1": dip.end - t0, "yref": "paper", "y0": 0,
-                           "y1": 1, "fillcolor": "red", "opacity": 0.12, "line": {"width": 0}})
-    chart = _line_chart(f"run_{run['run_id'].replace('-', '_')}",
-                        f"run {run['run_id']}: {run['workload']} {run['synchronous_commit']} "
-                        f"{run['clients']} clients (dashed: warm-up end, measured window; "
-                        "dotted: checkpoint starts; shaded: TPS dips)",
-                        traces, "seconds", "TPS / IOPS", css="small", shapes=shapes)
-    chart["layout"] = json.dumps({**json.loads(chart["layout"]),
-                                  "yaxis2": {"title": {"text": "ms"}, "overlaying": "y", "side": "right"}})
-    return chart
+        shades = [(d.start - t0, d.end - t0) for d in find_dips(tps, events["window-start"], events["window-end"])]
+    title = (f"run {run['run_id']} ({run['status']}): {run['workload']} {run['synchronous_commit']} "
+             f"{run['clients']} clients")
+    return {"id": f"run-{run['run_id']}", "title": title, "svg": svg.time_panels(title, panels, marks, shades)}
 
 
 def write(store: Store, path: Path, sweep_id: int | None = None) -> Path:

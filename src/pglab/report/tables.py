@@ -24,14 +24,17 @@ from pglab.analysis.steady import Dip, find_dips, tie_to_checkpoints
 from pglab.report.scenarios import HEADERS as SCENARIO_HEADERS
 from pglab.report.scenarios import loud_findings, scenario_table
 from pglab.store.sqlite import RunRow, Store
+from pglab.units import money
 
 AXIS_COLUMNS = ("workload", "synchronous_commit", "clients")
 METRIC_COLUMNS = metrics.keys("points")  # the catalogue's, in its order; the per-run table shows the same
 CI_COLUMNS = metrics.with_ci("points")
 DURABILITY_ORDER = ("off", "local", "remote_write", "on", "remote_apply")
 # columns that are no stored run metric: the cost table's and fio's (the storage phase's own figures)
-DECIMALS = {**metrics.decimals(), "per_tps": 4, "peak_tps": 1, "iops": 0, "mb_s": 1, "lat_mean_ms": 3,
-            "lat_p99_ms": 3, "lat_p999_ms": 3}
+DECIMALS = {**metrics.decimals(), "peak_tps": 1, "iops": 0, "mb_s": 1, "lat_mean_ms": 3, "lat_p99_ms": 3,
+            "lat_p999_ms": 3, "shown_lat_mean_ms": 3, "shown_lat_p99_ms": 3, "shown_lat_p999_ms": 3}
+MONEY_COLUMNS = ("per_tps", "monthly")
+
 
 
 def _extra_axes(runs: list[RunRow]) -> list[str]:
@@ -54,7 +57,7 @@ def point_table(store: Store, sweep_id: int | None = None) -> tuple[list[str], l
     extra = _extra_axes(runs)
     columns = [*AXIS_COLUMNS, *extra, *METRIC_COLUMNS, "repeats", "failed_runs", "bottleneck", "flags"]
     columns += [f"{c}_ci95" for c in CI_COLUMNS] + ["tps_cv_pct", "unstable", "storage_ceiling_pct", "tps_dips",
-                "tps_dips_at_checkpoint"]
+                "tps_dips_at_checkpoint", "bottleneck_tag"]
     cores, ceilings = _cores(store, sweep_id), _data_ceilings(store, sweep_id)
     recorded = store.sweep_schedule(sweep_id) if sweep_id is not None else None
     target_pct = recorded.get("target_ci_pct") if recorded else None  # adaptive repeats: the TPS interval wanted
@@ -81,7 +84,9 @@ def point_table(store: Store, sweep_id: int | None = None) -> tuple[list[str], l
         row["flags"] = flag_text([("", point_flags)])
         row["failed_runs"] = len(group) - len(ok)
         means = mean_metrics(ok)
-        row["bottleneck"] = describe(attribute(means, cores, group[0].axes.get("jobs"), ceilings)) if ok else ""
+        verdicts = attribute(means, cores, group[0].axes.get("jobs"), ceilings) if ok else []
+        row["bottleneck"] = describe(verdicts) if ok else ""
+        row["bottleneck_tag"] = bottleneck_tag(verdicts) if ok else ""
         dips = [_dips(store, r) for r in ok]
         row["tps_dips"] = sum(len(d) for d in dips) / len(dips) if dips else None
         row["tps_dips_at_checkpoint"] = (sum(sum(x.checkpoint is not None for x in d) for d in dips) / len(dips)
@@ -90,6 +95,27 @@ def point_table(store: Store, sweep_id: int | None = None) -> tuple[list[str], l
         row["storage_ceiling_pct"] = share * 100 if share is not None else None
         rows.append(row)
     return columns, rows
+
+
+BOTTLENECK_LEGEND = {
+    "cpu": "the host's (or the primary's quota of) CPU is saturated",
+    "interference": "processes outside the lab took the CPU",
+    "client": "pgbench is the limit (its CPU, or backends wait for it)",
+    "sync-rep": "backends wait for the standbys (IPC:SyncRep)",
+    "wal-flush": "backends wait on WAL write/flush",
+    "locks": "backends wait on locks",
+    "storage": "the device is saturated or near its fio ceiling",
+    "none": "no rule fired: nothing stood out",
+}
+"""The short bottleneck tags of the compact table, each explained once in the legend below it."""
+
+
+def bottleneck_tag(verdicts: list[Any]) -> str:
+    """The two strongest verdicts' resources, short enough for a narrow column ("wal-flush+sync-rep"); the
+    wide table and the CSV keep every verdict with its figures."""
+    if not verdicts:
+        return "none"
+    return "+".join("sync-rep" if v.resource == "sync-replication" else v.resource for v in verdicts[:2])
 
 
 def _dips(store: Store, run: RunRow) -> list[Dip]:
@@ -144,9 +170,10 @@ def run_table(store: Store, sweep_id: int | None = None) -> tuple[list[str], lis
 STORAGE_COLUMNS = ["path", "device", "profile", "iops", "mb_s", "lat_mean_ms", "lat_p99_ms", "lat_p999_ms", "note",
                    "label", "job", "direction", "lat_p50_ms", "sync_lat_mean_ms", "sync_lat_p99_ms",
                    "sync_lat_p999_ms", "json_file"]
-STORAGE_SHOWN = ["path", "device", "profile", "iops", "mb_s", "lat_mean_ms", "lat_p99_ms", "lat_p999_ms", "note"]
-STORAGE_HEADERS = {"iops": "IOPS", "mb_s": "MB/s", "lat_mean_ms": "lat mean ms", "lat_p99_ms": "p99 ms",
-                   "lat_p999_ms": "p99.9 ms"}
+STORAGE_SHOWN = ["path", "device", "profile", "iops", "mb_s", "lat_of", "shown_lat_mean_ms", "shown_lat_p99_ms",
+                 "shown_lat_p999_ms", "note"]
+STORAGE_HEADERS = {"iops": "IOPS", "mb_s": "MB/s", "lat_of": "latency of", "shown_lat_mean_ms": "lat mean ms",
+                   "shown_lat_p99_ms": "p99 ms", "shown_lat_p999_ms": "p99.9 ms"}
 
 
 def storage_table(store: Store, sweep_id: int | None = None) -> tuple[list[str], list[dict[str, Any]]]:
@@ -160,9 +187,10 @@ def storage_table(store: Store, sweep_id: int | None = None) -> tuple[list[str],
     for r in results:
         profile = r["job"]
         notes = [r["note"]] if r["note"] else []
-        if r["sync_lat_mean_ms"] is not None:  # fio reports write() and fdatasync() apart; a commit pays both
-            notes.insert(0, f"fdatasync after each write: mean {r['sync_lat_mean_ms']:.3f} ms, "
-                            f"p99 {r['sync_lat_p99_ms']:.3f} ms, p99.9 {r['sync_lat_p999_ms']:.3f} ms")
+        synced = r["sync_lat_mean_ms"] is not None
+        if synced:  # fio reports write() and fdatasync() apart: a commit waits for the fdatasync, shown as latency
+            notes.insert(0, f"write() alone: mean {r['lat_mean_ms']:.3f} ms, p99 {r['lat_p99_ms']:.3f} ms")
+        shown = "sync_lat" if synced else "lat"
         rows.append({
             "path": r["label"] if r["label"] in ("data", "wal") else r["path"],
             "device": r["device"] or "(none)",
@@ -171,7 +199,9 @@ def storage_table(store: Store, sweep_id: int | None = None) -> tuple[list[str],
             "lat_p999_ms": r["lat_p999_ms"], "note": "; ".join(notes), "label": r["label"], "job": r["job"],
             "direction": r["direction"], "lat_p50_ms": r["lat_p50_ms"], "sync_lat_mean_ms": r["sync_lat_mean_ms"],
             "sync_lat_p99_ms": r["sync_lat_p99_ms"], "sync_lat_p999_ms": r["sync_lat_p999_ms"],
-            "json_file": r["json_file"],
+            "json_file": r["json_file"], "lat_of": "fdatasync" if synced else "I/O",
+            "shown_lat_mean_ms": r[f"{shown}_mean_ms"], "shown_lat_p99_ms": r[f"{shown}_p99_ms"],
+            "shown_lat_p999_ms": r[f"{shown}_p999_ms"],
         })
     return list(STORAGE_COLUMNS), rows
 
@@ -194,6 +224,8 @@ def _fmt(col: str, value: Any) -> str:
     if isinstance(value, float):
         if math.isnan(value):
             return ""
+        if col in MONEY_COLUMNS:
+            return money(value)
         if col.endswith("_pct") and ("_vs_" in col or "delta" in col or "ci95" in col or col == "uplift_pct"):
             return f"{value:+.1f} %"
         decimals = 1 if col.endswith("_tps") else DECIMALS.get(col, 2)
@@ -232,13 +264,16 @@ def delta_text(delta: float | None, low: float | None, high: float | None, verdi
         return f"{text} [{low:+.1f}, {high:+.1f}]"
     if verdict in VERDICTS:
         return f"{text} [unbounded]"
+    if verdict == TOO_FEW_REPEATS:  # said in the cell: the compact tables show no verdict column
+        return f"{text} (too few repeats)"
     return text
 
 
 def display_columns(columns: list[str]) -> list[str]:
     """The columns a terminal or markdown table shows: intervals go into their figure's cell, not columns."""
     return [c for c in columns if not c.endswith(("_ci95", "ci95_low_pct", "ci95_high_pct", "p_value"))
-            and c not in ("tps_cv_pct", "unstable", "storage_ceiling_pct", "tps_dips", "tps_dips_at_checkpoint")]
+            and c not in ("tps_cv_pct", "unstable", "storage_ceiling_pct", "tps_dips", "tps_dips_at_checkpoint",
+                          "bottleneck_tag")]
 
 
 def durability_table(store: Store, sweep_id: int | None = None) -> tuple[list[str], list[dict[str, Any]]]:
@@ -254,7 +289,7 @@ def durability_table(store: Store, sweep_id: int | None = None) -> tuple[list[st
     base = "off" if "off" in levels else ("local" if "local" in levels else levels[0])
     keys = [c for c in columns if c not in METRIC_COLUMNS and c not in ("synchronous_commit", "repeats",
             "failed_runs", "tps_cv_pct", "unstable", "bottleneck", "flags", "storage_ceiling_pct", "tps_dips",
-            "tps_dips_at_checkpoint")
+            "tps_dips_at_checkpoint", "bottleneck_tag")
             and not c.endswith("_ci95")]
     groups: OrderedDict[tuple[Any, ...], dict[str, dict[str, Any]]] = OrderedDict()
     for p in points:
@@ -300,7 +335,12 @@ def _number(value: float | None) -> float | None:
 
 
 def render(columns: list[str], rows: list[dict[str, Any]], fmt: str, title: str | None = None,
-           shown: list[str] | None = None, headers: dict[str, str] | None = None) -> str:
+           shown: list[str] | None = None, headers: dict[str, str] | None = None, width: int | None = None,
+           optional: tuple[str | tuple[str, ...], ...] = (), plain: tuple[str, ...] = ()) -> str:
+    """One table as text. In the terminal format every row stays on one line (no cell wraps): with ``width``,
+    the ``optional`` columns (or groups of columns, left out together) are left out, the last first, until the
+    table fits (and a line says which);
+    without, nothing is cut. ``plain`` columns show their mean without its ± interval."""
     if fmt == "json":
         return json.dumps([{c: r.get(c) for c in columns} for r in rows], indent=2)
     if fmt == "csv":
@@ -310,24 +350,91 @@ def render(columns: list[str], rows: list[dict[str, Any]], fmt: str, title: str 
         for r in rows:
             w.writerow({c: ("" if r.get(c) is None else r.get(c)) for c in columns})
         return buf.getvalue()
-    shown = shown or display_columns(columns)
+    shown = list(shown or display_columns(columns))
     headers = headers or {}
     if fmt == "markdown":
         lines = ["| " + " | ".join(headers.get(c, c) for c in shown) + " |", "|" + "|".join("---" for _ in shown) + "|"]
         lines += ["| " + " | ".join(_cell(c, r) for c in shown) + " |" for r in rows]
         return "\n".join(lines) + "\n"
-    table = Table(title=title, title_justify="left", show_lines=False, header_style="bold")
+    droppable = [g for g in ((o,) if isinstance(o, str) else o for o in optional) if set(g) & set(shown)]
+    left_out: list[str] = []
+    while True:
+        text = _rich_table(shown, rows, title, headers, plain)
+        if width is None or not droppable or max(map(len, text.splitlines()[1:]), default=0) <= width:
+            break
+        for c in droppable.pop():
+            if c in shown:
+                left_out.append(c)
+                shown.remove(c)
+    if left_out:
+        text += _prose(f"(left out to fit {width} columns: {', '.join(headers.get(c, c) for c in left_out)}; "
+                       "--wide shows every column)", width)
+    return text
+
+
+def _rich_table(shown: list[str], rows: list[dict[str, Any]], title: str | None, headers: dict[str, str],
+                plain: tuple[str, ...] = ()) -> str:
+    table = Table(show_lines=False, header_style="bold")
     for c in shown:
         left = c in ("workload", "synchronous_commit", "status", "run_id", "dir", "reason", "path", "device", "profile",
-                     "note", "dips", "flags") or c.endswith("verdict")
+                     "note", "dips", "flags", "bottleneck_tag", "lat_of") or c.endswith("verdict")
         name = headers.get(c, c)
-        table.add_column(name, justify="left" if left else "right", no_wrap=c not in ("note", "dips"),
-                         min_width=len(name), max_width=60 if c in ("note", "dips") else None)
+        table.add_column(name, justify="left" if left else "right", no_wrap=True, min_width=len(name))
     for r in rows:
-        table.add_row(*(Text(_cell(c, r)) for c in shown))  # text, not markup: "[unbounded]" is no style tag
-    console = Console(width=1000, record=True, file=io.StringIO())
+        table.add_row(*(Text(_fmt(c, r.get(c)) if c in plain else _cell(c, r)) for c in shown))  # text, not markup
+    console = Console(width=100_000, record=True, file=io.StringIO())
     console.print(table)
-    return "\n".join(line.rstrip() for line in console.export_text().splitlines()) + "\n"
+    lines = [line.rstrip() for line in console.export_text().splitlines()]
+    if title:  # a line of its own, not wrapped to the table's width
+        lines.insert(0, title)
+    return "\n".join(lines) + "\n"
+
+
+COMPACT_COLUMNS = ("tps", "latency_p99_ms", "cpu_pct", "write_iops", "write_latency_ms", "bottleneck_tag", "flags")
+"""The default terminal table's figures after the axes: TPS ± its interval, p99, CPU, the disk's write IOPS and
+latency, and a short bottleneck tag; when the terminal is narrower, the disk and CPU figures go first."""
+COMPACT_OPTIONAL = ("bottleneck_tag", "cpu_pct", "write_iops", "write_latency_ms", "flags")  # left out from the last
+COMPACT_HEADERS = {"synchronous_commit": "sync commit", "tps": "tps ± 95 %", "latency_p99_ms": "p99 ms",
+                   "cpu_pct": "cpu %", "write_iops": "disk w IOPS", "write_latency_ms": "disk w ms",
+                   "bottleneck_tag": "bottleneck"}
+
+
+def database_columns(columns: list[str], rows: list[dict[str, Any]], chosen: list[str] | None, wide: bool,
+                     per_run: bool) -> list[str]:
+    """The database table's terminal columns: the axes (and run id) always, then ``chosen`` (``--columns``),
+    every column (``--wide``), or the compact default."""
+    if wide:
+        return display_columns(columns)
+    fixed = [c for c in columns if c in ("run_id", "status", *AXIS_COLUMNS) or c.startswith("parameters.")
+             or (c == "jobs" and c in columns[:8])]
+    figures = chosen if chosen is not None else [c for c in COMPACT_COLUMNS if c in columns]
+    if chosen is None and not any(r.get("flags") for r in rows):
+        figures = [c for c in figures if c != "flags"]
+    if per_run and chosen is None:
+        figures = [c for c in figures if c not in ("bottleneck_tag", "flags", "write_latency_ms")] + ["dips"]
+    return [*fixed, *(c for c in figures if c not in fixed)]
+
+
+def selectable_columns(store: Store, sweep_id: int | None, per_run: bool) -> list[str]:
+    """The names ``--columns`` accepts for this sweep's database table."""
+    columns, _ = (run_table if per_run else point_table)(store, sweep_id)
+    return [c for c in columns if not c.endswith("_ci95")]
+
+
+def bottleneck_legend(rows: list[dict[str, Any]]) -> str:
+    """One line per bottleneck tag the table shows: what the short column means."""
+    seen = dict.fromkeys(t for r in rows for t in (r.get("bottleneck_tag") or "").split("+") if t)
+    lines = [f"  {t}: {BOTTLENECK_LEGEND[t]}" for t in seen if t in BOTTLENECK_LEGEND]
+    out = ["bottleneck (the figures behind each: --wide, or --format csv):", *lines] if lines else []
+    by_flag: dict[str, list[str]] = {}
+    for r in rows:
+        for flag in (r.get("flags") or "").split(", "):
+            if flag:
+                by_flag.setdefault(flag, []).append(" ".join(str(r.get(c)) for c in AXIS_COLUMNS))
+    for flag, where in by_flag.items():
+        out.append(f"flagged {flag}: " + (f"every point ({len(rows)})" if len(where) == len(rows) > 1
+                                          else "; ".join(where)))
+    return "\n".join(out) + "\n" if out else ""
 
 
 def limits_note(store: Store, sweep_id: int | None = None) -> str | None:
@@ -342,7 +449,7 @@ def limits_note(store: Store, sweep_id: int | None = None) -> str | None:
 
 
 TOO_FEW_NOTE = (f"{TOO_FEW_REPEATS}: a Δ with fewer than 2 runs on a side has no interval, so it says nothing yet "
-                "about a difference; set run.repeats to 3 or more\n")
+                "about a difference;\n  set run.repeats to 3 or more\n")
 TABLES = ("database", "storage", "durability", "scenarios", "cost", "uplift", "tiers", "tenants")
 UPLIFT_HEADERS = {"a": "A tps", "b": "B tps", "uplift_pct": "uplift % [95 %]", "ci95_low_pct": "95 % low",
                   "ci95_high_pct": "95 % high"}
@@ -360,11 +467,22 @@ def uplift_table(store: Store, sweep_id: int | None = None) -> tuple[list[str], 
     return (columns, rows) if rows else ([], [])
 
 
+def _prose(text: str, width: int | None) -> str:
+    """Notes below the tables wrapped to the terminal (120 columns when piped), each paragraph apart."""
+    import textwrap
+
+    limit = min(width or 120, 120)
+    return "".join(textwrap.fill(line, limit, subsequent_indent="  ", break_on_hyphens=False) + "\n"
+                   for line in text.splitlines())
+
+
 def full_report(store: Store, fmt: str, sweep_id: int | None = None, per_run: bool = False,
-                table: str | None = None, title: str | None = None) -> str:
+                table: str | None = None, title: str | None = None, width: int | None = None, wide: bool = False,
+                columns: list[str] | None = None) -> str:
     """What `pglab report` and the end of `pglab run` print: the storage table (when fio ran), its ceilings,
     the database table and the price of durability (when several synchronous_commit levels ran).
-    CSV and JSON hold one table: the database one unless ``table`` names another."""
+    CSV and JSON hold one table: the database one unless ``table`` names another. The terminal tables are
+    compact and fit ``width`` unless ``wide``; ``columns`` chooses the database table's figures."""
     from pglab.report import tiers
 
     fio_columns, fio_rows = storage_table(store, sweep_id)
@@ -382,14 +500,30 @@ def full_report(store: Store, fmt: str, sweep_id: int | None = None, per_run: bo
         if which == "scenarios":
             chosen = scenario_table(store, sweep_id)
         return render(*chosen, fmt)
+    compact = fmt == "table" and not wide
+    width = None if wide else width
     parts = []
     compared: list[dict[str, Any]] = []  # the rows of the comparison tables printed, for the note below
     if fio_rows and table in (None, "storage"):
-        parts.append(render(fio_columns, fio_rows, fmt, title="storage (fio)", shown=STORAGE_SHOWN,
-                            headers=STORAGE_HEADERS))
-        parts.append(ceilings_text(store, sweep_id))
+        shown = [c for c in STORAGE_SHOWN if c != "note"] if compact else STORAGE_SHOWN
+        parts.append(render(fio_columns, fio_rows, fmt, title="storage (fio)", shown=shown, headers=STORAGE_HEADERS,
+                            width=width, optional=("shown_lat_p999_ms", "mb_s", "device") if compact else ()))
+        if compact:
+            parts.append(_prose("".join(f"{r['path']} {r['profile']}: {r['note']}\n" for r in fio_rows if r["note"]),
+                                width))
+        parts.append(_prose(ceilings_text(store, sweep_id), width))
     if (db_rows or not fio_rows) and table in (None, "database"):
-        parts.append(render(db_columns, db_rows, fmt, title=title))
+        shown = database_columns(db_columns, db_rows, columns, wide or (fmt != "table" and columns is None), per_run)
+        headers = ({**COMPACT_HEADERS, "tps": "tps"} if per_run else COMPACT_HEADERS) if compact else None
+        droppable = ("cpu_pct", "write_iops", "dips") if per_run else COMPACT_OPTIONAL
+        parts.append(render(db_columns, db_rows, fmt, title=title, shown=shown, headers=headers, width=width,
+                            optional=droppable if compact and columns is None else (),
+                            plain=("latency_p99_ms",) if compact and columns is None else ()))
+        if compact and not per_run:
+            parts.append(_prose(bottleneck_legend(db_rows), width))
+        if compact and per_run and columns is None:  # why a run failed: below the table, not in a wide column
+            parts.append(_prose("".join(f"{r['run_id']} {r['status']}: {r['reason']}\n" for r in db_rows
+                                        if r.get("reason")), width))
     if dur_rows and table in (None, "durability") and not per_run:
         headers = {}
         for c in dur_columns:
@@ -400,9 +534,20 @@ def full_report(store: Store, fmt: str, sweep_id: int | None = None, per_run: bo
                     headers[c] = f"{c[: -len(suffix)]} {name}"
                     break
         compared += dur_rows
+        base = dur_rows[0]["base"]
+        shown = [c for c in display_columns(dur_columns) if c != "base"]
+        optional: tuple[str | tuple[str, ...], ...] = ()
+        if compact:
+            keys = dur_columns[: dur_columns.index("base")]
+            deltas = [c for c in dur_columns if c.endswith("_tps_vs_base_pct")]
+            verdicts = [c for c in dur_columns if c.endswith("_tps_verdict")]
+            lat = [c for c in dur_columns if c.endswith("_latency_vs_base_pct")]
+            flagged = ["flags"] if any(r.get("flags") for r in dur_rows) else []
+            shown = [*keys, f"{base}_tps", *deltas, *verdicts, *flagged, *lat]
+            optional = (tuple(verdicts), *flagged, tuple(lat))  # a kind of column goes for every level at once
         parts.append(render(dur_columns, dur_rows, fmt, title="price of durability: synchronous_commit levels side "
-                            f"by side, Δ = % vs {dur_rows[0]['base']} [95 % interval]",
-                            shown=[c for c in display_columns(dur_columns) if c != "base"], headers=headers))
+                            f"by side, Δ = % vs {base} [95 % interval]", shown=shown, headers=headers,
+                            width=width, optional=optional))
     sc_columns, sc_rows = scenario_table(store, sweep_id)
     if sc_rows and table in (None, "scenarios") and not per_run:
         parts.append(render(sc_columns, sc_rows, fmt, title="scenarios: outage (RTO), acknowledged writes lost and "
@@ -415,13 +560,40 @@ def full_report(store: Store, fmt: str, sweep_id: int | None = None, per_run: bo
             compared += up_rows
             parts.append(render(up_columns, up_rows, fmt, title=up_title, headers=UPLIFT_HEADERS))
     if (note := limits_note(store, sweep_id)) and table in (None, "database"):
-        parts.append(note + "\n")
+        parts.append(_prose(note, width))
     if any(v == TOO_FEW_REPEATS for r in compared for v in r.values()):
-        parts.append(TOO_FEW_NOTE)
+        parts.append(_prose(TOO_FEW_NOTE, width))
     if cost_rows and table in (None, "cost") and not per_run:
         parts.append(render(cost_columns, cost_rows, fmt, title="cost at peak TPS",
                             headers={"per_tps": f"{cost_rows[0]['currency']}/TPS·month", "peak_tps": "peak tps"}))
     return "\n".join(p for p in parts if p)
+
+
+def table_problem(store: Store, sweep_id: int | None, table: str | None) -> str | None:
+    """Why ``--table`` has nothing to show for this sweep, in one sentence, or None when it has."""
+    from pglab.analysis.compare import uplift_tables
+    from pglab.report import tiers
+
+    if table is None:
+        return None
+    tenants = tiers.is_tenants_sweep(store, sweep_id)
+    have = {"storage": lambda: bool(storage_table(store, sweep_id)[1]),
+            "database": lambda: True,
+            "durability": lambda: not tenants and bool(durability_table(store, sweep_id)[1]),
+            "scenarios": lambda: not tenants and bool(scenario_table(store, sweep_id)[1]),
+            "cost": lambda: not tenants and bool(cost_table(store, sweep_id)[1]),
+            "uplift": lambda: not tenants and bool(uplift_tables(store, sweep_id)),
+            "tiers": lambda: tenants and bool(tiers.tier_table(store, sweep_id)[1]),
+            "tenants": lambda: tenants and bool(tiers.tenant_table(store, sweep_id)[1])}
+    why = {"storage": "the plan ran no storage (fio) phase",
+           "durability": "it needs two or more synchronous_commit levels",
+           "scenarios": "the plan ran no scenario",
+           "cost": "the plan has no cost section",
+           "uplift": "the sweep varies no configuration axis (compare two folders with 'pglab compare A B --uplift')",
+           "tiers": "it is for tenants plans", "tenants": "it is for tenants plans"}
+    if have[table]():
+        return None
+    return f"--table: sweep {sweep_id} has no {table} table: {why[table]}; see the tables it has with no --table."
 
 
 def _tenants_report(store: Store, fmt: str, sweep_id: int | None, table: str | None, fio_columns: list[str],
