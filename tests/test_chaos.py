@@ -221,3 +221,39 @@ def test_a_frozen_primary_fails_its_run_and_stops_the_sweep_in_one_sentence(tmp_
     again = pglab("run", str(plan), "--results", str(results), "--format", "csv", timeout=300)
     assert again.returncode == 0, again.stderr[-2000:]
     assert [s for _r, s, _ in _runs(results)].count("ok") == 2
+
+
+def test_toxiproxy_killed_fails_its_run_and_is_restarted_with_the_same_links(tmp_path: Path) -> None:
+    plan = tmp_path / "plan.yaml"
+    shaped = "network: {latency_ms: 4}, synchronous:"
+    plan.write_text(PLAN.format(instances=2, repeats=2).replace("synchronous:", shaped))
+    results = tmp_path / "results"
+    proc = _start(plan, results)
+    killed: list[int] = []
+
+    def strike(_fault: str, _pgbench: int) -> None:
+        lab = _lab(results)
+        killed.extend(int(p.split(":")[0]) for p in processes_mentioning(str(lab)) if "toxiproxy-server" in p)
+        for p in killed:
+            os.kill(p, signal.SIGKILL)
+
+    try:
+        _fault_each_measured_pgbench(proc, ["toxiproxy"], 240, strike)
+        _out, err = proc.communicate(timeout=240)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+            pglab("lab", "clean")
+    assert len(killed) == 1, killed
+    assert proc.returncode == 1, err  # a failed run, the sweep went on
+    assert "Traceback" not in err
+    runs = _runs(results)
+    assert runs[0][1] == "failed" and "Toxiproxy, which carries the replication links, not running" in (
+        runs[0][2] or ""), runs
+    assert runs[1][:2] == (2, "ok"), runs
+    assert "restarted Toxiproxy" in err, err[-2000:]
+    # the second run went through the same proxy port, shaped as the plan says
+    links = [json.loads(p.read_text()) for p in sorted((results / "runs").glob("*/network.json"))]
+    assert links and all(link["n1"]["latency_ms"] == 4 for link in links), links
+    assert len({link["n1"]["proxy_port"] for link in links}) == 1, links

@@ -563,6 +563,7 @@ class LocalLab(LabBase[Node]):
     def repair(self) -> list[str]:
         """Start again the instances found down (killed during a run): the primary first, through crash recovery,
         then the standbys, which reconnect and catch up; wait until they stream. Returns the names restarted."""
+        proxies = self._repair_proxies()
         down = [n for n in self.nodes if n.postmaster_pid() is None]
         for node in down:
             for attempt in range(20):
@@ -573,9 +574,24 @@ class LocalLab(LabBase[Node]):
                     if attempt == 19:
                         raise
                     time.sleep(0.5)
-        if down:
+        if down or proxies:
             self.wait_streaming()
-        return [n.name for n in down]
+        return proxies + [n.name for n in down]
+
+    def _repair_proxies(self) -> list[str]:
+        """Toxiproxy found dead: started again with every proxy on its former port (the standbys' primary_conninfo
+        names it) and the plan's shaping, so the standbys reconnect through the same links."""
+        if self.toxiproxy is None or self.toxiproxy.running():
+            return []
+        from pglab.targets.local.toxiproxy import ToxiproxyServer
+
+        assert self.lab_dir is not None
+        self.toxiproxy.stop()  # reaps it
+        self.toxiproxy = ToxiproxyServer(self.lab_dir / "toxiproxy", self.lab_dir / "logs" / "toxiproxy.log")
+        for name, port in self.proxy_ports.items():
+            self.toxiproxy.create_proxy(name, self.nodes[0].port, listen_port=port)
+        self._shape_links()
+        return ["Toxiproxy"]
 
     def restart(self) -> None:
         """Rolling restart: standbys first, then the primary; wait until streaming again."""
@@ -644,9 +660,10 @@ class LocalLab(LabBase[Node]):
 
     def health(self) -> str | None:
         down = [n.name for n in self.nodes if n.postmaster_pid() is None]
-        if down:
-            return f"instance(s) {', '.join(down)} not running"
-        return None
+        problems = [f"instance(s) {', '.join(down)} not running"] if down else []
+        if self.toxiproxy is not None and not self.toxiproxy.running():
+            problems.append("Toxiproxy, which carries the replication links, not running")
+        return "; ".join(problems) or None
 
     def describe(self) -> dict[str, Any]:
         return {

@@ -204,9 +204,13 @@ class ToxiproxyServer:
             _error(f"toxiproxy {method} {path}: {detail} (HTTP {exc.code})")
         return json.loads(raw) if raw.strip() else None
 
-    def create_proxy(self, name: str, upstream_port: int, upstream_host: str = HOST) -> int:
-        """Proxy 127.0.0.1:<port chosen by the kernel, no race> to the upstream; returns the listen port."""
-        proxy = self._request("POST", "/proxies", {"name": name, "listen": f"{HOST}:0",
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def create_proxy(self, name: str, upstream_port: int, upstream_host: str = HOST, listen_port: int = 0) -> int:
+        """Proxy 127.0.0.1:<port chosen by the kernel, no race; or ``listen_port``, the port of a proxy made again>
+        to the upstream; returns the listen port."""
+        proxy = self._request("POST", "/proxies", {"name": name, "listen": f"{HOST}:{listen_port}",
                                                    "upstream": f"{upstream_host}:{upstream_port}", "enabled": True})
         return int(str(proxy["listen"]).rsplit(":", 1)[1])
 
