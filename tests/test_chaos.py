@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import sqlite3
 import subprocess
@@ -257,3 +258,44 @@ def test_toxiproxy_killed_fails_its_run_and_is_restarted_with_the_same_links(tmp
     links = [json.loads(p.read_text()) for p in sorted((results / "runs").glob("*/network.json"))]
     assert links and all(link["n1"]["latency_ms"] == 4 for link in links), links
     assert len({link["n1"]["proxy_port"] for link in links}) == 1, links
+
+
+FULL_PLAN = """
+name: full
+target: {local: {instances: 1}}
+dataset: {scale: 1}
+matrix: {workload: [tpcb-like], clients: [2]}
+run: {duration: 3s, repeats: 4}
+"""
+
+
+def test_a_full_results_filesystem_stops_the_sweep_in_one_sentence_and_a_rerun_resumes(tmp_path: Path) -> None:
+    plan = tmp_path / "plan.yaml"
+    plan.write_text(FULL_PLAN)
+    mount = tmp_path / "small"
+    mount.mkdir()
+    assert subprocess.run(["mount", "-t", "tmpfs", "-o", "size=400k", "tmpfs", str(mount)]).returncode == 0, \
+        "the test mounts a small tmpfs: run it as root"
+    results = mount / "res"
+    try:
+        full = pglab("run", str(plan), "--results", str(results), "--format", "csv", timeout=300)
+        print(full.stderr[-3000:])
+        assert full.returncode == 1, full.stderr
+        assert "Traceback" not in full.stderr and "Exception in thread" not in full.stderr
+        sentence = (f"error: no space left on the filesystem of {results}: free some and resume with the same pglab "
+                    "run and --results")
+        assert full.stderr.strip().splitlines()[-1] == sentence
+        lab = re.search(r"initdb n0 \(data (\S+)/n0/data", full.stderr)
+        assert lab is not None and processes_mentioning(lab.group(1)) == [] and not Path(lab.group(1)).exists()
+        ok_before = [s for _r, s, _ in _runs(results)].count("ok")
+        assert ok_before < 4
+
+        # room again: the same command redoes the run that could not be recorded and completes the sweep
+        assert subprocess.run(["mount", "-o", "remount,size=4m", str(mount)]).returncode == 0
+        again = pglab("run", str(plan), "--results", str(results), "--format", "csv", timeout=300)
+        assert again.returncode == 0, again.stderr[-2000:]
+        runs = _runs(results)
+        assert sorted(r for r, _s, _ in runs) == [1, 2, 3, 4] and {s for _r, s, _ in runs} == {"ok"}, runs
+        assert f"{ok_before} completed before this resume" in again.stderr
+    finally:
+        subprocess.run(["umount", str(mount)], check=False)

@@ -15,7 +15,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from pglab.cluster_cli import cluster_app
-from pglab.errors import LabError, LabUnsound, PlanError, RunInterrupted, UserError
+from pglab.errors import LabError, LabUnsound, NoSpace, PlanError, RunInterrupted, UserError
 from pglab.plan.expand import Point
 from pglab.plan.load import load_plan
 from pglab.plan.schema import Plan
@@ -596,7 +596,7 @@ def main() -> None:
     except UserError as exc:
         err.print(f"error: {exc}", markup=False, highlight=False)
         sys.exit(2)
-    except (LabError, LabUnsound, PgbenchError, FioError, psycopg.Error) as exc:
+    except (LabError, LabUnsound, NoSpace, PgbenchError, FioError, psycopg.Error) as exc:
         # not the user's input, but still no traceback: the tool's own words and a non-zero exit
         err.print(f"error: {str(exc).strip()}", markup=False, highlight=False)
         sys.exit(1)

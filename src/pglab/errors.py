@@ -1,6 +1,11 @@
 """Errors shared across layers: those a user can cause (the CLI turns them into one sentence and exit code 2), and
 a lab's server step that failed."""
 
+from __future__ import annotations
+
+import errno
+import sqlite3
+
 
 class UserError(Exception):
     """A problem the user can fix (plan, path, permission, missing binary, busy port).
@@ -24,6 +29,26 @@ class LabError(Exception):
 class LabUnsound(Exception):
     """The lab cannot be brought back to a sound state within a deadline (standbys not answering): the sweep stops
     with this one sentence instead of failing every remaining run, or waiting without a word."""
+
+
+class NoSpace(Exception):
+    """A filesystem pglab writes its results to is full: nothing more can be recorded, so the sweep stops with this
+    one sentence (what was stored stays; the run under way is redone by a rerun)."""
+
+
+def no_space(exc: BaseException) -> str | None:
+    """The file a full filesystem (or quota) refused, or '' when not known, if that is what ``exc`` or an exception
+    it was raised from is; None otherwise."""
+    seen: BaseException | None = exc
+    for _ in range(10):  # the chain: a failure while handling the failure to write
+        if seen is None:
+            return None
+        if isinstance(seen, OSError) and seen.errno in (errno.ENOSPC, errno.EDQUOT):
+            return str(seen.filename or "")
+        if isinstance(seen, sqlite3.OperationalError) and "disk is full" in str(seen):
+            return "results.db"
+        seen = seen.__cause__ or seen.__context__
+    return None
 
 
 class RunInterrupted(Exception):

@@ -14,7 +14,7 @@ from pglab.artifacts import write_json
 from pglab.engine.driver import Driver, FioMeasurement, SweepInfo
 from pglab.engine.schedule import Schedule, new_seed
 from pglab.engine.types import Event, Observer, RunResult
-from pglab.errors import RunInterrupted, UserError, first_line
+from pglab.errors import NoSpace, RunInterrupted, UserError, first_line, no_space
 from pglab.plan.expand import Point
 from pglab.plan.load import resolve_path
 from pglab.plan.schema import Plan, Run
@@ -120,7 +120,11 @@ class Recorder:
     def events(self, events: Iterable[Event]) -> None:
         events = list(events)
         if events:
-            self.store.add_events(self.sweep_id, events)
+            try:
+                self.store.add_events(self.sweep_id, events)
+            except Exception as exc:  # a full disk: what happened is in the log, the store can take no more
+                if no_space(exc) is None:
+                    raise
 
     def fio(self, m: FioMeasurement) -> None:
         self.store.save_fio(self.sweep_id, m.label, m.device, m.results, m.ceilings)
@@ -139,6 +143,8 @@ class Recorder:
             ui.run_finished(point, repeat, "interrupted", {})
             raise
         except driver.run_errors as exc:
+            if (where := no_space(exc)) is not None:
+                raise self._full(where) from None
             reason = first_line(exc)
             try:
                 problem = driver.health()
@@ -151,12 +157,21 @@ class Recorder:
             ui.run_finished(point, repeat, "failed", {"reason": reason})
             return reason
         except BaseException as exc:  # it ends the sweep; the run is not left marked running
+            if (where := no_space(exc)) is not None:
+                raise self._full(where) from None
             self.events(driver.take_events())
             store.finish_run(run_id, "failed", reason=f"the sweep ended: {first_line(exc)}")
             raise
         self.events(driver.take_events())
         self._finish(run_id, run_dir, point, repeat, result)
         return None
+
+    def _full(self, where: str) -> NoSpace:
+        """The sentence for a full filesystem; the run stays marked running, which a rerun redoes (the store may
+        take no more)."""
+        thing = str(self.dir / where) if where in ("", "results.db") else where
+        return NoSpace(f"no space left on the filesystem of {thing}: free some and resume with the same pglab run "
+                       "and --results")
 
     def _finish(self, run_id: str, run_dir: Path, point: Point, repeat: int, result: RunResult) -> None:
         window = result.window
@@ -168,4 +183,8 @@ class Recorder:
         self.ui.run_finished(point, repeat, "ok", dict(result.metrics))
 
     def end(self, status: str, reason: str | None) -> None:
-        self.store.end_sweep(self.sweep_id, status, reason)
+        try:
+            self.store.end_sweep(self.sweep_id, status, reason)
+        except Exception as exc:  # a full disk: the sweep stays 'running', which a rerun resumes
+            if no_space(exc) is None:
+                raise

@@ -321,14 +321,22 @@ class PgbenchProcess:
 
     def _read_stderr(self) -> None:
         assert self.proc.stderr is not None
-        with self._stderr as err:
-            for line in self.proc.stderr:
-                err.write(line)
+        err, writing = self._stderr, True
+        try:
+            for line in self.proc.stderr:  # read to the end whatever happens, or pgbench blocks on a full pipe
+                if writing:
+                    try:
+                        err.write(line)
+                    except OSError:  # a full disk: the run fails on its missing outputs, pgbench must not hang
+                        writing = False
                 p = parse_progress_line(line)
                 if p is not None:
                     self.progress.append(p)
                     if self.on_progress:
                         self.on_progress(p)
+        finally:
+            with contextlib.suppress(OSError):  # the last flush on a full disk
+                err.close()
 
     def poll_for(self, seconds: float) -> int | None:
         """Wait up to ``seconds`` for pgbench to end; its exit code, or None while it still runs."""
