@@ -12,6 +12,7 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -299,3 +300,31 @@ def test_a_full_results_filesystem_stops_the_sweep_in_one_sentence_and_a_rerun_r
         assert f"{ok_before} completed before this resume" in again.stderr
     finally:
         subprocess.run(["umount", str(mount)], check=False)
+
+
+def test_a_full_wal_filesystem_fails_the_run_and_a_lab_that_cannot_restart_stops_the_sweep(tmp_path: Path) -> None:
+    wal = Path(tempfile.mkdtemp(prefix="pglab-wal-", dir="/var/tmp"))  # a path the server user can reach
+    assert subprocess.run(["mount", "-t", "tmpfs", "-o", "size=40m", "tmpfs", str(wal)]).returncode == 0, \
+        "the test mounts a small tmpfs: run it as root"
+    plan = tmp_path / "plan.yaml"
+    plan.write_text(FULL_PLAN.replace("instances: 1", f"instances: 1, paths: {{wal: {wal}}}")
+                    .replace("clients: [2]", "clients: [4]").replace("duration: 3s", "duration: 6s"))
+    results = tmp_path / "results"
+    try:
+        proc = pglab("run", str(plan), "--results", str(results), "--format", "csv", timeout=300)
+        print(proc.stderr[-3000:])
+        lab = re.search(r"initdb n0 \(data (\S+)/n0/data", proc.stderr)
+        assert lab is not None and processes_mentioning(lab.group(1)) == []
+    finally:
+        subprocess.run(["umount", str(wal)], check=False)
+        wal.rmdir()
+    assert proc.returncode == 1, proc.stderr
+    assert "Traceback" not in proc.stderr
+    runs = _runs(results)
+    # the primary PANICs when its WAL cannot grow; the run fails, the next one finds it cannot start again
+    assert runs[0][1] == "failed" and "n0 not running" in (runs[0][2] or ""), runs
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: n0 did not start") and last.endswith(
+        "the lab cannot run the next point: fix what the server log says, then resume with the same pglab run and "
+        "--results"), last
+    assert runs[1] == (2, "failed", f"the sweep ended: {last.removeprefix('error: ')}"), runs

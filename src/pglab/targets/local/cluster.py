@@ -30,7 +30,7 @@ from typing import Any
 
 import psycopg
 
-from pglab.errors import LabError, UserError
+from pglab.errors import LabError, LabUnsound, UserError
 from pglab.plan.schema import Dataset, LocalTarget
 from pglab.targets.base import Endpoint, Endpoints
 from pglab.targets.local import cgroups, leftovers, procs, registry
@@ -160,7 +160,7 @@ class LocalLab(LabBase[Node]):
         if not self._started:
             self._wanted = dict(parameters)  # in force from the restart after the load: no second restart
             self._create()
-        elif restarted := self.repair():
+        elif restarted := self._repair_or_stop():
             self.log(f"restarted {', '.join(restarted)} (found not running)")
             self._events.append((time.time(), "repair", f"restarted {', '.join(restarted)} (found not running)"))
         self._apply(parameters)
@@ -577,6 +577,15 @@ class LocalLab(LabBase[Node]):
         if down or proxies:
             self.wait_streaming()
         return proxies + [n.name for n in down]
+
+    def _repair_or_stop(self) -> list[str]:
+        """:meth:`repair`; a lab that cannot be repaired (a full disk, a broken data directory) stops the sweep in
+        one sentence instead of failing every run left the same way."""
+        try:
+            return self.repair()
+        except LabError as exc:
+            raise LabUnsound(f"{str(exc).strip()}; the lab cannot run the next point: fix what the server log says, "
+                             "then resume with the same pglab run and --results") from None
 
     def _repair_proxies(self) -> list[str]:
         """Toxiproxy found dead: started again with every proxy on its former port (the standbys' primary_conninfo
