@@ -328,3 +328,50 @@ def test_a_full_wal_filesystem_fails_the_run_and_a_lab_that_cannot_restart_stops
         "the lab cannot run the next point: fix what the server log says, then resume with the same pglab run and "
         "--results"), last
     assert runs[1] == (2, "failed", f"the sweep ended: {last.removeprefix('error: ')}"), runs
+
+
+HA_PLAN = """
+name: chaos-ha
+target: {local: {instances: 2, ha: patroni, synchronous: {method: any, number: 1}}}
+dataset: {scale: 1}
+matrix: {workload: [tpcb-like], clients: [2]}
+run: {duration: 4s, repeats: 3}
+"""
+
+
+def test_etcd_then_the_leaders_patroni_killed_fail_their_runs_and_are_restarted(tmp_path: Path) -> None:
+    plan = tmp_path / "plan.yaml"
+    plan.write_text(HA_PLAN)
+    results = tmp_path / "results"
+    proc = _start(plan, results)
+    killed: list[str] = []
+    labs: list[Path] = []
+
+    def strike(fault: str, _pgbench: int) -> None:
+        labs.append(_lab(results))
+        state = json.loads((labs[0] / "lab.json").read_text())
+        pid = state["etcd"]["pid"] if fault == "etcd" else state["nodes"][0]["patroni_pid"]
+        killed.append(fault)
+        os.kill(pid, signal.SIGKILL)
+
+    try:
+        _fault_each_measured_pgbench(proc, ["etcd", "patroni"], 400, strike)
+        _out, err = proc.communicate(timeout=400)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+            pglab("lab", "clean")
+    print(err[-4000:])
+    assert killed == ["etcd", "patroni"], err[-2000:]
+    assert proc.returncode == 1, err
+    assert "Traceback" not in err
+    # each run fails at the next health check naming what died; the next run starts it again and goes on
+    assert [(r, s) for r, s, _ in _runs(results)] == [(1, "failed"), (2, "failed"), (3, "ok")]
+    reasons = [reason or "" for _r, _s, reason in _runs(results)]
+    assert "etcd (Patroni's DCS) not running" in reasons[0] and "Patroni of n0 not running" in reasons[1], reasons
+    assert "restarted etcd (found not running)" in err and "restarted Patroni of n0 (found not running)" in err
+    db = sqlite3.connect(results / "results.db")
+    assert db.execute("SELECT status FROM sweeps").fetchone()[0] == "done"
+    db.close()
+    assert labs and processes_mentioning(str(labs[0])) == []

@@ -96,14 +96,32 @@ class PatroniTarget:
         return self.endpoints()
 
     def heal(self) -> list[str]:
-        """Start again the nodes a scenario killed; wait until every replica streams with its sync role."""
-        down = sorted(self.lab.killed)
+        """Start again the nodes a scenario killed, and what died under a run (etcd, a node's Patroni: found by
+        :meth:`health`); wait until every replica streams with its sync role."""
+        lab = self.lab
+        repaired = []
+        if lab.etcd_proc is not None and lab.etcd_proc.poll() is not None:
+            lab.restart_etcd()
+            repaired.append("etcd")
+        lost = self._patroni_lost()
+        for name in lost:
+            lab.start_node(name)
+        down = sorted(lab.killed)
         for name in down:
-            self.lab.start_node(name)
-        self.lab.wait_ready()
+            lab.start_node(name)
+        lab.wait_ready()
         if down:
             self._events.append((time.time(), "repair", f"started {', '.join(down)} again (rejoined as replica)"))
-        return down
+        if repaired or lost:
+            what = ", ".join(repaired + [f"Patroni of {n}" for n in lost])
+            lab.log(f"restarted {what} (found not running)")
+            self._events.append((time.time(), "repair", f"restarted {what} (found not running)"))
+        return down + repaired + lost
+
+    def _patroni_lost(self) -> list[str]:
+        """Nodes whose Patroni died without pglab killing it (a scenario's kills are in ``lab.killed``)."""
+        return [n.name for n in self.lab.nodes
+                if n.name not in self.lab.killed and n.proc is not None and n.proc.poll() is not None]
 
     def follow_endpoint(self) -> Endpoint:
         assert self.lab.lab_dir is not None
@@ -134,8 +152,15 @@ class PatroniTarget:
                 "wal": (first.wal.parent, "target.local.paths.wal")}
 
     def health(self) -> str | None:
-        down = [n.name for n in self.lab.nodes if n.name not in self.lab.killed and n.postmaster_pid() is None]
-        return f"instance(s) {', '.join(down)} not running" if down else None
+        lab = self.lab
+        down = [n.name for n in lab.nodes if n.name not in lab.killed and n.postmaster_pid() is None]
+        problems = [f"instance(s) {', '.join(down)} not running"] if down else []
+        if lab.etcd_proc is not None and lab.etcd_proc.poll() is not None:
+            problems.append("etcd (Patroni's DCS) not running")
+        lost = self._patroni_lost()
+        if lost:
+            problems.append(f"Patroni of {', '.join(lost)} not running")
+        return "; ".join(problems) or None
 
     def describe(self) -> dict[str, Any]:
         members = []

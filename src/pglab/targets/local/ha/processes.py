@@ -172,6 +172,17 @@ class Processes(Membership):
                 raise LabError(f"etcd did not become healthy: {self._tail(log_path)}")
         raise LabError("etcd did not start: every port tried was taken")
 
+    def restart_etcd(self, timeout: float = 60) -> None:
+        """etcd found dead under the lab: started again on its data directory (the cluster's keys are kept), on its
+        former port when free, and Patroni's configuration follows the port."""
+        if self.etcd_proc is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.etcd_proc.wait(timeout=1)  # reaped
+        port = self.etcd_port
+        self._start_etcd(time.monotonic() + timeout)
+        if self.etcd_port != port:
+            raise LabError(f"etcd could not listen on its former port {port} again (taken); Patroni still points there")
+
     def _start_patroni(self, node: HANode) -> None:
         """Patroni in the node's group (when there is one), so that every postgres it starts is born there."""
         try:
