@@ -131,8 +131,10 @@ def _run_plan(plan: Plan, text: str, plan_dir: Path, results: Path | None, *, ke
     when it started, and what the end-of-sweep lines say was included and what an interrupt left."""
     from pglab.drivers import check_options, driver_for
     from pglab.engine.sweep import check_results_dir, run_sweep
+    from pglab.preflight import check_plan
 
     check_options(plan, keep=keep, allow_destructive=allow_destructive)
+    check_plan(plan, plan_dir, host=True, results=results)  # before a results folder or a lab exists
     results = results or Path("results") / f"{plan.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     check_results_dir(results)
     options: dict[str, Any] = {}
@@ -387,6 +389,10 @@ def fio_command(
     size_bytes = storage.size.bytes
     labelled = {str(p): (p, "--path") for p in paths}
     fio.find_fio()
+    if results is not None:
+        from pglab.preflight import check_results_parent
+
+        check_results_parent(results)
     for p, field in labelled.values():
         fio.check_path(p, size_bytes, field=field)
     results = results or Path("results") / f"fio-{time.strftime('%Y%m%d-%H%M%S')}"
@@ -417,8 +423,10 @@ def fio_command(
 def plan_validate(plan_file: Path = typer.Argument(..., help="plan (YAML)")) -> None:
     """Check a plan; exit 0, or exit 2 with one line per problem naming the field path."""
     from pglab.plan.expand import expand
+    from pglab.preflight import check_plan
 
     plan, _ = _load(plan_file)
+    notes = check_plan(plan, plan_file.resolve().parent)  # parameters and connections, by the installed PostgreSQL
     n = len(expand(plan))
     run = plan.run
     if run.target_ci_pct is None:
@@ -428,6 +436,8 @@ def plan_validate(plan_file: Path = typer.Argument(..., help="plan (YAML)")) -> 
         out.print(f"{plan_file}: valid — {n} points × {run.min_repeats}–{run.max_repeats} repeats (until TPS's 95 % "
                   f"interval is within ±{run.target_ci_pct:g} %) = {n * run.min_repeats}–{n * run.max_repeats} runs, "
                   f"{run.order}")
+    for note in notes:
+        err.print(f"note: {note}", markup=False, highlight=False)
 
 
 @plan_app.command("schema")

@@ -13,11 +13,10 @@ import abc
 import contextlib
 import os
 import shutil
-import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Generic, Protocol, TypeVar
 
 from pglab.errors import UserError
 from pglab.targets.base import Endpoints, PlanCodeUser
@@ -116,9 +115,7 @@ class LabBase(ServerFiles, GroupedLimits, ShapedLinks, abc.ABC, Generic[N]):
             if not os.access(path, os.W_OK | os.X_OK):
                 raise UserError(f"{field}: '{path}' is not writable; choose a directory you can write to.")
             return
-        kwargs: dict[str, Any] = self.server_user.popen_kwargs()
-        probe = subprocess.run(["test", "-x", str(path)], check=False, **kwargs)
-        if probe.returncode != 0:
+        if not searchable_by(path, self.server_user.uid, self.server_user.gid):
             raise UserError(f"{field}: the server user '{self.server_user.name}' cannot reach '{path}' (a parent "
                             "directory is not searchable); choose a directory under a world-searchable path such as "
                             "/var/tmp.")
@@ -202,3 +199,25 @@ class LabBase(ServerFiles, GroupedLimits, ShapedLinks, abc.ABC, Generic[N]):
         self._created_dirs.clear()
         if self.lab_dir:
             registry.unregister(self.lab_dir)
+
+
+def searchable_by(path: Path, uid: int, gid: int) -> bool:
+    """Whether ``uid`` may traverse ``path`` and every folder above it, from their mode bits (what ``test -x`` as
+    that user would say, without running a program: PATH may have none, and nothing is started to ask)."""
+    import pwd
+
+    try:
+        groups = {gid, *os.getgrouplist(pwd.getpwuid(uid).pw_name, gid)}
+    except (KeyError, OSError):
+        groups = {gid}
+    for p in (path, *path.parents):
+        try:
+            st = p.stat()
+        except OSError:
+            return False
+        if uid == 0:
+            continue
+        bit = 0o100 if st.st_uid == uid else 0o010 if st.st_gid in groups else 0o001
+        if not st.st_mode & bit:
+            return False
+    return True
