@@ -39,8 +39,9 @@ def test_a_misspelt_parameter_and_bad_values_are_refused_by_validate(tmp_path: P
     proc = pglab("plan", "validate", str(plan))
     lines = _refused(proc, 'unrecognized configuration parameter "shared_bufers"', '"wal_level": "bogus"',
                      '"maintenance_work_mem": "lots"')
-    assert [line.split(":")[0] for line in lines] == [
-        "postgres.parameters.shared_bufers", "postgres.parameters.wal_level", "matrix.parameters.maintenance_work_mem[1]"]
+    fields = [line.split(":")[0] for line in lines]
+    assert fields == ["postgres.parameters.shared_bufers", "postgres.parameters.wal_level",
+                      "matrix.parameters.maintenance_work_mem[1]"]
     assert proc.stdout == ""
 
 
