@@ -6,13 +6,14 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import psycopg
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
+from pglab import __version__
 from pglab.cluster_cli import cluster_app
 from pglab.errors import LabError, LabUnsound, PlanError, RunInterrupted, UserError
 from pglab.plan.expand import Point
@@ -21,7 +22,24 @@ from pglab.plan.schema import Plan
 from pglab.workloads.fio import FioError
 from pglab.workloads.pgbench import PgbenchError, ProgressPoint
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+
+def _hide_flag_type() -> None:
+    """typer's help labels every flag ``<bool>`` as if it took a value (``--keep <bool>``): a flag's type is not
+    shown. Done only when this typer has that method, so another version shows its own help unchanged."""
+    option = getattr(getattr(typer, "core", None), "TyperOption", None)
+    shown = getattr(option, "display_type_rich", None)
+    if option is None or shown is None:
+        return
+
+    def display_type_rich(self: Any, ctx: Any) -> Any:
+        return None if getattr(self, "is_flag", False) else shown(self, ctx)
+
+    option.display_type_rich = display_type_rich
+
+
+_hide_flag_type()
+app = typer.Typer(no_args_is_help=True, pretty_exceptions_enable=False,
+                  context_settings={"help_option_names": ["-h", "--help"]},  # inherited by every subcommand
                   help="Reproducible PostgreSQL platform benchmarks from one plan file.")
 plan_app = typer.Typer(no_args_is_help=True, help="Check a plan, or print its JSON Schema.")
 app.add_typer(plan_app, name="plan")
@@ -36,6 +54,20 @@ app.add_typer(cluster_app, name="cluster", help="Local HA labs (etcd + Patroni):
 out = Console(soft_wrap=True)
 err = Console(stderr=True, soft_wrap=True)
 FORMATS = ("table", "markdown", "csv", "json")
+# a Literal option: its values are shown in --help, completed by the shell and refused with the list
+Format = Literal["table", "markdown", "csv", "json"]
+
+
+def _version(value: bool) -> None:
+    if value:
+        out.print(f"pglab {__version__}", markup=False, highlight=False)
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _main(version: bool = typer.Option(False, "--version", "-V", is_eager=True, callback=_version,
+                                       help="print pglab's version and exit")) -> None:
+    """Reproducible PostgreSQL platform benchmarks from one plan file."""
 
 
 class ProgressView:
@@ -107,7 +139,7 @@ def run(
     plan_file: Path = typer.Argument(..., help="plan (YAML)"),
     results: Path | None = typer.Option(None, "--results", help="results folder (default results/<name>-<time>)"),
     keep: bool = typer.Option(False, "--keep", help="leave the lab running and its files in place"),
-    fmt: str = typer.Option("table", "--format", help="table printed at the end: " + "|".join(FORMATS)),
+    fmt: Format = typer.Option("table", "--format", "-f", help="table printed at the end"),
     force_new: bool = typer.Option(False, "--force-new", help="start a new sweep in a results folder that holds "
                                    "another plan's (or an unfinished) sweep, instead of resuming or refusing"),
     allow_destructive: bool = typer.Option(False, "--allow-destructive", help="let pglab write to an external "
@@ -353,7 +385,7 @@ def fio_command(
     runtime: str = typer.Option("30s", "--runtime", help="seconds per job"),
     size: str = typer.Option("1GiB", "--size", help="test file size per job"),
     results: Path | None = typer.Option(None, "--results", help="results folder (default results/fio-<time>)"),
-    fmt: str = typer.Option("table", "--format", help="|".join(FORMATS)),
+    fmt: Format = typer.Option("table", "--format", "-f"),
 ) -> None:
     """Benchmark storage with fio on the given paths: 8 KiB random, WAL-like fdatasync, 1 MiB sequential."""
     from pydantic import ValidationError
@@ -419,6 +451,32 @@ def fio_command(
     err.print(f"results: {results}")
 
 
+@app.command("sweeps")
+def sweeps_command(
+    results: Path = typer.Argument(..., help="results folder written by 'pglab run' (or 'pglab fio')"),
+    fmt: Format = typer.Option("table", "--format", "-f"),
+) -> None:
+    """List the sweeps of a results folder: id, date, status, plan, points, runs ok and failed (the ids that
+    'pglab report --sweep' and 'pglab export --sweep' take)."""
+    from pglab.report.tables import render
+    from pglab.store import Store
+
+    store = Store.open(results, create=False)
+    try:
+        rows = store.sweep_summaries()
+    finally:
+        store.close()
+    if not rows:
+        err.print(f"'{results}' holds no sweep yet; run a plan into it first.", markup=False, highlight=False)
+        return
+    for r in rows:
+        r["date"] = time.strftime("%Y-%m-%d %H:%M %Z", time.localtime(r.pop("started")))
+    columns = ["sweep", "date", "status", "plan", "points", "runs_ok", "runs_failed"]
+    text = render(columns, rows, fmt, title=f"sweeps in {results}", shown=columns,
+                  headers={"runs_ok": "ok runs", "runs_failed": "failed runs"})
+    out.print(text if text.endswith("\n") else text + "\n", end="", soft_wrap=True, markup=False, highlight=False)
+
+
 @plan_app.command("validate")
 def plan_validate(plan_file: Path = typer.Argument(..., help="plan (YAML)")) -> None:
     """Check a plan; exit 0, or exit 2 with one line per problem naming the field path."""
@@ -467,7 +525,10 @@ def lab_list() -> None:
     """Labs registered by this user's pglab: running with their pglab, kept (--keep), or orphaned."""
     from pglab.targets.local import registry
 
-    for e in registry.entries():
+    entries = registry.entries()
+    if not entries:
+        err.print("no labs: none is running, kept (--keep) or left behind.", markup=False, highlight=False)
+    for e in entries:
         state = "kept" if e.kept else ("in use by pglab pid " + str(e.owner_pid) if e.owner_alive() else "orphaned")
         out.print(f"{e.lab_dir}  {state}", markup=False, highlight=False)
 
@@ -526,7 +587,7 @@ def _load(path: Path) -> tuple[Plan, str]:
 
 def main() -> None:
     try:
-        rc = app(standalone_mode=False)  # click returns typer.Exit's code instead of raising it here
+        rc = app(prog_name="pglab", standalone_mode=False)  # click returns typer.Exit's code instead of raising it here
         sys.exit(rc if isinstance(rc, int) else 0)
     except PlanError as exc:
         for line in exc.problems:

@@ -367,6 +367,17 @@ class Store:
         cols = [c[0] for c in cur.description]
         return [dict(zip(cols, row, strict=True)) for row in cur]
 
+    def sweep_summaries(self) -> list[dict[str, Any]]:
+        """One row per sweep, oldest first: what ``pglab sweeps`` lists (points and runs counted, not stored)."""
+        cur = self.conn.execute(
+            "SELECT s.id, s.started, s.status, s.plan_name, "
+            "(SELECT count(*) FROM points p WHERE p.sweep_id = s.id), "
+            "(SELECT count(*) FROM runs r WHERE r.sweep_id = s.id AND r.status = 'ok'), "
+            "(SELECT count(*) FROM runs r WHERE r.sweep_id = s.id AND r.status = 'failed') "
+            "FROM sweeps s ORDER BY s.id")
+        return [{"sweep": row[0], "started": row[1], "status": row[2], "plan": row[3], "points": row[4],
+                 "runs_ok": row[5], "runs_failed": row[6]} for row in cur]
+
     def latest_sweep_id(self) -> int | None:
         row = self.conn.execute("SELECT max(id) FROM sweeps").fetchone()
         return int(row[0]) if row and row[0] is not None else None
