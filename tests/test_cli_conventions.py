@@ -105,3 +105,25 @@ def test_cluster_status_json_is_still_accepted() -> None:
         proc = pglab("cluster", "status", "no-such-lab", *spelling)
         assert proc.returncode == 2 and "Traceback" not in proc.stderr
         assert "No such option" not in proc.stderr and "no-such-lab" in proc.stderr, proc.stderr
+
+
+def test_the_base_install_needs_no_extra(tmp_path: Path) -> None:
+    """Without the k8s and ha extras (their packages made unimportable here), help and a local plan work, and a
+    Kubernetes plan says which extra to install."""
+    shadow = tmp_path / "shadow"
+    for module in ("kubernetes", "patroni"):
+        (shadow / module).mkdir(parents=True)
+        (shadow / module / "__init__.py").write_text("raise ImportError('not installed (test)')\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(shadow), os.environ.get("PYTHONPATH", "")])}
+    assert pglab("--help", env=env).returncode == 0
+    local = tmp_path / "local.yaml"
+    local.write_text("name: local\ntarget: {local: {instances: 1}}\n")
+    proc = pglab("plan", "validate", str(local), env=env)
+    assert proc.returncode == 0, proc.stderr
+    repo = Path(__file__).resolve().parent.parent
+    render = pglab("k8s", "render", str(repo / "examples" / "seed-s3.yaml"), "-o", str(tmp_path / "m"), env=env)
+    assert render.returncode == 0, render.stderr  # manifests need no client
+    proc = pglab("k8s", "check", str(repo / "examples" / "seed-s3.yaml"), env=env)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.strip() == ("error: target.kubernetes needs the Python package 'kubernetes', not in the base "
+                                   "install; install it with ./setup.sh install k8s (or pip install -e '.[k8s]').")

@@ -173,6 +173,9 @@ def _run_plan(plan: Plan, text: str, plan_dir: Path, results: Path | None, *, ke
     cluster_errors: tuple[type[Exception], ...] = ()  # the cluster's refusals: its words, exit 1, no traceback
     included, interrupted = "lab setup and teardown included", "the lab was torn down; completed runs are stored."
     if plan.target.kubernetes is not None:
+        from pglab.extras import require
+
+        require("kubernetes", "k8s", "target.kubernetes")
         from pglab.targets.kubernetes.orchestrate import K8sError
 
         options["api"] = _preflight(plan, err)  # before a results folder or anything in the cluster exists
@@ -565,6 +568,9 @@ def k8s_check(plan_file: Path = typer.Argument(..., help="plan (YAML) with 'targ
 def _preflight(plan: Plan, console: Console) -> Any:
     """The Kubernetes preflight's lines on ``console``; exit 2 after the first blocking one. Returns the API client
     (an unusable kubeconfig is refused before, in one sentence naming target.kubernetes.kubeconfig)."""
+    from pglab.extras import require
+
+    require("kubernetes", "k8s", "target.kubernetes")
     from pglab.drivers.kubernetes import connect
     from pglab.targets.kubernetes.preflight import PreflightError, run_checks
 
