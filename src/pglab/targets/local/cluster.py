@@ -736,6 +736,8 @@ class LocalLab(LabBase[Node]):
             if self.lab_dir:
                 registry.mark_kept(self.lab_dir)
                 self.log(f"lab kept running in {self.lab_dir} (remove it with: pglab lab clean {self.lab_dir})")
+                for line in self.connect_lines():
+                    self.log(line)
             return
         for node in reversed(self.nodes):
             try:

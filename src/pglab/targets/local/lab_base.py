@@ -12,6 +12,7 @@ from __future__ import annotations
 import abc
 import contextlib
 import os
+import shlex
 import shutil
 import time
 from collections.abc import Callable
@@ -67,6 +68,21 @@ class LabBase(ServerFiles, GroupedLimits, ShapedLinks, abc.ABC, Generic[N]):
     def client_passfile(self) -> Path:
         assert self.lab_dir is not None
         return self.lab_dir / "secrets" / "pgpass"
+
+    def connect_lines(self) -> list[str]:
+        """How to reach a kept lab's primary with psql: the command, and the environment that makes a bare
+        ``psql`` do the same. The passfile is the invoking user's (0600): psql as another user is refused."""
+        try:
+            ep = self.endpoints().primary
+        except Exception:  # a lab that is not answering: its folder is still said, by the caller
+            return []
+        bindir: Path | None = getattr(self, "bindir", None)
+        psql = str(bindir / "psql") if bindir is not None and (bindir / "psql").is_file() else "psql"
+        q = shlex.quote
+        return [f"connect: PGPASSFILE={q(str(ep.passfile))} {q(psql)} -h {q(ep.host)} -p {ep.port} -U {q(ep.user)} "
+                f"{q(ep.dbname)}",
+                f"or set: export PGHOST={q(ep.host)} PGPORT={ep.port} PGUSER={q(ep.user)} PGDATABASE={q(ep.dbname)} "
+                f"PGPASSFILE={q(str(ep.passfile))}"]
 
     def plan_code_user(self) -> PlanCodeUser | None:
         """As root, pgbench (the plan's scripts) runs as the server user, with credentials it can read."""
