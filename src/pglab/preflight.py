@@ -18,11 +18,9 @@ from typing import Any
 
 from pglab.errors import PlanError, UserError
 from pglab.plan.schema import Plan
+from pglab.targets.base import OWN_SESSIONS
 from pglab.targets.local.postgres_bin import ServerUser, find_bindir, resolve_server_user
 
-# Sessions pglab itself holds beside pgbench's clients during a run (control, the probes, a scenario's own): a
-# superuser may use every slot of max_connections, so clients + these must fit in it.
-OWN_SESSIONS = 5
 DEFAULT_MAX_CONNECTIONS = 100  # PostgreSQL's own default, when the installed one cannot be asked
 
 

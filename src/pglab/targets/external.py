@@ -19,7 +19,7 @@ import psycopg
 
 from pglab.errors import UserError
 from pglab.plan.schema import ExternalTarget, Plan
-from pglab.targets.base import Endpoint, Endpoints, Unshaped
+from pglab.targets.base import OWN_SESSIONS, Endpoint, Endpoints, Unshaped
 from pglab.targets.local.postgres_bin import find_client_bindir
 from pglab.workloads import pgbench
 
@@ -139,8 +139,6 @@ class ExternalServer(Unshaped):  # a server pglab does not own is not limited or
 
     def _check_connections(self, slots: int | None) -> None:
         """Clients beyond what the server lets this role open would fail every run late, on a connection error."""
-        from pglab.preflight import OWN_SESSIONS
-
         most = max(self.plan.matrix.clients)
         if slots is not None and most + OWN_SESSIONS > slots:
             raise UserError(f"matrix.clients: {most} clients and pglab's own {OWN_SESSIONS} sessions need "
