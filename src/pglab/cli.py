@@ -137,7 +137,8 @@ class ProgressView:
 @app.command()
 def run(
     plan_file: Path = typer.Argument(..., help="plan (YAML)"),
-    results: Path | None = typer.Option(None, "--results", help="results folder (default results/<name>-<time>)"),
+    results: Path | None = typer.Option(None, "--results", help="results folder (default results/<plan name>: run "
+                                        "again to resume)"),
     keep: bool = typer.Option(False, "--keep", help="leave the lab running and its files in place"),
     fmt: Format = typer.Option("table", "--format", "-f", help="table printed at the end"),
     force_new: bool = typer.Option(False, "--force-new", help="start a new sweep in a results folder that holds "
@@ -167,7 +168,7 @@ def _run_plan(plan: Plan, text: str, plan_dir: Path, results: Path | None, *, ke
 
     check_options(plan, keep=keep, allow_destructive=allow_destructive)
     check_plan(plan, plan_dir, host=True, results=results)  # before a results folder or a lab exists
-    results = results or Path("results") / f"{plan.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    results = results or Path("results") / plan.name  # a rerun resumes there; a changed plan is refused
     check_results_dir(results)
     options: dict[str, Any] = {}
     cluster_errors: tuple[type[Exception], ...] = ()  # the cluster's refusals: its words, exit 1, no traceback
@@ -198,7 +199,7 @@ def _run_plan(plan: Plan, text: str, plan_dir: Path, results: Path | None, *, ke
 def noise(
     plan_file: Path = typer.Argument(..., help="plan (YAML): its first point is measured"),
     repeats: int = typer.Option(6, "--repeats", help="identical runs (even, at least 4): two sides of half each"),
-    results: Path | None = typer.Option(None, "--results", help="results folder (default results/<name>-noise-<time>)"),
+    results: Path | None = typer.Option(None, "--results", help="results folder (default results/<plan name>-noise)"),
     keep: bool = typer.Option(False, "--keep", help="leave the lab running and its files in place"),
     allow_destructive: bool = typer.Option(False, "--allow-destructive", help="as for pglab run"),
 ) -> None:
