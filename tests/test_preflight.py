@@ -131,3 +131,19 @@ def test_no_coreutils_on_path(tmp_path: Path) -> None:
     assert "Traceback" not in proc.stderr
     assert proc.returncode == 0, proc.stderr
     assert "1 ok, 0 failed" in proc.stderr
+
+
+def test_an_unusable_environment_is_one_sentence(tmp_path: Path) -> None:
+    """What the environment gets wrong is named like a field: the variable, or the folder that cannot be made."""
+    plan = _plan(tmp_path, "")
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    env = {**os.environ, "PGLAB_STATE_DIR": str(blocker / "state")}
+    proc = pglab("run", str(plan), "--results", str(tmp_path / "r"), env=env)
+    lines = _refused(proc, "PGLAB_STATE_DIR: cannot create")
+    assert len(lines) == 1 and not (tmp_path / "r").exists()
+    proc = pglab("lab", "list", env=env)
+    _refused(proc, "PGLAB_STATE_DIR: cannot create")
+    # a parent that exists but where nothing can be created (procfs): no traceback from the results folder either
+    proc = pglab("run", str(plan), "--results", "/proc/pglab-test-results")
+    _refused(proc, "--results: cannot create '/proc/pglab-test-results'")
