@@ -147,3 +147,12 @@ def test_an_unusable_environment_is_one_sentence(tmp_path: Path) -> None:
     # a parent that exists but where nothing can be created (procfs): no traceback from the results folder either
     proc = pglab("run", str(plan), "--results", "/proc/pglab-test-results")
     _refused(proc, "--results: cannot create '/proc/pglab-test-results'")
+
+
+def test_validate_without_postgresql_says_what_it_did_not_check(tmp_path: Path) -> None:
+    plan = tmp_path / "plan.yaml"
+    plan.write_text(f"name: pre\ntarget: {{local: {{bindir: {tmp_path / 'none'}}}}}\n"
+                    "postgres: {parameters: {shared_bufers: 1GB}}\n")
+    proc = pglab("plan", "validate", str(plan))
+    assert proc.returncode == 0, proc.stderr  # a plan written for another host: its parameters are not refused here
+    assert "note: postgres.parameters and max_connections not checked: PostgreSQL binaries" in proc.stderr

@@ -47,20 +47,20 @@ def check_plan(plan: Plan, plan_dir: Path, *, host: bool = False, results: Path 
     notes: list[str] = []
     try:
         bindir = find_bindir(local.bindir)
-    except UserError:
+    except UserError as exc:
         if host:
             raise
-        return ["postgres.parameters not checked: PostgreSQL is not installed here"]
+        return [f"postgres.parameters and max_connections not checked: {str(exc).rstrip('.')}"]
     if host:
         check_binaries(plan)
         check_limits(plan)
         check_paths(plan, plan_dir)
     try:
         user = resolve_server_user(local.run_as)
-    except UserError:
+    except UserError as exc:
         if host:
             raise
-        return ["postgres.parameters not checked: no user to run PostgreSQL as"]
+        return [f"postgres.parameters and max_connections not checked: {str(exc).rstrip('.')}"]
     settings = check_parameters(plan, bindir, user, shared_buffers=host)
     if settings is None:
         notes.append("postgres.parameters not checked: the installed PostgreSQL could not be asked")
@@ -287,6 +287,7 @@ def _check_in(plan: Plan, bindir: Path, user: ServerUser | None, workdir: Path,
     if value is None:  # the check itself cannot run here (not the plan's fault): leave it to the lab
         return None
     problems: dict[str, str] = {}
+    block: str | None = None
     connections: list[int] = []
     buffers: list[int] = []
     for params, index in _combinations(plan):
@@ -308,7 +309,7 @@ def _check_in(plan: Plan, bindir: Path, user: ServerUser | None, workdir: Path,
             connections.append(int(value))
             if shared_buffers:
                 pages, _ = _ask(bindir, user, workdir, params, "shared_buffers")
-                block, _ = _ask(bindir, user, workdir, {}, "block_size")
+                block = block or _ask(bindir, user, workdir, {}, "block_size")[0]
                 if pages and pages.isdigit() and block and block.isdigit():
                     buffers.append(int(pages) * int(block))
     if problems:
