@@ -213,7 +213,7 @@ case "${1:-}" in
     quickstart)
         install_base ""
         rc=0
-        .venv/bin/pglab run examples/quickstart.yaml --results results/quickstart || rc=$?
+        .venv/bin/pglab run examples/quickstart.yaml || rc=$?  # into results/quickstart, its plan's name
         echo "setup: next: .venv/bin/pglab report results/quickstart --html report.html   (or pglab -h)"
         exit "$rc" ;;
     kube-lab)

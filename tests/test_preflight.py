@@ -94,6 +94,13 @@ def test_results_parent_must_exist(tmp_path: Path) -> None:
     proc = pglab("fio", "--path", str(tmp_path), "--results", str(results))
     _refused(proc, "--results")
     assert not (tmp_path / "no").exists()
+    # ./results, the default home of runs, is the one parent pglab creates: the README's --results results/qs works
+    # in a fresh clone; a folder below a missing one inside it is still refused
+    proc = pglab("run", str(plan), "--results", "results/deep/res", cwd=tmp_path)
+    _refused(proc, "--results", str(tmp_path / "results" / "deep"))
+    proc = pglab("run", str(plan), "--results", "results/qs", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "results" / "qs" / "results.db").is_file()
 
 
 def test_a_lab_folder_in_use_is_refused_before_the_results_folder(tmp_path: Path) -> None:

@@ -164,11 +164,11 @@ def _run_plan(plan: Plan, text: str, plan_dir: Path, results: Path | None, *, ke
     when it started, and what the end-of-sweep lines say was included and what an interrupt left."""
     from pglab.drivers import check_options, driver_for
     from pglab.engine.sweep import check_results_dir, run_sweep
-    from pglab.preflight import check_plan
+    from pglab.preflight import DEFAULT_RESULTS_ROOT, check_plan
 
     check_options(plan, keep=keep, allow_destructive=allow_destructive)
     check_plan(plan, plan_dir, host=True, results=results)  # before a results folder or a lab exists
-    results = results or Path("results") / plan.name  # a rerun resumes there; a changed plan is refused
+    results = results or DEFAULT_RESULTS_ROOT / plan.name  # a rerun resumes there; a changed plan is refused
     check_results_dir(results)
     options: dict[str, Any] = {}
     cluster_errors: tuple[type[Exception], ...] = ()  # the cluster's refusals: its words, exit 1, no traceback

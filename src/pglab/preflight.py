@@ -21,6 +21,7 @@ from pglab.plan.schema import Plan
 from pglab.targets.base import OWN_SESSIONS
 from pglab.targets.local.postgres_bin import ServerUser, find_bindir, resolve_server_user
 
+DEFAULT_RESULTS_ROOT = Path("results")  # relative to where pglab runs: results/<plan name> by default
 DEFAULT_MAX_CONNECTIONS = 100  # PostgreSQL's own default, when the installed one cannot be asked
 
 
@@ -81,6 +82,8 @@ def check_results_parent(results: Path) -> None:
             raise UserError(f"--results: '{results}' is a file; give a folder.")
         return
     parent = results.absolute().parent
+    if parent == DEFAULT_RESULTS_ROOT.absolute() and not parent.exists():
+        return  # ./results, where runs go by default, is pglab's to create (--results results/qs in a fresh clone)
     if not parent.is_dir():
         raise UserError(f"--results: the folder '{parent}' does not exist; create it first or give a folder in "
                         "an existing one.")
