@@ -19,6 +19,7 @@ from typing import Any
 from pglab.errors import PlanError, UserError
 from pglab.plan.schema import Plan
 from pglab.targets.base import OWN_SESSIONS
+from pglab.targets.local.lab_base import searchable_by
 from pglab.targets.local.postgres_bin import ServerUser, find_bindir, resolve_server_user
 
 DEFAULT_RESULTS_ROOT = Path("results")  # relative to where pglab runs: results/<plan name> by default
@@ -201,6 +202,7 @@ def check_paths(plan: Plan, plan_dir: Path) -> None:
     local = plan.target.local
     if local is None:
         return
+    user = resolve_server_user(local.run_as)
     for name in ("lab", "data", "wal"):
         given = getattr(local.paths, name)
         if not given:
@@ -220,6 +222,9 @@ def check_paths(plan: Plan, plan_dir: Path) -> None:
         if not os.access(existing, os.W_OK | os.X_OK):
             raise UserError(f"{field}: cannot create '{path}': '{existing}' is not writable; choose a directory "
                             "you can write to.")
+        if user is not None and not searchable_by(existing, user.uid, user.gid):
+            raise UserError(f"{field}: the server user '{user.name}' cannot reach '{path}' (a parent directory is "
+                            "not searchable); choose a directory under a world-searchable path such as /var/tmp.")
 
 
 # ------------------------------------------------------------------ PostgreSQL parameters
