@@ -144,7 +144,7 @@ def parse_cpulist(text: str) -> set[int]:
 
 def check_limits(plan: Plan) -> None:
     """A CPU limit above the host's cores or a memory limit above its RAM limits nothing: it would be recorded as
-    applied while the instance runs unconstrained, so it is refused."""
+    applied while the instance runs unconstrained, so it is refused (with limits: best-effort too)."""
     local = plan.target.local
     if local is None:
         return
@@ -172,14 +172,17 @@ def check_limits(plan: Plan) -> None:
     for field, limit in memory_limits:
         if ram is not None and limit > ram:
             raise UserError(f"{field}: {_human(limit)} is more than this host's memory ({_human(ram)}); lower it.")
+    # a cpuset naming CPUs the host lacks is refused by the kernel when the lab is built: with limits: strict that
+    # ends the sweep, so it is refused here first; best-effort runs on and records the limits as not applied
     cpuset = local.client.cpuset if local.client is not None else None
     online = online_cpus()
-    if cpuset and online is not None:
+    if cpuset and online is not None and local.limits == "strict":
         missing = sorted(parse_cpulist(cpuset) - online)
         if missing:
             shown = ", ".join(map(str, missing[:8]))
             raise UserError(f"target.local.client.cpuset: CPU {shown} is not on this host (its CPUs: "
-                            f"{_cpulist(online)}); name CPUs it has.")
+                            f"{_cpulist(online)}); name CPUs it has, or set target.local.limits: best-effort to run "
+                            "without the limits.")
 
 
 def _cpulist(cpus: set[int]) -> str:
