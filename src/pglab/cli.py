@@ -423,7 +423,7 @@ def fio_command(
             raise UserError(f"--job-file: no such file '{f}'.")
     jobs = plan_jobs(storage.profiles if (profiles or not job_files) else [], job_files)
     size_bytes = storage.size.bytes
-    labelled = {str(p): (p, "--path") for p in paths}
+    labelled = {str(p): (p.absolute(), "--path") for p in paths}  # fio runs in the results folder, not here
     fio.find_fio()
     if results is not None:
         from pglab.preflight import check_results_parent
