@@ -163,3 +163,18 @@ def test_validate_without_postgresql_says_what_it_did_not_check(tmp_path: Path) 
     proc = pglab("plan", "validate", str(plan))
     assert proc.returncode == 0, proc.stderr  # a plan written for another host: its parameters are not refused here
     assert "note: postgres.parameters and max_connections not checked: PostgreSQL binaries" in proc.stderr
+
+
+def test_when_postgresql_cannot_be_asked_the_plans_max_connections_counts(monkeypatch: pytest.MonkeyPatch,
+                                                                           tmp_path: Path) -> None:
+    from pglab import preflight
+    from pglab.errors import PlanError
+    from pglab.plan.load import parse_plan
+
+    monkeypatch.setattr(preflight, "check_parameters", lambda *_a, **_k: None)
+    text = "name: a\ntarget: {local: {instances: 1}}\npostgres: {parameters: {max_connections: 300}}\n"
+    notes = preflight.check_plan(parse_plan(text + "matrix: {clients: [250]}\n"), tmp_path)
+    assert notes == ["postgres.parameters not checked: the installed PostgreSQL could not be asked"]
+    with pytest.raises(PlanError) as refused:
+        preflight.check_plan(parse_plan(text + "matrix: {clients: [1, 299]}\n"), tmp_path)
+    assert refused.value.problems[0].startswith("matrix.clients[1]: 299 clients") and "allows 300" in str(refused.value)

@@ -66,7 +66,7 @@ def check_plan(plan: Plan, plan_dir: Path, *, host: bool = False, results: Path 
     settings = check_parameters(plan, bindir, user, shared_buffers=host)
     if settings is None:
         notes.append("postgres.parameters not checked: the installed PostgreSQL could not be asked")
-        settings = Settings(DEFAULT_MAX_CONNECTIONS)
+        settings = Settings(_plan_max_connections(plan))
     check_connections(plan, settings.max_connections)
     if host and settings.shared_buffers_bytes is not None:
         ram = host_memory()
@@ -326,6 +326,15 @@ def _check_in(plan: Plan, bindir: Path, user: ServerUser | None, workdir: Path,
     if problems:
         raise PlanError(list(problems.values()))
     return Settings(min(connections or [DEFAULT_MAX_CONNECTIONS]), max(buffers) if buffers else None)
+
+
+def _plan_max_connections(plan: Plan) -> int:
+    """max_connections as the plan writes it (the smallest of an axis), else PostgreSQL's default: what is known
+    when the installed PostgreSQL cannot be asked."""
+    given = plan.matrix.parameters.get("max_connections") or (  # an axis overrides postgres.parameters
+        [plan.postgres.parameters["max_connections"]] if "max_connections" in plan.postgres.parameters else [])
+    numbers = [int(v) for v in given if not isinstance(v, bool) and str(v).strip().isdigit()]
+    return min(numbers) if numbers else DEFAULT_MAX_CONNECTIONS
 
 
 def check_connections(plan: Plan, max_connections: int) -> None:
