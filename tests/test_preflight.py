@@ -154,6 +154,12 @@ def test_an_unusable_environment_is_one_sentence(tmp_path: Path) -> None:
     # a parent that exists but where nothing can be created (procfs): no traceback from the results folder either
     proc = pglab("run", str(plan), "--results", "/proc/pglab-test-results")
     _refused(proc, "--results: cannot create '/proc/pglab-test-results'")
+    damaged = tmp_path / "damaged"
+    damaged.mkdir()
+    (damaged / "results.db").write_text("not a database\n")
+    proc = pglab("run", str(plan), "--results", str(damaged))
+    _refused(proc, f"results folder '{damaged}': its results.db cannot be read")
+    assert sorted(p.name for p in damaged.iterdir()) == [".lock", "results.db"]  # nothing else written there
 
 
 def test_validate_without_postgresql_says_what_it_did_not_check(tmp_path: Path) -> None:

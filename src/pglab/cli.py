@@ -547,7 +547,11 @@ def k8s_render(plan_file: Path = typer.Argument(..., help="plan (YAML) with 'tar
     plan, _ = _load(plan_file)
     if out_dir.exists() and not out_dir.is_dir():
         raise UserError(f"-o: {out_dir} exists and is not a folder.")
-    w = write(plan, render(plan, plan_file.resolve().parent), out_dir)
+    try:
+        w = write(plan, render(plan, plan_file.resolve().parent), out_dir)
+    except OSError as exc:
+        raise UserError(f"-o: cannot write into '{out_dir}' ({exc.strerror or exc}); choose a folder you can write "
+                        "to.") from None
     d = str(out_dir)
     patches = f" and {len(w.patches)} Cluster patch{'es' if len(w.patches) > 1 else ''}" if w.patches else ""
     out.print(f"{d}: {len(w.cluster) + len(w.jobs)} manifests ({d}/{CLUSTER_DIR}: {len(w.cluster)}, {d}/{JOBS_DIR}: "

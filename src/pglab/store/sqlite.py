@@ -155,14 +155,23 @@ class Store:
             raise UserError(f"'{d}' holds no pglab results (no results.db); give the folder a run wrote.")
         try:
             d.mkdir(parents=True, exist_ok=True)
-            (d / "runs").mkdir(exist_ok=True)
             conn = sqlite3.connect(db, timeout=30, isolation_level=None)
         except (OSError, sqlite3.Error) as exc:
             raise UserError(f"results folder '{d}': cannot open it ({exc}); choose a writable folder.") from None
-        conn.execute("PRAGMA journal_mode=WAL")
-        conn.execute("PRAGMA foreign_keys=ON")
-        store = cls(d, conn)
-        store._migrate()
+        try:
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA foreign_keys=ON")
+            store = cls(d, conn)
+            store._migrate()
+        except sqlite3.DatabaseError as exc:  # not SQLite, or damaged: the user's file, named, no traceback
+            conn.close()
+            raise UserError(f"results folder '{d}': its results.db cannot be read ({exc}); give a folder pglab "
+                            "wrote, or a new one.") from None
+        try:
+            (d / "runs").mkdir(exist_ok=True)  # once the store is known to be one: nothing added to a foreign folder
+        except OSError as exc:
+            conn.close()
+            raise UserError(f"results folder '{d}': cannot open it ({exc}); choose a writable folder.") from None
         return store
 
     def _migrate(self) -> None:
