@@ -1,14 +1,19 @@
 #!/usr/bin/env bash
 # Installs what pglab needs on Debian/Ubuntu, then runs the quickstart or the test suite.
-#   ./setup.sh quickstart   install, then run examples/quickstart.yaml on a local 3-node lab
-#   ./setup.sh test         install, then run the whole test suite
-#   ./setup.sh install      install only
-#   ./setup.sh kube-lab     install, then build the single-node Kubernetes lab (tools/kube-lab) the tests use
-# Idempotent: a second call re-checks and installs nothing new. Works as root or as a user with sudo.
+#   ./setup.sh quickstart        install the base, then run examples/quickstart.yaml on a local 3-node lab
+#   ./setup.sh test              install everything (below), then run the whole test suite
+#   ./setup.sh install [WHAT…]   install the base, plus any of: ha (etcd and Patroni, for target.local.ha),
+#                                k8s (the Kubernetes client, for target: kubernetes), toxiproxy (built with Go, for
+#                                target.local.network), cnpg-check (built with Go, checks rendered manifests),
+#                                all (the four)
+#   ./setup.sh kube-lab          install the base and k8s, then build the single-node Kubernetes lab (tools/kube-lab)
+# The base is what a local lab needs: PostgreSQL, fio, sysstat and pglab itself; no Go build. Idempotent: a second
+# call re-checks and installs nothing new. Works as root or as a user with sudo.
 set -euo pipefail
 cd "$(dirname "$0")"
 
-APT_PACKAGES=(postgresql postgresql-contrib fio sysstat python3 python3-venv python3-pip procps util-linux etcd-server etcd-client)
+APT_PACKAGES=(postgresql postgresql-contrib fio sysstat python3 python3-venv python3-pip procps util-linux)
+HA_APT_PACKAGES=(etcd-server etcd-client)  # the HA lab's DCS (the ha extra and the tests)
 TEST_APT_PACKAGES=(chromium)  # the HTML report's browser test (Debian's Chromium; no downloaded browser)
 # The Kubernetes lab the tests run pglab's Kubernetes target on (tools/kube-lab): containerd, runc and the CNI
 # plugins run its pods; mmdebstrap makes its images from Debian's packages; the rest are what kubelet and
@@ -63,14 +68,19 @@ pick_python() {
 }
 
 install_python_packages() {
+    # pglab and the Python extras named (pyproject.toml: test, k8s, ha); the stamp holds every extra installed so
+    # far, so asking for fewer later installs nothing and asking for one more installs it.
     if [ ! -x .venv/bin/python ]; then
         "$(pick_python)" -m venv .venv
     fi
-    local stamp=.venv/.pglab-installed
-    if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ constraints.txt -nt "$stamp" ]; then
+    local stamp=.venv/.pglab-installed have want
+    have="$(cat "$stamp" 2>/dev/null || true)"
+    want="$(for e in ${have//,/ } "$@"; do echo "$e"; done | sort -u | paste -sd, -)"
+    if [ ! -f "$stamp" ] || [ "$want" != "$have" ] || [ pyproject.toml -nt "$stamp" ] || [ constraints.txt -nt "$stamp" ]; then
+        echo "setup: installing pglab into .venv${want:+ with $want}"
         .venv/bin/python -m pip install -q --disable-pip-version-check --upgrade pip
-        .venv/bin/python -m pip install -q --disable-pip-version-check -c constraints.txt -e '.[test]'
-        touch "$stamp"
+        .venv/bin/python -m pip install -q --disable-pip-version-check -c constraints.txt -e ".${want:+[$want]}"
+        echo "$want" > "$stamp"
     fi
 }
 
@@ -170,11 +180,16 @@ install_kube_lab() {
     export PGLAB_KUBE_LAB_IMAGES
 }
 
-install_all() {
+install_base() {
+    # $1: Python extras (comma-separated, may be empty); the rest: more system packages
+    local extras="$1"
+    shift
     install_system_packages "$@"
-    install_python_packages
-    install_toxiproxy
-    install_cnpg_check
+    install_python_packages ${extras//,/ }
+}
+
+next_command() {
+    echo "setup: done. Next: .venv/bin/pglab run examples/quickstart.yaml   (or '. .venv/bin/activate', then pglab -h)"
 }
 
 run_tests() {
@@ -199,21 +214,41 @@ run_tests() {
 
 case "${1:-}" in
     install)
-        install_all ;;
+        shift
+        extras="" apt=() toxiproxy=0 cnpg_check=0
+        for what in "$@"; do
+            case "$what" in
+                ha) extras+=",ha"; apt+=("${HA_APT_PACKAGES[@]}") ;;
+                k8s) extras+=",k8s" ;;
+                toxiproxy) toxiproxy=1 ;;
+                cnpg-check) cnpg_check=1 ;;
+                all) extras+=",ha,k8s"; apt+=("${HA_APT_PACKAGES[@]}"); toxiproxy=1; cnpg_check=1 ;;
+                *) echo "setup: install: '$what' is not one of ha, k8s, toxiproxy, cnpg-check, all" >&2; exit 2 ;;
+            esac
+        done
+        install_base "${extras#,}" "${apt[@]}"
+        if [ "$toxiproxy" -eq 1 ]; then install_toxiproxy; fi
+        if [ "$cnpg_check" -eq 1 ]; then install_cnpg_check; fi
+        next_command ;;
     quickstart)
-        install_all
-        exec .venv/bin/pglab run examples/quickstart.yaml --results results/quickstart ;;
+        install_base ""
+        rc=0
+        .venv/bin/pglab run examples/quickstart.yaml || rc=$?  # into results/quickstart, its plan's name
+        echo "setup: next: .venv/bin/pglab report results/quickstart --html report.html   (or pglab -h)"
+        exit "$rc" ;;
     kube-lab)
-        install_all "${KUBE_LAB_APT_PACKAGES[@]}"
+        install_base "k8s" "${KUBE_LAB_APT_PACKAGES[@]}"
         install_kube_lab
         echo "setup: Kubernetes lab built: $PGLAB_KUBE_LAB_IMAGES (start it with: sudo .venv/bin/python tools/kube-lab/kubelab.py up)" ;;
     test)
-        install_all "${TEST_APT_PACKAGES[@]}" "${KUBE_LAB_APT_PACKAGES[@]}"
+        install_base "test,k8s,ha" "${HA_APT_PACKAGES[@]}" "${TEST_APT_PACKAGES[@]}" "${KUBE_LAB_APT_PACKAGES[@]}"
+        install_toxiproxy
+        install_cnpg_check
         install_kube_lab
         .venv/bin/ruff check src tests bench tools
         .venv/bin/mypy  # src/, as configured in pyproject.toml: the package ships py.typed
         run_tests ;;
     *)
-        echo "usage: ./setup.sh quickstart | test | install | kube-lab" >&2
+        echo "usage: ./setup.sh quickstart | test | install [ha|k8s|toxiproxy|cnpg-check|all …] | kube-lab" >&2
         exit 2 ;;
 esac

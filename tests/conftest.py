@@ -99,7 +99,7 @@ def fake(k8s_api: tuple[FakeAPI, client.ApiClient]) -> tuple[FakeAPI, client.Api
 
 @pytest.fixture(scope="module")
 def checker() -> Path:
-    """tools/cnpg-check, which ./setup.sh install builds."""
+    """tools/cnpg-check, which ./setup.sh test builds."""
     if not CHECKER.is_file():
-        pytest.fail(f"{CHECKER} is missing: ./setup.sh install builds it (tools/cnpg-check)")
+        pytest.fail(f"{CHECKER} is missing: ./setup.sh test builds it (tools/cnpg-check)")
     return CHECKER

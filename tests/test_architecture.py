@@ -19,6 +19,7 @@ SRC = Path(__file__).resolve().parent.parent / "src"
 # (module or package prefix, layer): the longest matching prefix decides
 LAYERS: list[tuple[str, int]] = [
     ("pglab", 0), ("pglab.errors", 0), ("pglab.units", 0), ("pglab.metrics", 0), ("pglab.artifacts", 0),
+    ("pglab.extras", 0),
     ("pglab.plan", 1),
     ("pglab.probes", 2), ("pglab.workloads", 2), ("pglab.environment", 2),
     # below what measures: endpoints (what pgbench connects to), and the bookkeeping of the processes, cgroups and
@@ -28,6 +29,7 @@ LAYERS: list[tuple[str, int]] = [
     ("pglab.targets", 3), ("pglab.scenarios", 3),
     ("pglab.engine.types", 4), ("pglab.engine.driver", 4),
     ("pglab.drivers", 5), ("pglab.storage", 5),
+    ("pglab.preflight", 5),  # what a plan needs from the host, asked of the targets' finders before a driver exists
     ("pglab.store", 6),
     ("pglab.engine", 7),
     ("pglab.analysis", 8), ("pglab.analysis.stats", 0),  # pure statistics: the engine's adaptive repeats use it

@@ -56,7 +56,7 @@ def run(*args: str, timeout: float = 300) -> str:
 
 
 def status(name: str) -> dict[str, Any]:
-    data: dict[str, Any] = json.loads(run("cluster", "status", name, "--json"))
+    data: dict[str, Any] = json.loads(run("cluster", "status", name, "--format", "json"))
     return data
 
 

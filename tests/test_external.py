@@ -109,6 +109,14 @@ def test_write_workload_or_missing_dataset_refused_without_consent(tmp_path: Pat
     assert _writes(server) == before
 
 
+def test_more_clients_than_the_server_allows_are_refused_first(tmp_path: Path, server: dict[str, Any]) -> None:
+    plan = _plan(tmp_path, server)
+    plan.write_text(plan.read_text().replace("clients: [2]", "clients: [2, 5000]"))
+    _refused(pglab("run", str(plan), "--results", str(tmp_path / "r")), "matrix.clients: 5000 clients",
+             "lets this user open 100 (max_connections)")
+    assert not (tmp_path / "r").exists()
+
+
 def test_destructive_with_both_consents_still_refuses_foreign_tables(tmp_path: Path, server: dict[str, Any]) -> None:
     plan = _plan(tmp_path, server, extra=", destructive: true", workload="tpcb-like", scale=2)
     before = _writes(server)

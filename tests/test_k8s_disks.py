@@ -209,7 +209,7 @@ def test_volume_probe_is_unprivileged_pinned_to_the_node_and_mounts_the_claims_r
     assert c["securityContext"]["runAsNonRoot"] and not c["securityContext"]["allowPrivilegeEscalation"]
     assert not {"hostPID", "hostNetwork", "hostIPC"} & pod.keys() and pod["automountServiceAccountToken"] is False
     (tmp_path / m.filename).write_text(to_yaml(body))
-    assert CHECKER.is_file(), "./setup.sh install builds tools/cnpg-check"
+    assert CHECKER.is_file(), "./setup.sh test builds tools/cnpg-check"
     proc = check(CHECKER, tmp_path / m.filename)  # batch/v1 Job, strictly decoded as every rendered manifest
     assert proc.returncode == 0, proc.stdout + proc.stderr
 

@@ -103,8 +103,10 @@ def test_limits_that_cannot_be_applied(tmp_path: Path) -> None:
             "dataset: {scale: 1}\nrun: {transactions: 50}\n")
     plan.write_text(text % (bad_cpu, ""))
     strict = pglab("run", str(plan), "--results", str(tmp_path / "a"))
-    assert strict.returncode == 2 and "target.local.client: the limits cannot be applied here" in strict.stderr
+    # refused at preflight, from the host's CPU list, before the lab or the results folder exists
+    assert strict.returncode == 2 and f"target.local.client.cpuset: CPU {bad_cpu} is not on this host" in strict.stderr
     assert "best-effort" in strict.stderr and "Traceback" not in strict.stderr
+    assert not (tmp_path / "a").exists()
     plan.write_text(text % (bad_cpu, ", limits: best-effort"))
     loose = pglab("run", str(plan), "--results", str(tmp_path / "b"), "--format", "json")
     assert loose.returncode == 0, loose.stderr

@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -66,3 +67,16 @@ def test_pglab_fio_bad_input_is_one_sentence_and_exit_2(scratch: Path, tmp_path:
     assert len(proc.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "r").exists()
     assert not list(scratch.iterdir())
+
+
+def test_pglab_fio_as_the_readme_writes_it(scratch: Path, tmp_path: Path) -> None:
+    """A relative --path and the default results folder: fio runs inside the results folder, so the path given
+    must still name the folder the user meant."""
+    relative = os.path.relpath(scratch, tmp_path)
+    proc = pglab("fio", "--path", relative, "--profile", "randread-8k", "--runtime", "1s", "--size", "16MiB",
+                 cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "failed" not in proc.stderr and "randread-8k-qd32" in proc.stdout
+    results = proc.stderr.strip().splitlines()[-1].removeprefix("results: ")
+    assert results.startswith("results/fio-") and (tmp_path / results / "results.db").is_file()
+    assert not list(scratch.iterdir())  # test files removed

@@ -54,6 +54,7 @@ def test_a_path_the_servers_cannot_reach(tmp_path: Path) -> None:
     finally:
         os.chmod(closed, 0o700)
     _refused(proc, "target.local.paths.wal", str(closed))
+    assert not (tmp_path / "r").exists()  # refused at preflight, before the results folder
     assert processes_mentioning(str(tmp_path)) == []
 
 

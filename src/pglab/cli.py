@@ -7,13 +7,14 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import psycopg
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
+from pglab import __version__
 from pglab.cluster_cli import cluster_app
 from pglab.errors import LabError, LabUnsound, NoSpace, PlanError, RunInterrupted, UserError
 from pglab.plan.expand import Point
@@ -22,7 +23,24 @@ from pglab.plan.schema import Plan
 from pglab.workloads.fio import FioError
 from pglab.workloads.pgbench import PgbenchError, ProgressPoint
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+
+def _hide_flag_type() -> None:
+    """typer's help labels every flag ``<bool>`` as if it took a value (``--keep <bool>``): a flag's type is not
+    shown. Done only when this typer has that method, so another version shows its own help unchanged."""
+    option = getattr(getattr(typer, "core", None), "TyperOption", None)
+    shown = getattr(option, "display_type_rich", None)
+    if option is None or shown is None:
+        return
+
+    def display_type_rich(self: Any, ctx: Any) -> Any:
+        return None if getattr(self, "is_flag", False) else shown(self, ctx)
+
+    option.display_type_rich = display_type_rich
+
+
+_hide_flag_type()
+app = typer.Typer(no_args_is_help=True, pretty_exceptions_enable=False,
+                  context_settings={"help_option_names": ["-h", "--help"]},  # inherited by every subcommand
                   help="Reproducible PostgreSQL platform benchmarks from one plan file.")
 plan_app = typer.Typer(no_args_is_help=True, help="Check a plan, or print its JSON Schema.")
 app.add_typer(plan_app, name="plan")
@@ -37,6 +55,20 @@ app.add_typer(cluster_app, name="cluster", help="Local HA labs (etcd + Patroni):
 out = Console(soft_wrap=True)
 err = Console(stderr=True, soft_wrap=True)
 FORMATS = ("table", "markdown", "csv", "json")
+# a Literal option: its values are shown in --help, completed by the shell and refused with the list
+Format = Literal["table", "markdown", "csv", "json"]
+
+
+def _version(value: bool) -> None:
+    if value:
+        out.print(f"pglab {__version__}", markup=False, highlight=False)
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _main(version: bool = typer.Option(False, "--version", "-V", is_eager=True, callback=_version,
+                                       help="print pglab's version and exit")) -> None:
+    """Reproducible PostgreSQL platform benchmarks from one plan file."""
 
 
 class ProgressView:
@@ -106,9 +138,10 @@ class ProgressView:
 @app.command()
 def run(
     plan_file: Path = typer.Argument(..., help="plan (YAML)"),
-    results: Path | None = typer.Option(None, "--results", help="results folder (default results/<name>-<time>)"),
+    results: Path | None = typer.Option(None, "--results", help="results folder (default results/<plan name>: run "
+                                        "again to resume)"),
     keep: bool = typer.Option(False, "--keep", help="leave the lab running and its files in place"),
-    fmt: str = typer.Option("table", "--format", help="table printed at the end: " + "|".join(FORMATS)),
+    fmt: Format = typer.Option("table", "--format", "-f", help="table printed at the end"),
     force_new: bool = typer.Option(False, "--force-new", help="start a new sweep in a results folder that holds "
                                    "another plan's (or an unfinished) sweep, instead of resuming or refusing"),
     allow_destructive: bool = typer.Option(False, "--allow-destructive", help="let pglab write to an external "
@@ -132,14 +165,19 @@ def _run_plan(plan: Plan, text: str, plan_dir: Path, results: Path | None, *, ke
     when it started, and what the end-of-sweep lines say was included and what an interrupt left."""
     from pglab.drivers import check_options, driver_for
     from pglab.engine.sweep import check_results_dir, run_sweep
+    from pglab.preflight import DEFAULT_RESULTS_ROOT, check_plan
 
     check_options(plan, keep=keep, allow_destructive=allow_destructive)
-    results = results or Path("results") / f"{plan.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    check_plan(plan, plan_dir, host=True, results=results)  # before a results folder or a lab exists
+    results = results or DEFAULT_RESULTS_ROOT / plan.name  # a rerun resumes there; a changed plan is refused
     check_results_dir(results)
     options: dict[str, Any] = {}
     cluster_errors: tuple[type[Exception], ...] = ()  # the cluster's refusals: its words, exit 1, no traceback
     included, interrupted = "lab setup and teardown included", "the lab was torn down; completed runs are stored."
     if plan.target.kubernetes is not None:
+        from pglab.extras import require
+
+        require("kubernetes", "k8s", "target.kubernetes")
         from pglab.targets.kubernetes.orchestrate import K8sError
 
         options["api"] = _preflight(plan, err)  # before a results folder or anything in the cluster exists
@@ -162,7 +200,7 @@ def _run_plan(plan: Plan, text: str, plan_dir: Path, results: Path | None, *, ke
 def noise(
     plan_file: Path = typer.Argument(..., help="plan (YAML): its first point is measured"),
     repeats: int = typer.Option(6, "--repeats", help="identical runs (even, at least 4): two sides of half each"),
-    results: Path | None = typer.Option(None, "--results", help="results folder (default results/<name>-noise-<time>)"),
+    results: Path | None = typer.Option(None, "--results", help="results folder (default results/<plan name>-noise)"),
     keep: bool = typer.Option(False, "--keep", help="leave the lab running and its files in place"),
     allow_destructive: bool = typer.Option(False, "--allow-destructive", help="as for pglab run"),
 ) -> None:
@@ -422,7 +460,7 @@ def fio_command(
     runtime: str = typer.Option("30s", "--runtime", help="seconds per job"),
     size: str = typer.Option("1GiB", "--size", help="test file size per job"),
     results: Path | None = typer.Option(None, "--results", help="results folder (default results/fio-<time>)"),
-    fmt: str = typer.Option("table", "--format", help="|".join(FORMATS)),
+    fmt: Format = typer.Option("table", "--format", "-f"),
 ) -> None:
     """Benchmark storage with fio on the given paths: 8 KiB random, WAL-like fdatasync, 1 MiB sequential."""
     from pydantic import ValidationError
@@ -456,8 +494,12 @@ def fio_command(
             raise UserError(f"--job-file: no such file '{f}'.")
     jobs = plan_jobs(storage.profiles if (profiles or not job_files) else [], job_files)
     size_bytes = storage.size.bytes
-    labelled = {str(p): (p, "--path") for p in paths}
+    labelled = {str(p): (p.absolute(), "--path") for p in paths}  # fio runs in the results folder, not here
     fio.find_fio()
+    if results is not None:
+        from pglab.preflight import check_results_parent
+
+        check_results_parent(results)
     for p, field in labelled.values():
         fio.check_path(p, size_bytes, field=field)
     results = results or Path("results") / f"fio-{time.strftime('%Y%m%d-%H%M%S')}"
@@ -484,12 +526,40 @@ def fio_command(
     err.print(f"results: {results}")
 
 
+@app.command("sweeps")
+def sweeps_command(
+    results: Path = typer.Argument(..., help="results folder written by 'pglab run' (or 'pglab fio')"),
+    fmt: Format = typer.Option("table", "--format", "-f"),
+) -> None:
+    """List the sweeps of a results folder: id, date, status, plan, points, runs ok and failed (the ids that
+    'pglab report --sweep' and 'pglab export --sweep' take)."""
+    from pglab.report.tables import render
+    from pglab.store import Store
+
+    store = Store.open(results, create=False)
+    try:
+        rows = store.sweep_summaries()
+    finally:
+        store.close()
+    if not rows:
+        err.print(f"'{results}' holds no sweep yet; run a plan into it first.", markup=False, highlight=False)
+        return
+    for r in rows:
+        r["date"] = time.strftime("%Y-%m-%d %H:%M %Z", time.localtime(r.pop("started")))
+    columns = ["sweep", "date", "status", "plan", "points", "runs_ok", "runs_failed"]
+    text = render(columns, rows, fmt, title=f"sweeps in {results}", shown=columns,
+                  headers={"runs_ok": "ok runs", "runs_failed": "failed runs"})
+    out.print(text if text.endswith("\n") else text + "\n", end="", soft_wrap=True, markup=False, highlight=False)
+
+
 @plan_app.command("validate")
 def plan_validate(plan_file: Path = typer.Argument(..., help="plan (YAML)")) -> None:
     """Check a plan; exit 0, or exit 2 with one line per problem naming the field path."""
     from pglab.plan.expand import expand
+    from pglab.preflight import check_plan
 
     plan, _ = _load(plan_file)
+    notes = check_plan(plan, plan_file.resolve().parent)  # parameters and connections, by the installed PostgreSQL
     n = len(expand(plan))
     run = plan.run
     if run.target_ci_pct is None:
@@ -499,6 +569,8 @@ def plan_validate(plan_file: Path = typer.Argument(..., help="plan (YAML)")) -> 
         out.print(f"{plan_file}: valid — {n} points × {run.min_repeats}–{run.max_repeats} repeats (until TPS's 95 % "
                   f"interval is within ±{run.target_ci_pct:g} %) = {n * run.min_repeats}–{n * run.max_repeats} runs, "
                   f"{run.order}")
+    for note in notes:
+        err.print(f"note: {note}", markup=False, highlight=False)
 
 
 @plan_app.command("schema")
@@ -528,7 +600,10 @@ def lab_list() -> None:
     """Labs registered by this user's pglab: running with their pglab, kept (--keep), or orphaned."""
     from pglab.targets.local import registry
 
-    for e in registry.entries():
+    entries = registry.entries()
+    if not entries:
+        err.print("no labs: none is running, kept (--keep) or left behind.", markup=False, highlight=False)
+    for e in entries:
         state = "kept" if e.kept else ("in use by pglab pid " + str(e.owner_pid) if e.owner_alive() else "orphaned")
         out.print(f"{e.lab_dir}  {state}", markup=False, highlight=False)
 
@@ -543,7 +618,11 @@ def k8s_render(plan_file: Path = typer.Argument(..., help="plan (YAML) with 'tar
     plan, _ = _load(plan_file)
     if out_dir.exists() and not out_dir.is_dir():
         raise UserError(f"-o: {out_dir} exists and is not a folder.")
-    w = write(plan, render(plan, plan_file.resolve().parent), out_dir)
+    try:
+        w = write(plan, render(plan, plan_file.resolve().parent), out_dir)
+    except OSError as exc:
+        raise UserError(f"-o: cannot write into '{out_dir}' ({exc.strerror or exc}); choose a folder you can write "
+                        "to.") from None
     d = str(out_dir)
     patches = f" and {len(w.patches)} Cluster patch{'es' if len(w.patches) > 1 else ''}" if w.patches else ""
     out.print(f"{d}: {len(w.cluster) + len(w.jobs)} manifests ({d}/{CLUSTER_DIR}: {len(w.cluster)}, {d}/{JOBS_DIR}: "
@@ -565,6 +644,9 @@ def k8s_check(plan_file: Path = typer.Argument(..., help="plan (YAML) with 'targ
 def _preflight(plan: Plan, console: Console) -> Any:
     """The Kubernetes preflight's lines on ``console``; exit 2 after the first blocking one. Returns the API client
     (an unusable kubeconfig is refused before, in one sentence naming target.kubernetes.kubeconfig)."""
+    from pglab.extras import require
+
+    require("kubernetes", "k8s", "target.kubernetes")
     from pglab.drivers.kubernetes import connect
     from pglab.targets.kubernetes.preflight import PreflightError, run_checks
 
@@ -587,7 +669,7 @@ def _load(path: Path) -> tuple[Plan, str]:
 
 def main() -> None:
     try:
-        rc = app(standalone_mode=False)  # click returns typer.Exit's code instead of raising it here
+        rc = app(prog_name="pglab", standalone_mode=False)  # click returns typer.Exit's code instead of raising it here
         sys.exit(rc if isinstance(rc, int) else 0)
     except PlanError as exc:
         for line in exc.problems:

@@ -14,7 +14,7 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import typer
 from rich.console import Console
@@ -156,9 +156,11 @@ def create(plan_file: Path = typer.Argument(..., help="plan (YAML) with target.l
 
 @cluster_app.command("status")
 def status(lab: str = typer.Argument(..., help="lab name or directory"),
-           as_json: bool = typer.Option(False, "--json", help="one JSON object instead of the table")) -> None:
+           fmt: Literal["table", "json"] = typer.Option("table", "--format", "-f",
+                                   help="json: one JSON object instead of the table"),
+           as_json: bool = typer.Option(False, "--json", hidden=True, help="the same as --format json")) -> None:
     """Members: name, role, state, timeline, lag (like patronictl list)."""
-    _print_members(_attach(lab), as_json)
+    _print_members(_attach(lab), as_json or fmt == "json")
 
 
 @cluster_app.command("list")

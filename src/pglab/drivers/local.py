@@ -116,7 +116,20 @@ class ProcessDriver(Generic[TopologyT]):
         return events
 
     def explain(self, exc: BaseException) -> BaseException | None:
-        return None
+        """A server's log named in a failure is the lab's, deleted with it: name the copy kept in the results."""
+        if not isinstance(exc, LabError):
+            return None
+        text = str(exc)
+        try:
+            logs = self.target.server_logs()
+        except Exception:  # a lab that never came up has no logs to name
+            return None
+        kept = {str(path): self._logs_dir / f"{name}.log" for name, path in logs.items() if str(path) in text}
+        if not kept:
+            return None
+        for lab_path, copy in kept.items():
+            text = text.replace(lab_path, str(copy))
+        return LabError(text)
 
     def close(self, keep: bool) -> list[str]:
         self._stop_pgbench()

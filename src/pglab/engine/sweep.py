@@ -139,8 +139,12 @@ def _targets(schedule: Schedule, points: list[Point], recorder: Recorder, ui: Ob
 @contextmanager
 def results_lock(results_dir: Path) -> Iterator[None]:
     """One writer per results folder: a second pglab run into it is refused instead of mixing two sweeps."""
-    results_dir.mkdir(parents=True, exist_ok=True)
-    fd = os.open(results_dir / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        results_dir.mkdir(parents=True, exist_ok=True)
+        fd = os.open(results_dir / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as exc:
+        raise UserError(f"--results: cannot create '{results_dir}' ({exc.strerror}); choose a folder you can "
+                        "write to.") from None
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

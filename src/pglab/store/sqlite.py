@@ -155,14 +155,23 @@ class Store:
             raise UserError(f"'{d}' holds no pglab results (no results.db); give the folder a run wrote.")
         try:
             d.mkdir(parents=True, exist_ok=True)
-            (d / "runs").mkdir(exist_ok=True)
             conn = sqlite3.connect(db, timeout=30, isolation_level=None)
         except (OSError, sqlite3.Error) as exc:
             raise UserError(f"results folder '{d}': cannot open it ({exc}); choose a writable folder.") from None
-        conn.execute("PRAGMA journal_mode=WAL")
-        conn.execute("PRAGMA foreign_keys=ON")
-        store = cls(d, conn)
-        store._migrate()
+        try:
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA foreign_keys=ON")
+            store = cls(d, conn)
+            store._migrate()
+        except sqlite3.DatabaseError as exc:  # not SQLite, or damaged: the user's file, named, no traceback
+            conn.close()
+            raise UserError(f"results folder '{d}': its results.db cannot be read ({exc}); give a folder pglab "
+                            "wrote, or a new one.") from None
+        try:
+            (d / "runs").mkdir(exist_ok=True)  # once the store is known to be one: nothing added to a foreign folder
+        except OSError as exc:
+            conn.close()
+            raise UserError(f"results folder '{d}': cannot open it ({exc}); choose a writable folder.") from None
         return store
 
     def _migrate(self) -> None:
@@ -366,6 +375,17 @@ class Store:
         cur = self.conn.execute("SELECT * FROM sweeps ORDER BY id")
         cols = [c[0] for c in cur.description]
         return [dict(zip(cols, row, strict=True)) for row in cur]
+
+    def sweep_summaries(self) -> list[dict[str, Any]]:
+        """One row per sweep, oldest first: what ``pglab sweeps`` lists (points and runs counted, not stored)."""
+        cur = self.conn.execute(
+            "SELECT s.id, s.started, s.status, s.plan_name, "
+            "(SELECT count(*) FROM points p WHERE p.sweep_id = s.id), "
+            "(SELECT count(*) FROM runs r WHERE r.sweep_id = s.id AND r.status = 'ok'), "
+            "(SELECT count(*) FROM runs r WHERE r.sweep_id = s.id AND r.status = 'failed') "
+            "FROM sweeps s ORDER BY s.id")
+        return [{"sweep": row[0], "started": row[1], "status": row[2], "plan": row[3], "points": row[4],
+                 "runs_ok": row[5], "runs_failed": row[6]} for row in cur]
 
     def latest_sweep_id(self) -> int | None:
         row = self.conn.execute("SELECT max(id) FROM sweeps").fetchone()

@@ -11,6 +11,10 @@ def _quote(value: str) -> str:
     return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
+# Sessions pglab itself holds beside pgbench's clients during a run (control, the probes, a scenario's own): a
+# superuser may use every slot of max_connections, so clients + these must fit in it (checked at preflight).
+OWN_SESSIONS = 5
+
 @dataclass(frozen=True)
 class Endpoint:
     """One PostgreSQL server. Credentials are in ``passfile``; a password never appears in a conninfo."""

@@ -19,7 +19,7 @@ import psycopg
 
 from pglab.errors import UserError
 from pglab.plan.schema import ExternalTarget, Plan
-from pglab.targets.base import Endpoint, Endpoints, Unshaped
+from pglab.targets.base import OWN_SESSIONS, Endpoint, Endpoints, Unshaped
 from pglab.targets.local.postgres_bin import find_client_bindir
 from pglab.workloads import pgbench
 
@@ -110,10 +110,15 @@ class ExternalServer(Unshaped):  # a server pglab does not own is not limited or
                     "WHERE c.relkind IN ('r', 'p', 'v', 'm', 'f') AND n.nspname NOT IN ('pg_catalog', "
                     "'information_schema') AND n.nspname NOT LIKE 'pg\\_toast%%' AND n.nspname NOT LIKE 'pg\\_temp%%' "
                     "AND c.relname !~ %s ORDER BY 1", (PGBENCH_TABLE_PATTERN,))]
+                slots = c.execute(
+                    "SELECT current_setting('max_connections')::int - CASE WHEN r.rolsuper THEN 0 ELSE "
+                    "current_setting('superuser_reserved_connections')::int END FROM pg_roles r "
+                    "WHERE r.rolname = current_user").fetchone()
         except psycopg.Error as exc:
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise UserError(f"target.external.conninfo: cannot connect to {self._where()} ({first}); check the "
                             "connection string and the passfile.") from None
+        self._check_connections(slots[0] if slots else None)
         if self.writes:
             if others:
                 shown = ", ".join(others[:5]) + (f" and {len(others) - 5} more" if len(others) > 5 else "")
@@ -131,6 +136,14 @@ class ExternalServer(Unshaped):  # a server pglab does not own is not limited or
             raise UserError(f"matrix.workload: {', '.join(writers)} may write, and {self._where()} is read-only for "
                             "pglab; use select-only, or set target.external.destructive: true and add "
                             "--allow-destructive.")
+
+    def _check_connections(self, slots: int | None) -> None:
+        """Clients beyond what the server lets this role open would fail every run late, on a connection error."""
+        most = max(self.plan.matrix.clients)
+        if slots is not None and most + OWN_SESSIONS > slots:
+            raise UserError(f"matrix.clients: {most} clients and pglab's own {OWN_SESSIONS} sessions need "
+                            f"{most + OWN_SESSIONS} connections, and {self._where()} lets this user open "
+                            f"{slots} (max_connections); lower the clients.")
 
     def _where(self) -> str:
         e = self._endpoint

@@ -457,8 +457,36 @@ class LocalLab(LabBase[Node]):
         self._chown(path)
 
     def _pg_ctl(self, node: Node, *args: str, timeout: float = 120) -> None:
-        self._run([self._bin("pg_ctl"), "-D", str(node.data), "-w", "-t", str(int(timeout)), *args],
-                  timeout=timeout + 10)
+        """pg_ctl on ``node``; a start that fails says why in PostgreSQL's words (its FATAL line) and where its log
+        is, instead of pg_ctl's "Examine the log output"."""
+        try:
+            before = node.log.stat().st_size
+        except OSError:
+            before = 0
+        try:
+            self._run([self._bin("pg_ctl"), "-D", str(node.data), "-w", "-t", str(int(timeout)), *args],
+                      timeout=timeout + 10)
+        except LabError:
+            if args[-1] not in ("start", "restart"):
+                raise
+            fatal = self.fatal_line(node, since=before)
+            if fatal is None:
+                raise
+            raise LabError(f"{node.name} did not {args[-1]}: PostgreSQL says \"{fatal}\" (server log: {node.log})"
+                           ) from None
+
+    def fatal_line(self, node: Node, since: int = 0) -> str | None:
+        """The last FATAL or PANIC line of ``node``'s log written after byte ``since``, without its timestamp and
+        pid: why a start failed (an older start's lines are not this one's cause)."""
+        try:
+            with node.log.open("rb") as f:
+                f.seek(since)
+                lines = f.read().decode(errors="replace").splitlines()[-50:]
+        except OSError:
+            return None
+        found = [re.sub(r"^.*?\b(FATAL|PANIC):\s+", r"\1:  ", line) for line in lines
+                 if re.search(r"\b(FATAL|PANIC):", line)]
+        return found[-1].strip() if found else None
 
     def _start(self, node: Node, may_move: bool = False) -> None:
         """Start a server. On its first start (``may_move``), a port taken meanwhile by another program (the
@@ -475,6 +503,8 @@ class LocalLab(LabBase[Node]):
                     self.log(f"port {taken} is taken by another program; {node.name} moves to port {node.port}")
                     self._write_conf(node)
                     continue
+                if "PostgreSQL says" in str(exc):
+                    raise
                 raise LabError(f"{node.name} did not start: {exc}; server log: {tail}") from None
         else:
             raise LabError(f"{node.name} did not start: every port tried was taken")
@@ -609,6 +639,8 @@ class LocalLab(LabBase[Node]):
                 self._pg_ctl(node, "-m", "fast", "-l", str(node.log), "restart")
                 self._enter_group(node)
             except LabError as exc:
+                if "PostgreSQL says" in str(exc):
+                    raise
                 raise LabError(f"{node.name} did not restart: {exc}; server log: {self.log_tail(node)}") from None
         self._write_state()
         self.wait_streaming()
@@ -730,6 +762,8 @@ class LocalLab(LabBase[Node]):
             if self.lab_dir:
                 registry.mark_kept(self.lab_dir)
                 self.log(f"lab kept running in {self.lab_dir} (remove it with: pglab lab clean {self.lab_dir})")
+                for line in self.connect_lines():
+                    self.log(line)
             return
         for node in reversed(self.nodes):
             try:

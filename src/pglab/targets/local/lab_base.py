@@ -12,12 +12,12 @@ from __future__ import annotations
 import abc
 import contextlib
 import os
+import shlex
 import shutil
-import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Generic, Protocol, TypeVar
 
 from pglab.errors import UserError
 from pglab.targets.base import Endpoints, PlanCodeUser
@@ -69,6 +69,21 @@ class LabBase(ServerFiles, GroupedLimits, ShapedLinks, abc.ABC, Generic[N]):
         assert self.lab_dir is not None
         return self.lab_dir / "secrets" / "pgpass"
 
+    def connect_lines(self) -> list[str]:
+        """How to reach a kept lab's primary with psql: the command, and the environment that makes a bare
+        ``psql`` do the same. The passfile is the invoking user's (0600): psql as another user is refused."""
+        try:
+            ep = self.endpoints().primary
+        except Exception:  # a lab that is not answering: its folder is still said, by the caller
+            return []
+        bindir: Path | None = getattr(self, "bindir", None)
+        psql = str(bindir / "psql") if bindir is not None and (bindir / "psql").is_file() else "psql"
+        q = shlex.quote
+        return [f"connect: PGPASSFILE={q(str(ep.passfile))} {q(psql)} -h {q(ep.host)} -p {ep.port} -U {q(ep.user)} "
+                f"{q(ep.dbname)}",
+                f"or set: export PGHOST={q(ep.host)} PGPORT={ep.port} PGUSER={q(ep.user)} PGDATABASE={q(ep.dbname)} "
+                f"PGPASSFILE={q(str(ep.passfile))}"]
+
     def plan_code_user(self) -> PlanCodeUser | None:
         """As root, pgbench (the plan's scripts) runs as the server user, with credentials it can read."""
         if self.server_user is None or self.lab_dir is None:
@@ -116,9 +131,7 @@ class LabBase(ServerFiles, GroupedLimits, ShapedLinks, abc.ABC, Generic[N]):
             if not os.access(path, os.W_OK | os.X_OK):
                 raise UserError(f"{field}: '{path}' is not writable; choose a directory you can write to.")
             return
-        kwargs: dict[str, Any] = self.server_user.popen_kwargs()
-        probe = subprocess.run(["test", "-x", str(path)], check=False, **kwargs)
-        if probe.returncode != 0:
+        if not searchable_by(path, self.server_user.uid, self.server_user.gid):
             raise UserError(f"{field}: the server user '{self.server_user.name}' cannot reach '{path}' (a parent "
                             "directory is not searchable); choose a directory under a world-searchable path such as "
                             "/var/tmp.")
@@ -202,3 +215,25 @@ class LabBase(ServerFiles, GroupedLimits, ShapedLinks, abc.ABC, Generic[N]):
         self._created_dirs.clear()
         if self.lab_dir:
             registry.unregister(self.lab_dir)
+
+
+def searchable_by(path: Path, uid: int, gid: int) -> bool:
+    """Whether ``uid`` may traverse ``path`` and every folder above it, from their mode bits (what ``test -x`` as
+    that user would say, without running a program: PATH may have none, and nothing is started to ask)."""
+    import pwd
+
+    try:
+        groups = {gid, *os.getgrouplist(pwd.getpwuid(uid).pw_name, gid)}
+    except (KeyError, OSError):
+        groups = {gid}
+    for p in (path, *path.parents):
+        try:
+            st = p.stat()
+        except OSError:
+            return False
+        if uid == 0:
+            continue
+        bit = 0o100 if st.st_uid == uid else 0o010 if st.st_gid in groups else 0o001
+        if not st.st_mode & bit:
+            return False
+    return True

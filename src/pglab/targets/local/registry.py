@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pglab.errors import UserError
 from pglab.targets.local import leftovers
 from pglab.targets.local.procs import kill_all, process_start_time, processes_using
 
@@ -36,7 +37,13 @@ def state_dir() -> Path:
 
 def _labs_dir() -> Path:
     d = state_dir() / "labs"
-    d.mkdir(parents=True, exist_ok=True, mode=0o700)
+    try:
+        d.mkdir(parents=True, exist_ok=True, mode=0o700)
+    except OSError as exc:  # the environment's to fix: one sentence naming the variable, not a traceback
+        where = "PGLAB_STATE_DIR" if os.environ.get("PGLAB_STATE_DIR") else \
+            "XDG_STATE_HOME" if os.environ.get("XDG_STATE_HOME") else "HOME"
+        raise UserError(f"{where}: cannot create pglab's lab registry in '{d}' ({exc.strerror}); point "
+                        f"PGLAB_STATE_DIR at a folder you can write to.") from None
     return d
 
 

@@ -13,10 +13,10 @@ Units, as pglab's plan states them and as this module turns them into toxics:
   Toxiproxy's ``bandwidth`` toxic takes ``rate`` in KB/s with 1 KB = 1,000 bytes (it allows ``rate`` bytes per
   millisecond), so ``rate = bandwidth_kbps / 8``; a whole number of KB/s, hence multiples of 8 kbps.
 
-Toxiproxy is built by ``./setup.sh install`` into ``.tools/bin/toxiproxy-server`` (pinned version). The server
-runs with its working directory, and its ``-config`` file, inside the workdir it is given: put that under the
-lab directory and the lab registry finds a server left behind by a killed pglab like any other process of the
-lab (``registry.processes_using``).
+Toxiproxy is built by ``./setup.sh install toxiproxy`` (and ``./setup.sh test``) into
+``.tools/bin/toxiproxy-server`` (pinned version). The server runs with its working directory, and its ``-config``
+file, inside the workdir it is given: put that under the lab directory and the lab registry finds a server left
+behind by a killed pglab like any other process of the lab (``registry.processes_using``).
 """
 
 from __future__ import annotations
@@ -56,7 +56,8 @@ def find_toxiproxy() -> Path:
         return path
     if REPO_BINARY.is_file() and os.access(REPO_BINARY, os.X_OK):
         return REPO_BINARY
-    raise UserError("toxiproxy-server, which shapes the replication links, is not installed; run ./setup.sh install.")
+    raise UserError("toxiproxy-server, which shapes the replication links (target.local.network), is not "
+                    "installed; run ./setup.sh install toxiproxy.")
 
 
 def kbps_to_rate(bandwidth_kbps: int) -> int:

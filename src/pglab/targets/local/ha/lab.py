@@ -426,7 +426,9 @@ class HALab(Faults, Settings):
         if keep:
             if self.lab_dir:
                 registry.mark_kept(self.lab_dir)
-                self.log(f"HA lab kept running in {self.lab_dir}")
+                self.log(f"HA lab kept running in {self.lab_dir} (remove it with: pglab lab clean {self.lab_dir})")
+                for line in self.connect_lines():
+                    self.log(line)
             return
         self.stop(graceful=False)  # its files go next: a clean shutdown would only cost seconds
         self._remove_what_was_made()  # every process of the lab is gone now

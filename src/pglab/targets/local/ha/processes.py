@@ -71,7 +71,7 @@ def free_ports(n: int) -> list[int]:
 def find_etcd() -> Path:
     found = shutil.which("etcd") or ("/usr/bin/etcd" if os.access("/usr/bin/etcd", os.X_OK) else None)
     if not found:
-        raise UserError("etcd, the HA lab's DCS, is not installed; run ./setup.sh install "
+        raise UserError("etcd, the HA lab's DCS, is not installed; run ./setup.sh install ha "
                         "(or apt-get install etcd-server).")
     return Path(found)
 
@@ -83,7 +83,8 @@ def find_patroni() -> Path:
         return beside
     found = shutil.which("patroni")
     if not found:
-        raise UserError("patroni is not installed in pglab's environment; run ./setup.sh install.")
+        raise UserError("patroni is not installed in pglab's environment; run ./setup.sh install ha (or pip "
+                        "install -e '.[ha]').")
     return Path(found)
 
 
