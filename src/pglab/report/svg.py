@@ -50,6 +50,11 @@ def _label(value: float) -> str:
     return f"{value:.3g}"
 
 
+def _plain(value: float) -> str:
+    """A figure for a tooltip as a table shows it: 10,399.7, never 1.04e+04."""
+    return f"{value:,.1f}" if abs(value) >= 100 else f"{value:.3g}"
+
+
 def _legend(names: Sequence[str], y: float = 14) -> str:
     parts, x = [], float(LEFT)
     for i, name in enumerate(names):
@@ -119,10 +124,10 @@ def categories(title: str, labels: Sequence[str], series: Sequence[Series], ytit
             offset = (k - (len(series) - 1) / 2) * (bar_w if bars else min(10.0, slot * 0.3 / len(series)))
             x = LEFT + slot * (i + 0.5) + offset  # lines too are dodged, so error bars do not hide each other
             y = bottom - (v - low) * scale
-            tip = f"{s.name}, {labels[i]}: {v:,.4g}"
+            tip = f"{s.name}, {labels[i]}: {_plain(v)}"
             e = s.errors[i] if i < len(s.errors) else None
             if e:
-                tip += f" ± {e:,.3g}"
+                tip += f" ± {_plain(e)}"
             if bars:
                 body.append(f'<rect x="{x - bar_w / 2 + 1:.1f}" y="{min(y, bottom):.1f}" width="{bar_w - 2:.1f}" '
                             f'height="{abs(bottom - y):.1f}" fill="{color}" fill-opacity="0.8">'
