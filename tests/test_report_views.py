@@ -209,7 +209,7 @@ def test_html_has_the_sections_and_leaves_out_the_empty_ones(page: tuple[Path, s
     assert figure.count("<rect") >= 2 * 2 * 1 + 2 and "M" in figure and "local" in figure and "remote_apply" in figure
     assert 'id="durability-select-only-latency_avg_ms"' in html
     # each mark's tooltip gives its figure and interval as the tables do: 1,250.0 ± …, never 1.25e+03
-    tips = re.findall(r"<title>([^<]*)</title></rect>", figure)
+    tips = re.findall(r"<title>([^<]*)</title></(?:rect|circle)>", html)
     assert tips and all(re.fullmatch(r"[^:]+: [\d,.]+( ± [\d,.]+)?", t) for t in tips), tips
     # the run with the dip has its chart, TPS on a panel of its own (shaded dip)
     assert html.count('<figure id="run-') >= 1 and 'fill="#d62728" fill-opacity="0.12"' in html
