@@ -147,3 +147,81 @@ def test_plan_rules_for_external_targets(tmp_path: Path, server: dict[str, Any])
         proc = pglab("plan", "validate", str(plan))
         assert proc.returncode == 2 and expected in proc.stderr, proc.stderr
         assert "hunter2" not in proc.stderr
+
+
+def _scale(server: dict[str, Any]) -> int:
+    """The scale of the dataset the module's earlier tests left on the server."""
+    with psycopg.connect(server["ep"].conninfo(), autocommit=True) as conn:
+        return int(conn.execute("SELECT count(*) FROM pgbench_branches").fetchone()[0])
+
+
+def _touched(server: dict[str, Any]) -> int:
+    with psycopg.connect(server["ep"].conninfo(), autocommit=True) as conn:
+        conn.execute("SELECT pg_stat_force_next_flush()")
+        return int(conn.execute("SELECT coalesce(sum(n_tup_ins + n_tup_upd + n_tup_del), 0) "
+                                "FROM pg_stat_user_tables").fetchone()[0])
+
+
+def _role_with_password(server: dict[str, Any], name: str, password: str, grants: str) -> str:
+    """A login role the server lets in by password over its socket; returns the plan's conninfo for it."""
+    with psycopg.connect(server["ep"].conninfo(), autocommit=True) as conn:
+        conn.execute(f"DROP ROLE IF EXISTS {name}")
+        conn.execute(f"CREATE ROLE {name} LOGIN PASSWORD '{password}'")
+        conn.execute(grants.format(role=name))
+        hba = Path(conn.execute("SHOW hba_file").fetchone()[0])
+        if f" {name} " not in hba.read_text():
+            hba.write_text(f"local all {name} scram-sha-256\n" + hba.read_text())
+        conn.execute("SELECT pg_reload_conf()")
+    return server["conninfo"].replace(f"user={server['ep'].user}", f"user={name}")
+
+
+def test_pgbench_authenticates_as_pglab_did_with_the_users_pgpassword(tmp_path: Path, server: dict[str, Any]) -> None:
+    # the password only in PGPASSWORD: pglab's own connections used it, and pgbench (whose environment pglab builds)
+    # must too, or every run fails late on "could not create connection"
+    conninfo = _role_with_password(server, "bench_pw", "pw-only-in-env",
+                                   "GRANT SELECT ON ALL TABLES IN SCHEMA public TO {role}")
+    scale = _scale(server)
+    empty = tmp_path / "empty.pgpass"
+    empty.write_text("")
+    empty.chmod(0o600)
+    plan = tmp_path / "plan.yaml"
+    plan.write_text(f"""
+name: pw
+target: {{external: {{conninfo: "{conninfo}", passfile: {empty}}}}}
+dataset: {{scale: {scale}}}
+matrix: {{workload: [select-only], clients: [2]}}
+run: {{duration: 2s}}
+""")
+    proc = pglab("run", str(plan), "--results", str(tmp_path / "r"), "--format", "json",
+                 env={**os.environ, "PGPASSWORD": "pw-only-in-env"})
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)[0]["tps"] > 0
+
+
+def test_a_destructive_sweep_without_checkpoint_rights_is_refused_first(tmp_path: Path,
+                                                                        server: dict[str, Any]) -> None:
+    with psycopg.connect(server["ep"].conninfo(), autocommit=True) as conn:
+        conn.execute("DROP TABLE IF EXISTS customers")  # pgbench's tables only: the last refusal before this one
+    conninfo = _role_with_password(server, "bench_nockpt", "pw-nockpt",
+                                   "GRANT ALL ON ALL TABLES IN SCHEMA public TO {role}")
+    scale = _scale(server)
+    passfile = tmp_path / "pgpass"
+    passfile.write_text("*:*:*:bench_nockpt:pw-nockpt\n")
+    passfile.chmod(0o600)
+    plan = tmp_path / "plan.yaml"
+    plan.write_text(f"""
+name: nockpt
+target: {{external: {{conninfo: "{conninfo}", passfile: {passfile}, destructive: true}}}}
+dataset: {{scale: {scale}}}
+matrix: {{workload: [tpcb-like], clients: [2]}}
+run: {{duration: 2s}}
+""")
+    before = _touched(server)
+    _refused(pglab("run", str(plan), "--results", str(tmp_path / "r"), "--allow-destructive"),
+             "dataset.reset: vacuum ends with CHECKPOINT, which user 'bench_nockpt' may not run",
+             "GRANT pg_checkpoint TO bench_nockpt")
+    assert _touched(server) == before and not (tmp_path / "r").exists()
+    with psycopg.connect(server["ep"].conninfo(), autocommit=True) as conn:
+        conn.execute("GRANT pg_checkpoint TO bench_nockpt")
+    proc = pglab("run", str(plan), "--results", str(tmp_path / "r"), "--allow-destructive", "--format", "json")
+    assert proc.returncode == 0, proc.stderr

@@ -29,6 +29,9 @@ class Endpoint:
     sslmode: str | None = None
     options: str | None = None  # session settings ("-c name=value …"), e.g. on a server pglab must not reconfigure
     target_session_attrs: str | None = None  # "read-write" with several hosts: libpq picks the primary
+    # the user's own libpq variables (PGPASSWORD, PGSSLROOTCERT …) that pglab's connections use, given to client
+    # programs too: on a server pglab does not own, pgbench must authenticate as pglab did
+    inherited_env: tuple[tuple[str, str], ...] = ()
 
     def conninfo(self, **extra: str | int) -> str:
         parts = {
@@ -48,6 +51,7 @@ class Endpoint:
     def env(self) -> dict[str, str]:
         """libpq environment for client programs (pgbench, psql)."""
         env = {
+            **dict(self.inherited_env),
             "PGHOST": self.host,
             "PGPORT": str(self.port),
             "PGUSER": self.user,

@@ -75,6 +75,17 @@ def _default_passfile() -> Path:
     return Path(os.environ.get("PGPASSFILE") or Path.home() / ".pgpass")
 
 
+# what the endpoint sets itself; every other PG* variable of the user's is libpq's (psycopg reads it too)
+_SET_BY_PGLAB = {"PGHOST", "PGHOSTADDR", "PGPORT", "PGUSER", "PGDATABASE", "PGPASSFILE", "PGSSLMODE", "PGOPTIONS",
+                 "PGTARGETSESSIONATTRS", "PGAPPNAME", "PGCONNECT_TIMEOUT"}
+
+
+def _libpq_env() -> tuple[tuple[str, str], ...]:
+    """The user's libpq variables (PGPASSWORD, PGSSLROOTCERT, PGSERVICE …) that pglab's own connections use."""
+    return tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith("PG") and k not in _SET_BY_PGLAB
+                        and not k.startswith("PGLAB_")))
+
+
 class ExternalServer(Unshaped):  # a server pglab does not own is not limited or restarted by it
     """Implements the Target protocol for a server reached by a connection string."""
 
@@ -88,7 +99,7 @@ class ExternalServer(Unshaped):  # a server pglab does not own is not limited or
         self._endpoint = Endpoint("primary", "primary", params["host"], int(params.get("port", 5432)),
                                   params["user"], params["dbname"],
                                   Path(spec.passfile).expanduser() if spec.passfile else _default_passfile(),
-                                  sslmode=params.get("sslmode"))
+                                  sslmode=params.get("sslmode"), inherited_env=_libpq_env())
         self.session: dict[str, Any] = {}
         self._postmaster: tuple[int, int] | None = None  # (pid, start time) once looked for; (0, 0): not here
 
@@ -114,6 +125,10 @@ class ExternalServer(Unshaped):  # a server pglab does not own is not limited or
                     "SELECT current_setting('max_connections')::int - CASE WHEN r.rolsuper THEN 0 ELSE "
                     "current_setting('superuser_reserved_connections')::int END FROM pg_roles r "
                     "WHERE r.rolname = current_user").fetchone()
+                checkpoint = c.execute(  # the vacuum reset ends with CHECKPOINT: superuser, or pg_checkpoint (15+)
+                    "SELECT r.rolsuper OR CASE WHEN current_setting('server_version_num')::int >= 150000 "
+                    "THEN pg_has_role(current_user, 'pg_checkpoint', 'MEMBER') ELSE false END "
+                    "FROM pg_roles r WHERE r.rolname = current_user").fetchone()
         except psycopg.Error as exc:
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise UserError(f"target.external.conninfo: cannot connect to {self._where()} ({first}); check the "
@@ -124,6 +139,10 @@ class ExternalServer(Unshaped):  # a server pglab does not own is not limited or
                 shown = ", ".join(others[:5]) + (f" and {len(others) - 5} more" if len(others) > 5 else "")
                 raise UserError(f"target.external: {self._where()} holds tables that are not pgbench's ({shown}); "
                                 "pglab writes only to a database dedicated to the benchmark.")
+            if self.plan.dataset.reset == "vacuum" and not (checkpoint and checkpoint[0]):
+                raise UserError(f"dataset.reset: vacuum ends with CHECKPOINT, which user '{self._endpoint.user}' may "
+                                f"not run on {self._where()}; GRANT pg_checkpoint TO {self._endpoint.user} (PostgreSQL "
+                                "15+, else connect as a superuser), or set dataset.reset: reinit.")
             return
         wanted = {"scale": self.plan.dataset.scale, "partitions": self.plan.dataset.partitions or 0}
         if state != wanted:
