@@ -375,3 +375,42 @@ def test_etcd_then_the_leaders_patroni_killed_fail_their_runs_and_are_restarted(
     assert db.execute("SELECT status FROM sweeps").fetchone()[0] == "done"
     db.close()
     assert labs and processes_mentioning(str(labs[0])) == []
+
+
+def test_a_frozen_etcd_stops_the_sweep_in_one_sentence(tmp_path: Path) -> None:
+    plan = tmp_path / "plan.yaml"
+    plan.write_text(HA_PLAN)
+    results = tmp_path / "results"
+    proc = _start(plan, results)
+    frozen: list[int] = []
+    labs: list[Path] = []
+
+    def strike(_fault: str, _pgbench: int) -> None:
+        labs.append(_lab(results))
+        frozen.append(json.loads((labs[0] / "lab.json").read_text())["etcd"]["pid"])
+        os.kill(frozen[0], signal.SIGSTOP)
+
+    try:
+        _fault_each_measured_pgbench(proc, ["etcd"], 400, strike)
+        _out, err = proc.communicate(timeout=400)
+    finally:
+        for p in frozen:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(p, signal.SIGCONT)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+            pglab("lab", "clean")
+    print(err[-3000:])
+    assert frozen, "etcd was never frozen"
+    assert proc.returncode == 1, err
+    assert "Traceback" not in err
+    last = err.strip().splitlines()[-1]
+    assert last == ("error: etcd (Patroni's DCS) does not answer (three health checks of 2 s); the lab cannot run the "
+                    "next point: see the logs of etcd and Patroni in the lab, then resume with the same pglab run and "
+                    "--results"), last
+    db = sqlite3.connect(results / "results.db")
+    status, reason = db.execute("SELECT status, reason FROM sweeps").fetchone()
+    db.close()
+    assert status == "failed" and reason in last, reason
+    assert labs and processes_mentioning(str(labs[0])) == []

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pglab.errors import LabError
+from pglab.errors import LabError, LabUnsound
 from pglab.plan.schema import LocalTarget
 from pglab.targets.base import Endpoint, Endpoints, PlanCodeUser
 from pglab.targets.local.cluster import DBNAME, SUPERUSER
@@ -90,7 +90,11 @@ class PatroniTarget:
             self._started = True
             self.lab.start(parameters)
         else:
-            self.heal()
+            try:
+                self.heal()
+            except LabError as exc:  # not ready within its deadline: every run left would fail the same way
+                raise LabUnsound(f"{str(exc).strip()}; the lab cannot run the next point: see the logs of etcd and "
+                                 "Patroni in the lab, then resume with the same pglab run and --results") from None
             if parameters != self.lab.parameters:
                 self.lab.apply(parameters)
         return self.endpoints()
@@ -109,6 +113,8 @@ class PatroniTarget:
         down = sorted(lab.killed)
         for name in down:
             lab.start_node(name)
+        if not lab.etcd_answers():  # else the wait below would wait on it for its whole deadline
+            raise LabError("etcd (Patroni's DCS) does not answer (three health checks of 2 s)")
         lab.wait_ready()
         if down:
             self._events.append((time.time(), "repair", f"started {', '.join(down)} again (rejoined as replica)"))

@@ -173,6 +173,16 @@ class Processes(Membership):
                 raise LabError(f"etcd did not become healthy: {self._tail(log_path)}")
         raise LabError("etcd did not start: every port tried was taken")
 
+    def etcd_answers(self, attempts: int = 3, timeout: float = 2) -> bool:
+        """Whether etcd says it is healthy within ``attempts`` reads of ``timeout`` seconds (a frozen or hung etcd
+        does not answer; Patroni then waits on it with every request)."""
+        for _ in range(attempts):
+            with contextlib.suppress(OSError, ValueError):
+                status, body = self._request(f"http://{HOST}:{self.etcd_port}/health", timeout=timeout)
+                if status == 200 and isinstance(body, dict) and body.get("health") == "true":
+                    return True
+        return False
+
     def restart_etcd(self, timeout: float = 60) -> None:
         """etcd found dead under the lab: started again on its data directory (the cluster's keys are kept), on its
         former port when free, and Patroni's configuration follows the port."""
