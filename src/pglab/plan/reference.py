@@ -165,7 +165,8 @@ def markdown() -> str:
         lines += [f"| `{r.path}` | {_cell(r.type)} | {_cell(r.default)} | {_cell(r.description)} |" for r in items]
         lines.append("")
     lines += ["## Environment variables", "",
-              "What pglab reads from its environment (every `pglab` command; a plan's field wins over the variable).",
+              "What pglab reads from its environment, in every command; where a plan field says the same, the field "
+              "wins.",
               "", "| variable | what |", "|---|---|"]
     lines += [f"| `{name}` | {_cell(what)} |" for name, what in sorted(ENVIRONMENT.items())]
     lines += ["", "Client programs and libraries read their own: libpq's `PG*` variables for pglab's connections "
