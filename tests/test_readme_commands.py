@@ -1,7 +1,8 @@
-"""The README's commands run as written (issue 20): every shell command of its ```bash blocks is either run here, in
-a folder holding the results folders it names (built through the Store, shaped like what the plans it runs would
-store), or skipped by a pattern below that says why. A command the README shows and pglab no longer accepts fails
-this test; so does a new README command nobody classified. Nothing here starts a server."""
+"""The README's commands run as written (issue 20): every shell command of its ```bash blocks, and of the examples'
+opening comments, is either run here, in a folder holding the results folders it names (built through the Store,
+shaped like what the plans it runs would store), or skipped by a pattern below that says why. A command the README
+or an example shows and pglab no longer accepts fails this test; so does a new command nobody classified. Nothing
+here starts a server."""
 
 from __future__ import annotations
 
@@ -32,7 +33,9 @@ SKIPPED: list[tuple[str, str]] = [
     (r"pglab cluster ", "starts etcd and Patroni"),
     (r"pglab k8s check ", "asks a Kubernetes cluster"),
     (r"pglab lab clean /tmp/pglab-lab-XXXX$", "a placeholder for the folder 'pglab run --keep' prints"),
+    (r"\.tools/bin/cnpg-check ", "needs the checker ./setup.sh builds; tests/test_k8s.py runs it on every render"),
 ]
+_COMMAND = r"(?:pglab|\./setup\.sh|sudo|\.tools/bin/)\S*(?: [^`#]*)?"
 
 
 def readme_commands(text: str) -> list[str]:
@@ -46,17 +49,34 @@ def readme_commands(text: str) -> list[str]:
     return commands
 
 
+def example_commands(text: str) -> list[str]:
+    """The commands an example's opening comment gives: `in backticks`, or indented on a line of their own."""
+    commands = []
+    for line in text.split("\n"):
+        if not line.startswith("#"):
+            break
+        commands += re.findall(rf"`({_COMMAND})`", line)
+        if m := re.match(rf"#   ({_COMMAND})", line):
+            commands.append(m.group(1).strip())
+    return [c.strip() for c in commands]
+
+
 def skip_reason(command: str) -> str | None:
     return next((why for pattern, why in SKIPPED if re.match(pattern, command)), None)
 
 
-COMMANDS = readme_commands(README.read_text())
+COMMANDS = list(dict.fromkeys(readme_commands(README.read_text()) + [  # each once, in order
+    c for p in sorted((REPO / "examples").glob("*.yaml")) for c in example_commands(p.read_text())]))
 RUN = [c for c in COMMANDS if skip_reason(c) is None]
 
 
 def test_the_extraction_finds_the_commands() -> None:
     text = "a\n```bash\npglab x a   # note\n                  # more note\npglab y\n```\n```yaml\nname: z\n```\n"
     assert readme_commands(text) == ["pglab x a", "pglab y"]
+    example = ("# Text, `pglab run a.yaml`, then `pglab report r --table t`.\n#   no-qos   not a command\n"
+               "#   ./setup.sh kube-lab     # builds\n#   pglab k8s render a.yaml -o m\nname: a\n# `pglab late`\n")
+    assert example_commands(example) == ["pglab run a.yaml", "pglab report r --table t", "./setup.sh kube-lab",
+                                         "pglab k8s render a.yaml -o m"]
     assert "pglab plan validate examples/quickstart.yaml" in RUN
     assert any(c.startswith("pglab report ") for c in RUN) and any(c.startswith("pglab run ") for c in COMMANDS)
 
@@ -127,6 +147,12 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, s
         cpus=[0.5, 1.0, 1.5], workload=["tpcb-like"], synchronous_commit=["local", "on"], clients=[1, 4]))
     _sweep(results / "failover", "failover", _matrix(
         workload=["tpcb-like"], clients=[4], synchronous_commit=["off", "on"], scenario=["failover-node"]))
+    _sweep(results / "backup-under-load", "backup-under-load", _matrix(
+        workload=["select-only", "tpcb-like"], clients=[4], synchronous_commit=["on"],
+        scenario=["backup", "backup max-rate=64M"]))
+    storage_class = _matrix(workload=["tpcb-like"], synchronous_commit=["on"], clients=[64])
+    _sweep(results / "s2-standard", "kubernetes-storage-classes", storage_class)
+    _sweep(results / "s2-premium", "kubernetes-storage-classes", storage_class, tps=140.0)
     _sweep(results / "qos-tiers", "qos-tiers", [{"arrangement": "no-qos"}, {"arrangement": "qos-many-high"}],
            tenants=3)
     bindir = work / "bin"
