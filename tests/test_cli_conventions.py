@@ -121,9 +121,9 @@ def test_the_base_install_needs_no_extra(tmp_path: Path) -> None:
     proc = pglab("plan", "validate", str(local), env=env)
     assert proc.returncode == 0, proc.stderr
     repo = Path(__file__).resolve().parent.parent
-    render = pglab("k8s", "render", str(repo / "examples" / "seed-s3.yaml"), "-o", str(tmp_path / "m"), env=env)
+    render = pglab("k8s", "render", str(repo / "examples" / "kubernetes-cnpg.yaml"), "-o", str(tmp_path / "m"), env=env)
     assert render.returncode == 0, render.stderr  # manifests need no client
-    proc = pglab("k8s", "check", str(repo / "examples" / "seed-s3.yaml"), env=env)
+    proc = pglab("k8s", "check", str(repo / "examples" / "kubernetes-cnpg.yaml"), env=env)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
     assert proc.stderr.strip() == ("error: target.kubernetes needs the Python package 'kubernetes', not in the base "
                                    "install; install it with ./setup.sh install k8s (or pip install -e '.[k8s]').")
@@ -138,6 +138,6 @@ def test_unreadable_or_unwritable_folders_are_one_sentence(tmp_path: Path) -> No
     assert proc.stderr.strip() == (f"error: results folder '{damaged}': its results.db cannot be read (file is not a "
                                    "database); give a folder pglab wrote, or a new one.")
     repo = Path(__file__).resolve().parent.parent
-    proc = pglab("k8s", "render", str(repo / "examples" / "seed-s3.yaml"), "-o", "/proc/pglab-test-manifests")
+    proc = pglab("k8s", "render", str(repo / "examples" / "kubernetes-cnpg.yaml"), "-o", "/proc/pglab-test-manifests")
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert proc.stderr.startswith("error: -o: cannot write into '/proc/pglab-test-manifests'"), proc.stderr

@@ -55,7 +55,7 @@ def by_kind(manifests: list[Any], kind: str) -> list[dict[str, Any]]:
 
 
 # ------------------------------------------------------------------ examples: render, then the strict decode
-@pytest.mark.parametrize("example", ["seed-s3", "seed-s2"])
+@pytest.mark.parametrize("example", ["kubernetes-cnpg", "kubernetes-storage-classes"])
 def test_examples_render_and_pass_the_strict_decode(example: str, tmp_path: Path, checker: Path) -> None:
     out = tmp_path / "out"
     proc = pglab("k8s", "render", str(REPO / "examples" / f"{example}.yaml"), "-o", str(out), check=True)
@@ -72,9 +72,9 @@ def test_examples_render_and_pass_the_strict_decode(example: str, tmp_path: Path
     assert f"ok: {len(files)} manifests valid against github.com/cloudnative-pg/api v1.29.0" in result.stdout
 
 
-def test_seed_s2_runs_the_published_pgbench_shape(tmp_path: Path) -> None:
+def test_storage_classes_example_runs_the_published_pgbench_shape(tmp_path: Path) -> None:
     out = tmp_path / "out"
-    pglab("k8s", "render", str(REPO / "examples" / "seed-s2.yaml"), "-o", str(out), check=True)
+    pglab("k8s", "render", str(REPO / "examples" / "kubernetes-storage-classes.yaml"), "-o", str(out), check=True)
     init = (out / "jobs" / "40-pgbench-init-job.yaml").read_text()
     assert "pgbench -i -s 1000 " in init
     runs = sorted(out.glob("jobs/50-run-*-job.yaml"))
@@ -82,8 +82,8 @@ def test_seed_s2_runs_the_published_pgbench_shape(tmp_path: Path) -> None:
     assert "pgbench -n -c 64 -j 4 -M simple -P 1 " in runs[0].read_text()
 
 
-def test_seed_s3_measures_the_volumes_then_keeps_clients_apart(tmp_path: Path) -> None:
-    plan = parse_plan((REPO / "examples" / "seed-s3.yaml").read_text(), base_dir=REPO / "examples")
+def test_cnpg_example_measures_the_volumes_then_keeps_clients_apart(tmp_path: Path) -> None:
+    plan = parse_plan((REPO / "examples" / "kubernetes-cnpg.yaml").read_text(), base_dir=REPO / "examples")
     manifests = render(plan, REPO / "examples")
     files = [m.filename for m in manifests]
     assert files.index("10-cluster.yaml") < files.index("21-fio-data-job.yaml") < files.index(

@@ -64,7 +64,7 @@ def fake(fake: tuple[FakeAPI, client.ApiClient]) -> tuple[FakeAPI, client.ApiCli
 
 # ------------------------------------------------------------------ the DaemonSet
 def test_disk_sampler_is_unprivileged_on_the_database_nodes() -> None:
-    plan = parse_plan((REPO / "examples" / "seed-s3.yaml").read_text(), base_dir=REPO / "examples")
+    plan = parse_plan((REPO / "examples" / "kubernetes-cnpg.yaml").read_text(), base_dir=REPO / "examples")
     m = disk_sampler(plan)
     assert m in render(plan, REPO / "examples") and m.kind == "DaemonSet"
     assert m.body["metadata"]["labels"]["pglab/component"] == "disk-sampler"
@@ -192,7 +192,7 @@ def test_without_readable_samples_no_figures_are_stored_and_the_run_goes_on(
 
 # ------------------------------------------------------------------ which device is the volume's
 def test_volume_probe_is_unprivileged_pinned_to_the_node_and_mounts_the_claims_read_only(tmp_path: Path) -> None:
-    plan = parse_plan((REPO / "examples" / "seed-s3.yaml").read_text(), base_dir=REPO / "examples")
+    plan = parse_plan((REPO / "examples" / "kubernetes-cnpg.yaml").read_text(), base_dir=REPO / "examples")
     m = volume_probe(plan, "pg-volumes-1", "worker-7", ["pg-1", "pg-1-wal"])
     body = m.body
     assert body["kind"] == "Job" and body["spec"]["activeDeadlineSeconds"] > 0 and body["spec"]["backoffLimit"] == 0

@@ -165,3 +165,15 @@ def test_adaptive_repeats_with_max_below_min_are_refused_naming_the_field() -> N
     with pytest.raises(PlanError) as info:
         parse_plan("name: x\nrun: {repeats: {min: 4, max: 3, target_ci: 5%}}\n")
     assert info.value.problems == ["run.repeats.max: max (3) must be at least min (4)"]
+
+
+@pytest.mark.parametrize("example", sorted(p.name for p in (Path(__file__).resolve().parent.parent / "examples")
+                                           .glob("*.yaml")))
+def test_examples_are_named_by_purpose_and_say_what_they_reproduce(example: str) -> None:
+    """Issue 20: an example's file name says what it is for, its plan carries the same name (so a default run
+    lands in results/<file name>, where its comments read it back), and it opens with a comment about it."""
+    path = Path(__file__).resolve().parent.parent / "examples" / example
+    text = path.read_text()
+    assert text.startswith("# ") and len(text.split("\n", 1)[0]) > 20, "open with a comment saying what it is"
+    assert not example.startswith("seed-")
+    assert parse_plan(text, base_dir=path.parent).name == path.stem

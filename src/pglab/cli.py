@@ -1,4 +1,4 @@
-"""Command line: run, report, plan validate|schema. User errors end in one sentence and exit code 2."""
+"""Command line: run, report, plan validate|schema|reference. User errors end in one sentence and exit code 2."""
 
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ _hide_flag_type()
 app = typer.Typer(no_args_is_help=True, pretty_exceptions_enable=False,
                   context_settings={"help_option_names": ["-h", "--help"]},  # inherited by every subcommand
                   help="Reproducible PostgreSQL platform benchmarks from one plan file.")
-plan_app = typer.Typer(no_args_is_help=True, help="Check a plan, or print its JSON Schema.")
+plan_app = typer.Typer(no_args_is_help=True, help="Check a plan, or print its JSON Schema or its reference.")
 app.add_typer(plan_app, name="plan")
 lab_app = typer.Typer(no_args_is_help=True, help="Labs kept with --keep (or left behind).")
 app.add_typer(lab_app, name="lab")
@@ -577,6 +577,15 @@ def plan_validate(plan_file: Path = typer.Argument(..., help="plan (YAML)")) -> 
 def plan_schema() -> None:
     """Print the plan's JSON Schema (for editors)."""
     print(json.dumps(Plan.model_json_schema(), indent=2))
+
+
+@plan_app.command("reference")
+def plan_reference() -> None:
+    """Print the plan reference in Markdown: every field with its type, default and description, and the
+    environment variables pglab reads (docs/plan.md is this output)."""
+    from pglab.plan.reference import markdown
+
+    sys.stdout.write(markdown())
 
 
 @lab_app.command("clean")

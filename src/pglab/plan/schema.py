@@ -211,8 +211,9 @@ class Strict(BaseModel):
 class Synchronous(Strict):
     """Quorum (``any``) or priority (``first``) synchronous replication: ``ANY number (standbys…)``."""
 
-    method: Literal["any", "first"] = "any"
-    number: Annotated[int, _int_between(1, 8)] = 1
+    method: Literal["any", "first"] = Field(
+        "any", description="any: a quorum of standbys confirms each commit; first: the first standbys in order do")
+    number: Annotated[int, _int_between(1, 8)] = Field(1, description="how many standbys must confirm a commit")
 
 
 class LabPaths(Strict):
@@ -274,7 +275,7 @@ class LocalTarget(Strict):
     synchronous: Synchronous | None = Field(
         default_factory=Synchronous, description="null for asynchronous replication"
     )
-    paths: LabPaths = Field(default_factory=LabPaths)
+    paths: LabPaths = Field(default_factory=LabPaths, description="where the lab, its data and its WAL live")
     run_as: Annotated[str, _text(32, pattern=_USER, what="a user name")] | None = Field(
         None, description="unprivileged user for the servers when pglab runs as root")
     bindir: Text | None = Field(None, description="PostgreSQL bin directory (default: newest installed)")
@@ -392,10 +393,14 @@ def _cpu(value: Any) -> str:
 class Toleration(Strict):
     """A taint the pods tolerate (dedicated benchmark nodes are usually tainted)."""
 
-    key: Annotated[str, _text(253, pattern=_LABEL_KEY, what="a label key")] | None = None
-    operator: Literal["Equal", "Exists"] = "Equal"
-    value: Annotated[str, _text(63, pattern=_LABEL_VALUE, what="a label value")] | None = None
-    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
+    key: Annotated[str, _text(253, pattern=_LABEL_KEY, what="a label key")] | None = Field(
+        None, description="taint key (none with Exists: every taint)")
+    operator: Literal["Equal", "Exists"] = Field(
+        "Equal", description="Equal: the taint's value must be 'value'; Exists: any value")
+    value: Annotated[str, _text(63, pattern=_LABEL_VALUE, what="a label value")] | None = Field(
+        None, description="taint value, with operator Equal")
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = Field(
+        None, description="taint effect tolerated (default: every effect)")
 
 
 class Placement(Strict):
@@ -404,7 +409,8 @@ class Placement(Strict):
     node_selector: dict[Annotated[str, _text(253, pattern=_LABEL_KEY, what="a label key")],
                         Annotated[str, _text(63, pattern=_LABEL_VALUE, what="a label value")]] = Field(
         default_factory=dict, description="node labels the pods require")
-    tolerations: list[Toleration] = Field(default_factory=list, max_length=32)
+    tolerations: list[Toleration] = Field(default_factory=list, max_length=32,
+                                          description="taints the pods tolerate (at most 32)")
     anti_affinity: Literal["required", "preferred", "none"] = Field(
         "required", description="database: one instance per node; clients: never on a database node")
     topology_key: Annotated[str, _text(253, pattern=_LABEL_KEY, what="a label key")] = Field(
@@ -465,7 +471,7 @@ class KubernetesTarget(Strict):
 
     kubeconfig: Text | None = Field(None, description="kubeconfig file (default: $KUBECONFIG or ~/.kube/config)")
     context: Annotated[str, _text(253)] | None = Field(None, description="kubeconfig context (default: current)")
-    namespace: DnsLabel = "pglab"
+    namespace: DnsLabel = Field("pglab", description="namespace pglab creates everything in")
     cluster_name: DnsLabel = Field("pglab", description="name of the Cluster (and prefix of what pglab creates)")
     instances: Annotated[int, _int_between(1, 16)] = Field(3, description="primary + standbys")
     image: Image = Field("ghcr.io/cloudnative-pg/postgresql:17.5", description="PostgreSQL operand image")
@@ -492,9 +498,10 @@ class KubernetesTarget(Strict):
 
 
 class Target(Strict):
-    local: LocalTarget | None = None
-    external: ExternalTarget | None = None
-    kubernetes: KubernetesTarget | None = None
+    local: LocalTarget | None = Field(None, description="a lab pglab builds on this host (default when no target "
+                                      "is given)")
+    external: ExternalTarget | None = Field(None, description="an existing server, measured as it is")
+    kubernetes: KubernetesTarget | None = Field(None, description="a CloudNativePG cluster pglab creates")
 
     @model_validator(mode="after")
     def _one(self) -> Target:
@@ -506,7 +513,8 @@ class Target(Strict):
 
 
 class Postgres(Strict):
-    parameters: dict[str, ParamValue] = Field(default_factory=dict)
+    parameters: dict[str, ParamValue] = Field(
+        default_factory=dict, description="postgresql.conf settings of every instance, e.g. shared_buffers: 1GB")
 
     @field_validator("parameters")
     @classmethod
@@ -531,8 +539,10 @@ def _check_param_name(name: str) -> None:
 
 
 class Dataset(Strict):
-    scale: Annotated[int, _int_between(1, MAX_SCALE)] = 10
-    partitions: Annotated[int, _int_between(1, MAX_PARTITIONS)] | None = None
+    scale: Annotated[int, _int_between(1, MAX_SCALE)] = Field(
+        10, description="pgbench scale factor (-s): 100,000 accounts, about 15 MB, per unit")
+    partitions: Annotated[int, _int_between(1, MAX_PARTITIONS)] | None = Field(
+        None, description="pgbench_accounts partitions (pgbench --partitions); none: not partitioned")
     reset: Literal["vacuum", "reinit", "snapshot"] = Field(
         "vacuum",
         description="before each run: 'vacuum' (truncate history, VACUUM ANALYZE, CHECKPOINT), "
@@ -544,9 +554,11 @@ class Dataset(Strict):
 class Script(Strict):
     """One part of a mixed workload: a built-in script or a custom file, with a weight (pgbench @W)."""
 
-    builtin: Literal["tpcb-like", "select-only", "simple-update"] | None = None
+    builtin: Literal["tpcb-like", "select-only", "simple-update"] | None = Field(
+        None, description="a pgbench built-in script (instead of file)")
     file: PlanFile | None = Field(None, description="pgbench script, relative to the plan's folder")
-    weight: Annotated[int, _int_between(1, MAX_WEIGHT)] = 1
+    weight: Annotated[int, _int_between(1, MAX_WEIGHT)] = Field(
+        1, description="relative share of the transactions run with this script")
 
     @model_validator(mode="after")
     def _one(self) -> Script:
@@ -556,8 +568,9 @@ class Script(Strict):
 
 
 class CustomWorkload(Strict):
-    name: str
-    scripts: list[Script] = Field(min_length=1, max_length=100)
+    name: str = Field(description="the workload's name in tables: 1-63 letters, digits, '-', '_' or '.'")
+    scripts: list[Script] = Field(min_length=1, max_length=100, description="the scripts mixed, each with its "
+                                  "weight (1 to 100 of them)")
 
     @field_validator("name")
     @classmethod
@@ -584,7 +597,9 @@ class Scenario(Strict):
     A witness client writes increasing ids through it and reads them back afterwards (RPO, RTO); pgbench is
     started again whenever the fault ends it, so that the load and its timeline run through the outage."""
 
-    kind: Literal["failover", "switchover", "standby-loss", "backup"]
+    kind: Literal["failover", "switchover", "standby-loss", "backup"] = Field(
+        description="failover: kill the leader; switchover: a planned one; standby-loss: a standby stopped for a "
+        "while; backup: pg_basebackup of the primary")
     at: Seconds = Field(5.0, description="seconds after the start of the measured run")
     kill: Literal["node", "postgres"] = Field(
         "node", description="failover: SIGKILL the leader's Patroni and postgres (node) or its postgres only")
@@ -605,14 +620,16 @@ class Scenario(Strict):
 class Tier(Strict):
     """A QoS class of tenants (high, medium, best-effort …): the same limits and the same load for each."""
 
-    name: Annotated[str, _text(63, pattern=_NAME, what="1-63 letters, digits, '-', '_' or '.'")]
+    name: Annotated[str, _text(63, pattern=_NAME, what="1-63 letters, digits, '-', '_' or '.'")] = Field(
+        description="the tier's name in tables (high, best-effort …), unique in its arrangement")
     tenants: Annotated[int, _int_between(1, MAX_TENANTS)] = Field(1, description="how many tenants in this tier")
     resources: Resources | None = Field(None, description="limits of each instance of each tenant (cgroups); "
                                         "none: the tenant competes freely")
-    workload: Workload = "tpcb-like"
+    workload: Workload = Field("tpcb-like", description="each tenant's workload: a built-in name or a custom "
+                               "{name, scripts}")
     clients: Clients = Field(1, description="pgbench clients of each tenant")
     jobs: Clients = Field(1, description="pgbench threads of each tenant")
-    synchronous_commit: SyncCommit = "on"
+    synchronous_commit: SyncCommit = Field("on", description="each tenant's synchronous_commit level")
 
     @model_validator(mode="after")
     def _jobs(self) -> Tier:
@@ -625,8 +642,10 @@ class Tier(Strict):
 class Arrangement(Strict):
     """One way of packing tenants on the host (for example: no QoS, or one critical tenant on a high tier)."""
 
-    name: Annotated[str, _text(63, pattern=_NAME, what="1-63 letters, digits, '-', '_' or '.'")]
-    tiers: list[Tier] = Field(min_length=1, max_length=16)
+    name: Annotated[str, _text(63, pattern=_NAME, what="1-63 letters, digits, '-', '_' or '.'")] = Field(
+        description="the arrangement's name in tables (one point each), unique")
+    tiers: list[Tier] = Field(min_length=1, max_length=16, description="the tiers sharing the host (1 to 16); "
+                              "256 tenants at most in all")
 
     @field_validator("tiers")
     @classmethod
@@ -652,7 +671,8 @@ class Tenants(Strict):
         "(target.local.synchronous applies)")
     parallel_builds: Annotated[int, _int_between(1, 64)] | None = Field(
         None, description="tenants built and loaded at the same time (default: the host's cores)")
-    arrangements: list[Arrangement] = Field(min_length=1, max_length=20)
+    arrangements: list[Arrangement] = Field(min_length=1, max_length=20, description="ways of packing the "
+                                            "tenants, each measured as one point (1 to 20)")
 
     @field_validator("arrangements")
     @classmethod
@@ -665,11 +685,17 @@ class Tenants(Strict):
 class Matrix(Strict):
     """Axes; every combination is one point."""
 
-    workload: list[Workload] = Field(default_factory=lambda: list[Workload](["tpcb-like"]), min_length=1)
-    clients: list[Clients] = Field(default_factory=lambda: [1], min_length=1)
+    workload: list[Workload] = Field(default_factory=lambda: list[Workload](["tpcb-like"]), min_length=1,
+                                     description="built-in names (tpcb-like, select-only, simple-update) or custom "
+                                     "{name, scripts}")
+    clients: list[Clients] = Field(default_factory=lambda: [1], min_length=1,
+                                   description="pgbench clients (-c), 1 to 10,000 each")
     jobs: list[Clients] | None = Field(None, min_length=1, description="default: min(clients, cores)")
-    synchronous_commit: list[SyncCommit] = Field(default_factory=lambda: list[SyncCommit](["on"]), min_length=1)
-    parameters: dict[str, list[ParamValue]] = Field(default_factory=dict)
+    synchronous_commit: list[SyncCommit] = Field(default_factory=lambda: list[SyncCommit](["on"]), min_length=1,
+                                                 description="durability levels: off, local, remote_write, on, "
+                                                 "remote_apply (quote on and off)")
+    parameters: dict[str, list[ParamValue]] = Field(default_factory=dict, description="any PostgreSQL parameter "
+                                                    "as an axis: name → list of values")
     cpus: list[Cpus] | None = Field(None, min_length=1, description="CPU limit per instance as an axis: the "
                                     "scaling loop (a rolling restart between steps)")
     scenario: list[Scenario] | None = Field(None, min_length=1, max_length=20,
@@ -766,8 +792,10 @@ class AdaptiveRepeats(Strict):
     runs, then more (one round at a time) until the 95 % interval's half-width is within ``target_ci`` of the mean,
     or ``max`` runs."""
 
-    min: Annotated[int, _int_between(2, MAX_REPEATS, "an integer of at least 2 (an interval needs two runs)")] = 3
-    max: Annotated[int, _int_between(2, MAX_REPEATS, "an integer of at least 2")] = 10
+    min: Annotated[int, _int_between(2, MAX_REPEATS, "an integer of at least 2 (an interval needs two runs)")] = (
+        Field(3, description="runs before the interval is first checked (at least 2)"))
+    max: Annotated[int, _int_between(2, MAX_REPEATS, "an integer of at least 2")] = Field(
+        10, description="runs at most, even when the interval is still wider")
     target_ci: Percent = Field(description="half-width of TPS's 95 % interval, % of the mean, e.g. 5%")
 
     @model_validator(mode="after")
@@ -800,7 +828,8 @@ class Run(Strict):
         None, description="target transactions/s (pgbench -R)")
     sampling_rate: Annotated[float, _number_between(0, 1, low_open=True)] = Field(
         1.0, description="share of transactions logged (pgbench --sampling-rate)")
-    protocol: Literal["simple", "extended", "prepared"] = "simple"
+    protocol: Literal["simple", "extended", "prepared"] = Field(
+        "simple", description="query protocol of pgbench (-M)")
     pause: Seconds = Field(0.0, description="idle seconds between runs")
 
     @field_validator("duration")
@@ -837,7 +866,8 @@ class Run(Strict):
 
 class Probes(Strict):
     wait_hz: Annotated[float, _number_between(1, 50)] = Field(5.0, description="wait-event sampling rate")
-    enabled: bool = True
+    enabled: bool = Field(True, description="false: no disk, CPU, memory or PostgreSQL sampling during runs "
+                          "(pgbench's own figures only)")
 
 
 FioProfile = Literal["randread-8k", "randwrite-8k", "wal-fdatasync-8k", "seqread-1m", "seqwrite-1m", "mixed-70-30-8k"]
@@ -848,12 +878,14 @@ class Storage(Strict):
     """The storage phase: fio on the lab's own data and WAL paths, before the database phase."""
 
     profiles: list[FioProfile] = Field(
-        default_factory=lambda: list[FioProfile](["randread-8k", "randwrite-8k", "wal-fdatasync-8k", "seqwrite-1m"]))
+        default_factory=lambda: list[FioProfile](["randread-8k", "randwrite-8k", "wal-fdatasync-8k", "seqwrite-1m"]),
+        description="built-in fio jobs: 8 KiB random IO, WAL-like 8 KiB writes with fdatasync, 1 MiB sequential IO")
     job_files: list[PlanFile] = Field(default_factory=list, max_length=100,
                                       description="custom fio job files (relative to the plan's folder)")
     runtime: Seconds = Field(30.0, description="seconds per fio job")
     size: PlanSize = Field("1GiB", validate_default=True, description="size of each job's test file")
-    paths: list[StoragePath] = Field(default_factory=lambda: list[StoragePath](["data", "wal"]), min_length=1)
+    paths: list[StoragePath] = Field(default_factory=lambda: list[StoragePath](["data", "wal"]), min_length=1,
+                                     description="which of the lab's paths fio measures: data, wal or both")
 
     @field_validator("runtime")
     @classmethod
@@ -873,7 +905,8 @@ class Cost(Strict):
 
     monthly: Annotated[float, _number_between(0, MAX_PRICE, low_open=True)] = Field(
         description="price per month of the whole configuration")
-    currency: Annotated[str, _text(64, pattern=_CURRENCY, what="a currency code such as USD or EUR")] = "USD"
+    currency: Annotated[str, _text(64, pattern=_CURRENCY, what="a currency code such as USD or EUR")] = Field(
+        "USD", description="ISO 4217 code of the price (three capitals)")
     breakdown: dict[Annotated[str, _text(63, pattern=_LABEL, what="a label (letters, digits, ' ', '-', '_', '.')")],
                     Annotated[float, _number_between(0, MAX_PRICE)]] = Field(
         default_factory=dict, description="optional parts (compute, storage …)")
@@ -889,14 +922,18 @@ class Cost(Strict):
 
 
 class Plan(Strict):
-    name: str
-    description: Annotated[str, _text(MAX_TEXT, multiline=True)] | None = None
-    target: Target = Field(default_factory=lambda: Target(local=LocalTarget()))
-    postgres: Postgres = Field(default_factory=Postgres)
-    dataset: Dataset = Field(default_factory=Dataset)
-    matrix: Matrix = Field(default_factory=Matrix)
-    run: Run = Field(default_factory=Run)
-    probes: Probes = Field(default_factory=Probes)
+    name: str = Field(description="the plan's name: 1-63 letters, digits, '-', '_' or '.'; the default results "
+                      "folder is results/<name>")
+    description: Annotated[str, _text(MAX_TEXT, multiline=True)] | None = Field(
+        None, description="free text stored with the results and shown in reports")
+    target: Target = Field(default_factory=lambda: Target(local=LocalTarget()),
+                           description="where PostgreSQL runs: exactly one of local, external, kubernetes")
+    postgres: Postgres = Field(default_factory=Postgres, description="server settings for every point")
+    dataset: Dataset = Field(default_factory=Dataset, description="the pgbench dataset and how runs start from it")
+    matrix: Matrix = Field(default_factory=Matrix, description="the axes swept; every combination is one point")
+    run: Run = Field(default_factory=Run, description="how long each run lasts, how often points repeat, in which "
+                     "order")
+    probes: Probes = Field(default_factory=Probes, description="what is sampled during runs")
     storage: Storage | None = Field(None, description="run fio on the lab's paths before the database phase")
     cost: Cost | None = Field(None, description="monthly price, for cost per TPS")
     tenants: Tenants | None = Field(None, description="many tenants on one local host, in QoS tiers (instead of "
