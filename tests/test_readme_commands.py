@@ -173,3 +173,15 @@ def test_readme_command_runs_as_written(command: str, workdir: tuple[Path, dict[
                           check=False)
     assert proc.returncode == 0, f"{command!r} exited {proc.returncode}:\n{proc.stdout[-2000:]}\n{proc.stderr}"
     assert "Traceback" not in proc.stderr
+
+
+def test_every_plan_the_readme_shows_validates(workdir: tuple[Path, dict[str, str]]) -> None:
+    work, env = workdir
+    plans = re.findall(r"^```yaml\n(.*?)^```", README.read_text(), flags=re.S | re.M)
+    assert plans, "the README shows a minimal plan"
+    for i, text in enumerate(plans):
+        plan = work / f"readme-plan-{i}.yaml"
+        plan.write_text(text)
+        proc = subprocess.run(["pglab", "plan", "validate", str(plan)], cwd=work, env=env, capture_output=True,
+                              text=True, timeout=120, check=False)
+        assert proc.returncode == 0, f"the README's plan {i + 1} does not validate:\n{text}\n{proc.stderr}"
