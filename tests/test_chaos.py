@@ -275,24 +275,38 @@ def test_a_full_results_filesystem_stops_the_sweep_in_one_sentence_and_a_rerun_r
     plan.write_text(FULL_PLAN)
     mount = tmp_path / "small"
     mount.mkdir()
-    assert subprocess.run(["mount", "-t", "tmpfs", "-o", "size=400k", "tmpfs", str(mount)]).returncode == 0, \
+    assert subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mount)]).returncode == 0, \
         "the test mounts a small tmpfs: run it as root"
     results = mount / "res"
+
+    def fill(_fault: str, _pgbench: int) -> None:  # 2 s into run 1: nothing more fits, whatever the run wrote
+        with contextlib.suppress(OSError), open(mount / "filler", "wb") as f:
+            while True:
+                f.write(b"\0" * 4096)
+
     try:
-        full = pglab("run", str(plan), "--results", str(results), "--format", "csv", timeout=300)
-        print(full.stderr[-3000:])
-        assert full.returncode == 1, full.stderr
-        assert "Traceback" not in full.stderr and "Exception in thread" not in full.stderr
+        proc = _start(plan, results)
+        try:
+            _fault_each_measured_pgbench(proc, ["results full"], 240, fill)
+            _out, err = proc.communicate(timeout=300)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+                pglab("lab", "clean")
+        print(err[-3000:])
+        assert proc.returncode == 1, err
+        assert "Traceback" not in err and "Exception in thread" not in err
         sentence = (f"error: no space left on the filesystem of {results}: free some and resume with the same pglab "
                     "run and --results")
-        assert full.stderr.strip().splitlines()[-1] == sentence
-        lab = re.search(r"initdb n0 \(data (\S+)/n0/data", full.stderr)
+        assert err.strip().splitlines()[-1] == sentence
+        lab = re.search(r"initdb n0 \(data (\S+)/n0/data", err)
         assert lab is not None and processes_mentioning(lab.group(1)) == [] and not Path(lab.group(1)).exists()
         ok_before = [s for _r, s, _ in _runs(results)].count("ok")
-        assert ok_before < 4
+        assert ok_before == 0  # run 1 could not be recorded
 
         # room again: the same command redoes the run that could not be recorded and completes the sweep
-        assert subprocess.run(["mount", "-o", "remount,size=4m", str(mount)]).returncode == 0
+        (mount / "filler").unlink()
         again = pglab("run", str(plan), "--results", str(results), "--format", "csv", timeout=300)
         assert again.returncode == 0, again.stderr[-2000:]
         runs = _runs(results)
