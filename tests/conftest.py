@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from kubernetes import client
 
     from k8s_fake import FakeAPI
+    from kube_lab_support import kubelab
 
 REPO = Path(__file__).resolve().parent.parent
 CHECKER = REPO / ".tools" / "bin" / "cnpg-check"
@@ -41,8 +42,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 def pglab(*args: str, timeout: float = 600, check: bool = False, **kwargs: object) -> subprocess.CompletedProcess[str]:
     """Run the pglab CLI as a user would, in a subprocess."""
-    proc = subprocess.run([sys.executable, "-m", "pglab.cli", *args], capture_output=True, text=True,
-                          timeout=timeout, check=False, **kwargs)  # type: ignore[call-overload]
+    proc = subprocess.run(
+        [sys.executable, "-m", "pglab.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+        **kwargs,
+    )  # type: ignore[call-overload]
     if check and proc.returncode != 0:
         raise AssertionError(f"pglab {' '.join(args)} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}")
     return proc
@@ -95,6 +102,32 @@ def fake(k8s_api: tuple[FakeAPI, client.ApiClient]) -> tuple[FakeAPI, client.Api
     api, _ = k8s_api
     api.default_log = pod_log
     return k8s_api
+
+
+@pytest.fixture(scope="session")
+def lab() -> Iterator[kubelab.KubeLab]:
+    """The Kubernetes lab (tools/kube-lab), started once for every kube_lab test of this pytest run and stopped
+    after them, also when they fail or are interrupted."""
+    from kube_lab_support import kubelab
+
+    images = os.environ.get("PGLAB_KUBE_LAB_IMAGES")
+    try:
+        lab = kubelab.KubeLab(Path(images) if images else None)
+    except kubelab.LabError as exc:
+        pytest.fail(f"the Kubernetes lab cannot start: {exc}", pytrace=False)
+    try:
+        lab.start()
+        print(f"kube-lab: {lab.timings}", file=sys.stderr)
+    except kubelab.LabError as exc:
+        lab.stop()
+        pytest.fail(f"the Kubernetes lab cannot start: {exc}", pytrace=False)
+    except BaseException:
+        lab.stop()
+        raise
+    try:
+        yield lab
+    finally:
+        lab.stop()
 
 
 @pytest.fixture(scope="module")

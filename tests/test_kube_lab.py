@@ -9,7 +9,6 @@ standby), and nothing left in the cluster afterwards, also after Ctrl-C.
 
 from __future__ import annotations
 
-import gzip
 import json
 import os
 import re
@@ -17,128 +16,25 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
 
-from conftest import REPO, pglab
+from conftest import pglab
+from kube_lab_support import (
+    jobs,
+    kubelab,
+    namespace_gone,
+    pgbench_tps,
+    plan_text,
+    txn_latencies_ms,
+    txn_times,
+)
 from pglab.store.sqlite import Store
 from pglab.targets.kubernetes.render import METRICS_QUERIES_TTL
 
-sys.path.insert(0, str(REPO / "tools" / "kube-lab"))
-import kubelab
-
 pytestmark = pytest.mark.kube_lab
-
-NAMESPACE_GONE_S = 300  # a namespace's deletion waits for its pods and claims
-
-
-@pytest.fixture(scope="module")
-def lab() -> Iterator[kubelab.KubeLab]:
-    """The lab, started for this module's tests and stopped after them, also when they fail or are interrupted."""
-    images = os.environ.get("PGLAB_KUBE_LAB_IMAGES")
-    try:
-        lab = kubelab.KubeLab(Path(images) if images else None)
-    except kubelab.LabError as exc:
-        pytest.fail(f"the Kubernetes lab cannot start: {exc}", pytrace=False)
-    try:
-        lab.start()
-        print(f"kube-lab: {lab.timings}", file=sys.stderr)
-    except kubelab.LabError as exc:
-        lab.stop()
-        pytest.fail(f"the Kubernetes lab cannot start: {exc}", pytrace=False)
-    except BaseException:
-        lab.stop()
-        raise
-    try:
-        yield lab
-    finally:
-        lab.stop()
-
-
-def plan_text(lab: kubelab.KubeLab, name: str, namespace: str, body: str) -> str:
-    return f"""
-name: {name}
-target:
-  kubernetes:
-    kubeconfig: {lab.kubeconfig}
-    namespace: {namespace}
-    cluster_name: {name}
-    instances: 3
-    image: {lab.image_names['postgresql']}
-    storage: {{size: 1Gi}}
-    resources: {{cpu: 0.25, memory: 384Mi}}
-    synchronous: {{method: any, number: 1}}
-    database: {{anti_affinity: none}}
-    clients: {{anti_affinity: none}}
-postgres:
-  parameters: {{shared_buffers: 32MB, max_connections: 40}}
-dataset: {{scale: 1}}
-{body}"""
-
-
-def namespace_gone(lab: kubelab.KubeLab, namespace: str, said: str = "") -> None:
-    deadline = time.monotonic() + NAMESPACE_GONE_S
-    while time.monotonic() < deadline:
-        proc = lab.kubectl("get", "namespace", namespace, check=False)
-        if proc.returncode != 0 and "NotFound" in proc.stderr:
-            break
-        time.sleep(2)
-    else:
-        left = lab.kubectl("get", "all,pvc", "-n", namespace, "-o", "custom-columns=KIND:.kind,NAME:.metadata.name,"
-                           "DELETED:.metadata.deletionTimestamp,GRACE:.spec.terminationGracePeriodSeconds,"
-                           "PHASE:.status.phase", check=False).stdout
-        pytest.fail(f"namespace {namespace} still there {NAMESPACE_GONE_S} s after pglab ended; left:\n{left}\n"
-                    f"pglab said:\n{said[-3000:]}")
-    # the claims' volumes were released and removed too (the lab's provisioner deletes Released volumes)
-    deadline = time.monotonic() + 60
-    while lab.kubectl("get", "pv", "-o", "name").stdout.strip() and time.monotonic() < deadline:
-        time.sleep(1)
-    assert lab.kubectl("get", "pv", "-o", "name").stdout.strip() == ""
-    assert lab.kubectl("get", "clusters.postgresql.cnpg.io", "-A", "-o", "name").stdout.strip() == ""
-
-
-def jobs(lab: kubelab.KubeLab, namespace: str) -> list[str]:
-    proc = lab.kubectl("get", "jobs", "-n", namespace, "-o", "name", check=False, timeout=20)
-    return [line.split("/", 1)[1] for line in proc.stdout.split()] if proc.returncode == 0 else []
-
-
-def pgbench_tps(out: str) -> float:
-    """pgbench's own TPS line, read here without pglab."""
-    match = re.search(r"^tps = ([\d.]+) \(without initial connection time\)", out, re.M)
-    assert match, out
-    return float(match.group(1))
-
-
-def _log_text(path: Path) -> str:
-    """A -l log as pgbench wrote it: pglab keeps it gzip-compressed (``.gz``) once summarised."""
-    return gzip.decompress(path.read_bytes()).decode() if path.suffix == ".gz" else path.read_text()
-
-
-def txn_latencies_ms(run_dir: Path) -> np.ndarray:
-    """Every transaction's latency in pgbench's -l logs shipped with the run, read here without pglab."""
-    lat = [int(line.split()[2]) / 1000 for f in sorted(run_dir.glob("pgbench.[0-9]*"))
-           for line in _log_text(f).splitlines() if line.strip()]
-    return np.array(lat)
-
-
-def txn_times(run_dir: Path) -> tuple[np.ndarray, np.ndarray]:
-    """When each successful transaction of the -l logs began and ended (epoch s), read without pglab: it ended at
-    time_epoch + time_us, its latency (µs) before."""
-    rows = [(int(f[4]) + int(f[5]) / 1e6, int(f[2]) / 1e6) for path in sorted(run_dir.glob("pgbench.[0-9]*"))
-            for line in _log_text(path).splitlines() if len(f := line.split()) >= 6 and f[2].isdigit()]
-    ended = np.array([e for e, _ in rows])
-    return ended - np.array([lat for _, lat in rows]), ended
-
-
-def rows(store: Store, sql: str, *args: Any) -> list[dict[str, Any]]:
-    cur = store.conn.execute(sql, args)
-    cols = [c[0] for c in cur.description]
-    return [dict(zip(cols, r, strict=True)) for r in cur]
-
 
 # ------------------------------------------------------------------ the sweep: storage, dataset, CPU step, parameters
 SWEEP = """storage: {profiles: [randwrite-8k], runtime: 3s, size: 64MiB, paths: [data]}
@@ -185,7 +81,8 @@ def test_a_sweep_interrupted_then_resumed_on_the_lab(lab: kubelab.KubeLab, tmp_p
     assert sweep["status"] == "done"
     runs = [r for r in store.runs(sweep["id"]) if r.status == "ok"]
     assert sorted((r.axes["cpus"], r.axes["parameters.work_mem"], r.repeat) for r in runs) == [
-        (c, w, rep) for c in (0.25, 0.5) for w in ("4MB", "8MB") for rep in (1, 2)]
+        (c, w, rep) for c in (0.25, 0.5) for w in ("4MB", "8MB") for rep in (1, 2)
+    ]
     env = json.loads(sweep["environment"])
     assert env["kubernetes"]["server_version"].startswith("v1.34")
 
@@ -240,10 +137,13 @@ def test_a_sweep_interrupted_then_resumed_on_the_lab(lab: kubelab.KubeLab, tmp_p
     # the same table shape as a local run, and the reports read the results unchanged
     header = again.stdout.splitlines()[0].split(",")
     assert header[:4] == ["workload", "synchronous_commit", "clients", "cpus"] or "tps" in header, header
-    for args in (["report", str(results)], ["report", str(results), "--format", "json"],
-                 ["report", str(results), "--table", "storage"],
-                 ["compare", str(results), "--axis", "cpus", "--a", "0.25", "--b", "0.5"],
-                 ["export", str(results), "--format", "csv", "--to", str(tmp_path / "export")]):
+    for args in (
+        ["report", str(results)],
+        ["report", str(results), "--format", "json"],
+        ["report", str(results), "--table", "storage"],
+        ["compare", str(results), "--axis", "cpus", "--a", "0.25", "--b", "0.5"],
+        ["export", str(results), "--format", "csv", "--to", str(tmp_path / "export")],
+    ):
         proc2 = pglab(*args)
         assert proc2.returncode == 0, (args, proc2.stdout, proc2.stderr)
     exported = (tmp_path / "export" / "runs.csv").read_text()
@@ -289,8 +189,10 @@ def test_failover_switchover_and_standby_loss_on_the_lab(lab: kubelab.KubeLab, t
         # started again); the logs are shipped with the run
         assert m["transactions"] == len(txn_latencies_ms(run_dir)) > 0
         assert m["tps"] == pytest.approx(m["transactions"] / m["window_s"])
-        events = {kind: (ts, detail) for kind, ts, detail in store.conn.execute(
-            "SELECT kind, ts, detail FROM events WHERE run_id = ?", (r.id,))}
+        events = {
+            kind: (ts, detail)
+            for kind, ts, detail in store.conn.execute("SELECT kind, ts, detail FROM events WHERE run_id = ?", (r.id,))
+        }
         assert "fault" in events, (label, events)
         if label in ("failover-node", "switchover"):
             # a standby became primary; the witness saw writes stop and start again after the fault
@@ -303,13 +205,17 @@ def test_failover_switchover_and_standby_loss_on_the_lab(lab: kubelab.KubeLab, t
             assert "standby-back" in events and events["standby-back"][0] > events["fault"][0]
             assert m["write_gap_s"] < 4, m  # less than the fence lasted: commits never waited for the fenced one
     failover = runs["failover-node"].metrics
-    assert "deleted" in dict(store.conn.execute(
-        "SELECT kind, detail FROM events WHERE run_id = ?", (runs["failover-node"].id,)))["fault"]
+    assert (
+        "deleted"
+        in dict(store.conn.execute("SELECT kind, detail FROM events WHERE run_id = ?", (runs["failover-node"].id,)))[
+            "fault"
+        ]
+    )
     assert failover["recovered_s"] > 0
     store.close()
 
     table = pglab("report", str(results), "--table", "scenarios", "--format", "csv")
     assert table.returncode == 0, table.stderr
-    assert {"failover-node", "switchover", "standby-loss"} <= {line.split(",")[0] for line in
-                                                              table.stdout.splitlines()[1:]} | set(
-        re.findall(r"failover-node|switchover|standby-loss", table.stdout))
+    assert {"failover-node", "switchover", "standby-loss"} <= {
+        line.split(",")[0] for line in table.stdout.splitlines()[1:]
+    } | set(re.findall(r"failover-node|switchover|standby-loss", table.stdout))

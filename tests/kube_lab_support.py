@@ -1,0 +1,124 @@
+"""What the real-cluster tests (marked ``kube_lab``) share: plans for the lab, waits for what pglab must leave
+behind, and oracles read without pglab (pgbench's own output and -l logs, the results store's rows).
+
+The lab itself is the session fixture ``lab`` in conftest.py: one lab for every kube_lab module of a pytest run.
+"""
+
+from __future__ import annotations
+
+import gzip
+import re
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from conftest import REPO
+from pglab.store.sqlite import Store
+
+sys.path.insert(0, str(REPO / "tools" / "kube-lab"))
+import kubelab
+
+NAMESPACE_GONE_S = 300  # a namespace's deletion waits for its pods and claims
+
+
+def plan_text(lab: kubelab.KubeLab, name: str, namespace: str, body: str) -> str:
+    return f"""
+name: {name}
+target:
+  kubernetes:
+    kubeconfig: {lab.kubeconfig}
+    namespace: {namespace}
+    cluster_name: {name}
+    instances: 3
+    image: {lab.image_names["postgresql"]}
+    storage: {{size: 1Gi}}
+    resources: {{cpu: 0.25, memory: 384Mi}}
+    synchronous: {{method: any, number: 1}}
+    database: {{anti_affinity: none}}
+    clients: {{anti_affinity: none}}
+postgres:
+  parameters: {{shared_buffers: 32MB, max_connections: 40}}
+dataset: {{scale: 1}}
+{body}"""
+
+
+def namespace_gone(lab: kubelab.KubeLab, namespace: str, said: str = "") -> None:
+    deadline = time.monotonic() + NAMESPACE_GONE_S
+    while time.monotonic() < deadline:
+        proc = lab.kubectl("get", "namespace", namespace, check=False)
+        if proc.returncode != 0 and "NotFound" in proc.stderr:
+            break
+        time.sleep(2)
+    else:
+        left = lab.kubectl(
+            "get",
+            "all,pvc",
+            "-n",
+            namespace,
+            "-o",
+            "custom-columns=KIND:.kind,NAME:.metadata.name,"
+            "DELETED:.metadata.deletionTimestamp,GRACE:.spec.terminationGracePeriodSeconds,"
+            "PHASE:.status.phase",
+            check=False,
+        ).stdout
+        pytest.fail(
+            f"namespace {namespace} still there {NAMESPACE_GONE_S} s after pglab ended; left:\n{left}\n"
+            f"pglab said:\n{said[-3000:]}"
+        )
+    # the claims' volumes were released and removed too (the lab's provisioner deletes Released volumes)
+    deadline = time.monotonic() + 60
+    while lab.kubectl("get", "pv", "-o", "name").stdout.strip() and time.monotonic() < deadline:
+        time.sleep(1)
+    assert lab.kubectl("get", "pv", "-o", "name").stdout.strip() == ""
+    assert lab.kubectl("get", "clusters.postgresql.cnpg.io", "-A", "-o", "name").stdout.strip() == ""
+
+
+def jobs(lab: kubelab.KubeLab, namespace: str) -> list[str]:
+    proc = lab.kubectl("get", "jobs", "-n", namespace, "-o", "name", check=False, timeout=20)
+    return [line.split("/", 1)[1] for line in proc.stdout.split()] if proc.returncode == 0 else []
+
+
+def pgbench_tps(out: str) -> float:
+    """pgbench's own TPS line, read here without pglab."""
+    match = re.search(r"^tps = ([\d.]+) \(without initial connection time\)", out, re.M)
+    assert match, out
+    return float(match.group(1))
+
+
+def _log_text(path: Path) -> str:
+    """A -l log as pgbench wrote it: pglab keeps it gzip-compressed (``.gz``) once summarised."""
+    return gzip.decompress(path.read_bytes()).decode() if path.suffix == ".gz" else path.read_text()
+
+
+def txn_latencies_ms(run_dir: Path) -> np.ndarray:
+    """Every transaction's latency in pgbench's -l logs shipped with the run, read here without pglab."""
+    lat = [
+        int(line.split()[2]) / 1000
+        for f in sorted(run_dir.glob("pgbench.[0-9]*"))
+        for line in _log_text(f).splitlines()
+        if line.strip()
+    ]
+    return np.array(lat)
+
+
+def txn_times(run_dir: Path) -> tuple[np.ndarray, np.ndarray]:
+    """When each successful transaction of the -l logs began and ended (epoch s), read without pglab: it ended at
+    time_epoch + time_us, its latency (µs) before."""
+    rows = [
+        (int(f[4]) + int(f[5]) / 1e6, int(f[2]) / 1e6)
+        for path in sorted(run_dir.glob("pgbench.[0-9]*"))
+        for line in _log_text(path).splitlines()
+        if len(f := line.split()) >= 6 and f[2].isdigit()
+    ]
+    ended = np.array([e for e, _ in rows])
+    return ended - np.array([lat for _, lat in rows]), ended
+
+
+def rows(store: Store, sql: str, *args: Any) -> list[dict[str, Any]]:
+    cur = store.conn.execute(sql, args)
+    cols = [c[0] for c in cur.description]
+    return [dict(zip(cols, r, strict=True)) for r in cur]
