@@ -225,40 +225,50 @@ def test_a_frozen_primary_fails_its_run_and_stops_the_sweep_in_one_sentence(tmp_
     assert [s for _r, s, _ in _runs(results)].count("ok") == 2
 
 
-def test_toxiproxy_killed_fails_its_run_and_is_restarted_with_the_same_links(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("sig", "reason", "said"), [
+    (signal.SIGKILL, "Toxiproxy, which carries the replication links, not running", "restarted Toxiproxy"),
+    (signal.SIGSTOP, "Toxiproxy, which carries the replication links, does not answer its API (twice 2 s)",
+     "ended Toxiproxy, which did not answer its API (twice 2 s)"),
+], ids=["killed", "frozen"])
+def test_toxiproxy_killed_or_frozen_fails_its_run_and_is_restarted_with_the_same_links(
+        tmp_path: Path, sig: signal.Signals, reason: str, said: str) -> None:
     plan = tmp_path / "plan.yaml"
     shaped = "network: {latency_ms: 4}, synchronous:"
     plan.write_text(PLAN.format(instances=2, repeats=2).replace("synchronous:", shaped))
     results = tmp_path / "results"
     proc = _start(plan, results)
-    killed: list[int] = []
+    struck: list[int] = []
 
     def strike(_fault: str, _pgbench: int) -> None:
         lab = _lab(results)
-        killed.extend(int(p.split(":")[0]) for p in processes_mentioning(str(lab)) if "toxiproxy-server" in p)
-        for p in killed:
-            os.kill(p, signal.SIGKILL)
+        struck.extend(int(p.split(":")[0]) for p in processes_mentioning(str(lab)) if "toxiproxy-server" in p)
+        for p in struck:
+            os.kill(p, sig)
 
     try:
         _fault_each_measured_pgbench(proc, ["toxiproxy"], 240, strike)
         _out, err = proc.communicate(timeout=240)
     finally:
+        for p in struck:  # a frozen one pglab failed to end would otherwise outlive the test
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(p, signal.SIGCONT)
         if proc.poll() is None:
             proc.kill()
             proc.wait()
             pglab("lab", "clean")
-    assert len(killed) == 1, killed
+    print(err[-3000:])
+    assert len(struck) == 1, struck
     assert proc.returncode == 1, err  # a failed run, the sweep went on
     assert "Traceback" not in err
     runs = _runs(results)
-    assert runs[0][1] == "failed" and "Toxiproxy, which carries the replication links, not running" in (
-        runs[0][2] or ""), runs
+    assert runs[0][1] == "failed" and reason in (runs[0][2] or ""), runs
     assert runs[1][:2] == (2, "ok"), runs
-    assert "restarted Toxiproxy" in err, err[-2000:]
+    assert said in err and "restarted Toxiproxy" in err, err[-2000:]
     # the second run went through the same proxy port, shaped as the plan says
     links = [json.loads(p.read_text()) for p in sorted((results / "runs").glob("*/network.json"))]
     assert links and all(link["n1"]["latency_ms"] == 4 for link in links), links
     assert len({link["n1"]["proxy_port"] for link in links}) == 1, links
+    assert not any(Path(f"/proc/{p}").exists() for p in struck)  # the frozen one was ended, not left behind
 
 
 FULL_PLAN = """
@@ -374,42 +384,52 @@ run: {duration: 4s, repeats: 3}
 """
 
 
-def test_etcd_then_the_leaders_patroni_killed_fail_their_runs_and_are_restarted(tmp_path: Path) -> None:
+def test_etcd_killed_then_the_leaders_patroni_killed_then_frozen_fail_their_runs_and_are_restarted(
+        tmp_path: Path) -> None:
     plan = tmp_path / "plan.yaml"
-    plan.write_text(HA_PLAN)
+    plan.write_text(HA_PLAN.replace("repeats: 3", "repeats: 4"))
     results = tmp_path / "results"
     proc = _start(plan, results)
-    killed: list[str] = []
+    struck: list[str] = []
+    frozen: list[int] = []
     labs: list[Path] = []
 
     def strike(fault: str, _pgbench: int) -> None:
         labs.append(_lab(results))
         state = json.loads((labs[0] / "lab.json").read_text())
         pid = state["etcd"]["pid"] if fault == "etcd" else state["nodes"][0]["patroni_pid"]
-        killed.append(fault)
-        os.kill(pid, signal.SIGKILL)
+        struck.append(fault)
+        if fault == "frozen patroni":
+            frozen.append(pid)
+        os.kill(pid, signal.SIGSTOP if fault == "frozen patroni" else signal.SIGKILL)
 
     try:
-        _fault_each_measured_pgbench(proc, ["etcd", "patroni"], 400, strike)
-        _out, err = proc.communicate(timeout=400)
+        _fault_each_measured_pgbench(proc, ["etcd", "patroni", "frozen patroni"], 500, strike)
+        _out, err = proc.communicate(timeout=500)
     finally:
+        for p in frozen:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(p, signal.SIGCONT)
         if proc.poll() is None:
             proc.kill()
             proc.wait()
             pglab("lab", "clean")
     print(err[-4000:])
-    assert killed == ["etcd", "patroni"], err[-2000:]
+    assert struck == ["etcd", "patroni", "frozen patroni"], err[-2000:]
     assert proc.returncode == 1, err
     assert "Traceback" not in err
-    # each run fails at the next health check naming what died; the next run starts it again and goes on
-    assert [(r, s) for r, s, _ in _runs(results)] == [(1, "failed"), (2, "failed"), (3, "ok")]
+    # each run fails at the next health check naming what died or went silent; the next run starts it again
+    assert [(r, s) for r, s, _ in _runs(results)] == [(1, "failed"), (2, "failed"), (3, "failed"), (4, "ok")]
     reasons = [reason or "" for _r, _s, reason in _runs(results)]
     assert "etcd (Patroni's DCS) not running" in reasons[0] and "Patroni of n0 not running" in reasons[1], reasons
+    assert "Patroni of n0 does not answer its REST API (twice 2 s)" in reasons[2], reasons
     assert "restarted etcd (found not running)" in err and "restarted Patroni of n0 (found not running)" in err
+    assert "ended Patroni of n0, which did not answer its REST API (twice 2 s)" in err, err[-2000:]
     db = sqlite3.connect(results / "results.db")
     assert db.execute("SELECT status FROM sweeps").fetchone()[0] == "done"
     db.close()
     assert labs and processes_mentioning(str(labs[0])) == []
+    assert not any(Path(f"/proc/{p}").exists() for p in frozen)
 
 
 def test_a_frozen_etcd_stops_the_sweep_in_one_sentence(tmp_path: Path) -> None:

@@ -42,6 +42,7 @@ from pglab.targets.local.procs import kill_tree
 
 SUPERUSER = "pglab"
 DBNAME = "pglab"
+TOXIPROXY_ANSWER_S = 2.0  # Toxiproxy's API answers in milliseconds; silent this long, it is frozen or hung
 Log = Callable[[str], None]
 
 
@@ -619,13 +620,19 @@ class LocalLab(LabBase[Node]):
 
     def _repair_proxies(self) -> list[str]:
         """Toxiproxy found dead: started again with every proxy on its former port (the standbys' primary_conninfo
-        names it) and the plan's shaping, so the standbys reconnect through the same links."""
-        if self.toxiproxy is None or self.toxiproxy.running():
+        names it) and the plan's shaping, so the standbys reconnect through the same links. One alive that does not
+        answer (frozen, hung) is ended first: pglab owns it, and nothing else would bring the links back."""
+        if self.toxiproxy is None:
             return []
+        if self.toxiproxy.running():
+            if self.toxiproxy.answers(TOXIPROXY_ANSWER_S):
+                return []
+            self.log(f"ended Toxiproxy, which did not answer its API (twice {TOXIPROXY_ANSWER_S:g} s)")
+            self._events.append((time.time(), "repair", "ended Toxiproxy (its API did not answer)"))
         from pglab.targets.local.toxiproxy import ToxiproxyServer
 
         assert self.lab_dir is not None
-        self.toxiproxy.stop()  # reaps it
+        self.toxiproxy.stop()  # reaps it (a frozen one too: SIGTERM and SIGCONT, then SIGKILL after 5 s)
         self.toxiproxy = ToxiproxyServer(self.lab_dir / "toxiproxy", self.lab_dir / "logs" / "toxiproxy.log")
         for name, port in self.proxy_ports.items():
             self.toxiproxy.create_proxy(name, self.nodes[0].port, listen_port=port)
@@ -704,6 +711,9 @@ class LocalLab(LabBase[Node]):
         problems = [f"instance(s) {', '.join(down)} not running"] if down else []
         if self.toxiproxy is not None and not self.toxiproxy.running():
             problems.append("Toxiproxy, which carries the replication links, not running")
+        elif self.toxiproxy is not None and not self.toxiproxy.answers(TOXIPROXY_ANSWER_S):
+            problems.append(f"Toxiproxy, which carries the replication links, does not answer its API "
+                            f"(twice {TOXIPROXY_ANSWER_S:g} s)")
         return "; ".join(problems) or None
 
     def describe(self) -> dict[str, Any]:
