@@ -326,19 +326,21 @@ def test_a_full_results_filesystem_stops_the_sweep_in_one_sentence_and_a_rerun_r
         subprocess.run(["umount", str(mount)], check=False)
 
 
-def test_a_full_wal_filesystem_fails_the_run_and_a_lab_that_cannot_restart_stops_the_sweep(tmp_path: Path) -> None:
-    wal = Path(tempfile.mkdtemp(prefix="pglab-wal-", dir="/var/tmp"))  # a path the server user can reach
-    assert subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(wal)]).returncode == 0, \
+@pytest.mark.parametrize("path", ["wal", "data"])
+def test_a_full_server_filesystem_fails_the_run_stops_the_sweep_in_one_sentence_and_a_rerun_resumes(
+        tmp_path: Path, path: str) -> None:
+    small = Path(tempfile.mkdtemp(prefix=f"pglab-{path}-", dir="/var/tmp"))  # a path the server user can reach
+    assert subprocess.run(["mount", "-t", "tmpfs", "-o", "size=128m", "tmpfs", str(small)]).returncode == 0, \
         "the test mounts a small tmpfs: run it as root"
     plan = tmp_path / "plan.yaml"
-    plan.write_text(FULL_PLAN.replace("instances: 1", f"instances: 1, paths: {{wal: {wal}}}"))
+    plan.write_text(FULL_PLAN.replace("instances: 1", f"instances: 1, paths: {{{path}: {small}}}"))
     results = tmp_path / "results"
     proc = _start(plan, results)
 
     def fill(_fault: str, _pgbench: int) -> None:
-        # the WAL filesystem filled up 2 s into run 1, then a segment switch: the next WAL written needs a new
+        # the filesystem filled up 2 s into run 1, then a WAL segment switch: the next WAL written needs a new
         # segment file, whatever the TPS (the run's own WAL alone fills it only on a fast machine)
-        with contextlib.suppress(OSError), open(wal / "filler", "wb") as f:
+        with contextlib.suppress(OSError), open(small / "filler", "wb") as f:
             while True:
                 f.write(b"\0" * (1 << 20))
         lab = _lab(results)
@@ -349,30 +351,38 @@ def test_a_full_wal_filesystem_fails_the_run_and_a_lab_that_cannot_restart_stops
             conn.execute("SELECT pg_switch_wal()")
 
     try:
-        _fault_each_measured_pgbench(proc, ["wal full"], 240, fill)
-        _out, err = proc.communicate(timeout=300)
-        print(err[-3000:])
-        lab = re.search(r"initdb n0 \(data (\S+)/n0/data", err)
-        assert lab is not None and processes_mentioning(lab.group(1)) == []
+        try:
+            _fault_each_measured_pgbench(proc, [f"{path} full"], 240, fill)
+            _out, err = proc.communicate(timeout=300)
+            print(err[-3000:])
+            lab = re.search(r"initdb n0 \(data (\S+)/n0/data", err)
+            assert lab is not None and processes_mentioning(lab.group(1)) == []
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+                pglab("lab", "clean")
+        assert proc.returncode == 1, err
+        assert "Traceback" not in err
+        runs = _runs(results)
+        # the health check finds the filesystem full within a second (or, on the WAL's, pgbench may first see its
+        # backend die as the primary PANICs); the next run finds it still full: one sentence names it, the sweep stops
+        reason = runs[0][2] or ""
+        assert runs[0][1] == "failed" and (f"no space left for the lab's servers: {small}/" in reason or (
+            path == "wal" and ("n0 not running" in reason or "the backend died" in reason))), runs
+        last = err.strip().splitlines()[-1]
+        assert re.fullmatch(rf"error: no space left for the lab's servers: {re.escape(str(small))}/\S+ \(\d+\.\d MiB "
+                            r"free\); free some there, then resume with the same pglab run and --results", last), last
+        assert runs[1] == (2, "failed", f"the sweep ended: {last.removeprefix('error: ')}"), runs
+
+        # room again: the same command builds a new lab there and completes the sweep
+        (small / "filler").unlink()
+        again = pglab("run", str(plan), "--results", str(results), "--format", "csv", timeout=300)
+        assert again.returncode == 0, again.stderr[-2000:]
+        assert [s for _r, s, _ in _runs(results)].count("ok") == 4, _runs(results)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-            pglab("lab", "clean")
-        subprocess.run(["umount", str(wal)], check=False)
-        wal.rmdir()
-    assert proc.returncode == 1, err
-    assert "Traceback" not in err
-    runs = _runs(results)
-    # the primary PANICs when its WAL cannot grow; the run fails (the health check finds n0 down, or pgbench first
-    # sees its backend die while the postmaster still tries crash recovery), the next one finds it cannot start again
-    reason = runs[0][2] or ""
-    assert runs[0][1] == "failed" and ("n0 not running" in reason or "the backend died" in reason), runs
-    last = err.strip().splitlines()[-1]
-    assert last.startswith("error: n0 did not start") and last.endswith(
-        "the lab cannot run the next point: fix what the server log says, then resume with the same pglab run and "
-        "--results"), last
-    assert runs[1] == (2, "failed", f"the sweep ended: {last.removeprefix('error: ')}"), runs
+        subprocess.run(["umount", str(small)], check=False)
+        small.rmdir()
 
 
 HA_PLAN = """

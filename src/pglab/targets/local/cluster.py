@@ -42,6 +42,7 @@ from pglab.targets.local.procs import kill_tree
 
 SUPERUSER = "pglab"
 DBNAME = "pglab"
+FULL_FREE_BYTES = 16 << 20  # less than one WAL segment free: the servers cannot go on writing there
 TOXIPROXY_ANSWER_S = 2.0  # Toxiproxy's API answers in milliseconds; silent this long, it is frozen or hung
 Log = Callable[[str], None]
 
@@ -612,6 +613,9 @@ class LocalLab(LabBase[Node]):
     def _repair_or_stop(self) -> list[str]:
         """:meth:`repair`; a lab that cannot be repaired (a full disk, a broken data directory) stops the sweep in
         one sentence instead of failing every run left the same way."""
+        if full := self._full_filesystems():
+            raise LabUnsound(f"no space left for the lab's servers: {', '.join(full)}; free some there, then resume "
+                             "with the same pglab run and --results")
         try:
             return self.repair()
         except LabError as exc:
@@ -706,9 +710,30 @@ class LocalLab(LabBase[Node]):
         return {"data": (primary.data.parent, "target.local.paths.data"),
                 "wal": (primary.wal.parent, "target.local.paths.wal")}
 
+    def _full_filesystems(self) -> list[str]:
+        """Each filesystem of the servers' data and WAL with less than FULL_FREE_BYTES free, as one of its folders
+        and what is left: PostgreSQL fails there (a relation that cannot grow, a WAL segment that cannot be made,
+        a PANIC), and a statvfs says why at once."""
+        seen: set[int] = set()
+        full = []
+        for node in self.nodes:
+            for path in (node.data, node.wal):
+                try:
+                    device, st = path.stat().st_dev, os.statvfs(path)
+                except OSError:  # not made yet, or removed with its node: nothing to say about its space
+                    continue
+                if device in seen:
+                    continue
+                seen.add(device)
+                if (free := st.f_bavail * st.f_frsize) < FULL_FREE_BYTES:
+                    full.append(f"{path} ({free / (1 << 20):.1f} MiB free)")
+        return full
+
     def health(self) -> str | None:
         down = [n.name for n in self.nodes if n.postmaster_pid() is None]
         problems = [f"instance(s) {', '.join(down)} not running"] if down else []
+        if full := self._full_filesystems():
+            problems.append(f"no space left for the lab's servers: {', '.join(full)}")
         if self.toxiproxy is not None and not self.toxiproxy.running():
             problems.append("Toxiproxy, which carries the replication links, not running")
         elif self.toxiproxy is not None and not self.toxiproxy.answers(TOXIPROXY_ANSWER_S):
