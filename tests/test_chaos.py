@@ -479,3 +479,35 @@ def test_a_frozen_etcd_stops_the_sweep_in_one_sentence(tmp_path: Path) -> None:
     db.close()
     assert status == "failed" and reason in last, reason
     assert labs and processes_mentioning(str(labs[0])) == []
+
+
+def test_pgbench_init_on_a_frozen_server_ends_at_its_deadline_with_the_reason(tmp_path: Path) -> None:
+    """``pgbench -i`` against a server that stopped answering would wait for ever: it is killed at its deadline
+    (scaled with the dataset; given small here) and the error says so."""
+    from pglab.plan.schema import Dataset, LocalTarget
+    from pglab.targets.local.cluster import LocalLab
+    from pglab.workloads import pgbench
+
+    lab = LocalLab(LocalTarget(instances=1, synchronous=None), tmp_path / "lab")
+    frozen: list[int] = []
+    try:
+        endpoint = lab.provision({}).primary
+        frozen = _tree(lab.server_pids()[0])
+        for p in frozen:
+            os.kill(p, signal.SIGSTOP)
+        with pytest.raises(pgbench.PgbenchError) as caught:
+            pgbench.initialise(lab.bindir, endpoint, Dataset(scale=1), tmp_path / "init", timeout_s=3)
+        assert str(caught.value) == (f"pgbench -i did not end within 3 s (the server stopped answering, or is far "
+                                     f"slower than that allows); its output: {tmp_path / 'init' / 'pgbench-init.out'}")
+        left = []  # a pgbench started in its output folder (other pgbench -i may run on this host)
+        for entry in Path("/proc").iterdir():
+            with contextlib.suppress(OSError):
+                if entry.name.isdigit() and Path(os.readlink(entry / "cwd")) == tmp_path / "init":
+                    left.append(entry.name)
+        assert not left, f"pgbench -i left running: {left}"
+    finally:
+        for p in frozen:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(p, signal.SIGCONT)
+        lab.teardown()
+    assert pgbench.init_deadline_s(Dataset(scale=100)) == 900.0  # 600 s + 3 s per scale unit
