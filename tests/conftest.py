@@ -10,11 +10,17 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
+
+# The dataset cache (src/pglab/targets/local/dataset/cache.py) is off in every test unless the test turns it on:
+# a test loads the dataset it means to test, and nothing is written into the user's cache folder.
+os.environ["PGLAB_CACHE"] = "off"
+os.environ["PGLAB_CACHE_DIR"] = str(Path(tempfile.gettempdir()) / f"pglab-test-cache-{os.getpid()}")
 
 if TYPE_CHECKING:
     from kubernetes import client

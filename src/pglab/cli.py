@@ -13,6 +13,7 @@ import psycopg
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.table import Table
 
 from pglab import __version__
 from pglab.cluster_cli import cluster_app
@@ -49,6 +50,8 @@ app.add_typer(lab_app, name="lab")
 k8s_app = typer.Typer(no_args_is_help=True, help="Kubernetes target (CloudNativePG): a plan's manifests, and a "
                       "preflight of its cluster.")
 app.add_typer(k8s_app, name="k8s")
+cache_app = typer.Typer(no_args_is_help=True, help="The dataset cache: loaded datasets kept for later labs.")
+app.add_typer(cache_app, name="cache")
 app.add_typer(cluster_app, name="cluster", help="Local HA labs (etcd + Patroni): create, status, switchover, "
               "failover, scale, backup, restore, destroy.")
 
@@ -615,6 +618,68 @@ def lab_list() -> None:
     for e in entries:
         state = "kept" if e.kept else ("in use by pglab pid " + str(e.owner_pid) if e.owner_alive() else "orphaned")
         out.print(f"{e.lab_dir}  {state}", markup=False, highlight=False)
+
+
+@cache_app.command("list")
+def cache_list(fmt: Literal["table", "json"] = typer.Option("table", "--format", "-f",
+                                                          help="json: one JSON object instead of the table")) -> None:
+    """The dataset cache's entries, least recently used first: key, PostgreSQL, scale, partitions, size, last
+    use, and whether a lab uses it now or it is incomplete (a fill that did not finish; never used)."""
+    from pglab.targets.local.dataset.cache import DatasetCache
+
+    cache = DatasetCache()
+    entries = cache.entries()
+    rows = [{"key": e.name, "postgres": e.meta.get("key", {}).get("postgres"),
+             "scale": e.meta.get("dataset", {}).get("scale"), "partitions": e.meta.get("dataset", {}).get("partitions"),
+             "bytes": e.bytes, "created": e.meta.get("created"), "last_used": e.last_used,
+             "state": "incomplete" if not e.complete else "in use" if e.in_use else "ready"} for e in entries]
+    total = sum(e.bytes for e in entries)
+    if fmt == "json":
+        out.print(json.dumps({"dir": str(cache.root), "bytes": total, "cap_bytes": cache.cap, "entries": rows}),
+                  markup=False, highlight=False, soft_wrap=True)
+        return
+    if not rows:
+        err.print(f"the dataset cache '{cache.root}' is empty: a local lab fills it on its first load.",
+                  markup=False, highlight=False)
+        return
+    table = Table(title=f"dataset cache {cache.root}: {total / 2**30:.2f} of {cache.cap / 2**30:.1f} GiB", box=None)
+    for column in ("key", "PostgreSQL", "scale", "partitions", "size", "last used", "state"):
+        table.add_column(column, justify="right" if column in ("scale", "partitions", "size") else "left")
+    for r in rows:
+        table.add_row(r["key"], str(r["postgres"] or "?"), str(r["scale"] or "?"), str(r["partitions"] or 0),
+                      f"{r['bytes'] / 2**20:,.0f} MiB", time.strftime("%Y-%m-%d %H:%M", time.localtime(r["last_used"])),
+                      r["state"])
+    out.print(table)
+
+
+@cache_app.command("clean")
+def cache_clean(keys: list[str] = typer.Argument(None, help="entries to remove (as 'pglab cache list' names them); "
+                                                 "omit them to remove every entry no lab uses now")) -> None:
+    """Remove dataset cache entries (and what fills that died left behind). An entry a running lab uses is kept;
+    the exit code is then 1."""
+    from pglab.targets.local.dataset.cache import DatasetCache
+
+    cache = DatasetCache()
+    known = {e.name for e in cache.entries()}
+    unknown = [k for k in keys or [] if k not in known]
+    if unknown:
+        raise UserError(f"'{unknown[0]}' is not an entry of the dataset cache '{cache.root}'; 'pglab cache list' "
+                        "shows them.")
+    leftovers = cache.clean_leftovers()
+    kept = []
+    for name in keys or sorted(known):
+        if cache.remove(name):
+            out.print(f"removed {name}", markup=False, highlight=False)
+        else:
+            kept.append(name)
+    if leftovers:
+        out.print(f"removed {len(leftovers)} unfinished fill(s)", markup=False, highlight=False)
+    if not known and not leftovers:
+        err.print(f"the dataset cache '{cache.root}' is empty: nothing to remove.", markup=False, highlight=False)
+    if kept:
+        err.print(f"kept {', '.join(kept)}: in use by a running lab (or being filled); clean again once it is done.",
+                  markup=False, highlight=False)
+        raise typer.Exit(1)
 
 
 @k8s_app.command("render")

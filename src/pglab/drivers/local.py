@@ -321,8 +321,10 @@ class LocalDriver(ProcessDriver[Target]):
             series = pgbench_series(result, "pgbench")
             series += [(s.ts, s.source, s.metric, s.value) for s in samples]
             write_samples(run_dir / "probes.csv", samples)
+            dataset = target.describe().get("dataset")  # how the lab got it: loaded, or from the dataset cache
             return RunResult.of(window, metrics, series=series, events=events, settings=settings,
-                                record={"command": result.command, "io": io_record})
+                                record={"command": result.command, "io": io_record,
+                                        **({"dataset": dataset} if dataset else {})})
         except BaseException as exc:
             self._stop_pgbench()
             if sampler:

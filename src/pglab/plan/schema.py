@@ -549,6 +549,12 @@ class Dataset(Strict):
         "'reinit' (reload the dataset with pgbench -i) or 'snapshot' (local lab: every instance put back to the "
         "snapshot taken after the first load, a reflink copy where the filesystem allows)",
     )
+    cache: bool = Field(
+        True, description="local lab: keep the first load of this dataset in the user's dataset cache and start "
+        "later labs with the same PostgreSQL build, dataset and settings that shape the files from it instead of "
+        "loading again (a copy, or a reflink where the filesystem allows); the run records whether it came from "
+        "the cache (`pglab cache list|clean`; PGLAB_CACHE_DIR, PGLAB_CACHE_SIZE, PGLAB_CACHE=off)",
+    )
 
 
 class Script(Strict):

@@ -36,6 +36,7 @@ from pglab.targets.base import Endpoint, Endpoints
 from pglab.targets.local import cgroups, leftovers, procs, registry
 from pglab.targets.local import dataset as datasets  # the fast load, copies and snapshots
 from pglab.targets.local.cgroups import cgroup_name as cgroup_name  # tests import it from here
+from pglab.targets.local.dataset import cache
 from pglab.targets.local.lab_base import LabBase
 from pglab.targets.local.postgres_bin import ServerUser, find_bindir, resolve_server_user
 from pglab.targets.local.procs import kill_tree
@@ -101,6 +102,11 @@ class LocalLab(LabBase[Node]):
         self._events: list[tuple[float, str, str]] = []
         self._wanted: dict[str, Any] = {}  # the parameters of the first provision
         self.toxiproxy: Any = None  # ToxiproxyServer when the plan shapes the replication links
+        self._cache: cache.DatasetCache | None = None  # the dataset cache, when the dataset may come from it
+        self._cache_key: cache.Key | None = None
+        self._cache_lease: cache.Lease | None = None  # held while the lab may restore from the cache's entry
+        self._cache_info: dict[str, Any] = {}
+        self._password = ""
         self.proxy_ports: dict[str, int] = {}
 
     # ---------------------------------------------------------------- helpers
@@ -225,8 +231,10 @@ class LocalLab(LabBase[Node]):
             self.nodes.append(Node(name, "primary" if i == 0 else "standby", data, wal, port,
                                    lab / "logs" / f"{name}.log"))
 
-    def _write_secrets(self) -> str:
-        password = secrets.token_urlsafe(24)
+    def _write_secrets(self, password: str | None = None) -> str:
+        """The superuser's password in the client's and the server user's pgpass: a new one, or the one of the
+        dataset cache's entry the cluster is restored from (its clusters all have that superuser password)."""
+        password = password or secrets.token_urlsafe(24)
         line = f"*:*:*:{SUPERUSER}:{password}\n"
         for path in (self.client_passfile, self._server_passfile):
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -240,9 +248,36 @@ class LocalLab(LabBase[Node]):
         assert self.lab_dir is not None
         registry.register(self.lab_dir, [d for d in self._created_dirs if not d.is_relative_to(self.lab_dir)])
         self._make_groups()
-        password = self._write_secrets()
+        cached = self._cache_lookup()
+        password = self._password = self._write_secrets(cached.password if cached else None)
         self._write_state()
         primary = self.nodes[0]
+        if cached is not None:
+            self._restore_cached(primary, cached)
+        else:
+            self._initdb(primary, password)
+        self._write_conf(primary)
+        self._started = True  # from here on, teardown has something to stop
+        if self.dataset is not None and cached is None:
+            self._load_alone(primary)
+        self._start(primary, may_move=True)
+        if self.dataset is None:
+            with self.connect(primary, dbname="postgres") as conn:
+                conn.execute(f"CREATE DATABASE {DBNAME}")
+        self._start_proxies()
+        if self.snapshot is not None:
+            self._standbys_from_snapshot()
+        else:
+            self._standbys_by_basebackup()
+        self._sync_enabled = True
+        self._write_conf(primary)
+        with self.connect(primary) as conn:
+            conn.execute("SELECT pg_reload_conf()")
+        self.wait_streaming()
+        self._shape_links()
+
+    def _initdb(self, primary: Node, password: str) -> None:
+        assert self.lab_dir is not None
         self.log(f"initdb {primary.name} (data {primary.data}, WAL {primary.wal})")
         pwfile = self.lab_dir / "server" / "initdb.pw"
         fd = os.open(pwfile, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -268,25 +303,6 @@ class LocalLab(LabBase[Node]):
             f"local replication {SUPERUSER} scram-sha-256\n"
             f"host replication {SUPERUSER} 127.0.0.1/32 scram-sha-256\n"
         )
-        self._write_conf(primary)
-        self._started = True  # from here on, teardown has something to stop
-        if self.dataset is not None:
-            self._load_alone(primary)
-        self._start(primary, may_move=True)
-        if self.dataset is None:
-            with self.connect(primary, dbname="postgres") as conn:
-                conn.execute(f"CREATE DATABASE {DBNAME}")
-        self._start_proxies()
-        if self.snapshot is not None:
-            self._standbys_from_snapshot()
-        else:
-            self._standbys_by_basebackup()
-        self._sync_enabled = True
-        self._write_conf(primary)
-        with self.connect(primary) as conn:
-            conn.execute("SELECT pg_reload_conf()")
-        self.wait_streaming()
-        self._shape_links()
 
     def _replication_conninfo(self, node: Node) -> str:
         """How a standby reaches the primary: through its Toxiproxy proxy when the plan shapes the links."""
@@ -347,13 +363,14 @@ class LocalLab(LabBase[Node]):
         self._pg_ctl(primary, "-m", "fast", "stop")
         t = time.monotonic()
         sync_s = datasets.sync_tree(primary.data, primary.wal) if not load.synced_by_server else 0.0
-        if len(self.nodes) == 1 and ds.reset != "snapshot":  # no standby to make, no reset to serve
+        if len(self.nodes) == 1 and ds.reset != "snapshot" and self._cache is None:  # no standby, no reset, no cache
             self.dataset_info = {"load_s": round(report.seconds, 2), "parallel": report.parallel,
                                  "sync_s": round(sync_s, 2), "total_s": round(time.monotonic() - started, 2)}
             self.log(f"dataset loaded in {report.seconds:.1f} s (no snapshot: a single instance without resets)")
             return
         try:
-            self.snapshot, copy = datasets.snapshot(
+            stored = self._cache_store(primary)
+            self.snapshot, copy = stored or datasets.snapshot(
                 primary.data, primary.wal, primary.data.parent / "snapshot", bindir=self.bindir,
                 wal_dest=primary.wal.parent / "snapshot-wal")
         except OSError as exc:
@@ -366,9 +383,77 @@ class LocalLab(LabBase[Node]):
             "parallel": report.parallel, "sync_s": round(sync_s, 2),
             "snapshot_s": round(time.monotonic() - t, 2), "snapshot_method": copy.method,
             "snapshot_bytes": copy.bytes, "total_s": round(time.monotonic() - started, 2),
+            **({"cache": self._cache_info} if self._cache_info else {}),
         }
         self.log(f"dataset loaded in {report.seconds:.1f} s, snapshot taken in {time.monotonic() - t:.1f} s "
                  f"({copy.method}, {copy.bytes / 2**20:.0f} MiB)")
+
+    # ---------------------------------------------------------------- dataset cache (dataset/cache.py)
+    def _cache_lookup(self) -> cache.Entry | None:
+        """The dataset cache's entry for this lab's dataset, leased until teardown; None on a miss (said why)."""
+        ds = self.dataset
+        if ds is None or not cache.enabled(ds.cache):
+            return None
+        try:
+            self._cache = cache.DatasetCache()
+            self._cache_key = cache.make_key(
+                self.bindir, scale=ds.scale, partitions=ds.partitions,
+                owner_uid=self.server_user.uid if self.server_user else os.getuid(), parameters=self._wanted)
+            found = self._cache.lookup(self._cache_key, self.bindir)
+        except datasets.SnapshotError as exc:
+            self.log(f"dataset cache not used: {exc}")
+            self._cache = None
+            return None
+        if isinstance(found, str):
+            self._cache_info = {"hit": False, "key": self._cache_key.name, "dir": str(self._cache.root),
+                                "miss": found}
+            self.log(f"dataset cache: no entry to use for {self._cache_key.name} ({found}); loading")
+            return None
+        entry, self._cache_lease = found
+        return entry
+
+    def _restore_cached(self, primary: Node, entry: cache.Entry) -> None:
+        """The primary is the cache's entry (instead of initdb and a load); the lab's snapshot is the entry."""
+        assert self._cache is not None and self._cache_key is not None
+        t = time.monotonic()
+        try:
+            self.snapshot = entry.snapshot
+            copy = datasets.restore(self.snapshot, primary.data, primary.wal)
+        except OSError as exc:
+            if exc.errno == errno.ENOSPC:
+                raise UserError(f"target.local.paths.data: no space left on the device of '{primary.data.parent}' "
+                                "for the cached dataset; free some space there or choose another path.") from None
+            raise
+        seconds = time.monotonic() - t
+        self._validate(self._wanted)
+        self.parameters = dict(self._wanted)
+        self._cache_info = {"hit": True, "key": self._cache_key.name, "dir": str(self._cache.root),
+                            "created": entry.meta.get("created"), "restore_s": round(seconds, 2),
+                            "method": copy.method, "bytes": copy.bytes}
+        self.dataset_info = {"cache": self._cache_info, "snapshot_method": copy.method,
+                             "snapshot_bytes": entry.bytes, "total_s": round(seconds, 2)}
+        self.log(f"dataset from cache {self._cache_key.name} ({copy.method} {seconds:.1f} s, "
+                 f"{copy.bytes / 2**20:.0f} MiB)")
+
+    def _cache_store(self, primary: Node) -> tuple[datasets.Snapshot, datasets.CopyReport] | None:
+        """Snapshot the freshly loaded primary into the cache (the lab's snapshot is then the entry); None when it
+        cannot be stored there (said why), and the lab takes its own snapshot."""
+        if self._cache is None or self._cache_key is None:
+            return None
+        try:
+            stored = self._cache.store(self._cache_key, primary.data, primary.wal, bindir=self.bindir,
+                                       password=self._password, log=self.log)
+        except (datasets.SnapshotError, OSError) as exc:
+            stored = str(exc)
+        if isinstance(stored, str):
+            self._cache_info["stored"] = False
+            self._cache_info["not_stored"] = stored
+            self.log(f"dataset cache: {self._cache_key.name} not stored ({stored})")
+            return None
+        entry, self._cache_lease, copy = stored
+        self._cache_info["stored"] = True
+        self.log(f"dataset cache: stored as {entry.name} in {self._cache.root}")
+        return entry.snapshot, copy
 
     def _standbys_from_snapshot(self, quiet: bool = False) -> dict[str, str]:
         """Each standby is the snapshot plus standby.signal, streaming from the primary through its slot (created
@@ -809,6 +894,8 @@ class LocalLab(LabBase[Node]):
             self.toxiproxy.stop()
             self.toxiproxy = None
         self._remove_what_was_made()
+        if self._cache_lease is not None:
+            self._cache_lease.release()
 
 
 def clean_lab(lab_dir: Path, unregister_entry: bool = True) -> list[str]:
