@@ -30,6 +30,13 @@ ENVIRONMENT: dict[str, str] = {
                     "(`target.local.run_as`); default `postgres`",
     "PGLAB_TOXIPROXY": "the `toxiproxy-server` executable that shapes replication links (`target.local.network`); "
                        "default: the one `./setup.sh install toxiproxy` builds into `.tools/bin`",
+    "PGLAB_CACHE_DIR": "where the dataset cache keeps loaded datasets for later labs (`dataset.cache`, `pglab cache "
+                       "list|clean`); default `$XDG_CACHE_HOME/pglab/datasets`",
+    "XDG_CACHE_HOME": "base of the default dataset cache folder when PGLAB_CACHE_DIR is not set; default `~/.cache`",
+    "PGLAB_CACHE": "`off` turns the dataset cache off for every plan (as `dataset.cache: false` does for one); "
+                   "default `on`",
+    "PGLAB_CACHE_SIZE": "the dataset cache's cap (a size such as `20GiB`): least recently used entries are evicted "
+                        "to make room, a dataset larger than it is not kept; default `20GiB`",
     "PGPASSFILE": "libpq password file of an external server when `target.external.passfile` is not set; default "
                   "`~/.pgpass`",
     "COLUMNS": "terminal width for `pglab report` and `compare` tables (a number); default: the terminal's, or 120 "
