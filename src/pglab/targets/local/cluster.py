@@ -394,6 +394,7 @@ class LocalLab(LabBase[Node]):
         ds = self.dataset
         if ds is None or not cache.enabled(ds.cache):
             return None
+        t = time.monotonic()
         try:
             self._cache = cache.DatasetCache()
             self._cache_key = cache.make_key(
@@ -406,10 +407,11 @@ class LocalLab(LabBase[Node]):
             return None
         if isinstance(found, str):
             self._cache_info = {"hit": False, "key": self._cache_key.name, "dir": str(self._cache.root),
-                                "miss": found}
+                                "miss": found, "lookup_s": round(time.monotonic() - t, 3)}
             self.log(f"dataset cache: no entry to use for {self._cache_key.name} ({found}); loading")
             return None
         entry, self._cache_lease = found
+        self._cache_info = {"lookup_s": round(time.monotonic() - t, 3)}  # the key, and the entry checked
         return entry
 
     def _restore_cached(self, primary: Node, entry: cache.Entry) -> None:
@@ -419,6 +421,8 @@ class LocalLab(LabBase[Node]):
         try:
             self.snapshot = entry.snapshot
             copy = datasets.restore(self.snapshot, primary.data, primary.wal)
+        except datasets.SnapshotError as exc:
+            raise LabError(f"restoring the dataset from the cache ({entry.dir}): {exc}") from None
         except OSError as exc:
             if exc.errno == errno.ENOSPC:
                 raise UserError(f"target.local.paths.data: no space left on the device of '{primary.data.parent}' "
@@ -427,13 +431,14 @@ class LocalLab(LabBase[Node]):
         seconds = time.monotonic() - t
         self._validate(self._wanted)
         self.parameters = dict(self._wanted)
-        self._cache_info = {"hit": True, "key": self._cache_key.name, "dir": str(self._cache.root),
+        self._cache_info |= {"hit": True, "key": self._cache_key.name, "dir": str(self._cache.root),
                             "created": entry.meta.get("created"), "restore_s": round(seconds, 2),
                             "method": copy.method, "bytes": copy.bytes}
         self.dataset_info = {"cache": self._cache_info, "snapshot_method": copy.method,
-                             "snapshot_bytes": entry.bytes, "total_s": round(seconds, 2)}
+                             "snapshot_bytes": entry.bytes,
+                             "total_s": round(seconds + self._cache_info["lookup_s"], 2)}
         self.log(f"dataset from cache {self._cache_key.name} ({copy.method} {seconds:.1f} s, "
-                 f"{copy.bytes / 2**20:.0f} MiB)")
+                 f"{copy.bytes / 2**20:.0f} MiB; dataset.cache: false or PGLAB_CACHE=off to load it instead)")
 
     def _cache_store(self, primary: Node) -> tuple[datasets.Snapshot, datasets.CopyReport] | None:
         """Snapshot the freshly loaded primary into the cache (the lab's snapshot is then the entry); None when it
