@@ -9,6 +9,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -264,6 +265,7 @@ def _stopped_cluster(filled: dict[str, Any], where: Path) -> tuple[Path, Path]:
     """A cleanly stopped cluster to store: the entry restored into ``where``."""
     snap = df.Snapshot.load(filled["root"] / filled["key"].name)
     data, wal = where / "data", where / "wal"
+    where.mkdir(parents=True, exist_ok=True)
     df.restore(snap, data, wal, durable=False)
     return data, wal
 
@@ -365,3 +367,42 @@ run: {duration: 1s, repeats: 1}
     assert second["cache"]["hit"] is True and second["cache"]["key"] == first["cache"]["key"]
     assert "load_s" not in second
     assert f"dataset from cache {first['cache']['key']}" in second_out and "dataset from cache" not in first_out
+
+
+_FILL = """
+import json, sys
+from pathlib import Path
+from pglab.targets.local.dataset import cache
+root, data, wal, bindir, fields = sys.argv[1:6]
+c = cache.DatasetCache(Path(root))
+out = c.store(cache.Key(json.loads(fields)), Path(data), Path(wal), bindir=Path(bindir), password="pw")
+print("stored" if not isinstance(out, str) else "not stored: " + out)
+"""
+
+
+def test_two_pglab_filling_one_key_leave_one_complete_entry(filled: dict[str, Any], tmp_path: Path) -> None:
+    key = _fake_key(filled, 7)
+    root = tmp_path / "c"
+    clusters = [_stopped_cluster(filled, tmp_path / f"n{i}") for i in range(2)]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(Path(cache.__file__).parents[4]),
+                                                                    os.environ.get("PYTHONPATH")) if p)}
+    procs = [subprocess.Popen([sys.executable, "-c", _FILL, str(root), str(data), str(wal), str(filled["bindir"]),
+                               json.dumps(key.fields)], env=env, stdout=subprocess.PIPE, text=True)
+             for data, wal in clusters]
+    said = sorted(p.communicate(timeout=300)[0].strip() for p in procs)
+    assert all(p.returncode == 0 for p in procs)
+    assert said[1] == "stored" and said[0].startswith("not stored: "), said  # one filled it, the other held back
+    assert said[0] in ("not stored: another pglab is filling or using this key",
+                       "not stored: filled meanwhile by another pglab")
+    c = cache.DatasetCache(root)
+    assert [e.name for e in c.entries()] == [key.name] and not list(root.glob(".*.tmp-*"))
+    assert _lookup(c, {**filled, "key": key}) == "used"
+    # a fill in progress (its key's lock held) is neither used nor filled a second time
+    fd = c._try_lock(key.name, cache.fcntl.LOCK_EX)
+    assert fd is not None
+    try:
+        assert c.lookup(key, filled["bindir"]) == "another pglab is filling or removing it"
+        assert c.store(key, *clusters[0], bindir=filled["bindir"], password="pw") == \
+            "another pglab is filling or using this key"
+    finally:
+        os.close(fd)
