@@ -312,9 +312,11 @@ class DatasetCache:
         """The entry for ``key``, leased to the caller, or why there is none to use (a miss)."""
         if not (self.root / key.name).is_dir():
             return "no entry"
-        fd = self._try_lock(key.name, fcntl.LOCK_SH)
-        if fd is None:
-            return "another pglab is filling or removing it"
+        deadline = time.monotonic() + 2  # a list or an eviction holds the lock for a moment; a fill holds it long
+        while (fd := self._try_lock(key.name, fcntl.LOCK_SH)) is None:
+            if time.monotonic() > deadline:
+                return "another pglab is filling or removing it"
+            time.sleep(0.1)
         entry = self._read(key.name)
         why = self.problem(entry, key, bindir)
         if why is not None:
@@ -411,16 +413,16 @@ class DatasetCache:
         fd = self._try_lock(name, fcntl.LOCK_EX)
         if fd is None:
             return False
+        trash = self.root / f".{name}.tmp-removing-{os.getpid()}"
         try:
             d = self.root / name
             if d.exists():
-                trash = self.root / f".{name}.tmp-removing-{os.getpid()}"
-                os.rename(d, trash)  # gone at once for a reader; the files go after
-                shutil.rmtree(trash, ignore_errors=True)
+                os.rename(d, trash)  # gone at once for a reader; the files go after, the lock released
             (self.root / f"{name}.lock").unlink(missing_ok=True)
-            return True
         finally:
             os.close(fd)
+        shutil.rmtree(trash, ignore_errors=True)
+        return True
 
     def clean_leftovers(self) -> list[str]:
         """Temporary folders of fills that died (their key's lock is free); returns what was removed."""
