@@ -406,3 +406,15 @@ def test_two_pglab_filling_one_key_leave_one_complete_entry(filled: dict[str, An
             "another pglab is filling or using this key"
     finally:
         os.close(fd)
+
+
+def test_a_bad_cache_size_is_refused_before_anything_starts(tmp_path: Path) -> None:
+    plan = tmp_path / "plan.yaml"
+    plan.write_text("name: x\ntarget: {local: {instances: 1}}\ndataset: {scale: 1}\n"
+                    "matrix: {workload: [select-only], clients: [1]}\nrun: {duration: 1s}\n")
+    env = {**os.environ, **_on(tmp_path / "cache"), "PGLAB_CACHE_SIZE": "lots"}
+    for args in (["cache", "list"], ["run", str(plan), "--results", str(tmp_path / "r")]):
+        proc = pglab(*args, env=env)
+        assert proc.returncode == 2, proc.stdout + proc.stderr
+        assert "PGLAB_CACHE_SIZE: 'lots' is not a size" in proc.stderr and "Traceback" not in proc.stderr
+    assert not (tmp_path / "cache").exists() and processes_mentioning(str(tmp_path)) == []

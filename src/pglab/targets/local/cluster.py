@@ -86,6 +86,8 @@ class LocalLab(LabBase[Node]):
         self.snapshot: datasets.Snapshot | None = None
         self.dataset_info: dict[str, Any] = {}
         self.log = log
+        if dataset is not None and cache.enabled(dataset.cache):
+            cache.max_bytes()  # a bad PGLAB_CACHE_SIZE stops the run here, before anything is made
         self.bindir = find_bindir(spec.bindir)
         self.server_user: ServerUser | None = resolve_server_user(spec.run_as)
         self.base_dir = base_dir
