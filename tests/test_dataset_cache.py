@@ -418,3 +418,34 @@ def test_a_bad_cache_size_is_refused_before_anything_starts(tmp_path: Path) -> N
         assert proc.returncode == 2, proc.stdout + proc.stderr
         assert "PGLAB_CACHE_SIZE: 'lots' is not a size" in proc.stderr and "Traceback" not in proc.stderr
     assert not (tmp_path / "cache").exists() and processes_mentioning(str(tmp_path)) == []
+
+
+def test_a_lab_on_a_reflink_filesystem_keeps_reflink_resets_with_the_cache_elsewhere(tmp_path: Path,
+                                                                                    monkeypatch: pytest.MonkeyPatch
+                                                                                    ) -> None:
+    """The cache on a filesystem without reflinks into the lab's (here: pytest's tmp), the lab on one with them
+    ($PGLAB_TEST_REFLINK_DIR: XFS with reflink=1, btrfs): standbys and resets copy from a reflink snapshot beside
+    the primary, as without the cache, on a miss and on a hit."""
+    given = os.environ.get("PGLAB_TEST_REFLINK_DIR")
+    if not given:
+        pytest.skip("set PGLAB_TEST_REFLINK_DIR to a directory on a reflink filesystem (XFS, btrfs)")
+    top = Path(tempfile.mkdtemp(dir=given))
+    os.chmod(top, 0o711)
+    root = tmp_path / "cache"
+    for k, v in _on(root).items():
+        monkeypatch.setenv(k, v)
+    try:
+        assert df.reflink_supported(top, top) and not df.reflink_supported(tmp_path, top)
+        for n, hit in ((0, False), (1, True)):
+            lab = LocalLab(LocalTarget(instances=2, synchronous=None, paths={"lab": str(top / f"lab{n}")}), top,
+                           dataset=Dataset(scale=SCALE, reset="snapshot"))
+            try:
+                lab.provision({})
+                info = lab.describe()["dataset"]["cache"]
+                assert info["hit"] is hit and info["lab_snapshot"] == "reflink", info
+                assert lab.snapshot is not None and lab.snapshot.dir.is_relative_to(top / f"lab{n}")
+                assert lab.reset_dataset()["method"] == {"n0": "reflink", "n1": "reflink"}
+            finally:
+                _teardown(lab)
+    finally:
+        shutil.rmtree(top, ignore_errors=True)

@@ -375,6 +375,8 @@ class LocalLab(LabBase[Node]):
             self.snapshot, copy = stored or datasets.snapshot(
                 primary.data, primary.wal, primary.data.parent / "snapshot", bindir=self.bindir,
                 wal_dest=primary.wal.parent / "snapshot-wal")
+            if stored:
+                self.snapshot = self._snapshot_for_resets(primary, self.snapshot)
         except OSError as exc:
             if exc.errno == errno.ENOSPC:
                 raise UserError(f"target.local.paths.data: no space left on the device of '{primary.data.parent}' "
@@ -431,6 +433,10 @@ class LocalLab(LabBase[Node]):
                                 "for the cached dataset; free some space there or choose another path.") from None
             raise
         seconds = time.monotonic() - t
+        try:
+            self.snapshot = self._snapshot_for_resets(primary, self.snapshot)
+        except (datasets.SnapshotError, OSError) as exc:
+            raise LabError(f"a snapshot beside {primary.name}: {exc}") from None
         self._validate(self._wanted)
         self.parameters = dict(self._wanted)
         self._cache_info |= {"hit": True, "key": self._cache_key.name, "dir": str(self._cache.root),
@@ -441,6 +447,25 @@ class LocalLab(LabBase[Node]):
                              "total_s": round(seconds + self._cache_info["lookup_s"], 2)}
         self.log(f"dataset from cache {self._cache_key.name} ({copy.method} {seconds:.1f} s, "
                  f"{copy.bytes / 2**20:.0f} MiB; dataset.cache: false or PGLAB_CACHE=off to load it instead)")
+
+    def _snapshot_for_resets(self, primary: Node, entry: datasets.Snapshot) -> datasets.Snapshot:
+        """What the standbys and resets copy from: the cache's entry; or, when the lab's filesystems have reflinks
+        that the entry cannot give them (the cache on another filesystem), a reflink snapshot beside the stopped
+        primary, which costs metadata only and keeps standbys and resets at reflink speed."""
+        assert self._cache is not None and self.dataset is not None
+        if len(self.nodes) == 1 and self.dataset.reset != "snapshot":
+            return entry  # no standby to make, no reset to serve
+        data_dir, wal_dir = primary.data.parent, primary.wal.parent
+        if all(datasets.reflink_supported(self._cache.root, d) for d in (data_dir, wal_dir)):
+            return entry
+        if not all(datasets.reflink_supported(d, d) for d in (data_dir, wal_dir)):
+            return entry
+        snap, copy = datasets.snapshot(primary.data, primary.wal, data_dir / "snapshot", bindir=self.bindir,
+                                       wal_dest=wal_dir / "snapshot-wal")
+        self._cache_info["lab_snapshot"] = copy.method
+        self.log(f"a snapshot beside {primary.name} by {copy.method} for standbys and resets (the cache's "
+                 "filesystem cannot reflink into the lab's)")
+        return snap
 
     def _cache_store(self, primary: Node) -> tuple[datasets.Snapshot, datasets.CopyReport] | None:
         """Snapshot the freshly loaded primary into the cache (the lab's snapshot is then the entry); None when it
