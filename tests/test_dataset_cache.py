@@ -322,6 +322,7 @@ def test_cache_list_and_clean(filled: dict[str, Any], tmp_path: Path) -> None:
     (root / f".{keys[0].name}.tmp-999999").mkdir()  # a fill that died
     listed = pglab("cache", "list", "--format", "json", env=env)
     assert listed.returncode == 0, listed.stderr
+    assert "1 unfinished fill(s)" in listed.stderr
     doc = json.loads(listed.stdout)
     assert doc["dir"] == str(root) and [e["key"] for e in doc["entries"]] == [k.name for k in keys]
     assert {e["state"] for e in doc["entries"]} == {"ready"} and doc["bytes"] == sum(e["bytes"] for e in doc["entries"])

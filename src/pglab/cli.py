@@ -634,6 +634,10 @@ def cache_list(fmt: Literal["table", "json"] = typer.Option("table", "--format",
              "bytes": e.bytes, "created": e.meta.get("created"), "last_used": e.last_used,
              "state": "incomplete" if not e.complete else "in use" if e.in_use else "ready"} for e in entries]
     total = sum(e.bytes for e in entries)
+    unfinished = len(list(cache.root.glob(".*.tmp-*"))) if cache.root.is_dir() else 0
+    if unfinished:
+        err.print(f"{unfinished} unfinished fill(s) in '{cache.root}' (a pglab that died, or one filling now); "
+                  "'pglab cache clean' removes those no pglab is filling.", markup=False, highlight=False)
     if fmt == "json":
         out.print(json.dumps({"dir": str(cache.root), "bytes": total, "cap_bytes": cache.cap, "entries": rows}),
                   markup=False, highlight=False, soft_wrap=True)

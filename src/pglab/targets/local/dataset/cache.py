@@ -350,6 +350,7 @@ class DatasetCache:
                 return f"the dataset ({need / 2**30:.1f} GiB) is larger than the cache's cap " \
                        f"({self.cap / 2**30:.1f} GiB, PGLAB_CACHE_SIZE)"
             with self._global():
+                self.clean_leftovers()  # fills that died: their space is not in any entry's size
                 evicted = self._evict(self.cap - need)
                 st = os.statvfs(self.root)
                 free = st.f_bavail * st.f_frsize
