@@ -69,10 +69,12 @@ class Bench:
         os.environ["PGLAB_CACHE_DIR"] = str(self.root)
         os.environ["PGLAB_CACHE_SIZE"] = "1TiB"  # the bench's own folder: no eviction in the way
         self.dataset = Dataset(scale=args.scale, partitions=args.partitions)
+        self.bases: list[Path] = []
 
     def _lab(self, dataset: Dataset | None) -> LocalLab:
         base = Path(tempfile.mkdtemp(prefix="lab-", dir=self.args.lab_dir or self.work))
         os.chmod(base, 0o711)
+        self.bases.append(base)  # removed at the end (the lab removes only its own folder)
         return LocalLab(LocalTarget(instances=1, synchronous=None, paths=LabPaths(lab=str(base / "lab"))),
                         base, dataset=dataset)
 
@@ -217,11 +219,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("interrupted", file=sys.stderr)
         return 130
     finally:
-        if args.cache_dir is None:
-            shutil.rmtree(work, ignore_errors=True)
-        else:
+        if args.cache_dir is not None:
             bench._clear()
-            shutil.rmtree(work, ignore_errors=True)
+        for base in bench.bases:
+            shutil.rmtree(base, ignore_errors=True)
+        shutil.rmtree(work, ignore_errors=True)
     return 0
 
 
