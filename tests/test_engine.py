@@ -8,6 +8,7 @@ complete driver: what a new target has to supply."""
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,7 @@ import pytest
 
 from pglab.engine.driver import FioMeasurement, SweepInfo
 from pglab.engine.sweep import run_sweep
-from pglab.engine.types import Event, RunFailed, RunResult, SilentObserver, SweepResult
+from pglab.engine.types import Event, Phase, RunFailed, RunResult, SilentObserver, SweepResult
 from pglab.errors import RunInterrupted
 from pglab.plan import expand, parse_plan
 from pglab.plan.expand import Point
@@ -49,6 +50,7 @@ class Scripted:
         self.fio = fio
         self.calls: list[str] = []
         self._events: list[Event] = []
+        self._phases: list[Phase] = []
         self.info: SweepInfo | None = None
         self.run_dirs: list[Path] = []
         self.tps: Callable[[Point, int], float] = lambda point, repeat: 100.0 * point.clients + repeat
@@ -79,6 +81,7 @@ class Scripted:
     def one_run(self, point: Point, repeat: int, run_id: str, run_dir: Path) -> RunResult:
         self.calls.append(f"run {point.clients} #{repeat}")
         self.run_dirs.append(run_dir)
+        self._phases.append((time.time(), "measure"))
         what = self.script.get((point.clients, repeat), "ok")
         if what == "fail":
             raise RunFailed("pgbench exited 1\nsecond line not kept")
@@ -99,6 +102,10 @@ class Scripted:
     def take_events(self) -> list[Event]:
         events, self._events = self._events, []
         return events
+
+    def take_phases(self) -> list[Phase]:
+        phases, self._phases = self._phases, []
+        return phases
 
     def explain(self, exc: BaseException) -> BaseException | None:
         return RunFailed(f"the server cannot be reached: {exc}") if isinstance(exc, LibraryError) else None

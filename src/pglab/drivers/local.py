@@ -18,7 +18,7 @@ import psycopg
 from pglab import environment
 from pglab.artifacts import write_json, write_samples
 from pglab.engine.driver import FioMeasurement, SweepInfo
-from pglab.engine.types import Event, Observer, RunFailed, RunResult
+from pglab.engine.types import Event, Observer, Phase, RunFailed, RunResult
 from pglab.errors import LabError, LabUnsound, RunInterrupted, first_line
 from pglab.plan.expand import Point, expand
 from pglab.plan.load import resolve_path
@@ -61,6 +61,7 @@ class ProcessDriver(Generic[TopologyT]):
         self.points = expand(plan)
         self._pgbench: list[PgbenchProcess] = []  # what an interrupt must stop
         self._events: list[Event] = []
+        self._phases: list[Phase] = []  # the current run's steps, for the engine's account of the wall time
         self._logs_dir = self.results_dir / "server-logs"
         self._endpoints: Endpoints | None = None
         self._info: SweepInfo | None = None
@@ -114,6 +115,15 @@ class ProcessDriver(Generic[TopologyT]):
     def take_events(self) -> list[Event]:
         events, self._events = self._events + self.target.take_events(), []
         return events
+
+    def take_phases(self) -> list[Phase]:
+        phases, self._phases = self._phases, []
+        return phases
+
+    def step(self, point: Point, repeat: int, name: str) -> None:
+        """The run enters ``name`` (warm-up, measure, summary): shown live, and kept for the report's account."""
+        self._phases.append((time.time(), name))
+        self.ui.run_started(point, repeat, name)
 
     def explain(self, exc: BaseException) -> BaseException | None:
         """A server's log named in a failure is the lab's, deleted with it: name the copy kept in the results."""
@@ -276,12 +286,12 @@ class LocalDriver(ProcessDriver[Target]):
             run = plan.run
             events: list[Event] = []
             if run.warmup > 0:
-                self.ui.run_started(point, repeat, "warm-up")
+                self.step(point, repeat, "warm-up")
                 events.append((now(), "warmup-start", f"{run.warmup:g} s"))
                 self._pgbench_once(endpoints, point, run_dir, "warmup", seconds=run.warmup, transactions=None,
                                    log=False)
                 events.append((now(), "warmup-end", ""))
-            self.ui.run_started(point, repeat, "measure")
+            self.step(point, repeat, "measure")
             primary_name = target.primary_name()
             primary_at_end: str | None = primary_name
             io_before, cpu_before, launched = target.io_stats(), target.cpu_stats(), now()
@@ -291,6 +301,7 @@ class LocalDriver(ProcessDriver[Target]):
                                               transactions=run.transactions, log=True)
                 cpu_after, ended = target.cpu_stats(), now()
                 io_after = target.io_stats()
+                self.step(point, repeat, "summary")
                 wait_for_tick(ended)  # let every 1 s probe take the sample that closes the window
                 samples = sampler.stop()
                 result = pgbench.finish_run(measured[0], measured[1], run_dir / "pgbench_log", launched, ended)
@@ -301,6 +312,7 @@ class LocalDriver(ProcessDriver[Target]):
                     plan, target, self.ui.log, self._pgbench_once, point, run_dir, launched)
                 cpu_after, ended = target.cpu_stats(), result.window_end
                 io_after = target.io_stats()
+                self.step(point, repeat, "summary")
                 try:
                     primary_at_end = target.primary_name()  # a failover or switchover moves the primary's role
                 except Exception:  # no leader yet: the roles over the window are not known either

@@ -75,14 +75,15 @@ class TenantsDriver(ProcessDriver[Fleet]):
             run = plan.run
             events: list[Event] = []
             if run.warmup > 0:
-                ui.run_started(point, repeat, "warm-up")
+                self.step(point, repeat, "warm-up")
                 events.append((now(), "warmup-start", f"{run.warmup:g} s"))
                 self._all_at_once(dirs, "warmup", run.warmup, None, log=False)
                 events.append((now(), "warmup-end", ""))
-            ui.run_started(point, repeat, "measure")
+            self.step(point, repeat, "measure")
             before, launched = fleet.usage(), now()
             codes, memory = self._all_at_once(dirs, "pgbench", run.measured_seconds, run.transactions, log=True)
             after, ended = fleet.usage(), now()
+            self.step(point, repeat, "summary")
             wait_for_tick(ended)
             samples = sampler.stop()
             results: dict[str, pgbench.PgbenchRun] = {}
