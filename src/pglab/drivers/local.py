@@ -270,8 +270,10 @@ class LocalDriver(ProcessDriver[Target]):
             links = target.links_in_force()
             if links:  # the replication links as Toxiproxy shapes them during this run
                 write_json(run_dir / "network.json", links)
+            self.step(point, repeat, "reset")
             self.prepare_dataset(target, endpoints, run_dir)
             self._events += target.take_events()  # a snapshot reset's own
+            self.step(point, repeat, "probes")
             settings = self.settings(endpoints, run_dir)
             ctx = ProbeContext(
                 primary_conninfo=endpoints.primary.conninfo(application_name="pglab-probe"),
@@ -301,9 +303,10 @@ class LocalDriver(ProcessDriver[Target]):
                                               transactions=run.transactions, log=True)
                 cpu_after, ended = target.cpu_stats(), now()
                 io_after = target.io_stats()
-                self.step(point, repeat, "summary")
+                self.step(point, repeat, "closing-tick")
                 wait_for_tick(ended)  # let every 1 s probe take the sample that closes the window
                 samples = sampler.stop()
+                self.step(point, repeat, "summary")
                 result = pgbench.finish_run(measured[0], measured[1], run_dir / "pgbench_log", launched, ended)
             else:
                 from pglab.drivers.faults import through_scenario
@@ -312,13 +315,14 @@ class LocalDriver(ProcessDriver[Target]):
                     plan, target, self.ui.log, self._pgbench_once, point, run_dir, launched)
                 cpu_after, ended = target.cpu_stats(), result.window_end
                 io_after = target.io_stats()
-                self.step(point, repeat, "summary")
+                self.step(point, repeat, "closing-tick")
                 try:
                     primary_at_end = target.primary_name()  # a failover or switchover moves the primary's role
                 except Exception:  # no leader yet: the roles over the window are not known either
                     primary_at_end = None
                 wait_for_tick(ended)
                 samples = sampler.stop()
+                self.step(point, repeat, "summary")
                 events += scenario_events
             window = (result.window_start, result.window_end)
             metrics = pgbench_metrics(result)

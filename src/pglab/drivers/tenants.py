@@ -62,10 +62,12 @@ class TenantsDriver(ProcessDriver[Fleet]):
             limits = fleet.limits_in_force()
             write_json(run_dir / "limits.json", limits)
             dirs = {t.name: run_dir / "tenants" / t.name for t in fleet.tenants}
+            self.step(point, repeat, "reset")
             for t in fleet.tenants:
                 dirs[t.name].mkdir(parents=True)
                 self.prepare_dataset(t.lab, t.lab.endpoints(), dirs[t.name])
             self._events += [e for t in fleet.tenants for e in t.lab.take_events()]
+            self.step(point, repeat, "probes")
             settings = self.settings(fleet.tenants[0].lab.endpoints(), run_dir)
             ctx = ProbeContext(primary_conninfo=fleet.tenants[0].lab.endpoints().primary.conninfo(),
                                paths=fleet.probe_paths(), server_pids=fleet.server_pids,
@@ -83,9 +85,10 @@ class TenantsDriver(ProcessDriver[Fleet]):
             before, launched = fleet.usage(), now()
             codes, memory = self._all_at_once(dirs, "pgbench", run.measured_seconds, run.transactions, log=True)
             after, ended = fleet.usage(), now()
-            self.step(point, repeat, "summary")
+            self.step(point, repeat, "closing-tick")
             wait_for_tick(ended)
             samples = sampler.stop()
+            self.step(point, repeat, "summary")
             results: dict[str, pgbench.PgbenchRun] = {}
             failed: list[str] = []
             for t in fleet.tenants:

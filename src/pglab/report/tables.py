@@ -586,7 +586,9 @@ def time_report(store: Store, fmt: str, sweep_id: int | None, width: int | None 
     columns, rows = wall_time_rows(account)
     if fmt in ("csv", "json"):
         return render(columns, rows, fmt)
-    table = render(columns, rows, fmt, headers={"share_pct": "share %", "per_run_s": "per run s"},
+    shown = [{**r, "seconds": f"{r['seconds']:.1f}", "share_pct": f"{r['share_pct']:.1f}" if r["share_pct"] is not None
+              else "", "per_run_s": f"{r['per_run_s']:.2f}" if r["per_run_s"] is not None else ""} for r in rows]
+    table = render(columns, shown, fmt, headers={"share_pct": "share %", "per_run_s": "per run s"},
                    shown=columns if fmt == "markdown" or width is None or width >= 100 else columns[:-1])
     return _prose(f"where the wall time went: {duty_cycle_line(account)}", width) + table
 

@@ -12,17 +12,20 @@ from typing import Any
 from pglab.store.sqlite import Store
 
 # the order phases are listed in; any other name a driver reports comes after them
-ORDER = ("setup", "lab", "storage", "dataset", "prepare", "warm-up", "measure", "job", "summary", "record", "pause",
-         "teardown")
+ORDER = ("setup", "lab", "storage", "dataset", "prepare", "reset", "probes", "warm-up", "measure", "job",
+         "closing-tick", "summary", "record", "pause", "teardown")
 WHAT = {"setup": "the results folder, the schedule",
         "lab": "building the lab, reading the environment",
         "storage": "fio",
         "dataset": "loading the dataset",
-        "prepare": "per run: parameters, dataset reset, replay wait, settings, probes",
+        "prepare": "per run: parameters in force (reload, restart), health",
+        "reset": "per run: dataset reset (dataset.reset), standbys caught up",
+        "probes": "per run: settings read, probes connected",
         "warm-up": "per run: pgbench before the window",
         "measure": "per run: pgbench's measured run (start to exit)",
         "job": "per run: the pgbench Job (pod start, warm-up, window)",
-        "summary": "per run: closing probe sample, pgbench's summary and logs, figures",
+        "closing-tick": "per run: the probes' sample that closes the window",
+        "summary": "per run: pgbench's summary and logs, figures",
         "record": "per run: run.json and the store",
         "pause": "per run: run.pause",
         "teardown": "stopping and deleting the lab, keeping its logs"}
