@@ -164,13 +164,15 @@ class ProcessDriver(Generic[TopologyT]):
             if not isinstance(target, ExternalServer):  # on a server pglab does not own, others' sessions are theirs
                 self._end_leftovers(conn)  # a failed run's backends first: their locks would block the reset
             _wait_replay(conn, names, self.ui.log)  # standbys that do not answer stop the sweep here, not in a COMMIT
+            if ds.reset == "vacuum":  # in the same session: the reset restarts no server
+                pgbench.reset_for_run(conn)
+                _wait_replay(conn, names, self.ui.log)
+                return
         if ds.reset == "reinit":
             pgbench.initialise(target.bindir, endpoints.primary, ds, run_dir)
         elif ds.reset == "snapshot":
             write_json(run_dir / "dataset-reset.json", target.reset_dataset())
         with self._control(endpoints) as conn:
-            if ds.reset == "vacuum":
-                pgbench.reset_for_run(conn)
             _wait_replay(conn, names, self.ui.log)
 
     def _control(self, endpoints: Endpoints) -> psycopg.Connection[Any]:
@@ -553,6 +555,7 @@ def _wait_replay(conn: psycopg.Connection[Any], standbys: list[str], log: Callab
     ``stall_s``, or they are still behind after ``max_s``, the lab is not sound: :class:`LabUnsound` ends the sweep."""
     started = last_progress = last_log = time.monotonic()
     seen: dict[str, Any] = {}
+    poll_s = 0.01  # standbys usually catch up within milliseconds of the reset: look again soon, then less often
     while True:
         rows = conn.execute("SELECT application_name, replay_lsn, replay_lsn >= pg_current_wal_lsn() "
                             "FROM pg_stat_replication").fetchall()
@@ -580,4 +583,5 @@ def _wait_replay(conn: psycopg.Connection[Any], standbys: list[str], log: Callab
             log(f"waiting for standby(s) {names} to replay ({t - started:.0f} s; the sweep stops after "
                 f"{stall_s:.0f} s without progress)")
             last_log = t
-        time.sleep(0.2)
+        time.sleep(poll_s)
+        poll_s = min(poll_s * 2, 0.2)
