@@ -24,6 +24,7 @@ results store each run wrote, with the same queries whatever the pglab version:
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import platform
@@ -85,7 +86,7 @@ def figures(db_path: Path) -> dict[str, Any]:
     measured = sum(r[3] - r[2] for r in ok)
     before = [r[2] - r[0] for r in ok]
     after = [r[1] - r[3] for r in ok]
-    between = [b[0] - a[1] for a, b in zip(runs, runs[1:], strict=False)]
+    between = [b[0] - a[1] for a, b in itertools.pairwise(runs)]
     return {"status": status, "runs_ok": len(ok), "runs": len(runs), "wall_s": wall, "measured_s": measured,
             "duty_cycle": measured / wall if wall > 0 else 0.0,
             "first_run_after_s": runs[0][0] - started if runs else None,
