@@ -480,7 +480,8 @@ def full_report(store: Store, fmt: str, sweep_id: int | None = None, per_run: bo
                 table: str | None = None, title: str | None = None, width: int | None = None, wide: bool = False,
                 columns: list[str] | None = None) -> str:
     """What `pglab report` and the end of `pglab run` print: the storage table (when fio ran), its ceilings,
-    the database table and the price of durability (when several synchronous_commit levels ran).
+    the database table, the price of durability (when several synchronous_commit levels ran) … and where the wall
+    time went (the ``time`` table).
     CSV and JSON hold one table: the database one unless ``table`` names another. The terminal tables are
     compact and fit ``width`` unless ``wide``; ``columns`` chooses the database table's figures."""
     from pglab.report import tiers
@@ -490,8 +491,9 @@ def full_report(store: Store, fmt: str, sweep_id: int | None = None, per_run: bo
     fio_columns, fio_rows = storage_table(store, sweep_id)
     if tiers.is_tenants_sweep(store, sweep_id):
         text = _tenants_report(store, fmt, sweep_id, table, fio_columns, fio_rows)
-        return "\n".join(p for p in (text, time_report(store, fmt, sweep_id, width)) if p) if table is None \
-            and fmt in ("table", "markdown") else text
+        if table is None and fmt in ("table", "markdown"):  # where the wall time went, below the tenants' tables
+            text = "\n".join(p for p in (text, time_report(store, fmt, sweep_id, width)) if p)
+        return text
     db_columns, db_rows = (run_table if per_run else point_table)(store, sweep_id)
     dur_columns, dur_rows = durability_table(store, sweep_id)
     cost_columns, cost_rows = cost_table(store, sweep_id)
@@ -570,7 +572,7 @@ def full_report(store: Store, fmt: str, sweep_id: int | None = None, per_run: bo
     if cost_rows and table in (None, "cost") and not per_run:
         parts.append(render(cost_columns, cost_rows, fmt, title="cost at peak TPS",
                             headers={"per_tps": f"{cost_rows[0]['currency']}/TPS·month", "peak_tps": "peak tps"}))
-    if table is None and not per_run:
+    if table is None and not per_run:  # last: where the sweep's wall time went, and its duty cycle
         parts.append(time_report(store, fmt, sweep_id, width))
     return "\n".join(p for p in parts if p)
 
