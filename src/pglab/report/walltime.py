@@ -15,9 +15,9 @@ from pglab.store.sqlite import Store
 ORDER = ("setup", "lab", "storage", "dataset", "prepare", "reset", "probes", "warm-up", "measure", "job",
          "closing-tick", "summary", "record", "pause", "teardown")
 WHAT = {"setup": "the results folder, the schedule",
-        "lab": "building the lab, reading the environment",
+        "lab": "building the lab (a local lab loads its dataset here), reading the environment",
         "storage": "fio",
-        "dataset": "loading the dataset",
+        "dataset": "loading the dataset (when the lab did not), or finding it loaded",
         "prepare": "per run: parameters in force (reload, restart), health",
         "reset": "per run: dataset reset (dataset.reset), standbys caught up",
         "probes": "per run: settings read, probes connected",
