@@ -25,7 +25,7 @@ LAYERS: list[tuple[str, int]] = [
     # below what measures: endpoints (what pgbench connects to), and the bookkeeping of the processes, cgroups and
     # files pglab starts (fio's scratch files are registered too, so a killed pglab's are reaped)
     ("pglab.targets.base", 2), ("pglab.targets.local.registry", 2), ("pglab.targets.local.leftovers", 2),
-    ("pglab.targets.local.procs", 2), ("pglab.targets.local.cgroups", 2),
+    ("pglab.targets.local.procs", 2), ("pglab.targets.local.cgroups", 2), ("pglab.targets.local.removal", 2),
     ("pglab.targets", 3), ("pglab.scenarios", 3),
     ("pglab.engine.types", 4), ("pglab.engine.driver", 4),
     ("pglab.drivers", 5), ("pglab.storage", 5),
@@ -190,7 +190,8 @@ def test_the_recorder_is_the_only_writer_of_the_store() -> None:
 
 LABS = {"pglab.targets.local.cluster", "pglab.targets.local.ha"}
 BELOW_THE_LABS = ["pglab.units", "pglab.errors", "pglab.targets.local.registry", "pglab.targets.local.leftovers",
-                  "pglab.targets.local.procs", "pglab.targets.local.cgroups", "pglab.targets.local.toxiproxy",
+                  "pglab.targets.local.procs", "pglab.targets.local.cgroups", "pglab.targets.local.removal",
+                  "pglab.targets.local.toxiproxy",
                   "pglab.targets.local.limits", "pglab.targets.local.lab_base", "pglab.workloads.fio"]
 
 

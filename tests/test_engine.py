@@ -7,7 +7,9 @@ complete driver: what a new target has to supply."""
 
 from __future__ import annotations
 
+import itertools
 import json
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -16,7 +18,7 @@ import pytest
 
 from pglab.engine.driver import FioMeasurement, SweepInfo
 from pglab.engine.sweep import run_sweep
-from pglab.engine.types import Event, RunFailed, RunResult, SilentObserver, SweepResult
+from pglab.engine.types import Event, Phase, RunFailed, RunResult, SilentObserver, SweepResult
 from pglab.errors import RunInterrupted
 from pglab.plan import expand, parse_plan
 from pglab.plan.expand import Point
@@ -49,6 +51,7 @@ class Scripted:
         self.fio = fio
         self.calls: list[str] = []
         self._events: list[Event] = []
+        self._phases: list[Phase] = []
         self.info: SweepInfo | None = None
         self.run_dirs: list[Path] = []
         self.tps: Callable[[Point, int], float] = lambda point, repeat: 100.0 * point.clients + repeat
@@ -79,6 +82,7 @@ class Scripted:
     def one_run(self, point: Point, repeat: int, run_id: str, run_dir: Path) -> RunResult:
         self.calls.append(f"run {point.clients} #{repeat}")
         self.run_dirs.append(run_dir)
+        self._phases.append((time.time(), "measure"))
         what = self.script.get((point.clients, repeat), "ok")
         if what == "fail":
             raise RunFailed("pgbench exited 1\nsecond line not kept")
@@ -99,6 +103,10 @@ class Scripted:
     def take_events(self) -> list[Event]:
         events, self._events = self._events, []
         return events
+
+    def take_phases(self) -> list[Phase]:
+        phases, self._phases = self._phases, []
+        return phases
 
     def explain(self, exc: BaseException) -> BaseException | None:
         return RunFailed(f"the server cannot be reached: {exc}") if isinstance(exc, LibraryError) else None
@@ -358,3 +366,54 @@ def test_adaptive_repeats_count_only_runs_that_ended_ok(tmp_path: Path) -> None:
     driver.tps = lambda point, repeat: 1000.0
     sweep(tmp_path, driver, text=text)
     assert _ran(driver) == ["1 #1", "1 #2", "1 #3"]  # #1 failed: one ok run gives no interval, so one more round
+
+
+def _phase_rows(tmp_path: Path) -> list[tuple[Any, ...]]:
+    return rows(tmp_path, "SELECT run_id, name, started, ended FROM phases ORDER BY started, rowid")
+
+
+def test_the_phases_tile_each_attempt_of_a_sweep_failed_and_interrupted_runs_included(tmp_path: Path) -> None:
+    """Each attempt's phases run from its start to its end without a gap or an overlap; a failed run and an
+    interrupted one have their phases too; a resume adds its own and the time between the attempts is in none."""
+    plan = parse_plan(PLAN)
+    sweep(tmp_path, Scripted(plan, {(1, 2): "fail", (2, 1): "interrupt"}))
+    first = _phase_rows(tmp_path)
+    (started, finished), = rows(tmp_path, "SELECT started, finished FROM sweeps")
+    assert first[0][2] == started and first[-1][3] == finished
+    assert all(b[2] == a[3] for a, b in itertools.pairwise(first))
+    run_ids = [r for (r,) in rows(tmp_path, "SELECT id FROM runs ORDER BY started")]
+    assert len(run_ids) == 3  # ok, failed, interrupted
+    for run_id in run_ids:
+        assert [n for r, n, _s, _e in first if r == run_id] == ["prepare", "measure", "record"]
+    assert [n for r, n, _s, _e in first if r is None] == ["setup", "lab", "dataset", "teardown"]
+
+    resumed_at = time.time()
+    sweep(tmp_path, Scripted(plan))
+    both = _phase_rows(tmp_path)
+    second = both[len(first):]
+    (_, finished), = rows(tmp_path, "SELECT started, finished FROM sweeps")
+    assert both[:len(first)] == first  # the first attempt's account is kept
+    assert second[0][2] >= resumed_at and second[-1][3] == finished
+    assert all(b[2] == a[3] for a, b in itertools.pairwise(second))
+    assert [n for r, n, _s, _e in second if r is None] == ["setup", "lab", "dataset", "teardown"]
+    gap = second[0][2] - first[-1][3]
+    assert sum(e - s for _r, _n, s, e in both) == pytest.approx(finished - started - gap, abs=1e-6)
+
+
+def test_the_time_table_sums_the_phases_and_the_duty_cycle_is_the_windows_over_them(tmp_path: Path) -> None:
+    from pglab.report.tables import full_report
+
+    sweep(tmp_path, Scripted(parse_plan(PLAN)))
+    phases = _phase_rows(tmp_path)
+    store = Store.open(tmp_path / "results", create=False)
+    try:
+        table = {r["phase"]: r for r in json.loads(full_report(store, "json", table="time"))}
+        text = " ".join(full_report(store, "table", width=200).split())
+    finally:
+        store.close()
+    wall = sum(e - s for _r, _n, s, e in phases)
+    assert table["measure"]["seconds"] == pytest.approx(sum(e - s for _r, n, s, e in phases if n == "measure"),
+                                                        abs=0.006)
+    assert table["measure"]["per_run_s"] == pytest.approx(table["measure"]["seconds"] / 4, abs=0.006)
+    # the scripted windows are 5 s each, four runs ok: 20 s measured over a wall time of milliseconds
+    assert f"duty cycle {20.0 / wall * 100:.1f} %: 20.0 s measured in 4 window(s)" in text

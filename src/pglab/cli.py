@@ -269,8 +269,9 @@ def report(
     fmt: str = typer.Option("table", "--format", help="|".join(FORMATS)),
     per_run: bool = typer.Option(False, "--per-run", help="one row per run, with run_id and its folder"),
     sweep: int | None = typer.Option(None, "--sweep", help="sweep id (default: the latest)"),
-    table: str | None = typer.Option(None, "--table", help="database|storage|durability|scenarios|cost|uplift "
-                                     "(CSV/JSON hold one table; default: database when there is one)"),
+    table: str | None = typer.Option(None, "--table", help="database|storage|durability|scenarios|cost|uplift|"
+                                     "tiers|tenants|time (time: where the wall time went, the duty cycle; CSV/JSON "
+                                     "hold one table; default: database when there is one)"),
     html: Path | None = typer.Option(None, "--html", help="also write the self-contained HTML report to this file"),
     wide: bool = typer.Option(False, "--wide", help="every column, however wide (default: a compact table that "
                               "fits the terminal)"),

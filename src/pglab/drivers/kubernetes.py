@@ -28,7 +28,7 @@ from pglab import __version__
 from pglab.artifacts import write_json
 from pglab.drivers.local import pgbench_metrics, pgbench_series
 from pglab.engine.driver import FioMeasurement, SweepInfo
-from pglab.engine.types import Event, Observer, RunFailed, RunResult
+from pglab.engine.types import Event, Observer, Phase, RunFailed, RunResult
 from pglab.errors import UserError, first_line
 from pglab.plan.expand import Point, expand
 from pglab.plan.schema import Plan
@@ -120,6 +120,7 @@ class KubernetesDriver:
         self._tries: dict[str, int] = {}  # probes of a key so far (a failure is tried once more)
         self._probes = 0
         self._events: list[Event] = []
+        self._phases: list[Phase] = []  # the current run's steps (the Job, its summary), for the wall-time account
         self._info: SweepInfo | None = None
         self._failed_health: str | None = None
         self.k8s = target_of(plan)
@@ -180,6 +181,10 @@ class KubernetesDriver:
     def take_events(self) -> list[Event]:
         events, self._events = self._events, []
         return events
+
+    def take_phases(self) -> list[Phase]:
+        phases, self._phases = self._phases, []
+        return phases
 
     def explain(self, exc: BaseException) -> BaseException | None:
         if isinstance(exc, urllib3.exceptions.HTTPError):
@@ -318,6 +323,7 @@ class KubernetesDriver:
             self._wait_replay()
             ui.run_started(point, repeat, "job")
             launched = now()
+            self._phases.append((launched, "job"))  # the Job: its pod's start, warm-up and measured window
             scraper = self._scraper()
             nodes_read = self._node_scrapes()
             if wm is not None:
@@ -334,6 +340,7 @@ class KubernetesDriver:
             finally:
                 for reader in readers:
                     reader.stop()
+            self._phases.append((now(), "summary"))
             exporter_files: list[str] = []
             for reader in readers:
                 reader.final()  # one more read, after the Job

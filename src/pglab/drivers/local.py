@@ -18,7 +18,7 @@ import psycopg
 from pglab import environment
 from pglab.artifacts import write_json, write_samples
 from pglab.engine.driver import FioMeasurement, SweepInfo
-from pglab.engine.types import Event, Observer, RunFailed, RunResult
+from pglab.engine.types import Event, Observer, Phase, RunFailed, RunResult
 from pglab.errors import LabError, LabUnsound, RunInterrupted, first_line
 from pglab.plan.expand import Point, expand
 from pglab.plan.load import resolve_path
@@ -61,6 +61,7 @@ class ProcessDriver(Generic[TopologyT]):
         self.points = expand(plan)
         self._pgbench: list[PgbenchProcess] = []  # what an interrupt must stop
         self._events: list[Event] = []
+        self._phases: list[Phase] = []  # the current run's steps, for the engine's account of the wall time
         self._logs_dir = self.results_dir / "server-logs"
         self._endpoints: Endpoints | None = None
         self._info: SweepInfo | None = None
@@ -115,6 +116,15 @@ class ProcessDriver(Generic[TopologyT]):
         events, self._events = self._events + self.target.take_events(), []
         return events
 
+    def take_phases(self) -> list[Phase]:
+        phases, self._phases = self._phases, []
+        return phases
+
+    def step(self, point: Point, repeat: int, name: str) -> None:
+        """The run enters ``name`` (warm-up, measure, summary): shown live, and kept for the report's account."""
+        self._phases.append((time.time(), name))
+        self.ui.run_started(point, repeat, name)
+
     def explain(self, exc: BaseException) -> BaseException | None:
         """A server's log named in a failure is the lab's, deleted with it: name the copy kept in the results."""
         if not isinstance(exc, LabError):
@@ -154,13 +164,15 @@ class ProcessDriver(Generic[TopologyT]):
             if not isinstance(target, ExternalServer):  # on a server pglab does not own, others' sessions are theirs
                 self._end_leftovers(conn)  # a failed run's backends first: their locks would block the reset
             _wait_replay(conn, names, self.ui.log)  # standbys that do not answer stop the sweep here, not in a COMMIT
+            if ds.reset == "vacuum":  # in the same session: the reset restarts no server
+                pgbench.reset_for_run(conn)
+                _wait_replay(conn, names, self.ui.log)
+                return
         if ds.reset == "reinit":
             pgbench.initialise(target.bindir, endpoints.primary, ds, run_dir)
         elif ds.reset == "snapshot":
             write_json(run_dir / "dataset-reset.json", target.reset_dataset())
         with self._control(endpoints) as conn:
-            if ds.reset == "vacuum":
-                pgbench.reset_for_run(conn)
             _wait_replay(conn, names, self.ui.log)
 
     def _control(self, endpoints: Endpoints) -> psycopg.Connection[Any]:
@@ -260,8 +272,10 @@ class LocalDriver(ProcessDriver[Target]):
             links = target.links_in_force()
             if links:  # the replication links as Toxiproxy shapes them during this run
                 write_json(run_dir / "network.json", links)
+            self.step(point, repeat, "reset")
             self.prepare_dataset(target, endpoints, run_dir)
             self._events += target.take_events()  # a snapshot reset's own
+            self.step(point, repeat, "probes")
             settings = self.settings(endpoints, run_dir)
             ctx = ProbeContext(
                 primary_conninfo=endpoints.primary.conninfo(application_name="pglab-probe"),
@@ -276,12 +290,12 @@ class LocalDriver(ProcessDriver[Target]):
             run = plan.run
             events: list[Event] = []
             if run.warmup > 0:
-                self.ui.run_started(point, repeat, "warm-up")
+                self.step(point, repeat, "warm-up")
                 events.append((now(), "warmup-start", f"{run.warmup:g} s"))
                 self._pgbench_once(endpoints, point, run_dir, "warmup", seconds=run.warmup, transactions=None,
                                    log=False)
                 events.append((now(), "warmup-end", ""))
-            self.ui.run_started(point, repeat, "measure")
+            self.step(point, repeat, "measure")
             primary_name = target.primary_name()
             primary_at_end: str | None = primary_name
             io_before, cpu_before, launched = target.io_stats(), target.cpu_stats(), now()
@@ -291,8 +305,10 @@ class LocalDriver(ProcessDriver[Target]):
                                               transactions=run.transactions, log=True)
                 cpu_after, ended = target.cpu_stats(), now()
                 io_after = target.io_stats()
+                self.step(point, repeat, "closing-tick")
                 wait_for_tick(ended)  # let every 1 s probe take the sample that closes the window
                 samples = sampler.stop()
+                self.step(point, repeat, "summary")
                 result = pgbench.finish_run(measured[0], measured[1], run_dir / "pgbench_log", launched, ended)
             else:
                 from pglab.drivers.faults import through_scenario
@@ -301,12 +317,14 @@ class LocalDriver(ProcessDriver[Target]):
                     plan, target, self.ui.log, self._pgbench_once, point, run_dir, launched)
                 cpu_after, ended = target.cpu_stats(), result.window_end
                 io_after = target.io_stats()
+                self.step(point, repeat, "closing-tick")
                 try:
                     primary_at_end = target.primary_name()  # a failover or switchover moves the primary's role
                 except Exception:  # no leader yet: the roles over the window are not known either
                     primary_at_end = None
                 wait_for_tick(ended)
                 samples = sampler.stop()
+                self.step(point, repeat, "summary")
                 events += scenario_events
             window = (result.window_start, result.window_end)
             metrics = pgbench_metrics(result)
@@ -539,6 +557,7 @@ def _wait_replay(conn: psycopg.Connection[Any], standbys: list[str], log: Callab
     ``stall_s``, or they are still behind after ``max_s``, the lab is not sound: :class:`LabUnsound` ends the sweep."""
     started = last_progress = last_log = time.monotonic()
     seen: dict[str, Any] = {}
+    poll_s = 0.01  # standbys usually catch up within milliseconds of the reset: look again soon, then less often
     while True:
         rows = conn.execute("SELECT application_name, replay_lsn, replay_lsn >= pg_current_wal_lsn() "
                             "FROM pg_stat_replication").fetchall()
@@ -566,4 +585,5 @@ def _wait_replay(conn: psycopg.Connection[Any], standbys: list[str], log: Callab
             log(f"waiting for standby(s) {names} to replay ({t - started:.0f} s; the sweep stops after "
                 f"{stall_s:.0f} s without progress)")
             last_log = t
-        time.sleep(0.2)
+        time.sleep(poll_s)
+        poll_s = min(poll_s * 2, 0.2)

@@ -62,10 +62,12 @@ class TenantsDriver(ProcessDriver[Fleet]):
             limits = fleet.limits_in_force()
             write_json(run_dir / "limits.json", limits)
             dirs = {t.name: run_dir / "tenants" / t.name for t in fleet.tenants}
+            self.step(point, repeat, "reset")
             for t in fleet.tenants:
                 dirs[t.name].mkdir(parents=True)
                 self.prepare_dataset(t.lab, t.lab.endpoints(), dirs[t.name])
             self._events += [e for t in fleet.tenants for e in t.lab.take_events()]
+            self.step(point, repeat, "probes")
             settings = self.settings(fleet.tenants[0].lab.endpoints(), run_dir)
             ctx = ProbeContext(primary_conninfo=fleet.tenants[0].lab.endpoints().primary.conninfo(),
                                paths=fleet.probe_paths(), server_pids=fleet.server_pids,
@@ -75,16 +77,18 @@ class TenantsDriver(ProcessDriver[Fleet]):
             run = plan.run
             events: list[Event] = []
             if run.warmup > 0:
-                ui.run_started(point, repeat, "warm-up")
+                self.step(point, repeat, "warm-up")
                 events.append((now(), "warmup-start", f"{run.warmup:g} s"))
                 self._all_at_once(dirs, "warmup", run.warmup, None, log=False)
                 events.append((now(), "warmup-end", ""))
-            ui.run_started(point, repeat, "measure")
+            self.step(point, repeat, "measure")
             before, launched = fleet.usage(), now()
             codes, memory = self._all_at_once(dirs, "pgbench", run.measured_seconds, run.transactions, log=True)
             after, ended = fleet.usage(), now()
+            self.step(point, repeat, "closing-tick")
             wait_for_tick(ended)
             samples = sampler.stop()
+            self.step(point, repeat, "summary")
             results: dict[str, pgbench.PgbenchRun] = {}
             failed: list[str] = []
             for t in fleet.tenants:

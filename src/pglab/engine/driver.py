@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from pglab.engine.types import Event, RunResult
+from pglab.engine.types import Event, Phase, RunResult
 from pglab.plan.expand import Point
 
 
@@ -66,6 +66,10 @@ class Driver(Protocol):
 
     def take_events(self) -> list[Event]:
         """Sweep events since the last call (restarts, CPU steps, a fault's steps of a failed run)."""
+
+    def take_phases(self) -> list[Phase]:
+        """The steps of the last run since the last call, (when each began, its name): warm-up, measure, summary …
+        The engine marks a run's start and end itself; these split it so the report can say where time went."""
 
     def explain(self, exc: BaseException) -> BaseException | None:
         """What to end the sweep with in place of ``exc`` (one sentence the user can act on), or None."""

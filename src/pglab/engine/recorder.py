@@ -6,6 +6,7 @@ that means for its rows, is decided here once for every target."""
 from __future__ import annotations
 
 import hashlib
+import time
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -46,6 +47,46 @@ def plan_files(plan: Plan, plan_dir: Path) -> list[Path]:
     return files
 
 
+class PhaseLog:
+    """Where a sweep's wall time goes: each phase ends where the next begins, so from the sweep's start to its end
+    the phases tile the time pglab spent on it (a resumed sweep adds the phases of each attempt)."""
+
+    def __init__(self) -> None:
+        self._open: tuple[str, float, str | None] | None = None  # name, started, run_id
+        self._closed: list[tuple[str | None, str, float, float]] = []  # run_id, name, started, ended
+
+    def mark(self, name: str, at: float | None = None, run_id: str | None = None) -> None:
+        """``name`` begins (now, or at ``at``): the phase open until then ends there."""
+        t = time.time() if at is None else at
+        if self._open is not None:
+            open_name, started, open_run = self._open
+            t = max(t, started)  # a mark never ends a phase before it began (a step of the wall clock)
+            self._closed.append((open_run, open_name, started, t))
+        self._open = (name, t, run_id)
+
+    def attach(self, run_id: str) -> None:
+        """The open phase belongs to ``run_id`` (its preparation began before the run had an id)."""
+        if self._open is not None:
+            self._open = (self._open[0], self._open[1], run_id)
+
+    def take(self) -> list[tuple[str | None, str, float, float]]:
+        """The phases ended since the last call, for the store."""
+        closed, self._closed = self._closed, []
+        return closed
+
+    def put_back(self, phases: list[tuple[str | None, str, float, float]]) -> None:
+        """Phases taken but not stored: stored with the next ones."""
+        self._closed[:0] = phases
+
+    def close(self, at: float) -> list[tuple[str | None, str, float, float]]:
+        """End the open phase at ``at`` (the sweep's end); every phase not yet taken."""
+        if self._open is not None:
+            name, started, run_id = self._open
+            self._closed.append((run_id, name, started, max(at, started)))
+            self._open = None
+        return self.take()
+
+
 class Recorder:
     """One sweep's books in one results folder (whose lock the caller holds)."""
 
@@ -54,6 +95,11 @@ class Recorder:
         self.sweep_id = 0
         self.resumed = False
         self.info: SweepInfo | None = None
+        self.phases = PhaseLog()
+
+    def phase(self, name: str) -> None:
+        """The sweep enters ``name`` now (lab, storage, dataset, prepare, pause, teardown …)."""
+        self.phases.mark(name)
 
     @property
     def dir(self) -> Path:
@@ -63,6 +109,8 @@ class Recorder:
         """A new sweep, or the one this folder holds for the same plan (resume); a different plan is refused.
         Runs of the previous attempt that did not end ok are set aside in ``discarded/`` to be run again."""
         store = self.store
+        started = time.time()
+        self.phases.mark("setup", at=started)  # opening the store, resuming, the schedule: until the lab is built
         store.recover()
         fingerprint = plan_hash(plan_text, plan_files(plan, plan_dir))
         previous = [s for s in store.sweeps() if s["plan_hash"]]  # `pglab fio` sweeps have no plan
@@ -82,7 +130,7 @@ class Recorder:
                 self.ui.log(f"{len(dropped)} unfinished run(s) of the previous attempt set aside in {aside}")
             self.sweep_id, self.resumed = last["id"], True
         else:
-            self.sweep_id = store.begin_sweep(plan.name, plan_text, fingerprint, __version__)
+            self.sweep_id = store.begin_sweep(plan.name, plan_text, fingerprint, __version__, started=started)
         return self.sweep_id, self.resumed
 
     def open_storage_sweep(self, command: str) -> int:
@@ -134,15 +182,25 @@ class Recorder:
         propagates after the run is marked interrupted."""
         store, ui = self.store, self.ui
         run_id, run_dir = store.start_run(self.sweep_id, point_id, point.index, repeat)
+        self.phases.attach(run_id)  # the preparation the sweep marked before the run had an id
+
+        def steps() -> None:  # the driver's steps of this run, then the recording of its end
+            for at, name in driver.take_phases():
+                self.phases.mark(name, at=at, run_id=run_id)
+            self.phases.mark("record", run_id=run_id)
+
         try:
             result = driver.one_run(point, repeat, run_id, run_dir)
+            steps()
             write_json(run_dir / "run.json", result.run_json(run_id, point, repeat))
         except RunInterrupted as exc:
+            steps()
             self.events(driver.take_events())
             store.finish_run(run_id, "interrupted", reason=f"interrupted by {exc.signal_name}")
             ui.run_finished(point, repeat, "interrupted", {})
             raise
         except driver.run_errors as exc:
+            steps()
             if (where := no_space(exc)) is not None:
                 raise self._full(where) from None
             reason = first_line(exc)
@@ -154,9 +212,11 @@ class Recorder:
                 reason += f"; {problem}"
             self.events(driver.take_events())
             store.finish_run(run_id, "failed", reason=reason)
+            self._phases_so_far()
             ui.run_finished(point, repeat, "failed", {"reason": reason})
             return reason
         except BaseException as exc:  # it ends the sweep; the run is not left marked running
+            steps()
             if (where := no_space(exc)) is not None:
                 raise self._full(where) from None
             self.events(driver.take_events())
@@ -164,7 +224,18 @@ class Recorder:
             raise
         self.events(driver.take_events())
         self._finish(run_id, run_dir, point, repeat, result)
+        self._phases_so_far()
         return None
+
+    def _phases_so_far(self) -> None:
+        """The phases ended so far, stored after each run: a pglab killed later keeps them (best effort)."""
+        phases = self.phases.take()
+        try:
+            self.store.add_phases(self.sweep_id, phases)
+        except Exception as exc:  # a full disk: the run's own rows matter, the phases are kept for the end
+            if no_space(exc) is None:
+                raise
+            self.phases.put_back(phases)
 
     def _full(self, where: str) -> NoSpace:
         """The sentence for a full filesystem; the run stays marked running, which a rerun redoes (the store may
@@ -183,8 +254,9 @@ class Recorder:
         self.ui.run_finished(point, repeat, "ok", dict(result.metrics))
 
     def end(self, status: str, reason: str | None) -> None:
+        at = time.time()
         try:
-            self.store.end_sweep(self.sweep_id, status, reason)
+            self.store.end_sweep(self.sweep_id, status, reason, phases=self.phases.close(at), at=at)
         except Exception as exc:  # a full disk: the sweep stays 'running', which a rerun resumes
             if no_space(exc) is None:
                 raise

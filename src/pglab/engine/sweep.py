@@ -72,20 +72,25 @@ def _sweep(driver: Driver, plan: Plan, recorder: Recorder, ui: Observer, keep: b
     first = upcoming[0] if upcoming else points[0]
     with interrupt_signals() as signals:
         try:
+            recorder.phase("lab")
             driver.open(first, with_storage, resumed)
             recorder.sweep_info(driver.describe())
             if with_storage:
+                recorder.phase("storage")
                 for measurement in driver.storage_phase(recorder.dir):
                     recorder.fio(measurement)
                 recorder.events(driver.take_events())
                 recorder.events([(time.time(), "storage-done", "")])
             if upcoming:
+                recorder.phase("dataset")
                 driver.load_dataset()
             for point, repeat in itertools.chain([upcoming] if upcoming else [], todo):
+                recorder.phase("prepare")  # the run's id comes with its row; the phase is attached to it then
                 driver.before_run(point)
                 recorder.events(driver.take_events())
                 result.record(point, repeat, recorder.run(driver, point, point_ids[point.key], repeat))
                 if plan.run.pause:
+                    recorder.phase("pause")
                     time.sleep(plan.run.pause)
             if schedule.target_ci_pct is not None:
                 recorder.events(_targets(schedule, points, recorder, ui))
@@ -100,6 +105,7 @@ def _sweep(driver: Driver, plan: Plan, recorder: Recorder, ui: Observer, keep: b
             raise
         finally:
             signals.shield()
+            recorder.phase("teardown")
             try:
                 if recorder.info is None:  # the topology came partly up: what is known of it is kept
                     with contextlib.suppress(Exception):

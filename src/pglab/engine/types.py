@@ -16,6 +16,7 @@ from pglab.workloads.pgbench import ProgressPoint
 Event = tuple[float, str, str]  # (epoch ts, kind, detail)
 SeriesPoint = tuple[float, str, str, float | None]  # (epoch ts, source, metric, value)
 TenantFigure = tuple[str, str, str, float | None]  # (tenant, tier, metric, value)
+Phase = tuple[float, str]  # (epoch ts it began, name): a step of a run, which lasts until the next one begins
 
 
 class RunFailed(Exception):

@@ -450,7 +450,7 @@ def limits_note(store: Store, sweep_id: int | None = None) -> str | None:
 
 TOO_FEW_NOTE = (f"{TOO_FEW_REPEATS}: a Δ with fewer than 2 runs on a side has no interval, so it says nothing yet "
                 "about a difference;\n  set run.repeats to 3 or more\n")
-TABLES = ("database", "storage", "durability", "scenarios", "cost", "uplift", "tiers", "tenants")
+TABLES = ("database", "storage", "durability", "scenarios", "cost", "uplift", "tiers", "tenants", "time")
 UPLIFT_HEADERS = {"a": "A tps", "b": "B tps", "uplift_pct": "uplift % [95 %]", "ci95_low_pct": "95 % low",
                   "ci95_high_pct": "95 % high"}
 
@@ -480,14 +480,20 @@ def full_report(store: Store, fmt: str, sweep_id: int | None = None, per_run: bo
                 table: str | None = None, title: str | None = None, width: int | None = None, wide: bool = False,
                 columns: list[str] | None = None) -> str:
     """What `pglab report` and the end of `pglab run` print: the storage table (when fio ran), its ceilings,
-    the database table and the price of durability (when several synchronous_commit levels ran).
+    the database table, the price of durability (when several synchronous_commit levels ran) … and where the wall
+    time went (the ``time`` table).
     CSV and JSON hold one table: the database one unless ``table`` names another. The terminal tables are
     compact and fit ``width`` unless ``wide``; ``columns`` chooses the database table's figures."""
     from pglab.report import tiers
 
+    if table == "time":
+        return time_report(store, fmt, sweep_id, width)
     fio_columns, fio_rows = storage_table(store, sweep_id)
     if tiers.is_tenants_sweep(store, sweep_id):
-        return _tenants_report(store, fmt, sweep_id, table, fio_columns, fio_rows)
+        text = _tenants_report(store, fmt, sweep_id, table, fio_columns, fio_rows)
+        if table is None and fmt in ("table", "markdown"):  # where the wall time went, below the tenants' tables
+            text = "\n".join(p for p in (text, time_report(store, fmt, sweep_id, width)) if p)
+        return text
     db_columns, db_rows = (run_table if per_run else point_table)(store, sweep_id)
     dur_columns, dur_rows = durability_table(store, sweep_id)
     cost_columns, cost_rows = cost_table(store, sweep_id)
@@ -566,7 +572,27 @@ def full_report(store: Store, fmt: str, sweep_id: int | None = None, per_run: bo
     if cost_rows and table in (None, "cost") and not per_run:
         parts.append(render(cost_columns, cost_rows, fmt, title="cost at peak TPS",
                             headers={"per_tps": f"{cost_rows[0]['currency']}/TPS·month", "peak_tps": "peak tps"}))
+    if table is None and not per_run:  # last: where the sweep's wall time went, and its duty cycle
+        parts.append(time_report(store, fmt, sweep_id, width))
     return "\n".join(p for p in parts if p)
+
+
+def time_report(store: Store, fmt: str, sweep_id: int | None, width: int | None = None) -> str:
+    """Where the sweep's wall time went, phase by phase, and its duty cycle ('' for a sweep without phases)."""
+    from pglab.report.walltime import duty_cycle_line, wall_time, wall_time_rows
+
+    sid = sweep_id if sweep_id is not None else store.latest_sweep_id()
+    account = wall_time(store, sid) if sid is not None else None
+    if account is None:
+        return ""
+    columns, rows = wall_time_rows(account)
+    if fmt in ("csv", "json"):
+        return render(columns, rows, fmt)
+    shown = [{**r, "seconds": f"{r['seconds']:.1f}", "share_pct": f"{r['share_pct']:.1f}" if r["share_pct"] is not None
+              else "", "per_run_s": f"{r['per_run_s']:.2f}" if r["per_run_s"] is not None else ""} for r in rows]
+    table = render(columns, shown, fmt, headers={"share_pct": "share %", "per_run_s": "per run s"},
+                   shown=columns if fmt == "markdown" or width is None or width >= 100 else columns[:-1])
+    return _prose(f"where the wall time went: {duty_cycle_line(account)}", width) + table
 
 
 def table_problem(store: Store, sweep_id: int | None, table: str | None) -> str | None:
@@ -584,13 +610,15 @@ def table_problem(store: Store, sweep_id: int | None, table: str | None) -> str 
             "cost": lambda: not tenants and bool(cost_table(store, sweep_id)[1]),
             "uplift": lambda: not tenants and bool(uplift_tables(store, sweep_id)),
             "tiers": lambda: tenants and bool(tiers.tier_table(store, sweep_id)[1]),
-            "tenants": lambda: tenants and bool(tiers.tenant_table(store, sweep_id)[1])}
+            "tenants": lambda: tenants and bool(tiers.tenant_table(store, sweep_id)[1]),
+            "time": lambda: bool(time_report(store, "csv", sweep_id))}
     why = {"storage": "the plan ran no storage (fio) phase",
            "durability": "it needs two or more synchronous_commit levels",
            "scenarios": "the plan ran no scenario",
            "cost": "the plan has no cost section",
            "uplift": "the sweep varies no configuration axis (compare two folders with 'pglab compare A B --uplift')",
-           "tiers": "it is for tenants plans", "tenants": "it is for tenants plans"}
+           "tiers": "it is for tenants plans", "tenants": "it is for tenants plans",
+           "time": "it was run by a pglab that did not record where the wall time went"}
     if have[table]():
         return None
     return f"--table: sweep {sweep_id} has no {table} table: {why[table]}; see the tables it has with no --table."

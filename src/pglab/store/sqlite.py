@@ -19,7 +19,7 @@ from typing import Any
 
 from pglab.errors import UserError
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 MIGRATIONS: dict[int, str] = {
     1: """
@@ -126,6 +126,16 @@ MIGRATIONS: dict[int, str] = {
     4: """
     ALTER TABLE sweeps ADD COLUMN schedule TEXT;  -- JSON: order, seed, repeats (min, max, target_ci)
     """,
+    5: """
+    CREATE TABLE phases (
+        sweep_id INTEGER NOT NULL REFERENCES sweeps(id),
+        run_id TEXT,                       -- the run it was part of (NULL: the sweep's own: lab, storage, teardown)
+        name TEXT NOT NULL,                -- setup | lab | storage | dataset | prepare | warm-up | measure | ...
+        started REAL NOT NULL,             -- epoch s (one phase ends where the next begins)
+        ended REAL NOT NULL
+    );
+    CREATE INDEX phases_sweep ON phases(sweep_id, started);
+    """,
 }
 
 
@@ -208,11 +218,13 @@ class Store:
         self.conn.close()
 
     # ------------------------------------------------------------ writing
-    def begin_sweep(self, plan_name: str, plan_text: str, plan_hash: str, version: str) -> int:
+    def begin_sweep(self, plan_name: str, plan_text: str, plan_hash: str, version: str,
+                    started: float | None = None) -> int:
         with self.tx():
             cur = self.conn.execute(
                 "INSERT INTO sweeps (plan_name, plan_text, plan_hash, pglab_version, started, status) "
-                "VALUES (?, ?, ?, ?, ?, 'running')", (plan_name, plan_text, plan_hash, version, time.time()))
+                "VALUES (?, ?, ?, ?, ?, 'running')",
+                (plan_name, plan_text, plan_hash, version, time.time() if started is None else started))
             return int(cur.lastrowid or 0)
 
     def reopen_sweep(self, sweep_id: int) -> list[Path]:
@@ -278,10 +290,28 @@ class Store:
             "SELECT p.key, r.repeat FROM runs r JOIN points p ON p.id = r.point_id WHERE r.sweep_id = ? "
             "ORDER BY r.started, r.rowid", (sweep_id,))]
 
-    def end_sweep(self, sweep_id: int, status: str, reason: str | None = None) -> None:
+    def end_sweep(self, sweep_id: int, status: str, reason: str | None = None,
+                  phases: Iterable[tuple[str | None, str, float, float]] = (), at: float | None = None) -> None:
+        """The sweep's end, with the phases still unwritten (``at``: when it ended, the last phase's end)."""
         with self.tx():
+            self._insert_phases(sweep_id, phases)
             self.conn.execute("UPDATE sweeps SET status=?, reason=?, finished=? WHERE id=?",
-                              (status, reason, time.time(), sweep_id))
+                              (status, reason, time.time() if at is None else at, sweep_id))
+
+    def add_phases(self, sweep_id: int, phases: Iterable[tuple[str | None, str, float, float]]) -> None:
+        """(run_id or None, name, started, ended) of phases the sweep went through: where its wall time went."""
+        with self.tx():
+            self._insert_phases(sweep_id, phases)
+
+    def _insert_phases(self, sweep_id: int, phases: Iterable[tuple[str | None, str, float, float]]) -> None:
+        self.conn.executemany("INSERT INTO phases (sweep_id, run_id, name, started, ended) VALUES (?, ?, ?, ?, ?)",
+                              [(sweep_id, *p) for p in phases])
+
+    def phases(self, sweep_id: int) -> list[tuple[str | None, str, float, float]]:
+        """(run_id or None, name, started, ended) of the sweep's phases, in time order."""
+        return [(r, n, float(s), float(e)) for r, n, s, e in self.conn.execute(
+            "SELECT run_id, name, started, ended FROM phases WHERE sweep_id = ? ORDER BY started, rowid",
+            (sweep_id,))]
 
     def add_points(self, sweep_id: int, points: Iterable[tuple[int, str, dict[str, Any]]]) -> dict[str, int]:
         ids: dict[str, int] = {}
@@ -408,6 +438,12 @@ class Store:
             metrics.setdefault(run_id, {})[name] = value
         return [RunRow(r[0], r[1], r[2], r[3], r[4], r[5], r[6], json.loads(r[7]), metrics.get(r[0], {}))
                 for r in rows]
+
+    def measured_windows(self, sweep_id: int) -> list[tuple[float, float]]:
+        """The measured windows (epoch s) of the sweep's runs that ended ok."""
+        return [(float(s), float(e)) for s, e in self.conn.execute(
+            "SELECT window_start, window_end FROM runs WHERE sweep_id = ? AND status = 'ok' "
+            "AND window_start IS NOT NULL AND window_end IS NOT NULL ORDER BY started", (sweep_id,))]
 
     def run_window(self, run_id: str) -> tuple[float, float] | None:
         """The run's measured window (epoch s), None when it never reached one (failed early, interrupted)."""

@@ -103,6 +103,7 @@ class LocalLab(LabBase[Node]):
         self.cpus: float | None = spec.resources.cpus if spec.resources else None
         self._events: list[tuple[float, str, str]] = []
         self._wanted: dict[str, Any] = {}  # the parameters of the first provision
+        self._accepted: set[str] = set()  # parameter sets postgres -C accepted (asked once each)
         self.toxiproxy: Any = None  # ToxiproxyServer when the plan shapes the replication links
         self._cache: cache.DatasetCache | None = None  # the dataset cache, when the dataset may come from it
         self._cache_key: cache.Key | None = None
@@ -694,8 +695,12 @@ class LocalLab(LabBase[Node]):
             self.restart()
 
     def _validate(self, parameters: dict[str, Any]) -> None:
-        """Ask PostgreSQL itself (postgres -C) whether names and values are valid, before writing them."""
+        """Ask PostgreSQL itself (postgres -C) whether names and values are valid, before writing them; a set it
+        accepted once is not asked again (an interleaved sweep comes back to the same sets run after run)."""
         if not parameters:
+            return
+        key = repr(sorted((str(k), conf_value(v)) for k, v in parameters.items()))
+        if key in self._accepted:
             return
         args = [self._bin("postgres"), "-D", str(self.nodes[0].data), "-C", next(iter(parameters))]
         for name, value in parameters.items():
@@ -708,6 +713,7 @@ class LocalLab(LabBase[Node]):
             rejected = next((n for n in parameters if f'"{n}"' in message), None)
             field = f"parameters.{rejected}" if rejected else "parameters"
             raise UserError(f"{field}: PostgreSQL rejects it ({message}); fix the plan.") from None
+        self._accepted.add(key)
 
     def repair(self) -> list[str]:
         """Start again the instances found down (killed during a run): the primary first, through crash recovery,

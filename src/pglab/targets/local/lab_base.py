@@ -13,7 +13,6 @@ import abc
 import contextlib
 import os
 import shlex
-import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -25,6 +24,7 @@ from pglab.targets.local import cgroups, registry
 from pglab.targets.local.cgroups import cgroup_name
 from pglab.targets.local.limits import GroupedLimits, ShapedLinks
 from pglab.targets.local.postgres_bin import ServerFiles
+from pglab.targets.local.removal import remove_tree
 
 
 class LabNode(Protocol):
@@ -211,7 +211,7 @@ class LabBase(ServerFiles, GroupedLimits, ShapedLinks, abc.ABC, Generic[N]):
         """Once every process of the lab is gone: its cgroups, its directories, its registry entry."""
         self._remove_groups()
         for d in reversed(self._created_dirs):
-            shutil.rmtree(d, ignore_errors=True)
+            remove_tree(d)
         self._created_dirs.clear()
         if self.lab_dir:
             registry.unregister(self.lab_dir)

@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
 import signal
 import time
 from pathlib import Path
@@ -18,6 +17,7 @@ from typing import Any
 
 from pglab.errors import UserError
 from pglab.targets.local import cgroups, procs
+from pglab.targets.local.removal import remove_tree
 
 
 def is_ha_lab(lab_dir: Path) -> bool:
@@ -62,8 +62,8 @@ def stop_plain_lab(lab_dir: Path) -> list[str]:
             stopped.append(f"{n['name']} (pid {pid})")
         for d in (data.parent, wal.parent):
             if d.is_dir() and not d.is_relative_to(lab_dir):
-                shutil.rmtree(d, ignore_errors=True)
-    shutil.rmtree(lab_dir, ignore_errors=True)
+                remove_tree(d)
+    remove_tree(lab_dir)
     with contextlib.suppress(OSError):
         cgroups.remove_named(cgroups.cgroup_name(lab_dir))
     return stopped
@@ -103,8 +103,8 @@ def stop_ha_lab(lab_dir: Path) -> list[str]:
     with contextlib.suppress(OSError):
         cgroups.remove_named(cgroups.cgroup_name(lab_dir))  # its nodes' and pgbench's groups, empty by now
     for d in outside:
-        shutil.rmtree(d, ignore_errors=True)
-    shutil.rmtree(lab_dir, ignore_errors=True)
+        remove_tree(d)
+    remove_tree(lab_dir)
     return stopped
 
 

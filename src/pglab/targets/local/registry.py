@@ -17,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +25,7 @@ from typing import Any
 from pglab.errors import UserError
 from pglab.targets.local import leftovers
 from pglab.targets.local.procs import kill_all, process_start_time, processes_using
+from pglab.targets.local.removal import remove_tree
 
 
 def state_dir() -> Path:
@@ -109,9 +109,9 @@ def reap(entry: Entry) -> str:
             stopped = leftovers.stop_lab(entry.lab_dir)
     remaining = processes_using([entry.lab_dir, *entry.dirs])
     kill_all(remaining)
-    shutil.rmtree(entry.lab_dir, ignore_errors=True)
+    remove_tree(entry.lab_dir)
     for d in entry.dirs:
-        shutil.rmtree(d, ignore_errors=True)
+        remove_tree(d)
     with contextlib.suppress(OSError):
         entry.file.unlink()
     if entry.lab_dir.name.startswith(".pglab-fio-"):

@@ -46,7 +46,6 @@ import base64
 import json
 import os
 import secrets
-import shutil
 import tempfile
 import time
 import urllib.error
@@ -70,6 +69,7 @@ from pglab.targets.local.ha.node import HOST, HANode, Log, Proc
 from pglab.targets.local.ha.processes import Adopted, find_etcd, find_patroni, free_ports
 from pglab.targets.local.ha.settings import Settings
 from pglab.targets.local.postgres_bin import ServerUser, find_bindir, resolve_server_user
+from pglab.targets.local.removal import remove_tree
 from pglab.targets.local.toxiproxy import ToxiproxyServer, find_toxiproxy
 
 
@@ -360,7 +360,7 @@ class HALab(Faults, Settings):
             group.remove()
         for d in dict.fromkeys((self.lab_dir / name, node.data.parent, node.wal.parent)):
             if d.name == name:  # the node's own folder under the lab or a data/WAL base, never a base itself
-                shutil.rmtree(d, ignore_errors=True)
+                remove_tree(d)
         self._write_state()
         self.log(f"node {name} removed")
 
