@@ -85,8 +85,8 @@ def fast_load_settings(bindir: Path, dataset: Dataset, *, cores: int | None = No
              "same transaction (no WAL, frozen and all-visible as written, so the vacuum has nothing to write)"]
     if parallel > 1:
         notes.append(f"{partitions} partitions loaded, vacuumed and indexed {parallel} at a time")
-    notes.append("each table's files fsynced from a thread while it loads and while the keys are built, so the "
-                 "disk writes overlap the CPU-bound steps instead of the restart's checkpoint waiting for them")
+    notes.append("each table's files fsynced from a thread once loaded, while the keys are built, so the disk "
+                 "write overlaps that CPU-bound step instead of the restart's checkpoint waiting for it")
     return FastLoad(params, pgbench, parallel, synced_by_server=bool(fsync), notes=notes)
 
 
@@ -169,19 +169,19 @@ class _EarlyFlush:
     """fsync the files of the tables being loaded, from threads, while the server goes on.
 
     Why: with fsync=off the new tables stay dirty in the page cache until the checkpoint of the restart that
-    follows the load, which then waits for the disk (about 1.3 s for scale 100 here). Flushed while the COPY and
-    the index build keep the CPU busy, that write overlaps them. Only an optimisation: durability still comes
+    follows the load, which then waits for the disk (1.3 s for scale 100 in a run on 2026-11-22). Flushed once the
+    table's COPY has committed, while the index build keeps the CPU busy, that write overlaps it. Not during the
+    COPY: fsync passes then (every 0.5 s) made the COPY no faster and the restart no shorter in two runs on a busy
+    machine. Only an optimisation: durability still comes
     from that checkpoint and :func:`sync_tree`; a file this process cannot open (another user's server, another
     machine) is left to them.
     """
-
-    INTERVAL = 0.5  # s between passes while a table loads: the kernel writes back what the COPY has written so far
 
     def __init__(self, conn: psycopg.Connection[Any] | None) -> None:
         """``conn``: to ask where the data directory is (None: flush nothing)."""
         self._threads: list[threading.Thread] = []
         self._data: Path | None = None
-        self.flushed: set[str] = set()  # relative to the data directory, once fsynced after the commit
+        self.flushed: set[str] = set()  # relative to the data directory, once fsynced
         if conn is not None:
             try:  # superusers and pg_read_all_settings only; anyone else: no early flush
                 row = conn.execute("SELECT current_setting('data_directory')").fetchone()
@@ -191,8 +191,8 @@ class _EarlyFlush:
                 self._data = Path(row[0])
 
     def start(self, conn: psycopg.Connection[Any], table: str) -> threading.Event:
-        """Start flushing ``table``'s files, as ``conn``'s transaction sees them (a truncation gave it new ones);
-        set the event returned once that transaction has committed, for a last pass."""
+        """Flush ``table``'s files, as ``conn``'s transaction sees them (a truncation gave it new ones), once the
+        event returned is set: set it when that transaction has ended."""
         done = threading.Event()
         if self._data is None:
             return done
@@ -206,25 +206,22 @@ class _EarlyFlush:
 
     def _run(self, path: Path, done: threading.Event) -> None:
         fork = re.compile(re.escape(path.name) + r"(_vm|_fsm)?(\.\d+)?")
-        while True:
-            last = done.wait(_EarlyFlush.INTERVAL)
-            try:
-                for f in os.scandir(path.parent):
-                    if fork.fullmatch(f.name):
-                        fd = os.open(f.path, os.O_RDONLY)
-                        try:
-                            os.fsync(fd)
-                        finally:
-                            os.close(fd)
-                        if last and self._data is not None:
-                            self.flushed.add(str(Path(f.path).relative_to(self._data)))
-            except OSError:
-                return  # gone or not ours: the checkpoint and sync_tree write it anyway
-            if last:
-                return
+        done.wait()  # set in a finally by the COPY's caller: no pass during the COPY, whose writes it would stall
+        try:
+            for f in os.scandir(path.parent):
+                if fork.fullmatch(f.name):
+                    fd = os.open(f.path, os.O_RDONLY)
+                    try:
+                        os.fsync(fd)
+                    finally:
+                        os.close(fd)
+                    if self._data is not None:
+                        self.flushed.add(str(Path(f.path).relative_to(self._data)))
+        except OSError:
+            return  # gone or not ours: the checkpoint and sync_tree write it anyway
 
     def join(self, timeout: float) -> None:
-        """Wait for the last passes (bounded: the restart's checkpoint would write what is left)."""
+        """Wait for the flushes (bounded: the restart's checkpoint would write what is left)."""
         deadline = time.monotonic() + timeout
         for t in self._threads:
             t.join(max(0.0, deadline - time.monotonic()))
@@ -277,7 +274,7 @@ def _load_rows(endpoint: Endpoint, dataset: Dataset, parallel: int, steps: dict[
                     for chunk in account_rows(lo, hi):
                         cp.write(chunk)
         finally:
-            committed.set()  # the last pass: at commit the server has handed every page to the kernel
+            committed.set()  # the flush: at commit the server has handed every page to the kernel
 
     t = time.monotonic()
     with psycopg.connect(conninfo, autocommit=True) as conn, conn.transaction():
