@@ -13,7 +13,10 @@ How: one server (a lab of one instance, pglab's own settings: wal_level=replica 
       the lab's settings (so the snapshot's checkpoint says wal_level=replica, as standbys need), clean stop,
       ``sync_tree`` of data and WAL: everything the safe path needs before the snapshot. The snapshot itself is
       timed apart.
-    Every arm starts with no pgbench tables, after a CHECKPOINT and a sync.
+    - ``fast, no early flush`` (with ``--compare-flush``): the same without the fsync of each loaded table from a
+      thread during the index build, to see what that overlap gains.
+    Every arm starts with no pgbench tables, after a CHECKPOINT and a sync. Each records the CPU seconds of the
+    server (postmaster and children) and of the client, to show what is CPU-bound where.
 
 (b) reset, ``--repeats`` rounds, each arm after ``--dirty`` seconds of tpcb-like so there is something to undo
     (before a restore arm, the cluster is first brought back to the snapshot, untimed, when a re-init arm replaced
