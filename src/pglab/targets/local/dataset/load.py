@@ -46,7 +46,8 @@ class FastLoad:
     parallel: int  # connections loading, vacuuming and indexing tables (partitions) at once
     synced_by_server: bool  # False when fsync=off: sync_tree() after the clean stop is what makes it durable
     notes: list[str] = field(default_factory=list)
-    # fsync each loaded table's files from a thread while the server goes on, where this process can open them
+    # fsync each loaded table's files from a thread once its COPY has committed (during the index build), where this
+    # process can open them
     flush_early: bool = True
 
 
