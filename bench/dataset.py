@@ -13,7 +13,10 @@ How: one server (a lab of one instance, pglab's own settings: wal_level=replica 
       the lab's settings (so the snapshot's checkpoint says wal_level=replica, as standbys need), clean stop,
       ``sync_tree`` of data and WAL: everything the safe path needs before the snapshot. The snapshot itself is
       timed apart.
-    Every arm starts with no pgbench tables, after a CHECKPOINT and a sync.
+    - ``fast, no early flush`` (with ``--compare-flush``): the same without the fsync of each loaded table from a
+      thread during the index build, to see what that overlap gains.
+    Every arm starts with no pgbench tables, after a CHECKPOINT and a sync. Each records the CPU seconds of the
+    server (postmaster and children) and of the client, to show what is CPU-bound where.
 
 (b) reset, ``--repeats`` rounds, each arm after ``--dirty`` seconds of tpcb-like so there is something to undo
     (before a restore arm, the cluster is first brought back to the snapshot, untimed, when a re-init arm replaced
@@ -33,10 +36,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import datetime as dt
 import json
 import os
 import platform
+import resource
 import shutil
 import signal
 import statistics
@@ -118,20 +123,30 @@ class Bench:
     # ------------------------------------------------------------ (a) first load
     def load_pgbench(self, rnd: int, arm: str, argv: list[str]) -> Timing:
         self._clean_start()
+        pm = self.node.postmaster_pid()
+        background = _children(pm) if pm else set()
+        server0, client0 = server_cpu(pm, background), client_cpu()
         t0 = time.monotonic()
         done = self._pgbench(argv)
         t1 = time.monotonic()
+        cpu = {"server_cpu_s": server_cpu(pm, background) - server0, "client_cpu_s": client_cpu() - client0}
         with self.lab.connect(self.node) as conn:  # for information: what a checkpoint then still writes
             conn.execute("CHECKPOINT")
-        return Timing("load", arm, rnd, t1 - t0, {"checkpoint_after": time.monotonic() - t1}, {"pgbench": done})
+        return Timing("load", arm, rnd, t1 - t0, {"checkpoint_after": time.monotonic() - t1}, {"pgbench": done} | cpu)
 
-    def load_fast(self, rnd: int) -> Timing:
+    def load_fast(self, rnd: int, flush_early: bool = True) -> Timing:
         self._clean_start()
         parts: dict[str, float] = {}
+        load = dataclasses.replace(self.fast, flush_early=flush_early)
         t0 = time.monotonic()
-        self.lab._apply(self.fast.parameters)
+        self.lab._apply(load.parameters)
         parts["restart into load settings"] = time.monotonic() - t0
-        report = df.fast_load(self.lab.endpoints().primary, self.dataset, self.fast, self.work / "load")
+        pm = self.node.postmaster_pid()
+        background = _children(pm) if pm else set()
+        server0, client0 = server_cpu(pm, background), client_cpu()
+        report = df.fast_load(self.lab.endpoints().primary, self.dataset, load, self.work / "load")
+        # the wait for the last backends to be reaped is timed with the arm: a few ms
+        cpu = {"server_cpu_s": server_cpu(pm, background) - server0, "client_cpu_s": client_cpu() - client0}
         parts |= {f"load: {k}": v for k, v in report.steps.items()}
         t = time.monotonic()
         self.lab._apply({})
@@ -146,8 +161,9 @@ class Bench:
         snap, rep = df.snapshot(self.node.data, self.node.wal, self.snap_dir, bindir=self.lab.bindir)
         self.snap, self.snap_report = snap, rep
         self.lab._start(self.node)
-        return Timing("load", "fast", rnd, total, parts,
-                      {"snapshot_s": rep.seconds, "snapshot_sync_s": rep.sync_seconds, "snapshot_bytes": rep.bytes,
+        return Timing("load", "fast" if flush_early else "fast, no early flush", rnd, total, parts,
+                      cpu | {"flushed_early": len(report.flushed), "snapshot_s": rep.seconds,
+                             "snapshot_sync_s": rep.sync_seconds, "snapshot_bytes": rep.bytes,
                        "snapshot_method": rep.method, "wal_segments_left_out": rep.skipped_wal_segments})
 
     # ------------------------------------------------------------ (b) reset
@@ -201,6 +217,43 @@ class Bench:
         self.lab.teardown()
 
 
+def _children(postmaster: int) -> set[int]:
+    out = set()
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            with contextlib.suppress(OSError, IndexError, ValueError):
+                if int(Path(f"/proc/{d}/stat").read_text().rsplit(")", 1)[1].split()[1]) == postmaster:
+                    out.add(int(d))
+    return out
+
+
+def server_cpu(postmaster: int | None, settled: set[int] | None = None) -> float:
+    """CPU seconds (user + system) the server has used since its start: the postmaster, its children that have
+    exited (backends, parallel workers) and those still running (checkpointer, writers, autovacuum). ``settled``:
+    first wait (2 s at most) until only those children are left, so that the backends that just exited have been
+    reaped and counted."""
+    if postmaster is None:
+        return 0.0
+    deadline = time.monotonic() + 2
+    while settled is not None and _children(postmaster) - settled and time.monotonic() < deadline:
+        time.sleep(0.005)
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0
+    with contextlib.suppress(OSError, IndexError, ValueError):
+        total = sum(int(x) for x in Path(f"/proc/{postmaster}/stat").read_text().rsplit(")", 1)[1].split()[11:15])
+    for pid in _children(postmaster):
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            total += sum(int(x) for x in Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[11:13])
+    return total / tick
+
+
+def client_cpu() -> float:
+    """CPU seconds of this process (the fast load's client: row generation, COPY) and its waited-for children
+    (pgbench)."""
+    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+
+
 # ------------------------------------------------------------------ reporting
 def machine(paths: Sequence[Path]) -> dict[str, Any]:
     model = ""
@@ -247,10 +300,14 @@ def report(args: argparse.Namespace, bench: Bench, timings: list[Timing], starte
 
     ratio("load: pgbench -i / fast", ("load", "pgbench -i"), ("load", "fast"))
     ratio("load: pglab today / fast", ("load", "pglab today"), ("load", "fast"))
+    ratio("load: fast, no early flush / fast", ("load", "fast, no early flush"), ("load", "fast"))
     ratio("reset: re-init plain / restore", ("reset", "re-init plain"), ("reset", "restore"))
     ratio("reset: re-init pglab today / restore", ("reset", "re-init pglab today"), ("reset", "restore"))
     print()
     for name, r in ratios.items():
+        if "no early flush" in name:
+            print(f"  {name:40} {r:6.2f}×")
+            continue
         target = TARGET_LOAD if name.startswith("load") else TARGET_RESET
         print(f"  {name:40} {r:6.2f}×   target ≥ {target:g}×: {'met' if r >= target else 'NOT met'}")
     print()
@@ -287,6 +344,7 @@ def report(args: argparse.Namespace, bench: Bench, timings: list[Timing], starte
         "timings": [asdict(t) for t in timings],
         "medians_s": {f"{ph}: {arm}": v for (ph, arm), v in med.items()},
         "parts_medians_s": {"load: fast": part_medians(timings, "load", "fast"),
+                            "load: fast, no early flush": part_medians(timings, "load", "fast, no early flush"),
                             "reset: restore": part_medians(timings, "reset", "restore"),
                             "reset: restore, copy": part_medians(timings, "reset", "restore, copy")},
         "ratios": ratios,
@@ -303,6 +361,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--dirty", type=int, default=10, help="seconds of tpcb-like before each reset arm")
     ap.add_argument("--fsync", action="store_true", help="keep fsync on during the fast load (default off)")
+    ap.add_argument("--compare-flush", action="store_true",
+                    help="one more first-load arm: fast without the early flush of the loaded tables")
     ap.add_argument("--skip", action="append", default=[], choices=["load", "reset", "copy"],
                     help="leave a phase out (repeatable); copy: the restore by full copy")
     ap.add_argument("--lab-dir", type=Path, default=None,
@@ -354,6 +414,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             lambda r: bench.load_pgbench(r, "pglab today", lab_today),
             bench.load_fast,
         ]
+        if args.compare_flush:
+            load_arms.append(lambda r: bench.load_fast(r, flush_early=False))
         if "load" in args.skip:
             rounds([bench.load_fast], 1)  # the snapshot is still needed
         else:

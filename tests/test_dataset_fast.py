@@ -44,6 +44,13 @@ SELECT (SELECT count(*) FROM pgbench_accounts), (SELECT sum(abalance) FROM pgben
        (SELECT sum(tid * bid) FROM pgbench_tellers), (SELECT count(*) FROM pgbench_history)
 """
 
+# the files of the accounts' heaps as the server names them: the early flush must have fsynced these, not the files
+# the truncation replaced
+HEAP_FILES = """
+SELECT pg_relation_filepath(c.oid) FROM pg_class c
+WHERE c.relname LIKE 'pgbench_accounts%' AND c.relkind = 'r' ORDER BY 1
+"""
+
 STATS = """
 SELECT relname, last_vacuum IS NOT NULL, last_analyze IS NOT NULL, n_live_tup
 FROM pg_stat_user_tables ORDER BY relname
@@ -101,6 +108,7 @@ def lab() -> Iterator[dict[str, Any]]:
         report = df.fast_load(ep, ds, load, base / "load")
         with lab.connect(node) as conn:
             fast, stats = _dump(conn), conn.execute(STATS).fetchall()
+            heaps = [r[0] for r in conn.execute(HEAP_FILES)]
         env = {k: v for k, v in os.environ.items() if not k.startswith("PG")} | ep.env() | {"PGDATABASE": "ref"}
         subprocess.run([str(lab.bindir / "pgbench"), "-i", "-q", "-s", str(SCALE), f"--partitions={PARTITIONS}"],
                        env=env, check=True, capture_output=True)
@@ -113,7 +121,10 @@ def lab() -> Iterator[dict[str, Any]]:
             conn.execute("CREATE DATABASE plain_fast")
             conn.execute("CREATE DATABASE plain_ref")
         plain_load = df.fast_load_settings(lab.bindir, plain, cores=2)
-        df.fast_load(dataclasses.replace(ep, dbname="plain_fast"), plain, plain_load, base / "load-plain")
+        plain_report = df.fast_load(dataclasses.replace(ep, dbname="plain_fast"), plain, plain_load,
+                                    base / "load-plain")
+        with lab.connect(node, dbname="plain_fast") as conn:
+            plain_heaps = [r[0] for r in conn.execute(HEAP_FILES)]
         subprocess.run([str(lab.bindir / "pgbench"), "-i", "-q", "-s", "1"], env=env | {"PGDATABASE": "plain_ref"},
                        check=True, capture_output=True)
         plain_dumps = []
@@ -129,7 +140,8 @@ def lab() -> Iterator[dict[str, Any]]:
         snap, snap_report = df.snapshot(node.data, node.wal, base / "snapshot", bindir=lab.bindir)
         yield {"lab": lab, "node": node, "base": base, "snap": snap, "snap_report": snap_report, "fast": fast,
                "ref": ref, "stats": stats, "ref_stats": ref_stats,
-               "plain": plain_dumps, "load": load, "report": report}
+               "plain": plain_dumps, "load": load, "report": report, "heaps": heaps,
+               "plain_report": plain_report, "plain_heaps": plain_heaps}
     finally:
         lab.teardown()
         shutil.rmtree(base, ignore_errors=True)
@@ -147,6 +159,15 @@ def test_fast_load_of_an_unpartitioned_dataset_builds_what_pgbench_builds(lab: d
     (fast, fast_stats), (ref, ref_stats) = lab["plain"]
     assert fast == ref and fast[1][:2] == (100_000, 0)
     assert fast_stats == ref_stats
+
+
+def test_the_loaded_tables_were_flushed_early(lab: dict[str, Any]) -> None:
+    """Their files fsynced while the load went on (so the restart's checkpoint does not wait for them): each
+    partition's heap, and the unpartitioned table's; a flush of the files the truncation replaced would miss."""
+    assert len(lab["heaps"]) == PARTITIONS and len(lab["plain_heaps"]) == 1
+    assert set(lab["heaps"]) <= set(lab["report"].flushed), (lab["heaps"], lab["report"].flushed)
+    assert set(lab["plain_heaps"]) <= set(lab["plain_report"].flushed), lab["plain_report"].flushed
+    assert all(f.startswith("base/") for f in lab["report"].flushed + lab["plain_report"].flushed)
 
 
 def test_settings_for_a_lone_primary(lab: dict[str, Any]) -> None:
