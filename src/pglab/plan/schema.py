@@ -682,6 +682,42 @@ class Tenants(Strict):
         return v
 
 
+class Cost(Strict):
+    """What the configuration costs per month, to turn TPS into cost per TPS."""
+
+    monthly: Annotated[float, _number_between(0, MAX_PRICE, low_open=True)] = Field(
+        description="price per month of the whole configuration")
+    currency: Annotated[str, _text(64, pattern=_CURRENCY, what="a currency code such as USD or EUR")] = Field(
+        "USD", description="ISO 4217 code of the price (three capitals)")
+    breakdown: dict[Annotated[str, _text(63, pattern=_LABEL, what="a label (letters, digits, ' ', '-', '_', '.')")],
+                    Annotated[float, _number_between(0, MAX_PRICE)]] = Field(
+        default_factory=dict, description="optional parts (compute, storage …)")
+
+    @model_validator(mode="after")
+    def _parts_add_up(self) -> Cost:
+        if self.breakdown:
+            total = sum(self.breakdown.values())
+            if abs(total - self.monthly) > 0.01 * self.monthly:
+                raise PydanticCustomError("cost", "breakdown adds up to {total}, not to monthly ({monthly})",
+                                          {"total": f"{total:g}", "monthly": f"{self.monthly:g}"})
+        return self
+
+
+# ------------------------------------------------------------------ the storage axis (Kubernetes: a Cluster per value)
+class StorageOption(Strict):
+    """One value of the storage axis: a named storage profile, i.e. the classes and sizes of the data and WAL
+    volumes of a whole Cluster (pglab builds a new Cluster for it), and optionally what that configuration costs."""
+
+    name: DnsLabel = Field(description="the value's name in tables and in the names of its volumes (a DNS label, "
+                           "e.g. premium-ssd)")
+    storage: K8sStorage | None = Field(None, description="data volumes {class, size} (default: "
+                                       "target.kubernetes.storage)")
+    wal_storage: K8sStorage | None = Field(None, description="WAL volumes {class, size} (default: "
+                                           "target.kubernetes.wal_storage)")
+    cost: Cost | None = Field(None, description="monthly price of the whole configuration on this storage, for "
+                              "cost per TPS per value (default: the plan's cost)")
+
+
 class Matrix(Strict):
     """Axes; every combination is one point."""
 
@@ -700,6 +736,16 @@ class Matrix(Strict):
                                     "scaling loop (a rolling restart between steps)")
     scenario: list[Scenario] | None = Field(None, min_length=1, max_length=20,
                                             description="faults and operations during the runs, as an axis")
+    storage: list[StorageOption] | None = Field(
+        None, min_length=1, max_length=20, description="Kubernetes: storage profiles (classes and sizes of the data "
+        "and WAL volumes) as an axis; pglab builds one Cluster per value, one after the other")
+
+    @field_validator("storage")
+    @classmethod
+    def _storage_names(cls, v: list[StorageOption] | None) -> list[StorageOption] | None:
+        if v is not None and len({s.name for s in v}) != len(v):
+            raise PydanticCustomError("unique", "storage values need distinct names")
+        return v
 
     @field_validator("scenario")
     @classmethod
@@ -750,6 +796,7 @@ class Matrix(Strict):
         axes.update({f"parameters.{name}": len(values) for name, values in self.parameters.items()})
         axes["cpus"] = len(self.cpus or [1])
         axes["scenario"] = len(self.scenario or [1])
+        axes["storage"] = len(self.storage or [1])
         if math.prod(axes.values()) > MAX_POINTS:
             sizes = " × ".join(f"{n} {axis}" for axis, n in axes.items() if n > 1)
             raise PydanticCustomError("matrix", "{sizes} make {points} points, more than {max}; shorten an axis",
@@ -760,7 +807,7 @@ class Matrix(Strict):
     def points(self) -> int:
         """How many points the axes make (at most; see expand)."""
         return math.prod([len(self.workload), len(self.synchronous_commit), len(self.clients), len(self.jobs or [1]),
-                          len(self.cpus or [1]), len(self.scenario or [1]),
+                          len(self.cpus or [1]), len(self.scenario or [1]), len(self.storage or [1]),
                           *(len(values) for values in self.parameters.values())])
 
 
@@ -900,27 +947,6 @@ class Storage(Strict):
         return _unique(v)
 
 
-class Cost(Strict):
-    """What the configuration costs per month, to turn TPS into cost per TPS."""
-
-    monthly: Annotated[float, _number_between(0, MAX_PRICE, low_open=True)] = Field(
-        description="price per month of the whole configuration")
-    currency: Annotated[str, _text(64, pattern=_CURRENCY, what="a currency code such as USD or EUR")] = Field(
-        "USD", description="ISO 4217 code of the price (three capitals)")
-    breakdown: dict[Annotated[str, _text(63, pattern=_LABEL, what="a label (letters, digits, ' ', '-', '_', '.')")],
-                    Annotated[float, _number_between(0, MAX_PRICE)]] = Field(
-        default_factory=dict, description="optional parts (compute, storage …)")
-
-    @model_validator(mode="after")
-    def _parts_add_up(self) -> Cost:
-        if self.breakdown:
-            total = sum(self.breakdown.values())
-            if abs(total - self.monthly) > 0.01 * self.monthly:
-                raise PydanticCustomError("cost", "breakdown adds up to {total}, not to monthly ({monthly})",
-                                          {"total": f"{total:g}", "monthly": f"{self.monthly:g}"})
-        return self
-
-
 class Plan(Strict):
     name: str = Field(description="the plan's name: 1-63 letters, digits, '-', '_' or '.'; the default results "
                       "folder is results/<name>")
@@ -980,6 +1006,24 @@ class Plan(Strict):
         if self.storage and k8s.wal_storage is None and self.storage.paths == ["wal"]:
             raise PydanticCustomError("kubernetes", "'wal' needs target.kubernetes.wal_storage: without it the WAL "
                                       "is on the data volume", {"at": "storage.paths"})
+        return self
+
+    @model_validator(mode="after")
+    def _storage_axis_fits(self) -> Plan:
+        """The storage axis builds a CloudNativePG Cluster per value: Kubernetes only."""
+        if not self.matrix.storage:
+            return self
+        if self.target.kubernetes is None:
+            raise PydanticCustomError("storage_axis", "the storage axis builds a CloudNativePG Cluster per value and "
+                                      "runs on a Kubernetes target only; remove it (on a local lab, compare paths "
+                                      "with one plan per path)", {"at": "matrix.storage"})
+        cluster = self.target.kubernetes.cluster_name
+        for i, option in enumerate(self.matrix.storage):
+            longest = f"{cluster}-fio-{option.name}-data"  # the value's fio Job: a label value, 63 at most
+            if len(longest) > 63:
+                raise PydanticCustomError("storage_axis", "'{name}' with cluster_name '{cluster}' makes names "
+                                          "longer than Kubernetes allows (63); shorten one of them",
+                                          {"name": option.name, "cluster": cluster, "at": f"matrix.storage.{i}.name"})
         return self
 
     @model_validator(mode="after")

@@ -192,7 +192,8 @@ def storage_table(store: Store, sweep_id: int | None = None) -> tuple[list[str],
             notes.insert(0, f"write() alone: mean {r['lat_mean_ms']:.3f} ms, p99 {r['lat_p99_ms']:.3f} ms")
         shown = "sync_lat" if synced else "lat"
         rows.append({
-            "path": r["label"] if r["label"] in ("data", "wal") else r["path"],
+            # data, wal, or <storage value>/data … on a storage axis
+            "path": r["label"] if r["label"].rsplit("/", 1)[-1] in ("data", "wal") else r["path"],
             "device": r["device"] or "(none)",
             "profile": f"{profile} {r['direction']}" if len(directions[r["label"], r["job"]]) > 1 else profile,
             "iops": r["iops"], "mb_s": r["bw_mb_s"], "lat_mean_ms": r["lat_mean_ms"], "lat_p99_ms": r["lat_p99_ms"],
@@ -565,7 +566,8 @@ def full_report(store: Store, fmt: str, sweep_id: int | None = None, per_run: bo
         parts.append(_prose(TOO_FEW_NOTE, width))
     if cost_rows and table in (None, "cost") and not per_run:
         parts.append(render(cost_columns, cost_rows, fmt, title="cost at peak TPS",
-                            headers={"per_tps": f"{cost_rows[0]['currency']}/TPS·month", "peak_tps": "peak tps"}))
+                            headers={"per_tps": f"{next(r['currency'] for r in cost_rows if r['currency'])}/TPS·month",
+                                     "peak_tps": "peak tps"}))
     return "\n".join(p for p in parts if p)
 
 

@@ -1,0 +1,121 @@
+"""Many Clusters from one Kubernetes plan, without a cluster: the storage axis (``matrix.storage``: a Cluster per
+value) and tenants (a Cluster per tenant) as plans, points and manifests; and the plans refused, in one sentence.
+
+The real thing runs in tests/test_kube_lab_clusters.py, on the lab."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from conftest import pglab
+from pglab.engine.schedule import blocks
+from pglab.plan.expand import expand
+from pglab.plan.load import parse_plan
+from pglab.targets.kubernetes.render import cluster, render, storage_volumes
+
+AXIS = """
+name: s
+target:
+  kubernetes:
+    namespace: bench
+    cluster_name: pg
+    instances: 1
+    resources: {cpu: 1, memory: 1Gi}
+    storage: {class: standard, size: 10Gi}
+    wal_storage: {class: standard, size: 5Gi}
+storage: {profiles: [randread-8k], runtime: 1s, size: 64MiB}
+matrix:
+  clients: [1, 4]
+  jobs: [1]
+  cpus: [1, 2]
+  storage:
+    - {name: premium-ssd-v2-zone-b, storage: {class: premium-ssd, size: 100Gi}, wal_storage: {class: ultra, size: 20Gi},
+       cost: {monthly: 900}}
+    - {name: standard}
+run: {duration: 4s}
+"""
+
+
+def test_storage_values_vary_slowest_and_each_is_a_block_of_its_own() -> None:
+    plan = parse_plan(AXIS)
+    points = expand(plan, cores=1)
+    assert [(p.axes["storage"], p.cpus, p.clients) for p in points] == [
+        (s, c, n) for s in ("premium-ssd-v2-zone-b", "standard") for c in (1.0, 2.0) for n in (1, 4)]
+    # interleaving never mixes two Clusters: each value's points form blocks of their own, in the plan's order
+    assert [[p.axes["storage"] for p in b] for b in blocks(points)] == [
+        ["premium-ssd-v2-zone-b"] * 2, ["premium-ssd-v2-zone-b"] * 2, ["standard"] * 2, ["standard"] * 2]
+    assert "storage=premium-ssd-v2-zone-b" in points[0].label()
+    assert len({p.key for p in points}) == len(points)
+
+
+def test_each_value_gets_its_own_volumes_and_the_rest_of_the_cluster_is_the_plans() -> None:
+    plan = parse_plan(AXIS)
+    first, last = expand(plan, cores=1)[0], expand(plan, cores=1)[-1]
+    premium, standard = cluster(plan, first)["spec"], cluster(plan, last)["spec"]
+    assert premium["storage"] == {"size": "100Gi", "storageClass": "premium-ssd"}
+    assert premium["walStorage"] == {"size": "20Gi", "storageClass": "ultra"}
+    # a value without volumes of its own has the target's
+    assert standard["storage"] == {"size": "10Gi", "storageClass": "standard"}
+    assert standard["walStorage"] == {"size": "5Gi", "storageClass": "standard"}
+    assert premium["resources"]["limits"]["cpu"] == "1" and standard["resources"]["limits"]["cpu"] == "2"
+    assert storage_volumes(plan, first.storage) == {"data": "premium-ssd", "wal": "ultra"}
+
+    manifests = render(plan, Path())
+    # the Cluster made first is the first value's; the storage phase measures every value's volumes
+    (made,) = [m for m in manifests if m.kind == "Cluster"]
+    assert made.body["spec"]["storage"]["storageClass"] == "premium-ssd"
+    pvcs = {m.name: m.body["spec"].get("storageClassName") for m in manifests if m.kind == "PersistentVolumeClaim"}
+    assert pvcs == {"pg-fio-premium-ssd-v2-zone-b-data": "premium-ssd", "pg-fio-premium-ssd-v2-zone-b-wal": "ultra",
+                    "pg-fio-standard-data": "standard", "pg-fio-standard-wal": "standard"}
+    fio_jobs = [m for m in manifests if m.kind == "Job" and m.body["metadata"]["labels"]["pglab/component"] == "fio"]
+    assert {(m.body["metadata"]["annotations"]["pglab/storage"], m.body["metadata"]["annotations"]["pglab/volume"])
+            for m in fio_jobs} == {(s, r) for s in ("premium-ssd-v2-zone-b", "standard") for r in ("data", "wal")}
+    # each fio pod ships the mount its volume had, as the node's kernel gives it
+    script = fio_jobs[0].body["spec"]["template"]["spec"]["containers"][0]["command"][-1]
+    assert "/proc/self/mountinfo" in script and "volume-mount.txt" in script
+
+
+def plan_file(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "plan.yaml"
+    path.write_text(text)
+    return path
+
+
+@pytest.mark.parametrize(("replace", "message"), [
+    (("  kubernetes:\n    namespace: bench\n    cluster_name: pg\n    instances: 1\n"
+      "    resources: {cpu: 1, memory: 1Gi}\n    storage: {class: standard, size: 10Gi}\n"
+      "    wal_storage: {class: standard, size: 5Gi}\n", "  local: {}\n"),
+     "matrix.storage: the storage axis builds a CloudNativePG Cluster per value and runs on a Kubernetes target "
+     "only"),
+    (("{name: standard}", "{name: premium-ssd-v2-zone-b}"), "matrix.storage: storage values need distinct names"),
+    (("{name: standard}", "{name: Standard_1}"), "matrix.storage[1].name: must be a DNS label"),
+    (("{name: standard}", "{name: s, storage: {klass: x}}"), "matrix.storage[1].storage.klass: unknown field"),
+    (("cluster_name: pg", "cluster_name: a-rather-long-cluster-name-for-a-bench-1"),
+     "matrix.storage[0].name: 'premium-ssd-v2-zone-b' with cluster_name 'a-rather-long-cluster-name-for-a-bench-1' "
+     "makes names longer than Kubernetes allows (63); shorten one of them"),
+    (("{name: standard}", "{name: standard, cost: {monthly: 0}}"), "matrix.storage[1].cost.monthly: must be greater "
+     "than 0"),
+])
+def test_a_storage_axis_that_cannot_run_is_refused_in_one_sentence(tmp_path: Path, replace: tuple[str, str],
+                                                                   message: str) -> None:
+    assert replace[0] in AXIS
+    proc = pglab("plan", "validate", str(plan_file(tmp_path, AXIS.replace(*replace))))
+    assert proc.returncode == 2, proc.stdout
+    assert message in proc.stderr, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
+
+
+def test_render_refuses_a_storage_axis_and_writes_nothing(tmp_path: Path) -> None:
+    proc = pglab("k8s", "render", str(plan_file(tmp_path, AXIS)), "-o", str(tmp_path / "out"))
+    assert proc.returncode == 2
+    assert proc.stderr.startswith("error: matrix.storage: a rendered folder holds one Cluster"), proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "out").exists()
+
+
+def test_validate_counts_the_storage_values_as_points(tmp_path: Path) -> None:
+    proc = pglab("plan", "validate", str(plan_file(tmp_path, AXIS)))
+    assert proc.returncode == 0, proc.stderr
+    assert "8 points" in proc.stdout, proc.stdout
