@@ -110,7 +110,8 @@ def test_a_storage_axis_that_cannot_run_is_refused_in_one_sentence(tmp_path: Pat
 def test_render_refuses_a_storage_axis_and_writes_nothing(tmp_path: Path) -> None:
     proc = pglab("k8s", "render", str(plan_file(tmp_path, AXIS)), "-o", str(tmp_path / "out"))
     assert proc.returncode == 2
-    assert proc.stderr.startswith("error: matrix.storage: a rendered folder holds one Cluster"), proc.stderr
+    assert proc.stderr.startswith("error: matrix.storage: a rendered folder holds one Cluster, and this plan "
+                                  "needs one per value"), proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "out").exists()
 
@@ -119,3 +120,92 @@ def test_validate_counts_the_storage_values_as_points(tmp_path: Path) -> None:
     proc = pglab("plan", "validate", str(plan_file(tmp_path, AXIS)))
     assert proc.returncode == 0, proc.stderr
     assert "8 points" in proc.stdout, proc.stdout
+
+
+# ------------------------------------------------------------------ tenants: a Cluster per tenant
+TENANTS = """
+name: mt
+target:
+  kubernetes:
+    namespace: bench
+    cluster_name: mt
+    resources: {cpu: 1, memory: 1Gi}
+    storage: {class: standard, size: 10Gi}
+tenants:
+  instances: 2
+  arrangements:
+    - name: qos
+      tiers:
+        - {name: gold, tenants: 1, clients: 4, resources: {cpus: 2, memory: 2GiB},
+           storage: {class: premium, size: 50Gi}, namespace: bench-gold}
+        - {name: bronze, tenants: 2, clients: 1, resources: {cpus: 0.5}}
+run: {duration: 10s}
+"""
+
+
+def test_each_tenant_is_a_cluster_with_its_tiers_resources_storage_and_namespace() -> None:
+    from pglab.targets.kubernetes.tenants import START_WAIT, tenant_run, tenants_of
+
+    plan = parse_plan(TENANTS)
+    assert plan.tenants is not None
+    (point,) = expand(plan)
+    tenants = tenants_of(plan, plan.tenants.arrangements[0])
+    assert [(t.name, t.tier.name, t.cluster, t.namespace) for t in tenants] == [
+        ("t01", "gold", "mt-t01", "bench-gold"), ("t02", "bronze", "mt-t02", "bench"),
+        ("t03", "bronze", "mt-t03", "bench")]
+    gold, bronze = (cluster(t.plan) for t in tenants[:2])
+    assert gold["metadata"] == {**gold["metadata"], "name": "mt-t01", "namespace": "bench-gold"}
+    assert gold["spec"]["instances"] == 2 and "synchronous" in gold["spec"]["postgresql"]
+    assert gold["spec"]["resources"]["limits"] == gold["spec"]["resources"]["requests"] == {"cpu": "2",
+                                                                                           "memory": "2048Mi"}
+    assert gold["spec"]["storage"] == {"size": "50Gi", "storageClass": "premium"}
+    # what a tier leaves out is the target's
+    assert bronze["spec"]["resources"]["limits"] == {"cpu": "500m", "memory": "1Gi"}
+    assert bronze["spec"]["storage"] == {"size": "10Gi", "storageClass": "standard"}
+
+    # every tenant's run Job reaches its own Cluster, with its tier's load, and waits for the common start after
+    # its dataset reset, just before pgbench
+    for t in tenants:
+        job = tenant_run(t, point, 1, 1_800_000_000).body
+        assert job["metadata"]["namespace"] == t.namespace and job["metadata"]["name"] == f"{t.cluster}-run-0000-1"
+        pod = job["spec"]["template"]["spec"]
+        env = {e["name"]: e for e in pod["containers"][0]["env"]}
+        assert env["PGHOST"]["value"] == f"{t.cluster}-rw"
+        assert env["PGUSER"]["valueFrom"]["secretKeyRef"]["name"] == f"{t.cluster}-app"
+        script = pod["containers"][0]["command"][-1]
+        assert f"pgbench -n -c {t.tier.clients} -j 1 " in script
+        assert script.index("TRUNCATE pgbench_history") < script.index(START_WAIT) < script.index("pgbench -n")
+        assert "sleep $((1800000000 - now))" in script
+
+
+@pytest.mark.parametrize(("replace", "message"), [
+    (("    resources: {cpu: 1, memory: 1Gi}\n", "    resources: {cpu: 1, memory: 1Gi}\n    instances: 3\n"),
+     "target.kubernetes.instances: set tenants.instances instead"),
+    (("run: {duration: 10s}", "run: {duration: 10s}\nmatrix: {clients: [1]}"), "matrix: each tier gives"),
+    (("run: {duration: 10s}", "run: {duration: 10s}\nstorage: {runtime: 1s}"),
+     "storage: the storage phase is not available with tenants on Kubernetes yet; remove it"),
+    (("  instances: 2\n", "  instances: 2\n  parallel_builds: 4\n"), "tenants.parallel_builds: a Kubernetes cluster "),
+    (("name: bronze", "name: Bronze"), "tenants.arrangements[0].tiers[1].name: on Kubernetes a tier's name labels"),
+    (("resources: {cpus: 0.5}", "resources: {cpus: 0.5, write_iops: 100}"),
+     "tenants.arrangements[0].tiers[1].resources: IO limits are not available on Kubernetes"),
+    (("  instances: 2\n", "  instances: 1\n"), None),
+])
+def test_tenants_on_kubernetes_that_cannot_run_are_refused_in_one_sentence(
+        tmp_path: Path, replace: tuple[str, str], message: str | None) -> None:
+    assert replace[0] in TENANTS
+    proc = pglab("plan", "validate", str(plan_file(tmp_path, TENANTS.replace(*replace))))
+    if message is None:  # one instance per tenant: asynchronous, accepted
+        assert proc.returncode == 0, proc.stderr
+        return
+    assert proc.returncode == 2, proc.stdout
+    assert message in proc.stderr, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
+
+
+def test_tier_storage_and_namespace_are_refused_on_a_local_lab(tmp_path: Path) -> None:
+    text = ("name: l\ntarget: {local: {}}\ntenants:\n  arrangements:\n    - name: a\n      tiers:\n"
+            "        - {name: gold, namespace: x}\n")
+    proc = pglab("plan", "validate", str(plan_file(tmp_path, text)))
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == ("error: tenants.arrangements[0].tiers[0].namespace: is for a Kubernetes target; on "
+                                   "a local lab remove it") or "is for a Kubernetes target" in proc.stderr, proc.stderr

@@ -630,6 +630,10 @@ class Tier(Strict):
     clients: Clients = Field(1, description="pgbench clients of each tenant")
     jobs: Clients = Field(1, description="pgbench threads of each tenant")
     synchronous_commit: SyncCommit = Field("on", description="each tenant's synchronous_commit level")
+    storage: K8sStorage | None = Field(None, description="Kubernetes: each tenant's data volumes {class, size} "
+                                       "(default: target.kubernetes.storage)")
+    namespace: DnsLabel | None = Field(None, description="Kubernetes: the namespace of this tier's Clusters "
+                                       "(default: target.kubernetes.namespace)")
 
     @model_validator(mode="after")
     def _jobs(self) -> Tier:
@@ -962,8 +966,9 @@ class Plan(Strict):
     probes: Probes = Field(default_factory=Probes, description="what is sampled during runs")
     storage: Storage | None = Field(None, description="run fio on the lab's paths before the database phase")
     cost: Cost | None = Field(None, description="monthly price, for cost per TPS")
-    tenants: Tenants | None = Field(None, description="many tenants on one local host, in QoS tiers (instead of "
-                                    "the matrix)")
+    tenants: Tenants | None = Field(None, description="many tenants in QoS tiers, measured in the same window "
+                                    "(instead of the matrix): on one local host, or a CloudNativePG Cluster each on "
+                                    "Kubernetes")
 
     @field_validator("name")
     @classmethod
@@ -1074,10 +1079,19 @@ class Plan(Strict):
         """Tenants replace the single lab and the matrix: what would be ignored with them is refused."""
         if self.tenants is None:
             return self
+        if self.target.kubernetes is not None:
+            return self._kubernetes_tenants_fit()
         local = self.target.local
         if local is None:
-            raise PydanticCustomError("tenants", "tenants run on the local target only (pglab builds every tenant "
-                                      "on this host); use target: {local: {}}", {"at": "target"})
+            raise PydanticCustomError("tenants", "tenants run on the local target or on Kubernetes (pglab builds "
+                                      "every tenant); use target: {local: {}} or target: {kubernetes: {…}}",
+                                      {"at": "target"})
+        for i, a in enumerate(self.tenants.arrangements):
+            for j, t in enumerate(a.tiers):
+                for field in ("storage", "namespace"):
+                    if getattr(t, field) is not None:
+                        raise PydanticCustomError("tenants", "is for a Kubernetes target; on a local lab remove it",
+                                                  {"at": f"tenants.arrangements.{i}.tiers.{j}.{field}"})
         given = [("target.local.instances", "instances" in local.model_fields_set, "set tenants.instances instead"),
                  ("target.local.resources", local.resources is not None, "give each tier its resources instead"),
                  ("target.local.client", local.client is not None, "not available with tenants yet; remove it"),
@@ -1092,6 +1106,53 @@ class Plan(Strict):
                                                for a in self.tenants.arrangements for t in a.tiers):
             raise PydanticCustomError("tenants", "remote_write and remote_apply need a standby: raise "
                                       "tenants.instances or use on/local/off", {"at": "tenants.arrangements"})
+        return self
+
+    def _kubernetes_tenants_fit(self) -> Plan:
+        """Tenants on Kubernetes: a CloudNativePG Cluster per tenant, each tier's resources and storage class; what
+        it cannot honour is refused."""
+        k8s, tenants = self.target.kubernetes, self.tenants
+        assert k8s is not None and tenants is not None
+        given = [("target.kubernetes.instances", "instances" in k8s.model_fields_set, "set tenants.instances instead"),
+                 ("matrix", "matrix" in self.model_fields_set, "each tier gives its tenants' workload, clients and "
+                  "synchronous_commit; remove the matrix"),
+                 ("storage", self.storage is not None, "the storage phase is not available with tenants on "
+                  "Kubernetes yet; remove it"),
+                 ("tenants.parallel_builds", tenants.parallel_builds is not None, "a Kubernetes cluster builds every "
+                  "tenant's Cluster at once; remove it")]
+        for field, present, what in given:
+            if present:
+                raise PydanticCustomError("tenants", "{what}", {"what": what, "at": field})
+        if k8s.synchronous is not None and "synchronous" in k8s.model_fields_set and \
+                k8s.synchronous.number >= tenants.instances:
+            raise PydanticCustomError("tenants", "synchronous.number ({number}) must be lower than tenants.instances "
+                                      "({instances}); raise tenants.instances or set synchronous: null",
+                                      {"number": k8s.synchronous.number, "instances": tenants.instances,
+                                       "at": "target.kubernetes.synchronous.number"})
+        if tenants.instances == 1 and any(t.synchronous_commit in ("remote_write", "remote_apply")
+                                          for a in tenants.arrangements for t in a.tiers):
+            raise PydanticCustomError("tenants", "remote_write and remote_apply need a standby: raise "
+                                      "tenants.instances or use on/local/off", {"at": "tenants.arrangements"})
+        for i, a in enumerate(tenants.arrangements):
+            width = max(2, len(str(a.tenant_count)))
+            for j, t in enumerate(a.tiers):
+                at = f"tenants.arrangements.{i}.tiers.{j}"
+                if not _DNS_LABEL.fullmatch(t.name):
+                    raise PydanticCustomError("tenants", "on Kubernetes a tier's name labels its Clusters: use "
+                                              "lower-case letters, digits and '-'", {"at": f"{at}.name"})
+                r = t.resources
+                if r is not None and any(v is not None for v in (r.read_iops, r.write_iops, r.read_mbps,
+                                                                 r.write_mbps)):
+                    raise PydanticCustomError("tenants", "IO limits are not available on Kubernetes (give the tier a "
+                                              "storage class with the limits instead: storage.class); remove them",
+                                              {"at": f"{at}.resources"})
+                if isinstance(t.workload, CustomWorkload) and any(s.file for s in t.workload.scripts):
+                    raise PydanticCustomError("tenants", "script files are not available with tenants on Kubernetes "
+                                              "yet; use built-in scripts", {"at": f"{at}.workload"})
+            if len(f"{k8s.cluster_name}-t{'0' * width}-pgbench-init") > 63:
+                raise PydanticCustomError("tenants", "'{cluster}' is too long to name the tenants' Clusters and Jobs "
+                                          "(63 characters at most); shorten it",
+                                          {"cluster": k8s.cluster_name, "at": "target.kubernetes.cluster_name"})
         return self
 
     @model_validator(mode="after")

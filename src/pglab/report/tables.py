@@ -406,7 +406,7 @@ def database_columns(columns: list[str], rows: list[dict[str, Any]], chosen: lis
     every column (``--wide``), or the compact default."""
     if wide:
         return display_columns(columns)
-    fixed = [c for c in columns if c in ("run_id", "status", *AXIS_COLUMNS) or c.startswith("parameters.")
+    fixed = [c for c in columns if c in ("run_id", "status", *AXIS_COLUMNS, "storage") or c.startswith("parameters.")
              or (c == "jobs" and c in columns[:8])]
     figures = chosen if chosen is not None else [c for c in COMPACT_COLUMNS if c in columns]
     if chosen is None and not any(r.get("flags") for r in rows):

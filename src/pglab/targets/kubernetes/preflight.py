@@ -393,6 +393,8 @@ def client_nodes(k8s: KubernetesTarget, nodes: list[Node], db_nodes: list[Node])
 def check_nodes(plan: Plan, api: client.ApiClient) -> list[Finding]:
     """Enough schedulable nodes for the instances (selector, tolerations, anti-affinity) and one for pgbench."""
     k8s = target_of(plan)
+    if plan.tenants is not None:  # each tenant's Cluster has tenants.instances instances
+        k8s = k8s.model_copy(update={"instances": plan.tenants.instances})
     try:
         nodes = [Node.of(n) for n in _read(client.CoreV1Api(api).list_node).get("items") or []]
     except ApiException as exc:
@@ -421,6 +423,9 @@ def check_storage_classes(plan: Plan, api: client.ApiClient) -> list[Finding]:
     for i, option in enumerate(plan.matrix.storage or []):  # the storage axis: every value's classes
         volumes += [(f"matrix.storage[{i}].storage", f"{option.name} data", option.storage),
                     (f"matrix.storage[{i}].wal_storage", f"{option.name} WAL", option.wal_storage)]
+    for i, arrangement in enumerate(plan.tenants.arrangements if plan.tenants else []):  # tenants: each tier's
+        volumes += [(f"tenants.arrangements[{i}].tiers[{j}].storage", f"tier {tier.name}", tier.storage)
+                    for j, tier in enumerate(arrangement.tiers)]
     for fld, role, storage in volumes:
         if storage is None:
             continue

@@ -989,11 +989,12 @@ def write(plan: Plan, manifests: list[Manifest], out_dir: Path) -> Written:
     ``cluster/``, what runs (fio PVCs and Jobs, the dataset Job, the runs' Jobs, the Cluster patches between
     points) in ``jobs/``, and ``run-jobs.sh`` applying them in order, each waited for. An earlier render in the
     folder is replaced (the files its marker lists); any other non-empty folder is refused."""
-    if plan.matrix.storage:  # run-jobs.sh patches one Cluster; a storage axis replaces it between values
+    if plan.matrix.storage or plan.tenants:  # run-jobs.sh drives one Cluster
         from pglab.errors import UserError
 
-        raise UserError("matrix.storage: a rendered folder holds one Cluster, and a storage axis needs one per "
-                        "value; run the plan with 'pglab run', or render one plan per value.")
+        field = "matrix.storage" if plan.matrix.storage else "tenants"
+        raise UserError(f"{field}: a rendered folder holds one Cluster, and this plan needs one per "
+                        f"{'value' if plan.matrix.storage else 'tenant'}; run it with 'pglab run'.")
     old = _refuse_foreign(out_dir)
     for rel in old:
         (out_dir / rel).unlink(missing_ok=True)
