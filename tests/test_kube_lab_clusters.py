@@ -140,7 +140,8 @@ def test_a_storage_axis_builds_a_cluster_per_class(lab: kubelab.KubeLab, tmpfs_c
     assert row["comparison"] == "storage=memory vs storage=disk"
     assert row["a"] == pytest.approx(np.mean(tps["disk"])) and row["b"] == pytest.approx(np.mean(tps["memory"]))
     assert row["uplift_pct"] == pytest.approx((np.mean(tps["memory"]) / np.mean(tps["disk"]) - 1) * 100)
-    assert row["ci95_low_pct"] is not None and row["ci95_low_pct"] <= row["uplift_pct"] <= row["ci95_high_pct"]
+    if row["ci95_low_pct"] is not None:  # unbounded (None) when a side's repeats are too far apart (Fieller)
+        assert row["ci95_low_pct"] <= row["uplift_pct"] <= row["ci95_high_pct"], row
     # one client at a time, each commit waiting for its WAL flush: the medium whose flush costs nothing is faster
     assert row["uplift_pct"] > 0, row
     cost = pglab("report", str(results), "--table", "cost", "--format", "json")
@@ -203,7 +204,7 @@ def test_three_tenants_in_two_tiers_run_in_the_same_window(lab: kubelab.KubeLab,
         "t01": ("gold", "mt-t01", f"{ns}-gold"), "t02": ("bronze", "mt-t02", ns), "t03": ("bronze", "mt-t03", ns)}
     figures: dict[str, dict[str, float]] = {}
     for tenant, metric, value in store.conn.execute(
-            "SELECT tenant, metric, value FROM tenant_metrics WHERE run_id = ?", (run.id,)):
+            "SELECT tenant, name, value FROM tenant_metrics WHERE run_id = ?", (run.id,)):
         figures.setdefault(tenant, {})[metric] = value
     begun, ended = {}, {}
     for name in ("t01", "t02", "t03"):

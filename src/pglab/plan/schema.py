@@ -668,11 +668,12 @@ class Arrangement(Strict):
 
 
 class Tenants(Strict):
-    """Many independent tenants on one host, measured in the same window; each arrangement is one point."""
+    """Many independent tenants, measured in the same window (on one local host, or a Cluster each on Kubernetes);
+    each arrangement is one point."""
 
     instances: Annotated[int, _int_between(1, 5)] = Field(
         1, description="instances per tenant: 1 = a single server; more = a primary and streaming standbys "
-        "(target.local.synchronous applies)")
+        "(target.local.synchronous, or target.kubernetes.synchronous, applies)")
     parallel_builds: Annotated[int, _int_between(1, 64)] | None = Field(
         None, description="tenants built and loaded at the same time (default: the host's cores)")
     arrangements: list[Arrangement] = Field(min_length=1, max_length=20, description="ways of packing the "
