@@ -209,3 +209,37 @@ def test_tier_storage_and_namespace_are_refused_on_a_local_lab(tmp_path: Path) -
     assert proc.returncode == 2
     assert proc.stderr.strip() == ("error: tenants.arrangements[0].tiers[0].namespace: is for a Kubernetes target; on "
                                    "a local lab remove it") or "is for a Kubernetes target" in proc.stderr, proc.stderr
+
+
+def test_cost_per_tps_is_per_storage_value(tmp_path: Path) -> None:
+    """A results folder as a storage-axis sweep leaves it: the cost table has one row per value, its price over the
+    mean TPS of that value's best point (computed here from the stored runs' TPS); a value without a price of its
+    own takes the plan's."""
+    from pglab.analysis.cost import cost_table
+    from pglab.report.tables import point_table
+    from pglab.store import Store
+
+    text = AXIS.replace("run: {duration: 4s}", "run: {duration: 4s}\ncost: {monthly: 500, currency: EUR}")
+    store = Store.open(tmp_path / "results")
+    sweep = store.begin_sweep("s", text, "h", "0")
+    tps = {("premium-ssd-v2-zone-b", 1): [100.0, 110.0], ("premium-ssd-v2-zone-b", 4): [300.0, 320.0],
+           ("standard", 1): [50.0, 54.0], ("standard", 4): [90.0, 94.0]}
+    keyed = [(i, f"k{i}", {"workload": "tpcb-like", "synchronous_commit": "on", "clients": c, "jobs": 1,
+                           "storage": s}) for i, (s, c) in enumerate(tps)]
+    ids = store.add_points(sweep, keyed)
+    for i, key, axes in keyed:
+        for rep, value in enumerate(tps[axes["storage"], axes["clients"]], 1):
+            run_id, _ = store.start_run(sweep, ids[key], i, rep)
+            store.finish_run(run_id, "ok", window=(1e9 + 100 * i + 10 * rep, 1e9 + 100 * i + 10 * rep + 5),
+                             metrics={"tps": value, "write_iops": 1000.0})
+    store.end_sweep(sweep, "done")
+    columns, rows = cost_table(store, sweep)
+    assert columns[0] == "storage"
+    by = {r["storage"]: r for r in rows}
+    assert by["premium-ssd-v2-zone-b"]["peak_tps"] == pytest.approx(310.0)
+    assert by["premium-ssd-v2-zone-b"]["per_tps"] == pytest.approx(900 / 310.0)
+    assert by["premium-ssd-v2-zone-b"]["currency"] == "USD"  # its own cost block, USD by default
+    assert by["standard"]["per_tps"] == pytest.approx(500 / 92.0) and by["standard"]["currency"] == "EUR"
+    assert by["standard"]["at_clients"] == 4
+    assert [r["storage"] for r in point_table(store, sweep)[1]] == [s for s, _ in tps]
+    store.close()

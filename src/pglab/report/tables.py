@@ -58,7 +58,8 @@ def point_table(store: Store, sweep_id: int | None = None) -> tuple[list[str], l
     columns = [*AXIS_COLUMNS, *extra, *METRIC_COLUMNS, "repeats", "failed_runs", "bottleneck", "flags"]
     columns += [f"{c}_ci95" for c in CI_COLUMNS] + ["tps_cv_pct", "unstable", "storage_ceiling_pct", "tps_dips",
                 "tps_dips_at_checkpoint", "bottleneck_tag"]
-    cores, ceilings = _cores(store, sweep_id), _data_ceilings(store, sweep_id)
+    cores, sweep_ceilings = _cores(store, sweep_id), _data_ceilings(store, sweep_id)
+    by_label = store.ceilings(sweep_id) if sweep_id is not None else {}
     recorded = store.sweep_schedule(sweep_id) if sweep_id is not None else None
     target_pct = recorded.get("target_ci_pct") if recorded else None  # adaptive repeats: the TPS interval wanted
     groups: OrderedDict[int, list[RunRow]] = OrderedDict()
@@ -68,6 +69,9 @@ def point_table(store: Store, sweep_id: int | None = None) -> tuple[list[str], l
     for group in groups.values():
         ok = [r for r in group if r.status == "ok"]
         point_flags = flags([r.metrics for r in ok])
+        # the storage axis (Kubernetes): a point is read against its own value's data volume
+        value = group[0].axes.get("storage")
+        ceilings = by_label.get(f"{value}/data", sweep_ceilings) if value is not None else sweep_ceilings
         if target_pct is not None and not within([r.metrics.get("tps") for r in ok], target_pct):
             point_flags.append(f"TPS interval wider than ±{target_pct:g} % after {len(ok)} runs")
         row: dict[str, Any] = {c: group[0].axes.get(c) for c in (*AXIS_COLUMNS, *extra)}
