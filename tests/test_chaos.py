@@ -225,40 +225,50 @@ def test_a_frozen_primary_fails_its_run_and_stops_the_sweep_in_one_sentence(tmp_
     assert [s for _r, s, _ in _runs(results)].count("ok") == 2
 
 
-def test_toxiproxy_killed_fails_its_run_and_is_restarted_with_the_same_links(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("sig", "reason", "said"), [
+    (signal.SIGKILL, "Toxiproxy, which carries the replication links, not running", "restarted Toxiproxy"),
+    (signal.SIGSTOP, "Toxiproxy, which carries the replication links, does not answer its API (twice 2 s)",
+     "ended Toxiproxy, which did not answer its API (twice 2 s)"),
+], ids=["killed", "frozen"])
+def test_toxiproxy_killed_or_frozen_fails_its_run_and_is_restarted_with_the_same_links(
+        tmp_path: Path, sig: signal.Signals, reason: str, said: str) -> None:
     plan = tmp_path / "plan.yaml"
     shaped = "network: {latency_ms: 4}, synchronous:"
     plan.write_text(PLAN.format(instances=2, repeats=2).replace("synchronous:", shaped))
     results = tmp_path / "results"
     proc = _start(plan, results)
-    killed: list[int] = []
+    struck: list[int] = []
 
     def strike(_fault: str, _pgbench: int) -> None:
         lab = _lab(results)
-        killed.extend(int(p.split(":")[0]) for p in processes_mentioning(str(lab)) if "toxiproxy-server" in p)
-        for p in killed:
-            os.kill(p, signal.SIGKILL)
+        struck.extend(int(p.split(":")[0]) for p in processes_mentioning(str(lab)) if "toxiproxy-server" in p)
+        for p in struck:
+            os.kill(p, sig)
 
     try:
         _fault_each_measured_pgbench(proc, ["toxiproxy"], 240, strike)
         _out, err = proc.communicate(timeout=240)
     finally:
+        for p in struck:  # a frozen one pglab failed to end would otherwise outlive the test
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(p, signal.SIGCONT)
         if proc.poll() is None:
             proc.kill()
             proc.wait()
             pglab("lab", "clean")
-    assert len(killed) == 1, killed
+    print(err[-3000:])
+    assert len(struck) == 1, struck
     assert proc.returncode == 1, err  # a failed run, the sweep went on
     assert "Traceback" not in err
     runs = _runs(results)
-    assert runs[0][1] == "failed" and "Toxiproxy, which carries the replication links, not running" in (
-        runs[0][2] or ""), runs
+    assert runs[0][1] == "failed" and reason in (runs[0][2] or ""), runs
     assert runs[1][:2] == (2, "ok"), runs
-    assert "restarted Toxiproxy" in err, err[-2000:]
+    assert said in err and "restarted Toxiproxy" in err, err[-2000:]
     # the second run went through the same proxy port, shaped as the plan says
     links = [json.loads(p.read_text()) for p in sorted((results / "runs").glob("*/network.json"))]
     assert links and all(link["n1"]["latency_ms"] == 4 for link in links), links
     assert len({link["n1"]["proxy_port"] for link in links}) == 1, links
+    assert not any(Path(f"/proc/{p}").exists() for p in struck)  # the frozen one was ended, not left behind
 
 
 FULL_PLAN = """
@@ -316,19 +326,21 @@ def test_a_full_results_filesystem_stops_the_sweep_in_one_sentence_and_a_rerun_r
         subprocess.run(["umount", str(mount)], check=False)
 
 
-def test_a_full_wal_filesystem_fails_the_run_and_a_lab_that_cannot_restart_stops_the_sweep(tmp_path: Path) -> None:
-    wal = Path(tempfile.mkdtemp(prefix="pglab-wal-", dir="/var/tmp"))  # a path the server user can reach
-    assert subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(wal)]).returncode == 0, \
+@pytest.mark.parametrize("path", ["wal", "data"])
+def test_a_full_server_filesystem_fails_the_run_stops_the_sweep_in_one_sentence_and_a_rerun_resumes(
+        tmp_path: Path, path: str) -> None:
+    small = Path(tempfile.mkdtemp(prefix=f"pglab-{path}-", dir="/var/tmp"))  # a path the server user can reach
+    assert subprocess.run(["mount", "-t", "tmpfs", "-o", "size=128m", "tmpfs", str(small)]).returncode == 0, \
         "the test mounts a small tmpfs: run it as root"
     plan = tmp_path / "plan.yaml"
-    plan.write_text(FULL_PLAN.replace("instances: 1", f"instances: 1, paths: {{wal: {wal}}}"))
+    plan.write_text(FULL_PLAN.replace("instances: 1", f"instances: 1, paths: {{{path}: {small}}}"))
     results = tmp_path / "results"
     proc = _start(plan, results)
 
     def fill(_fault: str, _pgbench: int) -> None:
-        # the WAL filesystem filled up 2 s into run 1, then a segment switch: the next WAL written needs a new
+        # the filesystem filled up 2 s into run 1, then a WAL segment switch: the next WAL written needs a new
         # segment file, whatever the TPS (the run's own WAL alone fills it only on a fast machine)
-        with contextlib.suppress(OSError), open(wal / "filler", "wb") as f:
+        with contextlib.suppress(OSError), open(small / "filler", "wb") as f:
             while True:
                 f.write(b"\0" * (1 << 20))
         lab = _lab(results)
@@ -339,30 +351,38 @@ def test_a_full_wal_filesystem_fails_the_run_and_a_lab_that_cannot_restart_stops
             conn.execute("SELECT pg_switch_wal()")
 
     try:
-        _fault_each_measured_pgbench(proc, ["wal full"], 240, fill)
-        _out, err = proc.communicate(timeout=300)
-        print(err[-3000:])
-        lab = re.search(r"initdb n0 \(data (\S+)/n0/data", err)
-        assert lab is not None and processes_mentioning(lab.group(1)) == []
+        try:
+            _fault_each_measured_pgbench(proc, [f"{path} full"], 240, fill)
+            _out, err = proc.communicate(timeout=300)
+            print(err[-3000:])
+            lab = re.search(r"initdb n0 \(data (\S+)/n0/data", err)
+            assert lab is not None and processes_mentioning(lab.group(1)) == []
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+                pglab("lab", "clean")
+        assert proc.returncode == 1, err
+        assert "Traceback" not in err
+        runs = _runs(results)
+        # the health check finds the filesystem full within a second (or, on the WAL's, pgbench may first see its
+        # backend die as the primary PANICs); the next run finds it still full: one sentence names it, the sweep stops
+        reason = runs[0][2] or ""
+        assert runs[0][1] == "failed" and (f"no space left for the lab's servers: {small}/" in reason or (
+            path == "wal" and ("n0 not running" in reason or "the backend died" in reason))), runs
+        last = err.strip().splitlines()[-1]
+        assert re.fullmatch(rf"error: no space left for the lab's servers: {re.escape(str(small))}/\S+ \(\d+\.\d MiB "
+                            r"free\); free some there, then resume with the same pglab run and --results", last), last
+        assert runs[1] == (2, "failed", f"the sweep ended: {last.removeprefix('error: ')}"), runs
+
+        # room again: the same command builds a new lab there and completes the sweep
+        (small / "filler").unlink()
+        again = pglab("run", str(plan), "--results", str(results), "--format", "csv", timeout=300)
+        assert again.returncode == 0, again.stderr[-2000:]
+        assert [s for _r, s, _ in _runs(results)].count("ok") == 4, _runs(results)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-            pglab("lab", "clean")
-        subprocess.run(["umount", str(wal)], check=False)
-        wal.rmdir()
-    assert proc.returncode == 1, err
-    assert "Traceback" not in err
-    runs = _runs(results)
-    # the primary PANICs when its WAL cannot grow; the run fails (the health check finds n0 down, or pgbench first
-    # sees its backend die while the postmaster still tries crash recovery), the next one finds it cannot start again
-    reason = runs[0][2] or ""
-    assert runs[0][1] == "failed" and ("n0 not running" in reason or "the backend died" in reason), runs
-    last = err.strip().splitlines()[-1]
-    assert last.startswith("error: n0 did not start") and last.endswith(
-        "the lab cannot run the next point: fix what the server log says, then resume with the same pglab run and "
-        "--results"), last
-    assert runs[1] == (2, "failed", f"the sweep ended: {last.removeprefix('error: ')}"), runs
+        subprocess.run(["umount", str(small)], check=False)
+        small.rmdir()
 
 
 HA_PLAN = """
@@ -374,42 +394,52 @@ run: {duration: 4s, repeats: 3}
 """
 
 
-def test_etcd_then_the_leaders_patroni_killed_fail_their_runs_and_are_restarted(tmp_path: Path) -> None:
+def test_etcd_killed_then_the_leaders_patroni_killed_then_frozen_fail_their_runs_and_are_restarted(
+        tmp_path: Path) -> None:
     plan = tmp_path / "plan.yaml"
-    plan.write_text(HA_PLAN)
+    plan.write_text(HA_PLAN.replace("repeats: 3", "repeats: 4"))
     results = tmp_path / "results"
     proc = _start(plan, results)
-    killed: list[str] = []
+    struck: list[str] = []
+    frozen: list[int] = []
     labs: list[Path] = []
 
     def strike(fault: str, _pgbench: int) -> None:
         labs.append(_lab(results))
         state = json.loads((labs[0] / "lab.json").read_text())
         pid = state["etcd"]["pid"] if fault == "etcd" else state["nodes"][0]["patroni_pid"]
-        killed.append(fault)
-        os.kill(pid, signal.SIGKILL)
+        struck.append(fault)
+        if fault == "frozen patroni":
+            frozen.append(pid)
+        os.kill(pid, signal.SIGSTOP if fault == "frozen patroni" else signal.SIGKILL)
 
     try:
-        _fault_each_measured_pgbench(proc, ["etcd", "patroni"], 400, strike)
-        _out, err = proc.communicate(timeout=400)
+        _fault_each_measured_pgbench(proc, ["etcd", "patroni", "frozen patroni"], 500, strike)
+        _out, err = proc.communicate(timeout=500)
     finally:
+        for p in frozen:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(p, signal.SIGCONT)
         if proc.poll() is None:
             proc.kill()
             proc.wait()
             pglab("lab", "clean")
     print(err[-4000:])
-    assert killed == ["etcd", "patroni"], err[-2000:]
+    assert struck == ["etcd", "patroni", "frozen patroni"], err[-2000:]
     assert proc.returncode == 1, err
     assert "Traceback" not in err
-    # each run fails at the next health check naming what died; the next run starts it again and goes on
-    assert [(r, s) for r, s, _ in _runs(results)] == [(1, "failed"), (2, "failed"), (3, "ok")]
+    # each run fails at the next health check naming what died or went silent; the next run starts it again
+    assert [(r, s) for r, s, _ in _runs(results)] == [(1, "failed"), (2, "failed"), (3, "failed"), (4, "ok")]
     reasons = [reason or "" for _r, _s, reason in _runs(results)]
     assert "etcd (Patroni's DCS) not running" in reasons[0] and "Patroni of n0 not running" in reasons[1], reasons
+    assert "Patroni of n0 does not answer its REST API (twice 2 s)" in reasons[2], reasons
     assert "restarted etcd (found not running)" in err and "restarted Patroni of n0 (found not running)" in err
+    assert "ended Patroni of n0, which did not answer its REST API (twice 2 s)" in err, err[-2000:]
     db = sqlite3.connect(results / "results.db")
     assert db.execute("SELECT status FROM sweeps").fetchone()[0] == "done"
     db.close()
     assert labs and processes_mentioning(str(labs[0])) == []
+    assert not any(Path(f"/proc/{p}").exists() for p in frozen)
 
 
 def test_a_frozen_etcd_stops_the_sweep_in_one_sentence(tmp_path: Path) -> None:
@@ -449,3 +479,35 @@ def test_a_frozen_etcd_stops_the_sweep_in_one_sentence(tmp_path: Path) -> None:
     db.close()
     assert status == "failed" and reason in last, reason
     assert labs and processes_mentioning(str(labs[0])) == []
+
+
+def test_pgbench_init_on_a_frozen_server_ends_at_its_deadline_with_the_reason(tmp_path: Path) -> None:
+    """``pgbench -i`` against a server that stopped answering would wait for ever: it is killed at its deadline
+    (scaled with the dataset; given small here) and the error says so."""
+    from pglab.plan.schema import Dataset, LocalTarget
+    from pglab.targets.local.cluster import LocalLab
+    from pglab.workloads import pgbench
+
+    lab = LocalLab(LocalTarget(instances=1, synchronous=None), tmp_path / "lab")
+    frozen: list[int] = []
+    try:
+        endpoint = lab.provision({}).primary
+        frozen = _tree(lab.server_pids()[0])
+        for p in frozen:
+            os.kill(p, signal.SIGSTOP)
+        with pytest.raises(pgbench.PgbenchError) as caught:
+            pgbench.initialise(lab.bindir, endpoint, Dataset(scale=1), tmp_path / "init", timeout_s=3)
+        assert str(caught.value) == (f"pgbench -i did not end within 3 s (the server stopped answering, or is far "
+                                     f"slower than that allows); its output: {tmp_path / 'init' / 'pgbench-init.out'}")
+        left = []  # a pgbench started in its output folder (other pgbench -i may run on this host)
+        for entry in Path("/proc").iterdir():
+            with contextlib.suppress(OSError):
+                if entry.name.isdigit() and Path(os.readlink(entry / "cwd")) == tmp_path / "init":
+                    left.append(entry.name)
+        assert not left, f"pgbench -i left running: {left}"
+    finally:
+        for p in frozen:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(p, signal.SIGCONT)
+        lab.teardown()
+    assert pgbench.init_deadline_s(Dataset(scale=100)) == 900.0  # 600 s + 3 s per scale unit

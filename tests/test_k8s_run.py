@@ -9,6 +9,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import re
 import signal
 import threading
 from pathlib import Path
@@ -239,6 +240,24 @@ def test_a_job_whose_pod_cannot_start_fails_with_the_kubelets_reason(fake: tuple
     assert any(f"({r}: {m})" in str(caught.value) for r, m in waiting), str(caught.value)
     assert_all_deleted(api)
 
+
+
+def test_a_cluster_whose_pods_no_node_fits_fails_with_the_schedulers_reason(
+        fake: tuple[FakeAPI, client.ApiClient], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Instances asking for more than any node has stay Pending: the Cluster would otherwise be waited for until
+    its readiness timeout (30 min), with nothing said."""
+    api, api_client = fake
+    monkeypatch.setattr(orchestrate, "POD_LOOK_S", 0.0)
+    monkeypatch.setattr(orchestrate, "POD_START_GRACE_S", 0.2)
+    api.never_ready = True
+    message = "0/3 nodes are available: 3 Insufficient cpu. preemption: 0/3 nodes are available."
+    api.instance_pods_unschedulable = message
+    with pytest.raises(K8sError) as caught:
+        run(api_client, tmp_path, PLAN, ready_timeout_s=60)  # not the Cluster's own timeout: its pods' reason
+    assert re.fullmatch(rf"Cluster/pg: its pod pg-\d cannot start after 0 s \(Unschedulable: {re.escape(message)}\)",
+                        str(caught.value)), str(caught.value)
+    assert posted_jobs(api) == []
+    assert_all_deleted(api)
 
 
 # ------------------------------------------------------------------ interrupt and resume

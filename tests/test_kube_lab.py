@@ -219,3 +219,26 @@ def test_failover_switchover_and_standby_loss_on_the_lab(lab: kubelab.KubeLab, t
     assert {"failover-node", "switchover", "standby-loss"} <= {
         line.split(",")[0] for line in table.stdout.splitlines()[1:]
     } | set(re.findall(r"failover-node|switchover|standby-loss", table.stdout))
+
+
+# ------------------------------------------------------------------ bounded waits (issue "no silent hang", item 5)
+def test_a_cluster_no_node_fits_fails_with_the_schedulers_reason_and_leaves_nothing(
+    lab: kubelab.KubeLab, tmp_path: Path
+) -> None:
+    """Instances asking for more CPU than the lab's node has stay Pending: pglab says so with the scheduler's words
+    once its grace has passed (not after the 30 min readiness timeout, not in silence) and removes what it made."""
+    ns = "pglab-e2e-pending"
+    plan = tmp_path / "plan.yaml"
+    body = "matrix: {clients: [1]}\nrun: {duration: 5s}\n"
+    plan.write_text(plan_text(lab, "pending", ns, body).replace("resources: {cpu: 0.25,", "resources: {cpu: 64,"))
+    started = time.monotonic()
+    proc = pglab("run", str(plan), "--results", str(tmp_path / "results"), "--format", "csv", timeout=900)
+    print(f"ended after {time.monotonic() - started:.0f} s:\n{proc.stderr[-2000:]}")
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
+    assert re.search(
+        r"Cluster/pending: its pod pending-\S+ cannot start after \d+ s \(Unschedulable: 0/1 nodes are available: "
+        r"1 Insufficient cpu",
+        proc.stderr,
+    ), proc.stderr[-2000:]
+    namespace_gone(lab, ns, proc.stderr)

@@ -1,8 +1,8 @@
-"""The README's commands run as written (issue 20): every shell command of its ```bash blocks, and of the examples'
-opening comments, is either run here, in a folder holding the results folders it names (built through the Store,
-shaped like what the plans it runs would store), or skipped by a pattern below that says why. A command the README
-or an example shows and pglab no longer accepts fails this test; so does a new command nobody classified. Nothing
-here starts a server."""
+"""The README's commands run as written (issue 20): every shell command of its ```bash blocks, of the ```sh and ```bash
+blocks of docs/*.md, and of the examples' opening comments, is either run here, in a folder holding the results
+folders it names (built through the Store, shaped like what the plans it runs would store), or skipped by a pattern
+below that says why. A command the README or an example shows and pglab no longer accepts fails this test; so does a
+new command nobody classified. Nothing here starts a server."""
 
 from __future__ import annotations
 
@@ -34,6 +34,13 @@ SKIPPED: list[tuple[str, str]] = [
     (r"pglab k8s check ", "asks a Kubernetes cluster"),
     (r"pglab lab clean /tmp/pglab-lab-XXXX$", "a placeholder for the folder 'pglab run --keep' prints"),
     (r"\.tools/bin/cnpg-check ", "needs the checker ./setup.sh builds; tests/test_k8s.py runs it on every render"),
+    (r"(time |PYTHONPATH=src )?\.venv/bin/python bench/", "a benchmark of pglab itself: minutes on a lab, measured"),
+    (r"(PGLAB_KUBE_LAB_IMAGES=.* )?\.venv/bin/python -m pytest ", "the test suite itself (what CI runs)"),
+    (r"time (\./setup\.sh|sudo|tools/kube-lab/build\.sh) ", "timing installs and lab builds (minutes, root)"),
+    (r"git clone ", "a fresh clone (the network, the repository's address)"),
+    (r"(apt-get|truncate|mkfs\.xfs|mount) ", "makes and mounts an XFS filesystem for the reflink measurement (root)"),
+    (r"rm -rf ~/\.cache/pglab/kube-lab", "removes the lab's build cache (a 20 min rebuild)"),
+    (r"kubectl |sh m/run-jobs\.sh", "asks a Kubernetes cluster"),
 ]
 _COMMAND = r"(?:pglab|\./setup\.sh|sudo|\.tools/bin/)\S*(?: [^`#]*)?"
 
@@ -46,6 +53,18 @@ def readme_commands(text: str) -> list[str]:
             command = re.split(r"\s+#\s", line, maxsplit=1)[0].strip()
             if command and not command.startswith("#"):
                 commands.append(command)
+    return commands
+
+
+def docs_commands(text: str) -> list[str]:
+    """The shell commands of a docs page's ```sh and ```bash blocks: lines continued by a backslash joined,
+    trailing comments and comment-only lines left out."""
+    commands = []
+    for block in re.findall(r"^```(?:sh|bash)\n(.*?)^```", text, flags=re.S | re.M):
+        for line in block.replace("\\\n", " ").splitlines():
+            command = re.split(r"\s+#\s", line, maxsplit=1)[0].strip()
+            if command and not command.startswith("#"):
+                commands.append(re.sub(r"\s+", " ", command))
     return commands
 
 
@@ -66,7 +85,8 @@ def skip_reason(command: str) -> str | None:
 
 
 COMMANDS = list(dict.fromkeys(readme_commands(README.read_text()) + [  # each once, in order
-    c for p in sorted((REPO / "examples").glob("*.yaml")) for c in example_commands(p.read_text())]))
+    c for p in sorted((REPO / "examples").glob("*.yaml")) for c in example_commands(p.read_text())] + [
+    c for p in sorted((REPO / "docs").glob("*.md")) for c in docs_commands(p.read_text())]))
 RUN = [c for c in COMMANDS if skip_reason(c) is None]
 
 
@@ -77,6 +97,7 @@ def test_the_extraction_finds_the_commands() -> None:
                "#   ./setup.sh kube-lab     # builds\n#   pglab k8s render a.yaml -o m\nname: a\n# `pglab late`\n")
     assert example_commands(example) == ["pglab run a.yaml", "pglab report r --table t", "./setup.sh kube-lab",
                                          "pglab k8s render a.yaml -o m"]
+    assert docs_commands("```sh\nrun a \\\n    --b c   # note\n# only a note\n```\n") == ["run a --b c"]
     assert "pglab plan validate examples/quickstart.yaml" in RUN
     assert any(c.startswith("pglab report ") for c in RUN) and any(c.startswith("pglab run ") for c in COMMANDS)
 
@@ -152,6 +173,7 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, s
         scenario=["backup", "backup max-rate=64M"]))
     _sweep(results / "s2", "kubernetes-storage-classes", _matrix(
         storage=["standard", "premium"], workload=["tpcb-like"], synchronous_commit=["on"], clients=[64]))
+    _sweep(results / "s3", "kubernetes-cnpg", _matrix(workload=["tpcb-like"], synchronous_commit=["on"], clients=[64]))
     _sweep(results / "qos-tiers", "qos-tiers", [{"arrangement": "no-qos"}, {"arrangement": "qos-many-high"}],
            tenants=3)
     bindir = work / "bin"
@@ -185,3 +207,19 @@ def test_the_readme_minimal_plan_validates(workdir: tuple[Path, dict[str, str]])
                           text=True, timeout=120, check=False)
     assert proc.returncode == 0, proc.stderr
     assert "valid — 4 points × 3 repeats = 12 runs" in proc.stdout, proc.stdout
+
+
+BENCH = [c for c in COMMANDS if re.match(r"(time |PYTHONPATH=src )?\.venv/bin/python bench/", c)]
+
+
+@pytest.mark.parametrize("command", BENCH)
+def test_a_benchmark_command_names_a_script_and_options_it_has(command: str) -> None:
+    """A benchmark takes minutes on a lab and is not run here, but its script and every option the docs give it
+    must still exist (a renamed flag would make the recorded figures unreproducible as written)."""
+    script = re.search(r"bench/\S+\.py", command)
+    assert script and (REPO / script.group(0)).is_file(), command
+    usage = subprocess.run([sys.executable, str(REPO / script.group(0)), "--help"], capture_output=True, text=True,
+                           timeout=120, check=False, env={**os.environ, "PYTHONPATH": str(REPO / "src")})
+    assert usage.returncode == 0, usage.stderr
+    missing = [o for o in re.findall(r"(?<!\S)(--[a-z][a-z0-9-]*)", command) if o not in usage.stdout]
+    assert not missing, f"{command!r}: {script.group(0)} has no option {', '.join(missing)}"

@@ -48,6 +48,7 @@ class FakeAPI:
         self.forbidden: set[str] = set()  # collection paths that answer 403
         self.forbidden_gets: set[str] = set()  # object paths whose GET answers 403
         self.pod_waiting: dict[str, list[tuple[str, str]]] = {}  # job -> (reason, message)s its pod waits with
+        self.instance_pods_unschedulable: str | None = None  # the scheduler's message for every instance pod
         self.status_conflicts = 0  # Cluster status patches answered 409 before one is applied
         self.proxy_forbidden = False  # every pod proxy read answers 403
         self.terminating_reads = 0  # a namespace in phase Terminating goes after this many more reads

@@ -31,6 +31,8 @@ from pglab.workloads import txlog
 
 PGBENCH_TABLES = ("pgbench_accounts", "pgbench_branches", "pgbench_tellers", "pgbench_history")
 PERCENTILES = (50, 95, 99)
+INIT_BASE_S = 600.0  # pgbench -i's deadline: this much, plus INIT_S_PER_SCALE per scale unit
+INIT_S_PER_SCALE = 3.0
 
 _PROGRESS = re.compile(
     r"^progress: (?P<t>[\d.]+) s, (?P<tps>[\d.]+) tps, lat (?P<lat>[\d.]+|NaN) ms stddev (?P<sd>[\d.]+|NaN)"
@@ -461,15 +463,29 @@ def init_args(bindir: Path, dataset: Dataset) -> list[str]:
     return args
 
 
-def initialise(bindir: Path, endpoint: Endpoint, dataset: Dataset, out_dir: Path) -> float:
-    """pgbench -i at the plan's scale; output kept as an artifact. Returns seconds taken."""
+def init_deadline_s(dataset: Dataset) -> float:
+    """How long ``pgbench -i`` may take: 10 min, plus 3 s per scale unit (this 2-core machine loads one in 0.2 s;
+    a volume ten times slower still fits). Past it the server is not answering (a synchronous standby frozen, a
+    primary stopped) rather than slow."""
+    return INIT_BASE_S + INIT_S_PER_SCALE * dataset.scale
+
+
+def initialise(bindir: Path, endpoint: Endpoint, dataset: Dataset, out_dir: Path,
+               timeout_s: float | None = None) -> float:
+    """pgbench -i at the plan's scale, within ``timeout_s`` (default :func:`init_deadline_s`); output kept as an
+    artifact. Returns seconds taken."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("PG")}
     env.update(endpoint.env())
     t0 = time.monotonic()
     out_dir.mkdir(parents=True, exist_ok=True)
+    deadline = init_deadline_s(dataset) if timeout_s is None else timeout_s
     with open(out_dir / "pgbench-init.out", "w") as out:
-        proc = subprocess.run(init_args(bindir, dataset), env=env, stdout=out, stderr=subprocess.STDOUT,
-                              start_new_session=True, check=False, cwd=out_dir)
+        try:  # on the deadline or an interrupt, subprocess.run kills pgbench -i and reaps it
+            proc = subprocess.run(init_args(bindir, dataset), env=env, stdout=out, stderr=subprocess.STDOUT,
+                                  start_new_session=True, check=False, cwd=out_dir, timeout=deadline)
+        except subprocess.TimeoutExpired:
+            raise PgbenchError(f"pgbench -i did not end within {deadline:.0f} s (the server stopped answering, or is "
+                               f"far slower than that allows); its output: {out_dir / 'pgbench-init.out'}") from None
     if proc.returncode != 0:
         tail = (out_dir / "pgbench-init.out").read_text().strip().splitlines()[-2:]
         raise PgbenchError(f"pgbench -i failed: {' / '.join(tail)}")

@@ -230,6 +230,8 @@ class Orchestrator:
     def wait_cluster_ready(self) -> dict[str, Any]:
         """Until the operator reports every instance ready and the cluster healthy."""
         deadline = time.monotonic() + self.ready_timeout_s
+        next_look = time.monotonic() + POD_LOOK_S
+        stuck_since: float | None = None  # since when one of its pods has been seen unable to start
         status: dict[str, Any] = {}
         while True:
             try:
@@ -239,6 +241,10 @@ class Orchestrator:
             status = obj.get("status") or {}
             if self.is_healthy(status):
                 return status
+            if time.monotonic() >= next_look:  # a pod no node fits would otherwise wait out the whole timeout
+                next_look = time.monotonic() + POD_LOOK_S
+                stuck_since = self._pod_cannot_start(f"cnpg.io/cluster={self.k8s.cluster_name}",
+                                                     f"Cluster/{self.k8s.cluster_name}", stuck_since)
             if time.monotonic() > deadline:
                 raise K8sError(f"Cluster/{self.k8s.cluster_name} not ready after {self.ready_timeout_s:.0f} s "
                                f"(phase: {status.get('phase', 'none')}, ready instances: "
@@ -372,7 +378,7 @@ class Orchestrator:
                     raise K8sError(f"Job/{m.name} still running after {self.job_timeout_s:.0f} s")
                 if time.monotonic() >= next_look:  # a pod that cannot start would otherwise wait out the timeout
                     next_look = time.monotonic() + POD_LOOK_S
-                    stuck_since = self._pod_cannot_start(m.name, stuck_since)
+                    stuck_since = self._pod_cannot_start(f"job-name={m.name}", f"Job/{m.name}", stuck_since)
                 time.sleep(self.poll_s)
             raw = self.job_log(m.name)
             if raw is None:
@@ -385,13 +391,14 @@ class Orchestrator:
         (dest / "pod.log").write_text(outcome.log)
         return outcome
 
-    def _pod_cannot_start(self, job: str, since: float | None) -> float | None:
-        """When the Job's pod was first seen unable to start (an image that cannot be pulled, a missing secret or
-        ConfigMap, no node that fits), None while it is not; raises once that has lasted POD_START_GRACE_S (a
-        pull may be slow, a node may come), whatever the reasons in between (the kubelet alternates ErrImagePull
-        and ImagePullBackOff). A pod that cannot be read changes nothing: the Job's own state decides then."""
+    def _pod_cannot_start(self, selector: str, owner: str, since: float | None) -> float | None:
+        """When a pod of ``owner`` (a Job, a Cluster; its pods are those of ``selector``) was first seen unable to
+        start (an image that cannot be pulled, a missing secret or ConfigMap, no node that fits, a claim that cannot
+        bind), None while none is; raises once that has lasted POD_START_GRACE_S (a pull may be slow, a node may
+        come), whatever the reasons in between (the kubelet alternates ErrImagePull and ImagePullBackOff). A pod
+        that cannot be read changes nothing: the owner's own state decides then."""
         try:
-            pods = self.core.list_namespaced_pod(self.ns, label_selector=f"job-name={job}").items
+            pods = self.core.list_namespaced_pod(self.ns, label_selector=selector).items
         except ApiException:
             return since
         reasons = []
@@ -399,19 +406,22 @@ class Orchestrator:
             st = pod.status
             if st is None:
                 continue
+            name = pod.metadata.name if pod.metadata is not None else "?"
             for c in st.container_statuses or []:
                 waiting = c.state.waiting if c.state is not None else None
                 if waiting is not None and waiting.reason in CANNOT_START:
-                    reasons.append(f"{waiting.reason}: {waiting.message or 'no message'}")
+                    reasons.append((name, f"{waiting.reason}: {waiting.message or 'no message'}"))
             for cond in st.conditions or []:
                 if cond.type == "PodScheduled" and cond.status == "False" and cond.reason == "Unschedulable":
-                    reasons.append(f"Unschedulable: {cond.message or 'no message'}")
+                    reasons.append((name, f"Unschedulable: {cond.message or 'no message'}"))
         if not reasons:
             return None
         now_ = time.monotonic()
         since = now_ if since is None else since
         if now_ - since >= POD_START_GRACE_S:
-            raise K8sError(f"Job/{job}: its pod cannot start after {now_ - since:.0f} s ({reasons[-1]})")
+            pod, why = reasons[-1]
+            its = "its pod" if owner.startswith("Job/") else f"its pod {pod}"
+            raise K8sError(f"{owner}: {its} cannot start after {now_ - since:.0f} s ({why})")
         return since
 
     def discard(self, m: Manifest) -> None:

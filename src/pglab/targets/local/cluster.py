@@ -42,6 +42,8 @@ from pglab.targets.local.procs import kill_tree
 
 SUPERUSER = "pglab"
 DBNAME = "pglab"
+FULL_FREE_BYTES = 16 << 20  # less than one WAL segment free: the servers cannot go on writing there
+TOXIPROXY_ANSWER_S = 2.0  # Toxiproxy's API answers in milliseconds; silent this long, it is frozen or hung
 Log = Callable[[str], None]
 
 
@@ -611,6 +613,9 @@ class LocalLab(LabBase[Node]):
     def _repair_or_stop(self) -> list[str]:
         """:meth:`repair`; a lab that cannot be repaired (a full disk, a broken data directory) stops the sweep in
         one sentence instead of failing every run left the same way."""
+        if full := self._full_filesystems():
+            raise LabUnsound(f"no space left for the lab's servers: {', '.join(full)}; free some there, then resume "
+                             "with the same pglab run and --results")
         try:
             return self.repair()
         except LabError as exc:
@@ -619,13 +624,19 @@ class LocalLab(LabBase[Node]):
 
     def _repair_proxies(self) -> list[str]:
         """Toxiproxy found dead: started again with every proxy on its former port (the standbys' primary_conninfo
-        names it) and the plan's shaping, so the standbys reconnect through the same links."""
-        if self.toxiproxy is None or self.toxiproxy.running():
+        names it) and the plan's shaping, so the standbys reconnect through the same links. One alive that does not
+        answer (frozen, hung) is ended first: pglab owns it, and nothing else would bring the links back."""
+        if self.toxiproxy is None:
             return []
+        if self.toxiproxy.running():
+            if self.toxiproxy.answers(TOXIPROXY_ANSWER_S):
+                return []
+            self.log(f"ended Toxiproxy, which did not answer its API (twice {TOXIPROXY_ANSWER_S:g} s)")
+            self._events.append((time.time(), "repair", "ended Toxiproxy (its API did not answer)"))
         from pglab.targets.local.toxiproxy import ToxiproxyServer
 
         assert self.lab_dir is not None
-        self.toxiproxy.stop()  # reaps it
+        self.toxiproxy.stop()  # reaps it (a frozen one too: SIGTERM and SIGCONT, then SIGKILL after 5 s)
         self.toxiproxy = ToxiproxyServer(self.lab_dir / "toxiproxy", self.lab_dir / "logs" / "toxiproxy.log")
         for name, port in self.proxy_ports.items():
             self.toxiproxy.create_proxy(name, self.nodes[0].port, listen_port=port)
@@ -699,11 +710,35 @@ class LocalLab(LabBase[Node]):
         return {"data": (primary.data.parent, "target.local.paths.data"),
                 "wal": (primary.wal.parent, "target.local.paths.wal")}
 
+    def _full_filesystems(self) -> list[str]:
+        """Each filesystem of the servers' data and WAL with less than FULL_FREE_BYTES free, as one of its folders
+        and what is left: PostgreSQL fails there (a relation that cannot grow, a WAL segment that cannot be made,
+        a PANIC), and a statvfs says why at once."""
+        seen: set[int] = set()
+        full = []
+        for node in self.nodes:
+            for path in (node.data, node.wal):
+                try:
+                    device, st = path.stat().st_dev, os.statvfs(path)
+                except OSError:  # not made yet, or removed with its node: nothing to say about its space
+                    continue
+                if device in seen:
+                    continue
+                seen.add(device)
+                if (free := st.f_bavail * st.f_frsize) < FULL_FREE_BYTES:
+                    full.append(f"{path} ({free / (1 << 20):.1f} MiB free)")
+        return full
+
     def health(self) -> str | None:
         down = [n.name for n in self.nodes if n.postmaster_pid() is None]
         problems = [f"instance(s) {', '.join(down)} not running"] if down else []
+        if full := self._full_filesystems():
+            problems.append(f"no space left for the lab's servers: {', '.join(full)}")
         if self.toxiproxy is not None and not self.toxiproxy.running():
             problems.append("Toxiproxy, which carries the replication links, not running")
+        elif self.toxiproxy is not None and not self.toxiproxy.answers(TOXIPROXY_ANSWER_S):
+            problems.append(f"Toxiproxy, which carries the replication links, does not answer its API "
+                            f"(twice {TOXIPROXY_ANSWER_S:g} s)")
         return "; ".join(problems) or None
 
     def describe(self) -> dict[str, Any]:

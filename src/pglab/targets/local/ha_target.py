@@ -18,6 +18,8 @@ from pglab.targets.base import Endpoint, Endpoints, PlanCodeUser
 from pglab.targets.local.cluster import DBNAME, SUPERUSER
 from pglab.targets.local.ha import HALab, Kill
 
+PATRONI_ANSWER_S = 2.0  # Patroni's REST API answers in milliseconds; silent this long, Patroni is frozen or hung
+
 Log = Any
 
 
@@ -107,6 +109,11 @@ class PatroniTarget:
         if lab.etcd_proc is not None and lab.etcd_proc.poll() is not None:
             lab.restart_etcd()
             repaired.append("etcd")
+        hung = self._patroni_hung()
+        for name in hung:
+            lab.end_patroni(name)
+            lab.log(f"ended Patroni of {name}, which did not answer its REST API (twice {PATRONI_ANSWER_S:g} s)")
+            self._events.append((time.time(), "repair", f"ended Patroni of {name} (its REST API did not answer)"))
         lost = self._patroni_lost()
         for name in lost:
             lab.start_node(name)
@@ -116,6 +123,8 @@ class PatroniTarget:
         if not lab.etcd_answers():  # else the wait below would wait on it for its whole deadline
             raise LabError("etcd (Patroni's DCS) does not answer (three health checks of 2 s)")
         lab.wait_ready()
+        for name in [*lost, *down]:  # started again: a health check right after must not find them still starting
+            lab.wait_patroni_answers(name)
         if down:
             self._events.append((time.time(), "repair", f"started {', '.join(down)} again (rejoined as replica)"))
         if repaired or lost:
@@ -128,6 +137,13 @@ class PatroniTarget:
         """Nodes whose Patroni died without pglab killing it (a scenario's kills are in ``lab.killed``)."""
         return [n.name for n in self.lab.nodes
                 if n.name not in self.lab.killed and n.proc is not None and n.proc.poll() is not None]
+
+    def _patroni_hung(self) -> list[str]:
+        """Nodes whose Patroni is alive but does not answer its REST API (frozen, hung): ended and started again by
+        :meth:`heal`, like one that died."""
+        return [n.name for n in self.lab.nodes
+                if n.name not in self.lab.killed and n.proc is not None and n.proc.poll() is None
+                and not self.lab.patroni_answers(n, PATRONI_ANSWER_S)]
 
     def follow_endpoint(self) -> Endpoint:
         assert self.lab.lab_dir is not None
@@ -166,6 +182,9 @@ class PatroniTarget:
         lost = self._patroni_lost()
         if lost:
             problems.append(f"Patroni of {', '.join(lost)} not running")
+        hung = self._patroni_hung()
+        if hung:
+            problems.append(f"Patroni of {', '.join(hung)} does not answer its REST API (twice {PATRONI_ANSWER_S:g} s)")
         return "; ".join(problems) or None
 
     def describe(self) -> dict[str, Any]:

@@ -164,6 +164,7 @@ class ToxiproxyServer:
         if proc is not None and proc.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGTERM)
+                os.killpg(proc.pid, signal.SIGCONT)  # a frozen (stopped) server handles the SIGTERM at once
             try:
                 proc.wait(timeout=5)
             except subprocess.TimeoutExpired:
@@ -207,6 +208,16 @@ class ToxiproxyServer:
 
     def running(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
+
+    def answers(self, timeout: float, attempts: int = 2) -> bool:
+        """Whether the API answers in one of ``attempts`` calls of ``timeout``: a frozen or hung server is alive
+        but holds the replication links still, which only a deadline tells apart from a slow run (two calls: one
+        slow answer on a busy host is not that)."""
+        for _ in range(attempts):
+            with contextlib.suppress(OSError, ValueError, LabError):
+                self._request("GET", "/version", timeout=timeout)
+                return True
+        return False
 
     def create_proxy(self, name: str, upstream_port: int, upstream_host: str = HOST, listen_port: int = 0) -> int:
         """Proxy 127.0.0.1:<port chosen by the kernel, no race; or ``listen_port``, the port of a proxy made again>

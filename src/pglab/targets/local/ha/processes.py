@@ -183,6 +183,33 @@ class Processes(Membership):
                     return True
         return False
 
+    def patroni_answers(self, node: HANode, timeout: float, attempts: int = 2) -> bool:
+        """Whether the node's Patroni REST API answers at all, in one of ``attempts`` calls of ``timeout``: any
+        status counts (``/liveness`` says 503 while its loop waits on etcd), only silence means Patroni itself is
+        frozen or hung (two calls: one slow answer on a busy host is not that)."""
+        for _ in range(attempts):
+            with contextlib.suppress(OSError, ValueError):
+                self._request(f"{node.api_url}/liveness", timeout=timeout)
+                return True
+        return False
+
+    def wait_patroni_answers(self, name: str, timeout: float = 60) -> None:
+        """After a Patroni is started again: until its REST API listens (it binds after loading its configuration
+        from etcd), so that a health check right after does not take a Patroni still starting for a hung one."""
+        node = self._node(name)
+        self._wait(lambda: self.patroni_answers(node, timeout=2, attempts=1), time.monotonic() + timeout,
+                   f"the REST API of Patroni {name} restarted")
+
+    def end_patroni(self, name: str) -> None:
+        """SIGKILL a node's Patroni that stopped answering (its PostgreSQL is left running, as after a crash of
+        Patroni: the next Patroni takes it over) and reap it."""
+        node = self._node(name)
+        if node.proc is None or node.proc.poll() is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(node.proc.pid, signal.SIGKILL)
+        node.proc.wait(timeout=10)
+
     def restart_etcd(self, timeout: float = 60) -> None:
         """etcd found dead under the lab: started again on its data directory (the cluster's keys are kept), on its
         former port when free, and Patroni's configuration follows the port."""
