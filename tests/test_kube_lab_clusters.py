@@ -30,8 +30,11 @@ TMPFS_VOLUMES = 3  # the memory value's fio claim and its Cluster's one instance
 def single_instance(text: str) -> str:
     """The lab's plan (kube_lab_support.plan_text) with one instance per Cluster (no standby to wait for) of half a
     core: one client's commits then wait mostly for their WAL flush, which is what the storage classes differ in."""
-    return (text.replace("instances: 3", "instances: 1").replace("    synchronous: {method: any, number: 1}\n", "")
-            .replace("resources: {cpu: 0.25, memory: 384Mi}", "resources: {cpu: 0.5, memory: 384Mi}"))
+    for old, new in (("instances: 3", "instances: 1"), ("    synchronous: {method: any, number: 1}\n", ""),
+                     ("resources: {cpu: 0.25, memory: 384Mi}", "resources: {cpu: 0.5, memory: 384Mi}")):
+        assert text.count(old) == 1, (old, text)  # kube_lab_support.plan_text as this was written against
+        text = text.replace(old, new)
+    return text
 
 
 def dev_of(path: Path) -> str:
