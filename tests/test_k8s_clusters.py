@@ -243,3 +243,12 @@ def test_cost_per_tps_is_per_storage_value(tmp_path: Path) -> None:
     assert by["standard"]["at_clients"] == 4
     assert [r["storage"] for r in point_table(store, sweep)[1]] == [s for s, _ in tps]
     store.close()
+
+
+def test_render_refuses_a_tenants_plan_and_writes_nothing(tmp_path: Path) -> None:
+    proc = pglab("k8s", "render", str(plan_file(tmp_path, TENANTS)), "-o", str(tmp_path / "out"))
+    assert proc.returncode == 2
+    assert proc.stderr.startswith("error: tenants: a rendered folder holds one Cluster, and this plan needs one per "
+                                  "tenant"), proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "out").exists()
