@@ -171,10 +171,9 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, s
     _sweep(results / "backup-under-load", "backup-under-load", _matrix(
         workload=["select-only", "tpcb-like"], clients=[4], synchronous_commit=["on"],
         scenario=["backup", "backup max-rate=64M"]))
-    storage_class = _matrix(workload=["tpcb-like"], synchronous_commit=["on"], clients=[64])
-    _sweep(results / "s2-standard", "kubernetes-storage-classes", storage_class)
-    _sweep(results / "s2-premium", "kubernetes-storage-classes", storage_class, tps=140.0)
-    _sweep(results / "s3", "kubernetes-cnpg", storage_class)
+    _sweep(results / "s2", "kubernetes-storage-classes", _matrix(
+        storage=["standard", "premium"], workload=["tpcb-like"], synchronous_commit=["on"], clients=[64]))
+    _sweep(results / "s3", "kubernetes-cnpg", _matrix(workload=["tpcb-like"], synchronous_commit=["on"], clients=[64]))
     _sweep(results / "qos-tiers", "qos-tiers", [{"arrangement": "no-qos"}, {"arrangement": "qos-many-high"}],
            tenants=3)
     bindir = work / "bin"

@@ -63,6 +63,10 @@ METRICS: tuple[Metric, ...] = (
            columns=_in("host", how="median")),
     Metric("instances", "count", None, "tenants", "PostgreSQL instances of all tenants together",
            columns=_in("host", how="median")),
+    Metric("start_spread_s", "s", True, "tenants", "Kubernetes tenants: how far apart the tenants' pgbench windows "
+           "began", columns=_in("host", header="start spread s", how="median")),
+    Metric("common_window_s", "s", None, "tenants", "Kubernetes tenants: how long every tenant's pgbench ran at "
+           "the same time", columns=_in("host", header="common window s", how="median")),
     # ---- the client: pgbench's own figures
     Metric("tps", "tx/s", False, "client", "transactions per second over the measured window (pgbench)", 1, ci=True,
            columns=(*_in("points", "runs"), Column("host", header="host TPS", how="median"),

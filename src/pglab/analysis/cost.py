@@ -38,9 +38,46 @@ def peak_points(runs: list[RunRow], metric: str = "tps") -> dict[str, tuple[RunR
     return best
 
 
+def storage_costs(store: Store, sweep_id: int) -> dict[str, Cost | None]:
+    """The storage axis's values (Kubernetes ``matrix.storage``) → each one's price: its own ``cost``, else the
+    plan's; empty when the plan has no storage axis."""
+    text = store.plan_text(sweep_id)
+    try:
+        data = yaml.safe_load(text) if text is not None else None
+        values = data.get("matrix", {}).get("storage") if isinstance(data, dict) else None
+        if not isinstance(values, list):
+            return {}
+        plan_cost = sweep_cost(store, sweep_id)
+        return {str(v["name"]): Cost.model_validate(v["cost"]) if v.get("cost") else plan_cost for v in values}
+    except (yaml.YAMLError, ValidationError, AttributeError, KeyError, TypeError):
+        return {}
+
+
+def storage_cost_table(store: Store, sweep_id: int,
+                       costs: dict[str, Cost | None]) -> tuple[list[str], list[dict[str, Any]]]:
+    """The storage axis: one row per value and workload — peak TPS of the value's points, its monthly price and
+    its price per TPS (values without a price show their TPS alone)."""
+    columns = ["storage", "workload", "peak_tps", "at_clients", "at_synchronous_commit", "monthly", "currency",
+               "per_tps"]
+    runs = store.runs(sweep_id)
+    rows = []
+    for name, cost in costs.items():
+        mine = [r for r in runs if str(r.axes.get("storage")) == name]
+        for run, tps in peak_points(mine).values():
+            rows.append({"storage": name, "workload": run.axes.get("workload"), "peak_tps": tps,
+                         "at_clients": run.axes.get("clients"),
+                         "at_synchronous_commit": run.axes.get("synchronous_commit"),
+                         "monthly": cost.monthly if cost else None, "currency": cost.currency if cost else None,
+                         "per_tps": cost.monthly / tps if cost and tps else None})
+    return (columns, rows) if any(r["per_tps"] is not None for r in rows) else ([], [])
+
+
 def cost_table(store: Store, sweep_id: int | None = None) -> tuple[list[str], list[dict[str, Any]]]:
-    """One row per workload: peak TPS (mean over repeats of the best point), monthly price, price per TPS."""
+    """One row per workload: peak TPS (mean over repeats of the best point), monthly price, price per TPS; with a
+    storage axis, one row per value and workload (``storage_cost_table``)."""
     sweep_id = sweep_id if sweep_id is not None else store.latest_sweep_id()
+    if sweep_id is not None and (costs := storage_costs(store, sweep_id)):
+        return storage_cost_table(store, sweep_id, costs)
     cost = sweep_cost(store, sweep_id) if sweep_id is not None else None
     if cost is None:
         return [], []

@@ -32,6 +32,10 @@ def driver_for(plan: Plan, plan_text: str, plan_dir: Path, results_dir: Path, ui
     """The driver of the plan's target; ``kubernetes`` are the Kubernetes driver's options (an API client, its
     polling and timeouts), for tests and the CLI's preflight."""
     check_options(plan, allow_destructive=allow_destructive)
+    if plan.target.kubernetes is not None and plan.tenants is not None:
+        from pglab.drivers.kubernetes_tenants import KubernetesTenantsDriver
+
+        return KubernetesTenantsDriver(plan, plan_text, plan_dir, results_dir, ui, **kubernetes)
     if plan.target.kubernetes is not None:
         from pglab.drivers.kubernetes import KubernetesDriver
 

@@ -41,6 +41,7 @@ from pglab.targets.kubernetes.render import (
     DATABASE,
     SETTINGS_FILE,
     SETTINGS_WAIT_S,
+    VOLUME_MOUNT_FILE,
     Manifest,
     client_cores,
     cluster,
@@ -53,9 +54,11 @@ from pglab.targets.kubernetes.render import (
     pgbench_init,
     pgbench_run,
     render,
+    storage_volumes,
     target_of,
     to_yaml,
     volume_probe,
+    with_storage,
     witness_job,
 )
 from pglab.targets.kubernetes.scenario import Injector, WitnessLogError, parse_witness_log
@@ -206,6 +209,9 @@ class KubernetesDriver:
         again; the run's Job then waits out any pending restart and ships the settings it found, checked in
         ``_check_settings``. A rollout that does not end fails the sweep (the Cluster is in no known state)."""
         plan, before = self.plan, self.current
+        if point.storage is not None and (before.storage is None or point.storage.name != before.storage.name):
+            self._replace_cluster(point)  # a new Cluster is made as the point needs it: nothing to patch
+            return
         cpus = point.cpus if point.cpus != before.cpus else None
         changed = {k: v for k, v in instance_parameters(plan, point).items()
                    if instance_parameters(plan, before).get(k) != v}
@@ -228,6 +234,35 @@ class KubernetesDriver:
             detail += f" (with {', '.join(f'{k}={v}' for k, v in changed.items())})"
         self._events.append((now(), kind, detail))
         self.ui.log(f"{what}: {detail.split(': ', 1)[1]}")
+
+    def _replace_cluster(self, point: Point) -> None:
+        """The storage axis: the Cluster of the last value is deleted with its volumes, one is made for ``point``'s
+        value (its classes and sizes, the point's CPU and parameters), waited for until healthy, and the dataset
+        loaded into it as into the first. One Cluster at a time: a single node holds one."""
+        assert point.storage is not None
+        name, value = self.k8s.cluster_name, point.storage.name
+        classes = ", ".join(f"{role} on {c or 'the default class'}" for role, c in
+                            storage_volumes(self.plan, point.storage).items())
+        self.ui.log(f"storage {value}: replacing Cluster/{name} by one with {classes}")
+        started = time.monotonic()
+        try:
+            old = next((m for m in self.orch.created if m.kind == "Cluster"), None)
+            if old is not None:
+                self.orch.discard(old)
+            self.orch.wait_cluster_gone(name)
+            self.current = point
+            new = Manifest(old.filename if old is not None else "10-cluster.yaml", cluster(self.plan, point))
+            self.orch.create(new)
+            status = self.orch.wait_cluster_ready()
+        except K8sError as exc:
+            self._events.append((now(), "storage-switch-failed", f"{value}: {exc}"))
+            raise
+        seconds = time.monotonic() - started
+        self.ui.log(f"Cluster/{name} healthy on storage {value} after {seconds:.1f} s, primary "
+                    f"{status.get('currentPrimary', '?')}")
+        self.load_dataset()
+        self._events.append((now(), "storage-switch", f"{value}: new Cluster with {classes}, healthy and loaded in "
+                             f"{time.monotonic() - started:.1f} s"))
 
     def _pods_have(self, cpus: float) -> Callable[[list[Any]], str | None]:
         """None once every instance pod (none of them being deleted) has the step's CPU as request and limit."""
@@ -273,13 +308,16 @@ class KubernetesDriver:
         spec = self.plan.storage
         assert spec is not None
         jobs = [job for profile in spec.profiles for job in fio.jobs_for(profile)]
-        classes = {role: s.storage_class for role, s in fio_volumes(self.plan)}
+        options = {o.name: o for o in self.plan.matrix.storage or []}
         for m in [m for m in self.manifests if m.kind == "Job" and m.body["metadata"]["labels"]["pglab/component"]
                   == "fio"]:
-            role = m.body["metadata"]["annotations"]["pglab/volume"]
+            notes = m.body["metadata"]["annotations"]
+            role, option = notes["pglab/volume"], notes.get("pglab/storage")  # option: a value of the storage axis
+            classes = {r: s.storage_class for r, s in fio_volumes(with_storage(self.plan, options.get(option)))}
             where = f"pvc/{m.name} ({classes.get(role) or 'default storage class'})"
-            self.ui.log(f"storage: fio on the {role} volume, {where}: {len(jobs)} jobs of {spec.runtime:g} s")
-            dest = results_dir / "storage" / role
+            label = f"{option}/{role}" if option is not None else role
+            self.ui.log(f"storage: fio on the {label} volume, {where}: {len(jobs)} jobs of {spec.runtime:g} s")
+            dest = results_dir / "storage" / (f"{option}/{role}" if option is not None else role)
             outcome = self.orch.run_job(m, dest)
             if not outcome.succeeded:
                 raise FioError(f"fio failed in Job/{m.name} on the {role} volume: {_last_words(outcome.log)}")
@@ -294,7 +332,7 @@ class KubernetesDriver:
             for r in results:
                 for finding in r.findings:
                     self.ui.log(f"storage: {role} {r.job} {r.direction}: {finding.message}")
-            yield FioMeasurement(role, None, results, fio.ceilings(results))
+            yield FioMeasurement(label, _mount_of(dest), results, fio.ceilings(results))
             pvc = next(x for x in self.orch.created if x.kind == "PersistentVolumeClaim" and x.name == m.name)
             self.orch.created.remove(pvc)  # measured: its space goes back before the database phase
             self.orch.delete(pvc)
@@ -303,9 +341,11 @@ class KubernetesDriver:
         """pgbench -i in a Job: every sweep (and resume) starts on a new Cluster, so the dataset is loaded each time."""
         ds = self.plan.dataset
         m = pgbench_init(self.plan)
-        self.ui.log(f"loading the dataset: pgbench -i -s {ds.scale} (Job/{m.name})")
+        on = f" on storage {self.current.storage.name}" if self.current.storage is not None else ""
+        self.ui.log(f"loading the dataset{on}: pgbench -i -s {ds.scale} (Job/{m.name})")
         started = time.monotonic()
-        outcome = self.orch.run_job(m, self.results_dir / "dataset")
+        dest = self.results_dir / "dataset"
+        outcome = self.orch.run_job(m, dest / self.current.storage.name if self.current.storage else dest)
         if not outcome.succeeded:
             raise PgbenchError(f"pgbench -i failed in Job/{m.name}: {_last_words(outcome.log)}")
         self.ui.log(f"dataset loaded in {time.monotonic() - started:.1f} s (pod start included)")
@@ -717,6 +757,16 @@ class KubernetesDriver:
         command = m.body["spec"]["template"]["spec"]["containers"][0]["command"]
         run = PgbenchRun(summary, stats, progress, first, last, command, 0, log_files)
         return run, extra, warmup_start
+
+
+def _mount_of(dest: Path) -> str | None:
+    """The fio Job's volume as its node's kernel mounted it ("major:minor fstype source"), from the mountinfo line
+    it shipped; None when it shipped none."""
+    path = dest / VOLUME_MOUNT_FILE
+    line = path.read_text(errors="replace").strip().splitlines()[0] if path.is_file() and path.stat().st_size else ""
+    fields, _, rest = line.partition(" - ")
+    f, r = fields.split(), rest.split()
+    return f"{f[2]} {r[0]} {r[1]}" if len(f) > 4 and len(r) > 1 else None
 
 
 def _last_words(log: str) -> str:

@@ -85,7 +85,8 @@ class Schedule:
 
 def block_key(point: Point) -> tuple[Any, ...]:
     """What a target must restart or roll out to change: runs differing only in the rest can interleave."""
-    return (point.cpus, tuple(sorted((k, str(v)) for k, v in point.parameters.items())),
+    return (point.storage.name if point.storage is not None else None, point.cpus,
+            tuple(sorted((k, str(v)) for k, v in point.parameters.items())),
             point.arrangement.name if point.arrangement is not None else None)
 
 

@@ -9,7 +9,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from pglab.plan.schema import Arrangement, CustomWorkload, Plan, Scenario, Workload
+from pglab.plan.schema import Arrangement, CustomWorkload, Plan, Scenario, StorageOption, Workload
 
 
 @dataclass(frozen=True)
@@ -23,6 +23,7 @@ class Point:
     cpus: float | None = None  # the CPU-limit axis (matrix.cpus); None: the target's own resources
     scenario: Scenario | None = None  # a fault or operation during each run (matrix.scenario)
     arrangement: Arrangement | None = None  # tenants plans: the tiers of this point (workload etc. are the tiers')
+    storage: StorageOption | None = None  # the storage axis (matrix.storage, Kubernetes): a Cluster per value
 
     @property
     def workload_name(self) -> str:
@@ -39,6 +40,8 @@ class Point:
             "clients": self.clients,
             "jobs": self.jobs,
         }
+        if self.storage is not None:
+            out["storage"] = self.storage.name
         if self.cpus is not None:
             out["cpus"] = self.cpus
         if self.scenario is not None:
@@ -58,6 +61,8 @@ class Point:
             return f"arrangement={self.arrangement.name} ({self.arrangement.tenant_count} tenants)"
         extra = "".join(f" {k.split('.', 1)[1]}={v}" for k, v in self.axes.items() if k.startswith("parameters."))
         cpus = f" cpus={self.cpus:g}" if self.cpus is not None else ""
+        if self.storage is not None:
+            cpus = f" storage={self.storage.name}{cpus}"
         scenario = f" scenario={self.scenario.label}" if self.scenario is not None else ""
         return (f"{self.workload_name} sc={self.synchronous_commit} c={self.clients} j={self.jobs}{cpus}{extra}"
                 f"{scenario}")
@@ -69,8 +74,8 @@ def default_jobs(clients: int, cores: int | None = None) -> int:
 
 
 def expand(plan: Plan, cores: int | None = None) -> list[Point]:
-    """Every combination of the axes. CPU steps vary slowest (each is a rolling restart), then parameters (they
-    may need one), then scenarios, clients fastest."""
+    """Every combination of the axes. Storage values vary slowest (each is a new Cluster), then CPU steps (each is
+    a rolling restart), then parameters (they may need one), then scenarios, clients fastest."""
     if plan.tenants is not None:  # one point per arrangement; each tier carries its own load
         return [Point(i, a.tiers[0].workload, sum(t.clients * t.tenants for t in a.tiers), 1,
                       a.tiers[0].synchronous_commit, arrangement=a) for i, a in enumerate(plan.tenants.arrangements)]
@@ -80,7 +85,8 @@ def expand(plan: Plan, cores: int | None = None) -> list[Point]:
     points: list[Point] = []
     cpu_steps: list[float | None] = [*m.cpus] if m.cpus else [None]
     scenarios: list[Scenario | None] = [*m.scenario] if m.scenario else [None]
-    for cpus in cpu_steps:
+    storages: list[StorageOption | None] = [*m.storage] if m.storage else [None]
+    for storage, cpus in itertools.product(storages, cpu_steps):
         for combo in param_combos:
             params = dict(zip(names, combo, strict=True))
             for scenario, wl, sc, clients in itertools.product(scenarios, m.workload,
@@ -88,7 +94,8 @@ def expand(plan: Plan, cores: int | None = None) -> list[Point]:
                 # pgbench cannot run more threads than clients: jobs [4, 8] at 2 clients are one point, not two
                 jobs_axis = dict.fromkeys(min(j, clients) for j in m.jobs or [default_jobs(clients, cores)])
                 for jobs in jobs_axis:
-                    points.append(Point(len(points), wl, clients, jobs, sc, params, cpus, scenario))
+                    points.append(Point(len(points), wl, clients, jobs, sc, params, cpus, scenario,
+                                        storage=storage))
     return points
 
 

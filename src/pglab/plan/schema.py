@@ -636,6 +636,10 @@ class Tier(Strict):
     clients: Clients = Field(1, description="pgbench clients of each tenant")
     jobs: Clients = Field(1, description="pgbench threads of each tenant")
     synchronous_commit: SyncCommit = Field("on", description="each tenant's synchronous_commit level")
+    storage: K8sStorage | None = Field(None, description="Kubernetes: each tenant's data volumes {class, size} "
+                                       "(default: target.kubernetes.storage)")
+    namespace: DnsLabel | None = Field(None, description="Kubernetes: the namespace of this tier's Clusters "
+                                       "(default: target.kubernetes.namespace)")
 
     @model_validator(mode="after")
     def _jobs(self) -> Tier:
@@ -670,11 +674,12 @@ class Arrangement(Strict):
 
 
 class Tenants(Strict):
-    """Many independent tenants on one host, measured in the same window; each arrangement is one point."""
+    """Many independent tenants, measured in the same window (on one local host, or a Cluster each on Kubernetes);
+    each arrangement is one point."""
 
     instances: Annotated[int, _int_between(1, 5)] = Field(
         1, description="instances per tenant: 1 = a single server; more = a primary and streaming standbys "
-        "(target.local.synchronous applies)")
+        "(target.local.synchronous, or target.kubernetes.synchronous, applies)")
     parallel_builds: Annotated[int, _int_between(1, 64)] | None = Field(
         None, description="tenants built and loaded at the same time (default: the host's cores)")
     arrangements: list[Arrangement] = Field(min_length=1, max_length=20, description="ways of packing the "
@@ -686,6 +691,42 @@ class Tenants(Strict):
         if len({a.name for a in v}) != len(v):
             raise PydanticCustomError("unique", "arrangement names must be unique")
         return v
+
+
+class Cost(Strict):
+    """What the configuration costs per month, to turn TPS into cost per TPS."""
+
+    monthly: Annotated[float, _number_between(0, MAX_PRICE, low_open=True)] = Field(
+        description="price per month of the whole configuration")
+    currency: Annotated[str, _text(64, pattern=_CURRENCY, what="a currency code such as USD or EUR")] = Field(
+        "USD", description="ISO 4217 code of the price (three capitals)")
+    breakdown: dict[Annotated[str, _text(63, pattern=_LABEL, what="a label (letters, digits, ' ', '-', '_', '.')")],
+                    Annotated[float, _number_between(0, MAX_PRICE)]] = Field(
+        default_factory=dict, description="optional parts (compute, storage …)")
+
+    @model_validator(mode="after")
+    def _parts_add_up(self) -> Cost:
+        if self.breakdown:
+            total = sum(self.breakdown.values())
+            if abs(total - self.monthly) > 0.01 * self.monthly:
+                raise PydanticCustomError("cost", "breakdown adds up to {total}, not to monthly ({monthly})",
+                                          {"total": f"{total:g}", "monthly": f"{self.monthly:g}"})
+        return self
+
+
+# ------------------------------------------------------------------ the storage axis (Kubernetes: a Cluster per value)
+class StorageOption(Strict):
+    """One value of the storage axis: a named storage profile, i.e. the classes and sizes of the data and WAL
+    volumes of a whole Cluster (pglab builds a new Cluster for it), and optionally what that configuration costs."""
+
+    name: DnsLabel = Field(description="the value's name in tables and in the names of its volumes (a DNS label, "
+                           "e.g. premium-ssd)")
+    storage: K8sStorage | None = Field(None, description="data volumes {class, size} (default: "
+                                       "target.kubernetes.storage)")
+    wal_storage: K8sStorage | None = Field(None, description="WAL volumes {class, size} (default: "
+                                           "target.kubernetes.wal_storage)")
+    cost: Cost | None = Field(None, description="monthly price of the whole configuration on this storage, for "
+                              "cost per TPS per value (default: the plan's cost)")
 
 
 class Matrix(Strict):
@@ -706,6 +747,16 @@ class Matrix(Strict):
                                     "scaling loop (a rolling restart between steps)")
     scenario: list[Scenario] | None = Field(None, min_length=1, max_length=20,
                                             description="faults and operations during the runs, as an axis")
+    storage: list[StorageOption] | None = Field(
+        None, min_length=1, max_length=20, description="Kubernetes: storage profiles (classes and sizes of the data "
+        "and WAL volumes) as an axis; pglab builds one Cluster per value, one after the other")
+
+    @field_validator("storage")
+    @classmethod
+    def _storage_names(cls, v: list[StorageOption] | None) -> list[StorageOption] | None:
+        if v is not None and len({s.name for s in v}) != len(v):
+            raise PydanticCustomError("unique", "storage values need distinct names")
+        return v
 
     @field_validator("scenario")
     @classmethod
@@ -756,6 +807,7 @@ class Matrix(Strict):
         axes.update({f"parameters.{name}": len(values) for name, values in self.parameters.items()})
         axes["cpus"] = len(self.cpus or [1])
         axes["scenario"] = len(self.scenario or [1])
+        axes["storage"] = len(self.storage or [1])
         if math.prod(axes.values()) > MAX_POINTS:
             sizes = " × ".join(f"{n} {axis}" for axis, n in axes.items() if n > 1)
             raise PydanticCustomError("matrix", "{sizes} make {points} points, more than {max}; shorten an axis",
@@ -766,7 +818,7 @@ class Matrix(Strict):
     def points(self) -> int:
         """How many points the axes make (at most; see expand)."""
         return math.prod([len(self.workload), len(self.synchronous_commit), len(self.clients), len(self.jobs or [1]),
-                          len(self.cpus or [1]), len(self.scenario or [1]),
+                          len(self.cpus or [1]), len(self.scenario or [1]), len(self.storage or [1]),
                           *(len(values) for values in self.parameters.values())])
 
 
@@ -906,27 +958,6 @@ class Storage(Strict):
         return _unique(v)
 
 
-class Cost(Strict):
-    """What the configuration costs per month, to turn TPS into cost per TPS."""
-
-    monthly: Annotated[float, _number_between(0, MAX_PRICE, low_open=True)] = Field(
-        description="price per month of the whole configuration")
-    currency: Annotated[str, _text(64, pattern=_CURRENCY, what="a currency code such as USD or EUR")] = Field(
-        "USD", description="ISO 4217 code of the price (three capitals)")
-    breakdown: dict[Annotated[str, _text(63, pattern=_LABEL, what="a label (letters, digits, ' ', '-', '_', '.')")],
-                    Annotated[float, _number_between(0, MAX_PRICE)]] = Field(
-        default_factory=dict, description="optional parts (compute, storage …)")
-
-    @model_validator(mode="after")
-    def _parts_add_up(self) -> Cost:
-        if self.breakdown:
-            total = sum(self.breakdown.values())
-            if abs(total - self.monthly) > 0.01 * self.monthly:
-                raise PydanticCustomError("cost", "breakdown adds up to {total}, not to monthly ({monthly})",
-                                          {"total": f"{total:g}", "monthly": f"{self.monthly:g}"})
-        return self
-
-
 class Plan(Strict):
     name: str = Field(description="the plan's name: 1-63 letters, digits, '-', '_' or '.'; the default results "
                       "folder is results/<name>")
@@ -942,8 +973,9 @@ class Plan(Strict):
     probes: Probes = Field(default_factory=Probes, description="what is sampled during runs")
     storage: Storage | None = Field(None, description="run fio on the lab's paths before the database phase")
     cost: Cost | None = Field(None, description="monthly price, for cost per TPS")
-    tenants: Tenants | None = Field(None, description="many tenants on one local host, in QoS tiers (instead of "
-                                    "the matrix)")
+    tenants: Tenants | None = Field(None, description="many tenants in QoS tiers, measured in the same window "
+                                    "(instead of the matrix): on one local host, or a CloudNativePG Cluster each on "
+                                    "Kubernetes")
 
     @field_validator("name")
     @classmethod
@@ -986,6 +1018,24 @@ class Plan(Strict):
         if self.storage and k8s.wal_storage is None and self.storage.paths == ["wal"]:
             raise PydanticCustomError("kubernetes", "'wal' needs target.kubernetes.wal_storage: without it the WAL "
                                       "is on the data volume", {"at": "storage.paths"})
+        return self
+
+    @model_validator(mode="after")
+    def _storage_axis_fits(self) -> Plan:
+        """The storage axis builds a CloudNativePG Cluster per value: Kubernetes only."""
+        if not self.matrix.storage:
+            return self
+        if self.target.kubernetes is None:
+            raise PydanticCustomError("storage_axis", "the storage axis builds a CloudNativePG Cluster per value and "
+                                      "runs on a Kubernetes target only; remove it (on a local lab, compare paths "
+                                      "with one plan per path)", {"at": "matrix.storage"})
+        cluster = self.target.kubernetes.cluster_name
+        for i, option in enumerate(self.matrix.storage):
+            longest = f"{cluster}-fio-{option.name}-data"  # the value's fio Job: a label value, 63 at most
+            if len(longest) > 63:
+                raise PydanticCustomError("storage_axis", "'{name}' with cluster_name '{cluster}' makes names "
+                                          "longer than Kubernetes allows (63); shorten one of them",
+                                          {"name": option.name, "cluster": cluster, "at": f"matrix.storage.{i}.name"})
         return self
 
     @model_validator(mode="after")
@@ -1036,10 +1086,19 @@ class Plan(Strict):
         """Tenants replace the single lab and the matrix: what would be ignored with them is refused."""
         if self.tenants is None:
             return self
+        if self.target.kubernetes is not None:
+            return self._kubernetes_tenants_fit()
         local = self.target.local
         if local is None:
-            raise PydanticCustomError("tenants", "tenants run on the local target only (pglab builds every tenant "
-                                      "on this host); use target: {local: {}}", {"at": "target"})
+            raise PydanticCustomError("tenants", "tenants run on the local target or on Kubernetes (pglab builds "
+                                      "every tenant); use target: {local: {}} or target: {kubernetes: {…}}",
+                                      {"at": "target"})
+        for i, a in enumerate(self.tenants.arrangements):
+            for j, t in enumerate(a.tiers):
+                for field in ("storage", "namespace"):
+                    if getattr(t, field) is not None:
+                        raise PydanticCustomError("tenants", "is for a Kubernetes target; on a local lab remove it",
+                                                  {"at": f"tenants.arrangements.{i}.tiers.{j}.{field}"})
         given = [("target.local.instances", "instances" in local.model_fields_set, "set tenants.instances instead"),
                  ("target.local.resources", local.resources is not None, "give each tier its resources instead"),
                  ("target.local.client", local.client is not None, "not available with tenants yet; remove it"),
@@ -1054,6 +1113,53 @@ class Plan(Strict):
                                                for a in self.tenants.arrangements for t in a.tiers):
             raise PydanticCustomError("tenants", "remote_write and remote_apply need a standby: raise "
                                       "tenants.instances or use on/local/off", {"at": "tenants.arrangements"})
+        return self
+
+    def _kubernetes_tenants_fit(self) -> Plan:
+        """Tenants on Kubernetes: a CloudNativePG Cluster per tenant, each tier's resources and storage class; what
+        it cannot honour is refused."""
+        k8s, tenants = self.target.kubernetes, self.tenants
+        assert k8s is not None and tenants is not None
+        given = [("target.kubernetes.instances", "instances" in k8s.model_fields_set, "set tenants.instances instead"),
+                 ("matrix", "matrix" in self.model_fields_set, "each tier gives its tenants' workload, clients and "
+                  "synchronous_commit; remove the matrix"),
+                 ("storage", self.storage is not None, "the storage phase is not available with tenants on "
+                  "Kubernetes yet; remove it"),
+                 ("tenants.parallel_builds", tenants.parallel_builds is not None, "a Kubernetes cluster builds every "
+                  "tenant's Cluster at once; remove it")]
+        for field, present, what in given:
+            if present:
+                raise PydanticCustomError("tenants", "{what}", {"what": what, "at": field})
+        if k8s.synchronous is not None and "synchronous" in k8s.model_fields_set and \
+                k8s.synchronous.number >= tenants.instances:
+            raise PydanticCustomError("tenants", "synchronous.number ({number}) must be lower than tenants.instances "
+                                      "({instances}); raise tenants.instances or set synchronous: null",
+                                      {"number": k8s.synchronous.number, "instances": tenants.instances,
+                                       "at": "target.kubernetes.synchronous.number"})
+        if tenants.instances == 1 and any(t.synchronous_commit in ("remote_write", "remote_apply")
+                                          for a in tenants.arrangements for t in a.tiers):
+            raise PydanticCustomError("tenants", "remote_write and remote_apply need a standby: raise "
+                                      "tenants.instances or use on/local/off", {"at": "tenants.arrangements"})
+        for i, a in enumerate(tenants.arrangements):
+            width = max(2, len(str(a.tenant_count)))
+            for j, t in enumerate(a.tiers):
+                at = f"tenants.arrangements.{i}.tiers.{j}"
+                if not _DNS_LABEL.fullmatch(t.name):
+                    raise PydanticCustomError("tenants", "on Kubernetes a tier's name labels its Clusters: use "
+                                              "lower-case letters, digits and '-'", {"at": f"{at}.name"})
+                r = t.resources
+                if r is not None and any(v is not None for v in (r.read_iops, r.write_iops, r.read_mbps,
+                                                                 r.write_mbps)):
+                    raise PydanticCustomError("tenants", "IO limits are not available on Kubernetes (give the tier a "
+                                              "storage class with the limits instead: storage.class); remove them",
+                                              {"at": f"{at}.resources"})
+                if isinstance(t.workload, CustomWorkload) and any(s.file for s in t.workload.scripts):
+                    raise PydanticCustomError("tenants", "script files are not available with tenants on Kubernetes "
+                                              "yet; use built-in scripts", {"at": f"{at}.workload"})
+            if len(f"{k8s.cluster_name}-t{'0' * width}-pgbench-init") > 63:
+                raise PydanticCustomError("tenants", "'{cluster}' is too long to name the tenants' Clusters and Jobs "
+                                          "(63 characters at most); shorten it",
+                                          {"cluster": k8s.cluster_name, "at": "target.kubernetes.cluster_name"})
         return self
 
     @model_validator(mode="after")

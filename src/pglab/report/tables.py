@@ -58,7 +58,8 @@ def point_table(store: Store, sweep_id: int | None = None) -> tuple[list[str], l
     columns = [*AXIS_COLUMNS, *extra, *METRIC_COLUMNS, "repeats", "failed_runs", "bottleneck", "flags"]
     columns += [f"{c}_ci95" for c in CI_COLUMNS] + ["tps_cv_pct", "unstable", "storage_ceiling_pct", "tps_dips",
                 "tps_dips_at_checkpoint", "bottleneck_tag"]
-    cores, ceilings = _cores(store, sweep_id), _data_ceilings(store, sweep_id)
+    cores, sweep_ceilings = _cores(store, sweep_id), _data_ceilings(store, sweep_id)
+    by_label = store.ceilings(sweep_id) if sweep_id is not None else {}
     recorded = store.sweep_schedule(sweep_id) if sweep_id is not None else None
     target_pct = recorded.get("target_ci_pct") if recorded else None  # adaptive repeats: the TPS interval wanted
     groups: OrderedDict[int, list[RunRow]] = OrderedDict()
@@ -68,6 +69,9 @@ def point_table(store: Store, sweep_id: int | None = None) -> tuple[list[str], l
     for group in groups.values():
         ok = [r for r in group if r.status == "ok"]
         point_flags = flags([r.metrics for r in ok])
+        # the storage axis (Kubernetes): a point is read against its own value's data volume
+        value = group[0].axes.get("storage")
+        ceilings = by_label.get(f"{value}/data", sweep_ceilings) if value is not None else sweep_ceilings
         if target_pct is not None and not within([r.metrics.get("tps") for r in ok], target_pct):
             point_flags.append(f"TPS interval wider than ±{target_pct:g} % after {len(ok)} runs")
         row: dict[str, Any] = {c: group[0].axes.get(c) for c in (*AXIS_COLUMNS, *extra)}
@@ -192,7 +196,8 @@ def storage_table(store: Store, sweep_id: int | None = None) -> tuple[list[str],
             notes.insert(0, f"write() alone: mean {r['lat_mean_ms']:.3f} ms, p99 {r['lat_p99_ms']:.3f} ms")
         shown = "sync_lat" if synced else "lat"
         rows.append({
-            "path": r["label"] if r["label"] in ("data", "wal") else r["path"],
+            # data, wal, or <storage value>/data … on a storage axis
+            "path": r["label"] if r["label"].rsplit("/", 1)[-1] in ("data", "wal") else r["path"],
             "device": r["device"] or "(none)",
             "profile": f"{profile} {r['direction']}" if len(directions[r["label"], r["job"]]) > 1 else profile,
             "iops": r["iops"], "mb_s": r["bw_mb_s"], "lat_mean_ms": r["lat_mean_ms"], "lat_p99_ms": r["lat_p99_ms"],
@@ -405,7 +410,7 @@ def database_columns(columns: list[str], rows: list[dict[str, Any]], chosen: lis
     every column (``--wide``), or the compact default."""
     if wide:
         return display_columns(columns)
-    fixed = [c for c in columns if c in ("run_id", "status", *AXIS_COLUMNS) or c.startswith("parameters.")
+    fixed = [c for c in columns if c in ("run_id", "status", *AXIS_COLUMNS, "storage") or c.startswith("parameters.")
              or (c == "jobs" and c in columns[:8])]
     figures = chosen if chosen is not None else [c for c in COMPACT_COLUMNS if c in columns]
     if chosen is None and not any(r.get("flags") for r in rows):
@@ -571,7 +576,8 @@ def full_report(store: Store, fmt: str, sweep_id: int | None = None, per_run: bo
         parts.append(_prose(TOO_FEW_NOTE, width))
     if cost_rows and table in (None, "cost") and not per_run:
         parts.append(render(cost_columns, cost_rows, fmt, title="cost at peak TPS",
-                            headers={"per_tps": f"{cost_rows[0]['currency']}/TPS·month", "peak_tps": "peak tps"}))
+                            headers={"per_tps": f"{next(r['currency'] for r in cost_rows if r['currency'])}/TPS·month",
+                                     "peak_tps": "peak tps"}))
     if table is None and not per_run:  # last: where the sweep's wall time went, and its duty cycle
         parts.append(time_report(store, fmt, sweep_id, width))
     return "\n".join(p for p in parts if p)

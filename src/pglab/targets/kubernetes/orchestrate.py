@@ -33,6 +33,7 @@ CANNOT_START = {"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "CreateC
                 "CreateContainerError"}
 PROMOTE_TRIES = 5  # a switchover request conflicting with the operator's own status writes is read and sent again
 KILL_GRACE_S = 1  # a failover's pod deletion: SIGTERM, then the kubelet's SIGKILL a second later
+CLUSTER_GONE_S = 300.0  # a deleted Cluster and its claims gone (their volumes' deletion included)
 INSTANCES_GONE_S = 60  # killed instance pods gone (the kubelet stops their containers; seconds on the lab)
 SWITCHOVER = "Switchover in progress"  # the phase a requested switchover starts in
 FENCED = "cnpg.io/fencedInstances"  # the Cluster annotation listing the instances whose postgres is stopped
@@ -428,6 +429,36 @@ class Orchestrator:
         if m in self.created:
             self.created.remove(m)
             self.delete(m)
+
+    # -------------------------------------------------------------- the storage axis: a Cluster replaced
+    def wait_cluster_gone(self, name: str, timeout_s: float = CLUSTER_GONE_S) -> None:
+        """After the Cluster's deletion: its claims deleted too (not left to the garbage collector, whose pace is
+        its own) and both waited for, so a new Cluster of that name starts on new volumes, never on the old."""
+        selector = f"cnpg.io/cluster={name}"
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                claims = self.core.list_namespaced_persistent_volume_claim(self.ns, label_selector=selector).items
+                for pvc in claims:
+                    if pvc.metadata.deletion_timestamp is None:
+                        self.core.delete_namespaced_persistent_volume_claim(pvc.metadata.name, self.ns)
+                try:
+                    self.custom.get_namespaced_custom_object(*CNPG[:2], self.ns, CNPG[2], name)
+                    cluster_left = True
+                except ApiException as exc:
+                    if exc.status != 404:
+                        raise
+                    cluster_left = False
+            except ApiException as exc:
+                raise K8sError(f"waiting for Cluster/{name} and its claims to go: {_reason(exc)}") from None
+            if not claims and not cluster_left:
+                return
+            if time.monotonic() > deadline:
+                left = [f"PersistentVolumeClaim/{c.metadata.name}" for c in claims] + (
+                    [f"Cluster/{name}"] if cluster_left else [])
+                raise K8sError(f"{', '.join(left)} still there {timeout_s:.0f} s after the Cluster was deleted "
+                               "(finalizers, or a pod still using a claim)")
+            time.sleep(self.poll_s)
 
     def job_log(self, job: str) -> str | None:
         """The log of a Job's pod so far; None while it has no pod."""

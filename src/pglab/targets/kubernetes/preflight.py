@@ -393,6 +393,8 @@ def client_nodes(k8s: KubernetesTarget, nodes: list[Node], db_nodes: list[Node])
 def check_nodes(plan: Plan, api: client.ApiClient) -> list[Finding]:
     """Enough schedulable nodes for the instances (selector, tolerations, anti-affinity) and one for pgbench."""
     k8s = target_of(plan)
+    if plan.tenants is not None:  # each tenant's Cluster has tenants.instances instances
+        k8s = k8s.model_copy(update={"instances": plan.tenants.instances})
     try:
         nodes = [Node.of(n) for n in _read(client.CoreV1Api(api).list_node).get("items") or []]
     except ApiException as exc:
@@ -416,18 +418,25 @@ def check_storage_classes(plan: Plan, api: client.ApiClient) -> list[Finding]:
     existing = ", ".join(f"{n}{' (default)' if d else ''}" for n, d in sorted(classes.items())) or "none"
     defaults = sorted(n for n, d in classes.items() if d)
     used = []
-    volumes = [("storage", "data", k8s.storage), ("wal_storage", "WAL", k8s.wal_storage)]
+    volumes = [("target.kubernetes.storage", "data", k8s.storage),
+               ("target.kubernetes.wal_storage", "WAL", k8s.wal_storage)]
+    for i, option in enumerate(plan.matrix.storage or []):  # the storage axis: every value's classes
+        volumes += [(f"matrix.storage[{i}].storage", f"{option.name} data", option.storage),
+                    (f"matrix.storage[{i}].wal_storage", f"{option.name} WAL", option.wal_storage)]
+    for i, arrangement in enumerate(plan.tenants.arrangements if plan.tenants else []):  # tenants: each tier's
+        volumes += [(f"tenants.arrangements[{i}].tiers[{j}].storage", f"tier {tier.name}", tier.storage)
+                    for j, tier in enumerate(arrangement.tiers)]
     for fld, role, storage in volumes:
         if storage is None:
             continue
         name = storage.storage_class
         if name is None:
             if not defaults:
-                return [Finding("FAIL", f"target.kubernetes.{fld}.class: not given and the cluster has no default "
+                return [Finding("FAIL", f"{fld}.class: not given and the cluster has no default "
                                         f"storage class (existing: {existing}); name one")]
             used.append(f"{role} on the default {defaults[0]}")
         elif name not in classes:
-            return [Finding("FAIL", f"storage class '{name}' (target.kubernetes.{fld}.class): not found; existing: "
+            return [Finding("FAIL", f"storage class '{name}' ({fld}.class): not found; existing: "
                                     f"{existing}")]
         else:
             used.append(f"{role} on {name}")

@@ -19,7 +19,7 @@ from typing import Any
 import yaml
 
 from pglab.plan.expand import Point, expand
-from pglab.plan.schema import K8sStorage, KubernetesTarget, Placement, Plan
+from pglab.plan.schema import K8sStorage, KubernetesTarget, Placement, Plan, StorageOption
 from pglab.scenarios import witness
 from pglab.workloads import fio
 from pglab.workloads.pgbench import init_args, run_args
@@ -121,6 +121,8 @@ def cluster(plan: Plan, point: Point | None = None) -> dict[str, Any]:
 
     Created as the given point (default: the plan's first) needs it: its CPU step and parameters; the sweep
     patches both between points (``cluster_patch``)."""
+    point = point or _first_point(plan)
+    plan = with_storage(plan, point.storage)  # the storage axis: this value's volumes
     k8s = target_of(plan)
     postgresql: dict[str, Any] = {}
     if parameters := instance_parameters(plan, point):
@@ -331,6 +333,9 @@ def _pvc_size(plan: Plan) -> str:
     return f"{max(1, math.ceil(need / GIB))}Gi"
 
 
+VOLUME_MOUNT_FILE = "volume-mount.txt"  # the fio Job's /proc/self/mountinfo line of its volume
+
+
 def fio_script(plan: Plan) -> str:
     """fio's jobs (the storage issue's profiles, same options as on a local lab), one after the other."""
     assert plan.storage is not None
@@ -339,7 +344,9 @@ def fio_script(plan: Plan) -> str:
     missing = (f"pglab: the image {k8s.clients.fio_image} has no fio; name an image with fio in "
                "target.kubernetes.clients.fio_image (tools/images/Containerfile builds one)")
     lines = ["set -eu", f"command -v fio >/dev/null || {{ echo {shlex.quote(missing)} >&2; exit 3; }}",
-             "fio --version > " + RESULTS_DIR + "/fio-version.txt"]
+             "fio --version > " + RESULTS_DIR + "/fio-version.txt",
+             # the volume's mount as the node's kernel gives it (device major:minor, filesystem, source)
+             f"grep -F ' {VOLUME_DIR} ' /proc/self/mountinfo > {RESULTS_DIR}/{VOLUME_MOUNT_FILE} || true"]
     for profile in plan.storage.profiles:
         for job in fio.jobs_for(profile):
             cmd = fio._command("fio", job, Path(VOLUME_DIR), Path(RESULTS_DIR), plan.storage.runtime, size, 0.0,
@@ -351,11 +358,19 @@ def fio_script(plan: Plan) -> str:
 
 
 def fio_manifests(plan: Plan) -> list[Manifest]:
-    """Per measured volume: a PVC of its storage class and a Job running the profiles on it."""
+    """Per measured volume: a PVC of its storage class and a Job running the profiles on it; with a storage axis,
+    per value and volume (``storage_axis_fio``)."""
+    if plan.matrix.storage:
+        return storage_axis_fio(plan)
+    return _fio_manifests(plan)
+
+
+def _fio_manifests(plan: Plan, option: str | None = None) -> list[Manifest]:
     k8s = target_of(plan)
     out: list[Manifest] = []
     for role, storage in fio_volumes(plan):
-        name = f"{k8s.cluster_name}-fio-{role}"
+        tag = f"{option}-{role}" if option is not None else role
+        name = f"{k8s.cluster_name}-fio-{tag}"
         pvc_spec: dict[str, Any] = {"accessModes": ["ReadWriteOnce"],
                                     "resources": {"requests": {"storage": _pvc_size(plan)}}}
         if storage.storage_class is not None:
@@ -374,8 +389,40 @@ def fio_manifests(plan: Plan) -> list[Manifest]:
             pod["nodeSelector"] = dict(db.node_selector)
         if db.tolerations:
             pod["tolerations"] = _tolerations(db)
-        out += [Manifest(f"20-fio-{role}-pvc.yaml", pvc),
-                Manifest(f"21-fio-{role}-job.yaml", _job(k8s, name, "fio", pod, {"pglab/volume": role}))]
+        notes = {"pglab/volume": role, **({"pglab/storage": option} if option is not None else {})}
+        out += [Manifest(f"20-fio-{tag}-pvc.yaml", pvc),
+                Manifest(f"21-fio-{tag}-job.yaml", _job(k8s, name, "fio", pod, notes))]
+    return out
+
+
+# ------------------------------------------------------------------ the storage axis: a Cluster per value
+def with_storage(plan: Plan, option: StorageOption | None) -> Plan:
+    """The plan as one value of the storage axis sees it: the target's data (and WAL) volumes replaced by the
+    value's, everything else as written. None: the plan itself."""
+    if option is None or (option.storage is None and option.wal_storage is None):
+        return plan
+    k8s = target_of(plan)
+    update: dict[str, Any] = {}
+    if option.storage is not None:
+        update["storage"] = option.storage
+    if option.wal_storage is not None:
+        update["wal_storage"] = option.wal_storage
+    target = plan.target.model_copy(update={"kubernetes": k8s.model_copy(update=update)})
+    return plan.model_copy(update={"target": target})
+
+
+def storage_axis_fio(plan: Plan) -> list[Manifest]:
+    """The storage phase of a storage axis: every value's volumes measured, each on a PVC of the value's class."""
+    return [m for option in plan.matrix.storage or [] for m in _fio_manifests(with_storage(plan, option),
+                                                                               option.name)]
+
+
+def storage_volumes(plan: Plan, option: StorageOption | None) -> dict[str, str | None]:
+    """role → storage class (None: the cluster's default) of the volumes a value's Cluster claims."""
+    k8s = target_of(with_storage(plan, option))
+    out = {"data": k8s.storage.storage_class}
+    if k8s.wal_storage is not None:
+        out["wal"] = k8s.wal_storage.storage_class
     return out
 
 
@@ -942,6 +989,12 @@ def write(plan: Plan, manifests: list[Manifest], out_dir: Path) -> Written:
     ``cluster/``, what runs (fio PVCs and Jobs, the dataset Job, the runs' Jobs, the Cluster patches between
     points) in ``jobs/``, and ``run-jobs.sh`` applying them in order, each waited for. An earlier render in the
     folder is replaced (the files its marker lists); any other non-empty folder is refused."""
+    if plan.matrix.storage or plan.tenants:  # run-jobs.sh drives one Cluster
+        from pglab.errors import UserError
+
+        field = "matrix.storage" if plan.matrix.storage else "tenants"
+        raise UserError(f"{field}: a rendered folder holds one Cluster, and this plan needs one per "
+                        f"{'value' if plan.matrix.storage else 'tenant'}; run it with 'pglab run'.")
     old = _refuse_foreign(out_dir)
     for rel in old:
         (out_dir / rel).unlink(missing_ok=True)

@@ -1,0 +1,209 @@
+"""Tenants on Kubernetes: a CloudNativePG Cluster per tenant, every tenant's pgbench Job started in the same window.
+
+Each arrangement × repeat is one run, as on a local lab (``drivers.tenants``), and it records the same things in the
+same places: per tenant (``tenant_metrics``) TPS and latency as that tenant's pgbench reports them in its pod (its
+output and -l logs shipped back under tenants/<tenant>/), per tier and in all (``run_metrics``) the aggregates of
+the tier table (``drivers.tenants.tier_metrics``). The tenants' Clusters are made at once and waited for together;
+between arrangements they are deleted with their claims and the next arrangement's are made.
+
+Not measured here (yet): the instances' CPU, IO and memory per tenant (the local lab reads each tenant's cgroups),
+the exporters' figures and the nodes' disk figures.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from pglab.artifacts import write_json
+from pglab.drivers.kubernetes import KubernetesDriver, _job_failure, _last_words
+from pglab.drivers.local import pgbench_metrics, pgbench_series
+from pglab.drivers.tenants import tier_metrics
+from pglab.engine.driver import FioMeasurement, SweepInfo
+from pglab.engine.types import Event, Observer, RunFailed, RunResult, TenantFigure
+from pglab.plan.expand import Point
+from pglab.plan.schema import Arrangement, Plan
+from pglab.probes.base import now
+from pglab.targets.kubernetes.orchestrate import JobOutcome, K8sError, Orchestrator
+from pglab.targets.kubernetes.render import Manifest, cluster, namespace, pgbench_init, to_yaml
+from pglab.targets.kubernetes.tenants import K8sTenant, tenant_point, tenant_run, tenants_of
+from pglab.workloads.pgbench import PgbenchError, PgbenchRun
+
+START_MARGIN_S = 10.0  # from the first run Job's creation to the common start: pods scheduled and started
+START_PER_TENANT_S = 1.0  # … and this much more per tenant (each Job is one API call, each pod one start)
+
+
+class KubernetesTenantsDriver(KubernetesDriver):
+    """The tenants of the current arrangement, each a Cluster with its own Orchestrator (which deletes what it made);
+    the namespaces are made (and deleted last) by one Orchestrator each."""
+
+    def __init__(self, plan: Plan, plan_text: str, plan_dir: Path, results_dir: Path, ui: Observer,
+                 **kw: Any) -> None:
+        super().__init__(plan, plan_text, plan_dir, results_dir, ui, **kw)
+        self.tenants: list[K8sTenant] = []
+        self._orchs: dict[str, Orchestrator] = {}  # tenant → its Orchestrator
+        self._namespaces: dict[str, Orchestrator] = {}  # namespace → the Orchestrator that made it
+        self._arrangement: Arrangement | None = None
+
+    def _orch_for(self, tenant: K8sTenant) -> Orchestrator:
+        assert self.api is not None, "preflight() connects first"
+        return Orchestrator(tenant.plan, self.plan_dir, self.api, poll_s=self.poll_s,
+                            ready_timeout_s=self.ready_timeout_s, job_timeout_s=self.job_timeout_s, log=self.ui.log)
+
+    # ------------------------------------------------------------ the sweep's steps
+    def open(self, first: Point, with_storage: bool, resumed: bool) -> None:
+        assert first.arrangement is not None
+        self.current = first
+        self._build(first.arrangement)
+
+    def storage_phase(self, results_dir: Path) -> Iterator[FioMeasurement]:
+        return iter(())  # refused in the plan: no storage phase with tenants on Kubernetes yet
+
+    def load_dataset(self) -> None:
+        """pgbench -i in every tenant's Cluster at once: one Job each, all created, then each waited for."""
+        ds = self.plan.dataset
+        self.ui.log(f"loading the dataset into {len(self.tenants)} tenants: pgbench -i -s {ds.scale}, at once")
+        started = time.monotonic()
+        jobs = [(t, pgbench_init(t.plan)) for t in self.tenants]
+        for t, m in jobs:
+            self._orchs[t.name].create(m)
+        failed = []
+        for t, m in jobs:
+            outcome = self._orchs[t.name].finish_job(m, self.results_dir / "dataset" / t.name)
+            if not outcome.succeeded:
+                failed.append(f"tenant {t.name} ({t.tier.name}): pgbench -i failed in Job/{m.name}: "
+                              f"{_last_words(outcome.log)}")
+        if failed:
+            raise PgbenchError("; ".join(failed))
+        self.ui.log(f"datasets loaded in {time.monotonic() - started:.1f} s (pods' start included)")
+
+    def before_run(self, point: Point) -> None:
+        """A new arrangement: the last one's Clusters deleted with their claims, the new ones made and loaded."""
+        assert point.arrangement is not None
+        if self._arrangement is not None and point.arrangement.name == self._arrangement.name:
+            return
+        started = time.monotonic()
+        self._teardown()
+        self.current = point
+        self._build(point.arrangement)
+        self.load_dataset()
+        self._events.append((now(), "arrangement", f"{point.arrangement.name}: {len(self.tenants)} Clusters made "
+                             f"and loaded in {time.monotonic() - started:.1f} s"))
+
+    def close(self, keep: bool) -> list[str]:
+        problems: list[str] = []
+        for name in list(self._orchs):
+            problems += self._orchs.pop(name).cleanup()
+        for ns in list(self._namespaces):
+            self.ui.log(f"deleting namespace {ns}")
+            problems += self._namespaces.pop(ns).cleanup()
+        return problems
+
+    # ------------------------------------------------------------ the tenants' Clusters
+    def _build(self, arrangement: Arrangement) -> None:
+        """Namespaces (as needed), every tenant's Cluster created, then each waited for until healthy."""
+        self._arrangement = arrangement
+        self.tenants = tenants_of(self.plan, arrangement)
+        for t in self.tenants:
+            if t.namespace not in self._namespaces:
+                orch = self._orch_for(t)
+                orch.create(namespace(t.plan))  # an existing namespace is used and left in place
+                self._namespaces[t.namespace] = orch
+        started = time.monotonic()
+        for t in self.tenants:
+            self._orchs[t.name] = orch = self._orch_for(t)
+            orch.create(Manifest("10-cluster.yaml", cluster(t.plan, tenant_point(self.current, t.tier))))
+        self.ui.log(f"arrangement {arrangement.name}: {len(self.tenants)} Clusters created ("
+                    + ", ".join(f"{t.tier.name}: {t.cluster} in {t.namespace}" for t in self.tenants)
+                    + "); waiting for them to be healthy")
+        statuses = {t.name: self._orchs[t.name].wait_cluster_ready() for t in self.tenants}
+        self.ui.log(f"{len(self.tenants)} Clusters healthy after {time.monotonic() - started:.1f} s")
+        if self._info is None:
+            first = statuses[self.tenants[0].name]
+            env = self._environment(first)
+            env["tenants"] = {t.name: {"tier": t.tier.name, "cluster": t.cluster, "namespace": t.namespace}
+                              for t in self.tenants}
+            self._info = SweepInfo(env, self.k8s.model_dump(mode="json"))
+
+    def _teardown(self) -> None:
+        """The arrangement's Clusters deleted, and waited for with their claims: the next one reuses the names."""
+        for t in self.tenants:
+            orch = self._orchs.pop(t.name)
+            problems = orch.cleanup()
+            if problems:
+                raise K8sError(f"tenant {t.name}: {'; '.join(problems)}")
+            orch.wait_cluster_gone(t.cluster)
+        self.tenants = []
+
+    # ------------------------------------------------------------ one run: every tenant at once
+    def one_run(self, point: Point, repeat: int, run_id: str, run_dir: Path) -> RunResult:
+        """Every tenant's run Job created back to back, all held to one start time; each one's files parsed as a
+        one-Cluster run's (``_collect``); a tenant's failure fails the run."""
+        assert point.arrangement is not None
+        ui = self.ui
+        start_at = math.ceil(time.time() + START_MARGIN_S + START_PER_TENANT_S * len(self.tenants))
+        jobs = [(t, tenant_run(t, point, repeat, start_at)) for t in self.tenants]
+        dirs = {t.name: run_dir / "tenants" / t.name for t in self.tenants}
+        ui.run_started(point, repeat, "job")
+        launched = now()
+        created: list[tuple[K8sTenant, Manifest]] = []
+        try:
+            for t, m in jobs:
+                dirs[t.name].mkdir(parents=True, exist_ok=True)
+                (dirs[t.name] / "job.yaml").write_text(to_yaml(m.body))
+                self._orchs[t.name].create(m)
+                created.append((t, m))
+            outcomes: dict[str, JobOutcome] = {}
+            for t, m in jobs:
+                outcomes[t.name] = self._orchs[t.name].finish_job(m, dirs[t.name])
+        finally:
+            for t, m in created:
+                self._orchs[t.name].discard(m)
+        ended = now()
+        failed = [f"tenant {t.name} ({t.tier.name}): {_job_failure(outcomes[t.name], dirs[t.name])}"
+                  for t, _ in jobs if not outcomes[t.name].succeeded]
+        if failed:
+            raise RunFailed("; ".join(failed))
+        results: dict[str, PgbenchRun] = {}
+        for t, m in jobs:
+            try:
+                results[t.name], _, _ = self._collect(dirs[t.name], m, launched, ended)
+            except PgbenchError as exc:
+                failed.append(f"tenant {t.name} ({t.tier.name}): {exc}")
+        if failed:
+            raise RunFailed("; ".join(failed))
+        starts = [r.window_start for r in results.values()]
+        ends = [r.window_end for r in results.values()]
+        window = (min(starts), max(ends))
+        rows: list[TenantFigure] = []
+        per: dict[str, tuple[str, dict[str, float | None]]] = {}
+        for t in self.tenants:
+            figures = pgbench_metrics(results[t.name])
+            per[t.name] = (t.tier.name, figures)
+            rows += [(t.name, t.tier.name, k, v) for k, v in figures.items()]
+        metrics: dict[str, float | None] = {
+            "tps": sum(f["tps"] or 0.0 for _, f in per.values()),
+            "tenants": float(len(self.tenants)),
+            "instances": float(len(self.tenants) * (self.plan.tenants.instances if self.plan.tenants else 1)),
+            # how far apart the tenants' windows began, and how long all of them ran together
+            "start_spread_s": max(starts) - min(starts),
+            "common_window_s": max(0.0, min(ends) - max(starts)),
+        }
+        for tier in point.arrangement.tiers:
+            metrics.update(tier_metrics(tier, [f for tier_name, f in per.values() if tier_name == tier.name]))
+        series = [pt for name, res in results.items()
+                  for pt in pgbench_series(res, f"tenant:{name}", ("tps", "latency_ms"))]
+        record = {"start_at": start_at,
+                  "tenants": {t.name: {"tier": t.tier.name, "cluster": t.cluster, "namespace": t.namespace,
+                                       "job": m.name, "window": [results[t.name].window_start,
+                                                                 results[t.name].window_end],
+                                       **per[t.name][1]} for t, m in jobs}}
+        write_json(run_dir / "tenants.json", record)
+        events: list[Event] = []
+        if metrics["start_spread_s"] and metrics["start_spread_s"] > 2:
+            events.append((now(), "tenants-start-spread", f"the tenants' windows began {metrics['start_spread_s']:.1f}"
+                           " s apart (a pod started after the common start)"))
+        return RunResult.of(window, metrics, series=series, events=events, tenants=rows, record=record)
