@@ -368,7 +368,7 @@ run: {duration: 1s, repeats: 1}
     assert second["cache"]["hit"] is True and second["cache"]["key"] == first["cache"]["key"]
     assert "load_s" not in second
     assert f"dataset from cache {first['cache']['key']}" in second_out and "dataset from cache" not in first_out
-    assert "loading the dataset" not in second_out  # the runner found it there: no pgbench -i either
+    assert "loading the dataset: pgbench -i" not in second_out  # the runner found it there: no pgbench -i either
 
 
 _FILL = """
