@@ -4,8 +4,10 @@ Instead of pglab's disk sampler and its reads of the exporters through the API s
 of Prometheus with range queries (step: the plan's scrape interval) once the run is over, and the answers go
 through the same summaries as the other sources (``disks.summarize``, ``exporter.summarize``), so the figures keep
 their names. What Prometheus holds are scrapes, each stamped with when it was taken (cAdvisor stamps its samples
-with when it read the cgroup): every query is asked twice, for the values and for ``timestamp()`` of the same
-series, so each value is used at the time it was read, once, however the steps fall.
+with when it read the cgroup): every query is asked twice, for the values and for ``timestamp()`` of a series of
+the same scrape (the same series for cAdvisor's), so each value is used at the time it was read, once, however
+the steps fall. (``timestamp()`` of a regex over names would drop the names and collide: hence one reference
+series per scrape.)
 
 Clocks: the samples carry Prometheus's (or cAdvisor's) clock, the window the client node's (pgbench's log); on
 NTP-synchronised machines the difference is far below a scrape interval.
@@ -103,28 +105,33 @@ class Client:
             raise PrometheusError(f"Prometheus at {self.url} answered a {data.get('resultType')} to {expr!r}")
         return list(data.get("result") or [])
 
-    def samples(self, selector: str, start: float, end: float, step: float) -> Series:
-        """The samples of the series ``selector`` matches, each at the time it was taken: the values and their
-        ``timestamp()`` asked at the same steps, a sample seen at several steps kept once."""
-        values = self.range(selector, start, end, step)
-        stamps = {_labels(r["metric"], drop_name=True): r["values"]
-                  for r in self.range(f"timestamp({selector})", start, end, step)}
+    def samples(self, selector: str, stamps: str, by: tuple[str, ...] | None, start: float, end: float,
+                step: float) -> Series:
+        """The samples of the series ``selector`` matches, each at the time it was taken, a sample seen at several
+        steps kept once. ``stamps`` gives those times at the same steps: ``timestamp()`` of one series per ``by``
+        labels (the series of one scrape share its time), or of the same series when ``by`` is None (then its
+        labels, ``__name__`` aside, are the join)."""
+        def join(metric: dict[str, str]) -> tuple[tuple[str, str], ...]:
+            if by is None:
+                return tuple(sorted((k, v) for k, v in metric.items() if k != "__name__"))
+            return tuple((k, metric.get(k, "")) for k in by)
+
+        when = {join(r["metric"]): {float(t): float(v) for t, v in r["values"]}
+                for r in self.range(stamps, start, end, step)}
         out: Series = {}
-        for r in values:
-            labels = _labels(r["metric"])
-            when = {float(t): float(v) for t, v in stamps.get(_labels(r["metric"], drop_name=True), [])}
+        for r in self.range(selector, start, end, step):
+            at = when.get(join(r["metric"]), {})
             seen: dict[float, float] = {}
             for t, v in r["values"]:
-                ts = when.get(float(t))
-                value = float(v)
+                ts, value = at.get(float(t)), float(v)
                 if ts is not None and math.isfinite(value):
                     seen[ts] = value
-            out[labels] = sorted(seen.items())
+            out[_labels(r["metric"])] = sorted(seen.items())
         return out
 
 
-def _labels(metric: dict[str, str], drop_name: bool = False) -> Labels:
-    return frozenset((k, v) for k, v in metric.items() if not (drop_name and k == "__name__"))
+def _labels(metric: dict[str, str]) -> Labels:
+    return frozenset(metric.items())
 
 
 def _by(series: Series, label: str) -> dict[str, Series]:
@@ -174,8 +181,10 @@ def node_blocks(client: Client, nodes: list[str], w: Window) -> tuple[dict[str, 
     scrape. A node is matched by ``node_label`` = the node's name, or name:port."""
     cfg = client.cfg
     names = "|".join(re.escape(n) for n in nodes)
-    sel = client.matchers(__name__="~node_disk_.*", **{cfg.node_label: f"~({names})(:[0-9]+)?"})
-    series = client.samples(sel, *w.span, w.step)
+    on = {cfg.node_label: f"~({names})(:[0-9]+)?"}
+    stamps = f"max by ({cfg.node_label}) (timestamp(node_disk_reads_completed_total{client.matchers(**on)}))"
+    series = client.samples(client.matchers(__name__="~node_disk_.*", **on), stamps, (cfg.node_label,), *w.span,
+                            w.step)
     out: dict[str, list[disks.Block]] = {}
     for value, mine in _by(series, cfg.node_label).items():
         node = next((n for n in nodes if value == n or value.startswith(n + ":")), None)
@@ -191,9 +200,9 @@ def exporter_scrapes(client: Client, namespace: str, pods: list[str], w: Window)
                                                                                          Series]:
     """The instances' exporter series as the scrapes ``exporter.summarize`` reads, one per pod and sample time."""
     cfg = client.cfg
-    sel = client.matchers(__name__="~cnpg_.*", **{cfg.namespace_label: namespace,
-                                                  cfg.pod_label: "~" + "|".join(re.escape(p) for p in pods)})
-    series = client.samples(sel, *w.span, w.step)
+    on = {cfg.namespace_label: namespace, cfg.pod_label: "~" + "|".join(re.escape(p) for p in pods)}
+    stamps = f"max by ({cfg.pod_label}) (timestamp(cnpg_collector_up{client.matchers(**on)}))"  # one per scrape
+    series = client.samples(client.matchers(__name__="~cnpg_.*", **on), stamps, (cfg.pod_label,), *w.span, w.step)
     strip = {*TARGET_LABELS, cfg.pod_label, cfg.namespace_label, cfg.node_label, *cfg.selector}
     scrapes = []
     for pod, mine in sorted(_by(series, cfg.pod_label).items()):
@@ -235,10 +244,11 @@ def container_cpu(client: Client, namespace: str, groups: dict[str, tuple[str, s
     cfg = client.cfg
     pods = "|".join(f"(?:{rx})" for rx, _ in groups.values())
     containers = "|".join(sorted({re.escape(c) for _, c in groups.values()}))
-    sel = client.matchers(__name__="~" + "|".join(CPU_METRICS), **{cfg.namespace_label: namespace,
-                                                                   cfg.pod_label: f"~{pods}",
-                                                                   cfg.container_label: f"~{containers}"})
-    series = client.samples(sel, *w.span, w.step)
+    on = client.matchers(**{cfg.namespace_label: namespace, cfg.pod_label: f"~{pods}",
+                            cfg.container_label: f"~{containers}"})
+    series: Series = {}
+    for metric in CPU_METRICS:  # cAdvisor stamps each container's samples with its own read of the cgroup
+        series.update(client.samples(f"{metric}{on}", f"timestamp({metric}{on})", None, *w.span, w.step))
     out = RunCpu(info={"source": "prometheus", "window": [w.start, w.end]})
     per: dict[tuple[str, str], dict[str, list[tuple[float, float]]]] = {}  # (pod, container) → metric → points
     for labels, points in series.items():
