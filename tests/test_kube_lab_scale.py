@@ -55,16 +55,17 @@ dataset: {{scale: 1}}
 
 
 def pod_log(folder: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """One load pod's -l logs, read here: each successful transaction's start and end (epoch s) and latency (µs)."""
+    """One load pod's -l logs, read here: each successful transaction's start and end (epoch s: time_epoch +
+    time_us / 1e6, its latency before) and latency (µs)."""
     rows = [
-        (int(f[4]) * 1_000_000 + int(f[5]), int(f[2]))
+        (int(f[4]) + int(f[5]) / 1e6, int(f[2]))
         for path in sorted(folder.glob("pgbench.[0-9]*"))
         for line in _log_text(path).splitlines()
         if len(f := line.split()) >= 6 and f[2].isdigit()
     ]
-    end_us = np.array([e for e, _ in rows], dtype=np.int64)
+    ended = np.array([e for e, _ in rows])
     lat_us = np.array([lat for _, lat in rows], dtype=np.int64)
-    return (end_us - lat_us) / 1e6, end_us / 1e6, lat_us
+    return ended - lat_us / 1000.0 / 1000.0, ended, lat_us
 
 
 # ------------------------------------------------------------------ one point over two pgbench pods
