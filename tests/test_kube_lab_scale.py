@@ -1,7 +1,9 @@
 """pglab's Kubernetes target at scale, on the single-node lab (tools/kube-lab): one point's load spread over two
 pgbench pods (run.load_pods), checked against both pods' raw transaction logs read here without pglab.
 
-Kept short for the CI track that runs beside the whole suite: a 1-instance Cluster, scale 1, 10 s runs.
+and the run's disk, CPU and CloudNativePG figures read from a real Prometheus scraping the lab, checked against this
+machine's own /proc/diskstats and the primary's cgroup. Kept short for the CI track that runs beside the whole
+suite: one sweep for both, a 1-instance Cluster, scale 1, one 10 s run.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ import threading
 import time
 import urllib.parse
 import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -69,20 +73,8 @@ def pod_log(folder: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 
 # ------------------------------------------------------------------ one point over two pgbench pods
-LOAD = f"""matrix: {{clients: [5], jobs: [2]}}
-run: {{duration: {DURATION_S}s, load_pods: 2}}
-"""
-
-
-def test_a_point_over_two_load_pods_merges_exactly(lab: kubelab.KubeLab, tmp_path: Path) -> None:
-    ns = "pglab-e2e-load"
-    plan = tmp_path / "plan.yaml"
-    plan.write_text(small_plan(lab, "load", ns, LOAD))
-    results = tmp_path / "results"
-    proc = pglab("run", str(plan), "--results", str(results), timeout=1200)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    namespace_gone(lab, ns, proc.stderr)
-
+def test_a_point_over_two_load_pods_merges_exactly(sweep: Sweep) -> None:
+    results = sweep.results
     store = Store.open(results, create=False)
     [run] = store.runs()
     assert run.status == "ok", run.metrics
@@ -311,86 +303,108 @@ def growth(samples: list[tuple[float, int]], first: tuple[float, float],
             samples[after_last][1] - samples[before_first][1])
 
 
-PROM = f"""matrix: {{clients: [2], jobs: [1]}}
-run: {{duration: {DURATION_S}s}}
-"""
+def test_disk_and_cpu_figures_from_a_real_prometheus(sweep: Sweep) -> None:
+    prom, oracle, name, ns = sweep.prometheus, sweep.oracle, sweep.name, sweep.namespace
+    store = Store.open(sweep.results, create=False)
+    [run] = store.runs()
+    m, run_dir = run.metrics, store.dir / run.dir
+    record = json.loads((run_dir / "run.json").read_text())
+    start, end = record["window"]
+    env = json.loads(store.sweeps()[-1]["environment"])
+    assert env["prometheus"]["url"] == prom.url and env["prometheus"]["version"] == "3.16.0"
 
+    # disk: the lab volume's device, its writes as this machine's /proc/diskstats counted them. pglab's figure
+    # is the writes of the node-exporter scrapes around the window, the edge intervals prorated: between the
+    # writes from the first to the last scrape inside the window and those from the last before it to the
+    # first after it. A scrape reads /proc/diskstats during [its timestamp, + its duration].
+    assert record["disk"]["source"] == "prometheus"
+    assert sweep.device in json.dumps(record["disk"]), record["disk"]
+    assert not (run_dir / "disk").exists()  # no disk sampler ran
+    device = record["disk"]["instances"][f"{name}-1"]["volumes"][0]["device"]
+    writes = f'node_disk_writes_completed_total{{instance="{kubelab.NODE}",device="{device}"}}'
+    stamps = prom.sample_times(writes, start - 3 * SCRAPE_S, end + 3 * SCRAPE_S)
+    took = max(float(r["value"][1]) for r in prom.query(
+        f'max_over_time(scrape_duration_seconds{{job="node"}}[{math.ceil(end - start) + 10}s])', at=end + 5
+    )["result"])
+    a_in = min(t for t in stamps if t >= start)
+    b_in = max(t for t in stamps if t <= end)
+    a_out = max(t for t in stamps if t <= start)
+    b_out = min(t for t in stamps if t >= end)
+    disk = [(t, w) for t, w, _ in oracle.disk]
+    fewest, _ = growth(disk, (a_in, a_in + took), (b_in, b_in + took))
+    _, most = growth(disk, (a_out, a_out + took), (b_out, b_out + took))
+    counted = m["write_iops"] * m["window_s"]
+    assert fewest - 0.5 <= counted <= most + 0.5, (counted, fewest, most, stamps, start, end)
+    assert m["write_iops"] > 0
 
-def test_disk_and_cpu_figures_from_a_real_prometheus(lab: kubelab.KubeLab, tmp_path: Path) -> None:
-    ns, name = "pglab-e2e-prom", "prom"
-    prom = Prometheus(lab, tmp_path / "prometheus", ns)
-    oracle = Oracle(lab, ns, f"{name}-1", device_of(lab))
-    try:
-        plan = tmp_path / "plan.yaml"
-        extra = f"    prometheus: {{url: '{prom.url}', interval: {SCRAPE_S}s}}\n"
-        plan.write_text(small_plan(lab, name, ns, PROM, extra))
-        results = tmp_path / "results"
-        oracle.start()
-        proc = pglab("run", str(plan), "--results", str(results), timeout=1200)
-        oracle.halt.set()
-        oracle.join()
-        assert proc.returncode == 0, proc.stdout + proc.stderr
-        namespace_gone(lab, ns, proc.stderr)
+    # CPU of the primary's postgres container: cAdvisor's counter (the cgroup's cpuacct.usage, stamped with when
+    # it read it) between its first and last sample inside the window, against the same cgroup read here
+    cpu = record["cpu"]
+    assert cpu["source"] == "prometheus"
+    usage = f'container_cpu_usage_seconds_total{{namespace="{ns}",pod="{name}-1",container="postgres"}}'
+    stamps = prom.sample_times(usage, start, end)
+    assert len(stamps) >= 2, stamps
+    t0, t1 = stamps[0], stamps[-1]
+    slack = 0.1  # cAdvisor stamps a sample right after reading the cgroup
+    fewest, most = growth(oracle.cpu, (t0 - slack, t0), (t1 - slack, t1))
+    used_ns = m["primary_cpu_cores"] * (t1 - t0) * 1e9
+    assert fewest <= used_ns <= most, (used_ns, fewest, most, t0, t1)
+    assert m["server_cpu_cores"] == m["primary_cpu_cores"] > 0  # one instance
+    # the two pgbench pods' containers, each from its own samples
+    assert len(cpu["groups"]["client"]["per_pod"]) == 2, cpu
+    assert m["client_cgroup_cpu_cores"] == pytest.approx(
+        sum(p["cores"] for p in cpu["groups"]["client"]["per_pod"].values())) > 0
 
-        store = Store.open(results, create=False)
-        [run] = store.runs()
-        m, run_dir = run.metrics, store.dir / run.dir
-        record = json.loads((run_dir / "run.json").read_text())
-        start, end = record["window"]
-        env = json.loads(store.sweeps()[-1]["environment"])
-        assert env["prometheus"]["url"] == prom.url and env["prometheus"]["version"] == "3.16.0"
-
-        # disk: the lab volume's device, its writes as this machine's /proc/diskstats counted them. pglab's figure
-        # is the writes of the node-exporter scrapes around the window, the edge intervals prorated: between the
-        # writes from the first to the last scrape inside the window and those from the last before it to the
-        # first after it. A scrape reads /proc/diskstats during [its timestamp, + its duration].
-        assert record["disk"]["source"] == "prometheus"
-        assert device_of(lab) in json.dumps(record["disk"]), record["disk"]
-        assert not (run_dir / "disk").exists()  # no disk sampler ran
-        writes = f'node_disk_writes_completed_total{{instance="{kubelab.NODE}",device="vda"}}'
-        device = record["disk"]["instances"][f"{name}-1"]["volumes"][0]["device"]
-        writes = writes.replace('"vda"', f'"{device}"')
-        stamps = prom.sample_times(writes, start - 3 * SCRAPE_S, end + 3 * SCRAPE_S)
-        took = max(float(r["value"][1]) for r in prom.query(
-            f'max_over_time(scrape_duration_seconds{{job="node"}}[{math.ceil(end - start) + 10}s])', at=end + 5
-        )["result"])
-        a_in = min(t for t in stamps if t >= start)
-        b_in = max(t for t in stamps if t <= end)
-        a_out = max(t for t in stamps if t <= start)
-        b_out = min(t for t in stamps if t >= end)
-        disk = [(t, w) for t, w, _ in oracle.disk]
-        fewest, _ = growth(disk, (a_in, a_in + took), (b_in, b_in + took))
-        _, most = growth(disk, (a_out, a_out + took), (b_out, b_out + took))
-        counted = m["write_iops"] * m["window_s"]
-        assert fewest - 0.5 <= counted <= most + 0.5, (counted, fewest, most, stamps, start, end)
-        assert m["write_iops"] > 0
-
-        # CPU of the primary's postgres container: cAdvisor's counter (the cgroup's cpuacct.usage, stamped with when
-        # it read it) between its first and last sample inside the window, against the same cgroup read here
-        cpu = record["cpu"]
-        assert cpu["source"] == "prometheus"
-        usage = f'container_cpu_usage_seconds_total{{namespace="{ns}",pod="{name}-1",container="postgres"}}'
-        stamps = prom.sample_times(usage, start, end)
-        assert len(stamps) >= 2, stamps
-        t0, t1 = stamps[0], stamps[-1]
-        slack = 0.1  # cAdvisor stamps a sample right after reading the cgroup
-        fewest, most = growth(oracle.cpu, (t0 - slack, t0), (t1 - slack, t1))
-        used_ns = m["primary_cpu_cores"] * (t1 - t0) * 1e9
-        assert fewest <= used_ns <= most, (used_ns, fewest, most, t0, t1)
-        assert m["server_cpu_cores"] == m["primary_cpu_cores"] > 0  # one instance
-        assert m["client_cgroup_cpu_cores"] > 0  # the pgbench pod's container
-
-        # CloudNativePG's figures came from Prometheus too, under the exporter's names
-        assert record["exporter"]["source"] == "prometheus"
-        assert m["commits_s"] > 0 and m["wal_mb_s"] > 0
-        assert (run_dir / "prometheus" / "exporter.json").is_file()
-        store.close()
-    finally:
-        oracle.halt.set()
-        prom.stop()
+    # CloudNativePG's figures came from Prometheus too, under the exporter's names
+    assert record["exporter"]["source"] == "prometheus"
+    assert m["commits_s"] > 0 and m["wal_mb_s"] > 0
+    assert (run_dir / "prometheus" / "exporter.json").is_file()
+    store.close()
 
 
 def device_of(lab: kubelab.KubeLab) -> str:
     """major:minor of the block device under the lab's hostPath volumes, as this machine's kernel says."""
     st = os.stat(lab.root / "pv")
     return f"{os.major(st.st_dev)}:{os.minor(st.st_dev)}"
+
+
+# ------------------------------------------------------------------ the one sweep both tests read
+LOAD = f"""matrix: {{clients: [5], jobs: [2]}}
+run: {{duration: {DURATION_S}s, load_pods: 2}}
+"""
+
+
+@dataclass
+class Sweep:
+    results: Path
+    name: str
+    namespace: str
+    prometheus: Prometheus
+    oracle: Oracle
+    device: str
+
+
+@pytest.fixture(scope="module")
+def sweep(lab: kubelab.KubeLab, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sweep]:
+    """One pglab sweep for the module (a Cluster's life is most of a run's time on the lab): one point over two
+    pgbench pods, its disk, CPU and CloudNativePG figures from a real Prometheus scraping the lab, this machine's
+    own counters sampled meanwhile."""
+    tmp = tmp_path_factory.mktemp("scale")
+    ns, name = "pglab-e2e-scale", "scale"
+    prom = Prometheus(lab, tmp / "prometheus", ns)
+    oracle = Oracle(lab, ns, f"{name}-1", device_of(lab))
+    try:
+        plan = tmp / "plan.yaml"
+        extra = f"    prometheus: {{url: '{prom.url}', interval: {SCRAPE_S}s}}\n"
+        plan.write_text(small_plan(lab, name, ns, LOAD, extra))
+        results = tmp / "results"
+        oracle.start()
+        proc = pglab("run", str(plan), "--results", str(results), timeout=1200)
+        oracle.halt.set()
+        oracle.join()
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        namespace_gone(lab, ns, proc.stderr)
+        yield Sweep(results, name, ns, prom, oracle, device_of(lab))
+    finally:
+        oracle.halt.set()
+        prom.stop()

@@ -961,6 +961,8 @@ def run_jobs_script(plan: Plan, sequence: list[Manifest | ClusterPatch]) -> str:
     head += [
         f"# Results stay in the Jobs' logs (kubectl -n {ns} logs job/NAME: a base64 tarball between the pglab results",
         "# markers). Run again after a failure: Jobs already complete are passed over; delete the failed one first.",
+        *([f"# Each run's Job has {plan.run.load_pods} pods (run.load_pods, one per index): kubectl -n {ns} logs "
+           "-l job-name=NAME --prefix shows each one's."] if plan.run.load_pods > 1 else []),
         f"# At the end: kubectl delete namespace {ns}.",
         "set -eu",
         'KUBECTL=${KUBECTL:-kubectl}',
