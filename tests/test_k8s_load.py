@@ -7,14 +7,17 @@ from __future__ import annotations
 
 import os
 import re
+import socket
 import subprocess
 from pathlib import Path
 
 import numpy as np
 import pytest
+from kubernetes import client
 
 from conftest import pglab
-from k8s_support import check
+from k8s_fake import FakeAPI
+from k8s_support import check, cli, k8s_plan, kubeconfig, posted_jobs
 from pglab.plan.expand import expand
 from pglab.plan.load import parse_plan
 from pglab.targets.kubernetes.render import (
@@ -200,3 +203,24 @@ def test_with_prometheus_no_disk_sampler_is_rendered(tmp_path: Path) -> None:
     kinds = [m.kind for m in render(plan, tmp_path)]
     assert "DaemonSet" not in kinds
     assert "DaemonSet" in [m.kind for m in render(parse_plan(PLAN), tmp_path)]
+
+
+def test_an_unreachable_prometheus_is_refused_before_anything_is_created(
+        fake: tuple[FakeAPI, client.ApiClient], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    api, api_client = fake
+    with socket.socket() as s:  # a port nothing listens on: bound, never listening
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+        text = k8s_plan("matrix: {clients: [1], jobs: [1]}", "run: {duration: 4s}",
+                        kubernetes=(f"kubeconfig: {kubeconfig(tmp_path, api_client)}",
+                                    f"prometheus: {{url: 'http://127.0.0.1:{port}'}}"))
+        plan = tmp_path / "plan.yaml"
+        plan.write_text(text)
+        assert cli(monkeypatch, "run", str(plan), "--results", str(tmp_path / "r")) == 2
+    err = capsys.readouterr().err
+    last = err.strip().splitlines()[-1]  # after the preflight's lines on the cluster: one sentence
+    assert last.startswith(f"error: target.kubernetes.prometheus: Prometheus at http://127.0.0.1:{port} cannot be "
+                           "reached"), err
+    assert err.count("error:") == 1 and "Traceback" not in err, err
+    assert posted_jobs(api) == [] and not api.created and api.objects == {}  # nothing was created
