@@ -467,7 +467,7 @@ class Orchestrator:
                     raise K8sError(f"Job/{m.name} still running after {self.job_timeout_s:.0f} s")
                 if time.monotonic() >= next_look:
                     next_look = time.monotonic() + POD_LOOK_S
-                    stuck_since = self._pod_cannot_start(m.name, stuck_since)
+                    stuck_since = self._pod_cannot_start(f"job-name={m.name}", f"Job/{m.name}", stuck_since)
                 time.sleep(self.poll_s)
             outcome = LoadOutcome(m.name, "Complete" in conditions, [])
             for index, (pod, node, ok, log) in sorted(self._load_logs(m.name).items()):
