@@ -180,6 +180,14 @@ install_kube_lab() {
     export PGLAB_KUBE_LAB_IMAGES
 }
 
+install_lab_prometheus() {
+    # The tests' real Prometheus and node-exporter (tests/test_kube_lab_scale.py), from the Go module proxy into the
+    # lab cache beside the Kubernetes binaries, as a step of their own (~15 min the first time on 2 cores).
+    local go
+    go="$(find_go)" || { install_go; go="$(find_go)"; }
+    tools/kube-lab/prometheus/build.sh "$go" >/dev/null
+}
+
 install_base() {
     # $1: Python extras (comma-separated, may be empty); the rest: more system packages
     local extras="$1"
@@ -245,6 +253,7 @@ case "${1:-}" in
         install_toxiproxy
         install_cnpg_check
         install_kube_lab
+        install_lab_prometheus
         .venv/bin/ruff check src tests bench tools
         .venv/bin/mypy  # src/, as configured in pyproject.toml: the package ships py.typed
         run_tests ;;

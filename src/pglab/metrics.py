@@ -182,6 +182,10 @@ METRICS: tuple[Metric, ...] = (
     Metric("transactions", "count", None, "client", "transactions pgbench completed"),
     Metric("logged_transactions", "count", None, "client", "transactions in the (sampled) transaction log"),
     Metric("window_s", "s", None, "client", "length of the measured window"),
+    Metric("load_pods", "count", None, "client", "pgbench pods that drove the run together (Kubernetes "
+           "run.load_pods; none stored for one pgbench)", 0, columns=_in("points", "runs", how="max")),
+    Metric("load_start_skew_s", "s", True, "client", "from the first load pod's first transaction to the last "
+           "one's (run.load_pods): the common window starts at the last", 3),
     Metric("client_cpu_cores", "cores", True, "cpu", "CPU pgbench used"),
     Metric("client_cpu_cores_max", "cores", True, "cpu", "most CPU pgbench used in one second"),
     Metric("server_cpu_cores", "cores", True, "cpu", "CPU the PostgreSQL servers used"),

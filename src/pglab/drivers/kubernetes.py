@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import urllib3
 from kubernetes import client
 from kubernetes.client.rest import ApiException
@@ -35,10 +36,19 @@ from pglab.plan.schema import Plan
 from pglab.probes.base import now
 from pglab.scenarios.figures import phase_metrics, witness_metrics
 from pglab.scenarios.witness import evaluate
-from pglab.targets.kubernetes import disks, exporter
-from pglab.targets.kubernetes.orchestrate import POSTGRES_CONTAINER, JobOutcome, K8sError, Orchestrator, api_client
+from pglab.targets.kubernetes import disks, exporter, prometheus
+from pglab.targets.kubernetes.orchestrate import (
+    POSTGRES_CONTAINER,
+    JobOutcome,
+    K8sError,
+    LoadOutcome,
+    Orchestrator,
+    api_client,
+)
+from pglab.targets.kubernetes.prometheus import PrometheusError
 from pglab.targets.kubernetes.render import (
     DATABASE,
+    LOAD_DIR,
     SETTINGS_FILE,
     SETTINGS_WAIT_S,
     VOLUME_MOUNT_FILE,
@@ -50,6 +60,7 @@ from pglab.targets.kubernetes.render import (
     fio_volumes,
     instance_parameters,
     instance_resources,
+    load_shares,
     millicores,
     pgbench_init,
     pgbench_run,
@@ -129,6 +140,10 @@ class KubernetesDriver:
         self.k8s = target_of(plan)
         self.points = expand(plan, cores=client_cores(self.k8s))  # the same points (and Job names) render made
         self.current: Point = self.points[0]  # the point the Cluster is shaped for (CPU step, parameters)
+        self._load = plan.run.load_pods > 1  # each run over several pgbench pods (one Indexed Job)
+        self._prom = (prometheus.Client(self.k8s.prometheus, plan_dir) if self.k8s.prometheus is not None
+                      else None)  # the figures' source instead of the samplers and exporter reads
+        self._prom_told = False
 
     @property
     def orch(self) -> Orchestrator:
@@ -140,6 +155,12 @@ class KubernetesDriver:
         """Connect with the plan's kubeconfig (an unusable one is the user's to fix, in one sentence)."""
         if self.api is None:
             self.api = connect(self.plan)
+        if self._prom is not None:
+            try:
+                self._prom_version = self._prom.version()
+            except PrometheusError as exc:
+                raise UserError(f"target.kubernetes.prometheus: {str(exc).rstrip('.')}; check url, "
+                                "bearer_token_file and the TLS settings.") from None
         self._orch = Orchestrator(self.plan, self.plan_dir, self.api, poll_s=self.poll_s,
                                   ready_timeout_s=self.ready_timeout_s, job_timeout_s=self.job_timeout_s,
                                   log=self.ui.log)
@@ -299,6 +320,7 @@ class KubernetesDriver:
             "memory": {"limit": self.k8s.resources.memory},
             "postgres": {"image": self.k8s.image, "parameters": instance_parameters(self.plan, self.current)},
             "cluster_status": status,
+            **({"prometheus": {"url": self._prom.url, "version": self._prom_version}} if self._prom else {}),
             "plan": self.plan_text,
         }
 
@@ -364,8 +386,8 @@ class KubernetesDriver:
             ui.run_started(point, repeat, "job")
             launched = now()
             self._phases.append((launched, "job"))  # the Job: its pod's start, warm-up and measured window
-            scraper = self._scraper()
-            nodes_read = self._node_scrapes()
+            scraper = self._scraper() if self._prom is None else None  # with Prometheus: asked after the run
+            nodes_read = self._node_scrapes() if self._prom is None else None
             if wm is not None:
                 (run_dir / "witness-job.yaml").write_text(to_yaml(wm.body))
                 self.orch.create(wm)  # writing before pgbench starts, so the fault falls inside its log
@@ -374,7 +396,9 @@ class KubernetesDriver:
             for reader in readers:
                 reader.start()
             try:
-                outcome = self.orch.run_job(m, run_dir, on_poll=injector.poll if injector else None)
+                outcome: JobOutcome | LoadOutcome = (
+                    self.orch.run_load_job(m, run_dir, self.plan.run.load_pods) if self._load else
+                    self.orch.run_job(m, run_dir, on_poll=injector.poll if injector else None))
                 if injector is not None and (outcome.succeeded or injector.fault_time is not None):
                     injector.finish(self.scenario_timeout_s)
             finally:
@@ -387,21 +411,38 @@ class KubernetesDriver:
             if scraper is not None:
                 exporter_files = scraper.write(run_dir / "exporter")
                 self._tell_exporter_errors(scraper)
-            settings = self._check_settings(run_dir, point, m.name)  # first: an unapplied parameter fails the Job
-            if not outcome.succeeded:
-                raise RunFailed(_job_failure(outcome, run_dir))
-            result, extra, warmup_start = self._collect(run_dir, m, launched, now())
+            # first: an unapplied parameter fails the Job (with several load pods, pod 0 waited for them)
+            settings = self._check_settings(run_dir / LOAD_DIR.format(index=0) if self._load else run_dir, point,
+                                            m.name)
+            load_info: dict[str, Any] | None = None
+            load_series: list[tuple[float, str, str, float | None]] = []
+            if isinstance(outcome, LoadOutcome):
+                if not outcome.succeeded:
+                    raise RunFailed(_load_failure(outcome, run_dir))
+                result, extra, warmup_start, load_info, load_series = self._collect_load(run_dir, m, point, outcome)
+            else:
+                if not outcome.succeeded:
+                    raise RunFailed(_job_failure(outcome, run_dir))
+                result, extra, warmup_start = self._collect(run_dir, m, launched, now())
             window = (result.window_start, result.window_end)
             metrics = {**pgbench_metrics(result), **extra}
             if point.cpus is not None:
                 metrics["limit_cpus"] = point.cpus  # the step's CPU limit per instance, as a local run stores it
-            figures = exporter.summarize(scraper.scrapes, scraper.primary, window, DATABASE) if scraper else None
+            cpu: prometheus.RunCpu | None = None
+            if self._prom is not None:
+                figures, disk, cpu, prom_files = self._from_prometheus(self._prom, run_dir, window, m.name)
+                exporter_files += prom_files
+            else:
+                figures = exporter.summarize(scraper.scrapes, scraper.primary, window, DATABASE) if scraper else None
+                disk = self._disks(run_dir, launched, window, nodes_read)
             if figures is not None:
                 metrics.update(figures.metrics)
-            series = pgbench_series(result, "pgbench")
+            series = pgbench_series(result, "pgbench") + load_series
             if figures is not None:
                 series += figures.series
-            disk = self._disks(run_dir, launched, window, nodes_read)
+            if cpu is not None:
+                metrics.update(cpu.metrics)
+                series += cpu.series
             if disk is not None:
                 metrics.update(disk.metrics)
                 series += disk.series
@@ -419,7 +460,9 @@ class KubernetesDriver:
                                 record={"job": m.name, "command": result.command,
                                         "files": outcome.files + exporter_files + (disk.files if disk else []),
                                         "exporter": figures.info if figures else None,
-                                        "disk": disk.info if disk else None})
+                                        "disk": disk.info if disk else None,
+                                        **({"load": load_info} if load_info is not None else {}),
+                                        **({"cpu": cpu.info} if cpu is not None else {})})
         except self.run_errors:
             try:
                 self._failed_health = self.orch.cluster_health()
@@ -757,6 +800,182 @@ class KubernetesDriver:
         command = m.body["spec"]["template"]["spec"]["containers"][0]["command"]
         run = PgbenchRun(summary, stats, progress, first, last, command, 0, log_files)
         return run, extra, warmup_start
+
+    # ------------------------------------------------------------ figures from the cluster's Prometheus
+    def _from_prometheus(self, client: prometheus.Client, run_dir: Path, window: tuple[float, float], job: str
+                         ) -> tuple[exporter.RunFigures | None, disks.RunDisks | None, prometheus.RunCpu | None,
+                                    list[str]]:
+        """The run's CloudNativePG, container CPU and node disk figures, asked of Prometheus once its last scrapes
+        of the window are stored (``lag``); the samples used are kept in prometheus/*.json. A query that fails
+        gives no figure of its kind (said once per sweep), not a failed run."""
+        cfg = client.cfg
+        lag = cfg.lag if cfg.lag is not None else 2 * cfg.interval + 1
+        if (wait := window[1] + lag - now()) > 0:
+            time.sleep(wait)
+        w = prometheus.Window(window[0], window[1], cfg.interval)
+        try:
+            pods = self.orch.instance_pods()
+            primary = self.orch.cluster_status().get("currentPrimary")
+        except K8sError as exc:
+            self._tell_prometheus(str(exc))
+            return None, None, None, []
+        instances = {p.metadata.name: p.spec.node_name for p in pods if p.spec is not None and p.spec.node_name}
+        names = sorted(instances)
+        folder = run_dir / "prometheus"
+        folder.mkdir(parents=True, exist_ok=True)
+        files: list[str] = []
+        where = {"source": "prometheus", "url": client.url}
+
+        def keep(name: str, series: prometheus.Series) -> None:
+            write_json(folder / f"{name}.json", prometheus.to_json(series))
+            files.append(f"prometheus/{name}.json")
+
+        figures = cpu = disk = None
+        try:
+            scrapes, raw = prometheus.exporter_scrapes(client, self.k8s.namespace, names, w)
+            keep("exporter", raw)
+            figures = exporter.summarize(scrapes, str(primary), window, DATABASE)
+            figures.info.update(where)
+        except PrometheusError as exc:
+            self._tell_prometheus(str(exc))
+        try:
+            groups = {"server": ("|".join(re.escape(n) for n in names), POSTGRES_CONTAINER),
+                      "client": (re.escape(job) + "-.+", "main")}  # the run's Job pods (one per load pod)
+            cpu, raw = prometheus.container_cpu(client, self.k8s.namespace, groups, primary, w)
+            keep("cpu", raw)
+        except PrometheusError as exc:
+            self._tell_prometheus(str(exc))
+        try:
+            blocks, raw = prometheus.node_blocks(client, sorted(set(instances.values())), w)
+            keep("disk", raw)
+            volumes = self._volumes(pods) if blocks else {}
+            disk = disks.summarize(blocks, instances, primary, window, volumes,
+                                   " (node-exporter's diskstats filter leaves partitions, loop and ram devices out)")
+            disk.info.update(where)
+            disk.files = []
+            if disk.problems or not disk.metrics:
+                self._tell_disk(str(disk.info.get("note")))
+                disk.metrics, disk.series = {}, []
+            write_json(folder / "disk-figures.json", disk.info)
+            files.append("prometheus/disk-figures.json")
+        except PrometheusError as exc:
+            self._tell_prometheus(str(exc))
+        return figures, disk, cpu, files
+
+    def _tell_prometheus(self, why: str) -> None:
+        """Say once per sweep why a run lacks figures from Prometheus."""
+        if not self._prom_told:
+            self._prom_told = True
+            self.ui.log(f"prometheus: {why.rstrip('.')} (no such figures stored for the run, not zeros)")
+
+    # ------------------------------------------------------------ a run over several load pods (run.load_pods)
+    def _collect_load(self, run_dir: Path, m: Manifest, point: Point, outcome: LoadOutcome
+                      ) -> tuple[PgbenchRun, dict[str, float | None], float | None, dict[str, Any],
+                                 list[tuple[float, str, str, float | None]]]:
+        """One run's figures from its load pods' files (load-<i>/): the common window is from the last pod's first
+        transaction start (plus the warm-up) to the first pod's last transaction end, when every pod was loading;
+        TPS counts every pod's transactions that ended inside it; latency mean and exact percentiles are those of
+        the merged logs' transactions of the window, and the merged histogram (each pod's, added) is kept as the
+        run's. Each pod's pgbench.out, progress (pgbench.err), logs and histogram stay in its folder."""
+        run = self.plan.run
+        shares = load_shares(self.plan, point)
+        pods = []
+        for index in range(run.load_pods):
+            d = run_dir / LOAD_DIR.format(index=index)
+            out = d / "pgbench.out"
+            if not out.is_file():
+                raise PgbenchError(f"load pod {index} of Job/{m.name} shipped no pgbench.out")
+            summary = pgbench.parse_summary(out.read_text(errors="replace"))
+            err = d / "pgbench.err"
+            progress = [p for line in (err.read_text(errors="replace") if err.is_file() else "").splitlines()
+                        if (p := pgbench.parse_progress_line(line)) is not None]
+            files = sorted(f for f in d.iterdir() if TXN_LOG.match(f.name))
+            log = txlog.read(files)
+            if not log.count:
+                raise PgbenchError(f"load pod {index} of Job/{m.name} logged no transaction")
+            pods.append((d, summary, progress, files, log, txlog.first_start(log), log.last_end()))
+        begun = max(p[5] for p in pods)
+        start, end = begun + (run.warmup if run.measured_seconds is not None else 0.0), min(p[6] for p in pods)
+        if end <= start:
+            raise PgbenchError(f"the load pods of Job/{m.name} never ran together (the last started at {begun:.3f}, "
+                               f"the first ended at {end:.3f}{f', warm-up {run.warmup:g} s' if run.warmup else ''})")
+        scale = 1.0 / run.sampling_rate
+        selected, histogram, per_pod = [], txlog.LatencyHistogram({}, 0, 0), []
+        failed = 0
+        for index, (d, summary, _, _, log, first, last) in enumerate(pods):
+            ends = log.end_ts()
+            sel = log.select((ends >= start) & (ends <= end))
+            del ends
+            mine = txlog.LatencyHistogram.of(sel.latency_us)
+            mine.save(d / txlog.HISTOGRAM_FILE)
+            histogram = histogram.merge(mine)
+            failed += int(((log.failed_end_ts >= start) & (log.failed_end_ts <= end)).sum())
+            selected.append(sel)
+            per_pod.append({"index": index, "pod": outcome.pods[index].name if index < len(outcome.pods) else None,
+                            "node": outcome.nodes.get(index), "clients": shares[index][0],
+                            "threads": shares[index][1], "first_start": first, "last_end": last,
+                            "transactions_in_window": round(sel.count * scale), "pgbench_tps": summary.tps})
+        histogram.save(run_dir / txlog.HISTOGRAM_FILE)
+        merged = txlog.concat(selected)
+        del selected
+        lat = merged.latency_ms
+        connect = [p[1].initial_connection_ms for p in pods if p[1].initial_connection_ms is not None]
+        summary = PgbenchSummary(
+            tps=merged.count * scale / (end - start), latency_avg_ms=float(lat.mean()) if lat.size else None,
+            latency_stddev_ms=float(lat.std()) if lat.size else None,
+            initial_connection_ms=max(connect) if connect else None, transactions=round(merged.count * scale),
+            failed=round(failed * scale), duration_s=end - start)
+        del lat
+        series = _per_second(merged, start, end, scale)
+        for index, pod in enumerate(pods):
+            series += pgbench_series(PgbenchRun(pod[1], None, pod[2], pod[5], pod[6], [], 0), f"pgbench:{index}")
+        stats = pgbench.txlog_stats(merged, last_use=True)
+        del merged
+        files = [f for p in pods for f in txlog.compress(p[3])]
+        command = m.body["spec"]["template"]["spec"]["containers"][0]["command"]
+        extra: dict[str, float | None] = {"load_pods": float(run.load_pods), "load_start_skew_s":
+                                          max(p[5] for p in pods) - min(p[5] for p in pods)}
+        info = {"pods": run.load_pods, "window": [start, end], "start_skew_s": extra["load_start_skew_s"],
+                "nodes": len({p["node"] for p in per_pod if p["node"]}), "per_pod": per_pod}
+        write_json(run_dir / "load.json", info)
+        warmup_start = begun if start > begun else None
+        return PgbenchRun(summary, stats, [], start, end, command, 0, files), extra, warmup_start, info, series
+
+
+def _per_second(log: txlog.TxLog, start: float, end: float,
+                scale: float) -> list[tuple[float, str, str, float | None]]:
+    """The merged load's per-second series (source ``pgbench``, as one pgbench's progress): transactions that
+    ended in each whole second from ``start`` (TPS, mean latency); a last partial second is left out."""
+    if not log.count:
+        return []
+    ends = log.end_ts()
+    bins = np.floor(ends - start).astype(np.int64)
+    seconds = math.floor(end - start)
+    keep = (bins >= 0) & (bins < seconds)
+    counts = np.bincount(bins[keep], minlength=seconds)
+    sums = np.bincount(bins[keep], weights=log.latency_ms[keep], minlength=seconds)
+    out: list[tuple[float, str, str, float | None]] = []
+    for i in range(seconds):
+        ts = start + i + 1
+        out.append((ts, "pgbench", "tps", float(counts[i]) * scale))
+        out.append((ts, "pgbench", "latency_ms", float(sums[i] / counts[i]) if counts[i] else None))
+    return out
+
+
+def _load_failure(outcome: LoadOutcome, run_dir: Path) -> str:
+    """One line: the first failed load pod's own last words (dataset reset, barrier, pgbench), else the pods'."""
+    for index, pod in enumerate(outcome.pods):
+        if pod.succeeded:
+            continue
+        d = run_dir / LOAD_DIR.format(index=index)
+        for name, what in (("reset.log", "dataset reset before the run"), ("pgbench.err", "pgbench")):
+            f = d / name
+            if f.is_file() and (words := _last_words(f.read_text(errors="replace"))) != "no output":
+                if name == "reset.log" and (d / "pgbench.out").is_file():
+                    continue
+                return f"{what} failed in load pod {index} of Job/{outcome.name}: {words}"
+        return f"load pod {index} of Job/{outcome.name} failed: {_last_words(pod.log)}"
+    return f"Job/{outcome.name} failed: {_last_words(outcome.log)}"
 
 
 def _mount_of(dest: Path) -> str | None:

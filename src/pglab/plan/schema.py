@@ -43,6 +43,7 @@ MAX_PRICE = 1e12
 MAX_POINTS = 10_000
 MAX_TENANTS = 256
 MAX_RUNS = 100_000
+MAX_LOAD_PODS = 64
 MAX_TEXT = 4096  # paths and free text; PATH_MAX on Linux
 MAX_VALUE = 1024  # a PostgreSQL parameter value given as text
 WEEK = 7 * 24 * 3600
@@ -466,6 +467,50 @@ class NodeExporter(Strict):
                                              "or token is sent)")
 
 
+_PROM_LABEL = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
+_PROM_URL = re.compile(r"https?://[^\s/?#]+(/[^\s?#]*)?")
+PromLabel = Annotated[str, _text(128, pattern=_PROM_LABEL, what="a Prometheus label name (letters, digits, '_')")]
+
+
+class PrometheusSource(Strict):
+    """The cluster's Prometheus as the source of a run's node disk, container CPU and CloudNativePG figures: range
+    queries over the run's window (instead of pglab's disk sampler and its reads of the exporters). It must
+    scrape node-exporter, the kubelets' cAdvisor (/metrics/cadvisor) and the instances' exporters (port 9187, as
+    CloudNativePG's PodMonitor does)."""
+
+    url: Annotated[str, _text(2048, pattern=_PROM_URL, what="an http:// or https:// URL")] = Field(
+        description="Prometheus's base URL (its HTTP API is under /api/v1), e.g. http://prometheus.monitoring:9090")
+    bearer_token_file: Text | None = Field(None, description="file whose content is sent as 'Authorization: Bearer "
+                                           "…' (read at every query: a rotated token is picked up)")
+    ca_file: Text | None = Field(None, description="CA bundle to verify an https URL with (default: the system's)")
+    cert_file: Text | None = Field(None, description="client certificate for mutual TLS (with key_file)")
+    key_file: Text | None = Field(None, description="client key for mutual TLS (with cert_file)")
+    insecure_skip_verify: bool = Field(False, description="do not verify an https URL's certificate")
+    interval: Seconds = Field(15.0, description="the scrape interval of the series read: the range queries' step "
+                              "(Prometheus's default is 15 s)")
+    lag: Seconds | None = Field(None, description="how long after a run's window the queries wait for its last "
+                                "scrapes to be stored (default: 2 x interval + 1 s)")
+    selector: dict[PromLabel, Annotated[str, _text(256)]] = Field(
+        default_factory=dict, max_length=16, description="label matchers added to every query, e.g. {cluster: "
+        "prod} on a Prometheus that holds several clusters")
+    node_label: PromLabel = Field("instance", description="label of node-exporter's series that holds the "
+                                  "Kubernetes node name (its value the name, or name:port)")
+    pod_label: PromLabel = Field("pod", description="label holding the pod name on cAdvisor's and the exporters' "
+                                 "series")
+    namespace_label: PromLabel = Field("namespace", description="label holding the namespace on cAdvisor's and "
+                                       "the exporters' series")
+    container_label: PromLabel = Field("container", description="label holding the container name on cAdvisor's "
+                                       "series")
+    timeout: Seconds = Field(30.0, description="seconds each query may take")
+
+    @model_validator(mode="after")
+    def _pair(self) -> PrometheusSource:
+        if (self.cert_file is None) != (self.key_file is None):
+            raise PydanticCustomError("prometheus", "give cert_file and key_file together (mutual TLS), or neither",
+                                      {"at": "cert_file" if self.cert_file is None else "key_file"})
+        return self
+
+
 class KubernetesTarget(Strict):
     """A CloudNativePG ``Cluster`` pglab creates in a namespace, with pgbench and fio as Jobs on client nodes."""
 
@@ -484,6 +529,17 @@ class KubernetesTarget(Strict):
     clients: K8sClients = Field(default_factory=K8sClients, description="where pgbench and fio run")
     node_exporter: NodeExporter | None = Field(None, description="read disk counters from these node-exporter pods "
                                                "instead of pglab's disk-sampler DaemonSet")
+    prometheus: PrometheusSource | None = Field(None, description="read the runs' node disk, container CPU and "
+                                                "CloudNativePG figures from this Prometheus (range queries over each "
+                                                "run's window) instead of pglab's own samplers and exporter reads")
+
+    @model_validator(mode="after")
+    def _one_disk_source(self) -> KubernetesTarget:
+        if self.prometheus is not None and self.node_exporter is not None:
+            raise PydanticCustomError("kubernetes", "give node_exporter or prometheus, not both: with prometheus the "
+                                      "disk counters come from the node-exporter series it holds",
+                                      {"at": "node_exporter"})
+        return self
 
     @model_validator(mode="after")
     def _sync_fits(self) -> KubernetesTarget:
@@ -889,6 +945,10 @@ class Run(Strict):
     protocol: Literal["simple", "extended", "prepared"] = Field(
         "simple", description="query protocol of pgbench (-M)")
     pause: Seconds = Field(0.0, description="idle seconds between runs")
+    load_pods: Annotated[int, _int_between(1, MAX_LOAD_PODS)] = Field(
+        1, description="Kubernetes: pgbench pods that drive each run together (one Indexed Job, on distinct nodes "
+        "where possible): the point's clients and threads split over them, TPS summed over their common window, "
+        "latency from their merged transaction logs")
 
     @field_validator("duration")
     @classmethod
@@ -1160,6 +1220,25 @@ class Plan(Strict):
                 raise PydanticCustomError("tenants", "'{cluster}' is too long to name the tenants' Clusters and Jobs "
                                           "(63 characters at most); shorten it",
                                           {"cluster": k8s.cluster_name, "at": "target.kubernetes.cluster_name"})
+        return self
+
+    @model_validator(mode="after")
+    def _load_pods_fit(self) -> Plan:
+        """run.load_pods: several pgbench pods per run exist on a Kubernetes target only, each with a client."""
+        n = self.run.load_pods
+        if n == 1:
+            return self
+        if self.target.kubernetes is None:
+            raise PydanticCustomError("load_pods", "spreading a run over pgbench pods needs target: kubernetes; "
+                                      "remove run.load_pods", {"at": "run.load_pods"})
+        fewest = min(self.matrix.clients)
+        if fewest < n:
+            raise PydanticCustomError("load_pods", "{n} pods need at least {n} clients, but matrix.clients has "
+                                      "{fewest}; lower run.load_pods or raise the clients",
+                                      {"n": n, "fewest": fewest, "at": "run.load_pods"})
+        if self.matrix.scenario:
+            raise PydanticCustomError("load_pods", "scenarios run with one pgbench pod (load_pods: 1); remove "
+                                      "run.load_pods or matrix.scenario", {"at": "run.load_pods"})
         return self
 
     @model_validator(mode="after")

@@ -413,6 +413,8 @@ def database_columns(columns: list[str], rows: list[dict[str, Any]], chosen: lis
     fixed = [c for c in columns if c in ("run_id", "status", *AXIS_COLUMNS, "storage") or c.startswith("parameters.")
              or (c == "jobs" and c in columns[:8])]
     figures = chosen if chosen is not None else [c for c in COMPACT_COLUMNS if c in columns]
+    if chosen is None and "load_pods" in columns and any(r.get("load_pods") for r in rows):
+        fixed.append("load_pods")  # a point driven by several pgbench pods says so (Kubernetes run.load_pods)
     if chosen is None and not any(r.get("flags") for r in rows):
         figures = [c for c in figures if c != "flags"]
     if per_run and chosen is None:

@@ -204,6 +204,21 @@ def read(files: Sequence[Path]) -> TxLog:
     return TxLog(lat.done(), end.done(), base or 0, failed.done(), skipped)
 
 
+def concat(logs: Sequence[TxLog]) -> TxLog:
+    """Several processes' logs as one (several pgbench pods of one run): their transactions one log after the
+    other, end times on the first's base (int64 offsets where int32 would not hold them)."""
+    if not logs:
+        return TxLog(np.empty(0, np.int32), np.empty(0, np.int32), 0, np.empty(0, np.float64), 0)
+    base = next((log.end_base_us for log in logs if log.count), 0)
+    offsets = [log.end_offset_us.astype(np.int64) + (log.end_base_us - base) for log in logs]
+    off = np.concatenate(offsets) if offsets else np.empty(0, np.int64)
+    if off.size and off.min() >= -(2**31) and off.max() < 2**31:
+        off = off.astype(np.int32)
+    lat = np.concatenate([log.latency_us for log in logs])
+    return TxLog(lat, off, base, np.concatenate([log.failed_end_ts for log in logs]),
+                 sum(log.skipped for log in logs))
+
+
 def first_start(log: TxLog) -> float:
     """When the first transaction began (epoch s): min(end - latency), in blocks (no 80 MB temporary), with the
     former reader's arithmetic (µs / 1000 / 1000), so the same float."""

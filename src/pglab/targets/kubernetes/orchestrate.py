@@ -22,7 +22,7 @@ from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 
 from pglab.plan.schema import Plan
-from pglab.targets.kubernetes.render import BEGIN_MARK, DISK_SAMPLER, END_MARK, Manifest, render, target_of
+from pglab.targets.kubernetes.render import BEGIN_MARK, DISK_SAMPLER, END_MARK, LOAD_DIR, Manifest, render, target_of
 
 CNPG = ("postgresql.cnpg.io", "v1", "clusters")
 HEALTHY = "Cluster in healthy state"
@@ -97,6 +97,25 @@ def extract_results(log: str, dest: Path) -> tuple[str, list[str]]:
     except (binascii.Error, tarfile.TarError, OSError) as exc:
         raise K8sError(f"the results in the pod's log cannot be read: {exc}") from None
     return text + after, sorted(names)
+
+
+@dataclass
+class LoadOutcome:
+    """A finished Indexed Job of load pods: whether every pod succeeded, each pod's outcome (by index, files
+    relative to the run's folder) and node."""
+
+    name: str
+    succeeded: bool
+    pods: list[JobOutcome]
+    nodes: dict[int, str] = field(default_factory=dict)
+
+    @property
+    def files(self) -> list[str]:
+        return [f for p in self.pods for f in p.files]
+
+    @property
+    def log(self) -> str:
+        return "\n".join(p.log for p in self.pods)
 
 
 class Orchestrator:
@@ -423,6 +442,72 @@ class Orchestrator:
             its = "its pod" if owner.startswith("Job/") else f"its pod {pod}"
             raise K8sError(f"{owner}: {its} cannot start after {now_ - since:.0f} s ({why})")
         return since
+
+    # -------------------------------------------------------------- a run over several load pods (run.load_pods)
+    def run_load_job(self, m: Manifest, dest: Path, pods: int,
+                     on_poll: Callable[[], None] | None = None) -> LoadOutcome:
+        """Create an Indexed Job of ``pods`` load pods, wait until it is Complete (every index succeeded) or Failed
+        (one failed: backoffLimit 0 ends the others), bring back each pod's log and results into
+        ``dest``/load-<index>, delete it (also on a failure)."""
+        self.create(m)
+        deadline = time.monotonic() + self.job_timeout_s
+        next_look = time.monotonic() + POD_LOOK_S
+        stuck_since: float | None = None
+        try:
+            while True:
+                if on_poll is not None:
+                    on_poll()
+                try:
+                    st = self.batch.read_namespaced_job(m.name, self.ns).status
+                except ApiException as exc:
+                    raise K8sError(f"reading Job/{m.name}: {_reason(exc)}") from None
+                conditions = {c.type for c in (st.conditions or []) if c.status == "True"} if st is not None else set()
+                if conditions & {"Complete", "Failed"}:
+                    break
+                if time.monotonic() > deadline:
+                    raise K8sError(f"Job/{m.name} still running after {self.job_timeout_s:.0f} s")
+                if time.monotonic() >= next_look:
+                    next_look = time.monotonic() + POD_LOOK_S
+                    stuck_since = self._pod_cannot_start(f"job-name={m.name}", f"Job/{m.name}", stuck_since)
+                time.sleep(self.poll_s)
+            outcome = LoadOutcome(m.name, "Complete" in conditions, [])
+            for index, (pod, node, ok, log) in sorted(self._load_logs(m.name).items()):
+                where = dest / LOAD_DIR.format(index=index)
+                try:
+                    text, files = extract_results(log, where)
+                except K8sError as exc:  # a pod ended by the Job controller (another one failed) printed no end
+                    text, files = f"{log}\n{exc}", []
+                where.mkdir(parents=True, exist_ok=True)
+                (where / "pod.log").write_text(text)
+                outcome.pods.append(JobOutcome(pod, ok, text, [f"{where.name}/{f}" for f in files]))
+                outcome.nodes[index] = node
+            if len(outcome.pods) != pods and outcome.succeeded:
+                raise K8sError(f"Job/{m.name} completed with {len(outcome.pods)} of its {pods} pods left to read")
+        finally:
+            self.discard(m)
+        return outcome
+
+    def _load_logs(self, job: str) -> dict[int, tuple[str, str, bool, str]]:
+        """Index → (pod, node, succeeded, log) of an Indexed Job's pods (the last pod of each index)."""
+        try:
+            pods = self.core.list_namespaced_pod(self.ns, label_selector=f"job-name={job}").items
+        except ApiException as exc:
+            raise K8sError(f"listing the pods of Job/{job}: {_reason(exc)}") from None
+        out: dict[int, tuple[str, str, bool, str]] = {}
+        for pod in sorted(pods, key=lambda p: p.metadata.creation_timestamp or datetime.min.replace(tzinfo=UTC)):
+            notes = pod.metadata.annotations or {}
+            index = notes.get("batch.kubernetes.io/job-completion-index")
+            if index is None or not index.isdigit():
+                continue
+            try:
+                log = str(self.core.read_namespaced_pod_log(pod.metadata.name, self.ns))
+            except ApiException as exc:
+                if exc.status == 404:
+                    continue  # deleted by the Job controller after another pod failed
+                raise K8sError(f"reading the log of pod/{pod.metadata.name}: {_reason(exc)}") from None
+            node = (pod.spec.node_name if pod.spec is not None else None) or ""
+            out[int(index)] = (pod.metadata.name, node, pod.status is not None and pod.status.phase == "Succeeded", log)
+        return out
 
     def discard(self, m: Manifest) -> None:
         """Delete an object this orchestrator created, now rather than at the end (a no-op once it is gone)."""

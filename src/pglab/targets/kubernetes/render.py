@@ -561,7 +561,10 @@ def _settings_script(parameters: dict[str, str]) -> str:
 
 
 def pgbench_run(plan: Plan, point: Point, repeat: int = 1) -> Manifest:
-    """One run of one point: pgbench with the point's clients, jobs, workload and synchronous_commit (PGOPTIONS)."""
+    """One run of one point: pgbench with the point's clients, jobs, workload and synchronous_commit (PGOPTIONS);
+    with ``run.load_pods`` > 1, one Indexed Job of that many pgbench pods (``load_job``)."""
+    if plan.run.load_pods > 1:
+        return load_job(plan, point, repeat)
     k8s = target_of(plan)
     seconds = plan.run.measured_seconds
     if seconds is not None:
@@ -585,6 +588,106 @@ def pgbench_run(plan: Plan, point: Point, repeat: int = 1) -> Manifest:
     if point.scenario is not None:
         notes["pglab/scenario"] = point.scenario.label
     return Manifest(f"50-run-{point.index:04d}-{repeat}-job.yaml", _job(k8s, name, "pgbench-run", pod, notes))
+
+
+# ------------------------------------------------------------------ distributed load (run.load_pods)
+LOAD_DIR = "load-{index}"  # each load pod's shipped files, under the run's folder
+LOAD_LABEL = "pglab/load-job"  # the load pods' own label: their anti-affinity to each other
+LOAD_INDEX = "JOB_COMPLETION_INDEX"  # the Indexed Job's pod number, set by the Job controller
+LOAD_BARRIER_TABLE = "pglab_load_barrier"  # where the load pods meet before pgbench starts
+LOAD_BARRIER_POLL_S = 0.1  # how often a load pod looks whether all have arrived: the start skew's bound
+LOAD_FAILED_BARRIER = 4  # a load pod's exit code when the others never arrived
+
+
+def split(total: int, parts: int) -> list[int]:
+    """``total`` over ``parts`` as evenly as possible, the larger shares first (5 over 2: 3 + 2)."""
+    q, r = divmod(total, parts)
+    return [q + (i < r) for i in range(parts)]
+
+
+def load_shares(plan: Plan, point: Point) -> list[tuple[int, int]]:
+    """(clients, threads) of each load pod: the point's clients split, its threads likewise (at least one per pod,
+    never more than the pod's clients)."""
+    n = plan.run.load_pods
+    return [(c, max(1, min(c, j))) for c, j in zip(split(point.clients, n), split(point.jobs, n), strict=True)]
+
+
+def job_timeout_s(plan: Plan) -> float:
+    """How long pglab (and run-jobs.sh) give a run's Job: 3 x (warm-up + duration) + 10 min."""
+    seconds = (plan.run.measured_seconds or 3600) + plan.run.warmup
+    return max(600.0, 3 * seconds + 600)
+
+
+def _barrier_script(index: int, pods: int, deadline_s: float) -> str:
+    """The load pods start pgbench together: pod 0 (after the settings wait and the dataset reset) and every
+    other pod enter a row into a table of the benchmark database, then each waits until all ``pods`` rows of this
+    Job (its uid) are there, looking every LOAD_BARRIER_POLL_S. A pod not joined by all within ``deadline_s`` (pod
+    0 failed, a pod cannot be scheduled) gives up with LOAD_FAILED_BARRIER; the Job's backoffLimit 0 ends the
+    others."""
+    table, fail = LOAD_BARRIER_TABLE, LOAD_FAILED_BARRIER
+    lines = [f"deadline=$(( $(date +%s) + {round(deadline_s)} ))"]
+    if index == 0:  # the table is created by pod 0 only: concurrent CREATE TABLE IF NOT EXISTS can collide
+        create = shlex.quote(f"CREATE TABLE IF NOT EXISTS {table} (job text, pod int)")
+        lines.append(f'if [ "$rc" = 0 ]; then psql -XAtq -v ON_ERROR_STOP=1 -c {create} >> barrier.log 2>&1 '
+                     "|| rc=$?; fi")
+    lines += [
+        f'if [ "$rc" = 0 ]; then until psql -XAtq -v ON_ERROR_STOP=1 -c "INSERT INTO {table} VALUES '
+        f"('$PGLAB_JOB_UID', {index})\" >> barrier.log 2>&1; do",  # pod 0 has not created the table yet
+        f'  [ "$(date +%s)" -lt "$deadline" ] || {{ rc={fail}; break; }}; sleep 0.5',
+        "done; fi",
+        f'if [ "$rc" = 0 ]; then until [ "$(psql -XAtq -c "SELECT count(*) FROM {table} WHERE job = '
+        f"'$PGLAB_JOB_UID'\" 2>> barrier.log)\" = {pods} ]; do",
+        f'  [ "$(date +%s)" -lt "$deadline" ] || {{ rc={fail}; break; }}; sleep {LOAD_BARRIER_POLL_S:g}',
+        "done; fi",
+        f'[ "$rc" != {fail} ] || echo "pglab: load pod {index}: the {pods} load pods did not all start within '
+        f'{round(deadline_s)} s (see the other pods of this Job)" >&2',
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def load_job(plan: Plan, point: Point, repeat: int = 1) -> Manifest:
+    """One run of one point over ``run.load_pods`` pgbench pods: an Indexed Job (one pod per index, started
+    together, preferring distinct nodes), each pod running its share of the clients and threads with its own -l
+    logs and progress, shipped from its own log. Pod 0 alone waits for the point's parameters and resets the
+    dataset; a barrier in the database (``_barrier_script``) starts every pgbench after that, together."""
+    k8s = target_of(plan)
+    n = plan.run.load_pods
+    seconds = plan.run.measured_seconds
+    if seconds is not None:
+        seconds += plan.run.warmup
+    cases = []
+    for index, (clients, jobs) in enumerate(load_shares(plan, point)):
+        args = run_args(Path(), point.workload, clients, jobs, plan.run, Path(SCRIPTS_DIR), seconds=seconds,
+                        transactions=plan.run.transactions, log_prefix=Path(RESULTS_DIR) / "pgbench")
+        args[0] = "pgbench"
+        prepare = ""
+        if index == 0:
+            prepare = _reset_script(plan)
+            if parameters := instance_parameters(plan, point):
+                prepare = f"{_settings_script(parameters)}if [ \"$rc\" = 0 ]; then\n{prepare}fi\n"
+        load = f"{shlex.join(args)} > pgbench.out 2> pgbench.err || rc=$?"
+        cases.append(f"{index})\n{prepare}{_barrier_script(index, n, job_timeout_s(plan))}"
+                     f"if [ \"$rc\" = 0 ]; then {load}; fi\n;;")
+    script = (f"set -eu\ncd {RESULTS_DIR}\nrc=0\ncase \"${LOAD_INDEX}\" in\n" + "\n".join(cases) +
+              f"\n*) echo \"pglab: no share for load pod ${LOAD_INDEX}\" >&2; rc=2 ;;\nesac\n"
+              f"{_ship_results()}\nexit $rc")
+    volumes, mounts = _scripts_volume(plan)
+    env = [*_pg_env(k8s, point.synchronous_commit),
+           {"name": "PGLAB_JOB_UID", "valueFrom": {"fieldRef": {
+               "fieldPath": "metadata.labels['batch.kubernetes.io/controller-uid']"}}}]
+    pod = _client_pod(k8s, k8s.clients.image or k8s.image, script, env=env, volumes=volumes, mounts=mounts)
+    name = f"{k8s.cluster_name}-run-{point.index:04d}-{repeat}"
+    apart = {"weight": 50, "podAffinityTerm": {"labelSelector": {"matchLabels": {LOAD_LABEL: name}},
+                                               "topologyKey": "kubernetes.io/hostname"}}
+    anti = pod.setdefault("affinity", {}).setdefault("podAntiAffinity", {})
+    anti.setdefault("preferredDuringSchedulingIgnoredDuringExecution", []).append(apart)
+    notes = {"pglab/point": point.label(), "pglab/point-key": point.key, "pglab/repeat": str(repeat),
+             "pglab/load-pods": str(n),
+             "pglab/load-shares": " ".join(f"{c}c/{j}j" for c, j in load_shares(plan, point))}
+    body = _job(k8s, name, "pgbench-run", pod, notes)
+    body["spec"]["template"]["metadata"]["labels"][LOAD_LABEL] = name
+    body["spec"].update({"completionMode": "Indexed", "completions": n, "parallelism": n})
+    return Manifest(f"50-run-{point.index:04d}-{repeat}-job.yaml", body)
 
 
 START_MARK = "pglab: pgbench start"  # the run Job's stdout, with the pod's epoch: the scenario's clock starts there
@@ -714,7 +817,7 @@ def render(plan: Plan, base_dir: Path) -> list[Manifest]:
     storage phase, then one Job per run."""
     k8s = target_of(plan)
     out = [namespace(plan), *rbac(plan), Manifest("10-cluster.yaml", cluster(plan))]  # as the first point needs it
-    if k8s.node_exporter is None:  # else the disk counters come from the node-exporter pods already there
+    if k8s.node_exporter is None and k8s.prometheus is None:  # else the disk counters come from node-exporter
         out.append(disk_sampler(plan))
     out += fio_manifests(plan)
     scripts = scripts_configmap(plan, base_dir)
@@ -905,6 +1008,8 @@ def run_jobs_script(plan: Plan, sequence: list[Manifest | ClusterPatch]) -> str:
     head += [
         f"# Results stay in the Jobs' logs (kubectl -n {ns} logs job/NAME: a base64 tarball between the pglab results",
         "# markers). Run again after a failure: Jobs already complete are passed over; delete the failed one first.",
+        *([f"# Each run's Job has {plan.run.load_pods} pods (run.load_pods, one per index): kubectl -n {ns} logs "
+           "-l job-name=NAME --prefix shows each one's."] if plan.run.load_pods > 1 else []),
         f"# At the end: kubectl delete namespace {ns}.",
         "set -eu",
         'KUBECTL=${KUBECTL:-kubectl}',

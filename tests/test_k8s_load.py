@@ -1,0 +1,226 @@
+"""Kubernetes runs over several pgbench pods (run.load_pods) and figures from the cluster's Prometheus: the Job
+pglab renders (decoded strictly by tools/cnpg-check), its shell script run here by sh with stand-ins for psql and
+pgbench, the transaction logs merged, and the plan's refusals. The real runs are tests/test_kube_lab_scale.py.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+from kubernetes import client
+
+from conftest import pglab
+from k8s_fake import FakeAPI
+from k8s_support import check, cli, k8s_plan, kubeconfig, posted_jobs
+from pglab.plan.expand import expand
+from pglab.plan.load import parse_plan
+from pglab.targets.kubernetes.render import (
+    LOAD_LABEL,
+    client_cores,
+    load_shares,
+    pgbench_run,
+    render,
+    split,
+    target_of,
+    to_yaml,
+)
+from pglab.workloads import txlog
+
+PLAN = """
+name: lp
+target:
+  kubernetes:
+    namespace: bench
+    cluster_name: pg
+    instances: 1
+    resources: {cpu: 1, memory: 1Gi}
+postgres:
+  parameters: {work_mem: 8MB}
+matrix: {clients: [5], jobs: [2]}
+run: {duration: 10s, load_pods: 2}
+"""
+
+
+def job_of(text: str = PLAN) -> dict:
+    plan = parse_plan(text)
+    [point] = expand(plan, cores=client_cores(target_of(plan)))
+    return pgbench_run(plan, point).body
+
+
+def test_splits_are_as_even_as_possible_larger_first() -> None:
+    assert split(5, 2) == [3, 2]
+    assert split(4, 3) == [2, 1, 1]
+    assert split(6, 3) == [2, 2, 2]
+    plan = parse_plan(PLAN)
+    [point] = expand(plan)
+    assert load_shares(plan, point) == [(3, 1), (2, 1)]
+    # fewer threads than pods: each pod still runs one
+    plan = parse_plan(PLAN.replace("jobs: [2]", "jobs: [1]").replace("load_pods: 2", "load_pods: 3"))
+    [point] = expand(plan)
+    assert load_shares(plan, point) == [(2, 1), (2, 1), (1, 1)]
+
+
+def test_the_run_is_one_indexed_job_of_load_pods_apart() -> None:
+    job = job_of()
+    spec = job["spec"]
+    assert (spec["completionMode"], spec["completions"], spec["parallelism"], spec["backoffLimit"]) == \
+        ("Indexed", 2, 2, 0)
+    template = spec["template"]
+    assert template["metadata"]["labels"][LOAD_LABEL] == job["metadata"]["name"]
+    terms = template["spec"]["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+    apart = [t for t in terms if t["podAffinityTerm"]["labelSelector"]["matchLabels"].get(LOAD_LABEL)]
+    assert apart and apart[0]["podAffinityTerm"]["topologyKey"] == "kubernetes.io/hostname"
+    required = template["spec"]["affinity"]["podAntiAffinity"].get("requiredDuringSchedulingIgnoredDuringExecution", [])
+    assert LOAD_LABEL not in str(required)  # preferred only: two pods fit on one node
+    assert job["metadata"]["annotations"]["pglab/load-shares"] == "3c/1j 2c/1j"
+
+
+def test_the_load_job_decodes_as_the_api_server_would(tmp_path: Path, checker: Path) -> None:
+    plan = parse_plan(PLAN)
+    path = tmp_path / "all.yaml"
+    path.write_text("---\n".join(to_yaml(m.body) for m in render(plan, tmp_path)))
+    result = check(checker, path)
+    assert result.returncode == 0, result.stdout
+
+
+STUBS = {
+    # psql: logs its SQL; the barrier's count answers how many pods entered (the shared file of rows)
+    "psql": r"""#!/bin/sh
+for a in "$@"; do last=$a; done
+echo "$POD psql $last" >> "$LOG"
+case "$last" in
+  *"INSERT INTO pglab_load_barrier"*) echo row >> "$ROWS" ;;
+  *"SELECT count(*) FROM pglab_load_barrier"*) wc -l < "$ROWS" | tr -d ' ' ;;
+  *"FROM (VALUES"*) echo 'work_mem|8192|kB|f|t' ;;
+esac
+""",
+    "pgbench": r"""#!/bin/sh
+echo "$POD pgbench $*" >> "$LOG"
+echo "tps = 1.0 (without initial connection time)"
+""",
+}
+
+
+def run_pod(script: str, index: int, tmp: Path, rows: Path, env: dict[str, str]) -> subprocess.Popen[str]:
+    results = tmp / f"results-{index}"
+    results.mkdir()
+    body = script.replace("/results", str(results))
+    return subprocess.Popen(["sh", "-c", body], text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env={**env, "JOB_COMPLETION_INDEX": str(index), "POD": str(index), "ROWS": str(rows),
+                                 "PGLAB_JOB_UID": "uid-1"})
+
+
+def test_pod_zero_resets_then_every_pod_starts_after_all_entered(tmp_path: Path) -> None:
+    """The script itself, by sh: pod 0 waits for the parameters and resets the dataset, each pod enters the barrier,
+    and no pgbench starts before both did; each runs its share."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, text in STUBS.items():
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(0o755)
+    log, rows = tmp_path / "log", tmp_path / "rows"
+    rows.touch()
+    script = job_of()["spec"]["template"]["spec"]["containers"][0]["command"][2]
+    env = {"PATH": f"{bin_dir}:{os.environ['PATH']}", "LOG": str(log)}
+    late = run_pod(script, 1, tmp_path, rows, env)  # pod 1 alone must wait for pod 0
+    try:
+        late.wait(timeout=1.5)
+        pytest.fail(f"pod 1 ended before pod 0 entered: {late.communicate()}")
+    except subprocess.TimeoutExpired:
+        pass
+    assert "pgbench" not in log.read_text()
+    first = run_pod(script, 0, tmp_path, rows, env)
+    for p in (first, late):
+        out, err = p.communicate(timeout=30)
+        assert p.returncode == 0, (out, err)
+        assert "----- pglab results begin -----" in out
+    lines = log.read_text().splitlines()
+    pgbench_at = [i for i, line in enumerate(lines) if " pgbench " in line]
+    entered = [i for i, line in enumerate(lines) if "INSERT INTO pglab_load_barrier" in line]
+    assert len(entered) == 2 and len(pgbench_at) == 2 and max(entered) < min(pgbench_at), lines
+    reset = [line for line in lines if "TRUNCATE pgbench_history" in line or "VACUUM" in line or
+             "FROM (VALUES" in line]
+    assert reset and all(line.startswith("0 ") for line in reset), lines
+    assert any(re.search(r"^0 pgbench .*-c 3 -j 1 ", line) for line in lines), lines
+    assert any(re.search(r"^1 pgbench .*-c 2 -j 1 ", line) for line in lines), lines
+
+
+def test_merged_logs_are_the_logs_read_together(tmp_path: Path) -> None:
+    """txlog.concat of two pods' logs: the same transactions, end times and percentiles as one read of both."""
+    a, b = tmp_path / "pgbench.1", tmp_path / "pgbench.2"
+    a.write_text("".join(f"0 {i} {100 + i * 7} 0 1700000000 {i * 1000} \n" for i in range(50)))
+    b.write_text("".join(f"1 {i} {90 + i * 13} 0 1700003000 {i * 999} \n" for i in range(40)) +
+                 "1 40 failed 0 1700003001 5 \n")
+    merged = txlog.concat([txlog.read([a]), txlog.read([b])])
+    both = txlog.read([a, b])
+    assert np.array_equal(merged.latency_us, both.latency_us)
+    assert np.array_equal(merged.end_ts(), both.end_ts())
+    assert np.array_equal(merged.failed_end_ts, both.failed_end_ts)
+    assert txlog.percentiles_ms(merged.latency_us, [50, 99]) == [
+        float(np.percentile(both.latency_us / 1000.0, 50)), float(np.percentile(both.latency_us / 1000.0, 99))]
+
+
+# ------------------------------------------------------------------ the plan refuses what does not fit
+PROM = "    prometheus: {url: 'https://prom.example:9090', interval: 30s}\n"
+
+
+@pytest.mark.parametrize(("replace", "message"), [
+    (("load_pods: 2", "load_pods: 6"),
+     "run.load_pods: 6 pods need at least 6 clients, but matrix.clients has 5; lower run.load_pods or raise the "
+     "clients"),
+    (("load_pods: 2", "load_pods: 0"), "run.load_pods: must be a positive integer"),
+    (("  kubernetes:\n", "  local: {}\n  kubernetes_: \n"), None),
+    (("    instances: 1\n", "    instances: 1\n" + PROM + "    node_exporter: {}\n"),
+     "target.kubernetes.node_exporter: give node_exporter or prometheus, not both"),
+    (("    instances: 1\n", "    instances: 1\n    prometheus: {url: 'https://p:9090', cert_file: c.pem}\n"),
+     "target.kubernetes.prometheus.key_file: give cert_file and key_file together"),
+    (("    instances: 1\n", "    instances: 1\n    prometheus: {url: 'prom:9090'}\n"),
+     "target.kubernetes.prometheus.url: must be an http:// or https:// URL"),
+])
+def test_plan_refuses_with_the_field(tmp_path: Path, replace: tuple[str, str], message: str | None) -> None:
+    assert replace[0] in PLAN
+    if message is None:  # load_pods on a local target
+        text = "name: lp\ntarget: {local: {}}\nmatrix: {clients: [4]}\nrun: {duration: 10s, load_pods: 2}\n"
+        message = "run.load_pods: spreading a run over pgbench pods needs target: kubernetes; remove run.load_pods"
+    else:
+        text = PLAN.replace(*replace)
+    path = tmp_path / "plan.yaml"
+    path.write_text(text)
+    proc = pglab("plan", "validate", str(path))
+    assert proc.returncode == 2, proc.stdout
+    assert message in proc.stderr, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_with_prometheus_no_disk_sampler_is_rendered(tmp_path: Path) -> None:
+    plan = parse_plan(PLAN.replace("    instances: 1\n", "    instances: 1\n" + PROM))
+    kinds = [m.kind for m in render(plan, tmp_path)]
+    assert "DaemonSet" not in kinds
+    assert "DaemonSet" in [m.kind for m in render(parse_plan(PLAN), tmp_path)]
+
+
+def test_an_unreachable_prometheus_is_refused_before_anything_is_created(
+        fake: tuple[FakeAPI, client.ApiClient], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    api, api_client = fake
+    with socket.socket() as s:  # a port nothing listens on: bound, never listening
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+        text = k8s_plan("matrix: {clients: [1], jobs: [1]}", "run: {duration: 4s}",
+                        kubernetes=(f"kubeconfig: {kubeconfig(tmp_path, api_client)}",
+                                    f"prometheus: {{url: 'http://127.0.0.1:{port}'}}"))
+        plan = tmp_path / "plan.yaml"
+        plan.write_text(text)
+        assert cli(monkeypatch, "run", str(plan), "--results", str(tmp_path / "r")) == 2
+    err = capsys.readouterr().err
+    last = err.strip().splitlines()[-1]  # after the preflight's lines on the cluster: one sentence
+    assert last.startswith(f"error: target.kubernetes.prometheus: Prometheus at http://127.0.0.1:{port} cannot be "
+                           "reached"), err
+    assert err.count("error:") == 1 and "Traceback" not in err, err
+    assert posted_jobs(api) == [] and not api.created and api.objects == {}  # nothing was created

@@ -1,0 +1,411 @@
+"""pglab's Kubernetes target at scale, on the single-node lab (tools/kube-lab): one point's load spread over two
+pgbench pods (run.load_pods), checked against both pods' raw transaction logs read here without pglab.
+
+and the run's disk, CPU and CloudNativePG figures read from a real Prometheus scraping the lab, checked against this
+machine's own /proc/diskstats and the primary's cgroup. Kept short for the CI track that runs beside the whole
+suite: one sweep for both, a 1-instance Cluster, scale 1, one 10 s run.
+"""
+
+from __future__ import annotations
+
+import bisect
+import contextlib
+import json
+import math
+import os
+import re
+import socket
+import subprocess
+import threading
+import time
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from conftest import pglab
+from kube_lab_support import _log_text, kubelab, namespace_gone
+from pglab.store.sqlite import Store
+
+pytestmark = pytest.mark.kube_lab
+
+DURATION_S = 10
+
+
+def small_plan(lab: kubelab.KubeLab, name: str, namespace: str, body: str, target_extra: str = "") -> str:
+    """One instance, no standby: the smallest Cluster the lab starts quickly."""
+    return f"""
+name: {name}
+target:
+  kubernetes:
+    kubeconfig: {lab.kubeconfig}
+    namespace: {namespace}
+    cluster_name: {name}
+    instances: 1
+    image: {lab.image_names["postgresql"]}
+    storage: {{size: 1Gi}}
+    resources: {{cpu: 0.25, memory: 384Mi}}
+    database: {{anti_affinity: none}}
+    clients: {{anti_affinity: none}}
+{target_extra}postgres:
+  parameters: {{shared_buffers: 32MB, max_connections: 40}}
+dataset: {{scale: 1}}
+{body}"""
+
+
+def pod_log(folder: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """One load pod's -l logs, read here: each successful transaction's start and end (epoch s: time_epoch +
+    time_us / 1e6, its latency before) and latency (µs)."""
+    rows = [
+        (int(f[4]) + int(f[5]) / 1e6, int(f[2]))
+        for path in sorted(folder.glob("pgbench.[0-9]*"))
+        for line in _log_text(path).splitlines()
+        if len(f := line.split()) >= 6 and f[2].isdigit()
+    ]
+    ended = np.array([e for e, _ in rows])
+    lat_us = np.array([lat for _, lat in rows], dtype=np.int64)
+    return ended - lat_us / 1000.0 / 1000.0, ended, lat_us
+
+
+# ------------------------------------------------------------------ one point over two pgbench pods
+def test_a_point_over_two_load_pods_merges_exactly(sweep: Sweep) -> None:
+    results = sweep.results
+    store = Store.open(results, create=False)
+    [run] = store.runs()
+    assert run.status == "ok", run.metrics
+    m, run_dir = run.metrics, store.dir / run.dir
+    assert m["load_pods"] == 2
+
+    # each pod ran its share of the 5 clients and 2 threads (3 + 2 clients, one thread each), as pgbench says
+    starts, ends, lats = [], [], []
+    for index, clients in ((0, 3), (1, 2)):
+        folder = run_dir / f"load-{index}"
+        out = (folder / "pgbench.out").read_text()
+        assert re.search(rf"^number of clients: {clients}$", out, re.M), out
+        assert re.search(r"^number of threads: 1$", out, re.M), out
+        # its progress is kept: pgbench's own per-second lines
+        assert re.search(r"^progress: \d+\.\d+ s, [\d.]+ tps", (folder / "pgbench.err").read_text(), re.M)
+        began, ended, lat = pod_log(folder)
+        assert lat.size > 0
+        starts.append(began)
+        ends.append(ended)
+        lats.append(lat)
+
+    # the common window: from the last pod's first transaction start to the first pod's last transaction end
+    start = max(float(b.min()) for b in starts)
+    end = min(float(e.max()) for e in ends)
+    assert end > start
+    assert m["window_s"] == pytest.approx(end - start, abs=1e-6)
+    assert m["load_start_skew_s"] == pytest.approx(abs(float(starts[0].min()) - float(starts[1].min())), abs=1e-6)
+    # the pods loaded together for most of the run: the barrier started both after pod 0's dataset reset
+    assert end - start > DURATION_S / 2, (start, end)
+
+    # TPS: every transaction of either pod that ended inside the window, over its length
+    inside = [(e >= start) & (e <= end) for e in ends]
+    count = sum(int(k.sum()) for k in inside)
+    assert m["transactions"] == count
+    assert m["tps"] == pytest.approx(count / (end - start), rel=1e-9)
+    # latency: the merged logs' transactions of the window, percentiles exactly as numpy computes them
+    merged_ms = np.concatenate([lat[k] for lat, k in zip(lats, inside, strict=True)]) / 1000.0
+    assert m["logged_transactions"] == merged_ms.size
+    for q in (50, 95, 99):
+        assert m[f"latency_p{q}_ms"] == pytest.approx(float(np.percentile(merged_ms, q)), rel=1e-12), q
+    assert m["latency_avg_ms"] == pytest.approx(float(merged_ms.mean()), rel=1e-9)
+    assert m["latency_max_ms"] == pytest.approx(float(merged_ms.max()), rel=1e-12)
+    # the run's histogram is the two pods' histograms added, and holds exactly the window's transactions
+    hist = json.loads((run_dir / "latency_histogram.json").read_text())
+    pods_hist = [json.loads((run_dir / f"load-{i}" / "latency_histogram.json").read_text()) for i in (0, 1)]
+    assert hist["count"] == merged_ms.size == sum(h["count"] for h in pods_hist)
+    added: dict[int, int] = {}
+    for h in pods_hist:
+        for b, n in zip(h["bucket"], h["n"], strict=True):
+            added[b] = added.get(b, 0) + n
+    assert dict(zip(hist["bucket"], hist["n"], strict=True)) == added
+    assert hist["min"] == round(merged_ms.min() * 1000) and hist["max"] == round(merged_ms.max() * 1000)
+
+    # per-pod progress is stored as series beside the merged per-second one
+    sources = {src for _, src, _, _ in store.series(run.id)}
+    assert {"pgbench", "pgbench:0", "pgbench:1"} <= sources, sources
+    record = json.loads((run_dir / "run.json").read_text())
+    assert record["load"]["pods"] == 2 and [p["clients"] for p in record["load"]["per_pod"]] == [3, 2]
+    store.close()
+
+    # the report says how many pods drove the point
+    table = pglab("report", str(results), "--format", "csv")
+    assert table.returncode == 0, table.stderr
+    header, row = table.stdout.splitlines()[:2]
+    assert row.split(",")[header.split(",").index("load_pods")] in ("2", "2.0"), table.stdout
+    terminal = pglab("report", str(results))
+    assert "load_pods" in terminal.stdout, terminal.stdout
+
+
+# ------------------------------------------------------------------ figures from a real Prometheus scraping the lab
+SCRAPE_S = 1  # the scrape interval of the lab's Prometheus: the plan's prometheus.interval
+CGROUP_CPU = Path("/sys/fs/cgroup/cpuacct/kubepods")  # cgroup v1, the lab's cgroupfs driver
+
+
+def prometheus_build() -> Path:
+    """The Prometheus and node-exporter tools/kube-lab/prometheus/build.sh built into the lab cache."""
+    builds = sorted((p for p in kubelab.cache_dir().glob("prometheus-*") if (p / ".complete").exists()),
+                    key=lambda p: (p / ".complete").stat().st_mtime)
+    if not builds:
+        pytest.fail(f"no Prometheus build in {kubelab.cache_dir()}: ./setup.sh test builds it "
+                    "(tools/kube-lab/prometheus/build.sh)", pytrace=False)
+    return builds[-1]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Prometheus:
+    """A real Prometheus (and node-exporter) on this machine's loopback, scraping the lab as a cluster's would:
+    node-exporter (its node label set to the lab's node name, as kube-prometheus relabels it), the kubelet's
+    /metrics/cadvisor, and the CloudNativePG instance pods' exporters found by Kubernetes service discovery."""
+
+    def __init__(self, lab: kubelab.KubeLab, root: Path, namespace: str):
+        build = prometheus_build()
+        self.url = f"http://127.0.0.1:{free_port()}"
+        node_port = free_port()
+        pki = lab.root / "pki"
+        config = {
+            "global": {"scrape_interval": f"{SCRAPE_S}s", "scrape_timeout": f"{SCRAPE_S}s"},
+            "scrape_configs": [
+                {"job_name": "node", "static_configs": [{"targets": [f"127.0.0.1:{node_port}"],
+                                                         "labels": {"instance": kubelab.NODE}}]},
+                {"job_name": "cadvisor", "scheme": "https", "metrics_path": "/metrics/cadvisor",
+                 "tls_config": {"ca_file": str(pki / "ca.crt"), "cert_file": str(pki / "admin.crt"),
+                                "key_file": str(pki / "admin.key")},
+                 "static_configs": [{"targets": [f"{kubelab.NODE_IP}:10250"]}]},
+                {"job_name": "cnpg", "kubernetes_sd_configs": [
+                    {"role": "pod", "kubeconfig_file": str(lab.kubeconfig), "namespaces": {"names": [namespace]}}],
+                 "relabel_configs": [
+                     {"source_labels": ["__meta_kubernetes_pod_label_cnpg_io_podRole"], "regex": "instance",
+                      "action": "keep"},
+                     {"source_labels": ["__meta_kubernetes_pod_container_port_number"], "regex": "9187",
+                      "action": "keep"},
+                     {"source_labels": ["__meta_kubernetes_pod_name"], "target_label": "pod"},
+                     {"source_labels": ["__meta_kubernetes_namespace"], "target_label": "namespace"}]},
+            ],
+        }
+        root.mkdir(parents=True, exist_ok=True)
+        (root / "prometheus.yml").write_text(json.dumps(config))
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self.logs = root
+        self._spawn("node_exporter", build / "node_exporter", f"--web.listen-address=127.0.0.1:{node_port}",
+                    "--collector.disable-defaults", "--collector.diskstats")
+        self._spawn("prometheus", build / "prometheus", f"--config.file={root / 'prometheus.yml'}",
+                    f"--storage.tsdb.path={root / 'data'}", f"--web.listen-address={self.url[7:]}")
+        deadline = time.monotonic() + 60  # a fresh Prometheus answers within seconds
+        while True:
+            try:
+                if self.query("up")["result"]:
+                    break
+            except OSError:
+                pass
+            assert time.monotonic() < deadline, f"Prometheus not answering after 60 s: {self.tail()}"
+            time.sleep(0.5)
+
+    def _spawn(self, name: str, *cmd: str | Path) -> None:
+        with open(self.logs / f"{name}.log", "wb") as log:
+            self.procs.append(subprocess.Popen([str(c) for c in cmd], stdout=log, stderr=subprocess.STDOUT))
+
+    def tail(self) -> str:
+        return (self.logs / "prometheus.log").read_text(errors="replace")[-2000:]
+
+    def query(self, expr: str, at: float | None = None) -> dict[str, Any]:
+        args = {"query": expr, **({"time": f"{at:.3f}"} if at is not None else {})}
+        with urllib.request.urlopen(f"{self.url}/api/v1/query?{urllib.parse.urlencode(args)}", timeout=10) as r:
+            body = json.loads(r.read())
+        assert body["status"] == "success", body
+        return dict(body["data"])
+
+    def sample_times(self, selector: str, start: float, end: float) -> list[float]:
+        """The raw samples' timestamps of the one series ``selector`` names, between start and end."""
+        result = self.query(f"{selector}[{math.ceil(end - start) + 1}s]", at=end)["result"]
+        assert len(result) == 1, (selector, result)
+        return [float(t) for t, _ in result[0]["values"] if start <= float(t) <= end]
+
+    def stop(self) -> None:
+        for p in self.procs:
+            p.terminate()
+        for p in self.procs:
+            try:
+                p.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+
+
+class Oracle(threading.Thread):
+    """This machine's own counters every 0.1 s while pglab runs: /proc/diskstats of the lab's volume device and the
+    cgroup CPU time (cpuacct.usage) of the primary's postgres container, found by its pod's uid."""
+
+    def __init__(self, lab: kubelab.KubeLab, namespace: str, pod: str, device: str):
+        super().__init__(daemon=True)
+        self.lab, self.namespace, self.pod, self.device = lab, namespace, pod, device
+        self.disk: list[tuple[float, int, int]] = []  # (ts, writes completed, sectors written)
+        self.cpu: list[tuple[float, int]] = []  # (ts, ns of CPU)
+        self.halt = threading.Event()
+        self.cgroup: Path | None = None
+        self.next_look = 0.0
+
+    def _find_cgroup(self) -> Path | None:
+        proc = self.lab.kubectl("get", "pod", self.pod, "-n", self.namespace, "-o", "json", check=False, timeout=10)
+        if proc.returncode != 0:
+            return None
+        pod = json.loads(proc.stdout)
+        cid = next((c.get("containerID", "") for c in pod["status"].get("containerStatuses", [])
+                    if c["name"] == "postgres" and c.get("state", {}).get("running")), "")
+        if not cid:
+            return None
+        found = list(CGROUP_CPU.glob(f"**/pod{pod['metadata']['uid']}/{cid.split('://')[-1]}/cpuacct.usage"))
+        return found[0] if found else None
+
+    def run(self) -> None:
+        major, minor = self.device.split(":")
+        while not self.halt.is_set():
+            ts = time.time()
+            for line in Path("/proc/diskstats").read_text().splitlines():
+                f = line.split()
+                if f[0] == major and f[1] == minor:
+                    self.disk.append((ts, int(f[7]), int(f[9])))
+            if self.cgroup is None and time.monotonic() >= self.next_look:
+                self.next_look = time.monotonic() + 1
+                self.cgroup = self._find_cgroup()
+            if self.cgroup is not None:
+                with contextlib.suppress(OSError, ValueError):  # the pod went: the run is over
+                    before = time.time()
+                    used = int(self.cgroup.read_text())
+                    self.cpu.append(((before + time.time()) / 2, used))
+            self.halt.wait(0.1)
+
+
+def growth(samples: list[tuple[float, int]], first: tuple[float, float],
+           last: tuple[float, float]) -> tuple[int, int]:
+    """The fewest and most a counter can have grown between a read made during ``first`` (earliest, latest time)
+    and one made during ``last``, from the oracle's own samples around them."""
+    ts = [t for t, _ in samples]
+    after_first = bisect.bisect_left(ts, first[1])  # first sample at or after the first read
+    before_last = bisect.bisect_right(ts, last[0]) - 1  # last sample at or before the last read
+    before_first = bisect.bisect_right(ts, first[0]) - 1
+    after_last = bisect.bisect_left(ts, last[1])
+    assert before_first >= 0 and after_last < len(ts) and after_first <= before_last, (
+        "the oracle's samples do not cover the reads", first, last, ts[:1], ts[-1:])
+    return (samples[before_last][1] - samples[after_first][1],
+            samples[after_last][1] - samples[before_first][1])
+
+
+def test_disk_and_cpu_figures_from_a_real_prometheus(sweep: Sweep) -> None:
+    prom, oracle, name, ns = sweep.prometheus, sweep.oracle, sweep.name, sweep.namespace
+    store = Store.open(sweep.results, create=False)
+    [run] = store.runs()
+    m, run_dir = run.metrics, store.dir / run.dir
+    record = json.loads((run_dir / "run.json").read_text())
+    start, end = record["window"]
+    env = json.loads(store.sweeps()[-1]["environment"])
+    assert env["prometheus"]["url"] == prom.url and env["prometheus"]["version"] == "3.16.0"
+
+    # disk: the lab volume's device, its writes as this machine's /proc/diskstats counted them. pglab's figure
+    # is the writes of the node-exporter scrapes around the window, the edge intervals prorated: between the
+    # writes from the first to the last scrape inside the window and those from the last before it to the
+    # first after it. A scrape reads /proc/diskstats during [its timestamp, + its duration].
+    assert record["disk"]["source"] == "prometheus"
+    assert sweep.device in json.dumps(record["disk"]), record["disk"]
+    assert not (run_dir / "disk").exists()  # no disk sampler ran
+    device = record["disk"]["instances"][f"{name}-1"]["volumes"][0]["device"]
+    writes = f'node_disk_writes_completed_total{{instance="{kubelab.NODE}",device="{device}"}}'
+    stamps = prom.sample_times(writes, start - 3 * SCRAPE_S, end + 3 * SCRAPE_S)
+    took = max(float(r["value"][1]) for r in prom.query(
+        f'max_over_time(scrape_duration_seconds{{job="node"}}[{math.ceil(end - start) + 10}s])', at=end + 5
+    )["result"])
+    a_in = min(t for t in stamps if t >= start)
+    b_in = max(t for t in stamps if t <= end)
+    a_out = max(t for t in stamps if t <= start)
+    b_out = min(t for t in stamps if t >= end)
+    disk = [(t, w) for t, w, _ in oracle.disk]
+    fewest, _ = growth(disk, (a_in, a_in + took), (b_in, b_in + took))
+    _, most = growth(disk, (a_out, a_out + took), (b_out, b_out + took))
+    counted = m["write_iops"] * m["window_s"]
+    assert fewest - 0.5 <= counted <= most + 0.5, (counted, fewest, most, stamps, start, end)
+    assert m["write_iops"] > 0
+
+    # CPU of the primary's postgres container: cAdvisor's counter (the cgroup's cpuacct.usage, stamped with when
+    # it read it) between its first and last sample inside the window, against the same cgroup read here
+    cpu = record["cpu"]
+    assert cpu["source"] == "prometheus"
+    usage = f'container_cpu_usage_seconds_total{{namespace="{ns}",pod="{name}-1",container="postgres"}}'
+    stamps = prom.sample_times(usage, start, end)
+    assert len(stamps) >= 2, stamps
+    t0, t1 = stamps[0], stamps[-1]
+    slack = 0.1  # cAdvisor stamps a sample right after reading the cgroup
+    fewest, most = growth(oracle.cpu, (t0 - slack, t0), (t1 - slack, t1))
+    used_ns = m["primary_cpu_cores"] * (t1 - t0) * 1e9
+    assert fewest <= used_ns <= most, (used_ns, fewest, most, t0, t1)
+    assert m["server_cpu_cores"] == m["primary_cpu_cores"] > 0  # one instance
+    # the two pgbench pods' containers, each from its own samples
+    assert len(cpu["groups"]["client"]["per_pod"]) == 2, cpu
+    assert m["client_cgroup_cpu_cores"] == pytest.approx(
+        sum(p["cores"] for p in cpu["groups"]["client"]["per_pod"].values()))
+    assert m["client_cgroup_cpu_cores"] > 0
+
+    # CloudNativePG's figures came from Prometheus too, under the exporter's names
+    assert record["exporter"]["source"] == "prometheus"
+    assert m["commits_s"] > 0 and m["wal_mb_s"] > 0
+    assert (run_dir / "prometheus" / "exporter.json").is_file()
+    store.close()
+
+
+def device_of(lab: kubelab.KubeLab) -> str:
+    """major:minor of the block device under the lab's hostPath volumes, as this machine's kernel says."""
+    st = os.stat(lab.root / "pv")
+    return f"{os.major(st.st_dev)}:{os.minor(st.st_dev)}"
+
+
+# ------------------------------------------------------------------ the one sweep both tests read
+LOAD = f"""matrix: {{clients: [5], jobs: [2]}}
+run: {{duration: {DURATION_S}s, load_pods: 2}}
+"""
+
+
+@dataclass
+class Sweep:
+    results: Path
+    name: str
+    namespace: str
+    prometheus: Prometheus
+    oracle: Oracle
+    device: str
+
+
+@pytest.fixture(scope="module")
+def sweep(lab: kubelab.KubeLab, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sweep]:
+    """One pglab sweep for the module (a Cluster's life is most of a run's time on the lab): one point over two
+    pgbench pods, its disk, CPU and CloudNativePG figures from a real Prometheus scraping the lab, this machine's
+    own counters sampled meanwhile."""
+    tmp = tmp_path_factory.mktemp("scale")
+    ns, name = "pglab-e2e-scale", "scale"
+    prom = Prometheus(lab, tmp / "prometheus", ns)
+    oracle = Oracle(lab, ns, f"{name}-1", device_of(lab))
+    try:
+        plan = tmp / "plan.yaml"
+        extra = f"    prometheus: {{url: '{prom.url}', interval: {SCRAPE_S}s}}\n"
+        plan.write_text(small_plan(lab, name, ns, LOAD, extra))
+        results = tmp / "results"
+        oracle.start()
+        proc = pglab("run", str(plan), "--results", str(results), timeout=1200)
+        oracle.halt.set()
+        oracle.join()
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        namespace_gone(lab, ns, proc.stderr)
+        yield Sweep(results, name, ns, prom, oracle, device_of(lab))
+    finally:
+        oracle.halt.set()
+        prom.stop()
