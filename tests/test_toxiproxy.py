@@ -8,6 +8,7 @@ import signal
 import socket
 import socketserver
 import statistics
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -166,13 +167,23 @@ def test_a_missing_binary_says_to_run_setup(tmp_path: Path, monkeypatch: pytest.
         tp.find_toxiproxy()
 
 
-def test_a_server_deaf_to_sigterm_is_killed(lab: Path) -> None:
+def test_a_frozen_server_hears_its_sigterm_and_one_deaf_to_it_is_killed(lab: Path) -> None:
     server = tp.ToxiproxyServer(lab / "toxiproxy", lab / "logs" / "toxiproxy.log")
     assert server.proc is not None
-    pid = server.proc.pid
-    os.kill(pid, signal.SIGSTOP)  # a stopped process leaves SIGTERM pending: only the SIGKILL fallback ends it
+    frozen = server.proc
+    os.kill(frozen.pid, signal.SIGSTOP)  # a stopped process leaves SIGTERM pending: stop() sends SIGCONT with it
+    server.stop()
+    assert frozen.returncode in (0, -signal.SIGTERM)  # ended by the SIGTERM (it exits 0 on it), not SIGKILLed
+    assert not Path(f"/proc/{frozen.pid}").exists()
+    assert processes_mentioning(str(lab / "toxiproxy")) == []
+
+    # a process that ignores SIGTERM (an ignored signal stays ignored across exec) is SIGKILLed after 5 s
+    deaf = subprocess.Popen(["sh", "-c", "trap '' TERM; exec sleep 60"], start_new_session=True)
+    deadline = time.monotonic() + 30  # the trap is set once sh has become sleep
+    while Path(f"/proc/{deaf.pid}/comm").read_text().strip() != "sleep" and time.monotonic() < deadline:
+        time.sleep(0.01)
+    server.proc = deaf
     t0 = time.monotonic()
     server.stop()
     assert time.monotonic() - t0 >= 4
-    assert not Path(f"/proc/{pid}").exists()
-    assert processes_mentioning(str(lab / "toxiproxy")) == []
+    assert deaf.returncode == -signal.SIGKILL
