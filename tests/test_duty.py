@@ -156,7 +156,9 @@ def test_the_report_says_where_the_wall_time_went(sweep: Any) -> None:
             assert row["per_run_s"] is None
     # the duty cycle: the windows pgbench logged over the wall time, in the terminal report
     measured = sum(w[1] - w[0] for w in (_logged_window(sweep["results"] / d) for _i, d, _s, _e in runs))
-    text = " ".join(pglab("report", str(sweep["results"]), check=True).stdout.split())
+    piped = pglab("report", str(sweep["results"]), check=True).stdout
+    assert max(len(line) for line in piped.splitlines()) <= 120  # piped, no COLUMNS: 120, the time table too
+    text = " ".join(piped.split())
     found = re.search(r"duty cycle ([\d.]+) %: ([\d.]+) s measured in (\d+) window\(s\)", text)
     assert found, text
     assert float(found[1]) == pytest.approx(measured / wall * 100, abs=0.06)

@@ -30,6 +30,7 @@ AXIS_COLUMNS = ("workload", "synchronous_commit", "clients")
 METRIC_COLUMNS = metrics.keys("points")  # the catalogue's, in its order; the per-run table shows the same
 CI_COLUMNS = metrics.with_ci("points")
 DURABILITY_ORDER = ("off", "local", "remote_write", "on", "remote_apply")
+WALL_TIME_WITH_WHAT = 130  # the time table says what each phase is only on a terminal this wide (its longest: 129)
 # columns that are no stored run metric: the cost table's and fio's (the storage phase's own figures)
 DECIMALS = {**metrics.decimals(), "peak_tps": 1, "iops": 0, "mb_s": 1, "lat_mean_ms": 3, "lat_p99_ms": 3,
             "lat_p999_ms": 3, "shown_lat_mean_ms": 3, "shown_lat_p99_ms": 3, "shown_lat_p999_ms": 3}
@@ -599,7 +600,8 @@ def time_report(store: Store, fmt: str, sweep_id: int | None, width: int | None 
     shown = [{**r, "seconds": f"{r['seconds']:.1f}", "share_pct": f"{r['share_pct']:.1f}" if r["share_pct"] is not None
               else "", "per_run_s": f"{r['per_run_s']:.2f}" if r["per_run_s"] is not None else ""} for r in rows]
     table = render(columns, shown, fmt, headers={"share_pct": "share %", "per_run_s": "per run s"},
-                   shown=columns if fmt == "markdown" or width is None or width >= 100 else columns[:-1])
+                   shown=columns if fmt == "markdown" or width is None or width >= WALL_TIME_WITH_WHAT
+                   else columns[:-1])
     return _prose(f"where the wall time went: {duty_cycle_line(account)}", width) + table
 
 
