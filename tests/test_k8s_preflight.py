@@ -101,16 +101,19 @@ def test_a_fitting_cluster_passes_with_one_line_per_check(fake: tuple[FakeAPI, c
                         "cnpg-system/cnpg-controller-manager)")
     assert lines[2] == "ok    nodes: database: 3 match (db-1, db-2, db-3), one instance per kubernetes.io/hostname"
     assert lines[3] == "ok    nodes: clients: 1 match (client-1), one at least apart from the instances"
-    assert lines[4] == "ok    storage classes: data on fast, WAL on the default standard"
-    assert lines[5].startswith("ok    RBAC: ") and "permissions granted" in lines[5]
+    # every node, and which of the plan's pods its placement lets go there
+    assert lines[4] == ("info  nodes: 5: client-1: clients; cp: neither (no label pglab.io/role=database); "
+                        "db-1: instances; db-2: instances; db-3: instances")
+    assert lines[5] == "ok    storage classes: data on fast, WAL on the default standard"
+    assert lines[6].startswith("ok    RBAC: ") and "permissions granted" in lines[6]
     plan = parse_plan(Path(tmp_path / "plan.yaml").read_text(), base_dir=tmp_path)
     assert plan.target.kubernetes is not None
     fio_image = plan.target.kubernetes.clients.fio_image  # read from the plan, whatever its default is
-    assert lines[6] == ("info  images (not pulled here, the nodes must pull them): database "
+    assert lines[7] == ("info  images (not pulled here, the nodes must pull them): database "
                         "ghcr.io/cloudnative-pg/postgresql:17.5; pgbench, psql, witness "
                         "ghcr.io/cloudnative-pg/postgresql:17.5 (the database image); fio, disk sampler, volume "
                         f"probe {fio_image}")
-    assert len(lines) == 7
+    assert len(lines) == 8
     assert_nothing_created(api)
 
 
@@ -416,7 +419,7 @@ def test_a_denied_verb_blocks_and_names_the_resource(fake: tuple[FakeAPI, client
         "creates); grant it (docs/kubernetes.md, 'RBAC pglab needs')"]
     assert lines[-1] == ("warn  RBAC: the kubeconfig's identity cannot get pods/proxy in namespace bench: without it "
                          "no PostgreSQL figures and no wait for the standbys to catch up")
-    assert not any(line.startswith("info") for line in lines)  # stopped at the blocking check
+    assert not any(line.startswith("info  images") for line in lines)  # stopped at the blocking check
     api.denied = {("create", "", "namespaces")}  # the namespace does not exist: pglab must create it
     rc, lines = check(monkeypatch, capsys, write_plan(tmp_path, api_client))
     assert rc == 2

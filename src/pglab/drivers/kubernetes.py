@@ -379,7 +379,8 @@ class KubernetesDriver:
         m = pgbench_run(self.plan, point, repeat)
         (run_dir / "job.yaml").write_text(to_yaml(m.body))
         sc = point.scenario
-        injector = Injector(self.orch, sc, m.name, self.plan.run.warmup) if sc is not None else None
+        injector = (Injector(self.orch, sc, m.name, self.plan.run.warmup, node_fault=self.k8s.node_fault)
+                    if sc is not None else None)
         wm = witness_job(self.plan, point, repeat) if sc is not None and sc.witness else None
         try:
             self._wait_replay()
@@ -472,22 +473,28 @@ class KubernetesDriver:
                 self._events += injector.events  # what the fault did, kept with the failed run's sweep
             raise
         finally:
-            if injector is not None and injector.fenced:  # a run that failed while a standby was fenced: first
-                self._unfence(injector)
+            if injector is not None and injector.disrupted:  # a run that failed with a standby fenced or a node
+                self._restore(injector)                       # away: that first
             if wm is not None:
                 self.orch.discard(wm)  # a witness still writing after a failed run goes now, not at the end
 
-    def _unfence(self, injector: Injector) -> None:
-        """Lift the fence of a run that ended early; if that fails the next runs would find a standby missing, so
-        it is said, kept as an event, and the sweep ends before its next run (the Cluster, fence and all, is deleted
-        then)."""
+    def _restore(self, injector: Injector) -> None:
+        """Lift the fence of a run that ended early, or bring its node back; if that fails the next runs would find
+        an instance or a node missing, so it is said, kept as an event, and the sweep ends before its next run (the
+        Cluster, fence and all, is deleted then)."""
+        fenced = injector.fenced
         try:
             injector.release()
         except (K8sError, urllib3.exceptions.HTTPError) as exc:
-            why = f"the fence of {injector.standby} could not be lifted: {first_line(exc)}"
+            if fenced:
+                why, kind = f"the fence of {injector.standby} could not be lifted: {first_line(exc)}", "unfence-failed"
+                missing = "that standby"
+            else:
+                why, kind = f"node {injector.node} could not be brought back: {first_line(exc)}", "node-back-failed"
+                missing = "that node"
             self.ui.log(why)
-            self._events.append((now(), "unfence-failed", why))
-            self._stop = f"{why}; the sweep stops (its next runs would miss that standby)"
+            self._events.append((now(), kind, why))
+            self._stop = f"{why}; the sweep stops (its next runs would miss {missing})"
 
     def _scenario_metrics(self, injector: Injector, run_dir: Path,
                           window: tuple[float, float]) -> dict[str, float | None]:

@@ -511,6 +511,19 @@ class PrometheusSource(Strict):
         return self
 
 
+class NodeFault(Strict):
+    """How to make a node fail as a machine fails, and come back (a node-loss scenario): Kubernetes cannot power a
+    machine off, the platform can (a cloud CLI, a BMC, or tools/kube-lab/kubelab.py on the lab). Each command is
+    an argument list; ``{node}`` in an argument is replaced by the node's name."""
+
+    stop: list[Annotated[str, _text(4096)]] = Field(min_length=1, max_length=64, description="command that makes "
+                                                    "the node fail at once (power off, kill): its processes stop, "
+                                                    "nothing is cleaned up")
+    start: list[Annotated[str, _text(4096)]] = Field(min_length=1, max_length=64, description="command that brings "
+                                                     "the node back")
+    timeout: Seconds = Field(120.0, description="seconds each command may take")
+
+
 class KubernetesTarget(Strict):
     """A CloudNativePG ``Cluster`` pglab creates in a namespace, with pgbench and fio as Jobs on client nodes."""
 
@@ -532,6 +545,8 @@ class KubernetesTarget(Strict):
     prometheus: PrometheusSource | None = Field(None, description="read the runs' node disk, container CPU and "
                                                 "CloudNativePG figures from this Prometheus (range queries over each "
                                                 "run's window) instead of pglab's own samplers and exporter reads")
+    node_fault: NodeFault | None = Field(None, description="commands that stop and start a node, for the node-loss "
+                                         "scenario")
 
     @model_validator(mode="after")
     def _one_disk_source(self) -> KubernetesTarget:
@@ -659,13 +674,16 @@ class Scenario(Strict):
     A witness client writes increasing ids through it and reads them back afterwards (RPO, RTO); pgbench is
     started again whenever the fault ends it, so that the load and its timeline run through the outage."""
 
-    kind: Literal["failover", "switchover", "standby-loss", "backup"] = Field(
+    kind: Literal["failover", "switchover", "standby-loss", "backup", "node-loss", "node-drain"] = Field(
         description="failover: kill the leader; switchover: a planned one; standby-loss: a standby stopped for a "
-        "while; backup: pg_basebackup of the primary")
+        "while; backup: pg_basebackup of the primary; Kubernetes only: node-loss: the primary's node fails as a "
+        "machine does (target.kubernetes.node_fault) and comes back once a new primary is reported; node-drain: "
+        "the primary's node cordoned and its instance pods evicted, as an upgrade does, uncordoned after down")
     at: Seconds = Field(5.0, description="seconds after the start of the measured run")
     kill: Literal["node", "postgres"] = Field(
         "node", description="failover: SIGKILL the leader's Patroni and postgres (node) or its postgres only")
-    down: Seconds = Field(5.0, description="standby-loss: seconds before the killed standby is started again")
+    down: Seconds = Field(5.0, description="standby-loss: seconds before the killed standby is started again; "
+                          "node-loss, node-drain: the least seconds the node stays away")
     max_rate: Annotated[str, _text(16, pattern=re.compile(r"[1-9][0-9]*[kM]?"), what="a rate such as 32M")] | None = (
         Field(None, description="backup: pg_basebackup --max-rate (kB/s, or with k/M); unthrottled without it"))
     witness: bool = Field(True, description="run the witness writer (acknowledged writes lost, RTO)")
@@ -1114,12 +1132,20 @@ class Plan(Strict):
                                               "CloudNativePG backup needs an object store or volume snapshots "
                                               "pglab does not set up); remove it from this Kubernetes plan",
                                               {"at": f"{at}.kind"})
+                if sc.kind == "node-loss" and k8s.node_fault is None:
+                    raise PydanticCustomError("scenario", "a node-loss needs target.kubernetes.node_fault: the "
+                                              "commands that stop and start a node (Kubernetes cannot power a "
+                                              "machine off)", {"at": f"{at}.kind"})
                 if sc.kind == "failover" and sc.kill != "node":
                     raise PydanticCustomError("scenario", "on Kubernetes a failover deletes the primary pod (kill: "
                                               "node); kill: postgres is not available there", {"at": f"{at}.kill"})
                 if k8s.instances < 2:
                     raise PydanticCustomError("scenario", "a {kind} needs a standby: raise "
                                               "target.kubernetes.instances", {"kind": sc.kind, "at": f"{at}.kind"})
+            elif sc.kind in ("node-loss", "node-drain"):
+                raise PydanticCustomError("scenario", "{kind} runs on a Kubernetes target only (the local lab's "
+                                          "failover with kill: node is its node loss)",
+                                          {"kind": sc.kind, "at": f"{at}.kind"})
             elif local is None:
                 raise PydanticCustomError("scenario", "scenarios run on the local lab only (pglab must be able to "
                                           "kill and restart the servers)", {"at": at})

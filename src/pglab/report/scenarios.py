@@ -11,7 +11,7 @@ from pglab.store.sqlite import RunRow, Store
 
 DURABILITY_ORDER = ("off", "local", "remote_write", "on", "remote_apply")
 PROTECTED = ("remote_write", "on", "remote_apply")  # levels that promise an acknowledged commit is on a standby
-RTO_SCENARIOS = ("failover", "switchover", "standby")  # scenarios whose fault moves or fences a node: an RTO
+RTO_SCENARIOS = ("failover", "switchover", "standby", "node")  # faults that move or fence an instance: an RTO
 COLUMNS = ["scenario", "workload", "clients", "synchronous_commit", "trials", "failed_runs",
            *metrics.keys("scenarios"), "finding"]
 HEADERS = metrics.headers("scenarios")

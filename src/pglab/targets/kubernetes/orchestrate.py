@@ -589,6 +589,37 @@ class Orchestrator:
         except ApiException as exc:
             raise K8sError(f"deleting pod/{name} in {self.ns}: {_reason(exc)}") from None
 
+    def pod_node(self, name: str) -> str:
+        """The node a pod was scheduled to."""
+        try:
+            node = self.core.read_namespaced_pod(name, self.ns).spec.node_name
+        except ApiException as exc:
+            raise K8sError(f"reading pod/{name} in {self.ns}: {_reason(exc)}", exc.status) from None
+        if not node:
+            raise K8sError(f"pod/{name} in {self.ns} is on no node")
+        return str(node)
+
+    def cordon(self, node: str, unschedulable: bool = True) -> None:
+        """Mark a node unschedulable (``kubectl cordon``) or schedulable again (``uncordon``)."""
+        try:
+            self.core.patch_node(node, {"spec": {"unschedulable": unschedulable or None}})
+        except ApiException as exc:
+            raise K8sError(f"{'cordoning' if unschedulable else 'uncordoning'} node {node}: {_reason(exc)}",
+                           exc.status) from None
+
+    def evict(self, pod: str) -> bool:
+        """Ask for a pod's eviction as ``kubectl drain`` does; False while a PodDisruptionBudget refuses it (429)."""
+        body = client.V1Eviction(metadata=client.V1ObjectMeta(name=pod, namespace=self.ns))
+        try:
+            self.core.create_namespaced_pod_eviction(pod, self.ns, body)
+        except ApiException as exc:
+            if exc.status == 429:
+                return False
+            if exc.status == 404:
+                return True
+            raise K8sError(f"evicting pod/{pod} in {self.ns}: {_reason(exc)}", exc.status) from None
+        return True
+
     # -------------------------------------------------------------- the whole plan
     def run(self, out_dir: Path) -> list[JobOutcome]:
         """Access, database, storage phase, init, every run; everything created is deleted at the end."""

@@ -290,6 +290,9 @@ class Node:
         return self.labels.get(key, f"\0{self.name}")
 
 
+ZONE_LABEL = "topology.kubernetes.io/zone"
+
+
 def tolerates(tolerations: Iterable[Toleration], key: str, value: str, effect: str) -> bool:
     """The Kubernetes rule (``Toleration.ToleratesTaint``): effect and key match when given; Exists ignores the
     value, Equal compares it."""
@@ -402,7 +405,21 @@ def check_nodes(plan: Plan, api: client.ApiClient) -> list[Finding]:
     db_nodes, db = database_nodes(k8s, nodes)
     if db.blocking:
         return [db]
-    return [db, client_nodes(k8s, nodes, db_nodes)]
+    clients = client_nodes(k8s, nodes, db_nodes)
+    return [db, clients] if clients.blocking else [db, clients, node_map(k8s, nodes)]
+
+
+def node_map(k8s: KubernetesTarget, nodes: list[Node]) -> Finding:
+    """Every node, its zone, and which of the plan's pods its placement lets go there (or why none)."""
+    parts = []
+    for n in sorted(nodes, key=lambda n: n.name):
+        allowed = [what for what, placement in (("instances", k8s.database), ("clients", k8s.clients))
+                   if refusal(n, placement) is None]
+        zone = n.labels.get(ZONE_LABEL)
+        where = f"{n.name} ({zone})" if zone else n.name
+        refused = refusal(n, k8s.database) or refusal(n, k8s.clients)
+        parts.append(f"{where}: {' and '.join(allowed)}" if allowed else f"{where}: neither ({refused})")
+    return Finding("info", f"nodes: {len(nodes)}: " + "; ".join(parts))
 
 
 # ------------------------------------------------------------------ 4. storage classes
@@ -486,6 +503,9 @@ def required_access(plan: Plan, namespace_exists: bool | None) -> list[Access]:
                 Access("delete", "", "namespaces", ns, ns, why=f"namespace {ns} does not exist yet")]
     out.append(Access("get", "", "pods/proxy", ns, blocking=False,
                       why="without it no PostgreSQL figures and no wait for the standbys to catch up"))
+    if any(sc.kind == "node-drain" for sc in plan.matrix.scenario or []):  # kubectl drain's own calls
+        out += [Access("patch", "", "nodes", why="node-drain cordons and uncordons the primary's node"),
+                Access("create", "", "pods/eviction", ns, why="node-drain evicts the instance pods")]
     if (ne := k8s.node_exporter) is not None:
         out += [Access("list", "", "pods", ne.namespace, blocking=False, why="without it no disk figures"),
                 Access("get", "", "pods/proxy", ne.namespace, blocking=False, why="without it no disk figures")]

@@ -11,17 +11,19 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from pglab.plan.schema import Scenario
+from pglab.plan.schema import NodeFault, Scenario
 from pglab.scenarios.witness import ACKED, FAILED, IN_DOUBT, Attempt, Outcome, timeline_of
 from pglab.targets.kubernetes.orchestrate import FENCED, K8sError, Orchestrator
 from pglab.targets.kubernetes.render import START_MARK, WITNESS_MARK
 
 Event = tuple[float, str, str]
 _START = re.compile(rf"^{re.escape(START_MARK)} (\d+(?:\.\d+)?)\s*$", re.MULTILINE)
+NODE_KINDS = ("node-loss", "node-drain")
 _OUTCOMES: dict[str, Outcome] = {"acked": ACKED, "failed": FAILED, "in_doubt": IN_DOUBT}
 
 
@@ -92,12 +94,19 @@ class Injector:
     - failover: deletes the primary pod; CloudNativePG promotes a standby;
     - switchover: asks CloudNativePG to promote a standby (``Orchestrator.promote``, as ``kubectl cnpg promote``);
     - standby-loss: fences a standby (``cnpg.io/fencedInstances``: the operator stops its postgres, the pod stays)
-      for ``down`` seconds, then lifts the fence.
+      for ``down`` seconds, then lifts the fence;
+    - node-loss: the primary's node fails as a machine does (the plan's ``node_fault.stop`` command); once another
+      instance is reported primary, and at least ``down`` seconds after the fault, ``node_fault.start`` brings it
+      back;
+    - node-drain: the primary's node is cordoned and its instance pods evicted as ``kubectl drain`` does (again at
+      each step while a PodDisruptionBudget refuses: CloudNativePG switches the primary over first); uncordoned
+      once none is left there, another instance is primary and ``down`` seconds have passed.
 
     The window starts ``warmup`` seconds after the run Job started pgbench (its START_MARK line, the pod's clock).
     ``fault_time`` is when the request was accepted; ``new_primary_time`` when the operator first reported another
     instance as current primary (and target: the promotion done); ``back_time`` when a fenced standby's fence was
-    lifted; ``healthy_time`` when the operator reported the Cluster healthy again, every instance ready."""
+    lifted, or the node back; ``healthy_time`` when the operator reported the Cluster healthy again, every instance
+    ready."""
 
     orch: Orchestrator
     scenario: Scenario
@@ -107,12 +116,16 @@ class Injector:
     old: str | None = None  # the primary when the scenario struck
     new: str | None = None  # the new primary the operator reported (failover, switchover)
     standby: str | None = None  # the standby fenced (standby-loss)
+    node: str | None = None  # the node lost or drained
+    node_fault: NodeFault | None = None  # node-loss: how the node is stopped and started
     fault_time: float | None = None
     new_primary_time: float | None = None
     back_time: float | None = None
     healthy_time: float | None = None
     _started: float | None = None
     _last_status: dict[str, Any] = field(default_factory=dict)
+    _evicted: set[str] = field(default_factory=set)
+    _evicting: list[str] = field(default_factory=list)  # node-drain: instance pods the budget still keeps there
 
     @property
     def done(self) -> bool:
@@ -131,6 +144,16 @@ class Injector:
     def fenced(self) -> bool:
         return self.kind == "standby-loss" and self.fault_time is not None and self.back_time is None
 
+    @property
+    def node_away(self) -> bool:
+        """A node this scenario stopped or cordoned that is not back yet."""
+        return self.kind in NODE_KINDS and self.fault_time is not None and self.back_time is None
+
+    @property
+    def disrupted(self) -> bool:
+        """Something of this scenario's is still undone (a fence, a node away): ``release`` undoes it."""
+        return self.fenced or self.node_away
+
     def poll(self) -> None:
         """One look: before the fault, whether it is due; after it, what the operator reports."""
         if self.fault_time is None:
@@ -148,6 +171,8 @@ class Injector:
             if time.time() >= self.fault_time + self.scenario.down:
                 self.release()
             return
+        if self.kind == "node-drain" and self.node_away:
+            self._evict()
         status = self._last_status = self.orch.cluster_status()
         current, target = status.get("currentPrimary"), status.get("targetPrimary", status.get("currentPrimary"))
         t = time.time()
@@ -156,7 +181,10 @@ class Injector:
             self.new, self.new_primary_time = current, t
             self.events.append((t, "new-primary", f"{current} reported primary {t - self.fault_time:.1f} s after "
                                 f"{self._what}"))
-        if self.recovered_time is not None and self.orch.is_healthy(status):
+        if (self.node_away and self.new_primary_time is not None and t >= self.fault_time + self.scenario.down
+                and not self._evicting):
+            self.release()
+        if self.recovered_time is not None and not self.node_away and self.orch.is_healthy(status):
             self.healthy_time = t
             began = "request" if self.kind == "switchover" else "fault"
             self.events.append((t, "cluster-healthy", f"{self.orch.k8s.instances} instances ready "
@@ -165,7 +193,8 @@ class Injector:
     @property
     def _what(self) -> str:
         return {"failover": f"pod/{self.old} was deleted", "switchover": "the switchover request",
-                "standby-loss": f"{self.standby}'s fence was lifted"}[self.kind]
+                "standby-loss": f"{self.standby}'s fence was lifted", "node-loss": f"node {self.node} was stopped",
+                "node-drain": f"node {self.node} was cordoned"}[self.kind]
 
     def _strike(self) -> None:
         status = self.orch.cluster_status()
@@ -173,6 +202,21 @@ class Injector:
         if not primary:
             raise K8sError(f"{self.kind}: Cluster/{self.orch.k8s.cluster_name} reports no currentPrimary")
         self.old = primary
+        if self.kind in NODE_KINDS:
+            self.node = self.orch.pod_node(primary)
+            if self.kind == "node-loss":
+                assert self.node_fault is not None  # the plan's validation requires it
+                self._node_command("stop")
+                what = f"node {self.node} (of the primary {primary}) stopped"
+            else:
+                self.orch.cordon(self.node)
+                what = f"node {self.node} (of the primary {primary}) cordoned, its instance pods to be evicted"
+            self.fault_time = time.time()
+            self.events.append((self.fault_time, "fault", what))
+            self.orch.log(f"{self.kind}: {what}")
+            if self.kind == "node-drain":
+                self._evict()
+            return
         if self.kind == "failover":
             self.orch.delete_pod(primary)
             self.fault_time = time.time()
@@ -195,8 +239,47 @@ class Injector:
                                 f"postgres) for {self.scenario.down:g} s"))
         self.orch.log(f"{self.kind}: {self.events[-1][2]}")
 
+    def _evict(self) -> None:
+        """One round of ``kubectl drain``: evict the Cluster's instance pods still on the node (a refusal by a
+        PodDisruptionBudget is asked again next round)."""
+        left = [p.metadata.name for p in self.orch.instance_pods()
+                if p.spec.node_name == self.node and p.metadata.deletion_timestamp is None]
+        for pod in left:
+            if self.orch.evict(pod) and pod not in self._evicted:
+                self._evicted.add(pod)
+                self.events.append((time.time(), "evicted", f"pod/{pod} evicted from node {self.node}"))
+        self._evicting = [p for p in left if p not in self._evicted]
+
+    def _node_command(self, action: str) -> None:
+        """The plan's command that stops or starts a node; its failure is the run's, in one sentence."""
+        assert self.node_fault is not None and self.node is not None
+        argv = [a.replace("{node}", self.node) for a in getattr(self.node_fault, action)]
+        try:
+            proc = subprocess.run(argv, capture_output=True, text=True, timeout=self.node_fault.timeout, check=False)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise K8sError(f"node-loss: target.kubernetes.node_fault.{action} for node {self.node} failed: "
+                           f"{exc}") from None
+        if proc.returncode != 0:
+            said = (proc.stderr or proc.stdout).strip().splitlines()
+            raise K8sError(f"node-loss: target.kubernetes.node_fault.{action} for node {self.node} exited "
+                           f"{proc.returncode}: {said[-1] if said else 'nothing said'}")
+
     def release(self) -> None:
-        """Lift a standby's fence (at ``down``, or at once when the run ends early); a no-op when none is set."""
+        """Undo what is still undone: bring a stopped node back, uncordon a drained one (once its time has come,
+        or at once when the run ends early), lift a standby's fence; a no-op when nothing is."""
+        if self.node_away:
+            assert self.fault_time is not None
+            if self.kind == "node-loss":
+                self._node_command("start")
+                how = "started again"
+            else:
+                self.orch.cordon(str(self.node), unschedulable=False)
+                how = "uncordoned"
+            self.back_time = time.time()
+            self.events.append((self.back_time, "node-back", f"node {self.node} {how} "
+                                f"{self.back_time - self.fault_time:.1f} s after the fault"))
+            self.orch.log(f"{self.kind}: node {self.node} {how}")
+            return
         if not self.fenced:
             return
         self.orch.patch_cluster({"metadata": {"annotations": {FENCED: None}}})
