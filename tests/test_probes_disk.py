@@ -7,6 +7,7 @@ comparisons with iostat run on the real disk behind /var/tmp.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import shutil
@@ -182,13 +183,53 @@ def test_fio_synced_writes_are_all_counted(request: pytest.FixtureRequest, scrat
     assert counted >= issued, (issued, counted)
     if isolated:
         assert counted <= 3 * issued + 64, (issued, counted)
-    # a summary covers exactly its window: over the span of the whole ticks above it counts what they count
+    # a summary covers exactly its window: over the span of the whole ticks above it counts what they count. A
+    # tick's interval [ts - dt, ts] is the span between the reads its deltas come from, so the summary's fine
+    # reads meet its edges exactly (only float rounding is left; a tick stamped apart from its read was 0.69 off)
     start, end = window[0].ts - window[0].get("dt"), window[-1].ts
     summary = probe.summarize(samples, start, end)
     window_s = end - start
-    assert summary["write_iops"] * window_s == pytest.approx(counted, abs=0.5)
+    assert summary["write_iops"] * window_s == pytest.approx(counted, abs=0.01)
     assert summary[f"disk.{dev}.write_iops"] == pytest.approx(summary["write_iops"])
     assert summary["write_mb_s"] * window_s >= 8  # at least fio's 8 MiB of data reached the device
+
+
+def test_ticks_tile_time_so_a_span_of_whole_ticks_is_summarised_as_they_count(scratch: Path) -> None:
+    """Each tick begins where the one before it ended (``ts - dt`` is the previous ``ts``): a tick is the span
+    between the two reads its deltas come from. So a summary over any span of whole ticks adds up exactly what
+    those ticks count, whatever the writes did near the edges (synced writes keep coming here throughout).
+
+    Not so when a tick carried the sampler's time and a ``dt`` from a clock read after the counters: its
+    edges were 0.1-0.3 ms (under load, ms) off the reads, and the summary then took a share of the writes
+    of the finer interval across each edge."""
+    dev = resolve_device(scratch).device
+    assert dev is not None
+    probe = DiskProbe(ProbeContext("", paths={"data": scratch}))
+    sampler = Sampler([probe])
+    sampler.start()
+    try:
+        end = time.monotonic() + 4.5
+        with open(scratch / "synced", "wb") as f:
+            while time.monotonic() < end:
+                f.write(os.urandom(8192))
+                f.flush()
+                os.fsync(f.fileno())
+                time.sleep(0.002)
+    finally:
+        samples = sampler.stop()
+    assert not sampler.errors
+    ticks = [r for r in rows(samples) if r.source == f"disk:{dev}"]
+    assert len(ticks) >= 4
+    for before, tick in itertools.pairwise(ticks):
+        assert tick.ts - tick.get("dt") == pytest.approx(before.ts, abs=1e-6), (before.ts, tick.ts, tick.get("dt"))
+    assert sum(t.get("d_writes") for t in ticks) > 0
+    for first in range(len(ticks)):
+        for last in range(first, len(ticks)):
+            span = ticks[first : last + 1]
+            start, stop = span[0].ts - span[0].get("dt"), span[-1].ts
+            got = probe.summarize(samples, start, stop)
+            assert got["write_iops"] * (stop - start) == pytest.approx(sum(t.get("d_writes") for t in span),
+                                                                       abs=0.01), (first, last)
 
 
 def test_agrees_with_iostat_second_by_second(scratch: Path) -> None:

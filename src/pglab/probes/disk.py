@@ -6,7 +6,8 @@ iostat names them); what lies below it (parent disk, dm slaves, loop backing fil
 ``chain``. A path on a filesystem without a block device (tmpfs, overlay, NFS …) is reported as such — a
 row of zeros would claim the storage was idle.
 
-Figures from two reads of ``/proc/diskstats`` with Δt from the monotonic times of the reads:
+Figures from two reads of ``/proc/diskstats`` with Δt between the times of the reads (each read is stamped
+once, on the run's clock, and that stamp is its row's ``ts`` and the edge of its fine interval):
 r/s = Δreads/Δt, rkB/s = Δsectors·512/1024/Δt, r_await = Δread_ms/Δreads (0 without I/O),
 %util = Δio_ms/(Δt·1000)·100, aqu-sz = Δweighted_ms/(Δt·1000); w likewise. Raw deltas are emitted too so
 window aggregates are exact ratios of sums, not means of per-second ratios.
@@ -19,7 +20,6 @@ import itertools
 import math
 import os
 import stat
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -305,15 +305,19 @@ class DiskProbe:
             )
         self.resolve()
         self._reads = []
-        t = now()
-        self._prev = self._read(t)
-        self._prev_t = time.monotonic()
+        t, self._prev = self._read()
+        self._prev_t = t
         self._next_row = self._row_after(t)
 
-    def _read(self, t: float) -> dict[str, _Counters]:
+    def _read(self) -> tuple[float, dict[str, _Counters]]:
+        """The counters, stamped with the time they were read at: one stamp per read, the fine reads' and the
+        rows' alike, so that a row's interval ``[ts - dt, ts]`` is exactly the span of the fine reads it adds up
+        (a row stamped with the sampler's tick and timed by a clock read after the file was off by up to a few
+        ms at each edge, and a summary over whole rows then counted a share of the writes at its edges)."""
+        t = now()
         cur = read_diskstats(list(self.devices))
         self._reads.append((t, cur))
-        return cur
+        return t, cur
 
     def _row_after(self, ts: float) -> float:
         """The first row boundary after the tick at ``ts`` (ticks land a hair off the whole multiples)."""
@@ -322,11 +326,10 @@ class DiskProbe:
     def sample(self, ts: float) -> list[Sample]:
         if not self.devices:
             return []
-        cur = self._read(now())
+        t, cur = self._read()
         if self.interval < self.row_interval and ts < self._next_row - self.interval / 2:
             return []  # a fine read only: kept for the window's edges
         self._next_row = self._row_after(ts)
-        t = time.monotonic()
         dt = t - self._prev_t
         prev, self._prev, self._prev_t = self._prev, cur, t
         if dt <= 0:
@@ -336,7 +339,7 @@ class DiskProbe:
             p = prev.get(dev)
             if p is None:
                 continue
-            out.extend(_figures(ts, f"disk:{dev}", p, c, dt))
+            out.extend(_figures(t, f"disk:{dev}", p, c, dt))  # ends when it was read, a hair after the tick
         return out
 
     def close(self) -> None:
