@@ -16,10 +16,10 @@ APT_PACKAGES=(postgresql postgresql-contrib fio sysstat python3 python3-venv pyt
 HA_APT_PACKAGES=(etcd-server etcd-client)  # the HA lab's DCS (the ha extra and the tests)
 TEST_APT_PACKAGES=(chromium)  # the HTML report's browser test (Debian's Chromium; no downloaded browser)
 # The Kubernetes lab the tests run pglab's Kubernetes target on (tools/kube-lab): containerd, runc and the CNI
-# plugins run its pods; mmdebstrap makes its images from Debian's packages; the rest are what kubelet and
-# kube-proxy call.
+# plugins run its pods; mmdebstrap makes its images from Debian's packages; e2fsprogs and xfsprogs format the nodes'
+# disks; the rest are what kubelet and kube-proxy call.
 KUBE_LAB_APT_PACKAGES=(containerd runc containernetworking-plugins iptables conntrack socat ethtool ebtables ipset
-                       kmod iproute2 mmdebstrap openssl curl)
+                       kmod iproute2 mmdebstrap openssl curl e2fsprogs xfsprogs)
 # Toxiproxy shapes the replication links (latency, bandwidth). It is built from the Go module proxy (no release
 # download), checksum-verified by the Go checksum database. v2.8.0 is the newest whose go.mod and dependencies
 # build with Go 1.19, Debian 12's golang-go (v2.9.0 needs Go 1.22).

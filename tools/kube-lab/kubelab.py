@@ -1,16 +1,26 @@
 #!/usr/bin/env python3
-"""A real single-node Kubernetes with the CloudNativePG operator, started as plain processes from what
-tools/kube-lab/build.sh built: etcd, the control plane, containerd, kubelet, kube-proxy, CoreDNS, a hostPath
-volume provisioner and the operator. pglab's Kubernetes tests run against it, and so can a user:
+"""A real multi-node Kubernetes with the CloudNativePG operator, started as plain processes from what
+tools/kube-lab/build.sh built: etcd and the control plane once, then per node a network namespace, containerd,
+kubelet, kube-proxy and a volume provisioner on a disk of its own; CoreDNS and the operator on top. pglab's
+Kubernetes tests run against it, and so can a user:
 
-    sudo .venv/bin/python tools/kube-lab/kubelab.py up      # prints the kubeconfig to use
+    sudo .venv/bin/python tools/kube-lab/kubelab.py up            # 4 nodes; prints the kubeconfig to use
+    sudo .venv/bin/python tools/kube-lab/kubelab.py node stop lab-db-1   # the node dies as a machine does
+    sudo .venv/bin/python tools/kube-lab/kubelab.py node start lab-db-1
     sudo .venv/bin/python tools/kube-lab/kubelab.py down
 
 Why it is built this way:
-- No network leaves the machine. The node's address is on a portless bridge of its own (10.245.0.1), which is
-  also the only address the API server and the kubelet listen on; pods live on a bridge with no masquerading and
-  a FORWARD rule drops whatever they send anywhere but to each other and to this machine; CoreDNS answers only
-  for the cluster's names (no upstream).
+- The studies' placement: with N > 1 nodes, N-1 database nodes (label pglab.io/role=database) and a client node
+  (pglab.io/role=client, which also runs CoreDNS and the operator), each in its own zone
+  (topology.kubernetes.io/zone). One node (--nodes 1) does everything, for a machine too small for more.
+- A node is as separate as one kernel allows: its own network namespace (its address on the lab's bridge, its
+  own ports, iptables and pod subnet 10.244.i.0/24, routed from the host and every other node), its own cgroup
+  (every process of the node, pods included, under /<hierarchy>/pglab-kube-lab/<node>: losing the node is
+  killing that cgroup), and its own disk: a loop device over a sparse file with its own file system (ext4 and
+  XFS in turn), where its provisioner makes the volumes of the pods scheduled to it (WaitForFirstConsumer).
+- No network leaves the machine. The API server listens only on the bridge's address (10.245.0.1); a FORWARD
+  rule drops whatever the nodes and pods send anywhere but to each other and to this machine; CoreDNS answers
+  only for the cluster's names (no upstream).
 - One lab per machine (fixed addresses, one bridge). Its owner (pid and process start time) is recorded in the
   pglab state folder; a lab whose owner died (a killed test run) is stopped and removed by the next start, or by
   ``kubelab.py clean``. Whoever starts a lab stops it, also on Ctrl-C and failure (``with KubeLab(...)``).
@@ -24,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import fcntl
 import json
 import os
 import pwd
@@ -33,23 +44,29 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-NODE = "pglab-kube-lab"
-NODE_IP = "10.245.0.1"          # on the lab's own portless bridge: nothing listens on the machine's own addresses
-LINK = "pglabkube0"
-POD_CIDR = "10.244.0.0/16"
-POD_SUBNET = "10.244.0.0/24"
+LINK = "pglabkube0"              # the lab's bridge: the control plane's address, each node's veth a port of it
+API_IP = "10.245.0.1"            # the API server's (and the control plane's) only address, on that bridge
+LAB_NET = "10.245.0.0/24"        # the nodes' addresses: API_IP's network, node i at .(10 + i)
+POD_CIDR = "10.244.0.0/16"       # node i's pods: 10.244.i.0/24
 SERVICE_CIDR = "10.96.0.0/16"
 API_SERVICE_IP = "10.96.0.1"
 DNS_IP = "10.96.0.10"
 STORAGE_CLASS = "lab-local"
 HOUSEKEEPING_S = 2              # cAdvisor's (the kubelet's) container stats interval
 START_TIMEOUT_S = 240           # each component; the first start of a slow, busy machine took ~40 s in all
-KUBELET_CHAINS = ("KUBE-FIREWALL", "KUBE-KUBELET-CANARY", "KUBE-IPTABLES-HINT")
-STOP_ORDER = ("hostpath-provisioner", "kube-proxy", "kubelet", "kube-scheduler", "kube-controller-manager",
-              "kube-apiserver")
+NODE_MONITOR_GRACE_S = 20       # a node that stops reporting is NotReady after this (Kubernetes' default: 40-50 s)
+DEFAULT_NODES = 4               # 3 database nodes and a client node: the studies' placement
+DISK_BYTES = 8 << 30            # each node's disk: a sparse file on a loop device
+CGROUP = "pglab-kube-lab"       # every node's processes (its daemons, shims and pods) under /<hierarchy>/CGROUP/<node>
+CP_STOP_ORDER = ("kube-scheduler", "kube-controller-manager", "kube-apiserver")
+NODE_DAEMONS = ("provisioner", "kube-proxy", "kubelet", "containerd")  # the order a node's daemons are stopped in
+ROLE_LABEL = "pglab.io/role"
+SYSTEM_LABEL = "lab.pglab/system"  # the node CoreDNS and the operator are kept on (tools/kube-lab/manifests)
 
 
 class LabError(RuntimeError):
@@ -97,19 +114,72 @@ def run(*cmd: str | Path, check: bool = True, timeout: float = 120, **kw: Any) -
     return proc
 
 
-class KubeLab:
-    """One lab: ``start()`` brings a ready cluster (node Ready, CoreDNS and the operator rolled out), ``stop()``
-    removes every process, mount, network device and rule it made. ``with KubeLab(...) as lab`` does both."""
+@dataclass(frozen=True)
+class Node:
+    """One node of the lab: its own network namespace (a veth on the lab's bridge), containerd, kubelet, kube-proxy
+    and volume provisioner, its own pod subnet, cgroup and disk (a loop device with a file system of its own)."""
 
-    def __init__(self, images: Path | None = None, root: Path | None = None) -> None:
+    index: int                  # 1-based
+    name: str
+    role: str | None            # "database", "client", or None on a single node (it is both)
+    fstype: str                 # its disk's file system
+    system: bool                # CoreDNS and the operator run here
+
+    @property
+    def ip(self) -> str:
+        return f"10.245.0.{10 + self.index}"
+
+    @property
+    def subnet(self) -> str:
+        return f"10.244.{self.index}.0/24"
+
+    @property
+    def netns(self) -> str:
+        return f"pglab-kl-{self.index}"
+
+    @property
+    def veth(self) -> str:
+        return f"pglabkl{self.index}"  # the host's end; the node's end is its eth0
+
+    @property
+    def zone(self) -> str:
+        return f"lab-{chr(ord('a') + self.index - 1)}"
+
+    @property
+    def labels(self) -> dict[str, str]:
+        labels = {"topology.kubernetes.io/region": "lab", "topology.kubernetes.io/zone": self.zone}
+        if self.role:
+            labels[ROLE_LABEL] = self.role
+        if self.system:
+            labels[SYSTEM_LABEL] = "true"
+        return labels
+
+
+def lab_nodes(count: int) -> list[Node]:
+    """One node does everything; more: one client node (which also runs the system pods), the rest database nodes,
+    their disks ext4 and XFS in turn."""
+    if count < 1 or count > 9:
+        raise LabError(f"--nodes {count}: the lab runs 1 to 9 nodes")
+    if count == 1:
+        return [Node(1, "lab-node-1", None, "ext4", True)]
+    return [Node(i, f"lab-db-{i}", "database", ("ext4", "xfs")[(i - 1) % 2], False) for i in range(1, count)] + [
+        Node(count, "lab-client-1", "client", "ext4", True)]
+
+
+class KubeLab:
+    """One lab: ``start()`` brings a ready cluster (every node Ready, CoreDNS and the operator rolled out),
+    ``stop()`` removes every process, mount, network namespace and device, loop device, cgroup and rule it made.
+    ``with KubeLab(...) as lab`` does both."""
+
+    def __init__(self, images: Path | None = None, root: Path | None = None, nodes: int | None = None) -> None:
         self.images = images or newest_images()
         self.bin = self.images.parent / ("bin-" + self.images.name.split("-", 1)[1][8:])
         self.root = root or Path(tempfile.mkdtemp(prefix="pglab-kube-lab-"))
         self.root.chmod(0o755)
         self.kubeconfig = self.root / "admin.kubeconfig"
         self.image_names: dict[str, str] = json.loads((self.images / "images.json").read_text())
+        self.nodes = lab_nodes(nodes or int(os.environ.get("PGLAB_KUBE_LAB_NODES") or DEFAULT_NODES))
         self.timings: dict[str, float] = {}
-        self._pids: dict[str, int] = {}
 
     # ------------------------------------------------------------------ lifecycle
     def __enter__(self) -> KubeLab:
@@ -125,11 +195,13 @@ class KubeLab:
 
     def start(self) -> None:
         if os.geteuid() != 0:
-            raise LabError("the Kubernetes lab needs root (it starts containerd, a kubelet and network devices); "
+            raise LabError("the Kubernetes lab needs root (it starts containerd, kubelets and network devices); "
                            "run the tests as root or with sudo")
-        if not Path("/sys/fs/cgroup/cpu").exists() and not Path("/sys/fs/cgroup/cgroup.controllers").exists():
-            raise LabError("no cgroup file system at /sys/fs/cgroup: a kubelet cannot run here")
-        for tool in ("containerd", "runc", "ctr", "iptables", "openssl", "ip"):
+        if not Path("/sys/fs/cgroup/cpu").exists():
+            raise LabError("no cgroup v1 hierarchy at /sys/fs/cgroup/cpu: the lab's kubelets need cgroup v1")
+        tools = ["containerd", "runc", "ctr", "iptables", "openssl", "ip", "nsenter", "losetup", "mkfs.ext4"]
+        tools += ["mkfs.xfs"] if any(n.fstype == "xfs" for n in self.nodes) else []
+        for tool in tools:
             if shutil.which(tool) is None:
                 raise LabError(f"{tool} is not installed: run ./setup.sh test, which installs the lab's packages")
         if not (self.bin / "kubelet").exists():
@@ -137,11 +209,18 @@ class KubeLab:
         clean_orphan()
         t0 = time.monotonic()
         self._claim()
+        (self.root / "lab.json").write_text(json.dumps({
+            "bin": str(self.bin), "images": str(self.images), "nodes": [asdict(n) for n in self.nodes]}))
         self._pki()
-        self._configs()
         self._network()
-        self._start_processes()
+        self._control_plane()
+        for node in self.nodes:
+            self._prepare_node(node)
+        self._import_images()
+        for node in self.nodes:
+            start_node(self.root, node.name)
         self.timings["start_s"] = time.monotonic() - t0
+        self._wait(f"{self.nodes[0].name}/kubelet", "registered and Ready on every node", self._nodes_ready)
         self._addons()
         self.timings["ready_s"] = time.monotonic() - t0
 
@@ -155,6 +234,30 @@ class KubeLab:
 
     def kubectl(self, *args: str, check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess[str]:
         return run(self.bin / "kubectl", "--kubeconfig", self.kubeconfig, *args, check=check, timeout=timeout)
+
+    def node(self, name: str) -> Node:
+        for node in self.nodes:
+            if node.name == name:
+                return node
+        raise LabError(f"no node {name} in this lab (its nodes: {', '.join(n.name for n in self.nodes)})")
+
+    def node_disk(self, name: str) -> Path:
+        """Where a node's volumes are: the mount of its own disk."""
+        return node_root(self.root, name) / "disk"
+
+    def node_device(self, name: str) -> str:
+        """The kernel's name of a node's disk (its loop device, as /proc/diskstats names it)."""
+        image = node_root(self.root, self.node(name).name) / "disk.img"
+        found = run("losetup", "-j", image).stdout.split(":", 1)[0]
+        if not found.startswith("/dev/"):
+            raise LabError(f"node {name} has no disk attached")
+        return found.removeprefix("/dev/")
+
+    def stop_node(self, name: str) -> None:
+        stop_node(self.root, self.node(name).name)
+
+    def start_node(self, name: str) -> None:
+        start_node(self.root, self.node(name).name)
 
     # ------------------------------------------------------------------ steps
     def _claim(self) -> None:
@@ -179,14 +282,14 @@ class KubeLab:
             "-days", "30", "-subj", "/CN=pglab-kube-lab-ca")
         certs = {  # name: (CN, O, SANs)
             "apiserver": ("kube-apiserver", "", f"DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,"
-                          f"DNS:kubernetes.default.svc.cluster.local,IP:{API_SERVICE_IP},IP:{NODE_IP},IP:127.0.0.1"),
+                          f"DNS:kubernetes.default.svc.cluster.local,IP:{API_SERVICE_IP},IP:{API_IP},IP:127.0.0.1"),
             "admin": ("kubernetes-admin", "system:masters", ""),
             "apiserver-kubelet-client": ("kube-apiserver-kubelet-client", "system:masters", ""),
             "controller-manager": ("system:kube-controller-manager", "", ""),
             "scheduler": ("system:kube-scheduler", "", ""),
             "kube-proxy": ("system:kube-proxy", "", ""),
-            "kubelet": (f"system:node:{NODE}", "system:nodes", f"DNS:{NODE},IP:{NODE_IP}"),
-        }
+        } | {f"kubelet-{n.name}": (f"system:node:{n.name}", "system:nodes", f"DNS:{n.name},IP:{n.ip}")
+             for n in self.nodes}
         for name, (cn, org, sans) in certs.items():
             ext = pki / f"{name}.ext"
             ext.write_text("basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature,keyEncipherment\n"
@@ -197,24 +300,74 @@ class KubeLab:
                 "-CAcreateserial", "-out", pki / f"{name}.crt", "-days", "30", "-extfile", ext)
         run(*ssl, "genrsa", "-out", pki / "sa.key", "2048")
         run(*ssl, "rsa", "-in", pki / "sa.key", "-pubout", "-out", pki / "sa.pub")
-        for name, user in (("admin", "admin"), ("controller-manager", "system:kube-controller-manager"),
-                           ("scheduler", "system:kube-scheduler"), ("kube-proxy", "system:kube-proxy"),
-                           ("kubelet", f"system:node:{NODE}")):
+        for name, (user, _, _) in certs.items():
+            if name in ("apiserver", "apiserver-kubelet-client"):
+                continue
             (self.root / f"{name}.kubeconfig").write_text(json.dumps({
                 "apiVersion": "v1", "kind": "Config", "current-context": "pglab-kube-lab",
                 "clusters": [{"name": "pglab-kube-lab", "cluster": {
-                    "certificate-authority": str(pki / "ca.crt"), "server": f"https://{NODE_IP}:6443"}}],
+                    "certificate-authority": str(pki / "ca.crt"), "server": f"https://{API_IP}:6443"}}],
                 "users": [{"name": user, "user": {"client-certificate": str(pki / f"{name}.crt"),
                                                   "client-key": str(pki / f"{name}.key")}}],
                 "contexts": [{"name": "pglab-kube-lab", "context": {"cluster": "pglab-kube-lab", "user": user}}],
             }, indent=1))
 
-    def _configs(self) -> None:
-        r = self.root
-        for d in ("etc/cni", "var", "run", "log", "pv"):
+    def _network(self) -> None:
+        """The lab's bridge (the control plane's address, a port per node), a network namespace per node with its
+        veth on the bridge, and routes: each node's pod subnet through that node, from the host and every other
+        node. Nothing the lab's namespaces send is forwarded anywhere but between them and to this machine."""
+        run("ip", "link", "add", LINK, "type", "bridge")
+        run("ip", "addr", "add", f"{API_IP}/24", "dev", LINK)
+        run("ip", "link", "set", LINK, "up")
+        if shutil.which("modprobe"):
+            run("modprobe", "br_netfilter", check=False)
+        run("sysctl", "-qw", "net.ipv4.ip_forward=1", check=False)
+        for rule in (("-i", LINK, "-o", LINK, "-j", "ACCEPT"), ("-s", POD_CIDR, "!", "-o", LINK, "-j", "DROP"),
+                     ("-s", LAB_NET, "!", "-o", LINK, "-j", "DROP")):
+            run("iptables", "-I", "FORWARD", "1", *rule, "-m", "comment", "--comment", "pglab-kube-lab")
+        for node in self.nodes:
+            run("ip", "netns", "add", node.netns)
+            run("ip", "link", "add", node.veth, "type", "veth", "peer", "name", "eth0", "netns", node.netns)
+            run("ip", "link", "set", node.veth, "master", LINK, "up")
+            inside = ("nsenter", f"--net=/run/netns/{node.netns}", "--")
+            run(*inside, "ip", "link", "set", "lo", "up")
+            run(*inside, "ip", "addr", "add", f"{node.ip}/24", "dev", "eth0")
+            run(*inside, "ip", "link", "set", "eth0", "up")
+            run(*inside, "ip", "route", "add", "default", "via", API_IP)  # Service addresses before kube-proxy's DNAT
+            run(*inside, "sysctl", "-qw", "net.ipv4.ip_forward=1")
+            run(*inside, "sysctl", "-qw", "net.bridge.bridge-nf-call-iptables=1", check=False)
+            run("ip", "route", "add", node.subnet, "via", node.ip)
+            if node.system:  # Service addresses from this machine: through that node's kube-proxy (it masquerades
+                run("ip", "route", "add", SERVICE_CIDR, "via", node.ip)  # sources outside the pod network)
+            for other in self.nodes:
+                if other is not node:
+                    run(*inside, "ip", "route", "add", other.subnet, "via", other.ip)
+
+    def _prepare_node(self, node: Node) -> None:
+        """The node's folders, disk, cgroup and configuration, and the commands that start its daemons (kept in
+        its folder, so that ``kubelab.py node start`` can start a stopped node again from another process)."""
+        r, b, pki = node_root(self.root, node.name), self.bin, self.root / "pki"
+        for d in ("etc/cni", "var", "run", "log", "disk"):
             (r / d).mkdir(parents=True, exist_ok=True)
-        (r / "lab.json").write_text(json.dumps({"bin": str(self.bin), "images": str(self.images)}))
-        (r / "pv").chmod(0o755)
+        image = r / "disk.img"
+        with open(image, "wb") as f:
+            f.truncate(DISK_BYTES)
+        mkfs = ("mkfs.xfs", "-q", "-f") if node.fstype == "xfs" else ("mkfs.ext4", "-q", "-F", "-E",
+                                                                       "lazy_itable_init=0,lazy_journal_init=0")
+        run(*mkfs, image, timeout=300)
+        # direct I/O: the loop device writes through to the backing file as a disk does, without a second page cache
+        loop = run("losetup", "--find", "--show", "--direct-io=on", image).stdout.strip()
+        run("mount", loop, r / "disk")
+        (r / "disk/pv").mkdir()
+        (r / "disk/pv").chmod(0o755)
+        for hierarchy in cgroup_hierarchies():
+            path = hierarchy / CGROUP / node.name
+            path.mkdir(parents=True, exist_ok=True)
+            if (hierarchy / "cpuset.cpus").exists():  # a cpuset takes no process before it has CPUs and memory
+                for part in (hierarchy / CGROUP, path):
+                    for f in ("cpuset.cpus", "cpuset.mems"):
+                        if not (part / f).read_text().strip():
+                            (part / f).write_text((part.parent / f).read_text())
         (r / "etc/containerd.toml").write_text(f"""version = 2
 root = "{r}/var/containerd"
 state = "{r}/run/containerd"
@@ -238,43 +391,72 @@ state = "{r}/run/containerd"
         (r / "etc/cni/10-pglab-kube-lab.conflist").write_text(json.dumps({
             "cniVersion": "1.0.0", "name": "pglab-kube-lab", "plugins": [
                 {"type": "bridge", "bridge": "cni0", "isGateway": True, "ipMasq": False, "hairpinMode": True,
-                 "ipam": {"type": "host-local", "ranges": [[{"subnet": POD_SUBNET}]],
+                 "ipam": {"type": "host-local", "ranges": [[{"subnet": node.subnet}]],
                           "routes": [{"dst": "0.0.0.0/0"}], "dataDir": f"{r}/var/cni"}},
                 {"type": "portmap", "capabilities": {"portMappings": True}}]}))
         (r / "etc/resolv.conf").write_text("search cluster.local\n")  # no nameserver: nothing reaches the host's
         (r / "etc/kubelet.yaml").write_text(json.dumps({
             "apiVersion": "kubelet.config.k8s.io/v1beta1", "kind": "KubeletConfiguration",
-            "cgroupDriver": "cgroupfs", "failCgroupV1": False, "address": NODE_IP, "healthzBindAddress": "127.0.0.1",
+            "cgroupDriver": "cgroupfs", "failCgroupV1": False, "cgroupRoot": f"/{CGROUP}/{node.name}",
+            "address": node.ip, "healthzBindAddress": "127.0.0.1",
             "containerRuntimeEndpoint": f"unix://{r}/run/containerd.sock",
             "authentication": {"anonymous": {"enabled": False}, "webhook": {"enabled": True},
-                               "x509": {"clientCAFile": f"{r}/pki/ca.crt"}},
+                               "x509": {"clientCAFile": f"{pki}/ca.crt"}},
             "authorization": {"mode": "Webhook"}, "clusterDomain": "cluster.local", "clusterDNS": [DNS_IP],
-            "resolvConf": f"{r}/etc/resolv.conf", "tlsCertFile": f"{r}/pki/kubelet.crt",
-            "tlsPrivateKeyFile": f"{r}/pki/kubelet.key", "failSwapOn": False,
+            "resolvConf": f"{r}/etc/resolv.conf", "tlsCertFile": f"{pki}/kubelet-{node.name}.crt",
+            "tlsPrivateKeyFile": f"{pki}/kubelet-{node.name}.key", "failSwapOn": False,
             "imageGCHighThresholdPercent": 99, "imageGCLowThresholdPercent": 98,
             "evictionHard": {"memory.available": "200Mi", "nodefs.available": "1%", "imagefs.available": "1%"},
             "maxPods": 60, "serializeImagePulls": False}))
+        closed = "http://127.0.0.1:9"
+        daemons = {
+            # Every image is imported at start, so a pull is a mistake (a misspelt name) and must not leave the
+            # machine: containerd's registry requests go to a proxy on a closed local port, and fail at once.
+            "containerd": {"cmd": ["containerd", "--config", f"{r}/etc/containerd.toml"],
+                           "env": {"HTTP_PROXY": closed, "HTTPS_PROXY": closed, "NO_PROXY": "", "http_proxy": closed,
+                                   "https_proxy": closed, "no_proxy": ""}},
+            "kubelet": {"cmd": [
+                f"{b}/kubelet", f"--config={r}/etc/kubelet.yaml",
+                f"--kubeconfig={self.root}/kubelet-{node.name}.kubeconfig",
+                f"--hostname-override={node.name}", f"--node-ip={node.ip}", f"--root-dir={r}/var/kubelet",
+                f"--cert-dir={r}/var/kubelet-pki", "--v=1",
+                "--node-labels=" + ",".join(f"{k}={v}" for k, v in node.labels.items()),
+                # cAdvisor reads the containers' cgroups every 2 s (default 10 s): a 10 s run's container CPU from
+                # /metrics/cadvisor then has samples inside its window (tests/test_kube_lab_scale.py)
+                f"--housekeeping-interval={HOUSEKEEPING_S}s"]},
+            "kube-proxy": {"cmd": [
+                f"{b}/kube-proxy", f"--kubeconfig={self.root}/kube-proxy.kubeconfig",
+                f"--hostname-override={node.name}",
+                "--proxy-mode=iptables", f"--cluster-cidr={POD_CIDR}", "--conntrack-max-per-core=0",
+                "--conntrack-tcp-timeout-established=0", "--conntrack-tcp-timeout-close-wait=0",
+                "--bind-address=127.0.0.1", "--metrics-bind-address=127.0.0.1:10249",
+                "--healthz-bind-address=127.0.0.1:10256"]},
+            "provisioner": {"cmd": [f"{b}/hostpath-provisioner", f"--kubeconfig={self.kubeconfig}",
+                                    f"--root={r}/disk/pv", f"--node={node.name}"]},
+        }
+        (r / "daemons.json").write_text(json.dumps(daemons, indent=1))
 
-    def _network(self) -> None:
-        run("ip", "link", "add", LINK, "type", "bridge")  # a bridge with no port: an address of this machine only
-        run("ip", "addr", "add", f"{NODE_IP}/32", "dev", LINK)
-        run("ip", "link", "set", LINK, "up")
-        if shutil.which("modprobe"):
-            run("modprobe", "br_netfilter", check=False)
-        run("sysctl", "-qw", "net.ipv4.ip_forward=1", "net.bridge.bridge-nf-call-iptables=1", check=False)
-        # Pods may talk to each other (through Services too) and to this machine; nothing they send is forwarded
-        # anywhere else.
-        run("iptables", "-I", "FORWARD", "1", "-s", POD_CIDR, "!", "-o", "cni0", "-j", "DROP",
-            "-m", "comment", "--comment", "pglab-kube-lab")
+    def _import_images(self) -> None:
+        """Every image into every node's containerd, the nodes side by side (containerd started for it first)."""
+        t0 = time.monotonic()
+        for node in self.nodes:
+            _spawn_daemon(self.root, node.name, "containerd")
+        imports = []
+        for node in self.nodes:
+            sock = node_root(self.root, node.name) / "run/containerd.sock"
+            self._wait(f"{node.name}/containerd", "serving", sock.exists)
+            cmd = " && ".join(f"ctr -a {sock} -n k8s.io images import --no-unpack=false {tar}"
+                              for tar in sorted(self.images.glob("*.tar")))
+            imports.append((node, subprocess.Popen(["sh", "-c", cmd], stdout=subprocess.PIPE,
+                                                   stderr=subprocess.STDOUT, text=True)))
+        for node, proc in imports:
+            out, _ = proc.communicate(timeout=900)
+            if proc.returncode != 0:
+                raise LabError(f"importing the images into {node.name} failed: {out.strip()[-400:]}")
+        self.timings["image_import_s"] = time.monotonic() - t0
 
-    def _spawn(self, name: str, *cmd: str | Path, env: dict[str, str] | None = None) -> None:
-        log = open(self.root / "log" / f"{name}.log", "ab")  # noqa: SIM115 - the child keeps it
-        proc = subprocess.Popen([str(c) for c in cmd], stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True, cwd=self.root, env={**os.environ, **(env or {})})
-        log.close()
-        self._pids[name] = proc.pid
-        (self.root / "pids.json").write_text(json.dumps(
-            {n: [p, start_time(p)] for n, p in self._pids.items()}))
+    def _spawn(self, name: str, *cmd: str | Path) -> None:
+        _spawn(self.root, name, [str(c) for c in cmd], {}, None)
 
     def _wait(self, name: str, what: str, probe: Any, timeout: float = START_TIMEOUT_S) -> None:
         deadline = time.monotonic() + timeout
@@ -282,36 +464,25 @@ state = "{r}/run/containerd"
             with contextlib.suppress(Exception):
                 if probe():
                     return
-            pid = self._pids.get(name)
+            pid = _pids(self.root).get(name, [None])[0]
             if pid is not None and start_time(pid) is None:
-                raise LabError(f"{name} exited while the lab started: {self._log_tail(name)}")
+                raise LabError(f"{name} exited while the lab started: {_log_tail(self.root, name)}")
             time.sleep(0.3)
-        raise LabError(f"{name} was not {what} after {timeout:.0f} s: {self._log_tail(name)}")
+        raise LabError(f"{name} was not {what} after {timeout:.0f} s: {_log_tail(self.root, name)}")
 
-    def _log_tail(self, name: str) -> str:
-        with contextlib.suppress(OSError):
-            lines = (self.root / "log" / f"{name}.log").read_text(errors="replace").strip().splitlines()
-            return " | ".join(lines[-3:])[-600:]
-        return "(no log)"
-
-    def _start_processes(self) -> None:
+    def _control_plane(self) -> None:
         r, b, pki = self.root, self.bin, self.root / "pki"
+        (r / "log").mkdir(exist_ok=True)
         self._spawn("etcd", b / "etcd", "--name", "lab", "--data-dir", r / "var/etcd",
                     "--listen-client-urls", "http://127.0.0.1:22379", "--advertise-client-urls",
                     "http://127.0.0.1:22379", "--listen-peer-urls", "http://127.0.0.1:22380",
                     "--initial-advertise-peer-urls", "http://127.0.0.1:22380",
                     "--initial-cluster", "lab=http://127.0.0.1:22380", "--listen-metrics-urls",
                     "http://127.0.0.1:22381", "--quota-backend-bytes", "2147483648", "--unsafe-no-fsync")
-        # Every image is imported at start, so a pull is a mistake (a misspelt name) and must not leave the machine:
-        # containerd's registry requests all go to a proxy on a closed local port, and fail at once.
-        closed = "http://127.0.0.1:9"
-        self._spawn("containerd", "containerd", "--config", r / "etc/containerd.toml",
-                    env={"HTTP_PROXY": closed, "HTTPS_PROXY": closed, "NO_PROXY": "", "http_proxy": closed,
-                         "https_proxy": closed, "no_proxy": ""})
         self._wait("etcd", "healthy", lambda: run("curl", "-sf", "http://127.0.0.1:22381/health", check=False,
                                                   timeout=5).returncode == 0)
         self._spawn("kube-apiserver", b / "kube-apiserver", "--etcd-servers=http://127.0.0.1:22379",
-                    f"--bind-address={NODE_IP}", f"--advertise-address={NODE_IP}", "--secure-port=6443",
+                    f"--bind-address={API_IP}", f"--advertise-address={API_IP}", "--secure-port=6443",
                     f"--service-cluster-ip-range={SERVICE_CIDR}", f"--client-ca-file={pki}/ca.crt",
                     f"--tls-cert-file={pki}/apiserver.crt", f"--tls-private-key-file={pki}/apiserver.key",
                     f"--kubelet-client-certificate={pki}/apiserver-kubelet-client.crt",
@@ -319,11 +490,13 @@ state = "{r}/run/containerd"
                     f"--service-account-key-file={pki}/sa.pub", f"--service-account-signing-key-file={pki}/sa.key",
                     "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
                     "--authorization-mode=Node,RBAC", "--enable-admission-plugins=NodeRestriction",
-                    "--kubelet-preferred-address-types=InternalIP",  # the node name is in no DNS
+                    "--kubelet-preferred-address-types=InternalIP",  # the node names are in no DNS
+                    # webhooks (the operator's) reached at their pods' addresses: no kube-proxy on this machine
+                    "--enable-aggregator-routing=true",
                     "--allow-privileged=true", "--profiling=false", "--event-ttl=30m")
         self._wait("kube-apiserver", "ready", lambda: run(
             "curl", "-sf", "--cacert", pki / "ca.crt", "--cert", pki / "admin.crt", "--key", pki / "admin.key",
-            f"https://{NODE_IP}:6443/readyz", check=False, timeout=5).returncode == 0)
+            f"https://{API_IP}:6443/readyz", check=False, timeout=5).returncode == 0)
         self._spawn("kube-controller-manager", b / "kube-controller-manager",
                     f"--kubeconfig={r}/controller-manager.kubeconfig",
                     f"--authentication-kubeconfig={r}/controller-manager.kubeconfig",
@@ -331,34 +504,18 @@ state = "{r}/run/containerd"
                     "--leader-elect=false", "--use-service-account-credentials=true",
                     f"--cluster-signing-cert-file={pki}/ca.crt", f"--cluster-signing-key-file={pki}/ca.key",
                     f"--root-ca-file={pki}/ca.crt", f"--service-account-private-key-file={pki}/sa.key",
-                    f"--service-cluster-ip-range={SERVICE_CIDR}", "--profiling=false")
+                    f"--service-cluster-ip-range={SERVICE_CIDR}", "--profiling=false",
+                    f"--node-monitor-grace-period={NODE_MONITOR_GRACE_S}s")
         self._spawn("kube-scheduler", b / "kube-scheduler", f"--kubeconfig={r}/scheduler.kubeconfig",
                     f"--authentication-kubeconfig={r}/scheduler.kubeconfig",
                     f"--authorization-kubeconfig={r}/scheduler.kubeconfig", "--bind-address=127.0.0.1",
                     "--leader-elect=false", "--profiling=false")
-        sock = r / "run/containerd.sock"
-        self._wait("containerd", "serving", sock.exists)
-        t0 = time.monotonic()
-        for tar in sorted(self.images.glob("*.tar")):
-            run("ctr", "-a", sock, "-n", "k8s.io", "images", "import", "--no-unpack=false", tar, timeout=600)
-        self.timings["image_import_s"] = time.monotonic() - t0
-        self._spawn("kubelet", b / "kubelet", f"--config={r}/etc/kubelet.yaml", f"--kubeconfig={r}/kubelet.kubeconfig",
-                    f"--hostname-override={NODE}", f"--node-ip={NODE_IP}", f"--root-dir={r}/var/kubelet",
-                    f"--cert-dir={r}/var/kubelet-pki", f"--containerd={sock}", "--v=1",
-                    # cAdvisor reads the containers' cgroups every 2 s (default 10 s): a 10 s run's container CPU
-                    # from /metrics/cadvisor then has samples inside its window (tests/test_kube_lab_scale.py)
-                    f"--housekeeping-interval={HOUSEKEEPING_S}s")
-        self._spawn("kube-proxy", b / "kube-proxy", f"--kubeconfig={r}/kube-proxy.kubeconfig",
-                    f"--hostname-override={NODE}", "--proxy-mode=iptables", f"--cluster-cidr={POD_CIDR}",
-                    "--conntrack-max-per-core=0", "--bind-address=127.0.0.1",
-                    "--metrics-bind-address=127.0.0.1:10249", "--healthz-bind-address=127.0.0.1:10256")
-        self._spawn("hostpath-provisioner", b / "hostpath-provisioner", f"--kubeconfig={self.kubeconfig}",
-                    f"--root={r}/pv")
-        self._wait("kubelet", "registered and Ready", self._node_ready)
 
-    def _node_ready(self) -> bool:
-        node = json.loads(self.kubectl("get", "node", NODE, "-o", "json", timeout=10).stdout)
-        return any(c["type"] == "Ready" and c["status"] == "True" for c in node["status"]["conditions"])
+    def _nodes_ready(self) -> bool:
+        nodes = json.loads(self.kubectl("get", "nodes", "-o", "json", timeout=10).stdout)["items"]
+        ready = {n["metadata"]["name"] for n in nodes
+                 if any(c["type"] == "Ready" and c["status"] == "True" for c in n["status"]["conditions"])}
+        return ready >= {n.name for n in self.nodes}
 
     def _addons(self) -> None:
         self.kubectl("apply", "-f", self.images / "coredns.yaml")
@@ -380,71 +537,205 @@ state = "{r}/run/containerd"
             "create", "--dry-run=server", "-f", probe, check=False, timeout=20).returncode == 0)
 
 
-def stop_lab(root: Path) -> None:
-    """Stops a lab's processes (by the pids it recorded), its containers and their shims, unmounts what its
-    kubelet and containerd mounted, and removes its network device and rules. Runs whatever state it finds."""
-    pids: dict[str, list[Any]] = {}
+# ---------------------------------------------------------------------- processes, by the state the lab keeps
+def node_root(root: Path, name: str) -> Path:
+    return root / "nodes" / name
+
+
+def recorded_nodes(root: Path) -> list[Node]:
+    with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+        return [Node(**n) for n in json.loads((root / "lab.json").read_text())["nodes"]]
+    return []
+
+
+def cgroup_hierarchies() -> list[Path]:
+    """The mounted cgroup v1 hierarchies (cpu, memory, pids, …): the lab's cgroups are made in each."""
+    return [Path(line.split()[1]) for line in Path("/proc/mounts").read_text().splitlines()
+            if line.split()[2] == "cgroup"]
+
+
+@contextlib.contextmanager
+def _pids_locked(root: Path) -> Iterator[dict[str, list[Any]]]:
+    """pids.json (name → [pid, start time]) read and written under a lock: a node's restart by 'kubelab.py node
+    start' and the lab's owner both record there."""
+    with open(root / "pids.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        pids = _pids(root)
+        yield pids
+        tmp = root / "pids.json.tmp"
+        tmp.write_text(json.dumps(pids))
+        tmp.replace(root / "pids.json")
+
+
+def _pids(root: Path) -> dict[str, list[Any]]:
     with contextlib.suppress(OSError, ValueError):
-        pids = json.loads((root / "pids.json").read_text())
+        return dict(json.loads((root / "pids.json").read_text()))
+    return {}
 
-    def alive(name: str) -> int | None:
-        pid, started = pids.get(name, [None, None])
-        return pid if pid is not None and start_time(pid) == started else None
 
-    def kill(names: tuple[str, ...], sig: int, wait: float) -> None:
-        found = [p for n in names if (p := alive(n)) is not None]
-        for pid in found:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, sig)
-        deadline = time.monotonic() + wait
-        while time.monotonic() < deadline and any(start_time(p) is not None for p in found):
-            time.sleep(0.1)
+def _spawn(root: Path, name: str, cmd: list[str], env: dict[str, str], node: Node | None) -> None:
+    """Starts one of the lab's processes in its own session, logging to log/<name>.log; a node's in that node's
+    network namespace and cgroup."""
+    cgroups: list[Path] = []
+    if node is not None:
+        cmd = ["nsenter", f"--net=/run/netns/{node.netns}", "--", *cmd]
+        cgroups = [h / CGROUP / node.name / "cgroup.procs" for h in cgroup_hierarchies()]
 
-    kill(STOP_ORDER, signal.SIGTERM, 10)
-    kill(STOP_ORDER, signal.SIGKILL, 5)
-    sock = root / "run/containerd.sock"
-    if alive("containerd") and sock.exists():
-        tasks = run("ctr", "-a", sock, "-n", "k8s.io", "tasks", "ls", "-q", check=False, timeout=20).stdout.split()
-        for task in tasks:
-            run("ctr", "-a", sock, "-n", "k8s.io", "tasks", "kill", "-s", "KILL", task, check=False, timeout=20)
-    kill(("containerd", "etcd"), signal.SIGTERM, 10)
-    kill(("containerd", "etcd"), signal.SIGKILL, 5)
-    # containerd's shims (and the containers under them) outlive containerd: find them by the lab's folder.
+    def join_cgroups() -> None:  # in the child, before exec: everything it starts is the node's
+        for procs in cgroups:
+            with open(procs, "w") as f:
+                f.write("0")
+
+    log_path = root / "log" / f"{name}.log"
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True, cwd=root, env={**os.environ, **env},
+                                preexec_fn=join_cgroups if cgroups else None)
+    with _pids_locked(root) as pids:
+        pids[name] = [proc.pid, start_time(proc.pid)]
+
+
+def _spawn_daemon(root: Path, node_name: str, daemon: str) -> None:
+    node = next(n for n in recorded_nodes(root) if n.name == node_name)
+    spec = json.loads((node_root(root, node_name) / "daemons.json").read_text())[daemon]
+    _spawn(root, f"{node_name}/{daemon}", spec["cmd"], spec.get("env", {}), node)
+
+
+def _log_tail(root: Path, name: str) -> str:
+    with contextlib.suppress(OSError):
+        lines = (root / "log" / f"{name}.log").read_text(errors="replace").strip().splitlines()
+        return " | ".join(lines[-3:])[-600:]
+    return "(no log)"
+
+
+def _alive(root: Path, name: str) -> int | None:
+    pid, started = _pids(root).get(name, [None, None])
+    return pid if pid is not None and start_time(pid) == started else None
+
+
+def _kill(pids: list[int], sig: int, wait: float) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, sig)
+    deadline = time.monotonic() + wait
+    while time.monotonic() < deadline and any(start_time(p) is not None for p in pids):
+        time.sleep(0.1)
+
+
+def cgroup_procs(path: str) -> list[int]:
+    """Every process in a cgroup of the lab and below it (the pids hierarchy: each process is in exactly one)."""
+    base = Path("/sys/fs/cgroup/pids") / path
+    found: list[int] = []
+    for procs in base.rglob("cgroup.procs") if base.exists() else []:
+        with contextlib.suppress(OSError, ValueError):
+            found += [int(p) for p in procs.read_text().split()]
+    return found
+
+
+def start_node(root: Path, name: str) -> None:
+    """Starts a node's daemons (containerd first) and brings its link up: a node started again after
+    ``stop_node`` finds its containers dead, as a machine that powered off does."""
+    node = next((n for n in recorded_nodes(root) if n.name == name), None)
+    if node is None:
+        raise LabError(f"no node {name} in the lab at {root}")
+    run("ip", "link", "set", node.veth, "up")
+    for daemon in reversed(NODE_DAEMONS):
+        if _alive(root, f"{name}/{daemon}") is None:
+            _spawn_daemon(root, name, daemon)
+        if daemon == "containerd":
+            sock = node_root(root, name) / "run/containerd.sock"
+            deadline = time.monotonic() + START_TIMEOUT_S
+            while run("ctr", "-a", sock, "version", check=False, timeout=10).returncode != 0:
+                if time.monotonic() > deadline or _alive(root, f"{name}/containerd") is None:
+                    raise LabError(f"containerd of {name} did not start: {_log_tail(root, f'{name}/containerd')}")
+                time.sleep(0.2)
+
+
+def stop_node(root: Path, name: str) -> None:
+    """The node dies as a machine does: every process of it (its daemons, its containers and their shims) is
+    killed at once and its link goes down; nothing is cleaned up (mounts, pod network namespaces and the API's
+    objects stay as a dead machine leaves them)."""
+    node = next((n for n in recorded_nodes(root) if n.name == name), None)
+    if node is None:
+        raise LabError(f"no node {name} in the lab at {root}")
+    run("ip", "link", "set", node.veth, "down", check=False)
+    for _ in range(20):
+        procs = cgroup_procs(f"{CGROUP}/{name}")
+        if not procs:
+            return
+        _kill(procs, signal.SIGKILL, 1)
+    raise LabError(f"processes of node {name} survived SIGKILL: {cgroup_procs(f'{CGROUP}/{name}')}")
+
+
+def stop_lab(root: Path) -> None:
+    """Stops a lab's processes (the control plane by the pids it recorded, the nodes by their cgroups), unmounts
+    what its kubelets and containerds mounted and the nodes' disks, and removes the pods' and nodes' network
+    namespaces, the loop devices, the cgroups, the bridge and the rules. Runs whatever state it finds."""
+    pids = _pids(root)
+    nodes = recorded_nodes(root)
+    daemons = [f"{n.name}/{d}" for n in nodes for d in NODE_DAEMONS]
+    for group in (daemons, list(CP_STOP_ORDER)):
+        found = [p for name in group if (p := _alive(root, name)) is not None]
+        _kill(found, signal.SIGTERM, 10)
+        _kill(found, signal.SIGKILL, 5)
+    for node in nodes:
+        with contextlib.suppress(LabError):
+            stop_node(root, node.name)
+    etcd = _alive(root, "etcd")
+    _kill([etcd] if etcd else [], signal.SIGTERM, 10)
+    # anything else that names the lab's folder (a shim moved out of its cgroup, a lab of an older layout)
     for _ in range(3):
         left = [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit() and _mentions(p, str(root))
                 and int(p.name) != os.getpid()]
-        for pid in left:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+        _kill(left, signal.SIGKILL, 1)
         if not left:
             break
-        time.sleep(0.5)
+    del pids
+    _remove_pod_netns(root)
     for mount in sorted((line.split()[1] for line in Path("/proc/mounts").read_text().splitlines()
                          if line.split()[1].startswith(str(root) + "/")), reverse=True):
-        run("umount", "-l", mount, check=False)
-    _iptables_cleanup(root)
+        if run("umount", mount, check=False).returncode != 0:
+            run("umount", "-l", mount, check=False)
+    for node in nodes:
+        image = node_root(root, node.name) / "disk.img"
+        for line in run("losetup", "-j", image, check=False).stdout.splitlines():
+            run("losetup", "-d", line.split(":", 1)[0], check=False)
+        run("ip", "netns", "del", node.netns, check=False)
+        run("ip", "link", "del", node.veth, check=False)
+    _remove_cgroups()
+    while True:
+        rules = [r for r in run("iptables", "-S", "FORWARD", check=False).stdout.splitlines()
+                 if "pglab-kube-lab" in r and r.startswith("-A ")]
+        if not rules or run("iptables", *rules[0].replace("-A ", "-D ", 1).split(), check=False).returncode != 0:
+            break
     run("ip", "link", "del", LINK, check=False)
-    run("ip", "link", "del", "cni0", check=False)
     with contextlib.suppress(OSError):
         (root / "pids.json").unlink()
 
 
-def _iptables_cleanup(root: Path) -> None:
-    while run("iptables", "-D", "FORWARD", "-s", POD_CIDR, "!", "-o", "cni0", "-j", "DROP", "-m", "comment",
-              "--comment", "pglab-kube-lab", check=False).returncode == 0:
-        pass
-    # the kubelet's own chains (KUBE-FIREWALL guards 127.0.0.0/8, the canaries watch for flushes)
-    for table in ("filter", "nat", "mangle"):
-        rules = run("iptables", "-t", table, "-S", check=False).stdout.splitlines()
-        for rule in rules:
-            if rule.startswith("-A ") and any(f"-j {c}" in rule for c in KUBELET_CHAINS):
-                run("iptables", "-t", table, *rule.replace("-A ", "-D ", 1).split(), check=False)
-        for chain in KUBELET_CHAINS:
-            if f"-N {chain}" in rules:
-                run("iptables", "-t", table, "-F", chain, check=False)
-                run("iptables", "-t", table, "-X", chain, check=False)
-    with contextlib.suppress(OSError, ValueError, KeyError):  # kube-proxy's KUBE-* chains and rules
-        run(Path(json.loads((root / "lab.json").read_text())["bin"]) / "kube-proxy", "--cleanup", check=False)
+def _remove_pod_netns(root: Path) -> None:
+    """The pods' network namespaces (containerd's /run/netns/cni-*: kept by a mount of their own, which outlives
+    the pods) that belong to the lab: those with an address in its pod network, or left with none since the lab
+    started (their veth went with the node's namespace)."""
+    started = (root / "pki").stat().st_mtime if (root / "pki").exists() else time.time()
+    for ns in Path("/run/netns").glob("cni-*") if Path("/run/netns").exists() else []:
+        addrs = run("nsenter", f"--net={ns}", "--", "ip", "-o", "-4", "addr", "show", check=False).stdout
+        ours = " 10.244." in addrs or (" inet " not in addrs.replace("inet 127.0.0.1", "")
+                                       and ns.stat().st_mtime >= started - 1)
+        if ours:
+            run("ip", "netns", "del", ns.name, check=False)
+
+
+def _remove_cgroups() -> None:
+    for hierarchy in cgroup_hierarchies():
+        base = hierarchy / CGROUP
+        if base.exists():
+            for d in sorted((p for p in base.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True):
+                with contextlib.suppress(OSError):
+                    d.rmdir()
+            with contextlib.suppress(OSError):
+                base.rmdir()
 
 
 def _mentions(proc: Path, text: str) -> bool:
@@ -456,9 +747,7 @@ def _mentions(proc: Path, text: str) -> bool:
 
 def _running(root: Path) -> bool:
     """Whether any process the lab in ``root`` started is still alive."""
-    with contextlib.suppress(OSError, ValueError):
-        return any(start_time(pid) == started for pid, started in json.loads((root / "pids.json").read_text()).values())
-    return False
+    return any(start_time(pid) == started for pid, started in _pids(root).values())
 
 
 def clean_orphan() -> str | None:
@@ -480,17 +769,30 @@ def clean_orphan() -> str | None:
     return f"stopped and removed the Kubernetes lab {root} left behind by pid {data['pid']}"
 
 
+def running_root() -> Path:
+    try:
+        return Path(json.loads(state_file().read_text())["root"])
+    except (OSError, ValueError, KeyError):
+        raise LabError("no Kubernetes lab is running (kubelab.py up starts one)") from None
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="cmd", required=True)
     up = sub.add_parser("up", help="start a lab and leave it running until 'down'")
     up.add_argument("--images", type=Path, help="images folder of a build (default: the newest)")
+    up.add_argument("--nodes", type=int, default=None,
+                    help=f"how many nodes (default {DEFAULT_NODES}: 3 database nodes and a client node; 1: one node "
+                         "for everything, for a machine too small for more)")
     sub.add_parser("down", help="stop the running lab")
     sub.add_parser("clean", help="stop a lab whose owner (a test run) is gone")
+    node = sub.add_parser("node", help="stop a node of the running lab as a machine dies, or start it again")
+    node.add_argument("action", choices=("stop", "start"))
+    node.add_argument("name")
     args = parser.parse_args()
     try:
         if args.cmd == "up":
-            lab = KubeLab(args.images)
+            lab = KubeLab(args.images, nodes=args.nodes)
             try:
                 lab.start()
             except BaseException:
@@ -504,19 +806,24 @@ def main() -> None:
                 uid, gid = int(os.environ["SUDO_UID"]), int(os.environ.get("SUDO_GID", "-1"))
                 for f in (lab.kubeconfig, lab.root / "pki/admin.key", lab.root / "pki/admin.crt"):
                     os.chown(f, uid, gid)
-            print(f"Kubernetes lab ready in {lab.timings['ready_s']:.0f} s; images: "
-                  f"{', '.join(sorted(set(lab.image_names.values())))}")
+            nodes = ", ".join(f"{n.name} ({n.role or 'every role'}, {n.fstype})" for n in lab.nodes)
+            print(f"Kubernetes lab ready in {lab.timings['ready_s']:.0f} s with {len(lab.nodes)} nodes: {nodes}; "
+                  f"images: {', '.join(sorted(set(lab.image_names.values())))}")
             print(f"export KUBECONFIG={lab.kubeconfig}")
         elif args.cmd == "down":
             try:
-                root = Path(json.loads(state_file().read_text())["root"])
-            except (OSError, ValueError, KeyError):
+                root = running_root()
+            except LabError:
                 print("no Kubernetes lab is running")
                 return
             stop_lab(root)
             shutil.rmtree(root, ignore_errors=True)
             state_file().unlink(missing_ok=True)
             print(f"stopped and removed {root}")
+        elif args.cmd == "node":
+            root = running_root()
+            (stop_node if args.action == "stop" else start_node)(root, args.name)
+            print(f"node {args.name} {'stopped' if args.action == 'stop' else 'started'}")
         else:
             print(clean_orphan() or "no Kubernetes lab left behind")
     except LabError as exc:
