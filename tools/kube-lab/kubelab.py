@@ -403,6 +403,9 @@ state = "{r}/run/containerd"
             "authentication": {"anonymous": {"enabled": False}, "webhook": {"enabled": True},
                                "x509": {"clientCAFile": f"{pki}/ca.crt"}},
             "authorization": {"mode": "Webhook"}, "clusterDomain": "cluster.local", "clusterDNS": [DNS_IP],
+            # each node's own pod logs: in the shared default (/var/log/pods) the kubelets' log GC removes the
+            # folders of each other's pods
+            "podLogsDir": f"{r}/var/log-pods",
             "resolvConf": f"{r}/etc/resolv.conf", "tlsCertFile": f"{pki}/kubelet-{node.name}.crt",
             "tlsPrivateKeyFile": f"{pki}/kubelet-{node.name}.key", "failSwapOn": False,
             "imageGCHighThresholdPercent": 99, "imageGCLowThresholdPercent": 98,
@@ -704,6 +707,21 @@ def stop_lab(root: Path) -> None:
         run("ip", "netns", "del", node.netns, check=False)
         run("ip", "link", "del", node.veth, check=False)
     _remove_cgroups()
+    # what the kubelets and the CNI plugins write outside the lab's folder: /var/log/containers' links into the
+    # nodes' pod logs, and the cached results of the lab's network
+    for link in Path("/var/log/containers").glob("*.log") if Path("/var/log/containers").exists() else []:
+        with contextlib.suppress(OSError):
+            if os.readlink(link).startswith(str(root) + "/"):
+                link.unlink()
+    # (containerd's loopback results are named by sandbox only: those of the lab's sandboxes, and any written
+    # while it ran, since one lab runs per machine)
+    started = (root / "pki").stat().st_mtime if (root / "pki").exists() else time.time()
+    sandboxes = {d.name for d in root.glob("nodes/*/*/containerd/io.containerd.grpc.v1.cri/sandboxes/*")}
+    for cached in Path("/var/lib/cni/results").glob("*") if Path("/var/lib/cni/results").exists() else []:
+        with contextlib.suppress(OSError):
+            if (cached.name.startswith("pglab-kube-lab-") or any(f"-{s}-" in cached.name for s in sandboxes)
+                    or cached.stat().st_mtime >= started):
+                cached.unlink()
     while True:
         rules = [r for r in run("iptables", "-S", "FORWARD", check=False).stdout.splitlines()
                  if "pglab-kube-lab" in r and r.startswith("-A ")]
@@ -728,7 +746,11 @@ def _remove_pod_netns(root: Path) -> None:
 
 
 def _remove_cgroups() -> None:
-    for hierarchy in cgroup_hierarchies():
+    """The lab's cgroup in every hierarchy, the unified (cgroup v2) one of a hybrid machine too: runc makes the
+    containers' cgroups there as well."""
+    unified = [Path(line.split()[1]) for line in Path("/proc/mounts").read_text().splitlines()
+               if line.split()[2] == "cgroup2"]
+    for hierarchy in cgroup_hierarchies() + unified:
         base = hierarchy / CGROUP
         if base.exists():
             for d in sorted((p for p in base.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True):
