@@ -19,7 +19,7 @@ SRC = Path(__file__).resolve().parent.parent / "src"
 # (module or package prefix, layer): the longest matching prefix decides
 LAYERS: list[tuple[str, int]] = [
     ("pglab", 0), ("pglab.errors", 0), ("pglab.units", 0), ("pglab.metrics", 0), ("pglab.artifacts", 0),
-    ("pglab.extras", 0),
+    ("pglab.extras", 0), ("pglab.interrupts", 0),
     ("pglab.plan", 1),
     ("pglab.probes", 2), ("pglab.workloads", 2), ("pglab.environment", 2),
     # below what measures: endpoints (what pgbench connects to), and the bookkeeping of the processes, cgroups and

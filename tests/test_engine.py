@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import signal
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -42,6 +43,7 @@ class Scripted:
 
     run_overhead_s = 1.0
     run_errors: tuple[type[BaseException], ...] = (RunFailed,)
+    polls_interrupts = True  # nothing here waits long: the engine's own safe points act on a signal
 
     def __init__(self, plan: Plan, script: dict[tuple[int, int], str] | None = None, leftovers: list[str] | None = None,
                  fio: bool = False):
@@ -88,6 +90,8 @@ class Scripted:
             raise RunFailed("pgbench exited 1\nsecond line not kept")
         if what == "interrupt":
             raise RunInterrupted("SIGINT")
+        if what == "signal":  # SIGTERM comes in the middle of the run, wherever the main thread is
+            signal.raise_signal(signal.SIGTERM)
         if what == "library":
             raise LibraryError("socket closed")
         (run_dir / "out.txt").write_text("artifact")
@@ -195,6 +199,44 @@ def test_an_interrupt_marks_the_run_ends_the_sweep_cleans_up_and_a_rerun_resumes
     third = Scripted(plan)
     assert sweep(tmp_path, third).already_done == 4
     assert third.calls == ["preflight"]  # nothing left to run: no topology is brought up
+
+
+def test_a_signal_is_only_recorded_where_it_lands_and_the_sweep_stops_at_its_next_safe_point(
+        tmp_path: Path) -> None:
+    """The handler raises nothing into the driver's code (which may be a library's, holding a lock): the run the
+    signal came in goes on to its end and is kept; the engine stops before the next run, the sweep interrupted by
+    that signal, and the rerun resumes from there."""
+    plan = parse_plan(PLAN)
+    handlers = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+    first = Scripted(plan, {(1, 2): "signal"})
+    result = sweep(tmp_path, first)
+    assert (result.ok, result.failed, result.interrupted, result.interrupted_by) == (2, 0, True, "SIGTERM")
+    assert first.calls[-2:] == ["run 1 #2", "close keep=False"]
+    assert rows(tmp_path, "SELECT status FROM runs ORDER BY started") == [("ok",), ("ok",)]
+    assert (first.run_dirs[-1] / "out.txt").read_text() == "artifact"  # written after the signal
+    assert rows(tmp_path, "SELECT status, reason FROM sweeps") == [("interrupted", "interrupted by SIGTERM")]
+    assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == handlers
+
+    second = Scripted(plan)
+    result = sweep(tmp_path, second)
+    assert (result.resumed, result.already_done, result.ok, result.interrupted) == (True, 2, 2, False)
+    assert second.calls[2:] == ["dataset", "run 2 #1", "run 2 #2", "close keep=False"]
+
+
+class Unpolled(Scripted):
+    """A driver whose waits do not look at the recorded signal (the Kubernetes drivers, for now)."""
+
+    polls_interrupts = False
+
+
+def test_a_driver_whose_waits_do_not_poll_is_interrupted_where_the_signal_lands(tmp_path: Path) -> None:
+    driver = Unpolled(parse_plan(PLAN), {(1, 2): "signal"})
+    result = sweep(tmp_path, driver)
+    assert (result.ok, result.interrupted, result.interrupted_by) == (1, True, "SIGTERM")
+    assert rows(tmp_path, "SELECT status, reason FROM runs ORDER BY started") == [
+        ("ok", None), ("interrupted", "interrupted by SIGTERM")]
+    assert not (driver.run_dirs[-1] / "out.txt").exists()  # the handler raised inside the run
+    assert driver.calls[-1] == "close keep=False"
 
 
 def test_the_storage_phase_runs_once_before_the_runs_and_a_resume_skips_it(tmp_path: Path) -> None:

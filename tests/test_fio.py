@@ -14,6 +14,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from conftest import pglab, processes_mentioning
+from pglab.engine.sweep import interrupt_signals
 from pglab.errors import RunInterrupted, UserError
 from pglab.workloads import fio
 from pglab.workloads.fio import FioResult, JobSpec
@@ -391,19 +393,17 @@ def test_sigint_removes_the_scratch_folder_and_fio(disk_dir: Path, tmp_path: Pat
 
 
 def test_run_interrupted_stops_fio(disk_dir: Path, tmp_path: Path) -> None:
-    """The runner's SIGINT/SIGTERM handler raises RunInterrupted in the main thread: same cleanup."""
-
-    def interrupt(signum: int, _frame: object) -> None:
-        raise RunInterrupted("SIGALRM")
-
-    saved = signal.signal(signal.SIGALRM, interrupt)
-    signal.setitimer(signal.ITIMER_REAL, 1.0)
-    try:
-        with pytest.raises(RunInterrupted):
-            fio.run_jobs(disk_dir, fio.jobs_for("randwrite-8k"), runtime_s=30, size_bytes=SIZE, out_dir=tmp_path)
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, saved)
+    """The sweep's SIGINT/SIGTERM handler only records the signal; the wait for fio acts on it (RunInterrupted from
+    pglab's own code): same cleanup."""
+    with interrupt_signals():
+        timer = threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGTERM))  # a real signal, to this process
+        timer.start()
+        try:
+            with pytest.raises(RunInterrupted, match="SIGTERM"):
+                fio.run_jobs(disk_dir, fio.jobs_for("randwrite-8k"), runtime_s=30, size_bytes=SIZE,
+                             out_dir=tmp_path)
+        finally:
+            timer.cancel()
     assert _scratch_left(disk_dir) == []
     assert processes_mentioning(str(disk_dir)) == []
 

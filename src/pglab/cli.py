@@ -229,7 +229,7 @@ def noise(
 def _sweep_ended(outcome: Any, name: str, results: Path, fmt: str, started: float, included: str,
                  interrupted: str, after: list[str] | None = None) -> None:
     """The end of `pglab run`, local or Kubernetes: the tables, one summary line, failures; exit 130 when
-    interrupted, 1 when a run failed."""
+    interrupted by SIGINT (143 by SIGTERM, as a shell reports a process the signal ended), 1 when a run failed."""
     from pglab.report.tables import full_report
     from pglab.store import Store
 
@@ -247,9 +247,14 @@ def _sweep_ended(outcome: Any, name: str, results: Path, fmt: str, started: floa
         err.print(f"[yellow]failed: {f}")
     if outcome.interrupted:
         err.print(f"[yellow]interrupted: {interrupted}")
-        raise typer.Exit(130)
+        raise typer.Exit(interrupted_exit(outcome.interrupted_by))
     if outcome.failed:
         raise typer.Exit(1)
+
+
+def interrupted_exit(signal_name: str | None) -> int:
+    """128 + the signal's number, as a shell reports a process that signal ended: 130 for SIGINT, 143 for SIGTERM."""
+    return 143 if signal_name == "SIGTERM" else 130
 
 
 PIPED_WIDTH = 120  # what a table piped into a file or a pager fits, unless COLUMNS says otherwise
@@ -518,10 +523,10 @@ def fio_command(
                              log=lambda m: err.print(f"[dim]{m}[/dim]")):
                 recorder.fio(m)
         status = "done"
-    except RunInterrupted:
+    except RunInterrupted as exc:
         status = "interrupted"
         err.print("[yellow]interrupted: fio stopped and its test files removed.")
-        raise typer.Exit(130) from None
+        raise typer.Exit(interrupted_exit(exc.signal_name)) from None
     finally:
         recorder.end(status, None)
         text = full_report(store, fmt, sweep_id, table="storage")

@@ -52,7 +52,8 @@ def no_space(exc: BaseException) -> str | None:
 
 
 class RunInterrupted(Exception):
-    """Raised inside the runner when SIGINT/SIGTERM arrives, so teardown runs in ``finally`` blocks."""
+    """Raised at one of the runner's safe points (:mod:`pglab.interrupts`) once SIGINT/SIGTERM has been recorded, so
+    what was started is stopped in ``except``/``finally`` blocks and the sweep is marked interrupted."""
 
     def __init__(self, signal_name: str = "SIGINT"):
         self.signal_name = signal_name

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol, cast
 
+from pglab import interrupts
 from pglab.artifacts import write_json
 from pglab.engine.types import Event, RunFailed
 from pglab.plan.expand import Point
@@ -52,9 +52,9 @@ def through_scenario(plan: Plan, target: object, log: Callable[[str], None], pgb
                                                  seconds=max(1.0, end - now()), transactions=None, log=True,
                                                  watch_health=False))
             if segments[-1][1] != 0 and end - now() >= 1:
-                time.sleep(1.0)  # no primary yet: try again in a second
+                interrupts.sleep(1.0)  # no primary yet: try again in a second
         ended = now()
-        injector.join(timeout=max(30.0, seconds))  # a backup may outlast the load; the scenario still ends
+        interrupts.join(injector, timeout=max(30.0, seconds))  # a backup may outlast the load; the scenario still ends
     finally:
         injector.stop()
         if witness is not None:

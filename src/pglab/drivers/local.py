@@ -15,7 +15,7 @@ from typing import Any, Generic, TypeVar
 
 import psycopg
 
-from pglab import environment
+from pglab import environment, interrupts
 from pglab.artifacts import write_json, write_samples
 from pglab.engine.driver import FioMeasurement, SweepInfo
 from pglab.engine.types import Event, Observer, Phase, RunFailed, RunResult
@@ -52,6 +52,9 @@ class ProcessDriver(Generic[TopologyT]):
 
     run_overhead_s = 3.0
     run_errors = RUN_ERRORS
+    # its long waits go through pglab.interrupts: a signal is acted on there, not raised by the handler into whatever
+    # code the main thread is in (engine.driver.Driver)
+    polls_interrupts = True
 
     def __init__(self, plan: Plan, plan_dir: Path, plan_text: str, results_dir: Path, target: TopologyT,
                  ui: Observer):
@@ -523,8 +526,9 @@ def checkpoint_events(log_text: str) -> list[Event]:
 
 
 def wait_for_tick(t: float) -> None:
-    """Sleep past the next whole second, so every 1 s probe has taken the sample that closes the window."""
-    time.sleep(max(0.0, (int(t) + 1 - t) + 0.25))
+    """Sleep past the next whole second, so every 1 s probe has taken the sample that closes the window (a safe
+    point: a recorded Ctrl-C or SIGTERM ends it)."""
+    interrupts.sleep(max(0.0, (int(t) + 1 - t) + 0.25))
 
 
 def _answers(endpoints: Endpoints, timeout_s: int = 5) -> bool:
@@ -585,5 +589,5 @@ def _wait_replay(conn: psycopg.Connection[Any], standbys: list[str], log: Callab
             log(f"waiting for standby(s) {names} to replay ({t - started:.0f} s; the sweep stops after "
                 f"{stall_s:.0f} s without progress)")
             last_log = t
-        time.sleep(poll_s)
+        interrupts.sleep(poll_s)
         poll_s = min(poll_s * 2, 0.2)

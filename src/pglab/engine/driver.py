@@ -35,6 +35,15 @@ class SweepInfo:
 
 
 class Driver(Protocol):
+    """What the engine calls, in this order: preflight, open, storage_phase, load_dataset, then before_run and
+    one_run per run, and close.
+
+    Ctrl-C and SIGTERM are only recorded by the engine's handler (:mod:`pglab.interrupts`); a driver whose long waits
+    go through that module's ``sleep``, ``wait``, ``join``, ``wait_all`` and ``run`` (or call its ``check``) says so
+    with a class attribute ``polls_interrupts = True``, and each of those waits then raises RunInterrupted from its
+    own code. The attribute is optional (not a member here): without it, the handler raises RunInterrupted itself
+    wherever the main thread is, as all drivers had it before (the Kubernetes drivers, until their waits poll)."""
+
     points: list[Point]  # every point of the plan, in the order they run
     run_overhead_s: float  # seconds a run takes beyond its warm-up and measurement (for the ETA)
     run_errors: tuple[type[BaseException], ...]  # what fails one run; anything else ends the sweep
@@ -59,7 +68,8 @@ class Driver(Protocol):
         """Shape the target for ``point`` when that is a step of its own (a rolling update); may end the sweep."""
 
     def one_run(self, point: Point, repeat: int, run_id: str, run_dir: Path) -> RunResult:
-        """One measured run; raises one of ``run_errors`` (or RunInterrupted) after stopping what it started."""
+        """One measured run; raises one of ``run_errors`` (or RunInterrupted, from a wait that saw the signal) after
+        stopping what it started."""
 
     def health(self) -> str | None:
         """None when the target is healthy; otherwise what is wrong, in one sentence (added to a failure)."""

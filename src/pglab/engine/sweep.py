@@ -9,14 +9,12 @@ import contextlib
 import fcntl
 import itertools
 import os
-import signal
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from types import FrameType
-from typing import Any
 
+from pglab import interrupts
 from pglab.analysis.stats import estimate
 from pglab.engine.driver import Driver
 from pglab.engine.recorder import Recorder
@@ -70,7 +68,8 @@ def _sweep(driver: Driver, plan: Plan, recorder: Recorder, ui: Observer, keep: b
     ui.sweep_started(left, per_run * left if per_run else None)
     status, reason = "done", None
     first = upcoming[0] if upcoming else points[0]
-    with interrupt_signals() as signals:
+    # a signal is recorded, and acted on at the safe points below and in the driver's waits (interrupts.check)
+    with interrupt_signals(raise_at_once=not polls_interrupts(driver)) as signals:
         try:
             recorder.phase("lab")
             driver.open(first, with_storage, resumed)
@@ -79,24 +78,28 @@ def _sweep(driver: Driver, plan: Plan, recorder: Recorder, ui: Observer, keep: b
                 recorder.phase("storage")
                 for measurement in driver.storage_phase(recorder.dir):
                     recorder.fio(measurement)
+                    interrupts.check()
                 recorder.events(driver.take_events())
                 recorder.events([(time.time(), "storage-done", "")])
             if upcoming:
+                interrupts.check()
                 recorder.phase("dataset")
                 driver.load_dataset()
             for point, repeat in itertools.chain([upcoming] if upcoming else [], todo):
+                interrupts.check()  # between runs: a run that ended before the signal was acted on is kept
                 recorder.phase("prepare")  # the run's id comes with its row; the phase is attached to it then
                 driver.before_run(point)
                 recorder.events(driver.take_events())
                 result.record(point, repeat, recorder.run(driver, point, point_ids[point.key], repeat))
                 if plan.run.pause:
                     recorder.phase("pause")
-                    time.sleep(plan.run.pause)
+                    interrupts.sleep(plan.run.pause)
+            interrupts.check()  # a signal during the last run: the sweep says so (exit 130/143), its runs are kept
             if schedule.target_ci_pct is not None:
                 recorder.events(_targets(schedule, points, recorder, ui))
         except RunInterrupted as exc:
             status, reason = "interrupted", f"interrupted by {exc.signal_name}"
-            result.interrupted = True
+            result.interrupted, result.interrupted_by = True, exc.signal_name
         except BaseException as exc:
             better = driver.explain(exc)  # a cause the user can act on, in place of a library's exception
             status, reason = "failed", first_line(better or exc)
@@ -165,33 +168,16 @@ def results_lock(results_dir: Path) -> Iterator[None]:
         os.close(fd)  # releases the lock; the file stays, harmless
 
 
-def interrupt_signals() -> _Signals:
-    """SIGINT/SIGTERM → RunInterrupted in the main thread, for the duration of a ``with`` block."""
-    return _Signals()
+def interrupt_signals(raise_at_once: bool = False) -> interrupts.Catching:
+    """SIGINT/SIGTERM recorded for the duration of a ``with`` block, acted on as RunInterrupted at the next safe point
+    (:mod:`pglab.interrupts`); ignored once ``shield()`` is called, while tearing down."""
+    return interrupts.catching(raise_at_once)
 
 
-class _Signals:
-    """SIGINT/SIGTERM become RunInterrupted in the main thread; ignored while tearing down."""
-
-    def __init__(self) -> None:
-        self._saved: dict[int, Any] = {}
-
-    def __enter__(self) -> _Signals:
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            self._saved[sig] = signal.signal(sig, self._raise)
-        return self
-
-    @staticmethod
-    def _raise(signum: int, _frame: FrameType | None) -> None:
-        raise RunInterrupted(signal.Signals(signum).name)
-
-    def shield(self) -> None:
-        for sig in self._saved:
-            signal.signal(sig, signal.SIG_IGN)
-
-    def __exit__(self, *exc: object) -> None:
-        for sig, handler in self._saved.items():
-            signal.signal(sig, handler)
+def polls_interrupts(driver: Driver) -> bool:
+    """Whether the driver's waits look at the recorded signal themselves (``polls_interrupts``, see
+    :class:`pglab.engine.driver.Driver`); if not, the handler raises at once, as before the flag."""
+    return bool(getattr(driver, "polls_interrupts", False))
 
 
 def check_results_dir(path: Path) -> None:

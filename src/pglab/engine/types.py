@@ -94,6 +94,7 @@ class SweepResult:
     ok: int = 0
     failed: int = 0
     interrupted: bool = False
+    interrupted_by: str | None = None  # "SIGINT" or "SIGTERM": `pglab run` exits 130 or 143
     failures: list[str] = field(default_factory=list)
     already_done: int = 0  # runs a resumed sweep had completed before
     resumed: bool = False

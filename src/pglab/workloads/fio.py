@@ -63,6 +63,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pglab import interrupts
 from pglab.errors import UserError
 from pglab.plan.load import fio_job_file_problem
 from pglab.targets.local import registry
@@ -345,8 +346,9 @@ def run_jobs(path: Path, jobs: Sequence[JobSpec], *, runtime_s: float, size_byte
              field: str = "--path") -> list[FioResult]:
     """Run each job in sequence on ``path`` and parse its JSON and logs (kept in ``out_dir``).
 
-    The scratch folder under ``path`` is removed at the end; on any exception (KeyboardInterrupt and
-    RunInterrupted included) fio is stopped first, then the exception propagates."""
+    The scratch folder under ``path`` is removed at the end; on any exception (KeyboardInterrupt, and the
+    RunInterrupted a recorded signal raises in the wait for fio) fio is stopped first, then the exception
+    propagates."""
     if runtime_s <= 0:
         raise ValueError(f"runtime_s must be positive, not {runtime_s}")
     if size_bytes <= 0:
@@ -401,7 +403,7 @@ def _run_one(cmd: list[str], job: JobSpec, path: Path, out_dir: Path) -> list[Fi
         try:
             proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=err, stderr=subprocess.STDOUT,
                                     cwd=out_dir, start_new_session=True)
-            rc = proc.wait()
+            rc = interrupts.wait(proc)  # a recorded Ctrl-C or SIGTERM ends the wait: fio is stopped below
         except BaseException:
             if proc is not None:
                 _stop(proc)

@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from pglab import interrupts
 from pglab.plan.load import resolve_path
 from pglab.plan.schema import CustomWorkload, Dataset, Run
 from pglab.targets.base import Endpoint, PlanCodeUser
@@ -341,9 +342,10 @@ class PgbenchProcess:
                 err.close()
 
     def poll_for(self, seconds: float) -> int | None:
-        """Wait up to ``seconds`` for pgbench to end; its exit code, or None while it still runs."""
+        """Wait up to ``seconds`` for pgbench to end; its exit code, or None while it still runs. A safe point: a
+        recorded Ctrl-C or SIGTERM raises RunInterrupted here (pgbench left running: :meth:`stop` is the caller's)."""
         try:
-            return self.proc.wait(timeout=seconds)
+            return interrupts.wait(self.proc, timeout=seconds)
         except subprocess.TimeoutExpired:
             return None
 
@@ -480,9 +482,9 @@ def initialise(bindir: Path, endpoint: Endpoint, dataset: Dataset, out_dir: Path
     out_dir.mkdir(parents=True, exist_ok=True)
     deadline = init_deadline_s(dataset) if timeout_s is None else timeout_s
     with open(out_dir / "pgbench-init.out", "w") as out:
-        try:  # on the deadline or an interrupt, subprocess.run kills pgbench -i and reaps it
-            proc = subprocess.run(init_args(bindir, dataset), env=env, stdout=out, stderr=subprocess.STDOUT,
-                                  start_new_session=True, check=False, cwd=out_dir, timeout=deadline)
+        try:  # on the deadline or a recorded interrupt, pgbench -i is killed and reaped
+            proc = interrupts.run(init_args(bindir, dataset), env=env, stdout=out, stderr=subprocess.STDOUT,
+                                  start_new_session=True, cwd=out_dir, timeout=deadline)
         except subprocess.TimeoutExpired:
             raise PgbenchError(f"pgbench -i did not end within {deadline:.0f} s (the server stopped answering, or is "
                                f"far slower than that allows); its output: {out_dir / 'pgbench-init.out'}") from None

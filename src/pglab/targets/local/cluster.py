@@ -30,6 +30,7 @@ from typing import Any
 
 import psycopg
 
+from pglab import interrupts
 from pglab.errors import LabError, LabUnsound, UserError
 from pglab.plan.schema import Dataset, LocalTarget
 from pglab.targets.base import Endpoint, Endpoints
@@ -119,12 +120,13 @@ class LocalLab(LabBase[Node]):
         return env
 
     def _run(self, args: list[str], timeout: float = 300) -> subprocess.CompletedProcess[str]:
-        """Run a PostgreSQL program as the server user; raise LabError with its own message on failure."""
+        """Run a PostgreSQL program as the server user; raise LabError with its own message on failure. A safe point:
+        a recorded Ctrl-C or SIGTERM kills the program (the teardown that follows stops what it started)."""
         kwargs: dict[str, Any] = self.server_user.popen_kwargs() if self.server_user else {}
         try:
-            proc = subprocess.run(
+            proc = interrupts.run(
                 args, capture_output=True, text=True, timeout=timeout, env=self._server_env(),
-                cwd=self.lab_dir, start_new_session=True, check=False, **kwargs,
+                cwd=self.lab_dir, start_new_session=True, **kwargs,
             )
         except subprocess.TimeoutExpired:
             raise LabError(f"{Path(args[0]).name} did not finish within {timeout:.0f} s") from None
@@ -670,10 +672,10 @@ class LocalLab(LabBase[Node]):
             ok = all(seen.get(s, ("", ""))[0] == "streaming" for s in standbys)
             if ok and (want != "sync" or any(v[1] == "sync" for v in seen.values())):
                 if want == "quorum" and not all(seen[s][1] == "quorum" for s in standbys):
-                    time.sleep(0.2)
+                    interrupts.sleep(0.2)
                     continue
                 return
-            time.sleep(0.2)
+            interrupts.sleep(0.2)
         raise LabError(f"standbys not streaming after {timeout:.0f} s: {seen or 'none connected'}")
 
     # ---------------------------------------------------------------- settings
@@ -728,7 +730,7 @@ class LocalLab(LabBase[Node]):
                 except LabError:  # a killed postmaster's backends may still hold its shared memory for a moment
                     if attempt == 19:
                         raise
-                    time.sleep(0.5)
+                    interrupts.sleep(0.5)
         if down or proxies:
             self.wait_streaming()
         return proxies + [n.name for n in down]
@@ -808,7 +810,7 @@ class LocalLab(LabBase[Node]):
             except LabError:
                 if attempt == 19:
                     raise
-                time.sleep(0.5)
+                interrupts.sleep(0.5)
 
     def scratch_dir(self) -> Path:
         assert self.lab_dir is not None

@@ -13,11 +13,12 @@ import contextlib
 import os
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor, wait
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pglab import interrupts
 from pglab.errors import LabError
 from pglab.plan.schema import Arrangement, Plan, Resources, Tier
 from pglab.targets.base import Endpoints, PlanCodeUser
@@ -104,7 +105,7 @@ class Fleet:
         pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="tenant-build")
         futures = [pool.submit(t.lab.provision, self._parameters(t.tier, parameters)) for t in self.tenants]
         try:
-            wait(futures)
+            interrupts.wait_all(futures)  # a safe point: a recorded Ctrl-C or SIGTERM ends the wait
             for t, f in zip(self.tenants, futures, strict=True):
                 if (exc := f.exception()) is not None:
                     if isinstance(exc, LabError):

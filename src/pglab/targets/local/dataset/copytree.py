@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from pglab import interrupts
 from pglab.targets.local.dataset.errors import SnapshotError
 
 FICLONE = 0x40049409  # _IOW(0x94, 9, int): clone a whole file (btrfs, XFS with reflink=1, bcachefs, OCFS2)
@@ -70,11 +71,12 @@ def _walk(root: Path) -> Iterator[tuple[Path, bool]]:
 
 def _all(fn: Callable[..., None], jobs: list[tuple[Any, ...]]) -> None:
     """``fn(*job)`` for every job on a few threads (the work is in the kernel, the GIL is released); the first
-    error stops what has not started and is raised."""
+    error, or a recorded Ctrl-C or SIGTERM, stops what has not started and is raised."""
     with ThreadPoolExecutor(_COPY_THREADS) as pool:
         futures = [pool.submit(fn, *job) for job in jobs]
         try:
-            for f in futures:
+            interrupts.wait_all(futures)  # every job done, or one failed: the done ones first, so a failure is raised
+            for f in sorted(futures, key=lambda f: not f.done()):  # at once, not after the jobs still running
                 f.result()
         except BaseException:
             for f in futures:

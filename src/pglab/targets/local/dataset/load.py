@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 import psycopg
 
+from pglab import interrupts
 from pglab.plan.schema import Dataset
 from pglab.targets.base import Endpoint
 from pglab.targets.local.dataset.errors import SnapshotError
@@ -132,8 +133,8 @@ def fast_load(endpoint: Endpoint, dataset: Dataset, load: FastLoad, out_dir: Pat
 def _run_pgbench(args: list[str], endpoint: Endpoint, out: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("PG")} | endpoint.env()
     with open(out, "w") as f:
-        proc = subprocess.run(args, env=env, stdout=f, stderr=subprocess.STDOUT, start_new_session=True,
-                              check=False, cwd=out.parent)
+        proc = interrupts.run(args, env=env, stdout=f, stderr=subprocess.STDOUT, start_new_session=True,
+                              cwd=out.parent)
     if proc.returncode != 0:
         tail = out.read_text().strip().splitlines()[-2:]
         raise SnapshotError(f"pgbench -i failed: {' / '.join(tail) or f'exit code {proc.returncode}'}")
@@ -262,7 +263,13 @@ def _load_rows(endpoint: Endpoint, dataset: Dataset, parallel: int, steps: dict[
                         raise
 
         with ThreadPoolExecutor(parallel) as pool:
-            for f in [pool.submit(worker) for _ in range(min(parallel, len(tables)))]:
+            futures = [pool.submit(worker) for _ in range(min(parallel, len(tables)))]
+            try:
+                interrupts.wait_all(futures)
+            except BaseException:  # a recorded Ctrl-C or SIGTERM: no table is started after the ones in flight
+                failed.set()
+                raise
+            for f in futures:  # a failed worker set ``failed``: the others end after their table
                 f.result()
 
     def copy(conn: psycopg.Connection[Any], table: str, lo: int, hi: int) -> None:

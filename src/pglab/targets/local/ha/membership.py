@@ -14,6 +14,7 @@ from typing import Any
 
 import psycopg
 
+from pglab import interrupts
 from pglab.errors import LabError
 from pglab.targets.local.cluster import DBNAME, SUPERUSER
 from pglab.targets.local.ha.node import HAParts
@@ -77,7 +78,7 @@ class Membership(HAParts):
             with contextlib.suppress(OSError, ValueError, psycopg.Error, LabError):
                 if check():
                     return
-            time.sleep(0.2)
+            interrupts.sleep(0.2)  # a safe point: a recorded Ctrl-C or SIGTERM ends the wait
         raise LabError(f"timed out waiting for {what}; cluster: {self._describe_members()}")
 
     def _describe_members(self) -> str:

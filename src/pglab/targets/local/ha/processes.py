@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 from typing import IO, Any
 
+from pglab import interrupts
 from pglab.errors import LabError, UserError
 from pglab.targets.local import cgroups, leftovers, procs
 from pglab.targets.local.ha.membership import Membership
@@ -168,7 +169,7 @@ class Processes(Membership):
                     if status == 200 and isinstance(body, dict) and body.get("health") == "true":
                         self.log(f"etcd on {HOST}:{self.etcd_port}")
                         return
-                time.sleep(0.1)
+                interrupts.sleep(0.1)
             else:
                 raise LabError(f"etcd did not become healthy: {self._tail(log_path)}")
         raise LabError("etcd did not start: every port tried was taken")

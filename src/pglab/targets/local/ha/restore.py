@@ -9,6 +9,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
+from pglab import interrupts
 from pglab.errors import LabError
 from pglab.targets.local.ha.node import HANode
 from pglab.targets.local.postgres_bin import ServerUser
@@ -34,8 +35,11 @@ def _stage_files(backup: Path, lab_dir: Path, first: HANode, server_user: Server
     if (backup / "base.tar").is_file():
         data.mkdir(mode=0o700)
         for tar, into in ((backup / "base.tar", data), (backup / "pg_wal.tar", wal)):
-            if tar.is_file():
-                subprocess.run(["tar", "-xf", str(tar), "-C", str(into)], check=True, capture_output=True)
+            if tar.is_file():  # a large backup takes a while: a recorded Ctrl-C or SIGTERM ends tar
+                args = ["tar", "-xf", str(tar), "-C", str(into)]
+                done = interrupts.run(args, capture_output=True)
+                if done.returncode != 0:
+                    raise subprocess.CalledProcessError(done.returncode, args, done.stdout, done.stderr)
     else:
         shutil.copytree(backup, data, symlinks=True)
     pg_wal = data / "pg_wal"

@@ -1,0 +1,173 @@
+"""SIGINT and SIGTERM during a sweep: the signal handler only records which came; pglab acts on it at its own safe
+points, the waits below, by raising :class:`RunInterrupted` from ordinary code.
+
+Why not raise from the handler: a handler runs between any two bytecodes of the main thread, inside library code
+too. Raised right after ``Popen._wait`` took its waitpid lock, the exception left the lock taken for good: every
+later wait on that pgbench timed out, and Ctrl-C ended in a ``TimeoutExpired`` traceback 16 s later, the sweep marked
+failed. Nothing is raised from a handler here, so no lock, file or half-made state is left behind by one.
+
+What waits long in the main thread waits through :func:`sleep`, :func:`wait`, :func:`join`, :func:`wait_all` or
+:func:`run`: each looks at the flag every :data:`POLL_S` and raises :class:`RunInterrupted` once a signal is
+recorded. Outside :func:`catching` (no handler of ours), and in other threads, they are the plain waits. Once the
+sweep has acted on the signal it calls :meth:`Catching.shield`: teardown runs to its end, its waits not interrupted,
+further signals ignored.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Sequence
+from concurrent.futures import FIRST_EXCEPTION, Future
+from concurrent.futures import wait as wait_futures
+from types import FrameType
+from typing import Any
+
+from pglab.errors import RunInterrupted
+
+POLL_S = 0.1  # how often a wait looks at the flag: an interrupt is acted on within this (and the wait's own step)
+SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+class _State:
+    armed = False  # our handlers are installed and the sweep has not acted on a signal yet
+    pending: str | None = None  # the first signal recorded since they were installed
+    raise_at_once = False  # the old way, for a driver whose waits do not call these yet (see Catching)
+
+
+_state = _State()
+
+
+def pending() -> str | None:
+    """The name of the signal recorded and not yet acted on (``"SIGINT"``, ``"SIGTERM"``), or None."""
+    return _state.pending if _state.armed else None
+
+
+def check() -> None:
+    """A safe point: raise :class:`RunInterrupted` when a signal was recorded (main thread only; elsewhere a no-op)."""
+    if _state.armed and _state.pending is not None and threading.current_thread() is threading.main_thread():
+        raise RunInterrupted(_state.pending)
+
+
+def sleep(seconds: float) -> None:
+    """``time.sleep(seconds)``, interrupted: raises :class:`RunInterrupted` within :data:`POLL_S` of a signal."""
+    end = time.monotonic() + seconds
+    while True:
+        check()
+        left = end - time.monotonic()
+        if left <= 0:
+            return
+        time.sleep(min(POLL_S, left))
+
+
+def wait(proc: subprocess.Popen[Any], timeout: float | None = None) -> int:
+    """``proc.wait(timeout)``, interrupted: its exit code; :class:`subprocess.TimeoutExpired` past ``timeout``;
+    :class:`RunInterrupted` within :data:`POLL_S` of a signal (``proc`` is left running: stopping it is the
+    caller's)."""
+    end = None if timeout is None else time.monotonic() + timeout
+    while True:
+        check()
+        step = POLL_S if end is None else min(POLL_S, end - time.monotonic())
+        if step <= 0:
+            if (rc := proc.poll()) is not None:
+                return rc
+            raise subprocess.TimeoutExpired(proc.args, timeout or 0.0)
+        try:
+            return proc.wait(timeout=step)
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def join(thread: threading.Thread, timeout: float | None = None) -> None:
+    """``thread.join(timeout)``, interrupted (the thread is left running: stopping it is the caller's)."""
+    end = None if timeout is None else time.monotonic() + timeout
+    while thread.is_alive():
+        check()
+        step = POLL_S if end is None else min(POLL_S, end - time.monotonic())
+        if step <= 0:
+            return
+        thread.join(step)
+
+
+def wait_all(futures: Sequence[Future[Any]]) -> None:
+    """Until every future is done or one has failed (``concurrent.futures.wait`` with ``FIRST_EXCEPTION``),
+    interrupted; what still runs is left to the caller's pool, and the failures to the caller."""
+    while True:
+        check()
+        if not wait_futures(futures, timeout=POLL_S, return_when=FIRST_EXCEPTION).not_done:
+            return
+        if any(f.done() and not f.cancelled() and f.exception() is not None for f in futures):
+            return
+
+
+def run(args: Sequence[str], *, timeout: float | None = None, capture_output: bool = False,
+        **popen: Any) -> subprocess.CompletedProcess[Any]:
+    """``subprocess.run(args, timeout=…, capture_output=…, **popen)`` (no ``input``, no ``check``), interrupted. As
+    subprocess.run does on its timeout or any exception, the program is killed and reaped before it propagates."""
+    if capture_output:
+        popen.update(stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    end = None if timeout is None else time.monotonic() + timeout
+    with subprocess.Popen(args, **popen) as proc:
+        try:
+            while True:
+                check()
+                step = POLL_S if end is None else min(POLL_S, end - time.monotonic())
+                if step <= 0:
+                    raise subprocess.TimeoutExpired(args, timeout or 0.0)
+                try:
+                    out, err = proc.communicate(timeout=step)  # called again after a timeout, it loses nothing
+                    break
+                except subprocess.TimeoutExpired:
+                    continue
+        except BaseException:
+            proc.kill()
+            proc.wait()
+            raise
+    return subprocess.CompletedProcess(args, proc.returncode, out, err)
+
+
+def _record(signum: int, _frame: FrameType | None) -> None:
+    """The handler: note the signal (the first one wins); nothing else, wherever the main thread was."""
+    if _state.pending is None:
+        _state.pending = signal.Signals(signum).name
+    if _state.raise_at_once and _state.armed:
+        raise RunInterrupted(_state.pending)
+
+
+class Catching:
+    """SIGINT and SIGTERM recorded for the duration of a ``with`` block (main thread only); the handlers in place
+    before are put back at its end, and the flag with them.
+
+    ``raise_at_once``: the handler also raises :class:`RunInterrupted` itself, as pglab's handler did before the
+    flag, for a driver whose waits do not call this module yet (``Driver.polls_interrupts`` false: the Kubernetes
+    drivers): it is how those waits are interrupted at all, with the risk the module's docstring describes."""
+
+    def __init__(self, raise_at_once: bool = False) -> None:
+        self.raise_at_once = raise_at_once
+        self._saved: dict[int, Any] = {}
+        self._before: tuple[bool, str | None, bool] = (False, None, False)
+
+    def __enter__(self) -> Catching:
+        self._before = (_state.armed, _state.pending, _state.raise_at_once)
+        _state.pending, _state.raise_at_once, _state.armed = None, self.raise_at_once, True
+        for sig in SIGNALS:
+            self._saved[sig] = signal.signal(sig, _record)
+        return self
+
+    def shield(self) -> None:
+        """The sweep acts on the signal now (or is ending): no wait raises any more, further signals are ignored."""
+        for sig in self._saved:
+            signal.signal(sig, signal.SIG_IGN)
+        _state.armed = False
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, handler in self._saved.items():
+            signal.signal(sig, handler)
+        _state.armed, _state.pending, _state.raise_at_once = self._before
+
+
+def catching(raise_at_once: bool = False) -> Catching:
+    """See :class:`Catching`."""
+    return Catching(raise_at_once)
