@@ -28,7 +28,12 @@ pytestmark = pytest.mark.postgres
 WARMUP_S, MEASURE_S, PAUSE_S = 3, 4, 4  # -T 3 is the warm-up's pgbench, -T 4 the measured one's
 
 
-def _children(pid: int) -> dict[int, tuple[str, list[str]]]:
+def _children(pid: int, name: str, arg: str) -> list[int]:
+    """Child processes of ``pid`` named ``name`` with ``arg`` among their arguments (test_resume.py uses it too)."""
+    return [p for p, (n, args) in _children_of(pid).items() if n == name and arg in args]
+
+
+def _children_of(pid: int) -> dict[int, tuple[str, list[str]]]:
     """Child processes of ``pid``: pid → (name, arguments)."""
     found = {}
     for entry in Path("/proc").iterdir():
@@ -138,7 +143,7 @@ run: {{duration: {MEASURE_S}s, warmup: {WARMUP_S}s, repeats: {when.repeats}, pau
     try:
         deadline = time.monotonic() + 300
         while proc.poll() is None and time.monotonic() < deadline:
-            children = _children(proc.pid)
+            children = _children_of(proc.pid)
             seen.update(children)
             if when.ready(children, results):
                 break
