@@ -9,6 +9,7 @@ from __future__ import annotations
 import gzip
 import re
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -25,7 +26,9 @@ import kubelab
 NAMESPACE_GONE_S = 300  # a namespace's deletion waits for its pods and claims
 
 
-def plan_text(lab: kubelab.KubeLab, name: str, namespace: str, body: str) -> str:
+def plan_text(lab: kubelab.KubeLab, name: str, namespace: str, body: str, target: str = "") -> str:
+    """A plan for the lab as the studies place it: one instance per database node, pgbench on the client node;
+    ``target``: more lines of target.kubernetes."""
     return f"""
 name: {name}
 target:
@@ -38,12 +41,57 @@ target:
     storage: {{size: 1Gi}}
     resources: {{cpu: 0.25, memory: 384Mi}}
     synchronous: {{method: any, number: 1}}
-    database: {{anti_affinity: none}}
-    clients: {{anti_affinity: none}}
-postgres:
+    database: {{node_selector: {{pglab.io/role: database}}, anti_affinity: required}}
+    clients: {{node_selector: {{pglab.io/role: client}}, anti_affinity: required}}
+{target}postgres:
   parameters: {{shared_buffers: 32MB, max_connections: 40}}
 dataset: {{scale: 1}}
 {body}"""
+
+
+def node_fault(lab: kubelab.KubeLab) -> str:
+    """The plan's target.kubernetes.node_fault for the lab: its own node stop and start (as root, as the tests)."""
+    script = REPO / "tools" / "kube-lab" / "kubelab.py"
+    stop = [sys.executable, str(script), "node", "stop", "{node}"]
+    start = [sys.executable, str(script), "node", "start", "{node}"]
+    return f"    node_fault: {{stop: {stop}, start: {start}}}\n"
+
+
+class DiskStats:
+    """This machine's /proc/diskstats read every 0.1 s in a thread of the test while pglab runs: the oracle of
+    the nodes' disk figures (the lab's nodes share this kernel; each node's disk is a loop device of its own)."""
+
+    def __init__(self, devices: list[str], every_s: float = 0.1) -> None:
+        self.devices, self.every_s = set(devices), every_s
+        self.samples: list[tuple[float, dict[str, int]]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._read, daemon=True)
+
+    def start(self) -> DiskStats:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _read(self) -> None:
+        while not self._stop.is_set():
+            writes = {}
+            for line in Path("/proc/diskstats").read_text().splitlines():
+                f = line.split()
+                if f[2] in self.devices:
+                    writes[f[2]] = int(f[7])  # writes completed
+            self.samples.append((time.time(), writes))
+            self._stop.wait(self.every_s)
+
+    def writes(self, device: str, start: float, end: float) -> float:
+        """Writes the device completed between start and end, each edge interpolated between the two reads
+        around it."""
+        ts = np.array([t for t, _ in self.samples])
+        counts = np.array([w.get(device, 0) for _, w in self.samples], dtype=float)
+        assert ts[0] <= start and end <= ts[-1], ("the window is not inside the oracle's reads", start, end, ts[0])
+        return float(np.interp(end, ts, counts) - np.interp(start, ts, counts))
 
 
 def namespace_gone(lab: kubelab.KubeLab, namespace: str, said: str = "") -> None:

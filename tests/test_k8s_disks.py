@@ -23,6 +23,7 @@ from pglab.probes.disk import MIB, SECTOR, DiskProbe, _figures, parse_diskstats,
 from pglab.store.sqlite import Store
 from pglab.targets.kubernetes import disks, exporter
 from pglab.targets.kubernetes.render import (
+    DISK_SAMPLE_S,
     disk_sampler,
     disk_sampler_script,
     rbac,
@@ -92,7 +93,7 @@ def test_sampler_script_prints_this_machines_diskstats_in_blocks_pglab_reads(tmp
     blocks = disks.parse_log(proc.stdout)
     assert len(blocks) >= 2 and {b.node for b in blocks} == {"node-a"}
     assert {b.kernel for b in blocks} == {Path("/proc/sys/kernel/random/boot_id").read_text().strip()}
-    assert 0.9 < blocks[1].ts - blocks[0].ts < 1.5
+    assert DISK_SAMPLE_S * 0.9 < blocks[1].ts - blocks[0].ts < DISK_SAMPLE_S + 0.5
     assert set(blocks[0].counters) == set(read_diskstats())  # every device of this machine, parsed as disk.py does
 
 

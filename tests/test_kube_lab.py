@@ -10,7 +10,6 @@ standby), and nothing left in the cluster afterwards, also after Ctrl-C.
 from __future__ import annotations
 
 import json
-import os
 import re
 import signal
 import subprocess
@@ -23,9 +22,11 @@ import pytest
 
 from conftest import pglab
 from kube_lab_support import (
+    DiskStats,
     jobs,
     kubelab,
     namespace_gone,
+    node_fault,
     pgbench_tps,
     plan_text,
     txn_latencies_ms,
@@ -50,6 +51,11 @@ def test_a_sweep_interrupted_then_resumed_on_the_lab(lab: kubelab.KubeLab, tmp_p
     results = tmp_path / "results"
     cmd = [sys.executable, "-m", "pglab.cli", "run", str(plan), "--results", str(results), "--format", "csv"]
 
+    database_nodes = sorted(n.name for n in lab.nodes if n.role == "database")
+    client_nodes = [n.name for n in lab.nodes if n.role == "client"]
+    disks_seen: set[str] = set()
+    oracle = DiskStats([lab.node_device(n.name) for n in lab.nodes]).start()  # read through both sweeps
+
     # Ctrl-C while the second run's pgbench Job works: everything pglab created is deleted, the first run is kept
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
@@ -72,7 +78,10 @@ def test_a_sweep_interrupted_then_resumed_on_the_lab(lab: kubelab.KubeLab, tmp_p
     store.close()
 
     # the same command again resumes: the Cluster is built anew, the kept run is not run again
-    again = pglab("run", str(plan), "--results", str(results), "--format", "csv", timeout=2400)
+    try:
+        again = pglab("run", str(plan), "--results", str(results), "--format", "csv", timeout=2400)
+    finally:
+        oracle.stop()
     assert again.returncode == 0, again.stdout + again.stderr
     namespace_gone(lab, ns, again.stderr)
 
@@ -116,11 +125,25 @@ def test_a_sweep_interrupted_then_resumed_on_the_lab(lab: kubelab.KubeLab, tmp_p
         most = int(((ended >= a0) & (begun <= b1)).sum())
         assert fewest <= counted <= most + 10, (counted, fewest, most, exp)
         assert m["wal_mb_s"] > 0
-        # disk figures of the volumes: the device the volume probe read is the one under the lab's volumes
+        # placed as the studies place them: one instance per database node, pgbench on the client node
+        placement = json.loads((run_dir / "run.json").read_text())["placement"]
+        instance_nodes = sorted(placement["instances"].values())
+        assert instance_nodes == database_nodes, placement
+        assert list(placement["pgbench"].values()) == client_nodes, placement
+        # disk figures per node: each instance's volume is on its own node's disk (a loop device of its own), and
+        # that node's figures are the writes this machine's kernel counted on that device over the exact window
         disk = json.loads((run_dir / "disk" / "disk.json").read_text())
         assert m["write_iops"] > 0, disk
-        assert device_of(lab) in json.dumps(disk), (device_of(lab), disk)
+        start, end = disk["window"]
+        for pod, found in disk["instances"].items():
+            device = lab.node_device(found["node"])
+            assert [v["device"] for v in found["volumes"]] == [device], (pod, found)
+            figures = disk["nodes"][found["node"]]["devices"][device]
+            assert figures["write_iops"] * (end - start) == pytest.approx(oracle.writes(device, start, end),
+                                                                          rel=0.02), (pod, figures)
+        disks_seen.update(v["device"] for f in disk["instances"].values() for v in f["volumes"])
 
+    assert disks_seen == {lab.node_device(n) for n in database_nodes}  # three nodes, three disks
     events = [e[1] for e in store.conn.execute("SELECT ts, kind FROM events ORDER BY ts")]
     assert "cpu-step" in events and "parameters-applied" in events
     cpu_step = [d for (k, d) in store.conn.execute("SELECT kind, detail FROM events") if k == "cpu-step"]
@@ -148,12 +171,6 @@ def test_a_sweep_interrupted_then_resumed_on_the_lab(lab: kubelab.KubeLab, tmp_p
         assert proc2.returncode == 0, (args, proc2.stdout, proc2.stderr)
     exported = (tmp_path / "export" / "runs.csv").read_text()
     assert all(r.id in exported for r in runs)
-
-
-def device_of(lab: kubelab.KubeLab) -> str:
-    """major:minor of the block device under the lab's hostPath volumes, as this machine's kernel says."""
-    st = os.stat(lab.root / "pv")
-    return f"{os.major(st.st_dev)}:{os.minor(st.st_dev)}"
 
 
 # ------------------------------------------------------------------ scenarios with the witness
@@ -221,6 +238,62 @@ def test_failover_switchover_and_standby_loss_on_the_lab(lab: kubelab.KubeLab, t
     } | set(re.findall(r"failover-node|switchover|standby-loss", table.stdout))
 
 
+# ------------------------------------------------------------------ nodes as faults
+NODE_FAULTS = """matrix:
+  clients: [2]
+  jobs: [1]
+  synchronous_commit: ["on", remote_apply]
+  scenario: [{kind: node-loss, at: 3s}, {kind: node-drain, at: 3s, down: 5s}]
+run: {duration: 60s}
+"""  # a lost node is NotReady after the controller's grace (20 s on the lab), then CloudNativePG fails over: the
+# witness's writes come back well inside 60 s
+
+
+def test_node_loss_and_node_drain_lose_no_acknowledged_write(lab: kubelab.KubeLab, tmp_path: Path) -> None:
+    """The primary's node dies as a machine does (its kubelet, containerd and every process of its pods killed,
+    its link down, nothing cleaned up), or is drained as an upgrade drains it: a standby on another node takes
+    over, no write acknowledged at synchronous_commit on or remote_apply is lost, and the node comes back."""
+    ns = "pglab-e2e-nodes"
+    plan = tmp_path / "plan.yaml"
+    plan.write_text(plan_text(lab, "nodes", ns, NODE_FAULTS, target=node_fault(lab)))
+    results = tmp_path / "results"
+    proc = pglab("run", str(plan), "--results", str(results), timeout=3600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    namespace_gone(lab, ns, proc.stderr)
+    assert all(n["status"]["conditions"][-1]["type"] == "Ready" for n in json.loads(lab.kubectl(
+        "get", "nodes", "-o", "json").stdout)["items"])
+    assert lab.kubectl("get", "nodes", "-o", "jsonpath={.items[*].spec.unschedulable}").stdout.strip() == ""
+
+    store = Store.open(results, create=False)
+    runs = store.runs()
+    assert sorted((r.axes["scenario"], r.axes["synchronous_commit"]) for r in runs) == [
+        (kind, level) for kind in ("node-drain", "node-loss") for level in ("on", "remote_apply")]
+    for r in runs:
+        m, label = r.metrics, (r.axes["scenario"], r.axes["synchronous_commit"])
+        assert r.status == "ok", (label, m)
+        assert m["acked_lost"] == 0, (label, m)  # a standby on another node had every acknowledged commit
+        assert m["witness_acked"] > 0 and m["witness_unexpected"] == 0, (label, m)
+        assert m["leader_changed"] == 1.0, (label, m)
+        assert m["rto_s"] is not None and m["rto_s"] > 0, ("the witness's writes never came back", label, m)
+        events = dict(store.conn.execute("SELECT kind, detail FROM events WHERE run_id = ?", (r.id,)).fetchall())
+        times = dict(store.conn.execute("SELECT kind, ts FROM events WHERE run_id = ?", (r.id,)).fetchall())
+        lost = re.match(r"node (\S+) \(of the primary (\S+)\) (stopped|cordoned)", events["fault"])
+        assert lost, events
+        node, old_primary = lost.group(1), lost.group(2)
+        assert lab.node(node).role == "database"
+        assert times["fault"] < times["new-primary"] < times["node-back"] < times["cluster-healthy"], times
+        placement = json.loads((store.dir / r.dir / "run.json").read_text())["placement"]
+        # the old primary's pod came back on its node (its volume is on that node's disk): a standby now
+        assert placement["instances"][old_primary] == node, placement
+        if r.axes["scenario"] == "node-drain":
+            assert "evicted" in events, events  # once CloudNativePG had moved the primary off the cordoned node
+    store.close()
+
+    table = pglab("report", str(results), "--table", "scenarios", "--format", "csv")
+    assert table.returncode == 0, table.stderr
+    assert {"node-loss", "node-drain"} <= {line.split(",")[0] for line in table.stdout.splitlines()[1:]}
+
+
 # ------------------------------------------------------------------ bounded waits (issue "no silent hang", item 5)
 def test_a_cluster_no_node_fits_fails_with_the_schedulers_reason_and_leaves_nothing(
     lab: kubelab.KubeLab, tmp_path: Path
@@ -237,8 +310,8 @@ def test_a_cluster_no_node_fits_fails_with_the_schedulers_reason_and_leaves_noth
     assert proc.returncode == 1, proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr
     assert re.search(
-        r"Cluster/pending: its pod pending-\S+ cannot start after \d+ s \(Unschedulable: 0/1 nodes are available: "
-        r"1 Insufficient cpu",
+        rf"Cluster/pending: its pod pending-\S+ cannot start after \d+ s \(Unschedulable: 0/{len(lab.nodes)} nodes "
+        r"are available: .*\d Insufficient cpu",
         proc.stderr,
     ), proc.stderr[-2000:]
     namespace_gone(lab, ns, proc.stderr)

@@ -97,8 +97,10 @@ def test_a_storage_axis_builds_a_cluster_per_class(lab: kubelab.KubeLab, tmpfs_c
     lab.kubectl("delete", "pv", *(f"{TMPFS_CLASS}-{i}" for i in range(1, TMPFS_VOLUMES + 1)), "--wait=false",
                 check=False)
     namespace_gone(lab, ns, proc.stderr)
-    devices = {"disk": dev_of(lab.root / "pv"), "memory": dev_of(tmpfs_class)}
-    assert devices["disk"] != devices["memory"]
+    # the lab-local class's volumes are on the disk of their pod's node: a loop device of its own, ext4 or XFS
+    node_disks = {dev_of(lab.node_disk(n.name)): n.fstype for n in lab.nodes}
+    memory = dev_of(tmpfs_class)
+    assert memory not in node_disks and len(node_disks) == len(lab.nodes)
 
     store = Store.open(results, create=False)
     sweep = store.sweeps()[-1]
@@ -107,11 +109,14 @@ def test_a_storage_axis_builds_a_cluster_per_class(lab: kubelab.KubeLab, tmpfs_c
     fio_rows = {f["label"]: f for f in store.fio_results(sweep["id"])}
     assert set(fio_rows) == {"disk/data", "memory/data"}, fio_rows
     fsyncs = {}
-    for value, fstype in (("disk", "ext4"), ("memory", "tmpfs")):
+    for value in ("disk", "memory"):
         row = fio_rows[f"{value}/data"]
         mount = (results / "storage" / value / "data" / "volume-mount.txt").read_text().split()
-        assert mount[2] == devices[value] and mount[mount.index("-") + 1] == fstype, (value, mount)
-        assert row["device"].split()[:2] == [devices[value], fstype], row
+        device = mount[2]
+        fstype = node_disks.get(device) if value == "disk" else "tmpfs"
+        assert (device in node_disks if value == "disk" else device == memory), (value, mount, node_disks)
+        assert mount[mount.index("-") + 1] == fstype, (value, mount)
+        assert row["device"].split()[:2] == [device, fstype], row
         raw = json.loads((results / "storage" / value / "data" / f"{row['job']}.json").read_text())["jobs"][0]
         assert row["iops"] == raw["write"]["iops"] > 0
         fsyncs[value] = raw["sync"]["lat_ns"]["mean"]
@@ -130,8 +135,9 @@ def test_a_storage_axis_builds_a_cluster_per_class(lab: kubelab.KubeLab, tmpfs_c
         # the volume probe read the instance's claim on the value's medium (tmpfs has no block device)
         (instance,) = json.loads((run_dir / "disk" / "disk.json").read_text())["instances"].values()
         (volume,) = instance["volumes"]
-        assert volume["how"] == ("ext4 on device " + devices["disk"] if r.axes["storage"] == "disk" else
-                                 "tmpfs (tmpfs) has no block device on the node"), volume
+        node_disk = dev_of(lab.node_disk(instance["node"]))  # its own node's
+        assert volume["how"] == (f"{node_disks[node_disk]} on device {node_disk}" if r.axes["storage"] == "disk"
+                                 else "tmpfs (tmpfs) has no block device on the node"), volume
     events = [d for (k, d) in store.conn.execute("SELECT kind, detail FROM events") if k == "storage-switch"]
     assert len(events) == 1 and events[0].startswith("memory: new Cluster"), events
     store.close()

@@ -1,9 +1,9 @@
-"""pglab's Kubernetes target at scale, on the single-node lab (tools/kube-lab): one point's load spread over two
-pgbench pods (run.load_pods), checked against both pods' raw transaction logs read here without pglab.
-
-and the run's disk, CPU and CloudNativePG figures read from a real Prometheus scraping the lab, checked against this
-machine's own /proc/diskstats and the primary's cgroup. Kept short for the CI track that runs beside the whole
-suite: one sweep for both, a 1-instance Cluster, scale 1, one 10 s run.
+"""pglab's Kubernetes target at scale, on the multi-node lab (tools/kube-lab): one point's load spread over two
+pgbench pods (run.load_pods), checked against both pods' raw transaction logs read here without pglab,
+and the run's disk, CPU and CloudNativePG figures read from a real Prometheus scraping the lab (a node-exporter
+per node, in the node's network namespace, and each node's kubelet), checked against this machine's own
+/proc/diskstats of the instance's node's disk and the primary's cgroup. Kept short for the CI track that runs
+beside the whole suite: one sweep for both, a 1-instance Cluster on a database node, scale 1, one 10 s run.
 """
 
 from __future__ import annotations
@@ -50,8 +50,8 @@ target:
     image: {lab.image_names["postgresql"]}
     storage: {{size: 1Gi}}
     resources: {{cpu: 0.25, memory: 384Mi}}
-    database: {{anti_affinity: none}}
-    clients: {{anti_affinity: none}}
+    database: {{node_selector: {{pglab.io/role: database}}, anti_affinity: none}}
+    clients: {{node_selector: {{pglab.io/role: client}}, anti_affinity: none}}
 {target_extra}postgres:
   parameters: {{shared_buffers: 32MB, max_connections: 40}}
 dataset: {{scale: 1}}
@@ -146,7 +146,8 @@ def test_a_point_over_two_load_pods_merges_exactly(sweep: Sweep) -> None:
 
 # ------------------------------------------------------------------ figures from a real Prometheus scraping the lab
 SCRAPE_S = 1  # the scrape interval of the lab's Prometheus: the plan's prometheus.interval
-CGROUP_CPU = Path("/sys/fs/cgroup/cpuacct/kubepods")  # cgroup v1, the lab's cgroupfs driver
+NODE_EXPORTER_PORT = 9100  # on each node's own address
+CGROUP_CPU = Path("/sys/fs/cgroup/cpuacct") / kubelab.CGROUP  # cgroup v1: <node>/kubepods/… (cgroupfs driver)
 
 
 def prometheus_build() -> Path:
@@ -166,24 +167,24 @@ def free_port() -> int:
 
 
 class Prometheus:
-    """A real Prometheus (and node-exporter) on this machine's loopback, scraping the lab as a cluster's would:
-    node-exporter (its node label set to the lab's node name, as kube-prometheus relabels it), the kubelet's
+    """A real Prometheus on this machine's loopback, scraping the lab as a cluster's would: a node-exporter on each
+    node (in its network namespace, on its address; its instance label the node's name, as kube-prometheus
+    relabels it; loop devices not filtered out: they are the nodes' disks), each node's kubelet
     /metrics/cadvisor, and the CloudNativePG instance pods' exporters found by Kubernetes service discovery."""
 
     def __init__(self, lab: kubelab.KubeLab, root: Path, namespace: str):
         build = prometheus_build()
         self.url = f"http://127.0.0.1:{free_port()}"
-        node_port = free_port()
         pki = lab.root / "pki"
         config = {
             "global": {"scrape_interval": f"{SCRAPE_S}s", "scrape_timeout": f"{SCRAPE_S}s"},
             "scrape_configs": [
-                {"job_name": "node", "static_configs": [{"targets": [f"127.0.0.1:{node_port}"],
-                                                         "labels": {"instance": kubelab.NODE}}]},
+                {"job_name": "node", "static_configs": [{"targets": [f"{n.ip}:{NODE_EXPORTER_PORT}"],
+                                                         "labels": {"instance": n.name}} for n in lab.nodes]},
                 {"job_name": "cadvisor", "scheme": "https", "metrics_path": "/metrics/cadvisor",
                  "tls_config": {"ca_file": str(pki / "ca.crt"), "cert_file": str(pki / "admin.crt"),
                                 "key_file": str(pki / "admin.key")},
-                 "static_configs": [{"targets": [f"{kubelab.NODE_IP}:10250"]}]},
+                 "static_configs": [{"targets": [f"{n.ip}:10250" for n in lab.nodes]}]},
                 {"job_name": "cnpg", "kubernetes_sd_configs": [
                     {"role": "pod", "kubeconfig_file": str(lab.kubeconfig), "namespaces": {"names": [namespace]}}],
                  "relabel_configs": [
@@ -199,8 +200,11 @@ class Prometheus:
         (root / "prometheus.yml").write_text(json.dumps(config))
         self.procs: list[subprocess.Popen[bytes]] = []
         self.logs = root
-        self._spawn("node_exporter", build / "node_exporter", f"--web.listen-address=127.0.0.1:{node_port}",
-                    "--collector.disable-defaults", "--collector.diskstats")
+        for n in lab.nodes:
+            self._spawn(f"node_exporter-{n.name}", "nsenter", f"--net=/run/netns/{n.netns}", "--",
+                        build / "node_exporter", f"--web.listen-address={n.ip}:{NODE_EXPORTER_PORT}",
+                        "--collector.disable-defaults", "--collector.diskstats",
+                        r"--collector.diskstats.device-exclude=^(z?ram|fd)\d+$")
         self._spawn("prometheus", build / "prometheus", f"--config.file={root / 'prometheus.yml'}",
                     f"--storage.tsdb.path={root / 'data'}", f"--web.listen-address={self.url[7:]}")
         deadline = time.monotonic() + 60  # a fresh Prometheus answers within seconds
@@ -245,13 +249,15 @@ class Prometheus:
 
 
 class Oracle(threading.Thread):
-    """This machine's own counters every 0.1 s while pglab runs: /proc/diskstats of the lab's volume device and the
-    cgroup CPU time (cpuacct.usage) of the primary's postgres container, found by its pod's uid."""
+    """This machine's own counters every 0.1 s while pglab runs: /proc/diskstats of every node's disk (the
+    instance lands on one of them) and the cgroup CPU time (cpuacct.usage) of the primary's postgres container,
+    found by its pod's uid."""
 
-    def __init__(self, lab: kubelab.KubeLab, namespace: str, pod: str, device: str):
+    def __init__(self, lab: kubelab.KubeLab, namespace: str, pod: str, devices: list[str]):
         super().__init__(daemon=True)
-        self.lab, self.namespace, self.pod, self.device = lab, namespace, pod, device
-        self.disk: list[tuple[float, int, int]] = []  # (ts, writes completed, sectors written)
+        self.lab, self.namespace, self.pod, self.devices = lab, namespace, pod, devices
+        # major:minor → (ts, writes completed, sectors written)
+        self.disk: dict[str, list[tuple[float, int, int]]] = {d: [] for d in devices}
         self.cpu: list[tuple[float, int]] = []  # (ts, ns of CPU)
         self.halt = threading.Event()
         self.cgroup: Path | None = None
@@ -270,13 +276,12 @@ class Oracle(threading.Thread):
         return found[0] if found else None
 
     def run(self) -> None:
-        major, minor = self.device.split(":")
         while not self.halt.is_set():
             ts = time.time()
             for line in Path("/proc/diskstats").read_text().splitlines():
                 f = line.split()
-                if f[0] == major and f[1] == minor:
-                    self.disk.append((ts, int(f[7]), int(f[9])))
+                if (number := f"{f[0]}:{f[1]}") in self.disk:
+                    self.disk[number].append((ts, int(f[7]), int(f[9])))
             if self.cgroup is None and time.monotonic() >= self.next_look:
                 self.next_look = time.monotonic() + 1
                 self.cgroup = self._find_cgroup()
@@ -313,15 +318,21 @@ def test_disk_and_cpu_figures_from_a_real_prometheus(sweep: Sweep) -> None:
     env = json.loads(store.sweeps()[-1]["environment"])
     assert env["prometheus"]["url"] == prom.url and env["prometheus"]["version"] == "3.16.0"
 
-    # disk: the lab volume's device, its writes as this machine's /proc/diskstats counted them. pglab's figure
-    # is the writes of the node-exporter scrapes around the window, the edge intervals prorated: between the
-    # writes from the first to the last scrape inside the window and those from the last before it to the
-    # first after it. A scrape reads /proc/diskstats during [its timestamp, + its duration].
+    # disk: the instance's volume is on its node's own disk (a loop device of that node), its writes as this
+    # machine's /proc/diskstats counted them. pglab's figure is the writes of that node's node-exporter scrapes
+    # around the window, the edge intervals prorated: between the writes from the first to the last scrape inside
+    # the window and those from the last before it to the first after it. A scrape reads /proc/diskstats during
+    # [its timestamp, + its duration].
     assert record["disk"]["source"] == "prometheus"
-    assert sweep.device in json.dumps(record["disk"]), record["disk"]
     assert not (run_dir / "disk").exists()  # no disk sampler ran
-    device = record["disk"]["instances"][f"{name}-1"]["volumes"][0]["device"]
-    writes = f'node_disk_writes_completed_total{{instance="{kubelab.NODE}",device="{device}"}}'
+    instance = record["disk"]["instances"][f"{name}-1"]
+    node = instance["node"]
+    assert sweep.lab.node(node).role == "database" and record["placement"]["instances"] == {f"{name}-1": node}
+    assert set(record["placement"]["pgbench"].values()) == {n.name for n in sweep.lab.nodes if n.role == "client"}
+    device = instance["volumes"][0]["device"]
+    assert device == sweep.lab.node_device(node), (instance, node)  # its own node's disk, none of the others'
+    number = device_of(sweep.lab, node)
+    writes = f'node_disk_writes_completed_total{{instance="{node}",device="{device}"}}'
     stamps = prom.sample_times(writes, start - 3 * SCRAPE_S, end + 3 * SCRAPE_S)
     took = max(float(r["value"][1]) for r in prom.query(
         f'max_over_time(scrape_duration_seconds{{job="node"}}[{math.ceil(end - start) + 10}s])', at=end + 5
@@ -330,7 +341,7 @@ def test_disk_and_cpu_figures_from_a_real_prometheus(sweep: Sweep) -> None:
     b_in = max(t for t in stamps if t <= end)
     a_out = max(t for t in stamps if t <= start)
     b_out = min(t for t in stamps if t >= end)
-    disk = [(t, w) for t, w, _ in oracle.disk]
+    disk = [(t, w) for t, w, _ in oracle.disk[number]]
     fewest, _ = growth(disk, (a_in, a_in + took), (b_in, b_in + took))
     _, most = growth(disk, (a_out, a_out + took), (b_out, b_out + took))
     counted = m["write_iops"] * m["window_s"]
@@ -363,9 +374,9 @@ def test_disk_and_cpu_figures_from_a_real_prometheus(sweep: Sweep) -> None:
     store.close()
 
 
-def device_of(lab: kubelab.KubeLab) -> str:
-    """major:minor of the block device under the lab's hostPath volumes, as this machine's kernel says."""
-    st = os.stat(lab.root / "pv")
+def device_of(lab: kubelab.KubeLab, node: str) -> str:
+    """major:minor of a node's disk (its volumes' block device), as this machine's kernel says."""
+    st = os.stat(lab.node_disk(node))
     return f"{os.major(st.st_dev)}:{os.minor(st.st_dev)}"
 
 
@@ -382,7 +393,7 @@ class Sweep:
     namespace: str
     prometheus: Prometheus
     oracle: Oracle
-    device: str
+    lab: kubelab.KubeLab
 
 
 @pytest.fixture(scope="module")
@@ -393,7 +404,7 @@ def sweep(lab: kubelab.KubeLab, tmp_path_factory: pytest.TempPathFactory) -> Ite
     tmp = tmp_path_factory.mktemp("scale")
     ns, name = "pglab-e2e-scale", "scale"
     prom = Prometheus(lab, tmp / "prometheus", ns)
-    oracle = Oracle(lab, ns, f"{name}-1", device_of(lab))
+    oracle = Oracle(lab, ns, f"{name}-1", [device_of(lab, n.name) for n in lab.nodes])
     try:
         plan = tmp / "plan.yaml"
         extra = f"    prometheus: {{url: '{prom.url}', interval: {SCRAPE_S}s}}\n"
@@ -405,7 +416,7 @@ def sweep(lab: kubelab.KubeLab, tmp_path_factory: pytest.TempPathFactory) -> Ite
         oracle.join()
         assert proc.returncode == 0, proc.stdout + proc.stderr
         namespace_gone(lab, ns, proc.stderr)
-        yield Sweep(results, name, ns, prom, oracle, device_of(lab))
+        yield Sweep(results, name, ns, prom, oracle, lab)
     finally:
         oracle.halt.set()
         prom.stop()

@@ -459,6 +459,7 @@ class KubernetesDriver:
                 events += injector.events
             return RunResult.of(window, metrics, series=series, events=events, settings=settings or None,
                                 record={"job": m.name, "command": result.command,
+                                        "placement": self._placement(outcome),
                                         "files": outcome.files + exporter_files + (disk.files if disk else []),
                                         "exporter": figures.info if figures else None,
                                         "disk": disk.info if disk else None,
@@ -477,6 +478,18 @@ class KubernetesDriver:
                 self._restore(injector)                       # away: that first
             if wm is not None:
                 self.orch.discard(wm)  # a witness still writing after a failed run goes now, not at the end
+
+    def _placement(self, outcome: JobOutcome | LoadOutcome) -> dict[str, Any]:
+        """Which node each pod of the run was on: the instances (as they are at the run's end: a scenario may have
+        moved them) and pgbench's pod or pods."""
+        try:
+            instances = {p.metadata.name: p.spec.node_name for p in self.orch.instance_pods()
+                         if p.spec is not None and p.spec.node_name}
+        except K8sError:
+            instances = {}
+        load = ({str(i): n for i, n in sorted(outcome.nodes.items())} if isinstance(outcome, LoadOutcome)
+                else {"0": outcome.node} if outcome.node else {})
+        return {"instances": dict(sorted(instances.items())), "pgbench": load}
 
     def _restore(self, injector: Injector) -> None:
         """Lift the fence of a run that ended early, or bring its node back; if that fails the next runs would find

@@ -58,6 +58,7 @@ class JobOutcome:
     succeeded: bool
     log: str
     files: list[str] = field(default_factory=list)
+    node: str | None = None  # the node its pod ran on
 
 
 def api_client(plan: Plan) -> client.ApiClient:
@@ -403,7 +404,7 @@ class Orchestrator:
             if raw is None:
                 raise K8sError(f"Job/{m.name} ended without a pod to read")
             text, files = extract_results(raw, dest)
-            outcome = JobOutcome(m.name, bool(st.succeeded), text, files)
+            outcome = JobOutcome(m.name, bool(st.succeeded), text, files, self.job_node(m.name))
         finally:
             self.discard(m)
         (dest / "pod.log").parent.mkdir(parents=True, exist_ok=True)
@@ -554,6 +555,14 @@ class Orchestrator:
             return str(self.core.read_namespaced_pod_log(pods[0].metadata.name, self.ns))
         except ApiException as exc:
             raise K8sError(f"reading the log of Job/{job}: {_reason(exc)}") from None
+
+    def job_node(self, job: str) -> str | None:
+        """The node a Job's (first) pod ran on; None when it has no pod."""
+        try:
+            pods = self.core.list_namespaced_pod(self.ns, label_selector=f"job-name={job}").items
+        except ApiException as exc:
+            raise K8sError(f"listing the pods of Job/{job}: {_reason(exc)}") from None
+        return next((str(p.spec.node_name) for p in pods if p.spec is not None and p.spec.node_name), None)
 
     def sampler_pods(self) -> dict[str, str]:
         """The disk sampler's running pods by node name (the DaemonSet's, found by pglab's labels)."""
