@@ -101,8 +101,11 @@ def newest_images() -> Path:
 
 
 def start_time(pid: int) -> int | None:
+    """When a live process started (clock ticks since boot), or None: gone, or a zombie (a killed node's daemon that
+    its parent, the lab's owner, has not reaped)."""
     try:
-        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return None if fields[0] == "Z" else int(fields[19])
     except (OSError, IndexError, ValueError):
         return None
 
