@@ -141,8 +141,9 @@ class Catching:
     before are put back at its end, and the flag with them.
 
     ``raise_at_once``: the handler also raises :class:`RunInterrupted` itself, as pglab's handler did before the
-    flag, for a driver whose waits do not call this module yet (``Driver.polls_interrupts`` false: the Kubernetes
-    drivers): it is how those waits are interrupted at all, with the risk the module's docstring describes."""
+    flag, for a driver whose waits do not call this module (``Driver.polls_interrupts`` false; every driver of
+    pglab's own polls): it is how those waits are interrupted at all, with the risk the module's docstring
+    describes."""
 
     def __init__(self, raise_at_once: bool = False) -> None:
         self.raise_at_once = raise_at_once

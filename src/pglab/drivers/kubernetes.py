@@ -25,7 +25,7 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 from kubernetes.config.config_exception import ConfigException
 
-from pglab import __version__
+from pglab import __version__, interrupts
 from pglab.artifacts import write_json
 from pglab.drivers.local import pgbench_metrics, pgbench_series
 from pglab.engine.driver import FioMeasurement, SweepInfo
@@ -111,6 +111,7 @@ class KubernetesDriver:
 
     run_overhead_s = JOB_OVERHEAD_S
     run_errors: tuple[type[BaseException], ...] = (RunFailed, PgbenchError, K8sError, WitnessLogError, OSError)
+    polls_interrupts = True  # every wait (the Jobs, the Cluster, the replay, the scenario) is an interrupts.sleep
 
     def __init__(self, plan: Plan, plan_text: str, plan_dir: Path, results_dir: Path, ui: Observer, *,
                  api: client.ApiClient | None = None, poll_s: float = 2.0, ready_timeout_s: float = 1800.0,
@@ -567,7 +568,7 @@ class KubernetesDriver:
             if time.monotonic() > deadline:
                 raise RunFailed(f"the standbys did not catch up within {self.replay_timeout_s:.0f} s before the run "
                                 f"({', '.join(behind)}, as the primary's exporter showed)")
-            time.sleep(self.orch.poll_s)
+            interrupts.sleep(self.orch.poll_s)
 
     def _scraper(self) -> exporter.Scraper | None:
         """A reader of every instance's exporter for the coming run, or None when the instances cannot be listed."""
@@ -831,7 +832,7 @@ class KubernetesDriver:
         cfg = client.cfg
         lag = cfg.lag if cfg.lag is not None else 2 * cfg.interval + 1
         if (wait := window[1] + lag - now()) > 0:
-            time.sleep(wait)
+            interrupts.sleep(wait)
         w = prometheus.Window(window[0], window[1], cfg.interval)
         try:
             pods = self.orch.instance_pods()

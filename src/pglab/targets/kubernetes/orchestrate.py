@@ -21,6 +21,7 @@ from typing import Any
 from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 
+from pglab import interrupts
 from pglab.plan.schema import Plan
 from pglab.targets.kubernetes.render import BEGIN_MARK, DISK_SAMPLER, END_MARK, LOAD_DIR, Manifest, render, target_of
 
@@ -186,7 +187,7 @@ class Orchestrator:
             if not told:
                 told = True
                 self.log(f"namespace {m.name} is still being deleted (a previous sweep's): waiting for it to go")
-            time.sleep(self.poll_s)
+            interrupts.sleep(self.poll_s)
 
     def delete(self, m: Manifest) -> None:
         kind, name = m.kind, m.name
@@ -226,7 +227,7 @@ class Orchestrator:
                 self.log(f"the instance pods of Cluster/{cluster} were still there {INSTANCES_GONE_S} s after being "
                          "killed; the namespace may take up to CloudNativePG's stopDelay to go")
                 return
-            time.sleep(self.poll_s)
+            interrupts.sleep(self.poll_s)
         self.log(f"the instance pods of Cluster/{cluster} killed and gone in {time.monotonic() - started:.1f} s")
 
     def _api(self, kind: str) -> Any:
@@ -269,7 +270,7 @@ class Orchestrator:
                 raise K8sError(f"Cluster/{self.k8s.cluster_name} not ready after {self.ready_timeout_s:.0f} s "
                                f"(phase: {status.get('phase', 'none')}, ready instances: "
                                f"{status.get('readyInstances', 0)} of {self.k8s.instances})")
-            time.sleep(self.poll_s)
+            interrupts.sleep(self.poll_s)
 
     def is_healthy(self, status: dict[str, Any]) -> bool:
         """The operator reports the Cluster healthy with every instance ready."""
@@ -357,7 +358,7 @@ class Orchestrator:
                                f"(phase: {status.get('phase', 'none')}, ready instances: "
                                f"{status.get('readyInstances', 0)} of {self.k8s.instances}"
                                f"{'; ' + waiting if waiting else ''})")
-            time.sleep(self.poll_s)
+            interrupts.sleep(self.poll_s)
 
     def scrape(self, pod: str, port: int = EXPORTER_PORT, namespace: str | None = None, scheme: str = "http") -> str:
         """A pod's /metrics text (an instance's exporter by default), through the API server's pod proxy (no
@@ -399,7 +400,7 @@ class Orchestrator:
                 if time.monotonic() >= next_look:  # a pod that cannot start would otherwise wait out the timeout
                     next_look = time.monotonic() + POD_LOOK_S
                     stuck_since = self._pod_cannot_start(f"job-name={m.name}", f"Job/{m.name}", stuck_since)
-                time.sleep(self.poll_s)
+                interrupts.sleep(self.poll_s)
             raw = self.job_log(m.name)
             if raw is None:
                 raise K8sError(f"Job/{m.name} ended without a pod to read")
@@ -470,7 +471,7 @@ class Orchestrator:
                 if time.monotonic() >= next_look:
                     next_look = time.monotonic() + POD_LOOK_S
                     stuck_since = self._pod_cannot_start(f"job-name={m.name}", f"Job/{m.name}", stuck_since)
-                time.sleep(self.poll_s)
+                interrupts.sleep(self.poll_s)
             outcome = LoadOutcome(m.name, "Complete" in conditions, [])
             for index, (pod, node, ok, log) in sorted(self._load_logs(m.name).items()):
                 where = dest / LOAD_DIR.format(index=index)
@@ -544,7 +545,7 @@ class Orchestrator:
                     [f"Cluster/{name}"] if cluster_left else [])
                 raise K8sError(f"{', '.join(left)} still there {timeout_s:.0f} s after the Cluster was deleted "
                                "(finalizers, or a pod still using a claim)")
-            time.sleep(self.poll_s)
+            interrupts.sleep(self.poll_s)
 
     def job_log(self, job: str) -> str | None:
         """The log of a Job's pod so far; None while it has no pod."""

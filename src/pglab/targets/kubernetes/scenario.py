@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from pglab import interrupts
 from pglab.plan.schema import NodeFault, Scenario
 from pglab.scenarios.witness import ACKED, FAILED, IN_DOUBT, Attempt, Outcome, timeline_of
 from pglab.targets.kubernetes.orchestrate import FENCED, K8sError, Orchestrator
@@ -306,5 +307,5 @@ class Injector:
                          f"{st.get('readyInstances', 0)} of {self.orch.k8s.instances}")
                 what = "no new primary reported" if self.recovered_time is None else "Cluster not healthy again"
                 raise K8sError(f"{self.kind}: {what} {timeout_s:.0f} s after {self._what} ({state})")
-            time.sleep(self.orch.poll_s)
+            interrupts.sleep(self.orch.poll_s)
             self.poll()
