@@ -6,7 +6,7 @@
 #                                k8s (the Kubernetes client, for target: kubernetes), toxiproxy (built with Go, for
 #                                target.local.network), cnpg-check (built with Go, checks rendered manifests),
 #                                all (the four)
-#   ./setup.sh kube-lab          install the base and k8s, then build the single-node Kubernetes lab (tools/kube-lab)
+#   ./setup.sh kube-lab          install the base and k8s, then build the multi-node Kubernetes lab (tools/kube-lab)
 # The base is what a local lab needs: PostgreSQL, fio, sysstat and pglab itself; no Go build. Idempotent: a second
 # call re-checks and installs nothing new. Works as root or as a user with sudo.
 set -euo pipefail

@@ -244,6 +244,8 @@ def test_render_writes_the_witness_job_beside_each_failover_run(tmp_path: Path) 
      "backup needs an object store or volume snapshots pglab does not set up); remove it from this Kubernetes plan"),
     ("{kind: standby-loss, down: 1s}", "matrix.scenario[0].kind: a standby-loss needs a standby: raise "
      "target.kubernetes.instances"),
+    ("{kind: node-loss}", "matrix.scenario[0].kind: a node-loss needs target.kubernetes.node_fault: the commands "
+     "that stop and start a node (Kubernetes cannot power a machine off)"),
 ])
 def test_plan_refuses_other_scenarios_on_kubernetes(tmp_path: Path, scenario: str, message: str) -> None:
     path = tmp_path / "plan.yaml"
@@ -252,6 +254,15 @@ def test_plan_refuses_other_scenarios_on_kubernetes(tmp_path: Path, scenario: st
     proc = pglab("plan", "validate", str(path))
     assert proc.returncode == 2, proc.stdout
     assert message in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+
+
+def test_node_kinds_are_refused_on_a_local_target(tmp_path: Path) -> None:
+    path = tmp_path / "plan.yaml"
+    path.write_text("name: t\nmatrix: {clients: [1], scenario: [{kind: node-drain}]}\nrun: {duration: 10s}\n")
+    proc = pglab("plan", "validate", str(path))
+    assert proc.returncode == 2, proc.stdout
+    assert proc.stderr.strip() == ("matrix.scenario[0].kind: node-drain runs on a Kubernetes target only (the "
+                                   "local lab's failover with kill: node is its node loss)"), proc.stderr
 
 
 # ------------------------------------------------------------------ switchover and standby-loss

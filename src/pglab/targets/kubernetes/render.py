@@ -699,7 +699,8 @@ START_MARK = "pglab: pgbench start"  # the run Job's stdout, with the pod's epoc
 WITNESS_MARK = "pglab-witness"  # every line of the witness Job's stdout that pglab reads
 WITNESS_TABLE = witness.TABLE  # the local witness's table, same columns
 # pgbench's dbname argument through a fault, a libpq connection string (PGDATABASE and the rest still apply)
-PGBENCH_THROUGH_FAULTS = "connect_timeout=5 tcp_user_timeout=5000"
+PGBENCH_THROUGH_FAULTS = ("connect_timeout=5 keepalives_idle=2 keepalives_interval=1 keepalives_count=3 "
+                          "tcp_user_timeout=5000")
 WITNESS_MARGIN_S = 10  # the witness writes this much longer than pgbench (its pod may start a little later)
 WITNESS_READ_TRIES = 90  # read-back tries, 2 s apart: the new primary may still be on its way
 
@@ -709,9 +710,10 @@ def _segments_script(args: list[str], seconds: float) -> str:
     run's time is up, as the local runner does. Segment n > 1 writes pgbench-n.out/.err. The Job succeeds when one
     segment at least reported its transactions."""
     at = args.index("-T")
-    # the server's address may vanish without a word (its node lost: no RST, no FIN): with a deadline on its
-    # unacknowledged sends, each pgbench client errs out within seconds and the next segment connects to the new
-    # primary, instead of waiting out TCP's retries (about 15 min)
+    # the server may vanish without a word (its node lost: no RST, no FIN), a client's query sent and acknowledged:
+    # with keepalives after 2 s of silence and a deadline on what goes unanswered, each pgbench client errs out
+    # within seconds and the next segment connects to the new primary, instead of waiting for ever (libpq's
+    # keepalives otherwise start after the kernel's 2 h); a server that is only slow still answers keepalives
     cmd = shlex.join(args[:at + 1]) + ' "$left" ' + shlex.join([*args[at + 2:], PGBENCH_THROUGH_FAULTS])
     return (f'echo "{START_MARK} $(date +%s.%N)"\n'
             f"end=$(( $(date +%s) + {max(1, round(seconds))} )); n=1; last=0\n"
