@@ -8,6 +8,7 @@ write gap) and wrote again on the new primary; its read-back lacks the last two 
 from __future__ import annotations
 
 import json
+import re
 from datetime import datetime
 from pathlib import Path
 
@@ -20,7 +21,7 @@ from k8s_support import JOBS, PGBENCH, assert_all_deleted, check, k8s_plan, post
 from pglab.plan.load import parse_plan
 from pglab.report.scenarios import scenario_table
 from pglab.store.sqlite import Store
-from pglab.targets.kubernetes.orchestrate import FENCED
+from pglab.targets.kubernetes.orchestrate import FENCED, K8sError
 from pglab.targets.kubernetes.render import START_MARK, WITNESS_MARK, render, witness_script
 from pglab.targets.kubernetes.scenario import WitnessLogError, parse_witness_log
 
@@ -319,6 +320,33 @@ def test_standby_loss_fences_a_standby_for_down_seconds(fake: tuple[FakeAPI, cli
     assert back <= healthy
     assert [n for t, n in api.ready_reads if back < t < healthy] == [1, 1, 1, 2]  # not ready yet: waited for
     assert r.metrics["recovered_s"] == pytest.approx(back - fault) and "leader_changed" not in r.metrics
+    store.close()
+    assert_all_deleted(api)
+
+
+def test_a_node_that_cannot_be_brought_back_stops_the_sweep(fake: tuple[FakeAPI, client.ApiClient],
+                                                            tmp_path: Path) -> None:
+    """node-loss: the plan's stop command gets the primary's node; when the start command fails (after a failover
+    that never completed), that is said in one sentence and no further run starts without the node."""
+    api, api_client = fake
+    api.never_promote = True
+    asked = tmp_path / "asked.txt"
+    stop = ["sh", "-c", f"echo stop {{node}} >> {asked}"]
+    start = ["sh", "-c", f"echo start {{node}} >> {asked}; echo 'no power to {{node}}' >&2; exit 3"]
+    text = k8s_plan("matrix: {clients: [2], jobs: [1], scenario: [{kind: node-loss, at: 1s}]}",
+                    "run: {duration: 4s, repeats: 2}",
+                    kubernetes=(f"node_fault: {{stop: {json.dumps(stop)}, start: {json.dumps(start)}}}",))
+    why = ("node node-1 could not be brought back: node-loss: target.kubernetes.node_fault.start for node node-1 "
+           "exited 3: no power to node-1")
+    # the sweep ends before its second run, with the reason in one sentence (pglab run prints it, exit 1)
+    with pytest.raises(K8sError, match=re.escape(f"{why}; the sweep stops (its next runs would miss that node)")):
+        run(api_client, tmp_path, text, scenario_timeout_s=0.5)
+    assert asked.read_text().splitlines() == ["stop node-1", "start node-1"]  # the primary pg-1's node, once
+    store = Store.open(tmp_path / "results", create=False)
+    assert [r.status for r in store.runs()] == ["failed"]  # the failover never completed; no second run
+    events = dict(store.conn.execute("SELECT kind, detail FROM events"))
+    assert events["fault"] == "node node-1 (of the primary pg-1) stopped"
+    assert events["node-back-failed"] == why
     store.close()
     assert_all_deleted(api)
 

@@ -599,12 +599,9 @@ class Orchestrator:
         except ApiException as exc:
             raise K8sError(f"deleting pod/{name} in {self.ns}: {_reason(exc)}") from None
 
-    def pod_node(self, name: str) -> str:
-        """The node a pod was scheduled to."""
-        try:
-            node = self.core.read_namespaced_pod(name, self.ns).spec.node_name
-        except ApiException as exc:
-            raise K8sError(f"reading pod/{name} in {self.ns}: {_reason(exc)}", exc.status) from None
+    def instance_node(self, name: str) -> str:
+        """The node an instance pod of the Cluster was scheduled to."""
+        node = next((p.spec.node_name for p in self.instance_pods() if p.metadata.name == name and p.spec), None)
         if not node:
             raise K8sError(f"pod/{name} in {self.ns} is on no node")
         return str(node)

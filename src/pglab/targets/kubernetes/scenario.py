@@ -204,7 +204,7 @@ class Injector:
             raise K8sError(f"{self.kind}: Cluster/{self.orch.k8s.cluster_name} reports no currentPrimary")
         self.old = primary
         if self.kind in NODE_KINDS:
-            self.node = self.orch.pod_node(primary)
+            self.node = self.orch.instance_node(primary)
             if self.kind == "node-loss":
                 assert self.node_fault is not None  # the plan's validation requires it
                 self._node_command("stop")
