@@ -426,6 +426,7 @@ state = "{r}/run/containerd"
                 f"--kubeconfig={self.root}/kubelet-{node.name}.kubeconfig",
                 f"--hostname-override={node.name}", f"--node-ip={node.ip}", f"--root-dir={r}/var/kubelet",
                 f"--cert-dir={r}/var/kubelet-pki", "--v=1",
+                f"--containerd={r}/run/containerd.sock",  # cAdvisor's: the pods' labels on /metrics/cadvisor
                 "--node-labels=" + ",".join(f"{k}={v}" for k, v in node.labels.items()),
                 # cAdvisor reads the containers' cgroups every 2 s (default 10 s): a 10 s run's container CPU from
                 # /metrics/cadvisor then has samples inside its window (tests/test_kube_lab_scale.py)
