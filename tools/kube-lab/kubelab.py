@@ -679,7 +679,6 @@ def stop_lab(root: Path) -> None:
     """Stops a lab's processes (the control plane by the pids it recorded, the nodes by their cgroups), unmounts
     what its kubelets and containerds mounted and the nodes' disks, and removes the pods' and nodes' network
     namespaces, the loop devices, the cgroups, the bridge and the rules. Runs whatever state it finds."""
-    pids = _pids(root)
     nodes = recorded_nodes(root)
     daemons = [f"{n.name}/{d}" for n in nodes for d in NODE_DAEMONS]
     for group in (daemons, list(CP_STOP_ORDER)):
@@ -698,7 +697,6 @@ def stop_lab(root: Path) -> None:
         _kill(left, signal.SIGKILL, 1)
         if not left:
             break
-    del pids
     _remove_pod_netns(root)
     for mount in sorted((line.split()[1] for line in Path("/proc/mounts").read_text().splitlines()
                          if line.split()[1].startswith(str(root) + "/")), reverse=True):
