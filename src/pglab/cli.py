@@ -563,12 +563,13 @@ def sweeps_command(
 
 @plan_app.command("validate")
 def plan_validate(plan_file: Path = typer.Argument(..., help="plan (YAML)")) -> None:
-    """Check a plan; exit 0, or exit 2 with one line per problem naming the field path."""
+    """Check a plan as 'pglab run' would on this host (its parameters, programs, limits and paths); exit 0, or
+    exit 2 with one line per problem naming the field path. Notes say what could not be checked here."""
     from pglab.plan.expand import expand
     from pglab.preflight import check_plan
 
     plan, _ = _load(plan_file)
-    notes = check_plan(plan, plan_file.resolve().parent)  # parameters and connections, by the installed PostgreSQL
+    notes = check_plan(plan, plan_file.resolve().parent)  # run's checks; no PostgreSQL here: notes, not refusals
     n = len(expand(plan))
     run = plan.run
     if run.target_ci_pct is None:

@@ -1,8 +1,9 @@
 """Preflight: what a plan needs from this host, checked before a lab is built or a results folder is created.
 
 A wrong setup found after initdb and a dataset load costs minutes and leaves a failed sweep behind; found here,
-it costs a sentence. Every refusal names the field and what to do (exit 2). ``plan validate`` runs the checks
-that depend on the plan and the installed PostgreSQL (parameters, connections); ``pglab run`` runs them all."""
+it costs a sentence. Every refusal names the field and what to do (exit 2). ``plan validate`` and ``pglab run``
+run the same checks: ``plan validate`` on a host without PostgreSQL (a plan written for another host) says what
+it could not check instead of refusing; ``pglab run`` refuses there too."""
 
 from __future__ import annotations
 
@@ -37,43 +38,85 @@ class Settings:
 
 # ------------------------------------------------------------------ the entry points
 def check_plan(plan: Plan, plan_dir: Path, *, host: bool = False, results: Path | None = None) -> list[str]:
-    """Refuse (PlanError or UserError) what this plan cannot do here; return notes on what was not checked.
+    """Refuse (PlanError or UserError) what this plan cannot do here, as ``pglab run`` would; return notes on what
+    was not checked.
 
-    ``host``: also the binaries, the limits against this host's CPUs and memory and the paths (``pglab run``);
+    Every check runs either way: the parameters and connections (asked of the installed PostgreSQL), the programs
+    the plan needs (fio, Toxiproxy, etcd and Patroni), its limits against this host's CPUs and memory, its paths.
+    ``host`` (``pglab run``): PostgreSQL missing here is refused too; without it (``plan validate``) a host without
+    PostgreSQL is taken for one the plan was not written for, and the notes say what was not checked.
     ``results``: an explicit results folder, whose parent must exist."""
     if results is not None:
         check_results_parent(results)
     local = plan.target.local
     if local is None:  # external and Kubernetes targets are asked at their own preflight
-        return []
+        return [] if host else _remote_notes(plan)
+    check_wal_level(plan)
     notes: list[str] = []
     try:
         bindir = find_bindir(local.bindir)
     except UserError as exc:
         if host:
             raise
-        return [f"postgres.parameters and max_connections not checked: {str(exc).rstrip('.')}"]
-    if host:
-        check_binaries(plan)
-        check_limits(plan)
-        check_paths(plan, plan_dir)
+        return [f"postgres.parameters and max_connections not checked: {str(exc).rstrip('.')}",
+                "this host's programs, CPUs, memory and paths not checked either: without PostgreSQL it is not where "
+                "the plan runs"]
+    check_binaries(plan)
+    notes += check_limits(plan)
     try:
         user = resolve_server_user(local.run_as)
     except UserError as exc:
         if host:
             raise
-        return [f"postgres.parameters and max_connections not checked: {str(exc).rstrip('.')}"]
-    settings = check_parameters(plan, bindir, user, shared_buffers=host)
+        return [*notes, f"postgres.parameters, max_connections and the paths not checked: {str(exc).rstrip('.')}"]
+    check_paths(plan, plan_dir)
+    settings = check_parameters(plan, bindir, user, shared_buffers=True)
     if settings is None:
         notes.append("postgres.parameters not checked: the installed PostgreSQL could not be asked")
         settings = Settings(_plan_max_connections(plan))
     check_connections(plan, settings.max_connections)
-    if host and settings.shared_buffers_bytes is not None:
+    if settings.shared_buffers_bytes is not None:
         ram = host_memory()
         if ram and settings.shared_buffers_bytes >= ram:
             raise UserError(f"postgres.parameters.shared_buffers: {_human(settings.shared_buffers_bytes)} is not "
                             f"less than this host's memory ({_human(ram)}); lower it.")
     return notes
+
+
+def _remote_notes(plan: Plan) -> list[str]:
+    """What ``plan validate`` cannot judge of a target on another machine."""
+    if plan.target.kubernetes is not None:
+        return ["the cluster not asked (nodes, storage classes, CloudNativePG, permissions): 'pglab k8s check' "
+                "asks it, and 'pglab run' does first"]
+    if plan.target.external is not None:
+        return ["the external server not connected to (its version, parameters and max_connections): 'pglab run' "
+                "does first"]
+    return []
+
+
+LAB_WAL_SENDERS = 10  # what the local lab (and its Patroni) sets unless the plan's parameters do
+
+
+def check_wal_level(plan: Plan) -> None:
+    """``wal_level: minimal`` starts no server of a lab: PostgreSQL refuses it next to max_wal_senders above 0 (the
+    lab's 10, for pg_basebackup and its standbys), and standbys cannot replay it. ``postgres -C`` does not check
+    this pair (only a start does), so it is judged here."""
+    local = plan.target.local
+    if local is None:
+        return
+    for params, index in _combinations(plan):
+        if str(params.get("wal_level", "replica")).strip().lower() != "minimal":
+            continue
+        field = (f"matrix.parameters.wal_level[{index['wal_level']}]" if "wal_level" in index
+                 else "postgres.parameters.wal_level")
+        senders = str(params.get("max_wal_senders", LAB_WAL_SENDERS)).strip()
+        if local.instances > 1:
+            raise PlanError([f"{field}: minimal leaves the {local.instances - 1} standby(s) of "
+                             f"target.local.instances: {local.instances} no WAL to replay; use replica."])
+        if not senders.isdigit() or int(senders) > 0:
+            raise PlanError([f"{field}: PostgreSQL refuses minimal next to max_wal_senders {senders} (the lab sets "
+                             f"{LAB_WAL_SENDERS} unless postgres.parameters.max_wal_senders says otherwise); use "
+                             "replica, or set max_wal_senders: 0 as well."])
 
 
 def check_results_parent(results: Path) -> None:
@@ -142,12 +185,14 @@ def parse_cpulist(text: str) -> set[int]:
     return cpus
 
 
-def check_limits(plan: Plan) -> None:
+def check_limits(plan: Plan) -> list[str]:
     """A CPU limit above the host's cores or a memory limit above its RAM limits nothing: it would be recorded as
-    applied while the instance runs unconstrained, so it is refused (with limits: best-effort too)."""
+    applied while the instance runs unconstrained, so it is refused (with limits: best-effort too). Returns notes
+    on what could not be checked (the host does not say) or will not be applied."""
     local = plan.target.local
+    notes: list[str] = []
     if local is None:
-        return
+        return notes
     cores, ram = host_cpus(), host_memory()
     cpu_limits: list[tuple[str, float]] = []
     memory_limits: list[tuple[str, int]] = []
@@ -169,6 +214,8 @@ def check_limits(plan: Plan) -> None:
     for field, cpus in cpu_limits:
         if cpus > cores:
             raise UserError(f"{field}: {cpus:g} CPUs is more than this host's {cores}; lower it to {cores} or less.")
+    if memory_limits and ram is None:
+        notes.append(f"{memory_limits[0][0]} not checked: this host does not say how much memory it has")
     for field, limit in memory_limits:
         if ram is not None and limit > ram:
             raise UserError(f"{field}: {_human(limit)} is more than this host's memory ({_human(ram)}); lower it.")
@@ -176,13 +223,19 @@ def check_limits(plan: Plan) -> None:
     # ends the sweep, so it is refused here first; best-effort runs on and records the limits as not applied
     cpuset = local.client.cpuset if local.client is not None else None
     online = online_cpus()
-    if cpuset and online is not None and local.limits == "strict":
+    if cpuset and online is None:
+        notes.append("target.local.client.cpuset not checked: this host's online CPUs cannot be read")
+    if cpuset and online is not None:
         missing = sorted(parse_cpulist(cpuset) - online)
-        if missing:
-            shown = ", ".join(map(str, missing[:8]))
+        shown = ", ".join(map(str, missing[:8]))
+        if missing and local.limits == "strict":
             raise UserError(f"target.local.client.cpuset: CPU {shown} is not on this host (its CPUs: "
                             f"{_cpulist(online)}); name CPUs it has, or set target.local.limits: best-effort to run "
                             "without the limits.")
+        if missing:
+            notes.append(f"target.local.client.cpuset: CPU {shown} is not on this host (its CPUs: {_cpulist(online)});"
+                         " with limits: best-effort the runs go on without the limits and record them as not applied")
+    return notes
 
 
 def _cpulist(cpus: set[int]) -> str:
