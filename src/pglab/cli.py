@@ -377,6 +377,8 @@ def compare(
         compare_stores,
         compare_within,
         side_differences,
+        split_along,
+        unmatched_reason,
         uplift_rows,
         workload_differs,
     )
@@ -395,8 +397,13 @@ def compare(
     try:
         if b is None:
             assert axis is not None
+            sides = split_along(store_a, axis, value_a, value_b)
             columns, rows = compare_within(store_a, axis, value_a, value_b)
-            title = f"B ({axis}={value_b}) relative to A ({axis}={value_a}) in {a}"
+            if rows and all(r.get("tps_verdict") in (ONLY_IN_A, ONLY_IN_B) for r in rows):
+                raise UserError(unmatched_reason(sides, value_a, value_b))
+            follow_a = "".join(f", {k}={va}" for k, (va, _) in sides.followers.items())
+            follow_b = "".join(f", {k}={vb}" for k, (_, vb) in sides.followers.items())
+            title = f"B ({axis}={value_b}{follow_b}) relative to A ({axis}={value_a}{follow_a}) in {a}"
         else:
             store_b = Store.open(b, create=False)
             try:

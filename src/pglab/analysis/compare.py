@@ -176,10 +176,21 @@ def compare_stores(store_a: Store, store_b: Store, sweep_a: int | None = None, s
     return compare_runs(_sweep_runs(store_a, sweep_a), _sweep_runs(store_b, sweep_b), **kw)
 
 
-def compare_within(store: Store, axis: str, value_a: Any, value_b: Any, sweep: int | None = None,
-                   **kw: Any) -> tuple[list[str], list[dict[str, Any]]]:
-    """Two configurations in one result folder: runs with ``axes[axis] == value_a`` (A) against ``== value_b``
-    (B), matched on the other axes. Values compare as text ("on" matches a stored "on")."""
+@dataclass(frozen=True)
+class Sides:
+    """The runs of one folder on either side of ``axis``, and the axes that follow it: one value on each side, a
+    different one (pglab's default jobs follow clients: min(clients, cores)). Matched on those, nothing would
+    match, so they are compared along with the axis."""
+
+    axis: str
+    a: list[RunRow]
+    b: list[RunRow]
+    followers: dict[str, tuple[Any, Any]]
+
+
+def split_along(store: Store, axis: str, value_a: Any, value_b: Any, sweep: int | None = None) -> Sides:
+    """Runs with ``axes[axis] == value_a`` (A) and ``== value_b`` (B); values compare as text ("on" matches a
+    stored "on"). UserError when the axis or a value is not there."""
     runs = _sweep_runs(store, sweep)
     present = [r.axes[axis] for r in runs if axis in r.axes]
     if not present:
@@ -191,8 +202,37 @@ def compare_within(store: Store, axis: str, value_a: Any, value_b: Any, sweep: i
     for value, side in ((value_a, a), (value_b, b)):
         if not side:
             raise UserError(f"no run has {axis}={value}; values present: {', '.join(known)}.")
-    ignore = tuple(dict.fromkeys((*kw.pop("ignore_axes", ()), axis)))
-    return compare_runs(a, b, ignore_axes=ignore, **kw)
+    followers: dict[str, tuple[Any, Any]] = {}
+    for k in dict.fromkeys(k for r in (*a, *b) for k in r.axes if k != axis):
+        va, vb = {_norm(r.axes.get(k)) for r in a}, {_norm(r.axes.get(k)) for r in b}
+        if len(va) == 1 and len(vb) == 1 and va != vb:
+            followers[k] = (a[0].axes.get(k), b[0].axes.get(k))
+    return Sides(axis, a, b, followers)
+
+
+def compare_within(store: Store, axis: str, value_a: Any, value_b: Any, sweep: int | None = None,
+                   **kw: Any) -> tuple[list[str], list[dict[str, Any]]]:
+    """Two configurations in one result folder: runs with ``axes[axis] == value_a`` (A) against ``== value_b``
+    (B), matched on the other axes but those that follow ``axis`` (:class:`Sides`)."""
+    sides = split_along(store, axis, value_a, value_b, sweep)
+    ignore = tuple(dict.fromkeys((*kw.pop("ignore_axes", ()), axis, *sides.followers)))
+    return compare_runs(sides.a, sides.b, ignore_axes=ignore, **kw)
+
+
+def unmatched_reason(sides: Sides, value_a: Any, value_b: Any) -> str:
+    """Why no point of A matches one of B, in one sentence: the first other axis whose values differ."""
+    axis = sides.axis
+    for k in dict.fromkeys(k for r in (*sides.a, *sides.b) for k in r.axes):
+        if k == axis or k in sides.followers:
+            continue
+        va = sorted({str(r.axes.get(k)) for r in sides.a})
+        vb = sorted({str(r.axes.get(k)) for r in sides.b})
+        if va != vb:
+            return (f"compare: no point with {axis}={value_a} matches one with {axis}={value_b}: {k} is "
+                    f"{', '.join(va)} with {axis}={value_a} and {', '.join(vb)} with {axis}={value_b}; compare values "
+                    f"of {axis} measured at the same {k}.")
+    return (f"compare: no point with {axis}={value_a} matches one with {axis}={value_b}: a side has no run that "
+            "ended ok; see 'pglab report --per-run'.")
 
 
 def uplift_rows(columns: list[str], rows: list[dict[str, Any]], metric: str = "tps",
