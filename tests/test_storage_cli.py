@@ -80,3 +80,18 @@ def test_pglab_fio_as_the_readme_writes_it(scratch: Path, tmp_path: Path) -> Non
     results = proc.stderr.strip().splitlines()[-1].removeprefix("results: ")
     assert results.startswith("results/fio-") and (tmp_path / results / "results.db").is_file()
     assert not list(scratch.iterdir())  # test files removed
+
+
+def test_a_storage_only_folder_has_no_database_table(scratch: Path, tmp_path: Path) -> None:
+    """`report --table database` on a `pglab fio` folder says so in one sentence, exit 2 (it printed nothing, 0)."""
+    results = tmp_path / "results"
+    pglab("fio", "--path", str(scratch), "--profile", "randread-8k", "--runtime", "1s", "--size", "8MiB",
+          "--results", str(results), check=True)
+    for fmt in ("table", "csv"):
+        proc = pglab("report", str(results), "--table", "database", "--format", fmt)
+        assert proc.returncode == 2, proc.stdout + proc.stderr
+        assert proc.stdout == "" and "Traceback" not in proc.stderr
+        assert proc.stderr.strip().splitlines() == [
+            "error: --table: sweep 1 has no database table: it measured storage alone (pglab fio), no pgbench point; "
+            "see the tables it has with no --table."]
+    assert "randread-8k-qd1" in pglab("report", str(results), "--table", "storage", check=True).stdout

@@ -614,7 +614,7 @@ def table_problem(store: Store, sweep_id: int | None, table: str | None) -> str 
         return None
     tenants = tiers.is_tenants_sweep(store, sweep_id)
     have = {"storage": lambda: bool(storage_table(store, sweep_id)[1]),
-            "database": lambda: True,
+            "database": lambda: sweep_id is not None and bool(store.point_ids(sweep_id)),
             "durability": lambda: not tenants and bool(durability_table(store, sweep_id)[1]),
             "scenarios": lambda: not tenants and bool(scenario_table(store, sweep_id)[1]),
             "cost": lambda: not tenants and bool(cost_table(store, sweep_id)[1]),
@@ -623,6 +623,7 @@ def table_problem(store: Store, sweep_id: int | None, table: str | None) -> str 
             "tenants": lambda: tenants and bool(tiers.tenant_table(store, sweep_id)[1]),
             "time": lambda: bool(time_report(store, "csv", sweep_id))}
     why = {"storage": "the plan ran no storage (fio) phase",
+           "database": "it measured storage alone (pglab fio), no pgbench point",
            "durability": "it needs two or more synchronous_commit levels",
            "scenarios": "the plan ran no scenario",
            "cost": "the plan has no cost section",
