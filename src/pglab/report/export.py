@@ -79,8 +79,9 @@ def _known() -> dict[str, pl.DataType]:
     """Types of the known columns, so that an empty table or a column of nulls still gets its numeric type."""
     floats = (*metrics.keys("points"), *metrics.keys("runs"), *(f"{c}_ci95" for c in metrics.with_ci("points")),
               "tps_cv_pct", "storage_ceiling_pct", "tps_dips",
-              "iops", "mb_s", "lat_mean_ms", "lat_p50_ms", "lat_p99_ms", "lat_p999_ms", "sync_lat_mean_ms",
-              "sync_lat_p99_ms", "sync_lat_p999_ms")
+              "iops", "mb_s", "lat_mean_ms", "lat_p99_ms", "lat_p999_ms", "io_lat_mean_ms", "io_lat_p50_ms",
+              "io_lat_p99_ms", "io_lat_p999_ms", "fdatasync_lat_mean_ms", "fdatasync_lat_p99_ms",
+              "fdatasync_lat_p999_ms")
     ints = ("clients", "jobs", "repeat", "repeats", "failed_runs")
     return {**{c: pl.Float64() for c in floats}, **{c: pl.Int64() for c in ints}, "unstable": pl.Boolean(),
             "flags": pl.String()}
