@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 import subprocess
 import sys
 from collections.abc import Callable
@@ -54,7 +55,7 @@ def k8s_plan(*sections: str, kubernetes: tuple[str, ...] = ()) -> str:
 # ------------------------------------------------------------------ what the fake's Jobs print
 def pod_log(job: str) -> str:
     """What each Job of the plan prints, from the real outputs in tests/data/k8s."""
-    if job.endswith("-fio-data"):
+    if re.search(r"-fio-data(-\d+)?$", job):  # the storage phase's Job of a node
         files = {f.name: f.read_text() for f in FIO.iterdir()}
         return results_log({**files, "fio-version.txt": "fio-3.33\n"}, text="")
     if job.endswith("-pgbench-init"):

@@ -52,7 +52,8 @@ def test_run_stores_pgbench_fio_and_artifacts_then_deletes_everything(fake: tupl
     api, api_client = fake
     result = run(api_client, tmp_path, PLAN)
     assert (result.ok, result.failed, result.interrupted) == (4, 0, False)
-    assert posted_jobs(api) == ["pg-fio-data", "pg-pgbench-init", *RUN_JOBS]
+    # the storage phase measured each instance's node, the primary's first
+    assert posted_jobs(api) == ["pg-fio-data-1", "pg-fio-data-2", "pg-pgbench-init", *RUN_JOBS]
 
     store = Store.open(tmp_path / "results", create=False)
     sweep = store.sweeps()[-1]
@@ -92,27 +93,46 @@ def test_run_stores_pgbench_fio_and_artifacts_then_deletes_everything(fake: tupl
     # the storage phase: fio's JSON from the pod, parsed into the same rows as a local storage phase
     fio_rows = store.fio_results(sweep["id"])
     qd32 = json.loads((FIO / "randread-8k-qd32.json").read_text())["jobs"][0]["read"]
-    assert [(f["label"], f["job"], f["direction"]) for f in fio_rows] == [("data", "randread-8k-qd1", "read"),
-                                                                          ("data", "randread-8k-qd32", "read")]
-    assert fio_rows[1]["iops"] == qd32["iops"] and fio_rows[1]["path"] == "pvc/pg-fio-data (default storage class)"
-    assert store.ceilings(sweep["id"])["data"]["randread_iops_qd32"] == qd32["iops"]
-    assert (store.dir / "storage" / "data" / "randread-8k-qd32_iops.1.log").is_file()
+    assert [(f["label"], f["job"], f["direction"]) for f in fio_rows] == [
+        (f"data@{node}", job, "read") for node in ("node-1", "node-2")
+        for job in ("randread-8k-qd1", "randread-8k-qd32")]
+    assert fio_rows[1]["iops"] == qd32["iops"]
+    assert fio_rows[1]["path"] == "pvc/pg-fio-data-1 (default storage class) on node node-1"
+    assert fio_rows[3]["path"] == "pvc/pg-fio-data-2 (default storage class) on node node-2"
+    assert store.ceilings(sweep["id"])["data@node-2"]["randread_iops_qd32"] == qd32["iops"]
+    for node in ("node-1", "node-2"):
+        assert (store.dir / "storage" / "data" / node / "randread-8k-qd32_iops.1.log").is_file()
+    # each fio Job was pinned to its node by name, its volume a claim of its own
+    for index, node in ((1, "node-1"), (2, "node-2")):
+        [job] = [b for b in api.posted if b["kind"] == "Job" and b["metadata"]["name"] == f"pg-fio-data-{index}"]
+        pod = job["spec"]["template"]["spec"]
+        assert pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"] == {
+            "nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}]}
+        assert [v["persistentVolumeClaim"]["claimName"] for v in pod["volumes"] if "persistentVolumeClaim" in v] == [
+            f"pg-fio-data-{index}"]
     series = store.conn.execute("SELECT count(*) FROM fio_series").fetchone()[0]
-    assert series == 2  # one IOPS point per job in fio's own 2 s logs
+    assert series == 4  # one IOPS point per job in fio's own 2 s logs, per node
     assert store.storage_done(sweep["id"])
 
     # reports read it unchanged
-    from pglab.report.tables import full_report
+    from pglab.report.tables import full_report, storage_table, volume_ceilings
 
     csv = full_report(store, "csv", sweep["id"])
     assert "832.86" in csv
+    # the storage table names each node's volume; the bottleneck reads the primary's node's ceilings
+    _, storage_rows = storage_table(store, sweep["id"])
+    assert [r["path"] for r in storage_rows] == ["data@node-1"] * 2 + ["data@node-2"] * 2
+    by_label = store.ceilings(sweep["id"])
+    assert list(by_label) == ["data@node-1", "data@node-2"]
+    assert volume_ceilings(by_label, "data") is by_label["data@node-1"]
     store.close()
 
-    # the Cluster was healthy before any Job; the fio volume was gone before the dataset was loaded
+    # the Cluster was healthy before any Job; each fio volume was gone before the next Job
     cluster_reads = [i for i, (m, p) in enumerate(api.requests) if m == "GET" and p.endswith("/clusters/pg")]
     assert cluster_reads[api.ready_after] < job_posts(api)[0]
-    assert (api.requests.index(("DELETE", "/api/v1/namespaces/bench/persistentvolumeclaims/pg-fio-data"))
-            < job_posts(api)[1])
+    for index in (1, 2):
+        assert (api.requests.index(("DELETE", f"/api/v1/namespaces/bench/persistentvolumeclaims/pg-fio-data-{index}"))
+                < job_posts(api)[index])
     assert_all_deleted(api)
     assert api.requests[-1] == ("DELETE", "/api/v1/namespaces/bench")
     # the instances are killed once their Cluster is deleted, not left to a smart shutdown within a 30 min grace
@@ -211,7 +231,7 @@ def test_failed_dataset_load_fails_the_sweep_and_cleans_up(fake: tuple[FakeAPI, 
     api.logs["pg-pgbench-init"] = results_log({}, text=(PGBENCH / "unreachable.err").read_text())
     with pytest.raises(Exception, match=r'pgbench -i failed in Job/pg-pgbench-init: .*could not create connection'):
         run(api_client, tmp_path, PLAN)
-    assert posted_jobs(api) == ["pg-fio-data", "pg-pgbench-init"]
+    assert posted_jobs(api) == ["pg-fio-data-1", "pg-fio-data-2", "pg-pgbench-init"]
     assert_all_deleted(api)
     store = Store.open(tmp_path / "results", create=False)
     assert store.sweeps()[-1]["status"] == "failed" and store.storage_done(1)  # fio's results are kept
@@ -300,7 +320,7 @@ def test_signal_during_a_run_cleans_up_and_a_rerun_resumes(fake: tuple[FakeAPI, 
     assert [s["status"] for s in store.sweeps()] == ["done"]
     assert sorted((r.axes["clients"], r.repeat, r.status) for r in store.runs()) == [
         (1, 1, "ok"), (1, 2, "ok"), (2, 1, "ok"), (2, 2, "ok")]
-    assert len(store.fio_results(1)) == 2
+    assert len(store.fio_results(1)) == 4  # 2 jobs on each instance's node
     store.close()
     assert_all_deleted(api)
 

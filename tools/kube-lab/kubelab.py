@@ -4,15 +4,16 @@ tools/kube-lab/build.sh built: etcd and the control plane once, then per node a 
 kubelet, kube-proxy and a volume provisioner on a disk of its own; CoreDNS and the operator on top. pglab's
 Kubernetes tests run against it, and so can a user:
 
-    sudo .venv/bin/python tools/kube-lab/kubelab.py up            # 4 nodes; prints the kubeconfig to use
+    sudo .venv/bin/python tools/kube-lab/kubelab.py up            # 5 nodes; prints the kubeconfig to use
     sudo .venv/bin/python tools/kube-lab/kubelab.py node stop lab-db-1   # the node dies as a machine does
     sudo .venv/bin/python tools/kube-lab/kubelab.py node start lab-db-1
     sudo .venv/bin/python tools/kube-lab/kubelab.py down
 
 Why it is built this way:
-- The studies' placement: with N > 1 nodes, N-1 database nodes (label pglab.io/role=database) and a client node
-  (pglab.io/role=client, which also runs CoreDNS and the operator), each in its own zone
-  (topology.kubernetes.io/zone). One node (--nodes 1) does everything, for a machine too small for more.
+- The studies' placement: with N > 1 nodes, up to 3 database nodes (label pglab.io/role=database) and the rest
+  client nodes (pglab.io/role=client; the first also runs CoreDNS and the operator), each in its own zone
+  (topology.kubernetes.io/zone): 5 nodes are 3 database nodes and 2 client nodes, so a run's load pods can be
+  spread over client nodes. One node (--nodes 1) does everything, for a machine too small for more.
 - A node is as separate as one kernel allows: its own network namespace (its address on the lab's bridge, its
   own ports, iptables and pod subnet 10.244.i.0/24, routed from the host and every other node), its own cgroup
   (every process of the node, pods included, under /<hierarchy>/pglab-kube-lab/<node>: losing the node is
@@ -60,7 +61,8 @@ STORAGE_CLASS = "lab-local"
 HOUSEKEEPING_S = 2              # cAdvisor's (the kubelet's) container stats interval
 START_TIMEOUT_S = 240           # each component; the first start of a slow, busy machine took ~40 s in all
 NODE_MONITOR_GRACE_S = 20       # a node that stops reporting is NotReady after this (Kubernetes' default: 40-50 s)
-DEFAULT_NODES = 4               # 3 database nodes and a client node: the studies' placement
+DEFAULT_NODES = 5               # 3 database nodes and 2 client nodes: the studies' placement, load over 2 nodes
+DATABASE_NODES = 3              # at most: one per instance of a 3-instance Cluster, the rest are client nodes
 DISK_BYTES = 8 << 30            # each node's disk: a sparse file on a loop device
 CGROUP = "pglab-kube-lab"       # every node's processes (its daemons, shims and pods) under /<hierarchy>/CGROUP/<node>
 CP_STOP_ORDER = ("kube-scheduler", "kube-controller-manager", "kube-apiserver")
@@ -159,14 +161,17 @@ class Node:
 
 
 def lab_nodes(count: int) -> list[Node]:
-    """One node does everything; more: one client node (which also runs the system pods), the rest database nodes,
-    their disks ext4 and XFS in turn."""
+    """One node does everything; more: up to DATABASE_NODES database nodes (their disks ext4 and XFS in turn), the
+    rest client nodes, the first of which also runs the system pods."""
     if count < 1 or count > 9:
         raise LabError(f"--nodes {count}: the lab runs 1 to 9 nodes")
     if count == 1:
         return [Node(1, "lab-node-1", None, "ext4", True)]
-    return [Node(i, f"lab-db-{i}", "database", ("ext4", "xfs")[(i - 1) % 2], False) for i in range(1, count)] + [
-        Node(count, "lab-client-1", "client", "ext4", True)]
+    databases = min(DATABASE_NODES, count - 1)
+    return [Node(i, f"lab-db-{i}", "database", ("ext4", "xfs")[(i - 1) % 2], False)
+            for i in range(1, databases + 1)] + [
+        Node(i, f"lab-client-{i - databases}", "client", "ext4", i == databases + 1)
+        for i in range(databases + 1, count + 1)]
 
 
 class KubeLab:
@@ -806,7 +811,7 @@ def main() -> None:
     up = sub.add_parser("up", help="start a lab and leave it running until 'down'")
     up.add_argument("--images", type=Path, help="images folder of a build (default: the newest)")
     up.add_argument("--nodes", type=int, default=None,
-                    help=f"how many nodes (default {DEFAULT_NODES}: 3 database nodes and a client node; 1: one node "
+                    help=f"how many nodes (default {DEFAULT_NODES}: 3 database nodes and 2 client nodes; 1: one node "
                          "for everything, for a machine too small for more)")
     sub.add_parser("down", help="stop the running lab")
     sub.add_parser("clean", help="stop a lab whose owner (a test run) is gone")

@@ -57,6 +57,7 @@ from pglab.targets.kubernetes.render import (
     cluster,
     cluster_patch,
     cpu_quantity,
+    fio_on_node,
     fio_volumes,
     instance_parameters,
     instance_resources,
@@ -172,8 +173,8 @@ class KubernetesDriver:
         self._probes = len(list(probes.iterdir())) if probes.is_dir() else 0
         self.current = first  # the first point to run (a resume may start further on) decides the Cluster's shape
         for m in self.manifests:
-            if m.kind == "Job" or (m.kind == "PersistentVolumeClaim" and not with_storage):
-                continue
+            if m.kind == "Job" or (m.kind == "PersistentVolumeClaim" and _component(m) == "fio"):
+                continue  # the Jobs run later; fio's volumes are made per node by the storage phase
             if m.kind == "Cluster":
                 m = Manifest(m.filename, cluster(self.plan, self.current))
             if m.kind == "DaemonSet":  # the disk figures are a figure, not a step: refused, the sweep goes on
@@ -327,38 +328,55 @@ class KubernetesDriver:
 
     # ------------------------------------------------------------ storage phase and dataset
     def storage_phase(self, results_dir: Path) -> Iterator[FioMeasurement]:
-        """fio Jobs on PVCs of the Cluster's storage classes, parsed and stored as the local storage phase does."""
+        """fio Jobs on PVCs of the Cluster's storage classes, one per instance's node (the primary's first), parsed
+        and stored as the local storage phase does, each volume labelled with its node (``data@<node>``)."""
         spec = self.plan.storage
         assert spec is not None
         jobs = [job for profile in spec.profiles for job in fio.jobs_for(profile)]
         options = {o.name: o for o in self.plan.matrix.storage or []}
-        for m in [m for m in self.manifests if m.kind == "Job" and m.body["metadata"]["labels"]["pglab/component"]
-                  == "fio"]:
-            notes = m.body["metadata"]["annotations"]
+        nodes = self._instance_nodes()
+        fio_jobs = [m for m in self.manifests if m.kind == "Job" and _component(m) == "fio"]
+        fio_claims = {m.name: m for m in self.manifests if m.kind == "PersistentVolumeClaim" and _component(m) == "fio"}
+        for template in fio_jobs:
+            notes = template.body["metadata"]["annotations"]
             role, option = notes["pglab/volume"], notes.get("pglab/storage")  # option: a value of the storage axis
             classes = {r: s.storage_class for r, s in fio_volumes(with_storage(self.plan, options.get(option)))}
-            where = f"pvc/{m.name} ({classes.get(role) or 'default storage class'})"
-            label = f"{option}/{role}" if option is not None else role
-            self.ui.log(f"storage: fio on the {label} volume, {where}: {len(jobs)} jobs of {spec.runtime:g} s")
-            dest = results_dir / "storage" / (f"{option}/{role}" if option is not None else role)
-            outcome = self.orch.run_job(m, dest)
-            if not outcome.succeeded:
-                raise FioError(f"fio failed in Job/{m.name} on the {role} volume: {_last_words(outcome.log)}")
-            results: list[fio.FioResult] = []
-            for job in jobs:
-                json_file = dest / f"{job.name}.json"
-                data = fio._read_json(json_file)
-                if data is None or not data.get("jobs") or data["jobs"][0].get("error"):
-                    raise FioError(f"fio job {job.name} on the {role} volume left no result in Job/{m.name}'s "
-                                   "output (see its pod.log)")
-                results += fio.parse_results(data, job, where, json_file, fio._log_files(dest, job))
-            for r in results:
-                for finding in r.findings:
-                    self.ui.log(f"storage: {role} {r.job} {r.direction}: {finding.message}")
-            yield FioMeasurement(label, _mount_of(dest), results, fio.ceilings(results))
-            pvc = next(x for x in self.orch.created if x.kind == "PersistentVolumeClaim" and x.name == m.name)
-            self.orch.created.remove(pvc)  # measured: its space goes back before the database phase
-            self.orch.delete(pvc)
+            volume = f"{option}/{role}" if option is not None else role
+            for index, node in enumerate(nodes, 1):
+                pvc, m = fio_on_node(fio_claims[template.name], template, node, index)
+                where = f"pvc/{m.name} ({classes.get(role) or 'default storage class'}) on node {node}"
+                label = f"{volume}@{node}"
+                self.ui.log(f"storage: fio on the {label} volume, {where}: {len(jobs)} jobs of {spec.runtime:g} s")
+                dest = results_dir / "storage" / volume / node
+                self.orch.create(pvc)
+                outcome = self.orch.run_job(m, dest)
+                if not outcome.succeeded:
+                    raise FioError(f"fio failed in Job/{m.name} on the {label} volume: {_last_words(outcome.log)}")
+                results: list[fio.FioResult] = []
+                for job in jobs:
+                    json_file = dest / f"{job.name}.json"
+                    data = fio._read_json(json_file)
+                    if data is None or not data.get("jobs") or data["jobs"][0].get("error"):
+                        raise FioError(f"fio job {job.name} on the {label} volume left no result in Job/{m.name}'s "
+                                       "output (see its pod.log)")
+                    results += fio.parse_results(data, job, where, json_file, fio._log_files(dest, job))
+                for r in results:
+                    for finding in r.findings:
+                        self.ui.log(f"storage: {label} {r.job} {r.direction}: {finding.message}")
+                yield FioMeasurement(label, _mount_of(dest), results, fio.ceilings(results))
+                self.orch.created.remove(next(x for x in self.orch.created if x.kind == "PersistentVolumeClaim"
+                                              and x.name == pvc.name))
+                self.orch.delete(pvc)  # measured: its space goes back before the next node's and the database phase
+
+    def _instance_nodes(self) -> list[str]:
+        """The nodes of the Cluster's instances, the primary's first: where the storage phase measures."""
+        primary = str(self.orch.cluster_status().get("currentPrimary") or "")
+        pods = {p.metadata.name: p.spec.node_name for p in self.orch.instance_pods()
+                if p.spec is not None and p.spec.node_name}
+        if not pods:
+            raise K8sError(f"Cluster/{self.k8s.cluster_name} has no instance on a node to measure the storage of")
+        first = [pods[primary]] if primary in pods else []
+        return first + sorted(set(pods.values()) - set(first))
 
     def load_dataset(self) -> None:
         """pgbench -i in a Job: every sweep (and resume) starts on a new Cluster, so the dataset is loaded each time."""
@@ -1007,6 +1025,10 @@ def _mount_of(dest: Path) -> str | None:
     fields, _, rest = line.partition(" - ")
     f, r = fields.split(), rest.split()
     return f"{f[2]} {r[0]} {r[1]}" if len(f) > 4 and len(r) > 1 else None
+
+
+def _component(m: Manifest) -> str:
+    return str(m.body["metadata"]["labels"].get("pglab/component"))
 
 
 def _last_words(log: str) -> str:

@@ -1109,7 +1109,8 @@ class Plan(Strict):
                                       "with one plan per path)", {"at": "matrix.storage"})
         cluster = self.target.kubernetes.cluster_name
         for i, option in enumerate(self.matrix.storage):
-            longest = f"{cluster}-fio-{option.name}-data"  # the value's fio Job: a label value, 63 at most
+            # the value's fio Job on the last instance's node: a label value, 63 at most
+            longest = f"{cluster}-fio-{option.name}-data-{self.target.kubernetes.instances}"
             if len(longest) > 63:
                 raise PydanticCustomError("storage_axis", "'{name}' with cluster_name '{cluster}' makes names "
                                           "longer than Kubernetes allows (63); shorten one of them",

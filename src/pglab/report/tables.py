@@ -72,7 +72,8 @@ def point_table(store: Store, sweep_id: int | None = None) -> tuple[list[str], l
         point_flags = flags([r.metrics for r in ok])
         # the storage axis (Kubernetes): a point is read against its own value's data volume
         value = group[0].axes.get("storage")
-        ceilings = by_label.get(f"{value}/data", sweep_ceilings) if value is not None else sweep_ceilings
+        ceilings = volume_ceilings(by_label, f"{value}/data") or sweep_ceilings if value is not None else \
+            sweep_ceilings
         if target_pct is not None and not within([r.metrics.get("tps") for r in ok], target_pct):
             point_flags.append(f"TPS interval wider than ±{target_pct:g} % after {len(ok)} runs")
         row: dict[str, Any] = {c: group[0].axes.get(c) for c in (*AXIS_COLUMNS, *extra)}
@@ -150,7 +151,15 @@ def _data_ceilings(store: Store, sweep_id: int | None) -> dict[str, float] | Non
     if sweep_id is None:
         return None
     by_label = store.ceilings(sweep_id)
-    return by_label.get("data") or next(iter(by_label.values()), None)
+    return volume_ceilings(by_label, "data") or next(iter(by_label.values()), None)
+
+
+def volume_ceilings(by_label: dict[str, dict[str, float]], volume: str) -> dict[str, float] | None:
+    """A volume's ceilings: its own label's, or where fio ran on each instance's node (Kubernetes: labels
+    ``<volume>@<node>``), the first node's: the primary's when it was measured."""
+    if volume in by_label:
+        return by_label[volume]
+    return next((v for label, v in by_label.items() if label.split("@")[0] == volume), None)
 
 
 def run_table(store: Store, sweep_id: int | None = None) -> tuple[list[str], list[dict[str, Any]]]:
@@ -201,7 +210,7 @@ def storage_table(store: Store, sweep_id: int | None = None) -> tuple[list[str],
         shown = "sync_lat" if synced else "lat"
         rows.append({
             # data, wal, or <storage value>/data … on a storage axis
-            "path": r["label"] if r["label"].rsplit("/", 1)[-1] in ("data", "wal") else r["path"],
+            "path": r["label"] if r["label"].split("@")[0].rsplit("/", 1)[-1] in ("data", "wal") else r["path"],
             "device": r["device"] or "(none)",
             "profile": f"{profile} {r['direction']}" if len(directions[r["label"], r["job"]]) > 1 else profile,
             "iops": r["iops"], "mb_s": r["bw_mb_s"], "lat_of": "fdatasync" if synced else "I/O",

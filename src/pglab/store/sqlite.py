@@ -397,7 +397,7 @@ class Store:
     def ceilings(self, sweep_id: int) -> dict[str, dict[str, float]]:
         out: dict[str, dict[str, float]] = {}
         for label, name, value in self.conn.execute(
-                "SELECT label, name, value FROM ceilings WHERE sweep_id = ? ORDER BY label, name", (sweep_id,)):
+                "SELECT label, name, value FROM ceilings WHERE sweep_id = ? ORDER BY rowid", (sweep_id,)):
             out.setdefault(label, {})[name] = value
         return out
 

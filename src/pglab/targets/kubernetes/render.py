@@ -400,6 +400,27 @@ def _fio_manifests(plan: Plan, option: str | None = None) -> list[Manifest]:
     return out
 
 
+def fio_on_node(pvc: Manifest, job: Manifest, node: str, index: int) -> tuple[Manifest, Manifest]:
+    """A fio PVC and Job of ``fio_manifests`` for one node of the Cluster's instances (the ``index``-th): the Job
+    pinned to the node, so its volume is made there (a WaitForFirstConsumer class) as the instance's was, and the
+    figures are that node's disk's. Nodes of one Cluster may have different disks: each instance's is measured."""
+    name = f"{pvc.name}-{index}"
+    pvc_body = json.loads(json.dumps(pvc.body))
+    pvc_body["metadata"]["name"] = name
+    body = json.loads(json.dumps(job.body))
+    body["metadata"]["name"] = name
+    body["metadata"].setdefault("annotations", {})["pglab/node"] = node
+    pod = body["spec"]["template"]["spec"]
+    for volume in pod["volumes"]:
+        if "persistentVolumeClaim" in volume:
+            volume["persistentVolumeClaim"]["claimName"] = name
+    # the node's name, not its hostname label (they differ on some clouds)
+    pod.setdefault("affinity", {})["nodeAffinity"] = {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}]}}
+    return (Manifest(pvc.filename.replace("-pvc.yaml", f"-{index}-pvc.yaml"), pvc_body),
+            Manifest(job.filename.replace("-job.yaml", f"-{index}-job.yaml"), body))
+
+
 # ------------------------------------------------------------------ the storage axis: a Cluster per value
 def with_storage(plan: Plan, option: StorageOption | None) -> Plan:
     """The plan as one value of the storage axis sees it: the target's data (and WAL) volumes replaced by the
