@@ -190,3 +190,101 @@ def test_merged_histograms_within_documented_error(tmp_path: Path) -> None:
     assert merged.count == everything.size
     assert np.all(np.abs(approx - exact) <= txlog.RELATIVE_ERROR * exact)
     assert approx[0] == exact[0] and approx[-1] == exact[-1]  # min and max kept exactly
+
+
+def test_pgbench_blocks_are_parsed_by_polars_not_line_by_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Lines as pgbench writes them (with or without lag/retries columns, failed and skipped among them) never
+    take the slow rule, and give what the former reader gives."""
+    calls: list[int] = []
+    slow = txlog._parse_lines
+
+    def counted(data: bytes) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+        calls.append(len(data))
+        return slow(data)
+
+    monkeypatch.setattr(txlog, "_parse_lines", counted)
+    monkeypatch.setattr(txlog, "BLOCK_BYTES", 8192)
+    for lag, retries in [(False, False), (True, True)]:
+        path = tmp_path / f"pgbench_log.{int(lag)}"
+        write_log(path, 4000, seed=11, lag=lag, retries=retries)
+        lat, end, failed = former_reader([path])
+        got = txlog.read([path])
+        assert np.array_equal(got.latency_ms, lat) and np.array_equal(got.end_ts(), end)
+        assert np.array_equal(got.failed_end_ts, np.asarray(failed)) and got.skipped > 10
+    assert calls == []
+
+
+ODD_LINES = {
+    "plus": "0 9 +600 0 1763900001 6",  # int("+600") reads, isdigit() refuses
+    "minus": "0 9 -600 0 1763900001 6",
+    "doubled space, five fields": "0  600 0 1763900001 6",  # split(): 5 fields, no transaction
+    "tab, seven fields": "0\t9 600 0 1763900001 6 7",  # split(): 7 fields, latency 600
+    "no-break space": "0\u00a09 600 0 1763900001 6 7",
+    "leading space": " 0 9 600 0 1763900001 6",
+    "trailing space": "0 9 600 0 1763900001 6 ",
+    "empty line": "",
+    "seven fields among six": "0 9 600 0 1763900001 6 7",
+    "five fields": "0 9 600 0 1763900001",
+    "time neither number nor failed": "0 9 aborted 0 1763900001 6",
+    "carriage return": "0 9 600 0 1763900001 6\r",
+    "vertical tab": "0 9 600 0 1763900001\x0b6",
+}
+
+
+@pytest.mark.parametrize("odd", ODD_LINES)
+def test_an_odd_line_among_pgbench_lines_reads_as_before(tmp_path: Path, odd: str) -> None:
+    """One line the CSV reader would take differently from str.split(), among lines as pgbench writes them:
+    the block it is in takes the former rule, so every figure is the former reader's."""
+    path = tmp_path / "pgbench_log.1"
+    good = [f"{i % 4} {i} {500 + i} 0 1763900000 {i * 7}" for i in range(50)]
+    path.write_text("\n".join([*good[:20], ODD_LINES[odd], *good[20:]]) + "\n", encoding="utf-8")
+    try:
+        lat, end, failed = former_reader([path])
+    except ValueError:
+        with pytest.raises(ValueError):
+            txlog.read([path])
+        return
+    got = txlog.read([path])
+    assert np.array_equal(got.latency_ms, lat) and np.array_equal(got.end_ts(), end)
+    assert np.array_equal(got.failed_end_ts, np.asarray(failed))
+    now, before = pgbench.log_figures([path], tmp_path / "h.json"), pgbench.log_stats(lat, end)
+    assert now is not None and before is not None
+    assert (now.count, now.percentiles_ms, now.latency_max_ms, now.first_start, now.last_end) == (
+        before.count, before.percentiles_ms, before.latency_max_ms, before.first_start, before.last_end)
+
+
+def test_summary_figures_as_the_former_reader(logs: list[Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    """pgbench.log_figures (no transaction kept) against the former reader and np.percentile, bit for bit, with
+    many blocks, latencies counted in several batches and some over SMALL_US (the fixture's seconds-long ones)."""
+    monkeypatch.setattr(txlog, "BLOCK_BYTES", 4096)
+    monkeypatch.setattr(txlog, "FLUSH", 1000)
+    lat, end, _ = former_reader(logs)
+    assert lat.max() * 1000 >= txlog.SMALL_US > np.median(lat) * 1000  # both ways of counting are used
+    before = pgbench.log_stats(lat, end)
+    now = pgbench.log_figures(logs, logs[0].parent / "h.json")
+    assert before is not None and now is not None
+    assert now.percentiles_ms == before.percentiles_ms
+    assert (now.count, now.latency_max_ms, now.first_start, now.last_end) == (
+        before.count, before.latency_max_ms, before.first_start, before.last_end)
+    assert now.latency_mean_ms == pytest.approx(before.latency_mean_ms, rel=1e-12)
+    assert now == pgbench.txlog_stats(txlog.read(logs))  # the mean too: the same integer sum
+    us = np.rint(lat * 1000).astype(np.int64)
+    assert txlog.LatencyHistogram.load(logs[0].parent / "h.json") == txlog.LatencyHistogram.of(us)
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 7, 100, 1001])
+def test_summary_percentiles_match_numpy_for_any_size(tmp_path: Path, n: int) -> None:
+    rng = np.random.default_rng(n)
+    us = np.where(rng.random(n) < 0.2, rng.integers(txlog.SMALL_US, 10**10, n), rng.integers(0, 5000, n))
+    path = tmp_path / "pgbench_log.1"
+    path.write_text("".join(f"0 {i} {v} 0 1763900000 {i}\n" for i, v in enumerate(us.tolist())))
+    qs = (0, 1, 25, 50, 90, 95, 99, 99.9, 100)
+    summary = txlog.summarise([path])
+    assert summary.percentiles_ms(qs) == [float(v) for v in np.percentile(us / 1000.0, qs)]
+    assert summary.histogram() == txlog.LatencyHistogram.of(us)
+
+
+def test_summary_of_no_transaction(tmp_path: Path) -> None:
+    path = tmp_path / "pgbench_log.1"
+    path.write_text("0 0 failed 0 1763900000 5\n0 1 skipped 0 1763900000 6\n")
+    assert pgbench.log_figures([path], tmp_path / "h.json") is None and not (tmp_path / "h.json").exists()

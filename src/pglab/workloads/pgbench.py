@@ -161,16 +161,32 @@ def txlog_stats(log: txlog.TxLog, last_use: bool = False) -> LogStats | None:
                     latency_max_ms=top, first_start=first, last_end=last)
 
 
+def summary_stats(summary: txlog.Summary) -> LogStats | None:
+    """:func:`txlog_stats` of the same logs, from their :class:`txlog.Summary`: the same figures, bit for bit."""
+    if summary.count == 0:
+        return None
+    pct = summary.percentiles_ms(PERCENTILES)
+    return LogStats(count=summary.count, latency_mean_ms=float(summary.total_us) / summary.count / 1000.0,
+                    percentiles_ms=dict(zip(PERCENTILES, pct, strict=True)),
+                    latency_max_ms=float(summary.max_us) / 1000.0, first_start=summary.first_start,
+                    last_end=summary.last_end)
+
+
+def log_figures(files: Sequence[Path], histogram: Path) -> LogStats | None:
+    """The figures of -l logs, read once block by block (no transaction kept), and their latency histogram
+    written to ``histogram`` (when there is a transaction)."""
+    summary = txlog.summarise(files)
+    if summary.count:
+        summary.histogram().save(histogram)
+    return summary_stats(summary)
+
+
 def summarise_logs(log_prefix: Path) -> tuple[LogStats | None, list[Path]]:
     """Read a run's -l logs once: figures, the latency histogram kept beside them (``latency_histogram.json``,
     mergeable across repeats/tenants/processes), then the logs gzip-compressed; returns the logs as now named."""
     files = sorted(log_prefix.parent.glob(log_prefix.name + ".*"))
     files = [f for f in files if not f.name.endswith(".part")]
-    log = txlog.read(files)
-    if log.count:
-        txlog.LatencyHistogram.of(log.latency_us).save(log_prefix.parent / txlog.HISTOGRAM_FILE)
-    stats = txlog_stats(log, last_use=True)
-    del log
+    stats = log_figures(files, log_prefix.parent / txlog.HISTOGRAM_FILE)
     return stats, txlog.compress(files)
 
 

@@ -1,11 +1,12 @@
 """pgbench's per-transaction logs (``-l``), read in bounded memory, and a mergeable latency histogram.
 
 A 60 s run at 170 k TPS writes 10 M lines; parsing them line by line in Python took ~47 s and ~1 GB, so the
-logs are read in blocks of bytes and each block is parsed by polars' CSV reader (no Python loop per line). What is
-kept per successful transaction is its latency (int32 µs) and its end time (int32 µs from the first; as float64
-epoch s on demand, computed as ``time_epoch + time_us / 1e6`` as before): the run's percentiles stay exact (all
-latencies), the windowed figures need the end times. 10 M transactions: 80 MB. Logs may be gzip-compressed
-(``.gz``): they are compressed once summarised.
+logs are read in blocks of bytes and each block is parsed by polars' CSV reader (no Python loop per line), two
+blocks at a time in threads. :func:`read` keeps per successful transaction its latency (int32 µs) and its end
+time (int32 µs from the first; as float64 epoch s on demand, computed as ``time_epoch + time_us / 1e6`` as
+before): 10 M transactions, 80 MB, for the windowed figures. :func:`summarise` keeps none: the run's figures
+need only the count of each latency value (exact percentiles), the sum, the extremes, the first start and the
+last end. Logs may be gzip-compressed (``.gz``): they are compressed once summarised.
 
 Line format (PostgreSQL docs, "Per-Transaction Logging"):
 ``client_id transaction_no time script_no time_epoch time_us [schedule_lag] [retries]``, ``time`` in µs, or
@@ -23,15 +24,19 @@ import gzip
 import json
 import os
 import shutil
-from collections.abc import Iterator, Sequence
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, TypeVar
 
 import numpy as np
 import polars as pl
 
 BLOCK_BYTES = 2 << 20  # bytes parsed at once (~55 k lines): polars' working memory grows with it (4 MB: +24 MB)
+_T = TypeVar("_T")
+PARSERS = 2  # blocks parsed at the same time, in threads (polars and numpy let go of the GIL)
 
 
 @dataclass
@@ -121,49 +126,63 @@ def _blocks(f: IO[bytes]) -> Iterator[bytes]:
         yield rest + b"\n"
 
 
-_ODD = (b"\t", b"\r", b"\x0b", b"\x0c", b"  ", b"\n ", b" \n")
+_Parsed = tuple[np.ndarray, np.ndarray, np.ndarray, int]  # latencies, end times (µs), failed end times, skipped
+
+# Bytes pgbench never writes: a block holding one takes the line-by-line rule. Whitespace other than the single
+# space and the newline (str.split() would cut there, the CSV reader not), a "+" (polars reads "+5" as 5, isdigit()
+# refuses it), a doubled space or one at a line's start or end (split() joins those, the CSV reader makes an empty
+# field); non-ASCII bytes are looked for separately.
+_NEVER = (b"\t", b"\r", b"\x0b", b"\x0c", b"\x1c", b"\x1d", b"\x1e", b"\x1f", b"+", b"  ", b"\n ", b" \n")
 
 
-def _parse_block(data: bytes) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+def _parse_block(data: bytes) -> _Parsed:
     """One block of whole lines: latencies (µs), end times (int64 µs), failed end times (s), skipped count.
 
-    Parsed by polars' CSV reader (single spaces, as pgbench writes); a block with any other whitespace, or a
-    field int() would refuse, is left to the former line-by-line rule (:func:`_parse_lines`)."""
-    if data.startswith(b" ") or any(o in data for o in _ODD):
+    Parsed by polars' CSV reader when every line is as pgbench writes it: as many fields as the first line (six
+    or more), one space between them, ``time`` all digits or ``failed``/``skipped``, the end time two integers.
+    Any other block is left to the former line-by-line rule (:func:`_parse_lines`), which gives the same result
+    on these and handles the rest (a line cut short, a malformed end time raising, a latency beyond int64)."""
+    if data[:1] == b" " or any(b in data for b in _NEVER) or np.frombuffer(data, np.uint8).max() >= 0x80:
         return _parse_lines(data)
-    try:
-        df = pl.read_csv(data, separator=" ", has_header=False, columns=[2, 4, 5], infer_schema=False,
-                         quote_char=None, truncate_ragged_lines=True)
-    except pl.exceptions.PolarsError:  # e.g. the block's first line has fewer than six fields
+    fields = data.count(b" ", 0, data.find(b"\n")) + 1
+    if fields < 6:
         return _parse_lines(data)
-    df.columns = ["t", "s", "us"]
-    t = pl.col("t")
-    df = df.filter(pl.col("us").is_not_null()).select(  # fewer than six fields: not a transaction
-        lat=pl.when(t.str.contains(r"^[0-9]+$")).then(t.cast(pl.Int64, strict=False)),
-        failed=t == "failed", skipped=t == "skipped", kept=t.str.contains(r"^[0-9]+$") | (t == "failed"),
-        end=pl.col("s").cast(pl.Int64, strict=False).cast(pl.Float64)
-        + pl.col("us").cast(pl.Int64, strict=False) / 1e6,
-        end_us=pl.col("s").cast(pl.Int64, strict=False) * 1_000_000 + pl.col("us").cast(pl.Int64, strict=False))
-    bad = df.select(((pl.col("kept") & pl.col("end").is_null())
-                     | (pl.col("kept") & ~pl.col("failed") & pl.col("lat").is_null())).any()).item()
-    if bad:  # a number beyond int64, or an end time int() would refuse (and raise on): the former rule
+    schema = {f"c{i}": pl.Int64 if i in (4, 5) else pl.String for i in range(fields)}
+    try:  # a line with more fields than the first raises; one with fewer has a null in the last
+        df = pl.read_csv(data, separator=" ", has_header=False, quote_char=None, schema=schema,
+                         columns=sorted({2, 4, 5, fields - 1}))
+    except pl.exceptions.PolarsError:
         return _parse_lines(data)
-    ok = df.filter(pl.col("lat").is_not_null())
-    latency = ok["lat"].to_numpy()
+    if sum(c.null_count() for c in df.get_columns()):
+        return _parse_lines(data)
+    t = df["c2"]
+    lat = t.cast(pl.Int64, strict=False)
+    ok, failed, skipped = lat.is_not_null(), t == "failed", t == "skipped"
+    if not (ok | failed | skipped).all():  # a time field neither a number of µs nor failed/skipped
+        return _parse_lines(data)
+    sec, us = df["c4"].to_numpy(), df["c5"].to_numpy()
+    if sec.size and max(int(sec.max()), -int(sec.min())) >= 2**63 // 1_000_000 - 1:  # µs beyond int64
+        return _parse_lines(data)
+    latency = lat.filter(ok).to_numpy()
+    if latency.size and latency.min() < 0:  # "-5" is no latency to isdigit()
+        return _parse_lines(data)
     if latency.size and latency.max() < 2**31:
         latency = latency.astype(np.int32)
-    return (latency, ok["end_us"].to_numpy(), df.filter(pl.col("failed"))["end"].to_numpy(),
-            int(df["skipped"].sum()))
+    keep, lost = ok.to_numpy(), failed.to_numpy()
+    return (latency, sec[keep] * 1_000_000 + us[keep], sec[lost].astype(np.float64) + us[lost] / 1e6,
+            int(skipped.sum()))
 
 
-def _parse_lines(data: bytes) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+def _parse_lines(data: bytes) -> _Parsed:
     """The former reader's rule, line by line: six fields or more, ``time`` all digits (int() raising on a
-    malformed end time included)."""
+    malformed end time included); lines end where a file opened as text ends them (not also at a vertical tab,
+    a form feed or a Unicode line separator, where str.splitlines() would)."""
     lat: list[int] = []
     end: list[int] = []
     failed: list[float] = []
     skipped = 0
-    for raw in data.decode(errors="replace").splitlines():
+    text = data.decode(errors="replace")
+    for raw in text.replace("\r\n", "\n").replace("\r", "\n").split("\n"):  # lines as open() cuts them
         parts = raw.split()
         if len(parts) < 6:
             continue
@@ -183,24 +202,35 @@ def _parse_lines(data: bytes) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
     return latency, np.asarray(end, dtype=np.int64), np.asarray(failed, dtype=np.float64), skipped
 
 
+def _parsed(files: Sequence[Path], parse: Callable[[bytes], _T]) -> Iterator[_T]:
+    """``parse`` of every block of the files, in file order, PARSERS blocks at a time."""
+    with ThreadPoolExecutor(PARSERS) as pool:
+        pending: deque[Future[_T]] = deque()
+        for path in files:
+            with open_log(path) as f:
+                for data in _blocks(f):
+                    pending.append(pool.submit(parse, data))
+                    if len(pending) > PARSERS:
+                        yield pending.popleft().result()
+        while pending:
+            yield pending.popleft().result()
+
+
 def read(files: Sequence[Path]) -> TxLog:
     """All successful transactions of pgbench's -l logs (plain or .gz), in file order, in bounded memory."""
     lat, end, failed = _Growing(np.int32), _Growing(np.int32), _Growing(np.float64)
     base: int | None = None
     skipped = 0
-    for path in files:
-        with open_log(path) as f:
-            for data in _blocks(f):
-                la, en, fa, sk = _parse_block(data)
-                if base is None and en.size:
-                    base = int(en[0])
-                off = en - (base or 0)
-                if off.size and off.min() >= -(2**31) and off.max() < 2**31:
-                    off = off.astype(np.int32)
-                lat.extend(la)
-                end.extend(off)
-                failed.extend(fa)
-                skipped += sk
+    for la, en, fa, sk in _parsed(files, _parse_block):
+        if base is None and en.size:
+            base = int(en[0])
+        off = en - (base or 0)
+        if off.size and off.min() >= -(2**31) and off.max() < 2**31:
+            off = off.astype(np.int32)
+        lat.extend(la)
+        end.extend(off)
+        failed.extend(fa)
+        skipped += sk
     return TxLog(lat.done(), end.done(), base or 0, failed.done(), skipped)
 
 
@@ -233,22 +263,142 @@ def percentiles_ms(latency_us: np.ndarray, qs: Sequence[float], in_place: bool =
     sort of the int32 µs (no float64 copy): µs → ms is monotonic, so the order statistics are the same, and
     the interpolation is numpy's own ``_lerp``. ``in_place`` partitions the array itself (no copy; its order,
     and so its pairing with end times, is lost)."""
-    n = latency_us.size
-    q = np.asarray(qs, dtype=np.float64) / 100
-    virtual = (n - 1) * q
-    lo = np.floor(virtual).astype(np.intp)
-    hi = np.minimum(lo + 1, n - 1)
+    lo, hi, t = _ranks(latency_us.size, qs)
     kth = np.unique(np.r_[lo, hi])
     if in_place:
         latency_us.partition(kth)
         part = latency_us
     else:
         part = np.partition(latency_us, kth)
-    a, b = part[lo] / 1000.0, part[hi] / 1000.0
-    t = virtual - lo
+    return _lerp_ms(part[lo], part[hi], t)
+
+
+def _ranks(n: int, qs: Sequence[float]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The order statistics (0-based ranks) each percentile lies between, and how far between: numpy's."""
+    virtual = (n - 1) * (np.asarray(qs, dtype=np.float64) / 100)
+    lo = np.floor(virtual).astype(np.intp)
+    return lo, np.minimum(lo + 1, n - 1), virtual - lo
+
+
+def _lerp_ms(low_us: np.ndarray, high_us: np.ndarray, t: np.ndarray) -> list[float]:
+    """numpy's ``_lerp`` between two order statistics (µs), in ms."""
+    a, b = low_us / 1000.0, high_us / 1000.0
     diff = b - a
     out = np.where(t >= 0.5, b - diff * (1 - t), a + diff * t)
     return [float(v) for v in out]
+
+
+# ------------------------------------------------------------------ summary without the transactions kept
+SMALL_US = 1 << 20  # latencies below this (1.05 s) are counted by value; the rarer longer ones kept, sorted later
+FLUSH = 1 << 20  # latencies gathered before they are counted at once (one bincount, not one per block)
+
+
+@dataclass
+class _BlockSummary:
+    latency_us: np.ndarray
+    total_us: int
+    min_us: int
+    max_us: int
+    first_start: float
+    last_end_us: int
+
+
+def _summarise_block(data: bytes) -> _BlockSummary:
+    """A block's share of :class:`Summary`, in the parsing thread: start and end as :func:`first_start` and
+    :meth:`TxLog.last_end` compute them."""
+    lat, end, _failed, _skipped = _parse_block(data)
+    if not lat.size:
+        return _BlockSummary(lat, 0, 0, 0, float("inf"), -(2**63))
+    first = float((_seconds(end) - lat / 1000.0 / 1000.0).min())
+    return _BlockSummary(lat, int(lat.sum(dtype=np.int64)), int(lat.min()), int(lat.max()), first, int(end.max()))
+
+
+@dataclass
+class Summary:
+    """What a run's figures need of its logs, gathered block by block without keeping each transaction: the
+    count of every latency value below SMALL_US (exact percentiles from them), the longer ones themselves, the
+    integer sum, the extremes, the first start and the last end."""
+
+    count: int
+    total_us: int
+    min_us: int
+    max_us: int
+    first_start: float
+    last_end: float
+    by_value: np.ndarray  # by_value[v]: how many latencies of v µs (v < SMALL_US), int64
+    long_us: np.ndarray  # the latencies of SMALL_US or more, sorted
+
+    def percentiles_ms(self, qs: Sequence[float]) -> list[float]:
+        """:func:`percentiles_ms` of all the latencies, exactly: the same order statistics, read off the
+        cumulative counts."""
+        lo, hi, t = _ranks(self.count, qs)
+        return _lerp_ms(self._order_statistic(lo), self._order_statistic(hi), t)
+
+    def _order_statistic(self, rank: np.ndarray) -> np.ndarray:
+        cum = np.cumsum(self.by_value)
+        small = int(cum[-1]) if cum.size else 0
+        out = np.empty(rank.size, dtype=np.int64)
+        below = rank < small
+        out[below] = np.searchsorted(cum, rank[below], side="right")
+        out[~below] = self.long_us[rank[~below] - small]
+        return out
+
+    def histogram(self) -> LatencyHistogram:
+        """:meth:`LatencyHistogram.of` all the latencies: the same counts."""
+        if not self.count:
+            return LatencyHistogram({}, 0, 0)
+        values = np.flatnonzero(self.by_value)
+        counts = np.bincount(bucket_of(values), weights=self.by_value[values]).astype(np.int64)  # exact below 2**53
+        if self.long_us.size:
+            more = np.bincount(bucket_of(self.long_us))
+            counts = np.pad(counts, (0, max(more.size - counts.size, 0)))
+            counts[:more.size] += more
+        idx = np.flatnonzero(counts)
+        return LatencyHistogram(dict(zip(idx.tolist(), counts[idx].tolist(), strict=True)), self.min_us, self.max_us)
+
+
+def summarise(files: Sequence[Path]) -> Summary:
+    """The :class:`Summary` of pgbench's -l logs (plain or .gz): the same figures as :func:`read` then
+    :func:`first_start`, :meth:`TxLog.last_end`, :func:`percentiles_ms` and :meth:`LatencyHistogram.of`, in
+    memory that does not grow with the number of transactions (unless many last over SMALL_US)."""
+    by_value = np.zeros(0, dtype=np.int64)
+    long_us, gathered = _Growing(np.int32), list[np.ndarray]()
+    count = total = size = 0
+    low, high, first, last = 2**63, -1, float("inf"), -(2**63)
+
+    def flush() -> None:
+        nonlocal by_value, gathered, size
+        if gathered:
+            c = np.bincount(np.concatenate(gathered))
+            if c.size > by_value.size:
+                c[:by_value.size] += by_value
+                by_value = c
+            else:
+                by_value[:c.size] += c
+        gathered, size = [], 0
+
+    for b in _parsed(files, _summarise_block):
+        if not b.latency_us.size:
+            continue
+        count += b.latency_us.size
+        total += b.total_us
+        low, high = min(low, b.min_us), max(high, b.max_us)
+        first, last = min(first, b.first_start), max(last, b.last_end_us)
+        if b.max_us < SMALL_US:
+            gathered.append(b.latency_us)
+        else:
+            is_long = b.latency_us >= SMALL_US
+            long_us.extend(b.latency_us[is_long])
+            gathered.append(b.latency_us[~is_long])
+        size += b.latency_us.size
+        if size >= FLUSH:
+            flush()
+    flush()
+    long_sorted = long_us.done()
+    long_sorted.sort()
+    if not count:
+        return Summary(0, 0, 0, 0, float("nan"), float("nan"), by_value, long_sorted)
+    return Summary(count, total, low, high, first, float(_seconds(np.array([last]))[0]), by_value, long_sorted)
 
 
 # ------------------------------------------------------------------ histogram
