@@ -368,6 +368,8 @@ def compare(
     fmt: str = typer.Option("table", "--format", help="|".join(FORMATS)),
     uplift: bool = typer.Option(False, "--uplift", help="the published shape: TPS of A and B per point, uplift % "
                                 "with its interval and verdict (and $/TPS when both plans have a cost)"),
+    wide: bool = typer.Option(False, "--wide", help="every column, however wide (default: a table that fits the "
+                              "terminal)"),
 ) -> None:
     """Δ % of TPS and latency per matching point, B relative to A, with a Welch 95 % interval and a verdict; two
     folders: what differs between their plans and environments first."""
@@ -387,6 +389,7 @@ def compare(
     from pglab.store import Store
 
     _check_format(fmt)
+    width = None if wide else _terminal_width()  # the terminal's, or 120 when piped
     cost_lines: list[str] = []
     preface: list[str] = []
     if b is None and not (axis and value_a is not None and value_b is not None):
@@ -432,7 +435,8 @@ def compare(
 
         ucols, urows = uplift_rows(columns, rows)
         out.print(render(ucols, urows, fmt, title=f"uplift: {title}: TPS, Δ % = (B − A) / A [95 % interval]",
-                         headers=UPLIFT_HEADERS), end="", soft_wrap=True, markup=False, highlight=False)
+                         headers=UPLIFT_HEADERS, width=width, optional=("jobs", "flags")),
+                  end="", soft_wrap=True, markup=False, highlight=False)
         if fmt in ("table", "markdown"):
             for line in cost_lines:
                 out.print(line, markup=False, highlight=False)
@@ -445,7 +449,7 @@ def compare(
                "latency_avg_ms_verdict": "latency verdict", "runs_a": "A runs", "runs_b": "B runs"}
     headers["synchronous_commit"] = "sync commit"
     out.print(render(columns, rows, fmt, title=f"{title}: Δ % = (B − A) / A [95 % interval]", shown=shown,
-                     headers=headers, width=_terminal_width(),
+                     headers=headers, width=width,
                      optional=("latency_avg_ms_delta_pct", "flags", "latency_avg_ms_verdict", "runs_b", "runs_a",
                                "jobs")), end="", soft_wrap=True, markup=False, highlight=False)
     if fmt in ("table", "markdown"):

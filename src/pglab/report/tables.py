@@ -7,6 +7,7 @@ import io
 import json
 import math
 import os
+import textwrap
 from collections import OrderedDict
 from typing import Any
 
@@ -32,8 +33,9 @@ CI_COLUMNS = metrics.with_ci("points")
 DURABILITY_ORDER = ("off", "local", "remote_write", "on", "remote_apply")
 WALL_TIME_WITH_WHAT = 130  # the time table says what each phase is only on a terminal this wide (its longest: 129)
 # columns that are no stored run metric: the cost table's and fio's (the storage phase's own figures)
-DECIMALS = {**metrics.decimals(), "peak_tps": 1, "iops": 0, "mb_s": 1, "lat_mean_ms": 3, "lat_p99_ms": 3,
-            "lat_p999_ms": 3, "shown_lat_mean_ms": 3, "shown_lat_p99_ms": 3, "shown_lat_p999_ms": 3}
+DECIMALS = {**metrics.decimals(), "peak_tps": 1, "tps_a": 1, "tps_b": 1, "a": 1, "b": 1, "iops": 0, "mb_s": 1,
+            "lat_mean_ms": 3, "lat_p99_ms": 3, "lat_p999_ms": 3, "shown_lat_mean_ms": 3, "shown_lat_p99_ms": 3,
+            "shown_lat_p999_ms": 3}
 MONEY_COLUMNS = ("per_tps", "monthly")
 
 
@@ -379,13 +381,16 @@ def render(columns: list[str], rows: list[dict[str, Any]], fmt: str, title: str 
     droppable = [g for g in ((o,) if isinstance(o, str) else o for o in optional) if set(g) & set(shown)]
     left_out: list[str] = []
     while True:
-        text = _rich_table(shown, rows, title, headers, plain)
-        if width is None or not droppable or max(map(len, text.splitlines()[1:]), default=0) <= width:
+        text = _rich_table(shown, rows, None, headers, plain)
+        if width is None or not droppable or max(map(len, text.splitlines()), default=0) <= width:
             break
         for c in droppable.pop():
             if c in shown:
                 left_out.append(c)
                 shown.remove(c)
+    if title:  # a line of its own, wrapped to the width the table fits (between words: a path is never cut)
+        text = (textwrap.fill(title, width, subsequent_indent="  ", break_on_hyphens=False, break_long_words=False)
+                if width is not None else title) + "\n" + text
     if left_out:
         text += _prose(f"(left out to fit {width} columns: {', '.join(headers.get(c, c) for c in left_out)}; "
                        "--wide shows every column)", width)
@@ -592,9 +597,11 @@ def full_report(store: Store, fmt: str, sweep_id: int | None = None, per_run: bo
     if any(v == TOO_FEW_REPEATS for r in compared for v in r.values()):
         parts.append(_prose(TOO_FEW_NOTE, width))
     if cost_rows and table in (None, "cost") and not per_run:
-        parts.append(render(cost_columns, cost_rows, fmt, title="cost at peak TPS",
+        parts.append(render(cost_columns, cost_rows, fmt, title="cost at peak TPS", width=width,
                             headers={"per_tps": f"{next(r['currency'] for r in cost_rows if r['currency'])}/TPS·month",
-                                     "peak_tps": "peak tps"}))
+                                     "peak_tps": "peak tps", "at_clients": "clients",
+                                     "at_synchronous_commit": "sync commit"},
+                            optional=("monthly", "currency") if compact else ()))
     if table is None and not per_run:  # last: where the sweep's wall time went, and its duty cycle
         parts.append(time_report(store, fmt, sweep_id, width))
     return "\n".join(p for p in parts if p)
