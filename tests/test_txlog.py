@@ -227,6 +227,9 @@ ODD_LINES = {
     "five fields": "0 9 600 0 1763900001",
     "time neither number nor failed": "0 9 aborted 0 1763900001 6",
     "carriage return": "0 9 600 0 1763900001 6\r",
+    "carriage return past the sixth field": "0 9 600 0 1763900001 6 7\r0 10 700 0 1763900001 7",  # two lines
+    "tab past the sixth field": "0 9 600 0 1763900001 6 7\t8",
+    "tab in the time field": "0 9 600\t0 1763900001 6",
     "vertical tab": "0 9 600 0 1763900001\x0b6",
 }
 
@@ -288,3 +291,19 @@ def test_summary_of_no_transaction(tmp_path: Path) -> None:
     path = tmp_path / "pgbench_log.1"
     path.write_text("0 0 failed 0 1763900000 5\n0 1 skipped 0 1763900000 6\n")
     assert pgbench.log_figures([path], tmp_path / "h.json") is None and not (tmp_path / "h.json").exists()
+
+
+def test_first_start_from_the_near_minimum_only_is_exact() -> None:
+    """The summary's first start: the float formula over the transactions near the integer minimum gives what it
+    gives over all of them, also with many starts within a µs or two of each other and epoch seconds far out,
+    where the floats' rounding puts the smallest float elsewhere than the smallest integer start."""
+    rng = np.random.default_rng(3)
+    for base in (1_763_900_000 * 10**6, 4_000_000_000 * 10**6, 2**62):
+        end = base + np.sort(rng.integers(0, 50, 100_000))
+        lat = rng.integers(1, 60, end.size)
+        everything = float((txlog._seconds(end) - lat / 1000.0 / 1000.0).min())
+        assert txlog._first_start(lat, end) == everything
+    end, lat = 2**62 + np.array([328, 823]), np.array([1251, 1465])  # starts -923 and -642 µs from 2**62
+    f = txlog._seconds(end) - lat / 1000.0 / 1000.0
+    assert f[1] < f[0]  # the later integer start is the smaller float
+    assert txlog._first_start(lat, end) == float(f[1])

@@ -113,64 +113,74 @@ def open_log(path: Path) -> IO[bytes]:
 
 def _blocks(f: IO[bytes]) -> Iterator[bytes]:
     """Whole lines, about BLOCK_BYTES at a time (the last one may lack its newline)."""
-    rest = b""
     while chunk := f.read(BLOCK_BYTES):
-        data = rest + chunk
-        cut = data.rfind(b"\n") + 1
-        if cut == 0:
-            rest = data
-            continue
-        yield data[:cut]
-        rest = data[cut:]
-    if rest:
-        yield rest + b"\n"
+        if not chunk.endswith(b"\n"):
+            chunk += f.readline()
+        yield chunk if chunk.endswith(b"\n") else chunk + b"\n"
 
 
 _Parsed = tuple[np.ndarray, np.ndarray, np.ndarray, int]  # latencies, end times (µs), failed end times, skipped
 
-# Bytes pgbench never writes: a block holding one takes the line-by-line rule. Whitespace other than the single
-# space and the newline (str.split() would cut there, the CSV reader not), a "+" (polars reads "+5" as 5, isdigit()
-# refuses it), a doubled space or one at a line's start or end (split() joins those, the CSV reader makes an empty
-# field); non-ASCII bytes are looked for separately.
-_NEVER = (b"\t", b"\r", b"\x0b", b"\x0c", b"\x1c", b"\x1d", b"\x1e", b"\x1f", b"+", b"  ", b"\n ", b" \n")
+# Bytes pgbench never writes that the CSV reader would take otherwise than the former reader, wherever they are:
+# a carriage return (a line's end to a file read as text), a "+" (polars reads "+5" as 5, isdigit() refuses it);
+# non-ASCII bytes are looked for separately. Other whitespace than the single space is no integer in the first
+# six fields (the block then takes the line rule) and changes nothing after them; a space that starts a line or
+# doubles within the first six fields makes an empty field, a null.
+_NEVER = (b"\r", b"+")
+
+
+def _schema(fields: int) -> dict[str, Any]:
+    """The columns of a block whose first line has ``fields`` fields: the first six read, ``time`` as text."""
+    return {f"c{i}": pl.String if i == 2 else pl.Int64 for i in range(fields)}
+
+
+def _read_block(data: bytes) -> tuple[pl.Series, np.ndarray, np.ndarray] | None:
+    """A block's ``time`` field (text), its end times' seconds and µs (int64), when every line is as pgbench
+    writes it: six fields or more, one space between the first six, all but ``time`` integers. None for any other
+    block: it takes the former line-by-line rule (:func:`_parse_lines`), which gives the same result on these and
+    handles the rest (a line cut short, a malformed end time raising, a latency beyond int64)."""
+    if any(b in data for b in _NEVER) or np.frombuffer(data, np.uint8).max() >= 0x80:
+        return None
+    fields = data.count(b" ", 0, data.find(b"\n")) + 1
+    if fields < 6:
+        return None
+    try:  # fields past the sixth are not read; a line with fewer has nulls, an empty field (a space too many) too
+        df = pl.read_csv(data, separator=" ", has_header=False, quote_char=None, schema=_schema(fields),
+                         columns=range(6), truncate_ragged_lines=True)
+    except pl.exceptions.PolarsError:  # a field that is no integer (a malformed end time, one beyond int64)
+        return None
+    if any(c.null_count() for c in df.get_columns()):
+        return None
+    sec = df["c4"].to_numpy()
+    if max(int(sec.max()), -int(sec.min())) >= 2**63 // 1_000_000 - 1:  # µs beyond int64
+        return None
+    return df["c2"], sec, df["c5"].to_numpy()
+
+
+def _latencies(t: pl.Series) -> pl.Series | None:
+    """The ``time`` field as µs, null where ``failed`` or ``skipped``; None if another word or a negative number
+    is there (not a transaction to the former rule, which the block then takes)."""
+    lat = t.cast(pl.Int64, strict=False)
+    if lat.null_count() and not t.filter(lat.is_null()).is_in(["failed", "skipped"]).all():
+        return None
+    low = lat.min()
+    return None if isinstance(low, int) and low < 0 else lat
 
 
 def _parse_block(data: bytes) -> _Parsed:
-    """One block of whole lines: latencies (µs), end times (int64 µs), failed end times (s), skipped count.
-
-    Parsed by polars' CSV reader when every line is as pgbench writes it: as many fields as the first line (six
-    or more), one space between them, ``time`` all digits or ``failed``/``skipped``, the end time two integers.
-    Any other block is left to the former line-by-line rule (:func:`_parse_lines`), which gives the same result
-    on these and handles the rest (a line cut short, a malformed end time raising, a latency beyond int64)."""
-    if data[:1] == b" " or any(b in data for b in _NEVER) or np.frombuffer(data, np.uint8).max() >= 0x80:
+    """One block of whole lines: latencies (µs), end times (int64 µs), failed end times (s), skipped count."""
+    block = _read_block(data)
+    lat = _latencies(block[0]) if block else None
+    if block is None or lat is None:
         return _parse_lines(data)
-    fields = data.count(b" ", 0, data.find(b"\n")) + 1
-    if fields < 6:
-        return _parse_lines(data)
-    schema = {f"c{i}": pl.Int64 if i in (4, 5) else pl.String for i in range(fields)}
-    try:  # a line with more fields than the first raises; one with fewer has a null in the last
-        df = pl.read_csv(data, separator=" ", has_header=False, quote_char=None, schema=schema,
-                         columns=sorted({2, 4, 5, fields - 1}))
-    except pl.exceptions.PolarsError:
-        return _parse_lines(data)
-    if sum(c.null_count() for c in df.get_columns()):
-        return _parse_lines(data)
-    t = df["c2"]
-    lat = t.cast(pl.Int64, strict=False)
-    ok, failed, skipped = lat.is_not_null(), t == "failed", t == "skipped"
-    if not (ok | failed | skipped).all():  # a time field neither a number of µs nor failed/skipped
-        return _parse_lines(data)
-    sec, us = df["c4"].to_numpy(), df["c5"].to_numpy()
-    if sec.size and max(int(sec.max()), -int(sec.min())) >= 2**63 // 1_000_000 - 1:  # µs beyond int64
-        return _parse_lines(data)
+    t, sec, us = block
+    ok = lat.is_not_null()
     latency = lat.filter(ok).to_numpy()
-    if latency.size and latency.min() < 0:  # "-5" is no latency to isdigit()
-        return _parse_lines(data)
     if latency.size and latency.max() < 2**31:
         latency = latency.astype(np.int32)
-    keep, lost = ok.to_numpy(), failed.to_numpy()
+    keep, lost = ok.to_numpy(), (t == "failed").to_numpy()
     return (latency, sec[keep] * 1_000_000 + us[keep], sec[lost].astype(np.float64) + us[lost] / 1e6,
-            int(skipped.sum()))
+            int((t == "skipped").sum()))
 
 
 def _parse_lines(data: bytes) -> _Parsed:
@@ -306,11 +316,33 @@ class _BlockSummary:
 def _summarise_block(data: bytes) -> _BlockSummary:
     """A block's share of :class:`Summary`, in the parsing thread: start and end as :func:`first_start` and
     :meth:`TxLog.last_end` compute them."""
-    lat, end, _failed, _skipped = _parse_block(data)
-    if not lat.size:
-        return _BlockSummary(lat, 0, 0, 0, float("inf"), -(2**63))
-    first = float((_seconds(end) - lat / 1000.0 / 1000.0).min())
-    return _BlockSummary(lat, int(lat.sum(dtype=np.int64)), int(lat.min()), int(lat.max()), first, int(end.max()))
+    block = _read_block(data)
+    lat = _latencies(block[0]) if block else None
+    if block is None or lat is None:
+        latency, end, _failed, _skipped = _parse_lines(data)
+    else:
+        _t, sec, us = block
+        if lat.null_count():
+            keep = lat.is_not_null().to_numpy()
+            latency, end = lat.drop_nulls().to_numpy(), sec[keep] * 1_000_000 + us[keep]
+        else:
+            latency, end = lat.to_numpy(), sec * 1_000_000 + us
+    if not latency.size:
+        return _BlockSummary(latency, 0, 0, 0, float("inf"), -(2**63))
+    return _BlockSummary(latency, int(latency.sum(dtype=np.int64)), int(latency.min()), int(latency.max()),
+                         _first_start(latency, end), int(end.max()))
+
+
+def _first_start(latency_us: np.ndarray, end_us: np.ndarray) -> float:
+    """min(end - latency) as :func:`first_start` computes it in floats (s + µs / 1e6 - latency / 1000 / 1000),
+    computed only where end - latency in integer µs is within the floats' rounding of its minimum: elsewhere the
+    float is larger (the rounding is below half a µs for epoch seconds below 2**31, below ``margin`` in general)."""
+    start = end_us - latency_us
+    low = int(start.min())
+    top = float(max(abs(int(end_us.max())), abs(int(end_us.min())), abs(low))) / 1e6
+    margin = 2 + int(8e6 * float(np.spacing(top)))
+    near = start <= low + margin
+    return float((_seconds(end_us[near]) - latency_us[near] / 1000.0 / 1000.0).min())
 
 
 @dataclass
