@@ -10,12 +10,14 @@ from typing import Any
 
 from jinja2 import Environment, PackageLoader, select_autoescape
 
-from pglab.analysis.compare import uplift_tables
+from pglab.analysis.compare import HOST_FIELDS, STORAGE_FIELDS, uplift_tables
 from pglab.analysis.cost import cost_table
 from pglab.analysis.flags import UNSTABLE_CV
+from pglab.analysis.stats import estimate
 from pglab.analysis.steady import find_dips
 from pglab.report import svg, tiers
 from pglab.report.tables import (
+    AXIS_COLUMNS,
     DURABILITY_ORDER,
     STORAGE_HEADERS,
     delta_text,
@@ -26,6 +28,7 @@ from pglab.report.tables import (
     run_table,
     storage_table,
 )
+from pglab.report.tables import _extra_axes as extra_axes
 from pglab.store.sqlite import Store
 from pglab.units import money
 
@@ -114,10 +117,10 @@ def build(store: Store, sweep_id: int | None = None) -> str:
                        "Figures are means over the point's repeats, ± the half-width of their 95 % interval; the "
                        "bottleneck comes from the run's own figures.")]
     if dur_rows:
-        tables.append(_section("durability-table", "Price of durability (table)", dur_columns,
+        tables.append(_section("durability-table", "Price of durability (table)", _formatted(dur_columns),
                                [_with_deltas(r) for r in dur_rows], headers=_durability_headers(dur_columns)))
     for i, (up_title, up_columns, up_rows) in enumerate(uplifts):
-        tables.append(_section(f"uplift{i}", up_title[0].upper() + up_title[1:], up_columns,
+        tables.append(_section(f"uplift{i}", up_title[0].upper() + up_title[1:], _formatted(up_columns),
                                [_with_deltas(r) for r in up_rows]))
     if cost_rows:
         tables.append(_section("cost", "Cost at peak TPS", cost_columns,
@@ -132,11 +135,45 @@ def build(store: Store, sweep_id: int | None = None) -> str:
                             "dips", "dir", "reason"], runs))
 
     charts = _durability_charts(points)
-    charts += _facet_charts(points)
+    charts += _facet_charts(_with_run_ci(store, sweep_id, points, ("write_iops",)))
     picked, why = _runs_that_matter(points, runs)
     run_charts = [c for c in (_run_chart(store, r, sweep_id) for r in picked) if c]
     notes = {"runs": why}
     return _render(sweep, sweep_id, summary, tables, [c for c in charts if c["svg"]], run_charts, notes)
+
+
+def _formatted(columns: list[str]) -> list[str]:
+    """A comparison's columns as the page shows them: each interval is in its Δ's cell, not in raw columns."""
+    return [c for c in columns if not c.endswith(("ci95_low_pct", "ci95_high_pct"))]
+
+
+def _with_run_ci(store: Store, sweep_id: int, points: list[dict[str, Any]],
+                 metrics: tuple[str, ...]) -> list[dict[str, Any]]:
+    """Points with the 95 % interval of ``metrics`` the point table does not compute (a figure shown without ±,
+    like the disk's write IOPS), from the point's ok runs, so that its chart draws error bars too."""
+    runs = store.runs(sweep_id)
+    keys = [*AXIS_COLUMNS, *extra_axes(runs)]
+    by: dict[tuple[str, ...], list[Any]] = {}
+    for r in runs:
+        if r.status == "ok":
+            by.setdefault(tuple(str(r.axes.get(k)) for k in keys), []).append(r)
+    out = []
+    for p in points:
+        mine = by.get(tuple(str(p.get(k)) for k in keys), [])
+        row = dict(p)
+        for m in metrics:
+            if row.get(f"{m}_ci95") is None:
+                e = estimate([r.metrics.get(m) for r in mine])
+                row[f"{m}_ci95"] = e.ci95 if e is not None else None
+        out.append(row)
+    return out
+
+
+def _caption(title: str, series: list[svg.Series]) -> str:
+    """A chart's caption promises error bars only when it draws some."""
+    if any(e for s in series for e in s.errors):
+        return f"{title} (error bars: 95 % interval)"
+    return f"{title} (no error bars: fewer than 2 runs a point, no 95 % interval)"
 
 
 STORAGE_HTML = ["path", "device", "profile", "iops", "mb_s", "lat_of", "shown_lat_mean_ms", "shown_lat_p99_ms",
@@ -202,10 +239,10 @@ def _durability_charts(points: list[dict[str, Any]]) -> list[dict[str, Any]]:
                       if p["synchronous_commit"] in levels else 99)
         labels = _clients(mine)
         for metric, unit in (("tps", "TPS"), ("latency_avg_ms", "mean latency ms")):
-            title = f"{wl}: {unit} per synchronous_commit level (error bars: 95 % interval)"
+            series = _series_over(mine, labels, "synchronous_commit", metric)
+            title = _caption(f"{wl}: {unit} per synchronous_commit level", series)
             charts.append({"id": f"durability-{wl}-{metric}", "title": title, "group": "durability",
-                           "svg": svg.categories(title, labels, _series_over(mine, labels, "synchronous_commit",
-                                                                             metric), unit, "clients", bars=True)})
+                           "svg": svg.categories(title, labels, series, unit, "clients", bars=True)})
     return charts
 
 
@@ -220,10 +257,10 @@ def _facet_charts(points: list[dict[str, Any]]) -> list[dict[str, Any]]:
                                     ("write_iops", "disk write IOPS", "disk")):
             if group == "disk" and not measured_disk:
                 continue
-            title = f"{wl}: {unit} vs clients (error bars: 95 % interval)"
+            series = _series_over(mine, labels, "config", metric)
+            title = _caption(f"{wl}: {unit} vs clients", series)
             charts.append({"id": f"{group}-{wl}-{metric}", "title": title, "group": group,
-                           "svg": svg.categories(title, labels, _series_over(mine, labels, "config", metric), unit,
-                                                 "clients")})
+                           "svg": svg.categories(title, labels, series, unit, "clients")})
     return charts
 
 
@@ -271,6 +308,18 @@ def _environment_rows(env_text: str | None) -> list[dict[str, str]]:
     return rows
 
 
+KEY_ENVIRONMENT = ("pglab_version", "postgres.version", *HOST_FIELDS, "kernel.machine")
+
+
+def _key_environment(rows: list[dict[str, str]]) -> list[dict[str, str]]:
+    """The rows a reader compares first (pglab, PostgreSQL, CPU, memory, kernel, each path's disk); the page shows
+    them and folds every captured figure (server settings, cgroups …) away."""
+    def key(what: str) -> bool:
+        return what in KEY_ENVIRONMENT or (what.startswith("paths.") and what.rsplit(".", 1)[1] in STORAGE_FIELDS)
+
+    return [r for r in rows if key(r["what"])]
+
+
 def _render(sweep: dict[str, Any], sweep_id: int, summary: list[str], tables: list[dict[str, Any]],
             charts: list[dict[str, Any]], run_charts: list[dict[str, Any]] | None = None,
             notes: dict[str, str] | None = None) -> str:
@@ -289,7 +338,8 @@ def _render(sweep: dict[str, Any], sweep_id: int, summary: list[str], tables: li
     return templates.get_template("report.html.j2").render(
         title=sweep["plan_name"], subtitle=f"sweep {sweep_id}, pglab {sweep['pglab_version']}",
         summary=summary, tables=tables, chart_groups=chart_groups, run_charts=run_charts or [], toc=toc,
-        notes=notes or {}, environment=environment, plan=sweep.get("plan_text") or "(not stored)",
+        notes=notes or {}, environment=environment, key_environment=_key_environment(environment),
+        plan=sweep.get("plan_text") or "(not stored)",
         disk_note="" if any(g["id"] == "disk" for g in chart_groups) or any(c.get("group") == "tiers"
                                                                              for c in charts)
         else "The disk was not measured for this sweep (an existing server, or no device found): no disk chart.")
