@@ -75,10 +75,13 @@ def _main(version: bool = typer.Option(False, "--version", "-V", is_eager=True, 
 
 
 class ProgressView:
-    """Live progress: the current point, its phase, pgbench's current TPS, and the sweep's ETA."""
+    """Live progress: the current point, its phase, pgbench's current TPS, and the sweep's ETA. Not on a terminal
+    (a CI log, ``| tee``) there is no live bar: each run's start is a line, "run n of N" with the sweep's ETA."""
 
     def __init__(self, console: Console):
         self.console = console
+        self.live = console.is_terminal
+        self.announced: tuple[int, int] | None = None  # the (point, repeat) whose start line was printed
         self.bar = Progress(
             SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
             TextColumn("{task.completed:.0f}/{task.total:.0f} runs"),
@@ -118,6 +121,12 @@ class ProgressView:
     def run_started(self, point: Point, repeat: int, phase: str) -> None:
         self.bar.update(self.task, description=f"{point.label()} #{repeat} {phase}", tps="",
                              eta=self._eta())
+        if not self.live and self.announced != (point.index, repeat):  # once a run, not once a phase
+            self.announced = (point.index, repeat)
+            eta = self._eta()
+            self.bar.console.print(f"run {self.done + 1} of {max(self.total, self.done + 1)}: {point.label()} "
+                                   f"#{repeat}; sweep ETA "
+                                   f"{'not known yet' if eta == '?' else eta}", markup=False, highlight=False)
 
     def progress(self, p: ProgressPoint) -> None:
         self.bar.update(self.task, tps=f"{p.tps:,.0f} tps", eta=self._eta())

@@ -1,0 +1,28 @@
+"""Progress when pglab's output is no terminal (a CI log, `| tee`): the live bar is a terminal's alone, so each
+run's start is a line, "run n of N" with the sweep's ETA (issue 31: nothing said how far the sweep was)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from conftest import pglab
+
+pytestmark = pytest.mark.postgres
+
+
+def test_a_piped_sweep_says_run_n_of_n_with_its_eta(tmp_path: Path) -> None:
+    plan = tmp_path / "plan.yaml"
+    plan.write_text("name: piped\ntarget: {local: {instances: 1}}\ndataset: {scale: 1}\n"
+                    "matrix: {clients: [1, 2]}\nrun: {transactions: 20, repeats: 1}\n")
+    proc = pglab("run", str(plan), "--results", str(tmp_path / "r"), "--format", "csv")
+    assert proc.returncode == 0, proc.stderr
+    starts = [line for line in proc.stderr.splitlines() if line.startswith("run ") and " of " in line]
+    assert len(starts) == 2, proc.stderr  # one line a run, not one a phase
+    assert re.fullmatch(r"run 1 of 2: tpcb-like sc=on c=1 j=1 #1; sweep ETA (not known yet|\d\d:\d\d)", starts[0])
+    # the second run's ETA comes from the first run's time
+    assert re.fullmatch(r"run 2 of 2: tpcb-like sc=on c=2 j=\d #1; sweep ETA \d\d:\d\d", starts[1]), starts
+    ended = [line for line in proc.stderr.splitlines() if "tps, p99" in line]
+    assert proc.stderr.index(starts[0]) < proc.stderr.index(ended[0]) < proc.stderr.index(starts[1])
