@@ -234,13 +234,14 @@ ODD_LINES = {
 }
 
 
+@pytest.mark.parametrize("at", [0, 20])
 @pytest.mark.parametrize("odd", ODD_LINES)
-def test_an_odd_line_among_pgbench_lines_reads_as_before(tmp_path: Path, odd: str) -> None:
-    """One line the CSV reader would take differently from str.split(), among lines as pgbench writes them:
-    the block it is in takes the former rule, so every figure is the former reader's."""
+def test_an_odd_line_among_pgbench_lines_reads_as_before(tmp_path: Path, odd: str, at: int) -> None:
+    """One line the CSV reader would take differently from str.split(), first or among lines as pgbench writes
+    them: the block it is in takes the former rule, so every figure is the former reader's."""
     path = tmp_path / "pgbench_log.1"
     good = [f"{i % 4} {i} {500 + i} 0 1763900000 {i * 7}" for i in range(50)]
-    path.write_text("\n".join([*good[:20], ODD_LINES[odd], *good[20:]]) + "\n", encoding="utf-8")
+    path.write_text("\n".join([*good[:at], ODD_LINES[odd], *good[at:]]) + "\n", encoding="utf-8")
     try:
         lat, end, failed = former_reader([path])
     except ValueError:

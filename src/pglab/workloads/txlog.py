@@ -121,47 +121,59 @@ def _blocks(f: IO[bytes]) -> Iterator[bytes]:
 
 _Parsed = tuple[np.ndarray, np.ndarray, np.ndarray, int]  # latencies, end times (µs), failed end times, skipped
 
-# Bytes pgbench never writes that the CSV reader would take otherwise than the former reader, wherever they are:
-# a carriage return (a line's end to a file read as text), a "+" (polars reads "+5" as 5, isdigit() refuses it);
-# non-ASCII bytes are looked for separately. Other whitespace than the single space is no integer in the first
-# six fields (the block then takes the line rule) and changes nothing after them; a space that starts a line or
-# doubles within the first six fields makes an empty field, a null.
-_NEVER = (b"\r", b"+")
+# Bytes pgbench never writes that would make the CSV reader's first six fields of a line other than str.split()'s
+# (or a line end other than a file read as text's: the carriage return), or a "+" (polars reads "+5" as 5,
+# isdigit() refuses it). Non-ASCII bytes, a space at the block's start and one after a space, a newline or another
+# byte below "0" (a space doubled, a line starting with one) are looked for separately.
+_NEVER = (b"\t", b"\r", b"\x0b", b"\x0c", b"\x1c", b"\x1d", b"\x1e", b"\x1f", b"+")
+_FAILED_OR_SKIPPED = ["failed", "skipped"]
 
 
-def _schema(fields: int) -> dict[str, Any]:
-    """The columns of a block whose first line has ``fields`` fields: the first six read, ``time`` as text."""
-    return {f"c{i}": pl.String if i == 2 else pl.Int64 for i in range(fields)}
+def _plain(data: bytes) -> bool:
+    """Whether every line's fields are split by single spaces, as pgbench writes them (then polars' fields are
+    str.split()'s)."""
+    if data[:1] == b" " or any(b in data for b in _NEVER):
+        return False
+    a = np.frombuffer(data, np.uint8)
+    return bool(a.max() < 0x80) and not bool(((a[1:] == 0x20) & (a[:-1] < 0x30)).any())
 
 
-def _read_block(data: bytes) -> tuple[pl.Series, np.ndarray, np.ndarray] | None:
-    """A block's ``time`` field (text), its end times' seconds and µs (int64), when every line is as pgbench
-    writes it: six fields or more, one space between the first six, all but ``time`` integers. None for any other
-    block: it takes the former line-by-line rule (:func:`_parse_lines`), which gives the same result on these and
-    handles the rest (a line cut short, a malformed end time raising, a latency beyond int64)."""
-    if any(b in data for b in _NEVER) or np.frombuffer(data, np.uint8).max() >= 0x80:
+def _schema(fields: int, kinds: bool) -> dict[str, Any]:
+    """The columns of a block whose first line has ``fields`` fields: the end time's two integers, ``time`` as
+    text when failed and skipped lines are told apart (``kinds``), else an integer (null for either)."""
+    return {f"c{i}": pl.Int64 if i in (4, 5) or (i == 2 and not kinds) else pl.String for i in range(fields)}
+
+
+def _read_block(data: bytes, kinds: bool) -> pl.DataFrame | None:
+    """A block's ``time`` field (``c2``) and its end times' seconds and µs (``c4``, ``c5``, integers), when every
+    line is as pgbench writes it: six fields or more, single spaces, end times integers, ``time`` an integer or
+    ``failed``/``skipped`` (unless ``kinds``: then any text). None for any other block: it takes the former
+    line-by-line rule (:func:`_parse_lines`), which gives the same result on these and handles the rest (a line
+    cut short, a malformed end time raising, a latency beyond int64)."""
+    if not _plain(data):
         return None
     fields = data.count(b" ", 0, data.find(b"\n")) + 1
     if fields < 6:
         return None
-    try:  # fields past the sixth are not read; a line with fewer has nulls, an empty field (a space too many) too
-        df = pl.read_csv(data, separator=" ", has_header=False, quote_char=None, schema=_schema(fields),
-                         columns=range(6), truncate_ragged_lines=True)
+    try:  # fields past the sixth are not read; a line with fewer has nulls
+        df = pl.read_csv(data, separator=" ", has_header=False, quote_char=None, schema=_schema(fields, kinds),
+                         columns=[2, 4, 5], truncate_ragged_lines=True,
+                         null_values=None if kinds else _FAILED_OR_SKIPPED)
     except pl.exceptions.PolarsError:  # a field that is no integer (a malformed end time, one beyond int64)
         return None
-    if any(c.null_count() for c in df.get_columns()):
+    sec = df["c4"]
+    if sec.null_count() or df["c5"].null_count():
         return None
-    sec = df["c4"].to_numpy()
-    if max(int(sec.max()), -int(sec.min())) >= 2**63 // 1_000_000 - 1:  # µs beyond int64
+    if max(int(sec.max()), -int(sec.min())) >= 2**63 // 1_000_000 - 1:  # type: ignore[arg-type]  # µs beyond int64
         return None
-    return df["c2"], sec, df["c5"].to_numpy()
+    return df
 
 
 def _latencies(t: pl.Series) -> pl.Series | None:
     """The ``time`` field as µs, null where ``failed`` or ``skipped``; None if another word or a negative number
     is there (not a transaction to the former rule, which the block then takes)."""
     lat = t.cast(pl.Int64, strict=False)
-    if lat.null_count() and not t.filter(lat.is_null()).is_in(["failed", "skipped"]).all():
+    if lat.null_count() and not t.filter(lat.is_null()).is_in(_FAILED_OR_SKIPPED).all():
         return None
     low = lat.min()
     return None if isinstance(low, int) and low < 0 else lat
@@ -169,11 +181,11 @@ def _latencies(t: pl.Series) -> pl.Series | None:
 
 def _parse_block(data: bytes) -> _Parsed:
     """One block of whole lines: latencies (µs), end times (int64 µs), failed end times (s), skipped count."""
-    block = _read_block(data)
-    lat = _latencies(block[0]) if block else None
-    if block is None or lat is None:
+    df = _read_block(data, kinds=True)
+    lat = _latencies(df["c2"]) if df is not None else None
+    if df is None or lat is None:
         return _parse_lines(data)
-    t, sec, us = block
+    t, sec, us = df["c2"], df["c4"].to_numpy(), df["c5"].to_numpy()
     ok = lat.is_not_null()
     latency = lat.filter(ok).to_numpy()
     if latency.size and latency.max() < 2**31:
@@ -316,17 +328,12 @@ class _BlockSummary:
 def _summarise_block(data: bytes) -> _BlockSummary:
     """A block's share of :class:`Summary`, in the parsing thread: start and end as :func:`first_start` and
     :meth:`TxLog.last_end` compute them."""
-    block = _read_block(data)
-    lat = _latencies(block[0]) if block else None
-    if block is None or lat is None:
+    df = _read_block(data, kinds=False)
+    if df is not None:
+        df = df.drop_nulls()  # failed and skipped lines
+        latency, end = df["c2"].to_numpy(), df["c4"].to_numpy() * 1_000_000 + df["c5"].to_numpy()
+    if df is None or (latency.size and latency.min() < 0):  # "-5" is no latency to isdigit()
         latency, end, _failed, _skipped = _parse_lines(data)
-    else:
-        _t, sec, us = block
-        if lat.null_count():
-            keep = lat.is_not_null().to_numpy()
-            latency, end = lat.drop_nulls().to_numpy(), sec[keep] * 1_000_000 + us[keep]
-        else:
-            latency, end = lat.to_numpy(), sec * 1_000_000 + us
     if not latency.size:
         return _BlockSummary(latency, 0, 0, 0, float("inf"), -(2**63))
     return _BlockSummary(latency, int(latency.sum(dtype=np.int64)), int(latency.min()), int(latency.max()),
