@@ -62,6 +62,17 @@ FORMATS = ("table", "markdown", "csv", "json")
 Format = Literal["table", "markdown", "csv", "json"]
 
 
+def _choices(*values: str) -> Any:
+    """Shell completion of an option whose value pglab checks itself (to refuse a wrong one in its own sentence)."""
+    def complete(incomplete: str) -> list[str]:
+        return [v for v in values if v.startswith(incomplete)]
+
+    return complete
+
+
+EXPORT_FORMATS = ("csv", "json", "parquet")  # pglab.report.export.FORMATS, without importing polars for --help
+
+
 def _version(value: bool) -> None:
     if value:
         out.print(f"pglab {__version__}", markup=False, highlight=False)
@@ -280,7 +291,7 @@ def _terminal_width() -> int:
 @app.command()
 def report(
     results: Path = typer.Argument(..., help="results folder written by 'pglab run'"),
-    fmt: str = typer.Option("table", "--format", help="|".join(FORMATS)),
+    fmt: str = typer.Option("table", "--format", help="|".join(FORMATS), autocompletion=_choices(*FORMATS)),
     per_run: bool = typer.Option(False, "--per-run", help="one row per run, with run_id and its folder"),
     sweep: int | None = typer.Option(None, "--sweep", help="sweep id (default: the latest)"),
     table: str | None = typer.Option(None, "--table", help="database|storage|durability|scenarios|cost|uplift|"
@@ -338,7 +349,8 @@ def report(
 @app.command("export")
 def export_command(
     results: Path = typer.Argument(..., help="results folder written by 'pglab run'"),
-    fmt: str = typer.Option(..., "--format", help="csv|json|parquet (JSON: one array of records per file)"),
+    fmt: str = typer.Option(..., "--format", help="csv|json|parquet (JSON: one array of records per file)",
+                            autocompletion=_choices(*EXPORT_FORMATS)),
     to: Path | None = typer.Option(None, "--to", help="output folder (default: RESULTS/export)"),
     sweep: int | None = typer.Option(None, "--sweep", help="sweep id (default: the latest)"),
 ) -> None:
@@ -374,7 +386,7 @@ def compare(
     axis: str | None = typer.Option(None, "--axis", help="compare two configurations within A along this axis"),
     value_a: str | None = typer.Option(None, "--a", help="the --axis value of configuration A"),
     value_b: str | None = typer.Option(None, "--b", help="the --axis value of configuration B"),
-    fmt: str = typer.Option("table", "--format", help="|".join(FORMATS)),
+    fmt: str = typer.Option("table", "--format", help="|".join(FORMATS), autocompletion=_choices(*FORMATS)),
     uplift: bool = typer.Option(False, "--uplift", help="the published shape: TPS of A and B per point, uplift % "
                                 "with its interval and verdict (and $/TPS when both plans have a cost)"),
     wide: bool = typer.Option(False, "--wide", help="every column, however wide (default: a table that fits the "

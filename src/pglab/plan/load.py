@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import difflib
 import os
 import re
 import stat
+import typing
 from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from pglab.errors import PlanError
 from pglab.plan.schema import BUILTIN_WORKLOADS, CustomWorkload, Plan, show
@@ -258,6 +260,8 @@ def format_errors(exc: ValidationError) -> list[str]:
                 continue
             else:
                 line = f"{field_path(loc[:cut])}: {_union_message(loc[:cut])}"
+        if err["type"] == "extra_forbidden" and (near := _near_field(tuple(err["loc"]))) is not None:
+            line = line.replace(UNKNOWN_FIELD, f"unknown field; did you mean '{near}'?")
         if line not in lines:
             lines.append(line)
     for loc in skipped:
@@ -265,6 +269,29 @@ def format_errors(exc: ValidationError) -> list[str]:
         if not any(line.startswith(path + ":") or line.startswith(path + ".") for line in lines):
             lines.append(f"{path}: {_union_message(loc)}")
     return lines
+
+
+UNKNOWN_FIELD = "unknown field; remove it or check its spelling"  # with a field close to it: "did you mean"
+
+
+def _models_in(annotation: Any) -> list[type[BaseModel]]:
+    """The models a field's type holds: itself, or inside a list, a mapping's values, a union, Optional …"""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    return [m for arg in typing.get_args(annotation) for m in _models_in(arg)]
+
+
+def _near_field(loc: tuple[Any, ...]) -> str | None:
+    """For an unknown field at ``loc`` (pydantic's location, the unknown key last), the closest field name of
+    the model(s) it was given to, or None when none is close (difflib's ratio ≥ 0.6)."""
+    models: list[type[BaseModel]] = [Plan]
+    for part in loc[:-1]:  # a list index, a mapping key or a union's tag leaves the models as they are
+        inner = [m for model in models if isinstance(part, str) and part in model.model_fields
+                 for m in _models_in(model.model_fields[part].annotation)]
+        models = inner or models
+    names = list(dict.fromkeys(f.alias or name for model in models for name, f in model.model_fields.items()))
+    found = difflib.get_close_matches(str(loc[-1]), names, n=1) if loc else []
+    return found[0] if found else None
 
 
 def _union_message(loc: tuple[Any, ...]) -> str:
@@ -279,7 +306,7 @@ def _message(err: Any) -> str:
     if kind == "missing":
         return "is required"
     if kind in ("extra_forbidden", "invalid_key"):
-        return "unknown field; remove it or check its spelling"
+        return UNKNOWN_FIELD
     if "[key]" in err["loc"] and kind == "string_type":
         return "is not a valid name; names here are text"
     msg = str(err["msg"])
