@@ -29,11 +29,11 @@ GO_TOOLCHAIN=go1.26.8          # the plugin's go.mod says go 1.26.4
 PLUGIN_VERSION=0.15.0
 MINIO_VERSION=v0.0.0-20260212201848-7aac2a2c5b7c   # minio/go.mod; MinIO's release of that commit has no module tag
 VERSITYGW_VERSION=1.8.0
-jobs="${OBJECTSTORE_BUILD_JOBS:-1}"   # go build -p: 1 keeps a shared 2-core machine usable
+jobs="${OBJECTSTORE_BUILD_JOBS:-1}"   # go build -p and GOMAXPROCS: 1 keeps a shared 2-core machine usable
 
 gorun() {
     env GOPATH="$cache/go" GOMODCACHE="$cache/go/mod" GOCACHE="$cache/go/cache" GOTMPDIR="$cache/go/tmp" \
-        GOFLAGS="-p=$jobs -buildvcs=false -modcacherw" GOTOOLCHAIN=local CGO_ENABLED=0 \
+        GOFLAGS="-p=$jobs -buildvcs=false -modcacherw" GOTOOLCHAIN=local CGO_ENABLED=0 GOMAXPROCS="$jobs" \
         nice -n 19 "$go" "$@"
 }
 
@@ -81,8 +81,10 @@ mkdir -p "$work/plugin"
 cp -r "$plugin_dir/kubernetes" "$plugin_dir/config" "$work/plugin/" && chmod -R u+w "$work/plugin"
 cp -r "$here/plugin-overlay" "$work/plugin/overlay"
 sed -i "s/PLUGIN_VERSION/$PLUGIN_VERSION/g" "$work/plugin/overlay/kustomization.yaml"
-kubectl="$(ls -t "$cache"/bin-*/kubectl 2>/dev/null | head -1)"   # the lab's own, else any on PATH
-kubectl="${kubectl:-$(command -v kubectl)}"
+# The lab's own kubectl (build.sh's), else any on PATH.
+kubectl="$(find "$cache" -maxdepth 2 -path "$cache/bin-*/kubectl" -printf '%T@ %p\n' | sort -rn | head -1 | cut -d' ' -f2-)"
+kubectl="${kubectl:-$(command -v kubectl || true)}"
+[ -n "$kubectl" ] || { echo "kube-lab: no kubectl to render the plugin's manifests: run tools/kube-lab/build.sh first" >&2; exit 1; }
 "$kubectl" kustomize --load-restrictor LoadRestrictionsNone "$work/plugin/overlay" > "$out/barman-cloud-plugin.yaml"
 sed "s/MINIO_TAG/${MINIO_VERSION##*-}/g" "$here/minio.yaml" > "$out/minio.yaml"
 
