@@ -1,22 +1,38 @@
-"""Summarising pgbench's per-transaction logs: the former line-by-line reader against pglab.workloads.txlog.
+"""Summarising pgbench's per-transaction logs: pglab's log summary against polars reading the same file.
 
 Generates a synthetic log in pgbench's exact -l format (``client_id transaction_no time script_no time_epoch
-time_us [schedule_lag] [retries]``, with some ``failed`` and ``skipped`` lines), then times each reader
-(read + percentiles) in its own subprocess: wall time and peak RSS (``ru_maxrss``), old and new alternating in
-the same run, medians over the repeats.
+time_us [schedule_lag] [retries]``, with some ``failed`` and ``skipped`` lines), then times each reader in its
+own subprocess: wall time once its modules are imported (``read_s``: what a pglab run, which has them imported,
+waits for), wall time with the imports (``wall_s``) and peak RSS (``ru_maxrss``), the readers alternating (their
+order rotated each round), medians over the rounds.
 
-    PYTHONPATH=src python bench/txlog.py --lines 10000000 --repeats 3
+- ``summary``: what ``pgbench.summarise_logs`` does before compressing (``pgbench.log_figures``: the figures and
+  the latency histogram, no transaction kept);
+- ``read``: ``txlog.read`` then the histogram and ``txlog_stats`` (the Kubernetes driver's way, which keeps the
+  transactions for its windowed figures);
+- ``before``: that same code from another checkout's ``src`` (``--before DIR``), e.g. the commit before a change;
+- ``polars_3_columns`` / ``polars_all_columns``: ``polars.read_csv`` of the file (its three columns pglab needs,
+  or all of them), nothing computed: the target;
+- ``former``: the line-by-line reader pglab had first (``--former``; ~17 s for 10 M lines).
+
+Every pglab reader must give the same count and percentiles (asserted).
+
+    mkdir /tmp/before && git archive <commit> src | tar -x -C /tmp/before
+    PYTHONPATH=src python bench/txlog.py --lines 10000000 --rounds 5 [--before /tmp/before/src] [--former]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
@@ -53,7 +69,7 @@ OLD = """
 import sys, time, resource
 from pathlib import Path
 import numpy as np
-t = time.perf_counter()
+t = i = time.perf_counter()
 lat, end = [], []
 for path in sys.argv[1:]:
     with open(path) as f:
@@ -66,80 +82,137 @@ for path in sys.argv[1:]:
 lat, end = np.asarray(lat, dtype=np.float64) / 1000.0, np.asarray(end, dtype=np.float64)
 p = np.percentile(lat, (50, 95, 99))
 first = float((end - lat / 1000.0).min())
-print(time.perf_counter() - t, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, lat.size, *p)
+print(time.perf_counter() - t, time.perf_counter() - i, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+      lat.size, *p)
 """
 
-NEW = """
+READ = """
 import sys, time, resource
 from pathlib import Path
 t = time.perf_counter()
 from pglab.workloads import txlog
 from pglab.workloads.pgbench import txlog_stats
+i = time.perf_counter()
 log = txlog.read([Path(a) for a in sys.argv[1:]])
 n = log.count
 h = txlog.LatencyHistogram.of(log.latency_us)
-p = txlog_stats(log, last_use=True).percentiles_ms.values()  # what pgbench.summarise_logs does
-print(time.perf_counter() - t, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, n, *p)
+p = txlog_stats(log, last_use=True).percentiles_ms.values()
+print(time.perf_counter() - t, time.perf_counter() - i, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+      n, *p)
+"""
+
+SUMMARY = """
+import sys, time, resource, tempfile
+from pathlib import Path
+t = time.perf_counter()
+from pglab.workloads import pgbench
+i = time.perf_counter()
+with tempfile.TemporaryDirectory() as tmp:
+    s = pgbench.log_figures([Path(a) for a in sys.argv[1:]], Path(tmp) / "latency_histogram.json")
+print(time.perf_counter() - t, time.perf_counter() - i, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+      s.count, *s.percentiles_ms.values())
+"""
+
+POLARS = """
+import sys, time, resource
+t = time.perf_counter()
+import polars as pl
+i = time.perf_counter()
+df = pl.concat([pl.read_csv(a, separator=" ", has_header=False, null_values=["failed", "skipped"],
+                            columns=COLUMNS) for a in sys.argv[1:]])
+print(time.perf_counter() - t, time.perf_counter() - i, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+      df.height)
 """
 
 BASE = """
 import resource
 import numpy
 from pglab.workloads import pgbench, txlog
-print(0, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 0, 0, 0, 0)
+print(0, 0, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 0, 0, 0, 0)
 """
 
 
-def run(code: str, files: list[Path]) -> tuple[float, float, int, list[float]]:
+class Run(NamedTuple):
+    wall_s: float  # imports included
+    read_s: float  # once imported: what a pglab run, which has them imported, waits for
+    rss_mb: float
+    transactions: int
+    percentiles: list[float]
+
+
+def run(code: str, files: list[Path], src: Path | None = None) -> Run:
+    env = dict(os.environ, PYTHONPATH=str(src)) if src else None
     out = subprocess.run([sys.executable, "-c", code, *map(str, files)], check=True, capture_output=True,
-                         text=True).stdout.split()
-    return float(out[0]), float(out[1]), int(out[2]), [float(x) for x in out[3:]]
+                         text=True, env=env).stdout.split()
+    return Run(float(out[0]), float(out[1]), float(out[2]), int(out[3]), [float(x) for x in out[4:]])
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--lines", type=int, default=10_000_000)
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--dir", type=Path, default=None)
+    ap.add_argument("--before", type=Path, default=None, help="another checkout's src: its read + histogram")
+    ap.add_argument("--former", action="store_true", help="also the line-by-line reader (slow)")
     ap.add_argument("--generate", type=Path, default=None, help="only write a log of --lines lines there")
+    ap.add_argument("--log", type=Path, default=None, help="time these readers on this log (no .gz step)")
     args = ap.parse_args()
     if args.generate:
         generate(args.generate, args.lines)
+        return
+    readers: dict[str, tuple[str, Path | None]] = {
+        "summary": (SUMMARY, None), "read": (READ, None),
+        "polars_3_columns": (POLARS.replace("COLUMNS", "[2, 4, 5]"), None),
+        "polars_all_columns": (POLARS.replace("COLUMNS", "None"), None)}
+    if args.before:
+        readers["before"] = (READ, args.before.resolve())
+    if args.former:
+        readers["former"] = (OLD, None)
+    results: dict[str, list[Run]] = {name: [] for name in readers}
+
+    def rounds(log: Path) -> None:
+        names = list(readers)
+        for r in range(args.rounds):
+            for name in names[r % len(names):] + names[:r % len(names)]:
+                code, src = readers[name]
+                results[name].append(run(code, [log], src))
+
+    def medians() -> dict[str, dict[str, float]]:
+        return {k: {f: statistics.median(getattr(x, f) for x in v) for f in ("read_s", "wall_s", "rss_mb")}
+                for k, v in results.items()}
+
+    if args.log:
+        rounds(args.log)
+        print(json.dumps(medians()), {k: (v[-1].transactions, v[-1].percentiles) for k, v in results.items()})
         return
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
         log = Path(tmp) / "pgbench_log.4242"
         # in a child, so that the children timed below do not inherit this one's peak RSS (fork keeps ru_maxrss)
         subprocess.run([sys.executable, __file__, "--generate", str(log), "--lines", str(args.lines)], check=True)
         size = log.stat().st_size
-        results: dict[str, list[tuple[float, float]]] = {"old": [], "new": []}
-        figures = {}
-        for _ in range(args.repeats):
-            for name, code in (("old", OLD), ("new", NEW)):
-                wall, rss, n, pct = run(code, [log])
-                results[name].append((wall, rss))
-                figures[name] = (n, pct)
-        base = run(BASE, [])[1]
+        rounds(log)
+        base = run(BASE, []).rss_mb
         gz = Path(tmp) / "gz" / log.name
         gz.parent.mkdir()
         log.rename(gz)
-        import time
-
         from pglab.workloads import txlog
         t = time.perf_counter()
         (packed,) = txlog.compress([gz])
         compress_s = time.perf_counter() - t
-        gz_wall, gz_rss, gz_n, gz_pct = run(NEW, [packed])
+        from_gz = run(SUMMARY, [packed])
         gz_size = packed.stat().st_size
-    assert figures["old"] == figures["new"] == (gz_n, gz_pct), (figures, gz_n, gz_pct)
-    med = {k: (statistics.median(w for w, _ in v), statistics.median(r for _, r in v)) for k, v in results.items()}
-    print(json.dumps({"lines": args.lines, "bytes": size, "repeats": args.repeats, "transactions": figures["new"][0],
-                      "old_wall_s": med["old"][0], "old_peak_rss_mb": med["old"][1],
-                      "new_wall_s": med["new"][0], "new_peak_rss_mb": med["new"][1],
-                      "wall_ratio": med["old"][0] / med["new"][0], "rss_ratio": med["old"][1] / med["new"][1],
-                      "interpreter_numpy_rss_mb": base, "gzip_level1_s": compress_s,
-                      "gz_bytes": gz_size,
-                      "new_from_gz_wall_s": gz_wall, "new_from_gz_peak_rss_mb": gz_rss,
-                      "all_runs": results}, indent=1))
+    figures = {k: (v[-1].transactions, v[-1].percentiles) for k, v in results.items()}
+    assert all(figures[k] == (from_gz.transactions, from_gz.percentiles) for k in readers if not k.startswith("polars"))
+    assert figures["polars_3_columns"][0] == figures["polars_all_columns"][0] == args.lines
+    med = medians()
+    polars = med["polars_3_columns"]
+    print(json.dumps({"lines": args.lines, "bytes": size, "rounds": args.rounds, "transactions": from_gz.transactions,
+                      "percentiles_ms": from_gz.percentiles, "median": med,
+                      "read_over_polars_3_columns": {k: v["read_s"] / polars["read_s"] for k, v in med.items()},
+                      "wall_over_polars_3_columns": {k: v["wall_s"] / polars["wall_s"] for k, v in med.items()},
+                      "interpreter_numpy_rss_mb": base, "gzip_level1_s": compress_s, "gz_bytes": gz_size,
+                      "summary_from_gz": from_gz._asdict(),
+                      "all_runs": {k: [x._asdict() for x in v] for k, v in results.items()}}, indent=1))
 
 
 if __name__ == "__main__":
