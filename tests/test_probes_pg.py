@@ -233,6 +233,13 @@ def test_wal_checkpoints_and_cache(run: Run) -> None:
         "checkpoints_timed",
         "checkpoints_req",
         "buffers_checkpoint",
+        "buffers_backend",
+        "buffers_backend_fsync",
+        "buffers_clean",
+        "wal_records",
+        "wal_fpi",
+        "wal_bytes_per_commit",
+        "wal_fpi_per_commit",
     }
 
 

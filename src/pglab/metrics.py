@@ -107,6 +107,16 @@ METRICS: tuple[Metric, ...] = (
            columns=(*_in("points", "runs"), Column("host", header="host CPU %", how="median"))),
     # ---- the database
     Metric("wal_mb_s", "MB/s", None, "database", "WAL written per second (pg_stat_wal)", columns=_in("points", "runs")),
+    Metric("wal_bytes_per_commit", "B", True, "database", "WAL generated per commit over the window "
+           "(pg_stat_wal.wal_bytes over pg_stat_database.xact_commit; PostgreSQL 14+)", 0,
+           columns=_in("points", "runs", header="WAL B/commit")),
+    Metric("wal_fpi_per_commit", "count", True, "database", "full-page images per commit over the window "
+           "(pg_stat_wal.wal_fpi over xact_commit; many after a checkpoint: the first change of each page after it "
+           "logs the whole page)", columns=_in("points", "runs", header="FPI/commit")),
+    Metric("buffers_backend", "count", True, "database", "shared buffers the backends wrote themselves in the "
+           "window, not left to the checkpointer or background writer (pg_stat_bgwriter.buffers_backend up to "
+           "PostgreSQL 16, pg_stat_io's relation writes from 17)", 0,
+           columns=_in("points", "runs", header="backend writes")),
     Metric("replay_lag_max_ms", "ms", True, "replication", "largest replay lag of any standby in the window",
            columns=_in("points", "runs")),
     # ---- storage, per instance: each instance's own cgroup, read at the window's start and end (after the
@@ -229,6 +239,11 @@ METRICS: tuple[Metric, ...] = (
     Metric("checkpoints_timed", "count", None, "database", "checkpoints started by checkpoint_timeout"),
     Metric("checkpoints_req", "count", None, "database", "checkpoints requested (max_wal_size, commands)"),
     Metric("buffers_checkpoint", "count", None, "database", "buffers written by checkpoints"),
+    Metric("buffers_clean", "count", None, "database", "buffers written by the background writer (pg_stat_bgwriter)"),
+    Metric("buffers_backend_fsync", "count", True, "database", "fsyncs the backends had to do themselves (the "
+           "checkpointer's request queue full; pg_stat_io's fsyncs from PostgreSQL 17)"),
+    Metric("wal_records", "count", None, "database", "WAL records generated in the window (pg_stat_wal)"),
+    Metric("wal_fpi", "count", None, "database", "full-page images written to WAL in the window (pg_stat_wal)"),
     Metric("active_backends_mean", "count", None, "database", "mean active backends (pg_stat_activity)"),
     Metric("wait.{event}", "share", True, "database", "share of active backends waiting on the event"),
     Metric("disk.{device}.{figure}", "per figure", None, "storage",
