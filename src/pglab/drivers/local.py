@@ -25,6 +25,7 @@ from pglab.plan.load import resolve_path
 from pglab.plan.schema import Plan
 from pglab.probes import ProbeContext, ProbeOpenError, Sampler, default_probes
 from pglab.probes.base import now
+from pglab.probes.statements import StatementsWindow
 from pglab.targets.base import Endpoints, Target, Topology
 from pglab.targets.external import ExternalServer
 from pglab.targets.local import cgroups, registry
@@ -260,6 +261,7 @@ class LocalDriver(ProcessDriver[Target]):
     def one_run(self, point: Point, repeat: int, run_id: str, run_dir: Path) -> RunResult:
         target, plan = self.target, self.plan
         sampler: Sampler | None = None
+        statements: StatementsWindow | None = None
         endpoints: Endpoints | None = None
         try:
             self.ui.run_started(point, repeat, "prepare")
@@ -290,6 +292,10 @@ class LocalDriver(ProcessDriver[Target]):
             )
             sampler = Sampler(default_probes(ctx) if plan.probes.enabled else [])
             sampler.start()
+            if plan.probes.enabled:  # pg_stat_statements where loaded (the extension made only where pglab owns it)
+                statements = StatementsWindow(ctx.primary_conninfo,
+                                              create=not (target.read_only or isinstance(target, ExternalServer)))
+                statements.open()
             run = plan.run
             events: list[Event] = []
             if run.warmup > 0:
@@ -301,6 +307,8 @@ class LocalDriver(ProcessDriver[Target]):
             self.step(point, repeat, "measure")
             primary_name = target.primary_name()
             primary_at_end: str | None = primary_name
+            if statements:
+                statements.start(now())
             io_before, cpu_before, launched = target.io_stats(), target.cpu_stats(), now()
             scenario_metrics: dict[str, float | None] = {}
             if point.scenario is None:
@@ -308,6 +316,8 @@ class LocalDriver(ProcessDriver[Target]):
                                               transactions=run.transactions, log=True)
                 cpu_after, ended = target.cpu_stats(), now()
                 io_after = target.io_stats()
+                if statements:
+                    statements.end(now())
                 self.step(point, repeat, "closing-tick")
                 wait_for_tick(ended)  # let every 1 s probe take the sample that closes the window
                 samples = sampler.stop()
@@ -320,6 +330,8 @@ class LocalDriver(ProcessDriver[Target]):
                     plan, target, self.ui.log, self._pgbench_once, point, run_dir, launched)
                 cpu_after, ended = target.cpu_stats(), result.window_end
                 io_after = target.io_stats()
+                if statements:
+                    statements.end(now())
                 self.step(point, repeat, "closing-tick")
                 try:
                     primary_at_end = target.primary_name()  # a failover or switchover moves the primary's role
@@ -337,19 +349,24 @@ class LocalDriver(ProcessDriver[Target]):
                                                target.io_accounting(), primary_at_end=primary_at_end)
             metrics.update(io_figures)
             metrics.update(scenario_metrics)
-            if sampler.errors:
-                (run_dir / "probe-errors.txt").write_text("\n".join(sampler.errors) + "\n")
+            statements_record = statements.write(run_dir) if statements else None
+            errors = sampler.errors + (statements.errors if statements else [])
+            if errors:
+                (run_dir / "probe-errors.txt").write_text("\n".join(errors) + "\n")
             series = pgbench_series(result, "pgbench")
             series += [(s.ts, s.source, s.metric, s.value) for s in samples]
             write_samples(run_dir / "probes.csv", samples)
             dataset = target.describe().get("dataset")  # how the lab got it: loaded, or from the dataset cache
             return RunResult.of(window, metrics, series=series, events=events, settings=settings,
                                 record={"command": result.command, "io": io_record,
-                                        **({"dataset": dataset} if dataset else {})})
+                                        **({"dataset": dataset} if dataset else {}),
+                                        **({"statements": statements_record} if statements_record else {})})
         except BaseException as exc:
             self._stop_pgbench()
             if sampler:
                 sampler.stop()
+            if statements:
+                statements.close()
             if not isinstance(exc, (KeyboardInterrupt, RunInterrupted, LabUnsound)):  # teardown follows those
                 self.end_leftovers_after_failure(endpoints)
             raise

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
@@ -53,6 +55,11 @@ def connect(conninfo: str, probe: str, *, connect_timeout: int = CONNECT_TIMEOUT
     except Exception:
         conn.close()
         raise
+    if conn.info.parameter_status("is_superuser") == "on":
+        # pglab's own queries stay out of the run's statements (pg_stat_statements); only a superuser may say so,
+        # and a server without the module takes it as a placeholder
+        with contextlib.suppress(psycopg.Error):
+            conn.execute("SET pg_stat_statements.track = 'none'")
     return conn
 
 
