@@ -259,13 +259,34 @@ def test_a_server_without_pg_stat_statements_has_no_artifact_and_no_error(plain:
     probe.close()
 
 
+def test_an_external_servers_extension_is_used_not_made(server: Server) -> None:
+    """Where pglab may not make it (an external server), a database without the extension has no statements; with
+    it installed, they are read."""
+    with psycopg.connect(server.conninfo, autocommit=True) as conn:
+        conn.execute("DROP DATABASE IF EXISTS other")
+        conn.execute("CREATE DATABASE other")
+    other = server.conninfo.replace("dbname=postgres", "dbname=other")
+    window = StatementsWindow(other, create=False)
+    window.open()
+    assert not window.available and window.errors == []
+    with psycopg.connect(other, autocommit=True) as conn:
+        assert conn.execute("SELECT count(*) FROM pg_extension WHERE extname = 'pg_stat_statements'").fetchone() == (0,)
+        conn.execute("CREATE EXTENSION pg_stat_statements")  # the server's owner installed it
+    window = StatementsWindow(other, create=False)
+    window.open()
+    try:
+        assert window.available and window.errors == []
+    finally:
+        window.close()
+
+
 LAB_PLAN = """
 name: why
 target: {local: {instances: 1}}
 postgres: {parameters: {shared_preload_libraries: pg_stat_statements}}
 dataset: {scale: 1}
 matrix: {workload: [tpcb-like], clients: [2]}
-run: {duration: 3s}
+run: {duration: 3s, warmup: 2s}
 """
 
 
@@ -281,7 +302,7 @@ def test_a_lab_run_keeps_its_statements_and_csv_carries_the_figures(tmp_path: Pa
     run = json.loads((run_dir / "run.json").read_text())
     doc = json.loads((run_dir / "statements.json").read_text())
     update = next(s for s in doc["statements"] if s["query"].startswith("UPDATE pgbench_accounts"))
-    assert update["calls"] == run["metrics"]["transactions"]  # the measured pgbench's, no warm-up, no more
+    assert update["calls"] == run["metrics"]["transactions"]  # the measured pgbench's, not the warm-up's
     assert run["statements"]["top"][0]["query"] == doc["statements"][0]["query"][:120]
     m = run["metrics"]
     assert m["wal_records"] > 0 and m["wal_bytes_per_commit"] > 0 and "buffers_backend" in m
