@@ -112,7 +112,7 @@ def open_log(path: Path) -> IO[bytes]:
 
 
 def _blocks(f: IO[bytes]) -> Iterator[bytes]:
-    """Whole lines, about BLOCK_BYTES at a time (the last one may lack its newline)."""
+    """Whole lines, about BLOCK_BYTES at a time (a newline added to a last line without one)."""
     while chunk := f.read(BLOCK_BYTES):
         if not chunk.endswith(b"\n"):
             chunk += f.readline()
