@@ -202,6 +202,18 @@ def test_a_server_without_pg_stat_wal_has_no_wal_figures() -> None:
     assert not {"wal_records", "wal_fpi", "wal_bytes_per_commit", "wal_fpi_per_commit"} & set(s)
 
 
+def test_a_wal_flush_verdict_says_what_the_wal_was_made_of() -> None:
+    from pglab.analysis.bottleneck import attribute
+
+    waits = {"cpu_pct": 50.0, "wait.IO:WALSync": 0.6, "wait.CPU": 0.1}
+    plain = {v.resource: v.evidence for v in attribute(waits, cores=2)}
+    assert plain["wal-flush"] == "60 % of active backends waiting on WAL write/flush"  # no pg_stat_wal: as before
+    why = {v.resource: v.evidence for v in attribute(
+        {**waits, "wal_bytes_per_commit": 8123.0, "wal_fpi_per_commit": 0.9, "checkpoints_req": 1.0}, cores=2)}
+    assert why["wal-flush"] == ("60 % of active backends waiting on WAL write/flush; 8,123 B of WAL and 0.90 "
+                                "full-page images per commit with 1 checkpoint(s) in the window")
+
+
 def _statements(conn: psycopg.Connection[Any]) -> dict[tuple[Any, ...], dict[str, float]]:
     rows = conn.execute(
         "SELECT userid::bigint, queryid, toplevel, calls, total_exec_time, rows, shared_blks_hit, shared_blks_read, "

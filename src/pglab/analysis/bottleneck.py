@@ -55,6 +55,17 @@ def _lock_share(metrics: dict[str, float | None]) -> float:
     return total
 
 
+def _wal_detail(metrics: dict[str, float | None]) -> str:
+    """What the WAL waited on was made of, where pg_stat_wal was read: its bytes and full-page images per commit, and
+    the checkpoints of the window (after one, each page's first change logs the whole page: WAL per commit jumps)."""
+    per_commit, fpi = metrics.get("wal_bytes_per_commit"), metrics.get("wal_fpi_per_commit")
+    if per_commit is None or fpi is None:
+        return ""
+    checkpoints = (metrics.get("checkpoints_timed") or 0.0) + (metrics.get("checkpoints_req") or 0.0)
+    text = f"; {per_commit:,.0f} B of WAL and {fpi:.2f} full-page images per commit"
+    return text + (f" with {checkpoints:g} checkpoint(s) in the window" if checkpoints else "")
+
+
 def interfered(metrics: dict[str, float | None]) -> bool:
     """True when processes outside the lab used at least :data:`INTERFERENCE_CORES` during the window: the
     point's figures then measured the host shared with someone else, not the platform alone."""
@@ -140,7 +151,8 @@ def attribute(metrics: dict[str, float | None], cores: int, jobs: int | None = N
         if effective >= WAIT_SHARE:
             where = (f"{effective * 100:.0f} % of the backends not queued on a lock ({share * 100:.0f} % of all)"
                      if queued else f"{share * 100:.0f} % of active backends")
-            out.append(Verdict(resource, effective / WAIT_SHARE, f"{where} {words}"))
+            detail = _wal_detail(metrics) if resource == "wal-flush" else ""
+            out.append(Verdict(resource, effective / WAIT_SHARE, f"{where} {words}{detail}"))
     locks = _lock_share(metrics)
     if locks >= WAIT_SHARE:
         out.append(Verdict("locks", 0.5 * locks / WAIT_SHARE,
