@@ -104,8 +104,8 @@ class StatementsWindow:
         doc: dict[str, Any] = {"window": window, "source": f"pg_stat_statements {self.version}",
                                "evicted": evicted, "statements": statements}
         if evicted:
-            doc["note"] = (f"pg_stat_statements evicted {evicted:g} entries during the window: statements "
-                           "evicted and tracked again count only since then (raise pg_stat_statements.max)")
+            doc["note"] = (f"pg_stat_statements evicted {evicted:g} entries during the window: the figures of "
+                           "statements evicted and tracked again are incomplete (raise pg_stat_statements.max)")
         write_json(run_dir / "statements.json", doc)
         top = [{"query": s["query"][:QUERY_CHARS], "calls": s["calls"], "total_exec_time_ms": s["total_exec_time"],
                 "mean_exec_time_ms": s["mean_exec_time"], "time_pct": s["time_pct"]} for s in statements[:TOP]]
@@ -124,8 +124,9 @@ def deltas(start: tuple[float, dict[Key, dict[str, Any]], float | None],
                                                                                 float | None]:
     """The window, every statement that ran in it (by execution time, most first) and the entries evicted.
 
-    An entry new at the end counts from zero; one whose calls went down was reset or evicted and tracked again
-    (its figures since then are what the window has of it: at least, not more)."""
+    An entry new at the end counts from zero; one whose calls went down was reset or evicted and tracked again: its
+    figures since then are what the window has of it (an evicted entry's figures are incomplete either way; the
+    evicted count says when that happened)."""
     (t0, before, dealloc0), (t1, after, dealloc1) = start, end
     out = []
     for key, a in after.items():
