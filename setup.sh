@@ -188,12 +188,22 @@ install_lab_prometheus() {
     tools/kube-lab/prometheus/build.sh "$go" >/dev/null
 }
 
+ensure_plan_user() {
+    # pglab run as root runs the plan's code (pgbench, a custom script's \shell) as this unprivileged user, which
+    # owns nothing (the server user, postgres, owns the data directories); PGLAB_PLAN_USER names another
+    if ! getent passwd pglab-run >/dev/null; then
+        echo "setup: creating the system user pglab-run (pglab as root runs the plans' pgbench scripts as it)"
+        sudo_cmd useradd --system --no-create-home --home-dir /nonexistent --shell /usr/sbin/nologin pglab-run
+    fi
+}
+
 install_base() {
     # $1: Python extras (comma-separated, may be empty); the rest: more system packages
     local extras="$1"
     shift
     install_system_packages "$@"
     install_python_packages ${extras//,/ }
+    ensure_plan_user
 }
 
 next_command() {

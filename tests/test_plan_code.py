@@ -1,5 +1,6 @@
 """Plans are code (docs/reliability.md): pgbench runs a plan's custom scripts, whose ``\\shell`` runs anything, so
-as root it runs as the lab's unprivileged user, like the servers; fio job files may not carry commands at all."""
+as root it runs as the unprivileged plan user (``pglab-run``), which owns nothing, not even the lab's data directories
+(the server user's); fio job files may not carry commands at all."""
 
 from __future__ import annotations
 
@@ -20,29 +21,35 @@ from pglab.targets.base import Endpoint, PlanCodeUser
 from pglab.workloads import fio
 from pglab.workloads.pgbench import PgbenchError, PgbenchProcess
 
-LAB_USER = os.environ.get("PGLAB_RUN_AS") or "postgres"
+SERVER_USER = os.environ.get("PGLAB_RUN_AS") or "postgres"
+LAB_USER = os.environ.get("PGLAB_PLAN_USER") or "pglab-run"  # who runs the plan's code
 
 
 @pytest.mark.postgres
 @pytest.mark.skipif(os.geteuid() != 0, reason="pglab demotes pgbench only when it runs as root")
-def test_a_plans_shell_command_runs_as_the_lab_user_in_the_client_group(tmp_path: Path) -> None:
-    """tmp_path (root's, 0700) holds the plan and the results: the lab user can reach neither, so this also
+def test_a_plans_shell_command_runs_as_the_plan_user_in_the_client_group(tmp_path: Path) -> None:
+    """tmp_path (root's, 0700) holds the plan and the results: the plan user can reach neither, so this also
     proves pgbench finds its script and writes its -l logs relative to the run folder it starts in."""
     lab_user = pwd.getpwnam(LAB_USER)
     out = Path(tempfile.mkdtemp(prefix="pglab-plan-code-", dir="/var/tmp"))
     try:
-        os.chmod(out, 0o1777)  # where the lab user may write what the script says
+        os.chmod(out, 0o1777)  # where the plan user may write what the script says
+        lab = out / "lab"
         (tmp_path / "who.sql").write_text(f"\\shell id -u > {out}/uid\n"
-                                          f"\\shell cat /proc/self/cgroup > {out}/cgroup\nSELECT 1;\n")
+                                          f"\\shell cat /proc/self/cgroup > {out}/cgroup\n"
+                                          f"\\shell touch {lab}/n0/data/planted 2> {out}/data; true\nSELECT 1;\n")
         plan = tmp_path / "plan.yaml"
         plan.write_text("name: plan-code\n"
-                        "target: {local: {instances: 1, synchronous: null, client: {cpus: 1}}}\n"
+                        "target: {local: {instances: 1, synchronous: null, client: {cpus: 1}, "
+                        f"paths: {{lab: {lab}}}}}}}\n"
                         "dataset: {scale: 1}\n"
                         "matrix: {workload: [{name: who, scripts: [{file: who.sql}]}], clients: [1]}\n"
                         "run: {duration: 2s, warmup: 0s, repeats: 1}\n")
         proc = pglab("run", str(plan), "--results", str(tmp_path / "r"), "--format", "json")
         assert proc.returncode == 0, proc.stderr
         assert (out / "uid").read_text().strip() == str(lab_user.pw_uid) != "0"
+        assert lab_user.pw_uid != pwd.getpwnam(SERVER_USER).pw_uid  # not the user who owns the data directories:
+        assert "Permission denied" in (out / "data").read_text()  # nothing planted in the primary's
         # \shell's process is pgbench's child: it is in the client's group, as pgbench is
         assert any(line.endswith("/client") for line in (out / "cgroup").read_text().splitlines())
         (row,) = json.loads(proc.stdout)
@@ -172,3 +179,40 @@ def test_a_client_that_cannot_enter_its_group_never_runs(tmp_path: Path) -> None
                        procs_files=[tmp_path / "no-such-group" / "cgroup.procs"])
     assert not (run / "ran").exists()
     assert run.stat().st_uid == 0
+
+
+@pytest.mark.postgres
+@pytest.mark.skipif(os.geteuid() != 0, reason="pglab demotes pgbench only when it runs as root")
+def test_a_plan_user_missing_or_unable_to_reach_the_lab_is_refused_before_anything(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from pglab.targets.local import postgres_bin
+
+    plan = tmp_path / "plan.yaml"
+    plan.write_text("name: who\ntarget: {local: {instances: 1}}\ndataset: {scale: 1}\nrun: {transactions: 10}\n")
+    for command in (["plan", "validate", str(plan)], ["run", str(plan), "--results", str(tmp_path / "r")]):
+        proc = pglab(*command, env={**os.environ, "PGLAB_PLAN_USER": "pglab-no-such-user"})
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+        assert proc.stderr.strip().splitlines() == [
+            "error: PGLAB_PLAN_USER: user 'pglab-no-such-user' does not exist; name an unprivileged user, or unset "
+            "it for pglab-run."]
+    assert not (tmp_path / "r").exists()
+    monkeypatch.delenv("PGLAB_PLAN_USER", raising=False)
+    monkeypatch.setattr(postgres_bin, "PLAN_USER", "pglab-no-such-user")  # a host where setup.sh did not run
+    with pytest.raises(UserError, match=r"useradd --system --no-create-home --shell /usr/sbin/nologin "
+                                        r"pglab-no-such-user\.$"):
+        postgres_bin.resolve_plan_user()
+    # a lab folder the server user can reach (its group) and the plan user cannot
+    door = Path(tempfile.mkdtemp(prefix="pglab-plan-code-", dir="/var/tmp"))
+    try:
+        os.chown(door, 0, pwd.getpwnam(SERVER_USER).pw_gid)
+        os.chmod(door, 0o710)
+        plan.write_text(f"name: who\ntarget: {{local: {{instances: 1, paths: {{lab: {door / 'lab'}}}}}}}\n"
+                        "dataset: {scale: 1}\nrun: {transactions: 10}\n")
+        proc = pglab("run", str(plan), "--results", str(tmp_path / "r"))
+        assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
+            f"error: target.local.paths.lab: the plan user '{LAB_USER}', who runs pgbench, cannot reach "
+            f"'{door / 'lab'}' (a parent directory is not searchable); choose a directory under a world-searchable "
+            "path such as /var/tmp."], proc.stderr
+        assert not (tmp_path / "r").exists() and not (door / "lab").exists()
+    finally:
+        shutil.rmtree(door, ignore_errors=True)

@@ -10,6 +10,7 @@ import gzip
 import io
 import json
 import os
+import pwd
 import re
 import shutil
 import sqlite3
@@ -238,10 +239,16 @@ def test_environment_is_stored(sweep: Any) -> None:
 
 
 def test_no_password_in_artifacts(sweep: Any, tmp_path: Path) -> None:
-    """The generated password lives in two owner-only passfiles and nowhere else: not in the store, the run
-    folders, the server logs, the reports and exports, the lab's other files, the registry, nor the output."""
+    """The generated password lives in owner-only passfiles (pglab's, the server user's and, as root, the plan
+    user's, in a folder of root's it cannot write) and nowhere else: not in the store, the run folders, the server
+    logs, the reports and exports, the lab's other files, the registry, nor the output."""
     lab: Path = sweep["lab"]
     passfiles = {lab / "secrets" / "pgpass", lab / "server" / "pgpass"}
+    if os.geteuid() == 0:  # pgbench ran as the plan user
+        passfiles.add(lab / "client" / "pgpass")
+        folder = (lab / "client").stat()
+        assert folder.st_uid == 0 and oct(folder.st_mode & 0o777) == "0o711"
+        assert (lab / "client" / "pgpass").stat().st_uid == pwd.getpwnam("pglab-run").pw_uid
     password = (lab / "secrets" / "pgpass").read_text().strip().rsplit(":", 1)[1]
     assert len(password) >= 20
     for f in passfiles:

@@ -21,7 +21,7 @@ from pglab.errors import PlanError, UserError
 from pglab.plan.schema import Plan
 from pglab.targets.base import OWN_SESSIONS
 from pglab.targets.local.lab_base import searchable_by
-from pglab.targets.local.postgres_bin import ServerUser, find_bindir, resolve_server_user
+from pglab.targets.local.postgres_bin import ServerUser, find_bindir, resolve_plan_user, resolve_server_user
 
 DEFAULT_RESULTS_ROOT = Path("results")  # relative to where pglab runs: results/<plan name> by default
 DEFAULT_MAX_CONNECTIONS = 100  # PostgreSQL's own default, when the installed one cannot be asked
@@ -69,6 +69,8 @@ def check_plan(plan: Plan, plan_dir: Path, *, host: bool = False, results: Path 
         if host:
             raise
         return [*notes, f"postgres.parameters, max_connections and the paths not checked: {str(exc).rstrip('.')}"]
+    if user is not None:  # root: the plan's code runs as the plan user, who must exist
+        resolve_plan_user()
     check_paths(plan, plan_dir)
     settings = check_parameters(plan, bindir, user, shared_buffers=True)
     if settings is None:
@@ -281,6 +283,11 @@ def check_paths(plan: Plan, plan_dir: Path) -> None:
         if user is not None and not searchable_by(existing, user.uid, user.gid):
             raise UserError(f"{field}: the server user '{user.name}' cannot reach '{path}' (a parent directory is "
                             "not searchable); choose a directory under a world-searchable path such as /var/tmp.")
+        plan_user = resolve_plan_user() if user is not None and name == "lab" else None  # its sockets, its passfile
+        if plan_user is not None and not searchable_by(existing, plan_user.uid, plan_user.gid):
+            raise UserError(f"{field}: the plan user '{plan_user.name}', who runs pgbench, cannot reach '{path}' (a "
+                            "parent directory is not searchable); choose a directory under a world-searchable path "
+                            "such as /var/tmp.")
 
 
 # ------------------------------------------------------------------ PostgreSQL parameters

@@ -28,6 +28,8 @@ ENVIRONMENT: dict[str, str] = {
                        "`target.external.bindir`); default: the newest `/usr/lib/postgresql/*/bin`, else `PATH`",
     "PGLAB_RUN_AS": "as root, the unprivileged user the local servers run as when the plan names none "
                     "(`target.local.run_as`); default `postgres`",
+    "PGLAB_PLAN_USER": "as root, the unprivileged user the plan's code (pgbench, a custom script's `\\shell`) runs as "
+                       "on a local lab; default `pglab-run`, which `./setup.sh` creates",
     "PGLAB_TOXIPROXY": "the `toxiproxy-server` executable that shapes replication links (`target.local.network`); "
                        "default: the one `./setup.sh install toxiproxy` builds into `.tools/bin`",
     "PGLAB_CACHE_DIR": "where the dataset cache keeps loaded datasets for later labs (`dataset.cache`, `pglab cache "

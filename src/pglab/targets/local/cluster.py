@@ -3,7 +3,9 @@
 Layout of a lab directory (owned by pglab; the servers' parts owned by the server user when root):
 
     <lab>/secrets/pgpass        client credentials (0600, owner: the user running pglab)
-    <lab>/server/pgpass         replication credentials (0600, owner: the server user), also pgbench's as root
+    <lab>/server/pgpass         replication credentials (0600, owner: the server user)
+    <lab>/client/pgpass         as root, pgbench's credentials (0600, owner: the plan user pglab-run; the folder
+                                root's, 0711)
     <lab>/sock/                 unix sockets of every instance
     <lab>/n0/data  <lab>/n0/wal primary (data and WAL bases can be moved elsewhere by the plan)
     <lab>/n1/...                standbys, built with pg_basebackup -R
@@ -143,9 +145,6 @@ class LocalLab(LabBase[Node]):
     def _server_passfile(self) -> Path:
         assert self.lab_dir is not None
         return self.lab_dir / "server" / "pgpass"
-
-    def _server_user_passfile(self) -> Path:
-        return self._server_passfile  # the same superuser line as the client's: no third copy of the password
 
     @property
     def sock_dir(self) -> Path:

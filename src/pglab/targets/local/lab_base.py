@@ -23,7 +23,7 @@ from pglab.targets.base import Endpoints, PlanCodeUser
 from pglab.targets.local import cgroups, registry
 from pglab.targets.local.cgroups import cgroup_name
 from pglab.targets.local.limits import GroupedLimits, ShapedLinks
-from pglab.targets.local.postgres_bin import ServerFiles
+from pglab.targets.local.postgres_bin import ServerFiles, ServerUser, resolve_plan_user
 from pglab.targets.local.removal import remove_tree
 
 
@@ -85,21 +85,26 @@ class LabBase(ServerFiles, GroupedLimits, ShapedLinks, abc.ABC, Generic[N]):
                 f"PGPASSFILE={q(str(ep.passfile))}"]
 
     def plan_code_user(self) -> PlanCodeUser | None:
-        """As root, pgbench (the plan's scripts) runs as the server user, with credentials it can read."""
+        """As root, pgbench (the plan's scripts) runs as the plan user (``pglab-run``, :func:`resolve_plan_user`),
+        not the server user, who owns the data directories; with credentials it can read."""
         if self.server_user is None or self.lab_dir is None:
             return None
-        user = self.server_user
-        return PlanCodeUser(user.name, user.uid, user.gid, self._server_user_passfile())
+        user = resolve_plan_user()
+        assert user is not None  # root: the server user exists only then
+        return PlanCodeUser(user.name, user.uid, user.gid, self._plan_user_passfile(user))
 
-    def _server_user_passfile(self) -> Path:
-        """The client's credentials where the server user can read them (that user runs the servers, so it knows
-        the password already): a copy in ``<lab>/server``, the server user's folder."""
+    def _plan_user_passfile(self, user: ServerUser) -> Path:
+        """The client's credentials where the plan user can read them: ``<lab>/client/pgpass``, its own file (0600)
+        in a folder of root's (0711) in which it can create nothing: no link it planted is ever written through."""
         assert self.lab_dir is not None
-        passfile = self.lab_dir / "server" / "pgpass-client"
-        fd = os.open(passfile, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        folder = self.lab_dir / "client"
+        folder.mkdir(mode=0o711, exist_ok=True)
+        os.chmod(folder, 0o711)
+        passfile = folder / "pgpass"
+        fd = os.open(passfile, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
         with os.fdopen(fd, "w") as f:
             f.write(self.client_passfile.read_text())
-        self._chown(passfile)
+        os.chown(passfile, user.uid, user.gid)
         return passfile
 
     def server_pids(self) -> list[int]:

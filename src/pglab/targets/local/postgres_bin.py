@@ -117,3 +117,28 @@ def resolve_server_user(run_as: str | None) -> ServerUser | None:
     if pw.pw_uid == 0:
         raise UserError("target.local.run_as: PostgreSQL cannot run as root; name an unprivileged user.")
     return ServerUser(name, pw.pw_uid, pw.pw_gid)
+
+
+PLAN_USER = "pglab-run"  # ./setup.sh creates it: a system user with no home, no shell, no file of the lab's
+
+
+def resolve_plan_user() -> ServerUser | None:
+    """As root, who runs the plan's code (pgbench, and what its scripts ``\\shell``): ``$PGLAB_PLAN_USER``, else
+    ``pglab-run``; an unprivileged user that owns nothing of value, where the server user owns the data directories
+    (the lab's, and a system PostgreSQL's). None when pglab is not root: the plan's code runs as pglab's user."""
+    if os.geteuid() != 0:
+        return None
+    given = os.environ.get("PGLAB_PLAN_USER")
+    name = given or PLAN_USER
+    try:
+        pw = pwd.getpwnam(name)
+    except KeyError:
+        if given:
+            raise UserError(f"PGLAB_PLAN_USER: user '{name}' does not exist; name an unprivileged user, or unset it "
+                            f"for {PLAN_USER}.") from None
+        raise UserError(f"pglab runs as root, so it runs the plan's code (pgbench, a script's \\shell) as the "
+                        f"unprivileged user '{PLAN_USER}', which this host lacks; run ./setup.sh install, or useradd "
+                        f"--system --no-create-home --shell /usr/sbin/nologin {PLAN_USER}.") from None
+    if pw.pw_uid == 0:
+        raise UserError("PGLAB_PLAN_USER: the plan's code must not run as root; name an unprivileged user.")
+    return ServerUser(name, pw.pw_uid, pw.pw_gid)

@@ -8,8 +8,9 @@ streaming replicas, and can switch over, kill a primary and watch the election.
 Layout of a lab directory (owned by pglab; the servers' parts owned by the server user when root):
 
     <lab>/secrets/pgpass        client credentials (0600, owner: the user running pglab)
-    <lab>/server/               Patroni's pgpass files (0700, owner: the server user); as root, pgpass-client
-                                (pgbench's, run as the server user)
+    <lab>/server/               Patroni's pgpass files (0700, owner: the server user)
+    <lab>/client/pgpass         as root, pgbench's credentials (0600, owner: the plan user pglab-run; the folder
+                                root's, 0711)
     <lab>/etcd/                 etcd's data directory
     <lab>/sock/                 unix sockets of every instance
     <lab>/n0/patroni.yml        n0's Patroni configuration (0600: it holds the passwords)
