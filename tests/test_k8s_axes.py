@@ -358,7 +358,9 @@ def load(api: FakeAPI, t: float) -> float:
 def primary_values(x: float) -> dict[str, float | None]:
     return {"xact_commit": 1000 + 2000 * x, "xact_rollback": 5 + 10 * x, "blks_read": 300 + 100 * x,
             "blks_hit": 1e6 + 9e4 * x, "wal_bytes": 1.3e7 + 4 * MIB * x, "checkpoints_timed": 4 + (x > 0.6),
-            "checkpoints_req": 2.0, "buffers_checkpoint": 1145 + (300 if x > 0.6 else 0)}
+            "checkpoints_req": 2.0, "buffers_checkpoint": 1145 + (300 if x > 0.6 else 0),
+            "wal_records": 32123 + 9000 * x, "wal_fpi": 1830 + 700 * x, "buffers_backend": 2204 + 50 * x,
+            "buffers_backend_fsync": 0.0, "buffers_clean": 12 + 8 * x}
 
 
 def standby_lags(x: float) -> dict[str, dict[str, float]]:
@@ -428,6 +430,11 @@ def test_exporter_deltas_over_the_window_are_what_the_primary_served(fake: tuple
     assert m["cache_hit_pct"] == pytest.approx(delta("blks_hit") / (delta("blks_hit") + delta("blks_read")) * 100)
     assert (m["checkpoints_timed"], m["checkpoints_req"], m["buffers_checkpoint"]) == (
         delta("checkpoints_timed"), 0, delta("buffers_checkpoint"))
+    # why the run went as it did (pg_stat_wal, the backends' own writes): counts over the window, and per commit
+    for k in ("wal_records", "wal_fpi", "buffers_backend", "buffers_backend_fsync", "buffers_clean"):
+        assert m[k] == pytest.approx(delta(k), rel=1e-9), k
+    assert m["wal_fpi_per_commit"] == pytest.approx(delta("wal_fpi") / delta("xact_commit"), rel=1e-9)
+    assert m["wal_bytes_per_commit"] == pytest.approx(delta("wal_bytes") / delta("xact_commit"), rel=1e-9)
     lags = [standby_lags(load(api, served[i][0]))["pg-2"] for i in inside]
     assert m["replay_lag_max_ms"] == pytest.approx(max(x["replay_lag_seconds"] for x in lags) * 1000)
     assert m["repl.pg-2.write_lag_max_ms"] == pytest.approx(max(x["write_lag_seconds"] for x in lags) * 1000)

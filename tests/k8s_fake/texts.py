@@ -43,7 +43,8 @@ def exporter_text(pod: str, values: dict[str, float | None] | None = None, *, pr
     given: dict[str, float | None] = {
         "xact_commit": 7887.0, "xact_rollback": 3.0, "blks_read": 316.0, "blks_hit": 1284724.0,
         "wal_bytes": 13429908.0, "checkpoints_timed": 4.0, "checkpoints_req": 2.0, "buffers_checkpoint": 1145.0,
-        **(values or {})}
+        "wal_records": 32123.0, "wal_fpi": 1830.0, "buffers_backend": 2204.0, "buffers_backend_fsync": 0.0,
+        "buffers_clean": 0.0, **(values or {})}
     v = {k: x for k, x in given.items() if x is not None}  # None: the exporter does not serve it
     out: list[str] = []
 
@@ -55,8 +56,11 @@ def exporter_text(pod: str, values: dict[str, float | None] | None = None, *, pr
     if "wal_bytes" in v:
         family("cnpg_collector_wal_bytes", "gauge", "Total amount of WAL generated in bytes. Only available on PG 14+",
                [(f'{{stats_reset="{stats_reset}"}}', v["wal_bytes"])])
-    family("cnpg_collector_wal_records", "gauge", "Total number of WAL records generated. Only available on PG 14+",
-           [(f'{{stats_reset="{stats_reset}"}}', 32123)])
+    for metric, text in (("fpi", "Total number of WAL full page images generated. Only available on PG 14+"),
+                         ("records", "Total number of WAL records generated. Only available on PG 14+")):
+        if f"wal_{metric}" in v:
+            family(f"cnpg_collector_wal_{metric}", "gauge", text,
+                   [(f'{{stats_reset="{stats_reset}"}}', v[f"wal_{metric}"])])
     family("cnpg_pg_replication_in_recovery", "gauge", "Whether the instance is in recovery",
            [("", 0 if primary else 1)])
     family("cnpg_pg_replication_lag", "gauge", "Replication lag behind primary in seconds", [("", 0)])
@@ -69,6 +73,12 @@ def exporter_text(pod: str, values: dict[str, float | None] | None = None, *, pr
                                "been performed")):
         if key in v:
             family(f"{prefix}_{metric}", "counter", text, [("", v[key])])
+    if not pg17:  # CloudNativePG's default pg_stat_bgwriter query; PostgreSQL 17 has no backend writes there
+        for metric, text in (("buffers_backend", "Number of buffers written directly by a backend"),
+                             ("buffers_backend_fsync", "Number of times a backend had to execute its own fsync call"),
+                             ("buffers_clean", "Number of buffers written by the background writer")):
+            if metric in v:
+                family(f"cnpg_pg_stat_bgwriter_{metric}", "counter", text, [("", v[metric])])
     for metric, text in (("blks_hit", "Number of times disk blocks were found already in the buffer cache"),
                          ("blks_read", "Number of disk blocks read in this database"),
                          ("xact_commit", "Number of transactions in this database that have been committed"),

@@ -132,7 +132,15 @@ _SERVER = {"wal_bytes": ("cnpg_collector_wal_bytes",),
                                  "cnpg_pg_stat_checkpointer_checkpoints_timed"),
            "checkpoints_req": ("cnpg_pg_stat_bgwriter_checkpoints_req", "cnpg_pg_stat_checkpointer_checkpoints_req"),
            "buffers_checkpoint": ("cnpg_pg_stat_bgwriter_buffers_checkpoint",
-                                  "cnpg_pg_stat_checkpointer_buffers_written")}
+                                  "cnpg_pg_stat_checkpointer_buffers_written"),
+           # pg_stat_wal (the operator's own collector, PostgreSQL 14+) and the backends' own writes (its default
+           # pg_stat_bgwriter query, up to PostgreSQL 16: on 17 it serves none, so no figure)
+           "wal_records": ("cnpg_collector_wal_records",), "wal_fpi": ("cnpg_collector_wal_fpi",),
+           "buffers_backend": ("cnpg_pg_stat_bgwriter_buffers_backend",),
+           "buffers_backend_fsync": ("cnpg_pg_stat_bgwriter_buffers_backend_fsync",),
+           "buffers_clean": ("cnpg_pg_stat_bgwriter_buffers_clean",)}
+_COUNTS = ("checkpoints_timed", "checkpoints_req", "buffers_checkpoint", "wal_records", "wal_fpi", "buffers_backend",
+           "buffers_backend_fsync", "buffers_clean")  # stored as the window's counts, as the local pg probe does
 # the primary's pg_stat_replication, per standby (application_name): local name → (metric, factor)
 _REPLICATION = {"write_lag_ms": ("cnpg_pg_stat_replication_write_lag_seconds", 1000.0),
                 "flush_lag_ms": ("cnpg_pg_stat_replication_flush_lag_seconds", 1000.0),
@@ -243,9 +251,16 @@ def summarize(scrapes: list[Scrape], primary: str, window: tuple[float, float], 
             info.update(start=first.ts, end=last.ts, start_read_s=first.took, end_read_s=last.took)
         d = {k: v for k, v in deltas(first, last, database).items() if k in names}
         metrics.update(rates(d, last.ts - first.ts))
-        metrics.update({k: d[k] for k in ("checkpoints_timed", "checkpoints_req", "buffers_checkpoint") if k in d})
+        metrics.update({k: d[k] for k in _COUNTS if k in d})
         if "blks_hit" in d and "blks_read" in d and d["blks_hit"] + d["blks_read"] > 0:
             metrics["cache_hit_pct"] = d["blks_hit"] / (d["blks_hit"] + d["blks_read"]) * 100
+    # per commit, as the local probe's: both counters from the same two scrapes (the first and last inside the window
+    # that have both groups)
+    both = [s for s in inside if {"commits", "wal_bytes"} <= counters(s.values, database).keys()]
+    if len(both) >= 2 and both[-1].ts > both[0].ts:
+        d = deltas(both[0], both[-1], database)
+        if d.get("commits"):
+            metrics.update({f"{k}_per_commit": d[k] / d["commits"] for k in ("wal_bytes", "wal_fpi") if k in d})
     if "start" not in info:
         info["note"] = "fewer than two scrapes of the primary's database counters inside the window: no commit figures"
     per_standby: dict[str, dict[str, float]] = {}
