@@ -23,7 +23,7 @@ from pglab.errors import LabError, LabUnsound, RunInterrupted, first_line
 from pglab.plan.expand import Point, expand
 from pglab.plan.load import resolve_path
 from pglab.plan.schema import Plan
-from pglab.probes import ProbeContext, ProbeOpenError, Sampler, default_probes
+from pglab.probes import ProbeContext, ProbeOpenError, Sample, Sampler, default_probes
 from pglab.probes.base import now
 from pglab.probes.statements import StatementsWindow
 from pglab.targets.base import Endpoints, Target, Topology
@@ -319,8 +319,7 @@ class LocalDriver(ProcessDriver[Target]):
                 if statements:
                     statements.end(now())
                 self.step(point, repeat, "closing-tick")
-                wait_for_tick(ended)  # let every 1 s probe take the sample that closes the window
-                samples = sampler.stop()
+                samples = close_window(sampler, ended)  # every probe's sample that closes the window, no more
                 self.step(point, repeat, "summary")
                 result = pgbench.finish_run(measured[0], measured[1], run_dir / "pgbench_log", launched, ended)
             else:
@@ -337,8 +336,7 @@ class LocalDriver(ProcessDriver[Target]):
                     primary_at_end = target.primary_name()  # a failover or switchover moves the primary's role
                 except Exception:  # no leader yet: the roles over the window are not known either
                     primary_at_end = None
-                wait_for_tick(ended)
-                samples = sampler.stop()
+                samples = close_window(sampler, ended)
                 self.step(point, repeat, "summary")
                 events += scenario_events
             window = (result.window_start, result.window_end)
@@ -542,10 +540,13 @@ def checkpoint_events(log_text: str) -> list[Event]:
     return events
 
 
-def wait_for_tick(t: float) -> None:
-    """Sleep past the next whole second, so every 1 s probe has taken the sample that closes the window (a safe
-    point: a recorded Ctrl-C or SIGTERM ends it)."""
-    interrupts.sleep(max(0.0, (int(t) + 1 - t) + 0.25))
+def close_window(sampler: Sampler, end: float) -> list[Sample]:
+    """Stop the probes once each has taken the samples that close a window ending by ``end`` (a rate probe its
+    first row past the end, a gauge none: :meth:`Sampler.close`), and return every sample. A safe point: a recorded
+    Ctrl-C or SIGTERM ends the wait (the caller stops the sampler).
+
+    Until issue 33 every run slept past the next whole second and a quarter of a second more: 0.25–1.25 s."""
+    return sampler.close(end, join=interrupts.join)
 
 
 def _answers(endpoints: Endpoints, timeout_s: int = 5) -> bool:

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from pglab.artifacts import write_json, write_samples
-from pglab.drivers.local import ProcessDriver, pgbench_metrics, pgbench_series, wait_for_tick
+from pglab.drivers.local import ProcessDriver, close_window, pgbench_metrics, pgbench_series
 from pglab.engine.types import Event, Observer, RunFailed, RunResult, TenantFigure
 from pglab.plan.expand import Point
 from pglab.plan.schema import Plan, Tier
@@ -86,8 +86,7 @@ class TenantsDriver(ProcessDriver[Fleet]):
             codes, memory = self._all_at_once(dirs, "pgbench", run.measured_seconds, run.transactions, log=True)
             after, ended = fleet.usage(), now()
             self.step(point, repeat, "closing-tick")
-            wait_for_tick(ended)
-            samples = sampler.stop()
+            samples = close_window(sampler, ended)
             self.step(point, repeat, "summary")
             results: dict[str, pgbench.PgbenchRun] = {}
             failed: list[str] = []

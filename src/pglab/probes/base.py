@@ -9,6 +9,7 @@ A sample carries the *end* of its interval as ``ts`` and the interval length ``d
 from __future__ import annotations
 
 import contextlib
+import math
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -72,6 +73,13 @@ def in_window(sample: Sample, start: float, end: float, dt: float) -> bool:
 STOP_TIMEOUT_S = 10.0  # all probes' threads together, when a run ends
 
 
+def closes_with_end(probe: Probe) -> bool:
+    """Whether ``probe``'s window figures use only samples taken by the window's end (gauges: a snapshot at
+    ``ts``, in the window when ``ts`` is): then nothing after the end can change them. Said by a class attribute
+    ``gauge = True``; a probe without it is a rate probe, whose window needs its first row past the end."""
+    return bool(getattr(probe, "gauge", False))
+
+
 class Sampler:
     """Runs each probe in its own thread at its own interval; collects samples in memory."""
 
@@ -81,6 +89,9 @@ class Sampler:
         self.errors: list[str] = []
         self._lock = threading.Lock()
         self._stop = threading.Event()
+        # wakes the probes' threads when the window's end is known (close) or they must stop
+        self._wake = threading.Condition()
+        self._end: float | None = None
         self._threads: list[tuple[Probe, threading.Thread]] = []
         self._on_error = on_error
 
@@ -114,12 +125,22 @@ class Sampler:
     def _sample_until_stopped(self, probe: Probe) -> None:
         interval = probe.interval
         next_tick = (int(now() / interval) + 1) * interval
-        while not self._stop.is_set():
-            delay = next_tick - now()
-            if delay > 0 and self._stop.wait(delay):
-                break
+        last: float | None = None  # the tick of the last sample taken
+        last_row: float | None = None  # … and of the last one that gave rows (a fine read alone gives none)
+        while True:
+            with self._wake:
+                while True:
+                    if self._stop.is_set():
+                        return
+                    if self._end is not None and self._closed(probe, self._end, last, last_row):
+                        return
+                    delay = next_tick - now()
+                    if delay <= 0:
+                        break
+                    self._wake.wait(delay)
+            ts = now()
             try:
-                got = probe.sample(now())
+                got = probe.sample(ts)
             except Exception as exc:  # a probe failing must not kill the run; it is recorded
                 self.errors.append(f"{probe.name}: {exc}")
                 if self._on_error:
@@ -127,16 +148,37 @@ class Sampler:
                 got = []
             with self._lock:
                 self.samples.extend(got)
+            last = ts
+            if got:
+                last_row = ts
             next_tick += interval
             late = now() - next_tick
             if late > 0:  # skip missed ticks rather than bursting
                 next_tick += (int(late / interval) + 1) * interval
 
+    @staticmethod
+    def _closed(probe: Probe, end: float, last: float | None, last_row: float | None) -> bool:
+        """Whether ``probe`` has every sample its figures over a window ending by ``end`` can use.
+
+        A gauge (:func:`closes_with_end`): those taken by ``end``, every one of them complete (this runs between
+        samples). A rate probe: its first row past ``end`` (the row whose interval holds the end: by the middle of
+        its interval or by its share inside, it may count); rows after it lie wholly past the end. A probe that
+        gave no row for a whole row interval past the end's next boundary (no device to read, a failing query)
+        gives none: not waited for longer."""
+        if closes_with_end(probe):
+            return True
+        if last_row is not None and last_row > end:
+            return True
+        row = float(getattr(probe, "row_interval", probe.interval))
+        return last is not None and last >= (math.floor(end / row) + 2) * row
+
     def stop(self, timeout: float = STOP_TIMEOUT_S) -> list[Sample]:
         """Stop the probes within ``timeout`` seconds in all. A probe still waiting on a server that does not answer
         (frozen: its statement_timeout is the server's to enforce) is left to its thread, which closes it when the
         call returns (the server answers, or is stopped at teardown): it is said, never closed under that call."""
-        self._stop.set()
+        with self._wake:
+            self._stop.set()
+            self._wake.notify_all()
         deadline = time.monotonic() + timeout
         for _probe, t in self._threads:
             t.join(timeout=max(0.0, deadline - time.monotonic()))
@@ -153,6 +195,26 @@ class Sampler:
                     self.errors.append(f"{probe.name}: close: {exc}")
         with self._lock:
             return list(self.samples)
+
+    def close(self, end: float, timeout: float = STOP_TIMEOUT_S,
+              join: Callable[[threading.Thread, float], None] | None = None) -> list[Sample]:
+        """The window ended at ``end`` (epoch seconds, no earlier than the window's last instant): each probe stops
+        as soon as it has the samples its figures over the window can use (see :meth:`_closed`), instead of every
+        probe waiting for a whole tick past the end. What the window's figures are made of is the same as when
+        every probe sampled on to the next tick and a margin: a gauge's samples past the end never counted, nor a
+        rate probe's rows after the one that holds the end. ``join`` waits for one thread (``interrupts.join``
+        in a run: a signal is acted on there); then :meth:`stop`, with what is left of ``timeout``."""
+        with self._wake:
+            self._end = end
+            self._wake.notify_all()
+        deadline = time.monotonic() + timeout
+        for _probe, t in self._threads:
+            left = max(0.0, deadline - time.monotonic())
+            if join is None:
+                t.join(left)
+            else:
+                join(t, left)
+        return self.stop(timeout=max(0.0, deadline - time.monotonic()))
 
     def summarize(self, start: float, end: float) -> dict[str, float]:
         out: dict[str, float] = {}

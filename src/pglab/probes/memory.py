@@ -32,6 +32,7 @@ class MemoryProbe:
     """Snapshots of Dirty/Writeback; a gauge, so a sample belongs to the window of its own instant."""
 
     name = "mem"
+    gauge = True  # a snapshot per tick: a window counts those taken by its end (Sampler.close waits for none)
 
     def __init__(self, ctx: ProbeContext | None = None, interval: float = 1.0):
         self.ctx = ctx

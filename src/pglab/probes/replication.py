@@ -42,6 +42,7 @@ class ReplicationProbe:
     """One source ``repl:<application_name>`` per standby connected to the primary."""
 
     name = "repl"
+    gauge = True  # a snapshot per tick: a window counts those taken by its end (Sampler.close waits for none)
 
     def __init__(self, ctx: ProbeContext, interval: float = 1.0):
         self.ctx = ctx

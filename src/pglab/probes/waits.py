@@ -28,6 +28,7 @@ class WaitEventsProbe:
     """Samples at ``ctx.wait_hz`` (5 Hz by default); one sample per event seen plus ``_active``."""
 
     name = "waits"
+    gauge = True  # a snapshot per tick: a window counts those taken by its end (Sampler.close waits for none)
 
     def __init__(self, ctx: ProbeContext):
         self.ctx = ctx
