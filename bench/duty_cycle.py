@@ -19,6 +19,9 @@ results store each run wrote, with the same queries whatever the pglab version:
 - and, where the store has them (a pglab that records its phases), the phases by name.
 
     .venv/bin/python bench/duty_cycle.py --tree before=/tmp/pglab-main --tree after=. --json out.json
+
+``--plan FILE`` runs that plan instead (e.g. examples/quickstart.yaml: its storage phase and warm-ups count in the
+wall time, as they do for a user; ``--duration``, ``--repeats`` and ``--scale`` are then the plan's own).
 """
 
 from __future__ import annotations
@@ -60,13 +63,16 @@ run:
 def one_sweep(tree: Path, plan: Path, results: Path, python: str) -> dict[str, Any]:
     """``pglab run`` from ``tree`` into ``results``; the figures read back from its store."""
     env = {**os.environ, "PYTHONPATH": str(tree / "src")}
+    load = os.getloadavg()[0]
     t0 = time.time()
     proc = subprocess.run([python, "-m", "pglab.cli", "run", str(plan), "--results", str(results)], env=env,
                           capture_output=True, text=True, cwd=tree)
     process_s = time.time() - t0
     if proc.returncode != 0:
         raise SystemExit(f"pglab run from {tree} failed ({proc.returncode}): {proc.stderr[-2000:]}")
-    return {"process_s": process_s, **figures(results / "results.db")}
+    # the machine's 1-minute load average before and after the sweep (a shared machine: say how busy it was)
+    return {"process_s": process_s, "load_before": load, "load_after": os.getloadavg()[0],
+            **figures(results / "results.db")}
 
 
 def figures(db_path: Path) -> dict[str, Any]:
@@ -105,13 +111,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--scale", type=int, default=10)
     ap.add_argument("--rounds", type=int, default=1, help="sweeps per tree, the trees taking turns")
+    ap.add_argument("--plan", type=Path, help="run this plan file instead of the generated one")
     ap.add_argument("--python", default=sys.executable)
     ap.add_argument("--json", type=Path, help="also write every figure here")
     args = ap.parse_args(argv)
     trees = {name: Path(d).resolve() for name, d in (t.split("=", 1) for t in args.tree)}
     work = Path(tempfile.mkdtemp(prefix="pglab-duty-"))
     plan = work / "duty-cycle.yaml"
-    plan.write_text(PLAN.format(scale=args.scale, duration=f"{args.duration:g}", repeats=args.repeats))
+    if args.plan is not None:
+        plan = args.plan.resolve()
+    else:
+        plan.write_text(PLAN.format(scale=args.scale, duration=f"{args.duration:g}", repeats=args.repeats))
     out: dict[str, list[dict[str, Any]]] = {name: [] for name in trees}
     for r in range(args.rounds):
         order = list(trees) if r % 2 == 0 else list(reversed(trees))
@@ -122,7 +132,8 @@ def main(argv: list[str] | None = None) -> int:
                   f"({fig['measured_s']:.1f} s of {fig['wall_s']:.1f} s; pglab run {fig['process_s']:.1f} s); "
                   f"per run: {fig['before_window_median_s']:.2f} s before the window, "
                   f"{fig['after_window_median_s']:.2f} s after, {fig['between_runs_median_s']:.2f} s between; "
-                  f"lab+dataset {fig['first_run_after_s']:.1f} s, teardown {fig['teardown_s']:.1f} s", flush=True)
+                  f"lab+dataset {fig['first_run_after_s']:.1f} s, teardown {fig['teardown_s']:.1f} s; load average "
+                  f"{fig['load_before']:.1f} → {fig['load_after']:.1f}", flush=True)
             if fig["phases"]:
                 print("  phases: " + ", ".join(f"{n} {p['seconds']:.1f} s" for n, p in fig["phases"].items()),
                       flush=True)
