@@ -17,8 +17,8 @@ order rotated each round), medians over the rounds.
 
 Every pglab reader must give the same count and percentiles (asserted).
 
-    mkdir /tmp/before && git archive <commit> src | tar -x -C /tmp/before
-    PYTHONPATH=src python bench/txlog.py --lines 10000000 --rounds 5 [--before /tmp/before/src] [--former]
+    mkdir -p before && git archive <commit> src | tar -x -C before
+    PYTHONPATH=src python bench/txlog.py --lines 10000000 --rounds 5 [--before before/src] [--former]
 """
 
 from __future__ import annotations
