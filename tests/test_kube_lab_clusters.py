@@ -106,18 +106,23 @@ def test_a_storage_axis_builds_a_cluster_per_class(lab: kubelab.KubeLab, tmpfs_c
     sweep = store.sweeps()[-1]
     assert sweep["status"] == "done"
     # the storage phase ran on each class's own volume: the mount its fio pod had is on that medium
+    # on the node of the Cluster's one instance (the first value's: fio runs before the first run)
     fio_rows = {f["label"]: f for f in store.fio_results(sweep["id"])}
-    assert set(fio_rows) == {"disk/data", "memory/data"}, fio_rows
+    (node,) = {label.split("@")[1] for label in fio_rows}
+    assert lab.node(node).role == "database"
+    assert set(fio_rows) == {f"disk/data@{node}", f"memory/data@{node}"}, fio_rows
     fsyncs = {}
     for value in ("disk", "memory"):
-        row = fio_rows[f"{value}/data"]
-        mount = (results / "storage" / value / "data" / "volume-mount.txt").read_text().split()
+        row = fio_rows[f"{value}/data@{node}"]
+        folder = results / "storage" / value / "data" / node
+        mount = (folder / "volume-mount.txt").read_text().split()
         device = mount[2]
         fstype = node_disks.get(device) if value == "disk" else "tmpfs"
-        assert (device in node_disks if value == "disk" else device == memory), (value, mount, node_disks)
+        # lab-local's volume on that node's own disk, none of the others'
+        assert device == (dev_of(lab.node_disk(node)) if value == "disk" else memory), (value, mount, node_disks)
         assert mount[mount.index("-") + 1] == fstype, (value, mount)
         assert row["device"].split()[:2] == [device, fstype], row
-        raw = json.loads((results / "storage" / value / "data" / f"{row['job']}.json").read_text())["jobs"][0]
+        raw = json.loads((folder / f"{row['job']}.json").read_text())["jobs"][0]
         assert row["iops"] == raw["write"]["iops"] > 0
         fsyncs[value] = raw["sync"]["lat_ns"]["mean"]
     assert fsyncs["memory"] < fsyncs["disk"], fsyncs  # an fdatasync on tmpfs writes nothing to a device
