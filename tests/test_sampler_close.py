@@ -1,11 +1,12 @@
-"""Closing a run's window (issue 33): each probe stops once it has the samples its window figures can use, not at a
-whole tick and a margin past the end. A rate probe keeps its first row past the end (the row that holds the end),
-and nothing after it; a gauge nothing taken after the end; the real CPU and disk probes' figures over a window are
-those of the samples kept."""
+"""Opening and closing a run's probes (issue 33). They open side by side, and a failure closes those that opened.
+At the window's end each probe stops once it has the samples its window figures can use, not at a whole tick and a
+margin past the end: a rate probe keeps its first row past the end (the row that holds the end) and nothing after
+it; a gauge nothing taken after the end; the real CPU and disk probes keep the reads that place the edge."""
 
 from __future__ import annotations
 
 import tempfile
+import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -122,3 +123,34 @@ def test_the_cpu_and_disk_probes_keep_the_reads_that_place_the_windows_edge_and_
     figures = sampler.summarize(start, end)
     total = sum(exact_cpu[0].host)
     assert figures["cpu_pct"] == pytest.approx(100.0 - (exact_cpu[0].host[3] + exact_cpu[0].host[4]) / total * 100)
+
+
+class Opening(Gauge):
+    """A probe whose opening waits for every other probe's to have begun (a barrier): it opens only when they all
+    open side by side."""
+
+    def __init__(self, name: str, barrier: threading.Barrier, fails: bool = False):
+        super().__init__(name, 1.0)
+        self.barrier, self.fails, self.closed = barrier, fails, False
+
+    def open(self) -> None:
+        self.barrier.wait()
+        if self.fails:
+            raise RuntimeError(f"{self.name} cannot open")
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def test_the_probes_open_side_by_side_and_a_failure_closes_those_that_opened() -> None:
+    barrier = threading.Barrier(3, timeout=20)
+    probes = [Opening("a", barrier), Opening("b", barrier, fails=True), Opening("c", barrier)]
+    with pytest.raises(RuntimeError, match="b cannot open"):
+        Sampler(probes).start()
+    assert [p.closed for p in probes] == [True, False, True]
+    opened = [Opening(n, threading.Barrier(2, timeout=20)) for n in "xy"]
+    opened[1].barrier = opened[0].barrier
+    sampler = Sampler(opened)
+    sampler.start()
+    sampler.stop()
+    assert sampler.errors == [] and all(p.closed for p in opened)

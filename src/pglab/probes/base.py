@@ -13,6 +13,7 @@ import math
 import threading
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol, runtime_checkable
@@ -73,6 +74,15 @@ def in_window(sample: Sample, start: float, end: float, dt: float) -> bool:
 STOP_TIMEOUT_S = 10.0  # all probes' threads together, when a run ends
 
 
+def _open(probe: Probe) -> BaseException | None:
+    """``probe.open()``; what it raised, or None."""
+    try:
+        probe.open()
+    except BaseException as exc:
+        return exc
+    return None
+
+
 def closes_with_end(probe: Probe) -> bool:
     """Whether ``probe``'s window figures use only samples taken by the window's end (gauges: a snapshot at
     ``ts``, in the window when ``ts`` is): then nothing after the end can change them. Said by a class attribute
@@ -96,16 +106,21 @@ class Sampler:
         self._on_error = on_error
 
     def start(self) -> None:
-        opened: list[Probe] = []
-        try:
-            for probe in self.probes:
-                probe.open()
-                opened.append(probe)
-        except BaseException:
-            for probe in opened:  # do not leak the connections of the probes already open
-                with contextlib.suppress(Exception):
-                    probe.close()
-            raise
+        """Open every probe, side by side (each opening is mostly a connection's round trips: one after the other
+        they were a tenth of a second before every run), then start their threads. The first probe's error in the
+        list's order is raised, after closing those that opened."""
+        if len(self.probes) > 1:
+            with ThreadPoolExecutor(max_workers=len(self.probes), thread_name_prefix="probe-open") as pool:
+                outcomes = list(pool.map(_open, self.probes))
+        else:
+            outcomes = [_open(p) for p in self.probes]
+        failed = next((exc for exc in outcomes if exc is not None), None)
+        if failed is not None:
+            for probe, exc in zip(self.probes, outcomes, strict=True):
+                if exc is None:  # do not leak the connections of the probes that opened
+                    with contextlib.suppress(Exception):
+                        probe.close()
+            raise failed
         for probe in self.probes:
             t = threading.Thread(target=self._loop, args=(probe,), name=f"probe-{probe.name}", daemon=True)
             t.start()
