@@ -26,3 +26,28 @@ def test_a_piped_sweep_says_run_n_of_n_with_its_eta(tmp_path: Path) -> None:
     assert re.fullmatch(r"run 2 of 2: tpcb-like sc=on c=2 j=\d #1; sweep ETA \d\d:\d\d", starts[1]), starts
     ended = [line for line in proc.stderr.splitlines() if "tps, p99" in line]
     assert proc.stderr.index(starts[0]) < proc.stderr.index(ended[0]) < proc.stderr.index(starts[1])
+
+
+def test_the_eta_is_paced_by_the_runs_not_by_what_came_before_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    # a Kubernetes sweep: 200 s of Cluster, storage phase and dataset, then runs of 30 s each; after the first run
+    # the 7 left take 210 s, not 7 × 230 s
+    import io
+
+    from rich.console import Console
+
+    from pglab import cli
+    from pglab.plan.expand import Point
+
+    clock = [1000.0]
+    monkeypatch.setattr(cli.time, "monotonic", lambda: clock[0])
+    out = io.StringIO()
+    view = cli.ProgressView(Console(file=out, force_terminal=False, width=120))
+    point = Point(index=0, workload="tpcb-like", synchronous_commit="on", clients=1, jobs=1)
+    with view:
+        view.sweep_started(8, None)
+        clock[0] += 200
+        view.run_started(point, 1, "measure")
+        clock[0] += 30
+        view.run_finished(point, 1, "ok", {"tps": 1.0})
+        view.run_started(point, 2, "measure")
+    assert "run 2 of 8: tpcb-like sc=on c=1 j=1 #2; sweep ETA 03:30" in out.getvalue(), out.getvalue()

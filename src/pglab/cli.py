@@ -100,7 +100,8 @@ class ProgressView:
             console=console, transient=False, disable=not console.is_terminal,  # logs only when not a terminal
         )
         self.task: Any = None
-        self.started = time.monotonic()
+        # since the first run began: the runs' own pace, not the provisioning, storage phase and dataset before it
+        self.runs_began: float | None = None
         self.estimate: float | None = None
         self.done = 0
         self.total = 0
@@ -120,9 +121,8 @@ class ProgressView:
         self.task = self.bar.add_task("provisioning", total=runs, tps="", eta=self._eta())
 
     def _eta(self) -> str:
-        elapsed = time.monotonic() - self.started
-        if self.done:
-            remaining = elapsed / self.done * (self.total - self.done)
+        if self.done and self.runs_began is not None:
+            remaining = (time.monotonic() - self.runs_began) / self.done * (self.total - self.done)
         elif self.estimate:
             remaining = self.estimate
         else:
@@ -130,6 +130,8 @@ class ProgressView:
         return time.strftime("%M:%S", time.gmtime(remaining)) if remaining < 3600 else f"{remaining / 3600:.1f} h"
 
     def run_started(self, point: Point, repeat: int, phase: str) -> None:
+        if self.runs_began is None:
+            self.runs_began = time.monotonic()
         self.bar.update(self.task, description=f"{point.label()} #{repeat} {phase}", tps="",
                              eta=self._eta())
         if not self.live and self.announced != (point.index, repeat):  # once a run, not once a phase
