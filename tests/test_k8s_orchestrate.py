@@ -169,3 +169,28 @@ def test_results_tarball_cannot_escape(tmp_path: Path) -> None:
         extract_results(f"text\n{BEGIN_MARK}\nAAAA", tmp_path / "dest")
     with pytest.raises(K8sError, match="the kubelet rotated it while they were printed"):  # the start went away
         extract_results(f"AAAA\n{END_MARK}\n", tmp_path / "dest")
+
+
+def test_a_log_read_before_its_results_ended_is_read_again(fake: tuple[FakeAPI, client.ApiClient],
+                                                          tmp_path: Path) -> None:
+    # the Job reported ended while the end of its output had not reached the log file yet (seen on a loaded lab)
+    api, api_client = fake
+    api.log_cut["pg-run-0000-1"] = 2
+    outcomes = orchestrator(api_client, tmp_path).run(tmp_path / "out")
+    assert api.log_cut["pg-run-0000-1"] == 0  # read until whole
+    assert all(o.succeeded for o in outcomes)
+    assert (tmp_path / "out/pg-run-0000-1/pgbench.out").read_text() == "pg-run-0000-1 done\n"
+
+
+def test_a_log_whose_results_never_end_fails_the_job_and_is_kept_as_read(fake: tuple[FakeAPI, client.ApiClient],
+                                                                        tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    from pglab.targets.kubernetes import orchestrate
+
+    api, api_client = fake
+    api.log_cut["pg-run-0000-1"] = 10**6
+    monkeypatch.setattr(orchestrate, "LOG_SETTLE_S", 0.3)
+    with pytest.raises(K8sError, match=r"the pod's log ends inside its results"):
+        orchestrator(api_client, tmp_path).run(tmp_path / "out")
+    kept = (tmp_path / "out/pg-run-0000-1/pod.log").read_text()
+    assert BEGIN_MARK in kept and END_MARK not in kept  # as read, for whoever looks into it

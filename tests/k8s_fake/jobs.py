@@ -8,7 +8,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
-from pglab.targets.kubernetes.render import VOLUME_MARK
+from pglab.targets.kubernetes.render import END_MARK, VOLUME_MARK
 
 from .routing import Answer, Request, status
 
@@ -58,10 +58,15 @@ class Jobs:
             return status(400, "BadRequest", message=f'container "main" in pod "{job}-pod" is waiting to start: '
                                                      "ContainerCreating")
         if job in api.logs:
-            return 200, api.logs[job]
-        if (probe := self._volume_probe(req.params["ns"], job)) is not None:
-            return 200, probe
-        return 200, api.default_log(job)
+            text = api.logs[job]
+        elif (probe := self._volume_probe(req.params["ns"], job)) is not None:
+            text = probe
+        else:
+            text = api.default_log(job)
+        if api.log_cut.get(job, 0) > 0:  # its results' end not in the log file yet
+            api.log_cut[job] -= 1
+            text = text[:text.index(END_MARK)]
+        return 200, text
 
     def _volume_probe(self, namespace: str, job: str) -> str | None:
         """A volume probe Job's log, as its script prints it for the claims it mounts; None for other Jobs."""

@@ -54,6 +54,7 @@ class FakeAPI:
         self.terminating_reads = 0  # a namespace in phase Terminating goes after this many more reads
         self.logs: dict[str, str] = {}
         self.log_not_ready: dict[str, int] = {}  # job -> log reads answering 400 (its container still starting)
+        self.log_cut: dict[str, int] = {}  # job -> log reads whose results are begun and not ended (not flushed yet)
         self.default_log: Callable[[str], str] = lambda job: results_log({"pgbench.out": f"{job} done\n"})
         self.on_job_created: Callable[[str], None] = lambda job: None
         self.reads: dict[str, int] = {}

@@ -30,6 +30,8 @@ HEALTHY = "Cluster in healthy state"
 SCRAPE_TIMEOUT = (3.0, 5.0)  # connect, read: a pod port the API server cannot reach is a gap, not a stall
 POD_LOOK_S = 10.0  # how often a running Job's pod is looked at for a reason it cannot start
 POD_START_GRACE_S = 120.0  # how long such a reason may last (a slow pull, a node being added) before the Job fails
+LOG_SETTLE_S = 10.0  # how long the log of a Job that ended may take to hold the whole of its results
+LOG_SETTLE_POLL_S = 0.5
 CANNOT_START = {"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "CreateContainerConfigError",
                 "CreateContainerError"}
 PROMOTE_TRIES = 5  # a switchover request conflicting with the operator's own status writes is read and sent again
@@ -401,10 +403,15 @@ class Orchestrator:
                     next_look = time.monotonic() + POD_LOOK_S
                     stuck_since = self._pod_cannot_start(f"job-name={m.name}", f"Job/{m.name}", stuck_since)
                 interrupts.sleep(self.poll_s)
-            raw = self.job_log(m.name)
+            raw = self.settled_log(m.name)
             if raw is None:
                 raise K8sError(f"Job/{m.name} ended without a pod to read")
-            text, files = extract_results(raw, dest)
+            try:
+                text, files = extract_results(raw, dest)
+            except K8sError:
+                dest.mkdir(parents=True, exist_ok=True)
+                (dest / "pod.log").write_text(raw)  # as read: what was wrong with it stays to be seen
+                raise
             outcome = JobOutcome(m.name, bool(st.succeeded), text, files, self.job_node(m.name))
         finally:
             self.discard(m)
@@ -546,6 +553,18 @@ class Orchestrator:
                 raise K8sError(f"{', '.join(left)} still there {timeout_s:.0f} s after the Cluster was deleted "
                                "(finalizers, or a pod still using a claim)")
             interrupts.sleep(self.poll_s)
+
+    def settled_log(self, job: str) -> str | None:
+        """The log of a Job that ended, once its results are whole: the last of a container's output can reach its
+        log file after the Job is reported ended (seen once on a loaded lab: the results' end missing), so a log
+        with the results begun and not ended is read again, every LOG_SETTLE_POLL_S for LOG_SETTLE_S at most."""
+        deadline = time.monotonic() + LOG_SETTLE_S
+        raw = self.job_log(job)
+        while raw is not None and BEGIN_MARK in raw and END_MARK not in raw.partition(BEGIN_MARK)[2] \
+                and time.monotonic() < deadline:
+            interrupts.sleep(LOG_SETTLE_POLL_S)
+            raw = self.job_log(job)
+        return raw
 
     def job_log(self, job: str) -> str | None:
         """The log of a Job's pod so far; None while it has no pod."""
