@@ -364,9 +364,7 @@ class KubernetesDriver:
                     for finding in r.findings:
                         self.ui.log(f"storage: {label} {r.job} {r.direction}: {finding.message}")
                 yield FioMeasurement(label, _mount_of(dest), results, fio.ceilings(results))
-                self.orch.created.remove(next(x for x in self.orch.created if x.kind == "PersistentVolumeClaim"
-                                              and x.name == pvc.name))
-                self.orch.delete(pvc)  # measured: its space goes back before the next node's and the database phase
+                self.orch.discard(pvc)  # measured: its space goes back before the next node's and the database phase
 
     def _instance_nodes(self) -> list[str]:
         """The nodes of the Cluster's instances, the primary's first: where the storage phase measures."""
