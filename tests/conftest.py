@@ -61,6 +61,15 @@ def pglab(*args: str, timeout: float = 600, check: bool = False, **kwargs: objec
     return proc
 
 
+def shell_complete(words: str) -> list[str]:
+    """What pglab's bash completion offers for the command line ``words`` (a trailing space: the next word)."""
+    env = {**os.environ, "_PGLAB_COMPLETE": "complete_bash", "COMP_WORDS": words,
+           "COMP_CWORD": str(len(words.split()) - (0 if words.endswith(" ") else 1))}
+    proc = pglab(env=env)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout.split()
+
+
 def processes_mentioning(text: str) -> list[str]:
     """Command lines of running processes that mention ``text`` (e.g. a lab directory)."""
     found = []

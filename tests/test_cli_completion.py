@@ -3,20 +3,11 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
 
-from conftest import pglab
-
-
-def _complete(words: str) -> list[str]:
-    env = {**os.environ, "_PGLAB_COMPLETE": "complete_bash", "COMP_WORDS": words,
-           "COMP_CWORD": str(len(words.split()) - (0 if words.endswith(" ") else 1))}
-    proc = pglab(env=env)
-    assert proc.returncode == 0, proc.stderr
-    return proc.stdout.split()
+from conftest import pglab, shell_complete
 
 
 @pytest.mark.parametrize(("words", "expected"), [
@@ -27,7 +18,7 @@ def _complete(words: str) -> list[str]:
     ("pglab report results --format m", ["markdown"]),
 ])
 def test_format_is_completed_everywhere(words: str, expected: list[str]) -> None:
-    assert _complete(words) == expected
+    assert shell_complete(words) == expected
 
 
 def test_export_completes_what_it_accepts() -> None:

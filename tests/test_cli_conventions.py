@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import pglab
+from conftest import pglab, shell_complete
 from pglab import __version__
 from pglab.store import Store
 
@@ -48,15 +48,8 @@ def test_a_value_not_among_the_choices_is_refused_with_them() -> None:
 
 
 def test_shell_completion_completes_commands_and_choices() -> None:
-    def complete(words: str) -> list[str]:
-        env = {**os.environ, "_PGLAB_COMPLETE": "complete_bash", "COMP_WORDS": words,
-               "COMP_CWORD": str(len(words.split()) - (0 if words.endswith(" ") else 1))}
-        proc = pglab(env=env)
-        assert proc.returncode == 0, proc.stderr
-        return proc.stdout.split()
-
-    assert "sweeps" in complete("pglab sw")
-    assert complete("pglab run plan.yaml --format ") == ["table", "markdown", "csv", "json"]
+    assert "sweeps" in shell_complete("pglab sw")
+    assert shell_complete("pglab run plan.yaml --format ") == ["table", "markdown", "csv", "json"]
     assert "--install-completion" in pglab("--help").stdout
 
 
