@@ -11,11 +11,13 @@ import os
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
+
+from helpers import Ran
 
 # The dataset cache (src/pglab/targets/local/dataset/cache.py) is off in every test unless the test turns it on:
 # a test loads the dataset it means to test, and nothing is written into the user's cache folder.
@@ -59,6 +61,26 @@ def pglab(*args: str, timeout: float = 600, check: bool = False, **kwargs: objec
     if check and proc.returncode != 0:
         raise AssertionError(f"pglab {' '.join(args)} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}")
     return proc
+
+
+def run_plan(plan: Path, results: Path, *args: str, check: bool = True, timeout: float = 600,
+             **kwargs: object) -> Ran:
+    """``pglab run PLAN --results RESULTS ARGS…`` as a user would; ``check``: a non-zero exit fails the test with
+    pglab's output. Read what it stored through the returned ``Ran`` (tests/helpers.py)."""
+    proc = pglab("run", str(plan), "--results", str(results), *args, check=check, timeout=timeout, **kwargs)
+    return Ran(proc, results)
+
+
+@pytest.fixture
+def run_in_tmp(tmp_path: Path) -> Callable[..., Ran]:
+    """Run a plan given as YAML text in this test's folder (plan.yaml, results/), then read its store:
+    ``run_in_tmp(PLAN, "--format", "csv")``; ``check=False`` when the test expects pglab to refuse or fail."""
+
+    def run(text: str, *args: str, check: bool = True, timeout: float = 600, **kwargs: object) -> Ran:
+        plan = write_plan(tmp_path / "plan.yaml", text)
+        return run_plan(plan, tmp_path / "results", *args, check=check, timeout=timeout, **kwargs)
+
+    return run
 
 
 def shell_complete(words: str) -> list[str]:

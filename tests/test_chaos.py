@@ -9,7 +9,6 @@ import json
 import os
 import re
 import signal
-import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -20,7 +19,15 @@ import psycopg
 import pytest
 
 from conftest import pglab, processes_mentioning
-from test_resume import _fault_each_measured_pgbench, _pgbench_children
+from helpers import (
+    fault_each_measured_pgbench,
+    lab_dir,
+    pgbench_children,
+    postmaster,
+    stored_events,
+    stored_runs,
+    sweep_row,
+)
 
 pytestmark = pytest.mark.postgres
 
@@ -39,29 +46,10 @@ def _start(plan: Path, results: Path) -> subprocess.Popen[str]:
                             start_new_session=True)
 
 
-def _lab(results: Path) -> Path:
-    target = sqlite3.connect(results / "results.db").execute("SELECT target FROM sweeps").fetchone()[0]
-    return Path(json.loads(target)["lab_dir"])
-
-
-def _postmaster(lab: Path, node: str) -> int:
-    state = json.loads((lab / "lab.json").read_text())
-    data = next(Path(n["data"]) for n in state["nodes"] if n["name"] == node)
-    return int((data / "postmaster.pid").read_text().splitlines()[0])
-
-
 def _tree(pid: int) -> list[int]:
     from pglab.targets.local.procs import descendants
 
     return [pid, *descendants(pid)]
-
-
-def _runs(results: Path) -> list[tuple[int, str, str | None]]:
-    db = sqlite3.connect(results / "results.db", timeout=30)
-    try:
-        return db.execute("SELECT repeat, status, reason FROM runs ORDER BY id").fetchall()
-    finally:
-        db.close()
 
 
 def _pgbench_backends(lab: Path) -> list[tuple[int, str | None]]:
@@ -85,16 +73,16 @@ def test_frozen_standbys_fail_the_run_then_stop_the_sweep_in_one_sentence(tmp_pa
     backends_after_failure: list[tuple[int, str | None]] | None = None
     try:
         deadline = time.monotonic() + 240
-        while time.monotonic() < deadline and proc.poll() is None and not (pids := _pgbench_children(proc.pid)):
+        while time.monotonic() < deadline and proc.poll() is None and not (pids := pgbench_children(proc.pid)):
             time.sleep(0.1)
         assert proc.poll() is None, proc.communicate()[1][-2000:]
         time.sleep(2.0)  # inside the measured run: commits now wait for an ack that will not come
-        lab = _lab(results)
-        frozen = [p for n in ("n1", "n2") for p in _tree(_postmaster(lab, n))]
+        lab = lab_dir(results)
+        frozen = [p for n in ("n1", "n2") for p in _tree(postmaster(lab, n))]
         for p in frozen:
             os.kill(p, signal.SIGSTOP)
         # run 1 fails at its deadline; the next run's replay wait then finds the standbys silent
-        while time.monotonic() < deadline and proc.poll() is None and _runs(results)[0][1] != "failed":
+        while time.monotonic() < deadline and proc.poll() is None and stored_runs(results)[0].status != "failed":
             time.sleep(0.2)
         if proc.poll() is None:
             time.sleep(1.0)
@@ -111,8 +99,8 @@ def test_frozen_standbys_fail_the_run_then_stop_the_sweep_in_one_sentence(tmp_pa
     assert pids, "pgbench never started"
     assert proc.returncode == 1, err
     assert "Traceback" not in err
-    runs = _runs(results)
-    assert runs[0][1] == "failed" and "pgbench did not end" in (runs[0][2] or ""), runs
+    runs = stored_runs(results)
+    assert runs[0].status == "failed" and "pgbench did not end" in (runs[0].reason or ""), runs
     # the stopped pgbench's backends (committing, waiting for the standbys' ack) were ended before the next run
     assert backends_after_failure == [], backends_after_failure
     # no wait without a word: the overrun and the replay wait are said while they last
@@ -120,19 +108,17 @@ def test_frozen_standbys_fail_the_run_then_stop_the_sweep_in_one_sentence(tmp_pa
     assert "waiting for standby(s) n1, n2 to replay" in err
     sentence = "standby(s) n1, n2 stopped answering (no replay progress for 60 s)"
     assert sentence in err.splitlines()[-1], err[-2000:]
-    db = sqlite3.connect(results / "results.db")
-    status, reason = db.execute("SELECT status, reason FROM sweeps").fetchone()
-    ended = [d for k, d in db.execute("SELECT kind, detail FROM events") if k == "leftover-backend-ended"]
-    db.close()
+    status, reason = (sweep := sweep_row(results))["status"], sweep["reason"]
+    ended = [d or "" for _ts, _k, d, _run, _scope in stored_events(results, "leftover-backend-ended")]
     assert status == "failed" and sentence in reason, reason
     assert ended and any("SyncRep" in d for d in ended), ended
-    assert runs[1] == (2, "failed", f"the sweep ended: {reason}"), runs
+    assert (runs[1].repeat, runs[1].status, runs[1].reason) == (2, "failed", f"the sweep ended: {reason}"), runs
     assert lab is not None and processes_mentioning(str(lab)) == []
 
     # the standbys are back (SIGCONT): the same command resumes and completes the sweep
     again = pglab("run", str(plan), "--results", str(results), "--format", "csv", timeout=300)
     assert again.returncode == 0, again.stderr[-2000:]
-    assert [s for _r, s, _ in _runs(results)].count("ok") == 3
+    assert [r.status for r in stored_runs(results)].count("ok") == 3
     assert processes_mentioning(str(results)) == []
 
 
@@ -148,14 +134,14 @@ def test_pgbench_frozen_then_the_primary_killed_fail_their_runs_and_the_sweep_go
     def strike(fault: str, pgbench: int) -> None:
         nonlocal lab
         seen.append(pgbench)
-        lab = lab or _lab(results)
+        lab = lab or lab_dir(results)
         if fault == "pgbench":
             os.kill(pgbench, signal.SIGSTOP)  # alive, silent: only the deadline ends it
         else:
-            os.kill(_postmaster(lab, "n0"), signal.SIGKILL)
+            os.kill(postmaster(lab, "n0"), signal.SIGKILL)
 
     try:
-        _fault_each_measured_pgbench(proc, faults, 300, strike)
+        fault_each_measured_pgbench(proc, faults, 300, strike)
         _out, err = proc.communicate(timeout=300)
     finally:
         if proc.poll() is None:
@@ -165,14 +151,12 @@ def test_pgbench_frozen_then_the_primary_killed_fail_their_runs_and_the_sweep_go
     assert not faults, f"the sweep ended before every fault was injected: {err[-2000:]}"
     assert proc.returncode == 1, err  # failed runs: exit 1, after the sweep went on
     assert "Traceback" not in err
-    runs = _runs(results)
-    assert [(r, s) for r, s, _ in runs] == [(1, "failed"), (2, "failed"), (3, "ok")], runs
-    assert "pgbench did not end" in (runs[0][2] or ""), runs
-    assert "n0" in (runs[1][2] or "") or "connection" in (runs[1][2] or ""), runs
+    runs = stored_runs(results)
+    assert [(r.repeat, r.status) for r in runs] == [(1, "failed"), (2, "failed"), (3, "ok")], runs
+    assert "pgbench did not end" in (runs[0].reason or ""), runs
+    assert "n0" in (runs[1].reason or "") or "connection" in (runs[1].reason or ""), runs
     assert "restarted n0" in err
-    db = sqlite3.connect(results / "results.db")
-    assert db.execute("SELECT status FROM sweeps").fetchone()[0] == "done"
-    db.close()
+    assert sweep_row(results)["status"] == "done"
     assert lab is not None and processes_mentioning(str(lab)) == []
     assert not any(Path(f"/proc/{p}").exists() for p in seen)
 
@@ -186,14 +170,14 @@ def test_a_frozen_primary_fails_its_run_and_stops_the_sweep_in_one_sentence(tmp_
     labs: list[Path] = []
 
     def strike(_fault: str, _pgbench: int) -> None:
-        labs.append(_lab(results))
-        frozen.extend(_tree(_postmaster(labs[0], "n0")))
+        labs.append(lab_dir(results))
+        frozen.extend(_tree(postmaster(labs[0], "n0")))
         for p in frozen:
             os.kill(p, signal.SIGSTOP)
 
     started = time.monotonic()
     try:
-        _fault_each_measured_pgbench(proc, ["n0"], 240, strike)
+        fault_each_measured_pgbench(proc, ["n0"], 240, strike)
         _out, err = proc.communicate(timeout=240)
     finally:
         for p in frozen:
@@ -207,22 +191,20 @@ def test_a_frozen_primary_fails_its_run_and_stops_the_sweep_in_one_sentence(tmp_
     assert frozen, "the primary was never frozen"
     assert proc.returncode == 1, err
     assert "Traceback" not in err
-    runs = _runs(results)
+    runs = stored_runs(results)
     # the run fails at pgbench's deadline, the next one finds the primary silent: one sentence, the sweep stops
-    assert runs[0][1] == "failed" and "the primary n0 does not answer" in (runs[0][2] or ""), runs
+    assert runs[0].status == "failed" and "the primary n0 does not answer" in (runs[0].reason or ""), runs
     sentence = "the primary n0 stopped answering (two connections timed out, 10 s each)"
     assert sentence in err.splitlines()[-1], err[-2000:]
-    db = sqlite3.connect(results / "results.db")
-    status, reason = db.execute("SELECT status, reason FROM sweeps").fetchone()
-    db.close()
+    status, reason = (sweep := sweep_row(results))["status"], sweep["reason"]
     assert status == "failed" and sentence in reason, reason
-    assert runs[1] == (2, "failed", f"the sweep ended: {reason}"), runs
+    assert (runs[1].repeat, runs[1].status, runs[1].reason) == (2, "failed", f"the sweep ended: {reason}"), runs
     assert processes_mentioning(str(labs[0])) == []  # the frozen primary was stopped with its lab
 
     # the primary is back (SIGCONT): the same command resumes and completes the sweep
     again = pglab("run", str(plan), "--results", str(results), "--format", "csv", timeout=300)
     assert again.returncode == 0, again.stderr[-2000:]
-    assert [s for _r, s, _ in _runs(results)].count("ok") == 2
+    assert [r.status for r in stored_runs(results)].count("ok") == 2
 
 
 @pytest.mark.parametrize(("sig", "reason", "said"), [
@@ -240,13 +222,13 @@ def test_toxiproxy_killed_or_frozen_fails_its_run_and_is_restarted_with_the_same
     struck: list[int] = []
 
     def strike(_fault: str, _pgbench: int) -> None:
-        lab = _lab(results)
+        lab = lab_dir(results)
         struck.extend(int(p.split(":")[0]) for p in processes_mentioning(str(lab)) if "toxiproxy-server" in p)
         for p in struck:
             os.kill(p, sig)
 
     try:
-        _fault_each_measured_pgbench(proc, ["toxiproxy"], 240, strike)
+        fault_each_measured_pgbench(proc, ["toxiproxy"], 240, strike)
         _out, err = proc.communicate(timeout=240)
     finally:
         for p in struck:  # a frozen one pglab failed to end would otherwise outlive the test
@@ -260,9 +242,9 @@ def test_toxiproxy_killed_or_frozen_fails_its_run_and_is_restarted_with_the_same
     assert len(struck) == 1, struck
     assert proc.returncode == 1, err  # a failed run, the sweep went on
     assert "Traceback" not in err
-    runs = _runs(results)
-    assert runs[0][1] == "failed" and reason in (runs[0][2] or ""), runs
-    assert runs[1][:2] == (2, "ok"), runs
+    runs = stored_runs(results)
+    assert runs[0].status == "failed" and reason in (runs[0].reason or ""), runs
+    assert (runs[1].repeat, runs[1].status) == (2, "ok"), runs
     assert said in err and "restarted Toxiproxy" in err, err[-2000:]
     # the second run went through the same proxy port, shaped as the plan says
     links = [json.loads(p.read_text()) for p in sorted((results / "runs").glob("*/network.json"))]
@@ -297,7 +279,7 @@ def test_a_full_results_filesystem_stops_the_sweep_in_one_sentence_and_a_rerun_r
     try:
         proc = _start(plan, results)
         try:
-            _fault_each_measured_pgbench(proc, ["results full"], 240, fill)
+            fault_each_measured_pgbench(proc, ["results full"], 240, fill)
             _out, err = proc.communicate(timeout=300)
         finally:
             if proc.poll() is None:
@@ -312,15 +294,15 @@ def test_a_full_results_filesystem_stops_the_sweep_in_one_sentence_and_a_rerun_r
         assert err.strip().splitlines()[-1] == sentence
         lab = re.search(r"initdb n0 \(data (\S+)/n0/data", err)
         assert lab is not None and processes_mentioning(lab.group(1)) == [] and not Path(lab.group(1)).exists()
-        ok_before = [s for _r, s, _ in _runs(results)].count("ok")
+        ok_before = [r.status for r in stored_runs(results)].count("ok")
         assert ok_before == 0  # run 1 could not be recorded
 
         # room again: the same command redoes the run that could not be recorded and completes the sweep
         (mount / "filler").unlink()
         again = pglab("run", str(plan), "--results", str(results), "--format", "csv", timeout=300)
         assert again.returncode == 0, again.stderr[-2000:]
-        runs = _runs(results)
-        assert sorted(r for r, _s, _ in runs) == [1, 2, 3, 4] and {s for _r, s, _ in runs} == {"ok"}, runs
+        runs = stored_runs(results)
+        assert sorted(r.repeat for r in runs) == [1, 2, 3, 4] and {r.status for r in runs} == {"ok"}, runs
         assert f"{ok_before} completed before this resume" in again.stderr
     finally:
         subprocess.run(["umount", str(mount)], check=False)
@@ -343,7 +325,7 @@ def test_a_full_server_filesystem_fails_the_run_stops_the_sweep_in_one_sentence_
         with contextlib.suppress(OSError), open(small / "filler", "wb") as f:
             while True:
                 f.write(b"\0" * (1 << 20))
-        lab = _lab(results)
+        lab = lab_dir(results)
         port = next(n["port"] for n in json.loads((lab / "lab.json").read_text())["nodes"] if n["name"] == "n0")
         with contextlib.suppress(psycopg.Error), psycopg.connect(
                 host=str(lab / "sock"), port=port, user="pglab", dbname="pglab", connect_timeout=5,
@@ -352,7 +334,7 @@ def test_a_full_server_filesystem_fails_the_run_stops_the_sweep_in_one_sentence_
 
     try:
         try:
-            _fault_each_measured_pgbench(proc, [f"{path} full"], 240, fill)
+            fault_each_measured_pgbench(proc, [f"{path} full"], 240, fill)
             _out, err = proc.communicate(timeout=300)
             print(err[-3000:])
             lab = re.search(r"initdb n0 \(data (\S+)/n0/data", err)
@@ -364,22 +346,23 @@ def test_a_full_server_filesystem_fails_the_run_stops_the_sweep_in_one_sentence_
                 pglab("lab", "clean")
         assert proc.returncode == 1, err
         assert "Traceback" not in err
-        runs = _runs(results)
+        runs = stored_runs(results)
         # the health check finds the filesystem full within a second (or, on the WAL's, pgbench may first see its
         # backend die as the primary PANICs); the next run finds it still full: one sentence names it, the sweep stops
-        reason = runs[0][2] or ""
-        assert runs[0][1] == "failed" and (f"no space left for the lab's servers: {small}/" in reason or (
+        reason = runs[0].reason or ""
+        assert runs[0].status == "failed" and (f"no space left for the lab's servers: {small}/" in reason or (
             path == "wal" and ("n0 not running" in reason or "the backend died" in reason))), runs
         last = err.strip().splitlines()[-1]
         assert re.fullmatch(rf"error: no space left for the lab's servers: {re.escape(str(small))}/\S+ \(\d+\.\d MiB "
                             r"free\); free some there, then resume with the same pglab run and --results", last), last
-        assert runs[1] == (2, "failed", f"the sweep ended: {last.removeprefix('error: ')}"), runs
+        ended = f"the sweep ended: {last.removeprefix('error: ')}"
+        assert (runs[1].repeat, runs[1].status, runs[1].reason) == (2, "failed", ended), runs
 
         # room again: the same command builds a new lab there and completes the sweep
         (small / "filler").unlink()
         again = pglab("run", str(plan), "--results", str(results), "--format", "csv", timeout=300)
         assert again.returncode == 0, again.stderr[-2000:]
-        assert [s for _r, s, _ in _runs(results)].count("ok") == 4, _runs(results)
+        assert [r.status for r in stored_runs(results)].count("ok") == 4, stored_runs(results)
     finally:
         subprocess.run(["umount", str(small)], check=False)
         small.rmdir()
@@ -405,7 +388,7 @@ def test_etcd_killed_then_the_leaders_patroni_killed_then_frozen_fail_their_runs
     labs: list[Path] = []
 
     def strike(fault: str, _pgbench: int) -> None:
-        labs.append(_lab(results))
+        labs.append(lab_dir(results))
         state = json.loads((labs[0] / "lab.json").read_text())
         pid = state["etcd"]["pid"] if fault == "etcd" else state["nodes"][0]["patroni_pid"]
         struck.append(fault)
@@ -414,7 +397,7 @@ def test_etcd_killed_then_the_leaders_patroni_killed_then_frozen_fail_their_runs
         os.kill(pid, signal.SIGSTOP if fault == "frozen patroni" else signal.SIGKILL)
 
     try:
-        _fault_each_measured_pgbench(proc, ["etcd", "patroni", "frozen patroni"], 500, strike)
+        fault_each_measured_pgbench(proc, ["etcd", "patroni", "frozen patroni"], 500, strike)
         _out, err = proc.communicate(timeout=500)
     finally:
         for p in frozen:
@@ -429,15 +412,14 @@ def test_etcd_killed_then_the_leaders_patroni_killed_then_frozen_fail_their_runs
     assert proc.returncode == 1, err
     assert "Traceback" not in err
     # each run fails at the next health check naming what died or went silent; the next run starts it again
-    assert [(r, s) for r, s, _ in _runs(results)] == [(1, "failed"), (2, "failed"), (3, "failed"), (4, "ok")]
-    reasons = [reason or "" for _r, _s, reason in _runs(results)]
+    outcomes = [(r.repeat, r.status) for r in stored_runs(results)]
+    assert outcomes == [(1, "failed"), (2, "failed"), (3, "failed"), (4, "ok")], outcomes
+    reasons = [r.reason or "" for r in stored_runs(results)]
     assert "etcd (Patroni's DCS) not running" in reasons[0] and "Patroni of n0 not running" in reasons[1], reasons
     assert "Patroni of n0 does not answer its REST API (twice 2 s)" in reasons[2], reasons
     assert "restarted etcd (found not running)" in err and "restarted Patroni of n0 (found not running)" in err
     assert "ended Patroni of n0, which did not answer its REST API (twice 2 s)" in err, err[-2000:]
-    db = sqlite3.connect(results / "results.db")
-    assert db.execute("SELECT status FROM sweeps").fetchone()[0] == "done"
-    db.close()
+    assert sweep_row(results)["status"] == "done"
     assert labs and processes_mentioning(str(labs[0])) == []
     assert not any(Path(f"/proc/{p}").exists() for p in frozen)
 
@@ -451,12 +433,12 @@ def test_a_frozen_etcd_stops_the_sweep_in_one_sentence(tmp_path: Path) -> None:
     labs: list[Path] = []
 
     def strike(_fault: str, _pgbench: int) -> None:
-        labs.append(_lab(results))
+        labs.append(lab_dir(results))
         frozen.append(json.loads((labs[0] / "lab.json").read_text())["etcd"]["pid"])
         os.kill(frozen[0], signal.SIGSTOP)
 
     try:
-        _fault_each_measured_pgbench(proc, ["etcd"], 400, strike)
+        fault_each_measured_pgbench(proc, ["etcd"], 400, strike)
         _out, err = proc.communicate(timeout=400)
     finally:
         for p in frozen:
@@ -474,9 +456,7 @@ def test_a_frozen_etcd_stops_the_sweep_in_one_sentence(tmp_path: Path) -> None:
     assert last == ("error: etcd (Patroni's DCS) does not answer (three health checks of 2 s); the lab cannot run the "
                     "next point: see the logs of etcd and Patroni in the lab, then resume with the same pglab run and "
                     "--results"), last
-    db = sqlite3.connect(results / "results.db")
-    status, reason = db.execute("SELECT status, reason FROM sweeps").fetchone()
-    db.close()
+    status, reason = (sweep := sweep_row(results))["status"], sweep["reason"]
     assert status == "failed" and reason in last, reason
     assert labs and processes_mentioning(str(labs[0])) == []
 

@@ -11,7 +11,6 @@ import contextlib
 import os
 import shutil
 import signal
-import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -22,31 +21,11 @@ from pathlib import Path
 import pytest
 
 from conftest import pglab, processes_mentioning
+from helpers import children_of, read_store, stored_runs
 
 pytestmark = pytest.mark.postgres
 
 WARMUP_S, MEASURE_S, PAUSE_S = 3, 4, 4  # -T 3 is the warm-up's pgbench, -T 4 the measured one's
-
-
-def _children(pid: int, name: str, arg: str) -> list[int]:
-    """Child processes of ``pid`` named ``name`` with ``arg`` among their arguments (test_resume.py uses it too)."""
-    return [p for p, (n, args) in _children_of(pid).items() if n == name and arg in args]
-
-
-def _children_of(pid: int) -> dict[int, tuple[str, list[str]]]:
-    """Child processes of ``pid``: pid → (name, arguments)."""
-    found = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-            args = (entry / "cmdline").read_bytes().decode(errors="replace").split("\0")
-        except OSError:
-            continue
-        if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
-            found[int(entry.name)] = (stat[stat.index("(") + 1 : stat.rindex(")")], args)
-    return found
 
 
 def _alive(pid: int) -> bool:
@@ -64,15 +43,9 @@ def _pgbench_for(seconds: int) -> Callable[[dict[int, tuple[str, list[str]]]], b
     return running
 
 
-def _runs(results: Path) -> list[tuple[str, str | None]]:
-    try:
-        db = sqlite3.connect(results / "results.db", timeout=10)
-        try:
-            return db.execute("SELECT status, reason FROM runs ORDER BY started").fetchall()
-        finally:
-            db.close()
-    except sqlite3.Error:  # not created yet
-        return []
+def _statuses(results: Path) -> list[str]:
+    """The status of each run stored so far (none before pglab created its store)."""
+    return [r.status for r in stored_runs(results, missing_ok=True)]
 
 
 class Moment:
@@ -93,7 +66,7 @@ class _Closing:
         if _pgbench_for(MEASURE_S)(children):
             self.measured = True
             return False
-        return self.measured and [s for s, _ in _runs(results)] == ["running"]
+        return self.measured and _statuses(results) == ["running"]
 
 
 MOMENTS = {
@@ -103,7 +76,7 @@ MOMENTS = {
     # in the closing tick the wait raises; in the summary, which has no wait, the run ends ok and the engine stops
     # before the pause: either way nothing is half-stored
     "closing": lambda: Moment("closing", _Closing(), [["interrupted"], ["ok"]]),
-    "between-runs": lambda: Moment("between-runs", lambda ch, r: [s for s, _ in _runs(r)] == ["ok"], [["ok"]],
+    "between-runs": lambda: Moment("between-runs", lambda ch, r: _statuses(r) == ["ok"], [["ok"]],
                                    repeats=2),
 }
 
@@ -143,7 +116,7 @@ run: {{duration: {MEASURE_S}s, warmup: {WARMUP_S}s, repeats: {when.repeats}, pau
     try:
         deadline = time.monotonic() + 300
         while proc.poll() is None and time.monotonic() < deadline:
-            children = _children_of(proc.pid)
+            children = children_of(proc.pid)
             seen.update(children)
             if when.ready(children, results):
                 break
@@ -164,10 +137,10 @@ run: {{duration: {MEASURE_S}s, warmup: {WARMUP_S}s, repeats: {when.repeats}, pau
     assert "Traceback" not in stderr, stderr
     assert proc.returncode == {signal.SIGINT: 130, signal.SIGTERM: 143}[sig], stdout + stderr
     assert "interrupted: the lab was torn down" in stderr
-    db = sqlite3.connect(results / "results.db")
-    (status, reason), = db.execute("SELECT status, reason FROM sweeps").fetchall()
-    runs = db.execute("SELECT status, reason FROM runs ORDER BY started").fetchall()
-    db.close()
+    with read_store(results) as store:
+        (sweep,) = store.sweeps()
+        runs = [(r.status, r.reason) for r in store.runs()]
+    status, reason = sweep["status"], sweep["reason"]
     print(f"{moment}, {sig.name}: runs {runs}")
     assert (status, reason) == ("interrupted", f"interrupted by {sig.name}")
     assert [s for s, _ in runs] in when.runs, runs
@@ -180,8 +153,7 @@ run: {{duration: {MEASURE_S}s, warmup: {WARMUP_S}s, repeats: {when.repeats}, pau
     assert rerun.returncode == 0, rerun.stdout + rerun.stderr
     assert "Traceback" not in rerun.stderr
     assert "resuming sweep 1" in rerun.stdout + rerun.stderr
-    db = sqlite3.connect(results / "results.db")
-    assert db.execute("SELECT status FROM sweeps").fetchall() == [("done",)]
-    assert db.execute("SELECT status, count(*) FROM runs GROUP BY status").fetchall() == [("ok", when.repeats)]
-    db.close()
+    with read_store(results) as store:
+        assert [s["status"] for s in store.sweeps()] == ["done"]  # the same sweep, resumed
+        assert [r.status for r in store.runs()] == ["ok"] * when.repeats
     assert processes_mentioning(str(lab)) == [] and not lab.exists()

@@ -6,17 +6,15 @@ import fcntl
 import json
 import os
 import signal
-import sqlite3
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from conftest import pglab, processes_mentioning
-from test_interrupt import _children
+from helpers import pgbench_children, read_store, stored_runs, sweep_row
 
 pytestmark = pytest.mark.postgres
 
@@ -29,36 +27,10 @@ run: {duration: 2s, repeats: 2}
 """
 
 
-def _pgbench_children(pid: int) -> list[int]:
-    """The measured pgbench (not pgbench -i) started by ``pid``."""
-    return _children(pid, "pgbench", "-T")
-
-
-def _fault_each_measured_pgbench(proc: subprocess.Popen[str], faults: list[str], timeout: float,
-                                 act: Callable[[str, int], None]) -> None:
-    """``act(fault, pgbench pid)`` 2 s into each new measured pgbench ``proc`` (pglab) starts, one fault each, until
-    ``faults`` (consumed: what is left was never injected) runs out, pglab ends, or ``timeout`` passes."""
-    seen: set[int] = set()
-    deadline = time.monotonic() + timeout
-    while faults and time.monotonic() < deadline and proc.poll() is None:
-        fresh = [p for p in _pgbench_children(proc.pid) if p not in seen]
-        if not fresh:
-            time.sleep(0.1)
-            continue
-        seen.update(fresh)
-        time.sleep(2.0)  # inside the measured run
-        act(faults.pop(0), fresh[0])
-
-
 def _ok_runs(results: Path) -> list[tuple[str, str, int]]:
-    try:
-        db = sqlite3.connect(results / "results.db", timeout=30)
-        rows = db.execute("SELECT r.id, p.key, r.repeat FROM runs r JOIN points p ON p.id = r.point_id "
-                          "WHERE r.status = 'ok' ORDER BY r.id").fetchall()
-        db.close()
-        return rows
-    except sqlite3.Error:
-        return []
+    """(run id, point, repeat) of the runs stored ok so far."""
+    return [(r.id, json.dumps(r.axes, sort_keys=True), r.repeat)
+            for r in stored_runs(results, missing_ok=True) if r.status == "ok"]
 
 
 def test_sigkill_mid_sweep_then_the_same_command_completes_without_duplicates_or_orphans(tmp_path: Path) -> None:
@@ -72,16 +44,15 @@ def test_sigkill_mid_sweep_then_the_same_command_completes_without_duplicates_or
     pgbench: list[int] = []
     while time.monotonic() < deadline and proc.poll() is None:
         before = _ok_runs(results)
-        pgbench = _pgbench_children(proc.pid)
+        pgbench = pgbench_children(proc.pid)
         if before and pgbench:  # one run stored, the next one under way
             break
         time.sleep(0.1)
     assert before and pgbench, f"the sweep never reached its second run: {proc.communicate()[1][-2000:]}"
     os.kill(proc.pid, signal.SIGKILL)  # no handler runs: servers and pgbench stay behind
     proc.communicate()
-    db = sqlite3.connect(results / "results.db")
-    lab_dir = json.loads(db.execute("SELECT target FROM sweeps").fetchone()[0])["lab_dir"]
-    db.close()
+    (killed,) = [r.id for r in stored_runs(results) if r.status == "running"]  # the run under way, left running
+    lab_dir = sweep_row(results)["target"]["lab_dir"]
     assert processes_mentioning(lab_dir), "the killed pglab left its servers running"
 
     again = pglab("run", str(plan), "--results", str(results), "--format", "json")
@@ -95,12 +66,12 @@ def test_sigkill_mid_sweep_then_the_same_command_completes_without_duplicates_or
     assert set(before) <= set(after)  # completed runs kept as they were
     assert sorted((k, r) for _, k, r in after) == sorted({(k, r) for _, k, r in after})  # no duplicates
     assert len(after) == 4
-    db = sqlite3.connect(results / "results.db")
-    assert db.execute("SELECT count(*) FROM runs").fetchone()[0] == 4  # the killed run is not counted
-    assert db.execute("SELECT count(*), min(status) FROM sweeps").fetchone() == (1, "done")
-    orphans = db.execute("SELECT count(*) FROM series WHERE run_id NOT IN (SELECT id FROM runs)").fetchone()[0]
-    assert orphans == 0
-    db.close()
+    with read_store(results) as store:
+        assert len(store.runs()) == 4  # the killed run is not counted
+        assert [s["status"] for s in store.sweeps()] == ["done"]
+        sweep_id = store.latest_sweep_id()
+        assert killed not in {r.id for r in store.runs()} and store.series(killed) == []  # no orphan samples
+        assert {run_id for run_id, *_ in store.sweep_series(sweep_id)} == {run_id for run_id, _, _ in after}
     table = json.loads(again.stdout)
     assert [row["repeats"] for row in table] == [2, 2]
     assert (results / "discarded").is_dir() and len(list((results / "discarded").iterdir())) == 1
@@ -126,9 +97,8 @@ def test_a_changed_plan_is_refused_unless_forced_new(tmp_path: Path) -> None:
     assert "initdb" not in refused.stderr
     forced = pglab("run", str(plan), "--results", str(results), "--force-new")
     assert forced.returncode == 0, forced.stderr
-    db = sqlite3.connect(results / "results.db")
-    assert db.execute("SELECT count(*) FROM sweeps WHERE status = 'done'").fetchone()[0] == 2
-    db.close()
+    with read_store(results) as store:
+        assert [s["status"] for s in store.sweeps()] == ["done", "done"]
 
 
 def test_a_second_writer_on_the_same_folder_is_refused(tmp_path: Path) -> None:
