@@ -7,6 +7,7 @@ Kubernetes tests run against it, and so can a user:
     sudo .venv/bin/python tools/kube-lab/kubelab.py up            # 5 nodes; prints the kubeconfig to use
     sudo .venv/bin/python tools/kube-lab/kubelab.py node stop lab-db-1   # the node dies as a machine does
     sudo .venv/bin/python tools/kube-lab/kubelab.py node start lab-db-1
+    sudo .venv/bin/python tools/kube-lab/kubelab.py objectstore   # MinIO and the Barman Cloud plugin, when needed
     sudo .venv/bin/python tools/kube-lab/kubelab.py down
 
 Why it is built this way:
@@ -263,6 +264,10 @@ class KubeLab:
 
     def stop_node(self, name: str) -> None:
         stop_node(self.root, self.node(name).name)
+
+    def objectstore(self) -> dict[str, float]:
+        """Starts the object store and the Barman Cloud plugin in this lab (``start_objectstore``)."""
+        return start_objectstore(self.root)
 
     def start_node(self, name: str) -> None:
         start_node(self.root, self.node(name).name)
@@ -549,6 +554,73 @@ state = "{r}/run/containerd"
             "create", "--dry-run=server", "-f", probe, check=False, timeout=20).returncode == 0)
 
 
+# ---------------------------------------------------------------------- the object store, when a test asks for it
+OBJECTSTORE_NS = "objectstore"
+OBJECTSTORE_URL = "http://minio.objectstore.svc:9000"   # in the lab (CoreDNS), as minio.yaml's Service names it
+OBJECTSTORE_SECRET = "minio-credentials"                # in OBJECTSTORE_NS: ACCESS_KEY_ID, ACCESS_SECRET_KEY
+PLUGIN_NAME = "barman-cloud.cloudnative-pg.io"
+
+
+def objectstore_build() -> Path:
+    """The newest complete build of tools/kube-lab/objectstore/build.sh in the lab cache."""
+    builds = sorted((p for p in cache_dir().glob("objectstore-*") if (p / ".complete").exists()),
+                    key=lambda p: (p / ".complete").stat().st_mtime)
+    if not builds:
+        raise LabError(f"no object store build in {cache_dir()}: run ./setup.sh kube-lab (or "
+                       "tools/kube-lab/objectstore/build.sh GO), which builds it")
+    return builds[-1]
+
+
+def start_objectstore(root: Path, build: Path | None = None) -> dict[str, float]:
+    """The lab's object store (MinIO, namespace ``objectstore``, on the system node) and CloudNativePG's Barman
+    Cloud plugin (``cnpg-system``), started in a running lab only when asked (a test or plan that archives WAL), so
+    the lab's ready time for everything else does not grow: their images imported into the nodes that run them (the
+    sidecar into every node that may run an instance), the plugin's two mTLS secrets made with openssl, both rolled
+    out and the plugin's CRD served. Returns the seconds each step took. Running it again changes nothing. Nothing is
+    kept outside the lab's folder: ``down`` removes it with the nodes' containerd."""
+    build = build or objectstore_build()
+    state = json.loads((root / "lab.json").read_text())
+    bin_dir, nodes = Path(state["bin"]), recorded_nodes(root)
+
+    def kubectl(*args: str | Path, timeout: float = 120, **kw: Any) -> subprocess.CompletedProcess[str]:
+        return run(bin_dir / "kubectl", "--kubeconfig", root / "admin.kubeconfig", *args, timeout=timeout, **kw)
+
+    timings: dict[str, float] = {}
+    t0 = time.monotonic()
+    imports = []
+    for node in nodes:
+        tars = ([build / "images/minio.tar", build / "images/plugin-barman-cloud.tar"] if node.system else [])
+        if node.role != "client":  # database nodes, or the one node of a 1-node lab: instances run there
+            tars.append(build / "images/plugin-barman-cloud-sidecar.tar")
+        sock = node_root(root, node.name) / "run/containerd.sock"
+        cmd = " && ".join(f"ctr -a {sock} -n k8s.io images import --no-unpack=false {tar}" for tar in tars)
+        if cmd:
+            imports.append((node, subprocess.Popen(["sh", "-c", cmd], stdout=subprocess.PIPE,
+                                                   stderr=subprocess.STDOUT, text=True)))
+    for node, importing in imports:
+        out, _ = importing.communicate(timeout=900)
+        if importing.returncode != 0:
+            raise LabError(f"importing the object store's images into {node.name} failed: {out.strip()[-400:]}")
+    timings["image_import_s"] = time.monotonic() - t0
+    t1 = time.monotonic()
+    kubectl("apply", "-f", build / "minio.yaml")
+    certs = run(Path(__file__).parent / "objectstore" / "plugin-certs.sh", "cnpg-system").stdout
+    if kubectl("-n", "cnpg-system", "get", "secret", "barman-cloud-server-tls", check=False).returncode != 0:
+        kubectl("apply", "-f", "-", input=certs)
+    kubectl("apply", "--server-side", "-f", build / "barman-cloud-plugin.yaml", timeout=180)
+    for ns, deploy in ((OBJECTSTORE_NS, "minio"), ("cnpg-system", "barman-cloud")):
+        proc = kubectl("-n", ns, "rollout", "status", f"deploy/{deploy}", f"--timeout={START_TIMEOUT_S}s",
+                       check=False, timeout=START_TIMEOUT_S + 30)
+        if proc.returncode != 0:
+            raise LabError(f"{ns}/{deploy} did not become ready in {START_TIMEOUT_S} s: "
+                           f"{(proc.stderr or proc.stdout).strip()[-300:]}")
+    kubectl("wait", "--for=condition=Established", "crd/objectstores.barmancloud.cnpg.io", "--timeout=60s",
+            timeout=90)
+    timings["rollout_s"] = time.monotonic() - t1
+    timings["objectstore_s"] = time.monotonic() - t0
+    return timings
+
+
 # ---------------------------------------------------------------------- processes, by the state the lab keeps
 def node_root(root: Path, name: str) -> Path:
     return root / "nodes" / name
@@ -813,6 +885,8 @@ def main() -> None:
     up.add_argument("--nodes", type=int, default=None,
                     help=f"how many nodes (default {DEFAULT_NODES}: 3 database nodes and 2 client nodes; 1: one node "
                          "for everything, for a machine too small for more)")
+    sub.add_parser("objectstore", help="start the object store (MinIO) and CloudNativePG's Barman Cloud plugin in "
+                   "the running lab (a plan that archives WAL or takes a backup needs them)")
     sub.add_parser("down", help="stop the running lab")
     sub.add_parser("clean", help="stop a lab whose owner (a test run) is gone")
     node = sub.add_parser("node", help="stop a node of the running lab as a machine dies, or start it again")
@@ -849,6 +923,11 @@ def main() -> None:
             shutil.rmtree(root, ignore_errors=True)
             state_file().unlink(missing_ok=True)
             print(f"stopped and removed {root}")
+        elif args.cmd == "objectstore":
+            timings = start_objectstore(running_root())
+            print(f"object store {OBJECTSTORE_URL} (Secret {OBJECTSTORE_NS}/{OBJECTSTORE_SECRET}) and the plugin "
+                  f"{PLUGIN_NAME} ready in {timings['objectstore_s']:.0f} s (images "
+                  f"{timings['image_import_s']:.0f} s)")
         elif args.cmd == "node":
             root = running_root()
             (stop_node if args.action == "stop" else start_node)(root, args.name)
