@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from pglab.store.sqlite import RunRow, Store
+from pglab.workloads.fio import FioResult
 
 
 # ------------------------------------------------------------------ reading a results folder
@@ -139,3 +140,96 @@ def postmaster(lab: Path, node: str) -> int:
     state = json.loads((lab / "lab.json").read_text())
     data = next(Path(n["data"]) for n in state["nodes"] if n["name"] == node)
     return int((data / "postmaster.pid").read_text().splitlines()[0])
+
+
+# ------------------------------------------------------------------ stores built through the Store API
+def make_store(path: Path, points: list[tuple[dict[str, Any], list[dict[str, float | None]]]],
+               failed: dict[int, int] | None = None, plan_text: str = "plan: x", first_repeat: int = 0) -> Store:
+    """One sweep of plan ``plan_text``; each point has its axes and one metrics dict per ok run (plus
+    ``failed[idx]`` failed runs), repeats numbered from ``first_repeat``."""
+    store = Store.open(path)
+    sweep = store.begin_sweep("synthetic", plan_text, "hash", "test")
+    ids = store.add_points(sweep, [(i, f"p{i}", axes) for i, (axes, _) in enumerate(points)])
+    for i, (_, runs) in enumerate(points):
+        for rep, metrics in enumerate(runs, first_repeat):
+            run_id, _ = store.start_run(sweep, ids[f"p{i}"], i, rep)
+            store.finish_run(run_id, "ok", metrics=metrics)
+        for k in range((failed or {}).get(i, 0)):
+            run_id, _ = store.start_run(sweep, ids[f"p{i}"], i, first_repeat + len(runs) + k)
+            store.finish_run(run_id, "failed", reason="boom", metrics={"tps": 1.0})
+    store.end_sweep(sweep, "done")
+    return store
+
+
+def tps_runs(*values: float) -> list[dict[str, float | None]]:
+    """One ok run's metrics per TPS value (its mean latency at one client)."""
+    return [{"tps": v, "latency_avg_ms": 1000.0 / v} for v in values]
+
+
+def tps_store(path: Path, tps: dict[tuple[str, str, int], list[float]], plan_text: str = "name: t\n") -> Path:
+    """A folder of one sweep: (workload, synchronous_commit, clients) → the TPS of each of its ok runs."""
+    points = [({"workload": wl, "synchronous_commit": sc, "clients": c, "jobs": 1}, tps_runs(*values))
+              for (wl, sc, c), values in tps.items()]
+    make_store(path, points, plan_text=plan_text, first_repeat=1).close()
+    return path
+
+
+VIEWS_PLAN = """\
+name: views
+target: {local: {instances: 3}}
+dataset: {scale: 10}
+matrix:
+  workload: [tpcb-like, select-only]
+  synchronous_commit: [local, remote_apply]
+  clients: [1, 8]
+run: {duration: 6s, warmup: 1s, repeats: 3}
+cost: {monthly: 61}
+"""
+VIEWS_ENVIRONMENT = {"pglab_version": "0", "cpu": {"model": "test CPU", "count": 2, "affinity": 2},
+                     "postgres": {"version": "PostgreSQL 15.18", "version_num": 150018,
+                                  "non_default_settings": {"shared_buffers": {"setting": "16384", "unit": "8kB",
+                                                                              "source": "configuration file"}}},
+                     "paths": {"n0.data": {"fstype": "ext4", "source": "/dev/vda", "mount_options": "rw"}}}
+VIEWS_TPS = {"tpcb-like": {"local": (600.0, 1250.0), "remote_apply": (500.0, 1100.0)},
+             "select-only": {"local": (10_000.0, 18_000.0), "remote_apply": (9_000.0, 17_000.0)}}
+VIEWS_T0 = 1_700_000_000.0
+
+
+def views_store(path: Path, plan: str = VIEWS_PLAN, environment: dict[str, Any] | None = None) -> Path:
+    """The sweep the report views are checked on, built through the Store API: two workloads × two
+    synchronous_commit levels × two client counts, three repeats each, each run with a time series (one with a TPS
+    dip), a WAL fio profile, a plan with a cost, and an environment."""
+    store = Store.open(path)
+    sweep = store.begin_sweep("views", plan, "h", "0")
+    store.set_sweep_info(sweep, environment or VIEWS_ENVIRONMENT, {})
+    axes = [{"workload": wl, "synchronous_commit": sc, "clients": c, "jobs": 1}
+            for wl in VIEWS_TPS for sc in VIEWS_TPS[wl] for c in (1, 8)]
+    ids = store.add_points(sweep, [(i, f"k{i}", ax) for i, ax in enumerate(axes)])
+    start = VIEWS_T0
+    for rep in (1, 2, 3):
+        for i, ax in enumerate(axes):
+            base = VIEWS_TPS[ax["workload"]][ax["synchronous_commit"]][0 if ax["clients"] == 1 else 1]
+            tps = base * (1 + 0.01 * (rep - 2))
+            run_id, _ = store.start_run(sweep, ids[f"k{i}"], i, rep)
+            window = (start + 1, start + 7)
+            ticks = [start + s for s in range(8)]
+            dip = i == 0 and rep == 2  # one run drops to a third of its TPS for two seconds
+            series = [(ts, "pgbench", "tps", tps / 3 if dip and 3 <= ts - start <= 4 else tps) for ts in ticks]
+            series += [(ts, "pgbench", "latency_ms", ax["clients"] * 1000 / tps) for ts in ticks]
+            series += [(ts, "disk:vda", "w_s", 4 * tps) for ts in ticks]
+            store.finish_run(run_id, "ok", window=window, metrics={
+                "tps": tps, "latency_avg_ms": ax["clients"] * 1000 / tps,
+                "latency_p99_ms": 3 * ax["clients"] * 1000 / tps,
+                "write_iops": 4 * tps, "write_latency_ms": 0.2, "cpu_pct": 60.0},
+                series=series, events=[(start, "warmup-start", ""), (window[0], "window-start", ""),
+                                       (window[1], "window-end", "")])
+            start += 10
+    wal = FioResult(path="/d", profile="wal-fdatasync-8k", job="wal-fdatasync-8k-qd1", direction="write",
+                    iops=669.0, bw_mb_s=5.2, lat_mean_ms=0.016, lat_p50_ms=0.01, lat_p99_ms=0.057,
+                    lat_p999_ms=0.1, started=VIEWS_T0 - 20, ended=VIEWS_T0 - 15, series=[], findings=[],
+                    json_file=path / "storage" / "wal.json", log_files=[], sync_lat_mean_ms=1.476,
+                    sync_lat_p50_ms=1.2, sync_lat_p99_ms=6.717, sync_lat_p999_ms=37.487)
+    store.save_fio(sweep, "data", "vda", [wal], {"commit_flush_per_s": 669.0})
+    store.end_sweep(sweep, "done")
+    store.close()
+    return path

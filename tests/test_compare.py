@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 from scipy import stats
 
+from helpers import make_store, tps_runs
 from pglab.analysis.compare import (
     Difference,
     compare_runs,
@@ -23,29 +24,8 @@ from pglab.report.tables import render
 from pglab.store.sqlite import Store
 
 
-def make_store(path: Path, points: list[tuple[dict[str, Any], list[dict[str, float | None]]]],
-               failed: dict[int, int] | None = None) -> Store:
-    """One sweep; each point has its axes and one metrics dict per ok run (plus ``failed[idx]`` failed runs)."""
-    store = Store.open(path)
-    sweep = store.begin_sweep("synthetic", "plan: x", "hash", "test")
-    ids = store.add_points(sweep, [(i, f"p{i}", axes) for i, (axes, _) in enumerate(points)])
-    for i, (_, runs) in enumerate(points):
-        for rep, metrics in enumerate(runs):
-            run_id, _ = store.start_run(sweep, ids[f"p{i}"], i, rep)
-            store.finish_run(run_id, "ok", metrics=metrics)
-        for k in range((failed or {}).get(i, 0)):
-            run_id, _ = store.start_run(sweep, ids[f"p{i}"], i, len(runs) + k)
-            store.finish_run(run_id, "failed", reason="boom", metrics={"tps": 1.0})
-    store.end_sweep(sweep, "done")
-    return store
-
-
 def axes(clients: int, sc: str = "on", **extra: Any) -> dict[str, Any]:
     return {"workload": "tpcb", "synchronous_commit": sc, "clients": clients, "jobs": 1, **extra}
-
-
-def tps_runs(*values: float) -> list[dict[str, float | None]]:
-    return [{"tps": v, "latency_avg_ms": 1000.0 / v} for v in values]
 
 
 def fieller_by_hand(a: list[float], b: list[float]) -> tuple[float, float]:

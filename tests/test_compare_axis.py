@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from conftest import pglab
+from helpers import make_store, tps_runs
 from pglab.analysis.compare import compare_within
-from test_compare import make_store, tps_runs
 
 
 def _sweep(path: Path, jobs: dict[int, list[int]]) -> Path:

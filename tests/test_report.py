@@ -11,27 +11,14 @@ from pathlib import Path
 import pytest
 
 from conftest import pglab
+from helpers import tps_store
 from pglab.report.tables import durability_table, point_table
 from pglab.store import Store
 
 
-def _store(tmp_path: Path, tps: dict[tuple[str, str, int], list[float]]) -> Path:
-    store = Store.open(tmp_path / "r")
-    sweep = store.begin_sweep("t", "name: t\n", "h", "0")
-    points = [(i, f"k{i}", {"workload": wl, "synchronous_commit": sc, "clients": c, "jobs": 1})
-              for i, (wl, sc, c) in enumerate(tps)]
-    ids = store.add_points(sweep, points)
-    for (i, key, _axes), values in zip(points, tps.values(), strict=True):
-        for rep, value in enumerate(values, 1):
-            run_id, _ = store.start_run(sweep, ids[key], i, rep)
-            store.finish_run(run_id, "ok", metrics={"tps": value, "latency_avg_ms": 1000.0 / value})
-    store.end_sweep(sweep, "done")
-    store.close()
-    return tmp_path / "r"
-
-
 def test_mean_ci_cv_and_unstable_flag(tmp_path: Path) -> None:
-    results = _store(tmp_path, {("tpcb-like", "local", 4): [100.0, 110.0], ("tpcb-like", "on", 4): [90.0, 90.5]})
+    results = tps_store(tmp_path / "r", {("tpcb-like", "local", 4): [100.0, 110.0],
+                                         ("tpcb-like", "on", 4): [90.0, 90.5]})
     store = Store.open(results, create=False)
     _, rows = point_table(store)
     local, on = rows
@@ -44,7 +31,7 @@ def test_mean_ci_cv_and_unstable_flag(tmp_path: Path) -> None:
 
 
 def test_price_of_durability_against_local(tmp_path: Path) -> None:
-    results = _store(tmp_path, {
+    results = tps_store(tmp_path / "r", {
         ("tpcb-like", "local", 1): [200.0], ("tpcb-like", "on", 1): [150.0], ("tpcb-like", "remote_apply", 1): [100.0],
         ("tpcb-like", "local", 8): [800.0], ("tpcb-like", "on", 8): [720.0], ("tpcb-like", "remote_apply", 8): [600.0],
     })
@@ -65,20 +52,22 @@ def test_price_of_durability_against_local(tmp_path: Path) -> None:
 
 
 def test_off_is_the_base_when_measured(tmp_path: Path) -> None:
-    results = _store(tmp_path, {("select-only", "off", 1): [1000.0], ("select-only", "local", 1): [900.0]})
+    results = tps_store(tmp_path / "r", {("select-only", "off", 1): [1000.0], ("select-only", "local", 1): [900.0]})
     _, rows = durability_table(Store.open(results, create=False))
     assert rows[0]["base"] == "off" and rows[0]["local_tps_vs_base_pct"] == pytest.approx(-10.0)
 
 
 def test_one_level_has_no_durability_table(tmp_path: Path) -> None:
-    results = _store(tmp_path, {("select-only", "on", 1): [1000.0], ("select-only", "on", 2): [1900.0]})
+    results = tps_store(tmp_path / "r", {("select-only", "on", 1): [1000.0], ("select-only", "on", 2): [1900.0]})
     assert durability_table(Store.open(results, create=False)) == ([], [])
     assert "price of durability" not in pglab("report", str(results), check=True).stdout
 
 
 def test_compare_two_folders_from_the_cli(tmp_path: Path) -> None:
-    a = _store(tmp_path / "a", {("tpcb-like", "on", 4): [100.0, 101.0, 99.0], ("tpcb-like", "on", 8): [200.0, 190.0]})
-    b = _store(tmp_path / "b", {("tpcb-like", "on", 4): [120.0, 121.0, 119.0], ("tpcb-like", "on", 8): [195.0, 205.0]})
+    a = tps_store(tmp_path / "a", {("tpcb-like", "on", 4): [100.0, 101.0, 99.0],
+                                   ("tpcb-like", "on", 8): [200.0, 190.0]})
+    b = tps_store(tmp_path / "b", {("tpcb-like", "on", 4): [120.0, 121.0, 119.0],
+                                   ("tpcb-like", "on", 8): [195.0, 205.0]})
     text = pglab("compare", str(a), str(b), check=True).stdout
     assert "faster" in text and "no significant difference" in text
     rows = list(csv.DictReader(io.StringIO(pglab("compare", str(a), str(b), "--format", "csv", check=True).stdout)))
@@ -90,21 +79,12 @@ def test_compare_two_folders_from_the_cli(tmp_path: Path) -> None:
     assert bad.returncode == 2 and "give two results folders" in bad.stderr
 
 
-def _with_cost(results: Path, cost: str) -> None:
-    import sqlite3
-
-    db = sqlite3.connect(results / "results.db")
-    db.execute("UPDATE sweeps SET plan_text = ?", (f"name: t\ncost: {cost}\n",))
-    db.commit()
-    db.close()
-
-
 def test_cost_per_tps_and_cheaper_per_tps(tmp_path: Path) -> None:
-    a = _store(tmp_path / "a", {("tpcb-like", "on", 4): [400.0, 420.0], ("tpcb-like", "on", 8): [500.0, 520.0],
-                                ("select-only", "on", 8): [10000.0]})
-    b = _store(tmp_path / "b", {("tpcb-like", "on", 4): [900.0], ("tpcb-like", "on", 8): [1200.0]})
-    _with_cost(a, "{monthly: 1000, breakdown: {compute: 700, storage: 300}}")
-    _with_cost(b, "{monthly: 900}")
+    a = tps_store(tmp_path / "a", {("tpcb-like", "on", 4): [400.0, 420.0], ("tpcb-like", "on", 8): [500.0, 520.0],
+                                ("select-only", "on", 8): [10000.0]},
+               "name: t\ncost: {monthly: 1000, breakdown: {compute: 700, storage: 300}}\n")
+    b = tps_store(tmp_path / "b", {("tpcb-like", "on", 4): [900.0], ("tpcb-like", "on", 8): [1200.0]},
+               "name: t\ncost: {monthly: 900}\n")
     from pglab.analysis.cost import cost_table
 
     _, rows = cost_table(Store.open(a, create=False))
@@ -201,7 +181,7 @@ def test_a_folder_of_the_current_schema_reopens_and_reports(tmp_path: Path) -> N
 
     from pglab.store.sqlite import SCHEMA_VERSION
 
-    results = _store(tmp_path, {("tpcb-like", "on", 4): [100.0, 110.0]})
+    results = tps_store(tmp_path / "r", {("tpcb-like", "on", 4): [100.0, 110.0]})
     db = sqlite3.connect(results / "results.db")
     assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
     db.close()

@@ -10,8 +10,7 @@ from pathlib import Path
 import pytest
 
 from conftest import pglab
-from test_report import _store
-from test_report_views import ENVIRONMENT, _build
+from helpers import VIEWS_ENVIRONMENT, tps_store, views_store
 
 ERROR_BAR = re.compile(r'<path d="M[\d.]+,[\d.]+V[\d.]+M')  # svg.categories' bar: a vertical line and two caps
 
@@ -31,11 +30,11 @@ def _html(results: Path, tmp_path: Path) -> str:
 @pytest.fixture(scope="module")
 def page(tmp_path_factory: pytest.TempPathFactory) -> str:
     settings = {f"setting_{i}": {"setting": str(i), "unit": "", "source": "configuration file"} for i in range(120)}
-    environment = {**ENVIRONMENT, "kernel": {"release": "6.1.0-test", "machine": "x86_64"},
+    environment = {**VIEWS_ENVIRONMENT, "kernel": {"release": "6.1.0-test", "machine": "x86_64"},
                    "memory": {"total_bytes": 4 << 30, "swap_bytes": 0},
-                   "postgres": {**ENVIRONMENT["postgres"], "non_default_settings": settings}}
+                   "postgres": {**VIEWS_ENVIRONMENT["postgres"], "non_default_settings": settings}}
     folder = tmp_path_factory.mktemp("html")
-    return _html(_build(folder / "r", environment=environment), folder)
+    return _html(views_store(folder / "r", environment=environment), folder)
 
 
 def test_every_caption_that_promises_error_bars_has_them(page: str) -> None:
@@ -48,7 +47,7 @@ def test_every_caption_that_promises_error_bars_has_them(page: str) -> None:
 
 
 def test_a_caption_without_intervals_says_so(tmp_path: Path) -> None:
-    results = _store(tmp_path, {("tpcb-like", "local", 1): [100.0], ("tpcb-like", "on", 1): [90.0],
+    results = tps_store(tmp_path / "r", {("tpcb-like", "local", 1): [100.0], ("tpcb-like", "on", 1): [90.0],
                                 ("tpcb-like", "local", 8): [400.0], ("tpcb-like", "on", 8): [300.0]})
     figures = _figures(_html(results, tmp_path))
     assert figures

@@ -14,75 +14,17 @@ import re
 import shutil
 import subprocess
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from conftest import pglab
+from helpers import VIEWS_ENVIRONMENT, VIEWS_PLAN, views_store
 from pglab.store import Store
-from pglab.workloads.fio import FioResult
-
-PLAN = """\
-name: views
-target: {local: {instances: 3}}
-dataset: {scale: 10}
-matrix:
-  workload: [tpcb-like, select-only]
-  synchronous_commit: [local, remote_apply]
-  clients: [1, 8]
-run: {duration: 6s, warmup: 1s, repeats: 3}
-cost: {monthly: 61}
-"""
-ENVIRONMENT = {"pglab_version": "0", "cpu": {"model": "test CPU", "count": 2, "affinity": 2},
-               "postgres": {"version": "PostgreSQL 15.18", "version_num": 150018,
-                            "non_default_settings": {"shared_buffers": {"setting": "16384", "unit": "8kB",
-                                                                        "source": "configuration file"}}},
-               "paths": {"n0.data": {"fstype": "ext4", "source": "/dev/vda", "mount_options": "rw"}}}
-TPS = {"tpcb-like": {"local": (600.0, 1250.0), "remote_apply": (500.0, 1100.0)},
-       "select-only": {"local": (10_000.0, 18_000.0), "remote_apply": (9_000.0, 17_000.0)}}
-T0 = 1_700_000_000.0
-
-
-def _build(path: Path, plan: str = PLAN, environment: dict[str, Any] | None = None) -> Path:
-    store = Store.open(path)
-    sweep = store.begin_sweep("views", plan, "h", "0")
-    store.set_sweep_info(sweep, environment or ENVIRONMENT, {})
-    axes = [{"workload": wl, "synchronous_commit": sc, "clients": c, "jobs": 1}
-            for wl in TPS for sc in TPS[wl] for c in (1, 8)]
-    ids = store.add_points(sweep, [(i, f"k{i}", ax) for i, ax in enumerate(axes)])
-    start = T0
-    for rep in (1, 2, 3):
-        for i, ax in enumerate(axes):
-            base = TPS[ax["workload"]][ax["synchronous_commit"]][0 if ax["clients"] == 1 else 1]
-            tps = base * (1 + 0.01 * (rep - 2))
-            run_id, _ = store.start_run(sweep, ids[f"k{i}"], i, rep)
-            window = (start + 1, start + 7)
-            ticks = [start + s for s in range(8)]
-            dip = i == 0 and rep == 2  # one run drops to a third of its TPS for two seconds
-            series = [(ts, "pgbench", "tps", tps / 3 if dip and 3 <= ts - start <= 4 else tps) for ts in ticks]
-            series += [(ts, "pgbench", "latency_ms", ax["clients"] * 1000 / tps) for ts in ticks]
-            series += [(ts, "disk:vda", "w_s", 4 * tps) for ts in ticks]
-            store.finish_run(run_id, "ok", window=window, metrics={
-                "tps": tps, "latency_avg_ms": ax["clients"] * 1000 / tps,
-                "latency_p99_ms": 3 * ax["clients"] * 1000 / tps,
-                "write_iops": 4 * tps, "write_latency_ms": 0.2, "cpu_pct": 60.0},
-                series=series, events=[(start, "warmup-start", ""), (window[0], "window-start", ""),
-                                       (window[1], "window-end", "")])
-            start += 10
-    wal = FioResult(path="/d", profile="wal-fdatasync-8k", job="wal-fdatasync-8k-qd1", direction="write",
-                    iops=669.0, bw_mb_s=5.2, lat_mean_ms=0.016, lat_p50_ms=0.01, lat_p99_ms=0.057,
-                    lat_p999_ms=0.1, started=T0 - 20, ended=T0 - 15, series=[], findings=[],
-                    json_file=path / "storage" / "wal.json", log_files=[], sync_lat_mean_ms=1.476,
-                    sync_lat_p50_ms=1.2, sync_lat_p99_ms=6.717, sync_lat_p999_ms=37.487)
-    store.save_fio(sweep, "data", "vda", [wal], {"commit_flush_per_s": 669.0})
-    store.end_sweep(sweep, "done")
-    store.close()
-    return path
 
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return _build(tmp_path_factory.mktemp("views") / "r")
+    return views_store(tmp_path_factory.mktemp("views") / "r")
 
 
 def _env(columns: int | None) -> dict[str, str]:
@@ -158,8 +100,9 @@ def test_a_table_or_sweep_that_does_not_apply_is_one_sentence(results: Path, arg
 
 
 def test_compare_lists_what_differs_first(results: Path, tmp_path: Path) -> None:
-    other = _build(tmp_path / "b", PLAN.replace("instances: 3", "instances: 2").replace("scale: 10", "scale: 5"),
-                   {**ENVIRONMENT, "postgres": {**ENVIRONMENT["postgres"], "version_num": 160004}})
+    plan = VIEWS_PLAN.replace("instances: 3", "instances: 2").replace("scale: 10", "scale: 5")
+    other = views_store(tmp_path / "b", plan,
+                        {**VIEWS_ENVIRONMENT, "postgres": {**VIEWS_ENVIRONMENT["postgres"], "version_num": 160004}})
     text = pglab("compare", str(results), str(other), check=True).stdout
     lines = text.splitlines()
     assert lines[0] == "what differs between A and B:"
@@ -175,7 +118,7 @@ def test_compare_lists_what_differs_first(results: Path, tmp_path: Path) -> None
 
 
 def test_compare_refuses_sides_with_no_common_point(results: Path, tmp_path: Path) -> None:
-    other = _build(tmp_path / "b", PLAN)
+    other = views_store(tmp_path / "b", VIEWS_PLAN)
     db = __import__("sqlite3").connect(other / "results.db")
     db.execute("UPDATE points SET axes = replace(axes, '\"clients\": 8', '\"clients\": 16')")
     db.execute("UPDATE points SET axes = replace(axes, '\"clients\": 1,', '\"clients\": 2,')")

@@ -10,13 +10,13 @@ from pathlib import Path
 import pytest
 
 from conftest import pglab
-from test_report_views import _build
+from helpers import views_store
 
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory: pytest.TempPathFactory) -> Path:
     # a long folder name, as a real results path is: titles that name it must wrap, not overflow
-    return _build(tmp_path_factory.mktemp("widths") / ("results-of-a-sweep-with-a-long-name-" + "x" * 40))
+    return views_store(tmp_path_factory.mktemp("widths") / ("results-of-a-sweep-with-a-long-name-" + "x" * 40))
 
 
 def _env(columns: int | None) -> dict[str, str]:
