@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import psycopg
+
 from pglab.store.sqlite import RunRow, Store
 from pglab.workloads.fio import FioResult
 
@@ -202,8 +204,8 @@ def views_store(path: Path, plan: str = VIEWS_PLAN, environment: dict[str, Any] 
     store = Store.open(path)
     sweep = store.begin_sweep("views", plan, "h", "0")
     store.set_sweep_info(sweep, environment or VIEWS_ENVIRONMENT, {})
-    axes = [{"workload": wl, "synchronous_commit": sc, "clients": c, "jobs": 1}
-            for wl in VIEWS_TPS for sc in VIEWS_TPS[wl] for c in (1, 8)]
+    axes: list[dict[str, Any]] = [{"workload": wl, "synchronous_commit": sc, "clients": c, "jobs": 1}
+                                  for wl in VIEWS_TPS for sc in VIEWS_TPS[wl] for c in (1, 8)]
     ids = store.add_points(sweep, [(i, f"k{i}", ax) for i, ax in enumerate(axes)])
     start = VIEWS_T0
     for rep in (1, 2, 3):
@@ -233,3 +235,31 @@ def views_store(path: Path, plan: str = VIEWS_PLAN, environment: dict[str, Any] 
     store.end_sweep(sweep, "done")
     store.close()
     return path
+
+
+# ------------------------------------------------------------------ a pgbench dataset, compared
+PGBENCH_CATALOG = """
+SELECT c.relname, c.relkind, c.relpersistence, coalesce(pg_get_expr(c.relpartbound, c.oid), ''),
+       coalesce((SELECT string_agg(conname || ' ' || pg_get_constraintdef(oid), '; ' ORDER BY conname)
+                 FROM pg_constraint WHERE conrelid = c.oid), ''),
+       coalesce((SELECT string_agg(pg_get_indexdef(indexrelid), '; ' ORDER BY indexrelid::regclass::text)
+                 FROM pg_index WHERE indrelid = c.oid), ''),
+       coalesce(array_to_string(c.reloptions, ','), ''), pg_relation_size(c.oid)
+FROM pg_class c WHERE c.relname LIKE 'pgbench%' ORDER BY c.relname
+"""
+PGBENCH_CONTENT = """
+SELECT (SELECT count(*) FROM pgbench_accounts), (SELECT sum(abalance) FROM pgbench_accounts),
+       (SELECT sum(aid::bigint * bid) FROM pgbench_accounts), (SELECT count(DISTINCT filler) FROM pgbench_accounts),
+       (SELECT count(*) FROM pgbench_branches), (SELECT count(*) FROM pgbench_tellers),
+       (SELECT sum(tid * bid) FROM pgbench_tellers), (SELECT count(*) FROM pgbench_history)
+"""
+
+PGBENCH_STATS = """
+SELECT relname, last_vacuum IS NOT NULL, last_analyze IS NOT NULL, n_live_tup
+FROM pg_stat_user_tables ORDER BY relname
+"""
+
+
+def pgbench_dump(conn: psycopg.Connection[Any]) -> tuple[list[tuple[Any, ...]], tuple[Any, ...]]:
+    """What a loaded pgbench dataset is: its relations as the catalog describes them, and a digest of its rows."""
+    return conn.execute(PGBENCH_CATALOG).fetchall(), conn.execute(PGBENCH_CONTENT).fetchone() or ()

@@ -19,11 +19,11 @@ from typing import Any
 import pytest
 
 from conftest import pglab, processes_mentioning
+from helpers import PGBENCH_STATS, pgbench_dump
 from pglab.plan.schema import Dataset, LocalTarget
 from pglab.targets.local import dataset as df
 from pglab.targets.local.cluster import LocalLab, Node
 from pglab.targets.local.dataset import cache
-from test_dataset_fast import STATS, _dump
 
 pytestmark = pytest.mark.postgres
 
@@ -56,7 +56,7 @@ def _teardown(lab: LocalLab) -> None:
 
 def _state(lab: LocalLab, node: Node) -> tuple[Any, ...]:
     with lab.connect(node) as conn:
-        return (*_dump(conn), conn.execute(STATS).fetchall(),
+        return (*pgbench_dump(conn), conn.execute(PGBENCH_STATS).fetchall(),
                 conn.execute("SELECT system_identifier FROM pg_control_system()").fetchone())
 
 
@@ -122,7 +122,7 @@ def test_a_lab_from_the_cache_has_the_dataset_a_fresh_load_has(filled: dict[str,
         subprocess.run([str(lab.bindir / "pgbench"), "-i", "-q", "-s", str(SCALE)], env=env | {"PGDATABASE": "ref"},
                        check=True, capture_output=True)
         with lab.connect(primary, dbname="ref") as conn:
-            assert _dump(conn) == cached[:2]
+            assert pgbench_dump(conn) == cached[:2]
         # the standby is the entry too, and streams: a write on the primary arrives
         lab.wait_streaming(30)
         with lab.connect(primary) as conn:

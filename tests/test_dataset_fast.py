@@ -15,9 +15,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import psycopg
 import pytest
 
+from helpers import PGBENCH_CONTENT, PGBENCH_STATS, pgbench_dump
 from pglab.plan.schema import Dataset, LocalTarget
 from pglab.targets.local import dataset as df
 from pglab.targets.local.cluster import LocalLab, Node
@@ -28,38 +28,12 @@ pytestmark = pytest.mark.postgres
 SCALE, PARTITIONS = 2, 3
 
 # what pgbench -i leaves behind, independent of the order it was built in
-CATALOG = """
-SELECT c.relname, c.relkind, c.relpersistence, coalesce(pg_get_expr(c.relpartbound, c.oid), ''),
-       coalesce((SELECT string_agg(conname || ' ' || pg_get_constraintdef(oid), '; ' ORDER BY conname)
-                 FROM pg_constraint WHERE conrelid = c.oid), ''),
-       coalesce((SELECT string_agg(pg_get_indexdef(indexrelid), '; ' ORDER BY indexrelid::regclass::text)
-                 FROM pg_index WHERE indrelid = c.oid), ''),
-       coalesce(array_to_string(c.reloptions, ','), ''), pg_relation_size(c.oid)
-FROM pg_class c WHERE c.relname LIKE 'pgbench%' ORDER BY c.relname
-"""
-CONTENT = """
-SELECT (SELECT count(*) FROM pgbench_accounts), (SELECT sum(abalance) FROM pgbench_accounts),
-       (SELECT sum(aid::bigint * bid) FROM pgbench_accounts), (SELECT count(DISTINCT filler) FROM pgbench_accounts),
-       (SELECT count(*) FROM pgbench_branches), (SELECT count(*) FROM pgbench_tellers),
-       (SELECT sum(tid * bid) FROM pgbench_tellers), (SELECT count(*) FROM pgbench_history)
-"""
-
 # the files of the accounts' heaps as the server names them: the early flush must have fsynced these, not the files
 # the truncation replaced
 HEAP_FILES = """
 SELECT pg_relation_filepath(c.oid) FROM pg_class c
 WHERE c.relname LIKE 'pgbench_accounts%' AND c.relkind = 'r' ORDER BY 1
 """
-
-STATS = """
-SELECT relname, last_vacuum IS NOT NULL, last_analyze IS NOT NULL, n_live_tup
-FROM pg_stat_user_tables ORDER BY relname
-"""
-
-
-def _dump(conn: psycopg.Connection[Any]) -> tuple[list[tuple[Any, ...]], tuple[Any, ...]]:
-    return conn.execute(CATALOG).fetchall(), conn.execute(CONTENT).fetchone() or ()
-
 
 def _set(lab: LocalLab, node: Node, parameters: dict[str, Any]) -> None:
     """The lab's settings plus these, in force (a restart when PostgreSQL asks for one, as for wal_level)."""
@@ -107,13 +81,13 @@ def lab() -> Iterator[dict[str, Any]]:
             conn.execute("CREATE DATABASE ref")
         report = df.fast_load(ep, ds, load, base / "load")
         with lab.connect(node) as conn:
-            fast, stats = _dump(conn), conn.execute(STATS).fetchall()
+            fast, stats = pgbench_dump(conn), conn.execute(PGBENCH_STATS).fetchall()
             heaps = [r[0] for r in conn.execute(HEAP_FILES)]
         env = {k: v for k, v in os.environ.items() if not k.startswith("PG")} | ep.env() | {"PGDATABASE": "ref"}
         subprocess.run([str(lab.bindir / "pgbench"), "-i", "-q", "-s", str(SCALE), f"--partitions={PARTITIONS}"],
                        env=env, check=True, capture_output=True)
         with lab.connect(node, dbname="ref") as conn:
-            ref, ref_stats = _dump(conn), conn.execute(STATS).fetchall()
+            ref, ref_stats = pgbench_dump(conn), conn.execute(PGBENCH_STATS).fetchall()
         # unpartitioned too, at scale 1: fast into one database, pgbench into another
         plain = Dataset(scale=1)
         with lab.connect(node) as conn:
@@ -130,7 +104,7 @@ def lab() -> Iterator[dict[str, Any]]:
         plain_dumps = []
         for db in ("plain_fast", "plain_ref"):
             with lab.connect(node, dbname=db) as conn:
-                plain_dumps.append((_dump(conn), conn.execute(STATS).fetchall()))
+                plain_dumps.append((pgbench_dump(conn), conn.execute(PGBENCH_STATS).fetchall()))
         with lab.connect(node) as conn:
             conn.execute("DROP DATABASE plain_fast")
             conn.execute("DROP DATABASE plain_ref")
@@ -206,7 +180,7 @@ def test_restore_brings_the_dataset_back_without_recovery(lab: dict[str, Any]) -
     with lab_.connect(node) as conn:
         conn.execute("UPDATE pgbench_accounts SET abalance = abalance + 1 WHERE aid % 97 = 0")
         conn.execute("CREATE TABLE junk AS SELECT g FROM generate_series(1, 1000) g")
-        changed = conn.execute(CONTENT).fetchone()
+        changed = conn.execute(PGBENCH_CONTENT).fetchone()
     assert changed is not None and changed[1] != 0 and changed[7] == 600
     _stop(lab_, node, "immediate")  # a reset discards what the run wrote: no shutdown checkpoint needed
     assert df.control_data(lab_.bindir, node.data)["Database cluster state"] == "in production"
@@ -229,7 +203,7 @@ def test_restore_brings_the_dataset_back_without_recovery(lab: dict[str, Any]) -
     offset = node.log.stat().st_size
     lab_._start(node)
     with lab_.connect(node) as conn:
-        assert conn.execute(CONTENT).fetchone() == lab["fast"][1]  # every row back, history empty
+        assert conn.execute(PGBENCH_CONTENT).fetchone() == lab["fast"][1]  # every row back, history empty
         assert conn.execute("SELECT to_regclass('junk')").fetchone() == (None,)
         assert conn.execute("SELECT count(*) FROM pgbench_accounts WHERE abalance <> 0").fetchone() == (0,)
     log = _log_since(node, offset)
