@@ -7,7 +7,11 @@ import io
 import json
 import os
 import shutil
+import signal
+import subprocess
+import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -103,3 +107,41 @@ def test_a_storage_only_folder_has_no_database_table(scratch: Path, tmp_path: Pa
             "error: --table: sweep 1 has no database table: it measured storage alone (pglab fio), no pgbench point; "
             "see the tables it has with no --table."]
     assert "randread-8k-qd1" in pglab("report", str(results), "--table", "storage", check=True).stdout
+
+
+def test_pglab_fio_holds_its_folder_and_resumes_after_an_interrupt(scratch: Path, tmp_path: Path) -> None:
+    """`pglab fio` is a sweep as `pglab run`'s: while one writes a folder, a second is refused in one sentence
+    (exit 2, nothing measured); Ctrl-C ends the first (exit 130), and the same command again resumes its sweep:
+    one sweep, done, each job stored once."""
+    results = tmp_path / "r"
+    args = ["fio", "--path", str(scratch), "--profile", "randwrite-8k", "--runtime", "3s", "--size", "16MiB",
+            "--results", str(results)]
+    first = subprocess.Popen([sys.executable, "-m", "pglab.cli", *args], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60  # fio's own scratch folder: the storage phase has begun, under the lock
+        while time.monotonic() < deadline and not [p for p in scratch.iterdir() if p.is_dir()]:
+            time.sleep(0.05)
+        second = pglab(*args)
+        assert second.returncode == 2, second.stderr
+        assert second.stderr.splitlines() == [
+            f"error: --results: '{results}' is being written by another pglab (pid {first.pid}); wait for it to end "
+            "or choose another folder."]
+        first.send_signal(signal.SIGINT)
+        _, stderr = first.communicate(timeout=30)
+    finally:
+        if first.poll() is None:
+            first.kill()
+    assert first.returncode == 130, stderr
+    assert stderr.splitlines()[-1] == "interrupted: fio stopped and its test files removed."
+    assert not list(scratch.iterdir())
+    [sweep] = json.loads(pglab("sweeps", str(results), "-f", "json", check=True).stdout)
+    assert (sweep["sweep"], sweep["status"], sweep["plan"]) == (1, "interrupted", "fio")
+
+    again = pglab(*args, "-f", "csv", check=True)  # the format is no part of the sweep's identity
+    assert again.stderr.splitlines()[-1] == f"results: {results} (sweep 1 resumed; --force-new starts a new one)"
+    assert sorted(r["profile"] for r in csv.DictReader(io.StringIO(again.stdout))) == [
+        "randwrite-8k-qd1", "randwrite-8k-qd32"]
+    [sweep] = json.loads(pglab("sweeps", str(results), "-f", "json", check=True).stdout)
+    assert (sweep["sweep"], sweep["status"]) == (1, "done")
+    assert not list(scratch.iterdir())

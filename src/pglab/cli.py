@@ -17,7 +17,7 @@ from rich.table import Table
 
 from pglab import __version__
 from pglab.cluster_cli import cluster_app
-from pglab.errors import LabError, LabUnsound, NoSpace, PlanError, RunInterrupted, UserError
+from pglab.errors import LabError, LabUnsound, NoSpace, PlanError, UserError
 from pglab.plan.expand import Point
 from pglab.plan.load import load_plan
 from pglab.plan.schema import Plan
@@ -396,103 +396,18 @@ def compare(
 ) -> None:
     """Δ % of TPS and latency per matching point, B relative to A, with a Welch 95 % interval and a verdict; two
     folders: what differs between their plans and environments first."""
-    from pglab.analysis.compare import (
-        ONLY_IN_A,
-        ONLY_IN_B,
-        compare_stores,
-        compare_within,
-        side_differences,
-        split_along,
-        unmatched_reason,
-        uplift_rows,
-        workload_differs,
-    )
-    from pglab.analysis.cost import cost_comparison
-    from pglab.report.tables import render
-    from pglab.store import Store
+    from pglab.report.compare import compare_report
 
     _check_format(fmt)
-    width = None if wide else _terminal_width()  # the terminal's, or 120 when piped
-    cost_lines: list[str] = []
-    preface: list[str] = []
     if b is None and not (axis and value_a is not None and value_b is not None):
         raise UserError("compare: give two results folders, or one folder with --axis, --a and --b.")
     if b is not None and axis:
         raise UserError("compare: --axis compares within one folder; give one folder or drop --axis.")
-    store_a = Store.open(a, create=False)
-    try:
-        if b is None:
-            assert axis is not None
-            sides = split_along(store_a, axis, value_a, value_b)
-            columns, rows = compare_within(store_a, axis, value_a, value_b)
-            if rows and all(r.get("tps_verdict") in (ONLY_IN_A, ONLY_IN_B) for r in rows):
-                raise UserError(unmatched_reason(sides, value_a, value_b))
-            follow_a = "".join(f", {k}={va}" for k, (va, _) in sides.followers.items())
-            follow_b = "".join(f", {k}={vb}" for k, (_, vb) in sides.followers.items())
-            title = f"B ({axis}={value_b}{follow_b}) relative to A ({axis}={value_a}{follow_a}) in {a}"
-        else:
-            store_b = Store.open(b, create=False)
-            try:
-                columns, rows = compare_stores(store_a, store_b)
-                cost_lines = cost_comparison(store_a, store_b)
-                differences = side_differences(store_a, store_b)
-            finally:
-                store_b.close()
-            title = f"B ({b}) relative to A ({a})"
-            preface = _differences_text(differences, workload_differs(differences))
-            if rows and all(r.get("tps_verdict") in (ONLY_IN_A, ONLY_IN_B) for r in rows):
-                raise UserError(f"compare: no point of '{b}' matches one of '{a}' (workload, synchronous_commit, "
-                                "clients and the other axes must be equal); compare sweeps of the same matrix.")
-    finally:
-        store_a.close()
-    if preface:  # before the figures; beside CSV/JSON on stderr, so that the data stays parseable
-        target = out if fmt in ("table", "markdown") else err
-        for line in preface:
-            target.print(line, soft_wrap=True, markup=False, highlight=False)
-    if any(r.get("tps_verdict") == "too few repeats" for r in rows):
-        from pglab.report.tables import TOO_FEW_NOTE
-
-        cost_lines.insert(0, TOO_FEW_NOTE.rstrip())
-    if uplift:
-        from pglab.report.tables import UPLIFT_HEADERS
-
-        ucols, urows = uplift_rows(columns, rows)
-        out.print(render(ucols, urows, fmt, title=f"uplift: {title}: TPS, Δ % = (B − A) / A [95 % interval]",
-                         headers=UPLIFT_HEADERS, width=width, optional=("jobs", "flags")),
-                  end="", soft_wrap=True, markup=False, highlight=False)
-        if fmt in ("table", "markdown"):
-            for line in cost_lines:
-                out.print(line, markup=False, highlight=False)
-        return
-    metric_columns = ("tps_a", "tps_b", "tps_delta_pct", "tps_verdict", "latency_avg_ms_delta_pct",
-                      "latency_avg_ms_verdict", "runs_a", "runs_b")
-    shown = [c for c in columns if c in metric_columns or not c.startswith(("tps_", "latency_", "runs_"))]
-    headers = {"tps_a": "A tps", "tps_b": "B tps", "tps_delta_pct": "Δ tps % [95 %]", "tps_verdict": "verdict",
-               "latency_avg_ms_delta_pct": "Δ lat % [95 %]",
-               "latency_avg_ms_verdict": "latency verdict", "runs_a": "A runs", "runs_b": "B runs"}
-    headers["synchronous_commit"] = "sync commit"
-    out.print(render(columns, rows, fmt, title=f"{title}: Δ % = (B − A) / A [95 % interval]", shown=shown,
-                     headers=headers, width=width,
-                     optional=("latency_avg_ms_delta_pct", "flags", "latency_avg_ms_verdict", "runs_b", "runs_a",
-                               "jobs")), end="", soft_wrap=True, markup=False, highlight=False)
-    if fmt in ("table", "markdown"):
-        for line in cost_lines:
-            out.print(line, markup=False, highlight=False)
-
-
-def _differences_text(differences: list[tuple[str, str, str]], measured: list[str]) -> list[str]:
-    """What differs between A and B, one line each, and a warning when it changes what the points measure."""
-    if not differences:
-        return ["A and B: same plan (but its name) and same environment figures.", ""]
-    lines = ["what differs between A and B:"]
-    lines += [f"  {what}: A {va} · B {vb}" for what, va, vb in differences]
-    if measured:
-        import textwrap
-
-        lines += textwrap.wrap(f"warning: A and B differ in what each point measures ({', '.join(measured)}), not "
-                               "only in the platform; the Δ below includes those differences.", 120,
-                               subsequent_indent="  ", break_on_hyphens=False)
-    return [*lines, ""]
+    preface, text = compare_report(a, b, axis, value_a, value_b, fmt, uplift,
+                                   None if wide else _terminal_width())  # the terminal's, or 120 when piped
+    for line in preface:  # before the figures; beside CSV/JSON on stderr, so that the data stays parseable
+        (out if fmt in ("table", "markdown") else err).print(line, soft_wrap=True, markup=False, highlight=False)
+    out.print(text, end="", soft_wrap=True, markup=False, highlight=False)
 
 
 @app.command("fio")
@@ -502,24 +417,29 @@ def fio_command(
     job_files: list[Path] = typer.Option([], "--job-file", help="a custom fio job file (repeatable)"),
     runtime: str = typer.Option("30s", "--runtime", help="seconds per job"),
     size: str = typer.Option("1GiB", "--size", help="test file size per job"),
-    results: Path | None = typer.Option(None, "--results", help="results folder (default results/fio-<time>)"),
+    results: Path | None = typer.Option(None, "--results", help="results folder (default results/fio-<time>; run "
+                                        "again into it to resume)"),
     fmt: Format = typer.Option("table", "--format", "-f"),
+    force_new: bool = typer.Option(False, "--force-new", help="start a new sweep in a results folder that holds "
+                                   "another (or this finished) sweep, instead of resuming or refusing"),
 ) -> None:
-    """Benchmark storage with fio on the given paths: 8 KiB random, WAL-like fdatasync, 1 MiB sequential."""
+    """Benchmark storage with fio on the given paths: 8 KiB random, WAL-like fdatasync, 1 MiB sequential.
+
+    A sweep as 'pglab run's: one pglab at a time in a results folder, and the same command run again into the same
+    --results after an interruption resumes it (its storage measured again)."""
+    import shlex
+
     from pydantic import ValidationError
 
-    from pglab.engine.recorder import Recorder
-    from pglab.engine.sweep import interrupt_signals
-    from pglab.engine.types import SilentObserver
+    from pglab.drivers.fio import FioDriver
+    from pglab.engine.sweep import run_sweep
     from pglab.plan.schema import Storage
     from pglab.report.tables import full_report
-    from pglab.storage import measure, plan_jobs
+    from pglab.storage import plan_jobs
     from pglab.store import Store
-    from pglab.workloads import fio
-
-    _check_format(fmt)
     from pglab.targets.local import registry
 
+    _check_format(fmt)
     for message in registry.reap_orphans():
         err.print(message, markup=False, highlight=False)
     spec: dict[str, Any] = {"runtime": runtime, "size": size}
@@ -536,37 +456,31 @@ def fio_command(
         if not f.is_file():
             raise UserError(f"--job-file: no such file '{f}'.")
     jobs = plan_jobs(storage.profiles if (profiles or not job_files) else [], job_files)
-    size_bytes = storage.size.bytes
     labelled = {str(p): (p.absolute(), "--path") for p in paths}  # fio runs in the results folder, not here
-    fio.find_fio()
     if results is not None:
         from pglab.preflight import check_results_parent
 
         check_results_parent(results)
-    for p, field in labelled.values():
-        fio.check_path(p, size_bytes, field=field)
     results = results or Path("results") / f"fio-{time.strftime('%Y%m%d-%H%M%S')}"
-    store = Store.open(results.resolve())  # fio runs in its output folder: paths must be absolute
-    command = " ".join(sys.argv[1:])
-    recorder = Recorder(store, SilentObserver())
-    sweep_id = recorder.open_storage_sweep(command)
-    status = "failed"
-    try:
-        with interrupt_signals():
-            for m in measure(store.dir, labelled, jobs, runtime_s=storage.runtime, size_bytes=size_bytes,
-                             log=lambda m: err.print(f"[dim]{m}[/dim]")):
-                recorder.fio(m)
-        status = "done"
-    except RunInterrupted as exc:
-        status = "interrupted"
+    # the sweep's plan is this command, with absolute paths: what a rerun must repeat to resume it; the job files'
+    # bytes are part of its identity as a plan's are (the plan's own job files are relative, these are not)
+    given = [("--path", str(p)) for p, _ in labelled.values()] + [("--profile", x) for x in profiles] + [
+        ("--job-file", str(f.absolute())) for f in job_files] + [("--runtime", runtime), ("--size", size)]
+    plan = Plan(name="fio", storage=storage.model_copy(update={"job_files": [str(f.absolute()) for f in job_files]}))
+    driver = FioDriver(labelled, jobs, storage.runtime, storage.size.bytes, lambda m: err.print(f"[dim]{m}[/dim]"))
+    outcome = run_sweep(driver, plan, f"# pglab {shlex.join(['fio', *(w for pair in given for w in pair)])}\n",
+                        Path.cwd(), results, force_new=force_new)
+    if outcome.interrupted:
         err.print("[yellow]interrupted: fio stopped and its test files removed.")
-        raise typer.Exit(interrupted_exit(exc.signal_name)) from None
+        raise typer.Exit(interrupted_exit(outcome.interrupted_by))
+    store = Store.open(results, create=False)
+    try:
+        out.print(full_report(store, fmt, outcome.sweep_id, table="storage"), end="", soft_wrap=True, markup=False,
+                  highlight=False)
     finally:
-        recorder.end(status, None)
-        text = full_report(store, fmt, sweep_id, table="storage")
         store.close()
-    out.print(text, end="", soft_wrap=True, markup=False, highlight=False)
-    err.print(f"results: {results}")
+    resumed = f" (sweep {outcome.sweep_id} resumed; --force-new starts a new one)" if outcome.resumed else ""
+    err.print(f"results: {results}{resumed}")
 
 
 @app.command("sweeps")

@@ -21,7 +21,7 @@ from pglab.engine.recorder import Recorder
 from pglab.engine.schedule import Schedule
 from pglab.engine.types import Event, Observer, SilentObserver, SweepResult
 from pglab.errors import RunInterrupted, UserError, first_line
-from pglab.plan.expand import Point
+from pglab.plan.expand import Point, expand
 from pglab.plan.schema import Plan
 from pglab.store.sqlite import Store
 
@@ -67,7 +67,7 @@ def _sweep(driver: Driver, plan: Plan, recorder: Recorder, ui: Observer, keep: b
     per_run = plan.run.warmup + seconds + driver.run_overhead_s if seconds else None
     ui.sweep_started(left, per_run * left if per_run else None)
     status, reason = "done", None
-    first = upcoming[0] if upcoming else points[0]
+    first = upcoming[0] if upcoming else (points or expand(plan))[0]  # `pglab fio`: no points of its own
     # a signal is recorded, and acted on at the safe points below and in the driver's waits (interrupts.check)
     with interrupt_signals(raise_at_once=not polls_interrupts(driver)) as signals:
         try:

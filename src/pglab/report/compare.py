@@ -1,0 +1,89 @@
+"""`pglab compare`'s presentation: what differs between the two sides, then the Δ (or uplift) table and its notes.
+
+The figures are analysis.compare's; here they are only laid out, beside the other tables."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+from pglab.analysis.compare import (
+    ONLY_IN_A,
+    ONLY_IN_B,
+    compare_stores,
+    compare_within,
+    side_differences,
+    split_along,
+    unmatched_reason,
+    uplift_rows,
+    workload_differs,
+)
+from pglab.analysis.cost import cost_comparison
+from pglab.errors import UserError
+from pglab.report.tables import TOO_FEW_NOTE, UPLIFT_HEADERS, render
+from pglab.store import Store
+
+METRIC_COLUMNS = ("tps_a", "tps_b", "tps_delta_pct", "tps_verdict", "latency_avg_ms_delta_pct",
+                  "latency_avg_ms_verdict", "runs_a", "runs_b")
+HEADERS = {"tps_a": "A tps", "tps_b": "B tps", "tps_delta_pct": "Δ tps % [95 %]", "tps_verdict": "verdict",
+           "latency_avg_ms_delta_pct": "Δ lat % [95 %]", "latency_avg_ms_verdict": "latency verdict",
+           "runs_a": "A runs", "runs_b": "B runs", "synchronous_commit": "sync commit"}
+
+
+def compare_report(a: Path, b: Path | None, axis: str | None, value_a: str | None, value_b: str | None, fmt: str,
+                   uplift: bool, width: int | None) -> tuple[list[str], str]:
+    """(what differs between the folders, one line each, to print first; the table and its notes): B against A,
+    or within A along ``axis``. A comparison where no point matches is refused in one sentence."""
+    preface: list[str] = []
+    cost_lines: list[str] = []
+    store_a = Store.open(a, create=False)
+    try:
+        if b is None:
+            assert axis is not None
+            sides = split_along(store_a, axis, value_a, value_b)
+            columns, rows = compare_within(store_a, axis, value_a, value_b)
+            if rows and all(r.get("tps_verdict") in (ONLY_IN_A, ONLY_IN_B) for r in rows):
+                raise UserError(unmatched_reason(sides, value_a, value_b))
+            follow_a = "".join(f", {k}={va}" for k, (va, _) in sides.followers.items())
+            follow_b = "".join(f", {k}={vb}" for k, (_, vb) in sides.followers.items())
+            title = f"B ({axis}={value_b}{follow_b}) relative to A ({axis}={value_a}{follow_a}) in {a}"
+        else:
+            store_b = Store.open(b, create=False)
+            try:
+                columns, rows = compare_stores(store_a, store_b)
+                cost_lines = cost_comparison(store_a, store_b)
+                differences = side_differences(store_a, store_b)
+            finally:
+                store_b.close()
+            title = f"B ({b}) relative to A ({a})"
+            preface = differences_text(differences, workload_differs(differences))
+            if rows and all(r.get("tps_verdict") in (ONLY_IN_A, ONLY_IN_B) for r in rows):
+                raise UserError(f"compare: no point of '{b}' matches one of '{a}' (workload, synchronous_commit, "
+                                "clients and the other axes must be equal); compare sweeps of the same matrix.")
+    finally:
+        store_a.close()
+    if any(r.get("tps_verdict") == "too few repeats" for r in rows):
+        cost_lines.insert(0, TOO_FEW_NOTE.rstrip())
+    notes = "".join(f"{line}\n" for line in cost_lines) if fmt in ("table", "markdown") else ""
+    if uplift:
+        ucols, urows = uplift_rows(columns, rows)
+        return preface, render(ucols, urows, fmt, title=f"uplift: {title}: TPS, Δ % = (B − A) / A [95 % interval]",
+                               headers=UPLIFT_HEADERS, width=width, optional=("jobs", "flags")) + notes
+    shown = [c for c in columns if c in METRIC_COLUMNS or not c.startswith(("tps_", "latency_", "runs_"))]
+    return preface, render(columns, rows, fmt, title=f"{title}: Δ % = (B − A) / A [95 % interval]", shown=shown,
+                           headers=HEADERS, width=width,
+                           optional=("latency_avg_ms_delta_pct", "flags", "latency_avg_ms_verdict", "runs_b",
+                                     "runs_a", "jobs")) + notes
+
+
+def differences_text(differences: list[tuple[str, str, str]], measured: list[str]) -> list[str]:
+    """What differs between A and B, one line each, and a warning when it changes what the points measure."""
+    if not differences:
+        return ["A and B: same plan (but its name) and same environment figures.", ""]
+    lines = ["what differs between A and B:"]
+    lines += [f"  {what}: A {va} · B {vb}" for what, va, vb in differences]
+    if measured:
+        lines += textwrap.wrap(f"warning: A and B differ in what each point measures ({', '.join(measured)}), not "
+                               "only in the platform; the Δ below includes those differences.", 120,
+                               subsequent_indent="  ", break_on_hyphens=False)
+    return [*lines, ""]
