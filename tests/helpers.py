@@ -76,6 +76,12 @@ def stored_events(results: Path, kind: str | None = None, sweep_id: int | None =
     return [e for e in found if kind is None or e[1] == kind]
 
 
+def run_files(results: Path) -> list[tuple[Path, dict[str, Any]]]:
+    """Each run's folder and its run.json (the artifact a run leaves beside its rows: point, metrics …), in the
+    folders' order (point, then repeat)."""
+    return [(d, json.loads((d / "run.json").read_text())) for d in sorted((results / "runs").iterdir())]
+
+
 # ------------------------------------------------------------------ running a plan
 @dataclass(frozen=True)
 class Ran:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import sqlite3
 import subprocess
 import tempfile
 import time
@@ -16,6 +15,7 @@ from typing import Any
 import pytest
 
 from conftest import pglab, processes_mentioning
+from helpers import stored_events, sweep_row
 from pglab.plan.schema import Dataset, LocalTarget
 from pglab.targets.local.cluster import LocalLab, Node
 
@@ -105,10 +105,9 @@ run: {duration: 2s, repeats: 2}
     proc = pglab("run", str(plan), "--results", str(results))
     assert proc.returncode == 0, proc.stderr
     assert "NOT applied" not in proc.stdout + proc.stderr  # no limits asked, none reported missing
-    db = sqlite3.connect(results / "results.db")
-    resets = [r[0] for r in db.execute("SELECT detail FROM events WHERE kind = 'dataset-reset'")]
+    resets = [detail for _ts, _kind, detail, _run, _scope in stored_events(results, "dataset-reset")]
     assert len(resets) == 2, resets
     for run in (results / "runs").iterdir():
         assert json.loads((run / "dataset-reset.json").read_text())["method"].keys() == {"n0", "n1"}
-    target = json.loads(db.execute("SELECT target FROM sweeps").fetchone()[0])
+    target = sweep_row(results)["target"]
     assert target["dataset"]["snapshot_method"]

@@ -3,13 +3,12 @@ finds it: a second run of the same plan resumes there (nothing run twice), a cha
 
 from __future__ import annotations
 
-import json
-import sqlite3
 from pathlib import Path
 
 import pytest
 
 from conftest import pglab
+from helpers import read_store
 from pglab import __version__
 
 pytestmark = pytest.mark.postgres
@@ -28,11 +27,12 @@ def test_default_results_folder_is_the_plan_name(tmp_path: Path) -> None:
     again = pglab("run", str(plan), cwd=tmp_path)
     assert again.returncode == 0, again.stderr
     assert "completed before this resume" in again.stderr
-    with sqlite3.connect(results / "results.db") as db:
-        assert db.execute("SELECT count(*) FROM sweeps").fetchone()[0] == 1
-        version, environment = db.execute("SELECT pglab_version, environment FROM sweeps").fetchone()
-        assert version == __version__ and json.loads(environment)["pglab_version"] == __version__  # = --version
-        assert db.execute("SELECT count(*) FROM runs").fetchone()[0] == 1  # nothing run twice
+    with read_store(results) as store:
+        (sweep,) = store.sweeps()
+        environment = store.sweep_environment(sweep["id"])
+        assert sweep["pglab_version"] == __version__ and environment is not None
+        assert environment["pglab_version"] == __version__  # = --version
+        assert len(store.runs()) == 1  # nothing run twice
     plan.write_text(PLAN.replace("transactions: 10", "transactions: 20"))
     changed = pglab("run", str(plan), cwd=tmp_path)
     assert changed.returncode == 2 and "holds a sweep of a different plan" in changed.stderr, changed.stderr

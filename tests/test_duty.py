@@ -13,7 +13,6 @@ import json
 import os
 import re
 import shutil
-import sqlite3
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -22,6 +21,7 @@ import psycopg
 import pytest
 
 from conftest import pglab, processes_mentioning
+from helpers import read_store, sweep_row
 
 pytestmark = pytest.mark.postgres
 
@@ -62,13 +62,12 @@ run: {{transactions: {TRANSACTIONS}, repeats: 2}}
 """)
     results = base / "results"
     proc = pglab("run", str(plan), "--results", str(results), "--keep", "--format", "csv")
-    db = sqlite3.connect(results / "results.db")
-    target = json.loads(db.execute("SELECT target FROM sweeps").fetchone()[0] or "{}")
+    target = sweep_row(results)["target"] or {}
     lab = Path(target["lab_dir"]) if target.get("lab_dir") else None
     try:
-        yield {"proc": proc, "results": results, "db": db, "lab": lab, "target": target}
+        with read_store(results) as store:
+            yield {"proc": proc, "results": results, "store": store, "lab": lab, "target": target}
     finally:
-        db.close()
         if lab is not None:
             pglab("lab", "clean", str(lab))
             assert processes_mentioning(str(lab)) == []
@@ -78,13 +77,18 @@ run: {{transactions: {TRANSACTIONS}, repeats: 2}}
 def _runs(sweep: Any) -> list[tuple[str, str, float, float]]:
     """(id, folder, window start, window end) of each run, in the order they ran."""
     assert sweep["proc"].returncode == 0, sweep["proc"].stderr
-    rows = sweep["db"].execute("SELECT id, dir, window_start, window_end, status FROM runs ORDER BY started").fetchall()
-    assert len(rows) == 4 and {r[4] for r in rows} == {"ok"}
-    return [(r[0], r[1], r[2], r[3]) for r in rows]
+    store = sweep["store"]
+    rows = {r.id: r for r in store.runs()}
+    assert len(rows) == 4 and {r.status for r in rows.values()} == {"ok"}
+    ordered = [run_id for run_id, _started, _ended in store.run_times(store.latest_sweep_id())]
+    windows = {run_id: store.run_window(run_id) for run_id in ordered}
+    assert list(rows) and None not in windows.values(), windows  # every run measured a window
+    return [(run_id, rows[run_id].dir, *window) for run_id, window in windows.items() if window is not None]
 
 
 def _phases(sweep: Any) -> list[tuple[str | None, str, float, float]]:
-    return sweep["db"].execute("SELECT run_id, name, started, ended FROM phases ORDER BY started, rowid").fetchall()
+    phases: list[tuple[str | None, str, float, float]] = sweep["store"].phases(sweep["store"].latest_sweep_id())
+    return phases
 
 
 def _logged_window(run_dir: Path) -> tuple[float, float]:
@@ -104,7 +108,8 @@ def _logged_window(run_dir: Path) -> tuple[float, float]:
 
 def test_the_phases_tile_the_sweeps_wall_time(sweep: Any) -> None:
     runs = _runs(sweep)
-    started, finished = sweep["db"].execute("SELECT started, finished FROM sweeps").fetchone()
+    (row,) = sweep["store"].sweeps()
+    started, finished = row["started"], row["finished"]
     phases = _phases(sweep)
     assert phases[0][2] == started and phases[-1][3] == finished
     for before, after in itertools.pairwise(phases):
@@ -115,9 +120,11 @@ def test_the_phases_tile_the_sweeps_wall_time(sweep: Any) -> None:
     for run_id, *_ in runs:
         assert [name for r, name, _s, _e in phases if r == run_id] == RUN_STEPS
     # the runs' rows were created and closed inside their own phases
-    for run_id, created, closed in sweep["db"].execute("SELECT id, started, ended FROM runs"):
+    times = sweep["store"].run_times(sweep["store"].latest_sweep_id())
+    assert len(times) == len(runs)
+    for run_id, created, closed in times:
         mine = [(s, e) for r, _n, s, e in phases if r == run_id]
-        assert mine[0][0] <= created and closed <= mine[-1][1]
+        assert closed is not None and mine[0][0] <= created and closed <= mine[-1][1]
 
 
 def test_each_runs_transactions_ran_in_its_measure_phase_after_its_reset(sweep: Any) -> None:

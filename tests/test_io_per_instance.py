@@ -4,33 +4,23 @@ disk, so the disk probe's write IOPS are the primary's, the standby's and the ho
 from __future__ import annotations
 
 import csv
-import json
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from conftest import pglab
+from helpers import run_files
 from pglab.targets.local import cgroups
 
 pytestmark = pytest.mark.postgres  # labs, and cgroups with a process in them
 
 MIB = 1024 * 1024
 IN_FLIGHT = 2 * MIB  # writes submitted before the last sample and completed after it: a queue's worth at most
-
-
-def _runs(results: Path) -> dict[str, tuple[Path, dict[str, Any]]]:
-    """Each run's folder and run.json, by workload."""
-    out = {}
-    for path in (results / "runs").glob("*/run.json"):
-        record = json.loads(path.read_text())
-        out[record["point"]["workload"]] = (path.parent, record)
-    return out
 
 
 def _device_bytes_written(run_dir: Path, since: float) -> float:
@@ -60,7 +50,7 @@ run: {{duration: 5s, repeats: 1}}
         results = base / "r"
         proc = pglab("run", str(plan), "--results", str(results), "--format", "json")
         assert proc.returncode == 0, proc.stderr
-        runs = _runs(results)
+        runs = {record["point"]["workload"]: (d, record) for d, record in run_files(results)}
         (_, tpcb), (_, select) = runs["tpcb-like"], runs["select-only"]
         for run_dir, record in runs.values():
             io = record["io"]

@@ -6,13 +6,13 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import sqlite3
 import tempfile
 from pathlib import Path
 
 import pytest
 
 from conftest import pglab, processes_mentioning
+from helpers import stored_events, stored_runs, sweep_row
 from pglab.targets.local import procs
 from pglab.targets.local.cluster import cgroup_name
 
@@ -50,8 +50,7 @@ run: {duration: 3s, repeats: 1}
     try:
         proc = pglab("run", str(plan), "--results", str(results), "--keep", "--format", "json")
         assert proc.returncode == 0, proc.stderr
-        db = sqlite3.connect(results / "results.db")
-        target = json.loads(db.execute("SELECT target FROM sweeps").fetchone()[0])
+        target = sweep_row(results)["target"]
         lab = Path(target["lab_dir"])
         rows = {row["cpus"]: row for row in json.loads(proc.stdout)}
         # the quota is what bounds select-only: a quarter core gives far less than a full one
@@ -68,15 +67,14 @@ run: {duration: 3s, repeats: 1}
             assert lim["client"]["cpus"] == 1.5
             io = json.dumps(lim["n0"].get("io_max"))
             assert "5000" in io and str(500 * 1024 * 1024) in io
-        metrics = dict(db.execute("SELECT m.name, m.value FROM run_metrics m JOIN runs r ON r.id = m.run_id "
-                                  "JOIN points p ON p.id = r.point_id WHERE p.axes LIKE '%\"cpus\": 0.25%'"))
+        (metrics,) = [r.metrics for r in stored_runs(results) if r.axes["cpus"] == 0.25]
+        cores, throttled = metrics["primary_cpu_cores"], metrics["cpu_throttled_pct"]
         assert metrics["limit_cpus"] == 0.25 and metrics["limits_applied"] == 1.0
-        assert metrics["primary_cpu_cores"] <= 0.25 * 1.15  # the primary never used more than its quota
-        assert metrics["cpu_throttled_pct"] > 20
+        assert cores is not None and cores <= 0.25 * 1.15  # the primary never used more than its quota
+        assert throttled is not None and throttled > 20
         # one rolling restart between the two steps, recorded on the sweep's timeline
-        steps = db.execute("SELECT detail FROM events WHERE kind = 'cpu-step'").fetchall()
-        assert len(steps) == 1 and steps[0][0].startswith("cpus=1: rolling restart took")
-        db.close()
+        steps = [detail or "" for _ts, _kind, detail, _run, _scope in stored_events(results, "cpu-step")]
+        assert len(steps) == 1 and steps[0].startswith("cpus=1: rolling restart took"), steps
         # every server process and pgbench ran inside their groups
         state = json.loads((lab / "lab.json").read_text())
         for node in state["nodes"]:

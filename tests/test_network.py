@@ -6,13 +6,13 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import sqlite3
 import tempfile
 from pathlib import Path
 
 import pytest
 
 from conftest import pglab, processes_mentioning
+from helpers import sweep_row
 
 pytestmark = [pytest.mark.postgres, pytest.mark.quiet]
 
@@ -46,8 +46,7 @@ run: {{duration: 3s, repeats: 1}}
         assert 0.8 * RTT_MS <= lat["on"] - lat["local"] <= 1.75 * RTT_MS, lat
         links = [json.loads(p.read_text()) for p in (results / "runs").glob("*/network.json")]
         assert len(links) == 2 and all(link["n1"]["latency_ms"] == RTT_MS for link in links)
-        target = json.loads(sqlite3.connect(results / "results.db").execute("SELECT target FROM sweeps")
-                            .fetchone()[0])
+        target = sweep_row(results)["target"]
         assert target["nodes"][1]["via_proxy_port"] != target["nodes"][0]["port"]
         assert processes_mentioning(target["lab_dir"]) == []  # toxiproxy stopped with the lab
     finally:

@@ -7,25 +7,15 @@ from __future__ import annotations
 
 import json
 import os
-import sqlite3
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from conftest import pglab, processes_mentioning
+from helpers import lab_dir, run_files, stored_events
 from pglab.targets.local.ha import TIMINGS
 
 pytestmark = pytest.mark.postgres
-
-
-def _runs(results: Path) -> list[dict[str, Any]]:
-    return [json.loads((d / "run.json").read_text()) for d in sorted((results / "runs").iterdir())]
-
-
-def _lab_dir(results: Path) -> str:
-    db = sqlite3.connect(results / "results.db")
-    return str(json.loads(db.execute("SELECT target FROM sweeps").fetchone()[0])["lab_dir"])
 
 
 def test_standby_loss_blocks_synchronous_commits_only_and_a_backup_is_measured(tmp_path: Path) -> None:
@@ -46,7 +36,8 @@ run: {{duration: 6s}}
     results = tmp_path / "r"
     proc = pglab("run", str(plan), "--results", str(results))
     assert proc.returncode == 0, proc.stderr
-    runs = {(r["point"]["scenario"], r["point"]["synchronous_commit"]): r["metrics"] for r in _runs(results)}
+    runs = {(r["point"]["scenario"], r["point"]["synchronous_commit"]): r["metrics"]
+            for _dir, r in run_files(results)}
     assert len(runs) == 4
     # the only synchronous standby down: 'on' commits wait for it to come back, 'local' ones do not
     on, local = runs[("standby-loss", "on")], runs[("standby-loss", "local")]
@@ -61,13 +52,12 @@ run: {{duration: 6s}}
         b = runs[("backup max-rate=32M", level)]
         assert b["backup_mb"] > 20 and b["backup_s"] > 0 and b["tps_before"] > 0 and b["tps_during"] is not None
         assert b["backup_mb_s"] <= 32 * 1.25, b  # --max-rate=32M is honoured
-    db = sqlite3.connect(results / "results.db")
-    kinds = [k for (k,) in db.execute("SELECT kind FROM events")]
+    kinds = [kind for _ts, kind, _detail, _run, _scope in stored_events(results)]
     assert kinds.count("fault") == 2 and kinds.count("standby-back") == 2 and kinds.count("backup-end") == 2
     table = pglab("report", str(results), "--table", "scenarios", "--format", "json")
     rows = json.loads(table.stdout)
     assert {(r["scenario"], r["synchronous_commit"]) for r in rows} == set(runs)
-    assert processes_mentioning(_lab_dir(results)) == []
+    assert processes_mentioning(str(lab_dir(results))) == []
 
 
 def test_failover_under_on_loses_no_acknowledged_write_and_recovers_within_patronis_bound(tmp_path: Path) -> None:
@@ -87,7 +77,7 @@ run: {duration: 26s, repeats: 1}
     results = tmp_path / "r"
     proc = pglab("run", str(plan), "--results", str(results), timeout=900)
     assert proc.returncode == 0, proc.stderr
-    runs = _runs(results)
+    runs = [record for _dir, record in run_files(results)]
     assert len(runs) == 2  # two failovers in a row: the lab heals (old leader rejoins) between them
     budget = TIMINGS["ttl"] + TIMINGS["loop_wait"] + TIMINGS["retry_timeout"]
     for r in runs:
@@ -104,12 +94,11 @@ run: {duration: 26s, repeats: 1}
         assert w["server_before"] != w["server_after"]  # the writer followed the new leader
         assert w["acked"] == sum(1 for line in (run_dir / "witness.jsonl").read_text().splitlines()
                                  if json.loads(line).get("outcome") == "acked")
-    db = sqlite3.connect(results / "results.db")
-    repairs = [d for (d,) in db.execute("SELECT detail FROM events WHERE kind = 'repair'")]
+    repairs = [detail or "" for _ts, _kind, detail, _run, _scope in stored_events(results, "repair")]
     assert repairs and "rejoined as replica" in repairs[0], repairs  # the first run's old leader, back for the second
     rows = json.loads(pglab("report", str(results), "--table", "scenarios", "--format", "json").stdout)
     by_level = {r["synchronous_commit"]: r for r in rows}
     # one trial per level here; the table's arithmetic over several trials: test_report.py
     assert by_level["on"]["trials"] == 1 and by_level["on"]["acked_lost_total"] == 0
     assert by_level["off"]["trials"] == 1 and by_level["off"]["rto_max_s"] <= budget + 5
-    assert processes_mentioning(_lab_dir(results)) == []
+    assert processes_mentioning(str(lab_dir(results))) == []

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 from scipy import stats
 
+from helpers import make_store, tps_runs
 from pglab.analysis.compare import compare_stores, difference, uplift_rows, uplift_tables
 from pglab.analysis.cost import cost_comparison
 from pglab.analysis.flags import INTERFERED, UNSTABLE, flags
@@ -31,19 +32,12 @@ SEPARATED = ([100.0, 101.0, 99.0], [60.0, 61.0, 59.0])
 NOISY = ([8363.7 + 1000, 8363.7 - 1000, 8500.0], [8000.0, 9500.0, 8700.0])  # CV > 5 % on both sides
 
 
-def _durability_store(path: Path, a: list[float], b: list[float], extra: dict[str, float] | None = None) -> Store:
+def _durability_store(path: Path, a: list[float], b: list[float], extra: dict[str, float] | None = None,
+                      plan_text: str = "name: t\n") -> Store:
     """One point per level, local (A) and on (B), at 8 clients; ``extra`` metrics on every run of 'on'."""
-    store = Store.open(path)
-    sweep = store.begin_sweep("t", "name: t\n", "h", "0")
-    axes = [{"workload": "tpcb-like", "synchronous_commit": sc, "clients": 8, "jobs": 1} for sc in ("local", "on")]
-    ids = store.add_points(sweep, [(i, f"k{i}", ax) for i, ax in enumerate(axes)])
-    for i, values in enumerate((a, b)):
-        for rep, v in enumerate(values, 1):
-            run_id, _ = store.start_run(sweep, ids[f"k{i}"], i, rep)
-            store.finish_run(run_id, "ok", metrics={"tps": v, "latency_avg_ms": 1000.0 / v,
-                                                    **((extra or {}) if i == 1 else {})})
-    store.end_sweep(sweep, "done")
-    return store
+    local, on = ({"workload": "tpcb-like", "synchronous_commit": sc, "clients": 8, "jobs": 1} for sc in ("local", "on"))
+    return make_store(path, [(local, tps_runs(*a)), (on, [{**m, **(extra or {})} for m in tps_runs(*b)])],
+                      plan_text=plan_text, first_repeat=1)
 
 
 def _every_view(store: Store, table: str) -> dict[str, str]:
@@ -264,16 +258,6 @@ def test_compare_names_the_side_that_is_flagged(tmp_path: Path) -> None:
 # cost
 
 
-def _with_cost(store: Store, monthly: float) -> None:
-    store.close()
-    import sqlite3
-
-    db = sqlite3.connect(store.dir / "results.db")
-    db.execute("UPDATE sweeps SET plan_text = ?", (f"name: t\ncost: {{monthly: {monthly}}}\n",))
-    db.commit()
-    db.close()
-
-
 @pytest.mark.parametrize(("a", "b", "expected"), [
     ([500.0], [1000.0], "too few repeats"),
     ([500.0, 505.0, 495.0], [1000.0, 1010.0, 990.0], "; cheaper"),
@@ -281,9 +265,9 @@ def _with_cost(store: Store, monthly: float) -> None:
 ])
 def test_cost_comparison_says_whether_cheaper_per_tps_is_measured(tmp_path: Path, a: list[float],
                                                                   b: list[float], expected: str) -> None:
-    sa, sb = _durability_store(tmp_path / "a", a, a), _durability_store(tmp_path / "b", b, b)
-    _with_cost(sa, 1000)
-    _with_cost(sb, 1000)
+    priced = "name: t\ncost: {monthly: 1000}\n"
+    _durability_store(tmp_path / "a", a, a, plan_text=priced).close()
+    _durability_store(tmp_path / "b", b, b, plan_text=priced).close()
     [line] = cost_comparison(Store.open(tmp_path / "a", create=False), Store.open(tmp_path / "b", create=False))
     assert expected in line
     if expected == "; cheaper":  # same price: per-TPS cost ratio = 1 / TPS ratio, the Fieller bounds turned over

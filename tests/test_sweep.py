@@ -13,7 +13,6 @@ import os
 import pwd
 import re
 import shutil
-import sqlite3
 import statistics
 import subprocess
 import tempfile
@@ -25,6 +24,7 @@ import psycopg
 import pytest
 
 from conftest import pglab, processes_mentioning
+from helpers import read_store, stored_events, sweep_row
 
 pytestmark = pytest.mark.postgres
 
@@ -69,13 +69,13 @@ storage: {{profiles: [wal-fdatasync-8k], runtime: 2s, size: 16MiB}}
 """)
     results = base / "results"
     proc = pglab("run", str(plan), "--results", str(results), "--keep", "--format", "csv")
-    db = sqlite3.connect(results / "results.db")
-    target = json.loads(db.execute("SELECT target FROM sweeps").fetchone()[0] or "{}")
+    target = sweep_row(results)["target"] or {}
     lab = Path(target["lab_dir"]) if target.get("lab_dir") else None
     try:
-        yield {"proc": proc, "results": results, "db": db, "lab": lab, "wal_base": wal_base, "target": target}
+        with read_store(results) as store:
+            yield {"proc": proc, "results": results, "store": store, "lab": lab, "wal_base": wal_base,
+                   "target": target}
     finally:
-        db.close()
         if lab is not None:
             pglab("lab", "clean", str(lab))
             assert processes_mentioning(str(lab)) == []
@@ -90,15 +90,11 @@ def _lab_conn(sweep: Any, node: int = 0) -> psycopg.Connection[Any]:
 
 
 def _runs(sweep: Any) -> list[dict[str, Any]]:
-    db = sweep["db"]
-    cur = db.execute("SELECT r.id, r.status, r.dir, r.window_start, r.window_end, p.axes FROM runs r "
-                     "JOIN points p ON p.id = r.point_id ORDER BY r.started")
-    out = []
-    for run_id, status, d, ws, we, axes in cur.fetchall():
-        metrics = dict(db.execute("SELECT name, value FROM run_metrics WHERE run_id=?", (run_id,)).fetchall())
-        out.append({"id": run_id, "status": status, "dir": sweep["results"] / d, "window": (ws, we),
-                    "axes": json.loads(axes), "metrics": metrics})
-    return out
+    store = sweep["store"]
+    rows = {r.id: r for r in store.runs()}
+    return [{"id": run_id, "status": rows[run_id].status, "dir": sweep["results"] / rows[run_id].dir,
+             "window": store.run_window(run_id), "axes": rows[run_id].axes, "metrics": rows[run_id].metrics}
+            for run_id, _started, _ended in store.run_times(store.latest_sweep_id())]
 
 
 def test_the_sweep_completes(sweep: Any) -> None:
@@ -170,13 +166,12 @@ def test_percentiles_recomputed_from_the_raw_log(sweep: Any) -> None:
 
 def test_warm_up_is_outside_the_measured_window(sweep: Any) -> None:
     for run in _runs(sweep):
-        events = dict(sweep["db"].execute("SELECT kind, ts FROM events WHERE run_id=?", (run["id"],)).fetchall())
+        events = dict(sweep["store"].run_event_times(run["id"]))
         start, end = run["window"]
         assert events["warmup-start"] < events["warmup-end"] <= start < end
         assert "tps = " in (run["dir"] / "warmup.out").read_text()  # the warm-up ran, and is kept
-        series = sweep["db"].execute("SELECT ts FROM series WHERE run_id=? AND source='pgbench' AND "
-                                     "metric='tps'", (run["id"],)).fetchall()
-        inside = [ts for (ts,) in series if start <= ts - 0.5 <= end]
+        series = [ts for ts, _source, metric, _value in sweep["store"].series(run["id"], "pgbench") if metric == "tps"]
+        inside = [ts for ts in series if start <= ts - 0.5 <= end]
         assert 2 <= len(inside) <= 4, series
 
 
@@ -189,8 +184,7 @@ def test_probes_sampled_the_window(sweep: Any) -> None:
         assert 0.3 * m["tps"] < m["commits_s"] < 1.25 * m["tps"]
         assert 0 < m["cpu_pct"] <= 100
         assert m["replay_lag_max_ms"] is not None
-        sources = {s for (s,) in sweep["db"].execute("SELECT DISTINCT source FROM series WHERE run_id=?",
-                                                     (run["id"],))}
+        sources = {source for _ts, source, _metric, _value in sweep["store"].series(run["id"])}
         assert {"cpu", "pg", "waits", "mem"} <= sources and any(s.startswith("disk:") for s in sources)
         assert {"repl:n1", "repl:n2"} <= sources
 
@@ -223,14 +217,15 @@ def test_server_logs_are_kept_and_checkpoints_become_events(sweep: Any) -> None:
     logs = sweep["results"] / "server-logs"
     assert sorted(p.name for p in logs.iterdir()) == ["n0.log", "n1.log", "n2.log"]
     starts = [line for line in (logs / "n0.log").read_text().splitlines() if "checkpoint starting:" in line]
-    events = sweep["db"].execute("SELECT ts, detail FROM events WHERE kind = 'checkpoint-start'").fetchall()
+    events = [(ts, detail) for ts, _kind, detail, _run, _scope in stored_events(sweep["results"], "checkpoint-start")]
     assert len(events) == len(starts) >= 4  # at least the CHECKPOINT before each of the 4 runs
-    started, finished = sweep["db"].execute("SELECT started, finished FROM sweeps").fetchone()
+    (row,) = sweep["store"].sweeps()
+    started, finished = row["started"], row["finished"]
     assert all(started - 5 <= ts <= finished + 5 for ts, _ in events)  # on the run's clock, not shifted by hours
 
 
 def test_environment_is_stored(sweep: Any) -> None:
-    env = json.loads(sweep["db"].execute("SELECT environment FROM sweeps").fetchone()[0])
+    env = sweep["store"].sweep_environment(sweep["store"].latest_sweep_id())
     assert env["postgres"]["version_num"] >= 130000
     assert "shared_buffers" in env["postgres"]["non_default_settings"]
     assert env["cpu"]["count"] >= 1 and env["memory"]["total_bytes"] > 0
@@ -300,15 +295,16 @@ def test_synced_writes_on_the_data_path_are_counted_on_its_device(sweep: Any) ->
 
 
 def test_storage_phase_ran_on_the_lab_paths_once_per_device(sweep: Any) -> None:
-    db = sweep["db"]
-    rows = db.execute("SELECT label, path, device, profile, iops, json_file FROM fio_results").fetchall()
+    store = sweep["store"]
+    rows = [(f["label"], f["path"], f["device"], f["profile"], f["iops"], f["json_file"])
+            for f in store.fio_results(store.latest_sweep_id())]
     # data and WAL bases are two folders on one device: measured once, as 'data'
     assert [(r[0], r[3]) for r in rows] == [("data", "wal-fdatasync-8k")]
     _label, path, device, _profile, iops, json_file = rows[0]
     assert Path(path) == Path(sweep["target"]["nodes"][0]["data"]).parent
     fio_json = json.loads((sweep["results"] / json_file).read_text())
     assert iops == fio_json["jobs"][0]["write"]["iops"]
-    ceilings = dict(db.execute("SELECT name, value FROM ceilings WHERE label='data'").fetchall())
+    ceilings = store.ceilings(store.latest_sweep_id())["data"]
     assert ceilings["commit_flush_per_s"] == iops
     assert not list(Path(path).glob(".pglab-fio-*"))  # fio's test files are gone
     report = pglab("report", str(sweep["results"]), check=True).stdout

@@ -6,17 +6,18 @@ import json
 import re
 import shutil
 import signal
-import sqlite3
 import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from conftest import pglab, processes_mentioning
+from helpers import read_store, stored_runs
 from pglab.errors import UserError
 from pglab.plan.load import load_plan
 from pglab.targets.local.cluster import cgroup_name
@@ -76,11 +77,10 @@ def test_tiers_limits_results_and_cleanup(tmp_path: Path, labs: Path) -> None:
     results = tmp_path / "results"
     proc = pglab("run", str(plan), "--results", str(results))
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    db = sqlite3.connect(results / "results.db")
-    runs = dict(db.execute("SELECT p.axes, r.dir FROM runs r JOIN points p ON p.id = r.point_id "
-                           "WHERE r.status = 'ok'"))
-    mixed = results / runs[json.dumps({"arrangement": "mixed"})]
-    solo = results / runs[json.dumps({"arrangement": "solo"})]
+    runs = {r.axes["arrangement"]: r for r in stored_runs(results) if r.status == "ok"}
+    assert all(r.axes == {"arrangement": name} for name, r in runs.items()), runs
+    mixed = results / runs["mixed"].dir
+    solo = results / runs["solo"].dir
 
     # the limits of each tenant's tier, as the kernel reports them
     limits = json.loads((mixed / "limits.json").read_text())
@@ -89,16 +89,14 @@ def test_tiers_limits_results_and_cleanup(tmp_path: Path, labs: Path) -> None:
     for t in ("t02", "t03"):
         assert limits[t]["n0"]["cpus"] == 0.5
         io = limits[t]["n0"]["io_max"]
-        assert (io.get("write_iops") if isinstance(io, dict) else io).split()[-1].endswith(str(CAP_IOPS))
+        assert str(io.get("write_iops") if isinstance(io, dict) else io).split()[-1].endswith(str(CAP_IOPS))
     solo_limits = json.loads((solo / "limits.json").read_text())
     assert list(solo_limits) == ["t01"] and solo_limits["t01"]["n0"]["cpus"] == 0.3  # rebuilt with its own tiers
 
     # per tenant: TPS as each tenant's pgbench printed it; the capped tenants are held to their IOPS
-    rows = db.execute("SELECT t.tenant, t.tier, t.name, t.value FROM tenant_metrics t JOIN runs r ON r.id = t.run_id "
-                      "WHERE r.dir = ?", (str(mixed.relative_to(results)),)).fetchall()
-    per: dict[str, dict[str, float]] = {}
-    for tenant, _tier, name, value in rows:
-        per.setdefault(tenant, {})[name] = value
+    with read_store(results) as store:
+        tenants = store.tenant_metrics(runs["mixed"].id)
+    per: dict[str, dict[str, Any]] = {tenant: figures for tenant, (_tier, figures) in tenants.items()}
     for t in ("t01", "t02", "t03"):
         assert "database system is ready" in (mixed / "tenants" / t / "server-n0.log").read_text()
         assert per[t]["tps"] == pytest.approx(_pgbench_tps(mixed / "tenants" / t / "pgbench.out"), rel=1e-9)
@@ -107,10 +105,8 @@ def test_tiers_limits_results_and_cleanup(tmp_path: Path, labs: Path) -> None:
         assert per[t]["write_iops"] <= CAP_IOPS * 1.15, per[t]
         assert per[t]["tps"] < per["t01"]["tps"] / 3, (per[t]["tps"], per["t01"]["tps"])
     assert per["t01"]["write_iops"] > CAP_IOPS * 2  # the free tenant's demand is above the cap
-    tier_tps = db.execute("SELECT m.value FROM run_metrics m JOIN runs r ON r.id = m.run_id WHERE r.dir = ? AND "
-                          "m.name = 'tier.capped.tps'", (str(mixed.relative_to(results)),)).fetchone()[0]
+    tier_tps = runs["mixed"].metrics["tier.capped.tps"]
     assert tier_tps == pytest.approx((per["t02"]["tps"] + per["t03"]["tps"]) / 2)
-    db.close()
 
     # the tier table, and the per-tenant rows for other tools
     table = pglab("report", str(results), "--table", "tiers", "--format", "csv", check=True).stdout.splitlines()
@@ -149,25 +145,25 @@ def test_interrupt_while_tenants_run_leaves_nothing_and_resumes(tmp_path: Path, 
     out, _ = proc.communicate(timeout=120)
     assert proc.returncode == 130, out
     assert processes_mentioning(str(labs)) == [] and not [p for p in processes_mentioning("pgbench") if "-T 4" in p]
-    db = sqlite3.connect(results / "results.db")
-    assert db.execute("SELECT status FROM runs").fetchall() == [("interrupted",)]
-    assert db.execute("SELECT count(*) FROM tenant_metrics").fetchone()[0] == 0  # nothing half-written
-    db.close()
+    with read_store(results) as store:
+        (run,) = store.runs()
+        assert run.status == "interrupted"
+        assert store.tenant_metrics(run.id) == {}  # nothing half-written
     # the rerun resumes the same sweep and completes it
     rerun = pglab("run", str(plan), "--results", str(results))
     assert rerun.returncode == 0, rerun.stdout + rerun.stderr
     assert "resuming sweep" in rerun.stdout + rerun.stderr
-    db = sqlite3.connect(results / "results.db")
-    assert db.execute("SELECT status FROM runs").fetchall() == [("ok",)]
-    assert db.execute("SELECT count(DISTINCT tenant) FROM tenant_metrics").fetchone()[0] == 3
-    assert db.execute("SELECT value FROM run_metrics WHERE name = 'instances'").fetchone()[0] == 6
-    run_dir = results / db.execute("SELECT dir FROM runs").fetchone()[0]
-    db.close()
+    with read_store(results) as store:
+        (run,) = store.runs()
+        assert run.status == "ok"
+        assert len(store.tenant_metrics(run.id)) == 3
+    assert run.metrics["instances"] == 6
+    run_dir = results / run.dir
     limits = json.loads((run_dir / "limits.json").read_text())
     assert all(set(limits[t]) >= {"n0", "n1"} for t in ("t01", "t02", "t03"))
     assert limits["t02"]["n1"]["cpus"] == 0.5  # a tier's limits hold for every instance of its tenants
     io = limits["t02"]["n1"]["io_max"]
-    assert (io.get("write_iops") if isinstance(io, dict) else io).split()[-1].endswith(str(INTERRUPT_CAP_IOPS))
+    assert str(io.get("write_iops") if isinstance(io, dict) else io).split()[-1].endswith(str(INTERRUPT_CAP_IOPS))
     settings = json.loads((run_dir / "settings.json").read_text())
     assert settings["synchronous_standby_names"]["setting"] == "ANY 1 (n1)"
     assert processes_mentioning(str(labs)) == [] and _cgroups_left(labs) == []

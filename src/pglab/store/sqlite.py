@@ -445,6 +445,12 @@ class Store:
             "SELECT window_start, window_end FROM runs WHERE sweep_id = ? AND status = 'ok' "
             "AND window_start IS NOT NULL AND window_end IS NOT NULL ORDER BY started", (sweep_id,))]
 
+    def run_times(self, sweep_id: int) -> list[tuple[str, float, float | None]]:
+        """(run_id, started, ended) of the sweep's runs in the order they started: when each run's row was opened and
+        closed (None while it runs)."""
+        return [(r, float(s), e) for r, s, e in self.conn.execute(
+            "SELECT id, started, ended FROM runs WHERE sweep_id = ? ORDER BY started, rowid", (sweep_id,))]
+
     def run_window(self, run_id: str) -> tuple[float, float] | None:
         """The run's measured window (epoch s), None when it never reached one (failed early, interrupted)."""
         row = self.conn.execute("SELECT window_start, window_end FROM runs WHERE id = ?", (run_id,)).fetchone()
