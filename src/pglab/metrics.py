@@ -3,8 +3,10 @@
 measures, and the report columns it fills.
 
 Adding a metric to the reports is one entry here: the tables (points, runs, scenarios, tiers, host, tenants) take
-their metric columns, headers, decimals and how repeats combine from :data:`METRICS`, in catalogue order; compare
-takes the direction; export the column types. A leaf module: it imports nothing from pglab.
+their metric columns, headers, decimals and how repeats combine from :data:`METRICS`, in catalogue order; the views
+that pick a few figures (the compact terminal table, the HTML charts and runs table, compare's default) take theirs
+in the order their columns say; compare takes the direction; export the column types. A leaf module: it imports
+nothing from pglab.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ Layer = Literal["client", "database", "replication", "storage", "cpu", "memory",
                 "host"]
 How = Literal["mean", "median", "max", "sum", "value"]
 TABLES = ("points", "runs", "scenarios", "tiers", "host", "tenants")
+VIEWS = ("compact", "chart", "compare", "html-runs")  # a few of the points (runs) table's figures each
 
 
 @dataclass(frozen=True)
@@ -27,14 +30,24 @@ class Column:
     """One report column a metric fills.
 
     ``table``: points (means over a point's ok repeats) · runs (one per run) · scenarios (over a level's trials) ·
-    tiers (median over repeats) · host (median over repeats) · tenants (one per run × tenant).
+    tiers (median over repeats) · host (median over repeats) · tenants (one per run × tenant); or a view of the
+    points and runs tables' figures: compact (the default terminal table) · chart (the HTML report's charts vs
+    clients, ``header`` their unit) · compare (what ``pglab compare`` compares unless told) · html-runs (the HTML
+    report's runs table).
     ``key``: the column's name in CSV/JSON rows (default: the metric's name); ``header``: its title in the terminal
-    and markdown tables (default: the key); ``how``: how the runs of one row combine into it."""
+    and markdown tables (default: the key); ``how``: how the runs of one row combine into it; ``at``: its place in
+    a view (catalogue order when equal). The compact table only: ``optional`` columns are left out, the last first,
+    when the terminal is narrower; ``interval`` shows the mean ± its 95 % interval; ``per_run``: in its per-run form
+    too."""
 
     table: str
     key: str | None = None
     header: str | None = None
     how: How = "mean"
+    at: int = 0
+    optional: bool = False
+    interval: bool = False
+    per_run: bool = True
 
 
 @dataclass(frozen=True)
@@ -69,14 +82,16 @@ METRICS: tuple[Metric, ...] = (
            "the same time", columns=_in("host", header="common window s", how="median")),
     # ---- the client: pgbench's own figures
     Metric("tps", "tx/s", False, "client", "transactions per second over the measured window (pgbench)", 1, ci=True,
-           columns=(*_in("points", "runs"), Column("host", header="host TPS", how="median"),
-                    Column("tenants", how="value"))),
+           columns=(*_in("points", "runs", "compare", "html-runs"), Column("host", header="host TPS", how="median"),
+                    Column("tenants", how="value"), Column("compact", header="tps", at=1, interval=True),
+                    Column("chart", header="TPS"))),
     Metric("latency_avg_ms", "ms", True, "client", "mean transaction latency (pgbench)", ci=True,
-           columns=(*_in("points", "runs"), Column("tenants", how="value"))),
+           columns=(*_in("points", "runs", "compare"), Column("tenants", how="value"))),
     Metric("latency_p95_ms", "ms", True, "client", "95th percentile of transaction latency (transaction log)", ci=True,
            columns=_in("points", "runs")),
     Metric("latency_p99_ms", "ms", True, "client", "99th percentile of transaction latency (transaction log)", ci=True,
-           columns=(*_in("points", "runs"), Column("tenants", how="value"))),
+           columns=(*_in("points", "runs", "compare", "html-runs"), Column("tenants", how="value"),
+                    Column("compact", header="p99 ms", at=2), Column("chart", header="p99 latency ms"))),
     Metric("memory_per_instance_mb", "MB", True, "tenants", "memory of one tenant instance (its cgroup), mean",
            columns=_in("host", header="memory per instance MB", how="median")),
     # ---- storage: the devices behind the data and WAL paths
@@ -87,15 +102,16 @@ METRICS: tuple[Metric, ...] = (
                        Column("tenants", how="value"))),
     Metric("write_iops", "IOPS", None, "storage",
            "device-wide writes per second (as iostat counts them): every instance on the disk and the rest of the host",
-           1, columns=(*_in("points", "runs", header="disk write IOPS"), Column("host", header="disk write IOPS",
-                                                                                how="median"),
-                       Column("tenants", how="value"))),
+           1, columns=(*_in("points", "runs", "chart", header="disk write IOPS"),
+                       Column("host", header="disk write IOPS", how="median"), Column("tenants", how="value"),
+                       Column("compact", header="disk w IOPS", at=4, optional=True))),
     Metric("total_iops", "IOPS", None, "storage", "device-wide reads and writes per second", 1,
            columns=_in("points", "runs")),
     Metric("read_latency_ms", "ms", True, "storage", "mean time a device read took (iostat r_await), device-wide",
            columns=_in("points", "runs")),
     Metric("write_latency_ms", "ms", True, "storage", "mean time a device write took (iostat w_await), device-wide",
-           columns=_in("points", "runs")),
+           columns=(*_in("points", "runs"), Column("compact", header="disk w ms", at=5, optional=True,
+                                                   per_run=False))),
     # ---- CPU
     Metric("tenants_cpu_cores", "cores", True, "tenants", "CPU of every tenant's cgroup added up",
            columns=_in("host", header="tenants' cores", how="median")),
@@ -104,7 +120,8 @@ METRICS: tuple[Metric, ...] = (
     Metric("memory_mb", "MB", True, "tenants", "memory a tenant used (its cgroup)",
            columns=_in("tenants", how="value")),
     Metric("cpu_pct", "%", None, "cpu", "host CPU busy, mean over the window", 1,
-           columns=(*_in("points", "runs"), Column("host", header="host CPU %", how="median"))),
+           columns=(*_in("points", "runs"), Column("host", header="host CPU %", how="median"),
+                    Column("compact", header="cpu %", at=3, optional=True))),
     # ---- the database
     Metric("wal_mb_s", "MB/s", None, "database", "WAL written per second (pg_stat_wal)", columns=_in("points", "runs")),
     Metric("replay_lag_max_ms", "ms", True, "replication", "largest replay lag of any standby in the window",
@@ -121,14 +138,15 @@ METRICS: tuple[Metric, ...] = (
     # ---- why the run went as it did (issue 29): after the published shape, so its columns keep their order
     Metric("wal_bytes_per_commit", "B", True, "database", "WAL generated per commit over the window "
            "(pg_stat_wal.wal_bytes over pg_stat_database.xact_commit; PostgreSQL 14+)", 0,
-           columns=_in("points", "runs", header="WAL B/commit")),
+           columns=_in("points", "runs", "html-runs", header="WAL B/commit")),
     Metric("wal_fpi_per_commit", "count", True, "database", "full-page images per commit over the window "
            "(pg_stat_wal.wal_fpi over xact_commit; many after a checkpoint: the first change of each page after it "
-           "logs the whole page)", columns=_in("points", "runs", header="FPI/commit")),
+           "logs the whole page)", columns=_in("points", "runs", "html-runs",
+                                                                     header="FPI/commit")),
     Metric("buffers_backend", "count", True, "database", "shared buffers the backends wrote themselves in the "
            "window, not left to the checkpointer or background writer (pg_stat_bgwriter.buffers_backend up to "
            "PostgreSQL 16, pg_stat_io's relation writes from 17)", 0,
-           columns=_in("points", "runs", header="backend writes")),
+           columns=_in("points", "runs", "html-runs", header="backend writes")),
     Metric("failed", "count", True, "client", "transactions that failed (pgbench)",
            columns=_in("tenants", how="value")),
     # ---- scenarios: faults and what they cost
@@ -304,21 +322,23 @@ def lower_is_better(name: str) -> bool | None:
 
 @dataclass(frozen=True)
 class Shown:
-    """A metric column of one table: its key, header, decimals and how runs combine, with its metric."""
+    """A metric column of one table: its key, header, decimals and how runs combine, with its metric and the
+    column itself."""
 
     key: str
     header: str
     how: How
     metric: Metric
+    column: Column
 
 
 @cache
 def columns(table: str) -> tuple[Shown, ...]:
-    """The metric columns of ``table`` in catalogue order."""
-    if table not in TABLES:
-        raise ValueError(f"no report table '{table}'; one of {', '.join(TABLES)}")
-    return tuple(Shown(c.key or m.name, c.header or c.key or m.name, c.how, m)
-                 for m in METRICS for c in m.columns if c.table == table)
+    """The metric columns of ``table`` (or view) in catalogue order (a view's: in the order of their ``at``)."""
+    if table not in (*TABLES, *VIEWS):
+        raise ValueError(f"no report table '{table}'; one of {', '.join((*TABLES, *VIEWS))}")
+    return tuple(sorted((Shown(c.key or m.name, c.header or c.key or m.name, c.how, m, c)
+                         for m in METRICS for c in m.columns if c.table == table), key=lambda s: s.column.at))
 
 
 def keys(table: str) -> tuple[str, ...]:

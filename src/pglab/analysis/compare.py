@@ -16,7 +16,7 @@ from pglab.analysis.stats import contrast
 from pglab.errors import UserError
 from pglab.store.sqlite import RunRow, Store
 
-DEFAULT_METRICS = ("tps", "latency_avg_ms", "latency_p99_ms")
+DEFAULT_METRICS = metrics.keys("compare")  # the catalogue's compare view
 
 FASTER = "faster"
 SLOWER = "slower"

@@ -10,6 +10,7 @@ from typing import Any
 
 from jinja2 import Environment, PackageLoader, select_autoescape
 
+from pglab import metrics
 from pglab.analysis.compare import HOST_FIELDS, STORAGE_FIELDS, uplift_tables
 from pglab.analysis.cost import cost_table
 from pglab.analysis.flags import UNSTABLE_CV
@@ -20,6 +21,7 @@ from pglab.report.tables import (
     AXIS_COLUMNS,
     DURABILITY_ORDER,
     STORAGE_HEADERS,
+    STORAGE_SHOWN,
     delta_text,
     durability_table,
     interval_columns,
@@ -47,7 +49,7 @@ def _section(sid: str, title: str, columns: list[str], rows: list[dict[str, Any]
              headers: dict[str, str] | None = None) -> dict[str, Any]:
     text = {c for c in columns if rows and isinstance(rows[0].get(c), str)
             and not re.match(r"[+−-]?[\d,.]+( ±| %|$)", rows[0][c])}  # a figure as text stays right-aligned
-    long = {c for c in columns if c in ("bottleneck", "note", "dips", "reason")}
+    long = {c for c in columns if c in ("bottleneck", "note", "dips", "reason", "query")}
     return {"id": sid, "title": title, "columns": columns, "headers": headers or {}, "text": text, "long": long,
             "note": note,
             "rows": [{c: _cell(r.get(c)) for c in columns} for r in rows]}
@@ -127,19 +129,42 @@ def build(store: Store, sweep_id: int | None = None) -> str:
                                [{**r, "per_tps": money(r["per_tps"]), "monthly": money(r["monthly"])}
                                 for r in cost_rows], headers={"per_tps": "per TPS·month"}))
     if fio_rows:
-        tables.append(_section("storage", "Storage profiles (fio)", STORAGE_HTML, fio_rows,
+        tables.append(_section("storage", "Storage profiles (fio)", STORAGE_SHOWN, fio_rows,
                                "For WAL profiles the latency columns are the fdatasync after each write: what a "
                                "commit waits for; the write() alone is in the note.", headers=STORAGE_HEADERS))
+    figures = [s for s in metrics.columns("html-runs") if any(r.get(s.key) is not None for r in runs)]
     tables.append(_section("runs", "Runs (every figure traces to its run id and folder)",
-                           ["run_id", "status", "workload", "synchronous_commit", "clients", "tps", "latency_p99_ms",
-                            "dips", "dir", "reason"], runs))
-
-    charts = _durability_charts(points)
-    charts += _facet_charts(_with_run_ci(store, sweep_id, points, ("write_iops",)))
+                           ["run_id", "status", "workload", "synchronous_commit", "clients", *(s.key for s in figures),
+                            "dips", "dir", "reason"], runs, "; ".join(f"{s.header}: {s.metric.description}"
+                                                                      for s in figures if s.header != s.key),
+                           headers=metrics.headers("html-runs")))
     picked, why = _runs_that_matter(points, runs)
+    if statements := _statements(store, picked):
+        tables.append(_section("statements", "Top statements by total time in the window", *statements,
+                               "pg_stat_statements, read at the measured window's start and end, of the runs charted "
+                               "below; every statement of a run: runs/<id>/statements.json.",
+                               headers={"total_exec_time_ms": "total ms", "mean_exec_time_ms": "mean ms",
+                                        "time_pct": "% of time"}))
+    charts = _durability_charts(points)
+    charts += _facet_charts(_with_run_ci(store, sweep_id, points, metrics.keys("chart")))
     run_charts = [c for c in (_run_chart(store, r, sweep_id) for r in picked) if c]
     notes = {"runs": why}
     return _render(sweep, sweep_id, summary, tables, [c for c in charts if c["svg"]], run_charts, notes)
+
+
+def _statements(store: Store, runs: list[dict[str, Any]]) -> tuple[list[str], list[dict[str, Any]]] | None:
+    """Each run's top statements by execution time in its window: run.json's summary of statements.json (written
+    where pg_stat_statements was loaded); None when no run has one."""
+    columns = ["run_id", "workload", "synchronous_commit", "clients", "query", "calls", "total_exec_time_ms",
+               "mean_exec_time_ms", "time_pct"]
+    rows = []
+    for r in runs:
+        try:
+            top = (json.loads((store.dir / r["dir"] / "run.json").read_text()).get("statements") or {}).get("top", [])
+        except (OSError, TypeError, ValueError, AttributeError):
+            continue
+        rows += [{**{c: r.get(c) for c in columns[:4]}, **s} for s in top]
+    return (columns, rows) if rows else None
 
 
 def _formatted(columns: list[str]) -> list[str]:
@@ -148,8 +173,8 @@ def _formatted(columns: list[str]) -> list[str]:
 
 
 def _with_run_ci(store: Store, sweep_id: int, points: list[dict[str, Any]],
-                 metrics: tuple[str, ...]) -> list[dict[str, Any]]:
-    """Points with the 95 % interval of ``metrics`` the point table does not compute (a figure shown without ±,
+                 figures: tuple[str, ...]) -> list[dict[str, Any]]:
+    """Points with the 95 % interval of ``figures`` the point table does not compute (a figure shown without ±,
     like the disk's write IOPS), from the point's ok runs, so that its chart draws error bars too."""
     runs = store.runs(sweep_id)
     keys = [*AXIS_COLUMNS, *extra_axes(runs)]
@@ -161,7 +186,7 @@ def _with_run_ci(store: Store, sweep_id: int, points: list[dict[str, Any]],
     for p in points:
         mine = by.get(tuple(str(p.get(k)) for k in keys), [])
         row = dict(p)
-        for m in metrics:
+        for m in figures:
             if row.get(f"{m}_ci95") is None:
                 e = estimate([r.metrics.get(m) for r in mine])
                 row[f"{m}_ci95"] = e.ci95 if e is not None else None
@@ -174,10 +199,6 @@ def _caption(title: str, series: list[svg.Series]) -> str:
     if any(e for s in series for e in s.errors):
         return f"{title} (error bars: 95 % interval)"
     return f"{title} (no error bars: fewer than 2 runs a point, no 95 % interval)"
-
-
-STORAGE_HTML = ["path", "device", "profile", "iops", "mb_s", "lat_of", "shown_lat_mean_ms", "shown_lat_p99_ms",
-                "shown_lat_p999_ms", "note"]
 
 
 def _with_ci(point: dict[str, Any]) -> dict[str, Any]:
@@ -247,20 +268,18 @@ def _durability_charts(points: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def _facet_charts(points: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """TPS, p99 latency and the disk's write IOPS vs clients, one chart per workload (clients as categories)."""
+    """The catalogue's chart view vs clients (TPS, p99 latency, the disk's write IOPS), one chart per workload and
+    figure (clients as categories; a storage figure in the disk group); a figure no point has draws nothing."""
     charts = []
-    measured_disk = any(p.get("write_iops") is not None for p in points)
     for wl in dict.fromkeys(p["workload"] for p in points):
         mine = [p for p in points if p["workload"] == wl]
         labels = _clients(mine)
-        for metric, unit, group in (("tps", "TPS", "scaling"), ("latency_p99_ms", "p99 latency ms", "scaling"),
-                                    ("write_iops", "disk write IOPS", "disk")):
-            if group == "disk" and not measured_disk:
-                continue
-            series = _series_over(mine, labels, "config", metric)
-            title = _caption(f"{wl}: {unit} vs clients", series)
-            charts.append({"id": f"{group}-{wl}-{metric}", "title": title, "group": group,
-                           "svg": svg.categories(title, labels, series, unit, "clients")})
+        for s in metrics.columns("chart"):
+            group = "disk" if s.metric.layer == "storage" else "scaling"
+            series = _series_over(mine, labels, "config", s.key)
+            title = _caption(f"{wl}: {s.header} vs clients", series)
+            charts.append({"id": f"{group}-{wl}-{s.key}", "title": title, "group": group,
+                           "svg": svg.categories(title, labels, series, s.header, "clients")})
     return charts
 
 

@@ -415,13 +415,20 @@ def _rich_table(shown: list[str], rows: list[dict[str, Any]], title: str | None,
     return "\n".join(lines) + "\n"
 
 
-COMPACT_COLUMNS = ("tps", "latency_p99_ms", "cpu_pct", "write_iops", "write_latency_ms", "bottleneck_tag", "flags")
-"""The default terminal table's figures after the axes: TPS ± its interval, p99, CPU, the disk's write IOPS and
-latency, and a short bottleneck tag; when the terminal is narrower, the disk and CPU figures go first."""
-COMPACT_OPTIONAL = ("bottleneck_tag", "cpu_pct", "write_iops", "write_latency_ms", "flags")  # left out from the last
-COMPACT_HEADERS = {"synchronous_commit": "sync commit", "tps": "tps ± 95 %", "latency_p99_ms": "p99 ms",
-                   "cpu_pct": "cpu %", "write_iops": "disk w IOPS", "write_latency_ms": "disk w ms",
-                   "bottleneck_tag": "bottleneck"}
+COMPACT_HEADERS = {"synchronous_commit": "sync commit", "bottleneck_tag": "bottleneck"}
+
+
+def compact_view(per_run: bool) -> tuple[list[str], dict[str, str], tuple[str, ...], tuple[str, ...]]:
+    """The default terminal table's figures after the axes, from the catalogue's compact view (TPS ± its interval,
+    p99, CPU, the disk's write IOPS and latency), then a short bottleneck tag and the flags (per run: the dips);
+    their headers, those left out (the last first) when the terminal is narrower, those shown without ±."""
+    view = [s for s in metrics.columns("compact") if s.column.per_run or not per_run]
+    headers = {**COMPACT_HEADERS, **{s.key: s.header + (" ± 95 %" if s.column.interval and not per_run else "")
+                                     for s in metrics.columns("compact")}}
+    optional = tuple(s.key for s in view if s.column.optional)
+    return ([s.key for s in view] + (["dips"] if per_run else ["bottleneck_tag", "flags"]), headers,
+            (*optional, "dips") if per_run else ("bottleneck_tag", *optional, "flags"),
+            tuple(s.key for s in view if not s.column.interval))
 
 
 def database_columns(columns: list[str], rows: list[dict[str, Any]], chosen: list[str] | None, wide: bool,
@@ -432,13 +439,11 @@ def database_columns(columns: list[str], rows: list[dict[str, Any]], chosen: lis
         return display_columns(columns)
     fixed = [c for c in columns if c in ("run_id", "status", *AXIS_COLUMNS, "storage") or c.startswith("parameters.")
              or (c == "jobs" and c in columns[:8])]
-    figures = chosen if chosen is not None else [c for c in COMPACT_COLUMNS if c in columns]
+    figures = chosen if chosen is not None else [c for c in compact_view(per_run)[0] if c in columns]
     if chosen is None and "load_pods" in columns and any(r.get("load_pods") for r in rows):
         fixed.append("load_pods")  # a point driven by several pgbench pods says so (Kubernetes run.load_pods)
     if chosen is None and not any(r.get("flags") for r in rows):
         figures = [c for c in figures if c != "flags"]
-    if per_run and chosen is None:
-        figures = [c for c in figures if c not in ("bottleneck_tag", "flags", "write_latency_ms")] + ["dips"]
     return [*fixed, *(c for c in figures if c not in fixed)]
 
 
@@ -547,11 +552,10 @@ def full_report(store: Store, fmt: str, sweep_id: int | None = None, per_run: bo
         parts.append(_prose(ceilings_text(store, sweep_id), width))
     if (db_rows or not fio_rows) and table in (None, "database"):
         shown = database_columns(db_columns, db_rows, columns, wide or (fmt != "table" and columns is None), per_run)
-        headers = ({**COMPACT_HEADERS, "tps": "tps"} if per_run else COMPACT_HEADERS) if compact else None
-        droppable = ("cpu_pct", "write_iops", "dips") if per_run else COMPACT_OPTIONAL
-        parts.append(render(db_columns, db_rows, fmt, title=title, shown=shown, headers=headers, width=width,
-                            optional=droppable if compact and columns is None else (),
-                            plain=("latency_p99_ms",) if compact and columns is None else ()))
+        _, headers, droppable, plain = compact_view(per_run)
+        parts.append(render(db_columns, db_rows, fmt, title=title, shown=shown, headers=headers if compact else None,
+                            width=width, optional=droppable if compact and columns is None else (),
+                            plain=plain if compact and columns is None else ()))
         if compact and not per_run:
             parts.append(_prose(bottleneck_legend(db_rows), width))
         if compact and per_run and columns is None:  # why a run failed: below the table, not in a wide column
