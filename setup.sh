@@ -269,7 +269,7 @@ case "${1:-}" in
         install_kube_lab
         install_lab_prometheus
         .venv/bin/ruff check src tests bench tools
-        .venv/bin/mypy  # src/, as configured in pyproject.toml: the package ships py.typed
+        .venv/bin/mypy  # src/ and tests/, as configured in pyproject.toml: the package ships py.typed
         run_tests ;;
     *)
         echo "usage: ./setup.sh quickstart | test | install [ha|k8s|toxiproxy|cnpg-check|all …] | kube-lab" >&2

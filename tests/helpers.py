@@ -82,6 +82,14 @@ def run_files(results: Path) -> list[tuple[Path, dict[str, Any]]]:
     return [(d, json.loads((d / "run.json").read_text())) for d in sorted((results / "runs").iterdir())]
 
 
+# ------------------------------------------------------------------ asking a PostgreSQL server
+def scalar(conn: psycopg.Connection[Any], sql: str, params: Any = None) -> Any:
+    """The first column of the one row ``sql`` returns (the test fails when it returns none)."""
+    row = conn.execute(sql, params).fetchone()
+    assert row is not None, f"no row from {sql}"
+    return row[0]
+
+
 # ------------------------------------------------------------------ running a plan
 @dataclass(frozen=True)
 class Ran:
@@ -193,7 +201,7 @@ matrix:
 run: {duration: 6s, warmup: 1s, repeats: 3}
 cost: {monthly: 61}
 """
-VIEWS_ENVIRONMENT = {"pglab_version": "0", "cpu": {"model": "test CPU", "count": 2, "affinity": 2},
+VIEWS_ENVIRONMENT: dict[str, Any] = {"pglab_version": "0", "cpu": {"model": "test CPU", "count": 2, "affinity": 2},
                      "postgres": {"version": "PostgreSQL 15.18", "version_num": 150018,
                                   "non_default_settings": {"shared_buffers": {"setting": "16384", "unit": "8kB",
                                                                               "source": "configuration file"}}},

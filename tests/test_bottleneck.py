@@ -5,15 +5,15 @@ from __future__ import annotations
 from pglab.analysis.bottleneck import INTERFERENCE_CORES, attribute, describe, interfered, storage_ceiling_share
 
 # select-only, 8 clients, 2 pgbench threads: the host is saturated, backends wait for the starved pgbench
-CPU_BOUND = {"cpu_pct": 96.0, "server_cpu_cores": 1.56, "client_cpu_cores": 0.29, "wait.Client:ClientRead": 0.42,
-             "wait.CPU": 0.55}
+CPU_BOUND: dict[str, float | None] = {"cpu_pct": 96.0, "server_cpu_cores": 1.56, "client_cpu_cores": 0.29,
+                                      "wait.Client:ClientRead": 0.42, "wait.CPU": 0.55}
 # tpcb-like, remote_apply, standbys applying 20 ms late: committers wait for standbys, the rest queue behind them
-SYNC_REP_BOUND = {"cpu_pct": 35.0, "server_cpu_cores": 0.5, "client_cpu_cores": 0.05,
-                  "wait.Lock:transactionid": 0.68, "wait.IPC:SyncRep": 0.22, "wait.Lock:tuple": 0.09,
-                  "wait.LWLock:LockManager": 0.01}
+SYNC_REP_BOUND: dict[str, float | None] = {"cpu_pct": 35.0, "server_cpu_cores": 0.5, "client_cpu_cores": 0.05,
+                                           "wait.Lock:transactionid": 0.68, "wait.IPC:SyncRep": 0.22,
+                                           "wait.Lock:tuple": 0.09, "wait.LWLock:LockManager": 0.01}
 # tpcb-like, local: the lock holders wait on the WAL flush
-WAL_BOUND = {"cpu_pct": 70.0, "wait.Lock:transactionid": 0.69, "wait.Lock:tuple": 0.08, "wait.IO:WALSync": 0.08,
-             "wait.LWLock:WALWrite": 0.06, "wait.CPU": 0.05}
+WAL_BOUND: dict[str, float | None] = {"cpu_pct": 70.0, "wait.Lock:transactionid": 0.69, "wait.Lock:tuple": 0.08,
+                                      "wait.IO:WALSync": 0.08, "wait.LWLock:WALWrite": 0.06, "wait.CPU": 0.05}
 
 
 def test_cpu_bound_select_only() -> None:
@@ -65,7 +65,8 @@ def test_a_client_at_its_own_quota_is_named() -> None:
 
 def test_a_host_saturated_by_another_process_is_interference_not_cpu() -> None:
     """Measured: another process burning the host while a select-only point ran (servers 0.18, pgbench 0.02)."""
-    figures = {"cpu_pct": 100.0, "server_cpu_cores": 0.18, "client_cpu_cores": 0.02, "interference_cpu_cores": 1.6}
+    figures: dict[str, float | None] = {"cpu_pct": 100.0, "server_cpu_cores": 0.18, "client_cpu_cores": 0.02,
+                                        "interference_cpu_cores": 1.6}
     assert interfered(figures)
     verdicts = attribute(figures, cores=2, jobs=1)
     assert [v.resource for v in verdicts] == ["interference"]

@@ -24,7 +24,7 @@ from pglab.report.tables import render
 from pglab.store.sqlite import Store
 
 
-def axes(clients: int, sc: str = "on", **extra: Any) -> dict[str, Any]:
+def axes(clients: int, sc: str | bool = "on", **extra: Any) -> dict[str, Any]:
     return {"workload": "tpcb", "synchronous_commit": sc, "clients": clients, "jobs": 1, **extra}
 
 

@@ -112,7 +112,7 @@ def test_a_lab_from_the_cache_has_the_dataset_a_fresh_load_has(filled: dict[str,
         assert "load_s" not in info and info["cache"]["method"] in ("reflink", "copy_file_range")
         log = primary.log.read_text()
         assert "database system was shut down at" in log and "redo starts" not in log  # no crash recovery
-        assert not (lab.lab_dir / "dataset").exists()  # nothing loaded: no pgbench -i output
+        assert lab.lab_dir is not None and not (lab.lab_dir / "dataset").exists()  # nothing loaded: no pgbench -i
         cached = _state(lab, primary)
         assert cached == filled["fresh"]  # tables, keys, sizes, rows, vacuum/analyze state, system identifier
         # and what pgbench -i builds, side by side on the same server
@@ -445,7 +445,7 @@ def test_a_lab_on_a_reflink_filesystem_keeps_reflink_resets_with_the_cache_elsew
                 lab.provision({})
                 info = lab.describe()["dataset"]["cache"]
                 assert info["hit"] is hit and info["lab_snapshot"] == "reflink", info
-                assert lab.snapshot is not None and lab.snapshot.dir.is_relative_to(top / f"lab{n}")
+                assert lab.dataset.snapshot is not None and lab.dataset.snapshot.dir.is_relative_to(top / f"lab{n}")
                 assert lab.reset_dataset()["method"] == {"n0": "reflink", "n1": "reflink"}
             finally:
                 _teardown(lab)

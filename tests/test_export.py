@@ -42,7 +42,7 @@ def _build(tmp_path: Path) -> tuple[Path, dict[str, Any]]:
         for rep, value in enumerate(tps[i], 1):
             run_id, _ = store.start_run(sweep, ids[key], i, rep)
             start = T0 + 100 * len(runs)
-            series = []
+            series: list[tuple[float, str, str, float | None]] = []
             for s in range(10):
                 series.append((start + s, "pgbench", "tps", value + s))
                 series.append((start + s, "pgbench", "latency_ms", 1000.0 / (value + s)))

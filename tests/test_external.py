@@ -16,6 +16,7 @@ import psycopg
 import pytest
 
 from conftest import pglab
+from helpers import scalar
 from pglab.plan.schema import Dataset, LocalTarget
 from pglab.targets.external import local_postmaster
 from pglab.targets.local.cluster import LocalLab
@@ -58,9 +59,9 @@ def _writes(server: dict[str, Any]) -> tuple[int, int]:
     """Rows ever inserted, updated or deleted in user tables, and the customers' checksum."""
     with psycopg.connect(server["ep"].conninfo(), autocommit=True) as conn:
         conn.execute("SELECT pg_stat_force_next_flush()")
-        touched = conn.execute("SELECT coalesce(sum(n_tup_ins + n_tup_upd + n_tup_del), 0) "
-                               "FROM pg_stat_user_tables").fetchone()[0]
-        customers = conn.execute("SELECT sum(hashtext(name)) FROM customers").fetchone()[0] or 0
+        touched = scalar(conn, "SELECT coalesce(sum(n_tup_ins + n_tup_upd + n_tup_del), 0) "
+                               "FROM pg_stat_user_tables")
+        customers = scalar(conn, "SELECT sum(hashtext(name)) FROM customers") or 0
     return int(touched), int(customers)
 
 
@@ -129,8 +130,8 @@ def test_destructive_with_both_consents_still_refuses_foreign_tables(tmp_path: P
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)[0]["tps"] > 0
     with psycopg.connect(server["ep"].conninfo(), autocommit=True) as conn:
-        assert conn.execute("SELECT count(*) FROM pgbench_branches").fetchone()[0] == 2  # loaded at the plan's scale
-        assert conn.execute("SELECT count(*) FROM pgbench_history").fetchone()[0] > 0
+        assert scalar(conn, "SELECT count(*) FROM pgbench_branches") == 2  # loaded at the plan's scale
+        assert scalar(conn, "SELECT count(*) FROM pgbench_history") > 0
 
 
 def test_plan_rules_for_external_targets(tmp_path: Path, server: dict[str, Any]) -> None:
@@ -152,14 +153,14 @@ def test_plan_rules_for_external_targets(tmp_path: Path, server: dict[str, Any])
 def _scale(server: dict[str, Any]) -> int:
     """The scale of the dataset the module's earlier tests left on the server."""
     with psycopg.connect(server["ep"].conninfo(), autocommit=True) as conn:
-        return int(conn.execute("SELECT count(*) FROM pgbench_branches").fetchone()[0])
+        return int(scalar(conn, "SELECT count(*) FROM pgbench_branches"))
 
 
 def _touched(server: dict[str, Any]) -> int:
     with psycopg.connect(server["ep"].conninfo(), autocommit=True) as conn:
         conn.execute("SELECT pg_stat_force_next_flush()")
-        return int(conn.execute("SELECT coalesce(sum(n_tup_ins + n_tup_upd + n_tup_del), 0) "
-                                "FROM pg_stat_user_tables").fetchone()[0])
+        return int(scalar(conn, "SELECT coalesce(sum(n_tup_ins + n_tup_upd + n_tup_del), 0) "
+                                "FROM pg_stat_user_tables"))
 
 
 def _role_with_password(server: dict[str, Any], name: str, password: str, grants: str) -> str:
@@ -168,7 +169,7 @@ def _role_with_password(server: dict[str, Any], name: str, password: str, grants
         conn.execute(f"DROP ROLE IF EXISTS {name}")
         conn.execute(f"CREATE ROLE {name} LOGIN PASSWORD '{password}'")
         conn.execute(grants.format(role=name))
-        hba = Path(conn.execute("SHOW hba_file").fetchone()[0])
+        hba = Path(scalar(conn, "SHOW hba_file"))
         if f" {name} " not in hba.read_text():
             hba.write_text(f"local all {name} scram-sha-256\n" + hba.read_text())
         conn.execute("SELECT pg_reload_conf()")

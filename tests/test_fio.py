@@ -409,7 +409,8 @@ def test_run_interrupted_stops_fio(disk_dir: Path, tmp_path: Path) -> None:
 
 
 # ------------------------------------------------------------------ detection on synthetic series
-def _series(values: list[float], lat: float | None = 0.1, t0: float = 1_700_000_000.0):
+def _series(values: list[int] | list[float], lat: float | None = 0.1,
+            t0: float = 1_700_000_000.0) -> list[tuple[float, float, float | None]]:
     return [(t0 + i + 1, v, lat) for i, v in enumerate(values)]
 
 

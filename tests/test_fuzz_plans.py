@@ -290,7 +290,7 @@ def shape_cases(draw: st.DrawFn) -> Case:
                                st.lists(st.integers(), max_size=3)))
     else:
         path = draw(st.sampled_from(sorted(LISTS, key=render)))
-        choices = [st.integers(), st.text(max_size=10), st.booleans(), st.floats(),
+        choices: list[st.SearchStrategy[Any]] = [st.integers(), st.text(max_size=10), st.booleans(), st.floats(),
                    st.dictionaries(st.text(min_size=1, max_size=5), st.integers(), max_size=2)]
         if LISTS[path]:
             choices.append(st.just([]))
@@ -330,9 +330,11 @@ label_name = re.compile(r"[A-Za-z0-9][A-Za-z0-9_ .-]{0,62}")
 def unknown_key_cases(draw: st.DrawFn) -> Case:
     """A key that is no field (models), or no valid name (parameter maps, cost parts), at any level."""
     plan = base_plan()
+    value: Any
     if draw(st.integers(0, 4)) > 0:
         parent = draw(st.sampled_from(sorted(MODELS, key=render)))
-        key = draw(key_strategy.filter(lambda k, f=MODELS[parent]: k not in f))
+        fields = MODELS[parent]
+        key = draw(key_strategy.filter(lambda k: k not in fields))
         value = draw(st.one_of(st.integers(), st.text(max_size=5), st.none(), st.lists(st.integers(), max_size=2)))
         name_map = False
     else:
@@ -527,9 +529,9 @@ def hostile_yaml(draw: st.DrawFn) -> bytes:
         return BASE_TEXT + b"---\n" + BASE_TEXT
     if kind == "digits":
         n = draw(st.integers(4301, 100000))
-        where = draw(st.sampled_from(["dataset: {scale: %s}", "matrix: {clients: [%s]}", "run: {duration: %s}",
+        template = draw(st.sampled_from(["dataset: {scale: %s}", "matrix: {clients: [%s]}", "run: {duration: %s}",
                                       "x: %s", "postgres: {parameters: {work_mem: %s}}"]))
-        return ("name: t\n" + where % ("9" * n) + "\n").encode()
+        return ("name: t\n" + template % ("9" * n) + "\n").encode()
     if kind == "merge":  # a merge key on something that is not a mapping
         return draw(st.sampled_from([b"name: t\nrun: {<<: [1]}\n", b"name: t\nrun: {<<: 5}\n",
                                      b"name: t\nrun: {<<: *undefined}\n", b"name: t\n<<: {name: u}\n<<: x\n"]))
@@ -663,7 +665,30 @@ def fuzz(strategy: st.SearchStrategy[Case], examples: int, folder: Path, command
 
 # ----------------------------------------------------------------------------- the tests
 
-TOTAL: dict[str, int] = {}
+# what each fuzz test runs: the strategy, examples, command and the distinct plans it must reach (None: 90 %)
+FUZZED: dict[str, tuple[Callable[[], st.SearchStrategy[Case]], int, str, int | None]] = {
+    "leaf": (leaf_cases, 400, "validate", None),
+    "shape": (shape_cases, 100, "validate", 80),
+    "key": (unknown_key_cases, 230, "validate", 200),
+    "file-name": (file_name_cases, 100, "validate", 80),
+    "file": (lambda: whole_file_cases, 200, "validate", 170),
+    "run": (lambda: any_case, 150, "run", 130),
+}
+
+
+@pytest.fixture(scope="module")
+def fuzzed(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], dict[str, int]]:
+    """The distinct plans per category of one fuzz of ``FUZZED``, run once per module whichever test asks first:
+    each test stands alone (run by itself it fuzzes what it needs), and the module fuzzes each set once."""
+    done: dict[str, dict[str, int]] = {}
+
+    def get(name: str) -> dict[str, int]:
+        if name not in done:
+            strategy, examples, command, quota = FUZZED[name]
+            done[name] = fuzz(strategy(), examples, make_folder(tmp_path_factory.mktemp(name)), command, quota)
+        return done[name]
+
+    return get
 
 
 def test_the_base_plan_is_valid(tmp_path: Path) -> None:
@@ -674,37 +699,36 @@ def test_the_base_plan_is_valid(tmp_path: Path) -> None:
     assert "valid" in out
 
 
-def test_wrong_leaf_values(tmp_path: Path) -> None:
-    TOTAL.update(fuzz(leaf_cases(), 400, make_folder(tmp_path)))
+def test_wrong_leaf_values(fuzzed: Callable[[str], dict[str, int]]) -> None:
+    assert fuzzed("leaf")
 
 
-def test_wrong_shapes(tmp_path: Path) -> None:
-    TOTAL.update(fuzz(shape_cases(), 100, make_folder(tmp_path), quota=80))
+def test_wrong_shapes(fuzzed: Callable[[str], dict[str, int]]) -> None:
+    assert fuzzed("shape")
 
 
-def test_unknown_keys(tmp_path: Path) -> None:
-    TOTAL.update(fuzz(unknown_key_cases(), 230, make_folder(tmp_path), quota=200))
+def test_unknown_keys(fuzzed: Callable[[str], dict[str, int]]) -> None:
+    assert fuzzed("key")
 
 
-def test_file_names(tmp_path: Path) -> None:
-    TOTAL.update(fuzz(file_name_cases(), 100, make_folder(tmp_path), quota=80))
+def test_file_names(fuzzed: Callable[[str], dict[str, int]]) -> None:
+    assert fuzzed("file-name")
 
 
-def test_whole_file_attacks(tmp_path: Path) -> None:
-    counts = fuzz(whole_file_cases, 200, make_folder(tmp_path), quota=170)
+def test_whole_file_attacks(fuzzed: Callable[[str], dict[str, int]]) -> None:
+    counts = fuzzed("file")
     assert {"bomb", "self-anchor", "deep", "utf8", "not-a-mapping", "tab", "yaml", "duplicate"} <= set(counts)
-    TOTAL.update({f"file/{k}": v for k, v in counts.items()})
 
 
-def test_run_refuses_before_starting_anything(tmp_path: Path) -> None:
-    counts = fuzz(any_case, 150, make_folder(tmp_path), command="run", quota=130)
-    TOTAL.update({f"run/{k}": v for k, v in counts.items()})
+def test_run_refuses_before_starting_anything(fuzzed: Callable[[str], dict[str, int]]) -> None:
+    assert fuzzed("run")
 
 
-def test_at_least_a_thousand_plans() -> None:
-    if len(TOTAL) < 10:
-        pytest.skip("run the whole file to count the plans")
-    assert sum(TOTAL.values()) >= 1000, TOTAL
+def test_at_least_a_thousand_plans(fuzzed: Callable[[str], dict[str, int]]) -> None:
+    """Every fuzz above together (each run once in the module, whichever test asked first) tried a thousand
+    distinct plans, each refused as check() requires."""
+    total = {f"{name}/{category}": n for name in FUZZED for category, n in fuzzed(name).items()}
+    assert sum(total.values()) >= 1000, total
 
 
 # ----------------------------------------------------------------------------- the same, out of process

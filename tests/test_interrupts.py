@@ -48,7 +48,7 @@ def test_a_signal_while_a_wait_holds_popens_lock_is_acted_on_after_the_wait_let_
 
     def strike(_frame: FrameType, event: str, arg: Any) -> None:
         if event == "c_return" and not seen and getattr(arg, "__self__", None) is lock and arg.__name__ == "acquire":
-            assert not lock.acquire(blocking=False), "Popen._wait holds its lock here"
+            assert lock is not None and not lock.acquire(blocking=False), "Popen._wait holds its lock here"
             seen.append("SIGINT while the lock is held")
             try:
                 signal.raise_signal(signal.SIGINT)  # its Python handler runs before raise_signal returns

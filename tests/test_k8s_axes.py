@@ -75,7 +75,11 @@ def test_cpu_steps_patch_the_cluster_wait_for_the_rollout_and_record_it(fake: tu
                                                                        tmp_path: Path) -> None:
     api, api_client = fake
     seen_at_job: dict[str, dict[str, Any]] = {}
-    api.on_job_created = lambda job: seen_at_job.setdefault(job, api.pod_resources())
+
+    def note(job: str) -> None:  # the pods' resources when each Job is created
+        seen_at_job.setdefault(job, api.pod_resources())
+
+    api.on_job_created = note
     result = run(api_client, tmp_path, CPU_PLAN)
     assert (result.ok, result.failed) == (4, 0)
     assert posted_jobs(api) == ["pg-pgbench-init", "pg-run-0000-1", "pg-run-0001-1", "pg-run-0002-1",
@@ -103,8 +107,8 @@ def test_cpu_steps_patch_the_cluster_wait_for_the_rollout_and_record_it(fake: tu
     assert "Upgrading cluster" in api.phases and api.phases[-1] == "Cluster in healthy state"
 
     store = Store.open(tmp_path / "results", create=False)
-    runs = store.runs()
-    assert [(r.axes["cpus"], r.axes["clients"], r.metrics["limit_cpus"]) for r in runs] == [
+    stored = store.runs()
+    assert [(r.axes["cpus"], r.axes["clients"], r.metrics["limit_cpus"]) for r in stored] == [
         (0.5, 1, 0.5), (0.5, 2, 0.5), (2, 1, 2), (2, 2, 2)]
     events = rows(store, "SELECT kind, detail, run_id FROM events WHERE kind LIKE 'cpu-step%'")
     assert len(events) == 1 and events[0]["run_id"] is None
@@ -285,7 +289,7 @@ def postgres() -> Iterator[dict[str, str]]:
     from pglab.targets.local.postgres_bin import find_bindir
 
     bindir = find_bindir()
-    as_server = {"user": "postgres", "group": "postgres"} if os.geteuid() == 0 else {}
+    as_server: dict[str, Any] = {"user": "postgres", "group": "postgres"} if os.geteuid() == 0 else {}
     base = Path(tempfile.mkdtemp(prefix="pglab-k8s-settings-", dir="/var/tmp"))
     if os.geteuid() == 0:
         shutil.chown(base, "postgres", "postgres")
@@ -547,8 +551,8 @@ def test_standbys_that_never_catch_up_fail_the_run_and_say_why(fake: tuple[FakeA
     assert (result.ok, result.failed) == (0, 1)
     store = Store.open(tmp_path / "results", create=False)
     (r,) = store.runs()
-    assert r.status == "failed" and "the standbys did not catch up within 0 s" in r.reason
-    assert "pg-2 8192 bytes behind" in r.reason
+    assert r.status == "failed" and "the standbys did not catch up within 0 s" in (r.reason or "")
+    assert "pg-2 8192 bytes behind" in (r.reason or "")
     store.close()
     assert "pg-run-0000-1" not in api.job_created_at  # no Job measured a backlog
     assert_all_deleted(api)

@@ -6,6 +6,7 @@ The real thing runs in tests/test_kube_lab_clusters.py, on the lab."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -224,8 +225,9 @@ def test_cost_per_tps_is_per_storage_value(tmp_path: Path) -> None:
     sweep = store.begin_sweep("s", text, "h", "0")
     tps = {("premium-ssd-v2-zone-b", 1): [100.0, 110.0], ("premium-ssd-v2-zone-b", 4): [300.0, 320.0],
            ("standard", 1): [50.0, 54.0], ("standard", 4): [90.0, 94.0]}
-    keyed = [(i, f"k{i}", {"workload": "tpcb-like", "synchronous_commit": "on", "clients": c, "jobs": 1,
-                           "storage": s}) for i, (s, c) in enumerate(tps)]
+    keyed: list[tuple[int, str, dict[str, Any]]] = [
+        (i, f"k{i}", {"workload": "tpcb-like", "synchronous_commit": "on", "clients": c, "jobs": 1, "storage": s})
+        for i, (s, c) in enumerate(tps)]
     ids = store.add_points(sweep, keyed)
     for i, key, axes in keyed:
         for rep, value in enumerate(tps[axes["storage"], axes["clients"]], 1):

@@ -347,8 +347,8 @@ def test_clients_required_apart_need_a_node_the_instances_leave_free(fake: tuple
     assert only(lines, "ok    nodes: clients:") == ("ok    nodes: clients: 4 match (db-1, db-2, db-3, db-4), one at "
                                                       "least apart from the instances")
     for n in api.nodes:  # db-3 and db-4 also take pgbench
-        if n["metadata"]["name"] in ("db-3", "db-4"):  # type: ignore[index]
-            n["metadata"]["labels"]["pglab.io/client"] = "yes"  # type: ignore[index]
+        if n["metadata"]["name"] in ("db-3", "db-4"):
+            n["metadata"]["labels"]["pglab.io/client"] = "yes"
     some = {"clients: {node_selector: {pglab.io/role: client}}":
             "clients: {node_selector: {pglab.io/client: 'yes'}, tolerations: [{key: dedicated, operator: Exists}]}"}
     rc, lines = check(monkeypatch, capsys, write_plan(tmp_path, api_client, **some))
@@ -396,7 +396,7 @@ def test_a_missing_storage_class_blocks(fake: tuple[FakeAPI, client.ApiClient], 
     assert lines[-1] == ("FAIL  target.kubernetes.wal_storage.class: not given and the cluster has no default "
                          "storage class (existing: fast); name one")
     api.storage_classes = [storage_class("fast"), storage_class("old", default=False)]
-    api.storage_classes[1]["metadata"]["annotations"] = {  # type: ignore[index]
+    api.storage_classes[1]["metadata"]["annotations"] = {
         "storageclass.beta.kubernetes.io/is-default-class": "true"}
     rc, lines = check(monkeypatch, capsys, write_plan(tmp_path, api_client))
     assert rc == 0 and "WAL on the default old" in only(lines, "ok    storage classes:")

@@ -101,14 +101,14 @@ def test_down_and_clean_after_a_killed_up_leave_nothing(tmp_path: Path) -> None:
                             stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 600
-        root = None
+        killed_root: Path | None = None
         while True:
             assert proc.poll() is None, "up ended before it was killed"
             assert time.monotonic() < deadline, "up never started its nodes' kubelets"
-            if root is None and (state / "kube-lab.json").exists():
-                root = Path(json.loads((state / "kube-lab.json").read_text())["root"])
-            if root is not None and (root / "pids.json").exists() and all(
-                    f"{n.name}/kubelet" in json.loads((root / "pids.json").read_text())
+            if killed_root is None and (state / "kube-lab.json").exists():
+                killed_root = Path(json.loads((state / "kube-lab.json").read_text())["root"])
+            if killed_root is not None and (killed_root / "pids.json").exists() and all(
+                    f"{n.name}/kubelet" in json.loads((killed_root / "pids.json").read_text())
                     for n in kubelab.lab_nodes(NODES)):
                 break
             time.sleep(0.2)
@@ -118,9 +118,9 @@ def test_down_and_clean_after_a_killed_up_leave_nothing(tmp_path: Path) -> None:
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert root is not None
-    left = leftovers(root, cni_before)
+    assert killed_root is not None
+    left = leftovers(killed_root, cni_before)
     assert {"processes", "node network namespaces", "loop devices", "cgroups"} <= left.keys(), left
     clean = subprocess.run(kubelab_cmd("clean"), env=env, capture_output=True, text=True, timeout=300, check=False)
     assert clean.returncode == 0 and "stopped and removed" in clean.stdout, clean.stdout + clean.stderr
-    assert leftovers(root, cni_before) == {}
+    assert leftovers(killed_root, cni_before) == {}

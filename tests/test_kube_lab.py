@@ -17,6 +17,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -97,7 +98,8 @@ def test_a_sweep_interrupted_then_resumed_on_the_lab(lab: kubelab.KubeLab, tmp_p
     assert env["kubernetes"]["server_version"].startswith("v1.34")
 
     for r in runs:
-        m, run_dir = r.metrics, store.dir / r.dir
+        m: dict[str, Any] = r.metrics
+        run_dir = store.dir / r.dir
         # pgbench's figures are the ones it printed in its pod (the output kept as an artifact) ...
         assert m["tps"] == pgbench_tps((run_dir / "pgbench.out").read_text())
         assert m["tps"] > 0
@@ -204,7 +206,7 @@ def test_failover_switchover_and_standby_loss_on_the_lab(lab: kubelab.KubeLab, t
     runs = {r.axes["scenario"]: r for r in store.runs()}
     assert set(runs) == {"failover-node", "switchover", "standby-loss"}, runs
     for label, r in runs.items():
-        m = r.metrics
+        m: dict[str, Any] = r.metrics
         assert r.status == "ok", (label, m)
         # synchronous_commit on with a quorum of one standby: no acknowledged write is lost, whatever happened
         assert m["acked_lost"] == 0, (label, m)
@@ -229,7 +231,7 @@ def test_failover_switchover_and_standby_loss_on_the_lab(lab: kubelab.KubeLab, t
             assert "new-primary" not in events and not m.get("leader_changed"), (events, m)
             assert "standby-back" in events and events["standby-back"][0] > events["fault"][0]
             assert m["write_gap_s"] < 4, m  # less than the fence lasted: commits never waited for the fenced one
-    failover = runs["failover-node"].metrics
+    failover: dict[str, Any] = runs["failover-node"].metrics
     assert (
         "deleted"
         in dict(store.conn.execute("SELECT kind, detail FROM events WHERE run_id = ?", (runs["failover-node"].id,)))[
@@ -277,7 +279,8 @@ def test_node_loss_and_node_drain_lose_no_acknowledged_write(lab: kubelab.KubeLa
     assert sorted((r.axes["scenario"], r.axes["synchronous_commit"]) for r in runs) == [
         (kind, level) for kind in ("node-drain", "node-loss") for level in ("on", "remote_apply")]
     for r in runs:
-        m, label = r.metrics, (r.axes["scenario"], r.axes["synchronous_commit"])
+        m: dict[str, Any] = r.metrics
+        label = (r.axes["scenario"], r.axes["synchronous_commit"])
         assert r.status == "ok", (label, m)
         assert m["acked_lost"] == 0, (label, m)  # a standby on another node had every acknowledged commit
         assert m["witness_acked"] > 0 and m["witness_unexpected"] == 0, (label, m)

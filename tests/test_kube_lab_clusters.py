@@ -234,7 +234,7 @@ def test_three_tenants_in_two_tiers_run_in_the_same_window(lab: kubelab.KubeLab,
         begun[name], ended[name] = float(b.min()), float(e.max())
     # the windows overlap: every tenant's first transaction began before any tenant's last one ended
     assert max(begun.values()) < min(ended.values()), (begun, ended)
-    assert run.metrics["common_window_s"] > 0
+    assert (run.metrics["common_window_s"] or 0) > 0
     assert run.metrics["tps"] == pytest.approx(sum(figures[n]["tps"] for n in figures))
     assert run.metrics["tier.gold.tps"] == pytest.approx(figures["t01"]["tps"])
     assert run.metrics["tier.bronze.tps"] == pytest.approx((figures["t02"]["tps"] + figures["t03"]["tps"]) / 2)

@@ -78,7 +78,8 @@ def test_a_point_over_two_load_pods_merges_exactly(sweep: Sweep) -> None:
     store = Store.open(results, create=False)
     [run] = store.runs()
     assert run.status == "ok", run.metrics
-    m, run_dir = run.metrics, store.dir / run.dir
+    m: dict[str, Any] = run.metrics
+    run_dir = store.dir / run.dir
     assert m["load_pods"] == 2
 
     # each pod ran its share of the 5 clients and 2 threads (3 + 2 clients, one thread each), as pgbench says
@@ -312,7 +313,8 @@ def test_disk_and_cpu_figures_from_a_real_prometheus(sweep: Sweep) -> None:
     prom, oracle, name, ns = sweep.prometheus, sweep.oracle, sweep.name, sweep.namespace
     store = Store.open(sweep.results, create=False)
     [run] = store.runs()
-    m, run_dir = run.metrics, store.dir / run.dir
+    m: dict[str, Any] = run.metrics
+    run_dir = store.dir / run.dir
     record = json.loads((run_dir / "run.json").read_text())
     start, end = record["window"]
     env = json.loads(store.sweeps()[-1]["environment"])

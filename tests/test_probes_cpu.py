@@ -7,6 +7,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from typing import Any
 
 import pytest
 
@@ -122,7 +123,7 @@ def test_host_percentages_add_up() -> None:
     probe = CpuProbe(ProbeContext(""), fine=1.0)  # a row at every call
     probe.open()
     time.sleep(0.3)
-    got = {s.metric: s.value for s in probe.sample(now())}
+    got: dict[str, Any] = {s.metric: s.value for s in probe.sample(now())}
     parts = ("user_pct", "nice_pct", "system_pct", "irq_pct", "softirq_pct", "iowait_pct", "idle_pct")
     assert sum(got[k] for k in (*parts, "steal_pct")) == pytest.approx(100.0)
     assert got["busy_pct"] == pytest.approx(100.0 - got["idle_pct"] - got["iowait_pct"])
@@ -167,7 +168,7 @@ def _outsider() -> int:
     return int(out)
 
 
-def _measure(hogs: int) -> tuple[dict[str, float], float, float]:
+def _measure(hogs: int) -> tuple[dict[str, Any], float, float]:
     """5 s with a registered 'pgbench' burning beside pglab's sampler, and ``hogs`` outsiders burning too.
 
     Returns the probe's window figures, the outside CPU read by the test at the window's edges (host's time less

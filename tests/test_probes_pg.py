@@ -143,7 +143,7 @@ def run(server: Server) -> Run:
     ctx = ProbeContext(
         server.conninfo, server_pids=lambda: [server.postmaster_pid], client_pids=lambda: client, wait_hz=5.0
     )
-    probes = [PgStatsProbe(ctx), WaitEventsProbe(ctx), ReplicationProbe(ctx), CpuProbe(ctx)]
+    probes: list[Probe] = [PgStatsProbe(ctx), WaitEventsProbe(ctx), ReplicationProbe(ctx), CpuProbe(ctx)]
     sampler = Sampler(probes)
     sampler.start()
     try:

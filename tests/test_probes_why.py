@@ -205,7 +205,7 @@ def test_a_server_without_pg_stat_wal_has_no_wal_figures() -> None:
 def test_a_wal_flush_verdict_says_what_the_wal_was_made_of() -> None:
     from pglab.analysis.bottleneck import attribute
 
-    waits = {"cpu_pct": 50.0, "wait.IO:WALSync": 0.6, "wait.CPU": 0.1}
+    waits: dict[str, float | None] = {"cpu_pct": 50.0, "wait.IO:WALSync": 0.6, "wait.CPU": 0.1}
     plain = {v.resource: v.evidence for v in attribute(waits, cores=2)}
     assert plain["wal-flush"] == "60 % of active backends waiting on WAL write/flush"  # no pg_stat_wal: as before
     why = {v.resource: v.evidence for v in attribute(

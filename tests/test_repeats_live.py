@@ -40,7 +40,7 @@ def half_width_pct(tps: list[float]) -> float:
 def _tps(results: Path) -> list[float]:
     store = Store.open(results, create=False)
     try:
-        return [r.metrics["tps"] for r in store.runs() if r.status == "ok" and r.metrics.get("tps") is not None]
+        return [tps for r in store.runs() if r.status == "ok" and (tps := r.metrics.get("tps")) is not None]
     finally:
         store.close()
 

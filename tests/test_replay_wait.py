@@ -47,7 +47,15 @@ def test_standbys_that_catch_up_let_the_run_start() -> None:
 
 def test_without_names_the_standbys_connected_are_waited_for() -> None:
     """A lab whose membership moves (HA) names none: those connected are waited for, none connected is no wait."""
-    _wait_replay(FakeConn([[]]), [], lambda _line: None, stall_s=0.3)  # type: ignore[arg-type]
+    catching_up: Any = FakeConn([[("n1", "0/100", False)], [("n1", "0/180", False)], [("n1", "0/200", True)]])
+    _wait_replay(catching_up, [], lambda _line: None, stall_s=60)
+    assert catching_up.queries == 3  # asked until n1, connected and behind, had caught up
+    stalled: Any = FakeConn([[("n1", "0/100", False)]])
+    with pytest.raises(LabUnsound, match=r"^standby\(s\) n1 stopped answering"):
+        _wait_replay(stalled, [], lambda _line: None, stall_s=0.3)
+    none: Any = FakeConn([[]])
+    _wait_replay(none, [], lambda _line: None, stall_s=0.3)
+    assert none.queries == 1  # none connected: asked once, no wait
 
 
 def test_without_names_a_client_that_reports_no_replay_such_as_an_archiver_is_not_waited_for() -> None:

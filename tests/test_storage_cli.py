@@ -12,6 +12,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -22,7 +23,7 @@ pytestmark = pytest.mark.postgres
 
 
 @pytest.fixture
-def scratch() -> Path:
+def scratch() -> Iterator[Path]:
     d = Path(tempfile.mkdtemp(prefix="pglab-fio-cli-", dir="/var/tmp"))
     yield d
     shutil.rmtree(d, ignore_errors=True)

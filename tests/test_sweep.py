@@ -24,7 +24,7 @@ import psycopg
 import pytest
 
 from conftest import pglab, processes_mentioning
-from helpers import read_store, stored_events, sweep_row
+from helpers import read_store, scalar, stored_events, sweep_row
 
 pytestmark = pytest.mark.postgres
 
@@ -109,9 +109,9 @@ def test_topology_is_what_the_plan_says(sweep: Any) -> None:
         rows = conn.execute("SELECT application_name, state, sync_state FROM pg_stat_replication "
                             "ORDER BY application_name").fetchall()
         assert rows == [("n1", "streaming", "quorum"), ("n2", "streaming", "quorum")]
-        assert conn.execute("SHOW synchronous_standby_names").fetchone()[0] == "ANY 1 (n1, n2)"
-        walfile = conn.execute("SELECT pg_walfile_name(pg_current_wal_lsn())").fetchone()[0]
-        assert conn.execute("SELECT pg_is_in_recovery()").fetchone()[0] is False
+        assert scalar(conn, "SHOW synchronous_standby_names") == "ANY 1 (n1, n2)"
+        walfile = scalar(conn, "SELECT pg_walfile_name(pg_current_wal_lsn())")
+        assert scalar(conn, "SELECT pg_is_in_recovery()") is False
     for i, node in enumerate(sweep["target"]["nodes"]):
         wal_dir = sweep["wal_base"] / node["name"] / "wal"
         assert Path(node["wal"]) == wal_dir
@@ -122,7 +122,7 @@ def test_topology_is_what_the_plan_says(sweep: Any) -> None:
         if i == 0:
             assert walfile in segments
         with _lab_conn(sweep, i) as conn:
-            assert conn.execute("SELECT pg_is_in_recovery()").fetchone()[0] is (i > 0)
+            assert scalar(conn, "SELECT pg_is_in_recovery()") is (i > 0)
 
 
 def test_benchmark_sessions_see_the_points_synchronous_commit(sweep: Any) -> None:

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from conftest import pglab, processes_mentioning
+from helpers import scalar
 
 pytestmark = pytest.mark.postgres
 
@@ -97,7 +98,7 @@ def test_a_port_taken_after_it_was_chosen_moves_the_server(monkeypatch: pytest.M
         assert lab.nodes[0].port != taken and lab.health() is None
         assert f"port {taken} is taken by another program; n0 moves to port {lab.nodes[0].port}" in messages
         with lab.connect(lab.nodes[0]) as conn:
-            assert conn.execute("SHOW port").fetchone()[0] == str(lab.nodes[0].port)
+            assert scalar(conn, "SHOW port") == str(lab.nodes[0].port)
     finally:
         lab.teardown()
         busy.close()

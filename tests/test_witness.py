@@ -20,6 +20,7 @@ from typing import Any
 import psycopg
 import pytest
 
+from helpers import scalar
 from pglab.plan.schema import LocalTarget
 from pglab.scenarios.witness import (
     ACKED,
@@ -192,7 +193,7 @@ def test_failover_rto_covers_the_promotion_and_the_witness_follows(make_lab: Cal
     assert t_kill <= res.disrupted_at < promoted
     assert res.unexpected == []
     assert res.present == _count(lab, n1)
-    assert set(res.acked_lost_ids) <= {a.id for a in w.attempts if a.outcome == ACKED and a.server.endswith(
+    assert set(res.acked_lost_ids) <= {a.id for a in w.attempts if a.outcome == ACKED and (a.server or "").endswith(
         f":{n0.port}")}  # only what the old primary acknowledged can be lost
 
 
@@ -256,11 +257,11 @@ def test_writes_acknowledged_after_the_standby_stopped_are_the_losses(make_lab: 
         with lab.connect(n0) as hold:
             hold.execute("BEGIN")
             hold.execute("LOCK TABLE pglab_witness IN EXCLUSIVE MODE")
-            boundary = parse_lsn(hold.execute("SELECT pg_current_wal_lsn()::text").fetchone()[0])
+            boundary = parse_lsn(scalar(hold, "SELECT pg_current_wal_lsn()::text"))
 
             def received() -> bool:
                 with lab.connect(n1) as conn:
-                    got = conn.execute("SELECT pg_last_wal_receive_lsn()::text").fetchone()[0]
+                    got = scalar(conn, "SELECT pg_last_wal_receive_lsn()::text")
                 return parse_lsn(got) >= boundary
 
             _wait("the standby to receive everything committed", received)

@@ -196,9 +196,10 @@ class Operator:
         if self.wal:
             volumes.append({"name": "pg-wal", "persistentVolumeClaim": {"claimName": f"{name}-wal"}})
         uid = f"00000000-0000-4000-8000-{self.generation.get(name, 0):04d}{sum(map(ord, name)):08d}"
-        pod = {"metadata": {"name": name, "namespace": namespace, "labels": labels, "uid": uid},
-               "spec": {"nodeName": f"node-{name.rsplit('-', 1)[1]}", "volumes": volumes,
-                        "containers": [{"name": "postgres", "resources": spec["resources"]}]}}
+        pod: dict[str, Any] = {
+            "metadata": {"name": name, "namespace": namespace, "labels": labels, "uid": uid},
+            "spec": {"nodeName": f"node-{name.rsplit('-', 1)[1]}", "volumes": volumes,
+                     "containers": [{"name": "postgres", "resources": spec["resources"]}]}}
         if (message := self.api.instance_pods_unschedulable) is not None:  # no node fits: Pending, on no node
             del pod["spec"]["nodeName"]
             pod["status"] = {"phase": "Pending", "conditions": [
