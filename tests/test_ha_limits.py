@@ -33,7 +33,8 @@ pytestmark = [pytest.mark.postgres,
 RTT_MS = 20
 SPEC = {"instances": 2, "synchronous": {"method": "any", "number": 1}, "ha": "patroni",
         "resources": {"cpus": 1, "memory": "1G"}, "client": {"cpus": 1}, "network": {"latency_ms": RTT_MS}}
-SEEN: dict[str, set[int]] = {"pids": set(), "groups": set()}  # checked gone at the end
+SEEN_PIDS: set[int] = set()  # every node's Patroni and postmaster seen by the tests: checked gone at the end
+SEEN_GROUPS: set[str] = set()  # and every node's cgroup folder
 
 
 def _groups_of(pid: int) -> dict[str, str]:
@@ -62,8 +63,8 @@ def _assert_in_own_groups(lab: HALab) -> None:
             where = _groups_of(pid)
             for c in controllers:
                 assert where[c].endswith(f"/{top}/{node.name}"), (node.name, pid, c, where[c])
-        SEEN["pids"].update([node.proc.pid, pm])
-        SEEN["groups"].update(str(d) for d in group.dirs)
+        SEEN_PIDS.update([node.proc.pid, pm])
+        SEEN_GROUPS.update(str(d) for d in group.dirs)
 
 
 def _commit_ms(lab: HALab, n: int = 25) -> float:
@@ -213,10 +214,11 @@ def test_teardown_leaves_no_process_no_group_and_no_file(target: PatroniTarget) 
     lab_dir, toxiproxy = lab.lab_dir, lab.toxiproxy.proc.pid
     with pytest.raises(UserError, match=r"target\.local\.resources"):  # its groups and proxies are this process's
         HALab.attach(lab_dir)
-    SEEN["pids"].update(lab.pids().values())
+    _assert_in_own_groups(lab)  # the groups and processes of now (run alone, the only ones seen)
+    SEEN_PIDS.update(lab.pids().values())
     target.teardown()
-    assert not [p for p in [*SEEN["pids"], toxiproxy] if procs.alive(p)]
+    assert not [p for p in [*SEEN_PIDS, toxiproxy] if procs.alive(p)]
     assert processes_mentioning(str(lab_dir)) == []
-    assert SEEN["groups"] and not [g for g in SEEN["groups"] if Path(g).exists()]
-    assert not any(Path(g).parent.exists() for g in SEEN["groups"])  # pglab-<lab>-<digest> itself
+    assert SEEN_GROUPS and not [g for g in SEEN_GROUPS if Path(g).exists()]
+    assert not any(Path(g).parent.exists() for g in SEEN_GROUPS)  # pglab-<lab>-<digest> itself
     assert not lab_dir.exists()
