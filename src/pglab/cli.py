@@ -6,6 +6,7 @@ import json
 import os
 import sys
 import time
+from contextlib import closing
 from pathlib import Path
 from typing import Any, Literal
 
@@ -176,8 +177,7 @@ def run(
 
     Run again into the same --results folder after an interruption (Ctrl-C, a crash, a kill) and the sweep
     resumes: completed runs are kept, unfinished ones are run again."""
-    _check_format(fmt)
-    plan, text = _load(plan_file)
+    plan, text = load_plan(plan_file)
     outcome, results, started, included, interrupted = _run_plan(
         plan, text, plan_file.resolve().parent, results, keep=keep, force_new=force_new,
         allow_destructive=allow_destructive)
@@ -235,15 +235,12 @@ def noise(
     from pglab.plan.noise import noise_plan
     from pglab.store import Store
 
-    _, text = _load(plan_file)
+    _, text = load_plan(plan_file)
     plan, derived = noise_plan(text, repeats)
     outcome, results, started, included, interrupted = _run_plan(
         plan, derived, plan_file.resolve().parent, results, keep=keep, allow_destructive=allow_destructive)
-    store = Store.open(results, create=False)
-    try:
+    with closing(Store.open(results, create=False)) as store:
         floor = noise_floor(store, outcome.sweep_id)
-    finally:
-        store.close()
     lines = floor.lines() if floor is not None else ["noise floor: fewer than two runs ended ok, no spread to measure"]
     _sweep_ended(outcome, plan.name, results, "table", started, included, interrupted, after=lines)
 
@@ -255,9 +252,8 @@ def _sweep_ended(outcome: Any, name: str, results: Path, fmt: str, started: floa
     from pglab.report.tables import full_report
     from pglab.store import Store
 
-    store = Store.open(results, create=False)
-    text = full_report(store, fmt, outcome.sweep_id, title=f"{name} — {results}", width=_terminal_width())
-    store.close()
+    with closing(Store.open(results, create=False)) as store:
+        text = full_report(store, fmt, outcome.sweep_id, title=f"{name} — {results}", width=_terminal_width())
     out.print(text, end="", soft_wrap=True, markup=False, highlight=False)
     for line in after or []:
         out.print(line, soft_wrap=True, markup=False, highlight=False)
@@ -313,8 +309,7 @@ def report(
     _check_format(fmt)
     if table not in (None, *TABLES):
         raise UserError(f"--table: '{table}' is not one of {', '.join(TABLES)}.")
-    store = Store.open(results, create=False)
-    try:
+    with closing(Store.open(results, create=False)) as store:
         ids = [s["id"] for s in store.sweeps()]
         if not ids or store.latest_sweep_id() is None:
             raise UserError(f"'{results}' holds no sweep yet; run a plan into it first.")
@@ -343,8 +338,6 @@ def report(
             except OSError as exc:
                 raise UserError(f"--html: cannot write '{html}' ({exc.strerror}).") from None
             err.print(f"HTML report: {html}")
-    finally:
-        store.close()
     out.print(text, end="", soft_wrap=True, markup=False, highlight=False)
 
 
@@ -363,8 +356,7 @@ def export_command(
 
     if fmt not in EXPORT_FORMATS:
         raise UserError(f"--format: '{fmt}' is not one of {', '.join(EXPORT_FORMATS)}.")
-    store = Store.open(results, create=False)
-    try:
+    with closing(Store.open(results, create=False)) as store:
         ids = [s["id"] for s in store.sweeps()]
         if not ids:
             raise UserError(f"'{results}' holds no sweep yet; run a plan into it first.")
@@ -375,8 +367,6 @@ def export_command(
             written = export(store, target, fmt, sweep)
         except OSError as exc:
             raise UserError(f"--to: cannot write into '{target}' ({exc.strerror or exc}).") from None
-    finally:
-        store.close()
     for path in written:
         out.print(str(path), markup=False, highlight=False)
 
@@ -439,7 +429,6 @@ def fio_command(
     from pglab.store import Store
     from pglab.targets.local import registry
 
-    _check_format(fmt)
     for message in registry.reap_orphans():
         err.print(message, markup=False, highlight=False)
     spec: dict[str, Any] = {"runtime": runtime, "size": size}
@@ -473,12 +462,9 @@ def fio_command(
     if outcome.interrupted:
         err.print("[yellow]interrupted: fio stopped and its test files removed.")
         raise typer.Exit(interrupted_exit(outcome.interrupted_by))
-    store = Store.open(results, create=False)
-    try:
+    with closing(Store.open(results, create=False)) as store:
         out.print(full_report(store, fmt, outcome.sweep_id, table="storage"), end="", soft_wrap=True, markup=False,
                   highlight=False)
-    finally:
-        store.close()
     resumed = f" (sweep {outcome.sweep_id} resumed; --force-new starts a new one)" if outcome.resumed else ""
     err.print(f"results: {results}{resumed}")
 
@@ -493,11 +479,8 @@ def sweeps_command(
     from pglab.report.tables import render
     from pglab.store import Store
 
-    store = Store.open(results, create=False)
-    try:
+    with closing(Store.open(results, create=False)) as store:
         rows = store.sweep_summaries()
-    finally:
-        store.close()
     if not rows:
         err.print(f"'{results}' holds no sweep yet; run a plan into it first.", markup=False, highlight=False)
         return
@@ -516,7 +499,7 @@ def plan_validate(plan_file: Path = typer.Argument(..., help="plan (YAML)")) -> 
     from pglab.plan.expand import expand
     from pglab.preflight import check_plan
 
-    plan, _ = _load(plan_file)
+    plan, _ = load_plan(plan_file)
     notes = check_plan(plan, plan_file.resolve().parent)  # run's checks; no PostgreSQL here: notes, not refusals
     n = len(expand(plan))
     run = plan.run
@@ -648,7 +631,7 @@ def k8s_render(plan_file: Path = typer.Argument(..., help="plan (YAML) with 'tar
     the fio and pgbench Jobs in DIR/jobs, and DIR/run-jobs.sh to apply them in order, each waited for."""
     from pglab.targets.kubernetes.render import CLUSTER_DIR, JOBS_DIR, render, write
 
-    plan, _ = _load(plan_file)
+    plan, _ = load_plan(plan_file)
     if out_dir.exists() and not out_dir.is_dir():
         raise UserError(f"-o: {out_dir} exists and is not a folder.")
     try:
@@ -670,7 +653,7 @@ def k8s_check(plan_file: Path = typer.Argument(..., help="plan (YAML) with 'targ
     """Ask the plan's cluster whether its sweep can run there, creating nothing: the API server, CloudNativePG's CRD
     and version, nodes for the instances and pgbench, storage classes, permissions; names the images (not pulled).
     One line per check; exit 2 at the first blocking problem (`pglab run` runs the same checks first)."""
-    plan, _ = _load(plan_file)
+    plan, _ = load_plan(plan_file)
     _preflight(plan, out)
 
 
@@ -694,10 +677,6 @@ def _preflight(plan: Plan, console: Console) -> Any:
 def _check_format(fmt: str) -> None:
     if fmt not in FORMATS:
         raise UserError(f"--format: '{fmt}' is not one of {', '.join(FORMATS)}.")
-
-
-def _load(path: Path) -> tuple[Plan, str]:
-    return load_plan(path)
 
 
 def main() -> None:

@@ -5,6 +5,7 @@ The figures are analysis.compare's; here they are only laid out, beside the othe
 from __future__ import annotations
 
 import textwrap
+from contextlib import closing
 from pathlib import Path
 
 from pglab.analysis.compare import (
@@ -36,8 +37,7 @@ def compare_report(a: Path, b: Path | None, axis: str | None, value_a: str | Non
     or within A along ``axis``. A comparison where no point matches is refused in one sentence."""
     preface: list[str] = []
     cost_lines: list[str] = []
-    store_a = Store.open(a, create=False)
-    try:
+    with closing(Store.open(a, create=False)) as store_a:
         if b is None:
             assert axis is not None
             sides = split_along(store_a, axis, value_a, value_b)
@@ -48,20 +48,15 @@ def compare_report(a: Path, b: Path | None, axis: str | None, value_a: str | Non
             follow_b = "".join(f", {k}={vb}" for k, (_, vb) in sides.followers.items())
             title = f"B ({axis}={value_b}{follow_b}) relative to A ({axis}={value_a}{follow_a}) in {a}"
         else:
-            store_b = Store.open(b, create=False)
-            try:
+            with closing(Store.open(b, create=False)) as store_b:
                 columns, rows = compare_stores(store_a, store_b)
                 cost_lines = cost_comparison(store_a, store_b)
                 differences = side_differences(store_a, store_b)
-            finally:
-                store_b.close()
             title = f"B ({b}) relative to A ({a})"
             preface = differences_text(differences, workload_differs(differences))
             if rows and all(r.get("tps_verdict") in (ONLY_IN_A, ONLY_IN_B) for r in rows):
                 raise UserError(f"compare: no point of '{b}' matches one of '{a}' (workload, synchronous_commit, "
                                 "clients and the other axes must be equal); compare sweeps of the same matrix.")
-    finally:
-        store_a.close()
     if any(r.get("tps_verdict") == "too few repeats" for r in rows):
         cost_lines.insert(0, TOO_FEW_NOTE.rstrip())
     notes = "".join(f"{line}\n" for line in cost_lines) if fmt in ("table", "markdown") else ""
