@@ -1,9 +1,15 @@
 """The metrics catalogue (pglab.metrics) is the one place the reports learn about a metric: every figure a run stores
 has an entry, every report column that shows a stored figure is the catalogue's column for it, and the renderers
-(terminal/markdown headers, CSV keys, export types, compare's verdict) agree with it about unit and direction."""
+(terminal/markdown headers, CSV keys, export types, compare's verdict) agree with it about unit and direction.
+
+What a run stores is collected from the code that stores it, never listed here: the local drivers' helpers, the
+host's probes sampling this machine, a local lab run (its PostgreSQL probes: statistics, WAL, replication, waits),
+and the Kubernetes driver's sources (CloudNativePG's exporter, the disk sampler, Prometheus' container CPU) fed the
+texts the Kubernetes tests serve."""
 
 from __future__ import annotations
 
+import math
 import time
 from pathlib import Path
 from typing import Any
@@ -22,6 +28,7 @@ from pglab.report.scenarios import scenario_table
 from pglab.report.tables import point_table, run_table
 from pglab.report.tiers import host_table, tenant_table, tier_table
 from pglab.store import Store
+from pglab.store.sqlite import RunRow
 
 EXAMPLES = {"{tier}": "gold", "{event}": "IO:WALSync", "{device}": "vda", "{standby}": "n1", "{figure}": "write_iops"}
 
@@ -81,10 +88,118 @@ def _host_probe_names(tmp_path: Path) -> set[str]:
     return set(sampler.summarize(start, time.time()))
 
 
+LAB_PLAN = """
+name: catalogue
+target: {local: {instances: 2, synchronous: {method: any, number: 1}}}
+postgres: {parameters: {shared_preload_libraries: pg_stat_statements}}
+dataset: {scale: 1}
+matrix: {workload: [tpcb-like], clients: [2]}
+run: {duration: 3s, warmup: 1s}
+"""
+
+
+def _lab_names(folder: Path) -> set[str]:
+    """What a local lab run of a primary and a synchronous standby stores: every probe (PostgreSQL's statistics and
+    WAL, replication, waits, the host's) and the driver's own figures."""
+    from conftest import run_plan, write_plan
+    from helpers import stored_runs
+
+    results = folder / "results"
+    run_plan(write_plan(folder / "plan.yaml", LAB_PLAN), results)
+    runs: list[RunRow] = stored_runs(results)
+    assert [r.status for r in runs] == ["ok"]
+    return set(runs[0].metrics)
+
+
+def _k8s_exporter_names() -> set[str]:
+    """What the Kubernetes driver makes of CloudNativePG's exporter (tests/k8s_fake's text, PostgreSQL 16 and 17
+    shapes, a standby streaming, the WAL archiver on): exporter.summarize over four scrapes of the primary."""
+    from k8s_fake.texts import exporter_text
+    from pglab.targets.kubernetes import exporter
+
+    names: set[str] = set()
+    for pg17 in (False, True):
+        scrapes = []
+        for i in range(4):
+            grown = {k: 1000.0 * (i + 1) for k in ("xact_commit", "xact_rollback", "blks_read", "blks_hit",
+                                                   "wal_bytes", "checkpoints_timed", "checkpoints_req",
+                                                   "buffers_checkpoint", "wal_records", "wal_fpi", "buffers_backend",
+                                                   "buffers_backend_fsync", "buffers_clean")}
+            lags = {"replay_diff_bytes": 8192.0, "replay_lag_seconds": 0.002, "write_lag_seconds": 0.001,
+                    "flush_lag_seconds": 0.001}
+            text = exporter_text("pg-1", grown, standbys={"pg-2": lags}, pg17=pg17) + (
+                f"cnpg_pg_stat_archiver_archived_count {i}\ncnpg_pg_stat_archiver_failed_count 0\n"
+                f'cnpg_collector_pg_wal{{value="size"}} {i * 16 << 20}\n'
+                f'cnpg_collector_pg_wal_archive_status{{value="ready"}} {i % 2}\n')
+            scrapes.append(exporter.Scrape("pg-1", float(i), text, values=exporter.parse(text)))
+        names |= set(exporter.summarize(scrapes, "pg-1", (0.0, 3.0), "app").metrics)
+    return names
+
+
+def _k8s_disk_names() -> set[str]:
+    """The disk sampler's log (tests/k8s_fake's text) of the primary's node: disks.summarize's figures."""
+    from k8s_fake.texts import sampler_log
+    from pglab.targets.kubernetes import disks
+
+    blocks = disks.parse_log(sampler_log("node-a", [(float(i), {"vdb": [
+        10 * i, 0, 80 * i, 5 * i, 20 * i, 0, 160 * i, 9 * i, 0, 12 * i, 14 * i, 0, 0, 0, 0, 2 * i, i]})
+        for i in range(4)]))
+    return set(disks.summarize({"node-a": blocks}, {"pg-1": "node-a"}, "pg-1", (0.0, 3.0)).metrics)
+
+
+def _k8s_cpu_names() -> set[str]:
+    """Container CPU from Prometheus (cAdvisor's counters of the instances' and the load pods' containers, one sample
+    a second, the primary throttled in some periods): prometheus.container_cpu's figures."""
+    from pglab.plan.schema import PrometheusSource
+    from pglab.targets.kubernetes import prometheus
+
+    cfg = PrometheusSource(url="http://prometheus:9090")
+    containers = {("pg-1", "postgres"), ("pg-2", "postgres"), ("pg-run-0000-1-x", "main")}
+
+    class Answers:  # what Prometheus answers the range queries container_cpu asks
+        def __init__(self) -> None:
+            self.cfg = cfg
+
+        def matchers(self, **labels: str) -> str:
+            return ""
+
+        def samples(self, selector: str, stamps: str, by: tuple[str, ...] | None, start: float, end: float,
+                    step: float) -> prometheus.Series:
+            return {frozenset({"__name__": selector, cfg.pod_label: pod, cfg.container_label: c}.items()):
+                    [(float(t), 0.5 * t * (1 + math.log1p(t))) for t in range(5)] for pod, c in containers}
+
+    cpu, _ = prometheus.container_cpu(Answers(), "bench", {  # type: ignore[arg-type]
+        "server": ("pg-1|pg-2", "postgres"), "client": ("pg-run-0000-1-.+", "main")}, "pg-1",
+        prometheus.Window(0.0, 4.0, 1.0))
+    return set(cpu.metrics)
+
+
 @pytest.fixture(scope="module")
-def stored(tmp_path_factory: pytest.TempPathFactory) -> set[str]:
+def k8s_stored() -> set[str]:
+    return _k8s_exporter_names() | _k8s_disk_names() | _k8s_cpu_names()
+
+
+@pytest.fixture(scope="module")
+def lab_stored(tmp_path_factory: pytest.TempPathFactory) -> set[str]:
+    return _lab_names(tmp_path_factory.mktemp("lab"))
+
+
+@pytest.fixture(scope="module")
+def stored(tmp_path_factory: pytest.TempPathFactory, k8s_stored: set[str], lab_stored: set[str]) -> set[str]:
     return (_pgbench_names() | _limit_names() | _io_names() | _tier_names()
-            | _host_probe_names(tmp_path_factory.mktemp("probes")))
+            | _host_probe_names(tmp_path_factory.mktemp("probes")) | k8s_stored | lab_stored)
+
+
+def test_the_collected_names_cover_every_source(k8s_stored: set[str], lab_stored: set[str]) -> None:
+    """The collectors above reach what they claim: each source's own figures are among the names (a collector that
+    silently stopped finding them would make the next test vacuous)."""
+    assert {"commits_s", "cache_hit_pct", "wal_records", "wal_bytes_per_commit", "buffers_backend",
+            "replay_lag_max_ms", "active_backends_mean", "checkpoints_timed"} <= lab_stored
+    assert any(n.startswith("repl.") for n in lab_stored) and any(n.startswith("wait.") for n in lab_stored)
+    assert {"commits_s", "wal_mb_s", "wal_fpi_per_commit", "buffers_clean", "replay_lag_max_ms",
+            "archived_wal_segments", "pg_wal_growth_mb", "write_iops", "read_latency_ms", "primary_cpu_cores",
+            "server_cpu_cores", "client_cgroup_cpu_cores", "cpu_throttled_pct"} <= k8s_stored
+    assert any(n.startswith("disk.") for n in k8s_stored) and any(n.startswith("repl.pg-2.") for n in k8s_stored)
 
 
 def test_every_metric_a_run_stores_is_catalogued(stored: set[str]) -> None:

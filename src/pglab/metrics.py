@@ -290,6 +290,12 @@ METRICS: tuple[Metric, ...] = (
     Metric("witness_unexpected", "count", True, "scenario", "rows present the witness never wrote"),
     Metric("backup_mb", "MB", None, "scenario", "size of the base backup"),
     Metric("backup_wal_mb", "MB", None, "scenario", "WAL the base backup carried"),
+    Metric("archived_wal_segments", "count", None, "database", "WAL segments archived over the run (pg_stat_archiver)"),
+    Metric("archive_failed", "count", True, "database", "failed attempts to archive a WAL segment (pg_stat_archiver)"),
+    Metric("wal_segments_written", "count", None, "database", "WAL written over the run, in 16 MiB segments"),
+    Metric("pg_wal_growth_mb", "MB", None, "database", "how much pg_wal grew over the run"),
+    Metric("archive_ready_max", "count", True, "database", "most WAL segments waiting to be archived at one read"),
+    Metric("archiver_span_s", "s", None, "database", "time between the reads the archiver's figures come from"),
 )
 
 
