@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import pglab
+from conftest import run_plan
 from pglab.analysis.bottleneck import interfered
 
 pytestmark = [pytest.mark.postgres, pytest.mark.quiet]
@@ -41,8 +41,7 @@ matrix:
   synchronous_commit: [remote_apply]
 run: {{duration: 4s, warmup: 1s, repeats: 1}}
 """)
-        proc = pglab("run", str(plan), "--results", str(base / "r"), "--format", "csv")
-        assert proc.returncode == 0, proc.stderr
+        proc = run_plan(plan, base / "r", "--format", "csv").proc
         rows = {r["workload"]: r for r in csv.DictReader(io.StringIO(proc.stdout))}
         select_only, tpcb = rows["select-only"]["bottleneck"], rows["tpcb-like"]["bottleneck"]
         runs = [json.loads(f.read_text()) for f in (base / "r" / "runs").glob("*/run.json")]
@@ -97,8 +96,7 @@ run: {duration: 4s, warmup: 1s, repeats: 1}
         for label in ("alone", "beside"):
             if label == "beside":
                 outsiders = [_outsider() for _ in range(max(2, os.cpu_count() or 1))]
-            proc = pglab("run", str(plan), "--results", str(base / label), "--format", "csv")
-            assert proc.returncode == 0, proc.stderr
+            proc = run_plan(plan, base / label, "--format", "csv").proc
             row = next(csv.DictReader(io.StringIO(proc.stdout)))
             metrics = json.loads(next((base / label / "runs").glob("*/run.json")).read_text())["metrics"]
             found[label] = (row["bottleneck"], metrics)

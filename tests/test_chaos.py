@@ -18,7 +18,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from conftest import pglab, processes_mentioning
+from conftest import pglab, processes_mentioning, run_plan
 from helpers import (
     fault_each_measured_pgbench,
     lab_dir,
@@ -116,8 +116,7 @@ def test_frozen_standbys_fail_the_run_then_stop_the_sweep_in_one_sentence(tmp_pa
     assert lab is not None and processes_mentioning(str(lab)) == []
 
     # the standbys are back (SIGCONT): the same command resumes and completes the sweep
-    again = pglab("run", str(plan), "--results", str(results), "--format", "csv", timeout=300)
-    assert again.returncode == 0, again.stderr[-2000:]
+    run_plan(plan, results, "--format", "csv", timeout=300)
     assert [r.status for r in stored_runs(results)].count("ok") == 3
     assert processes_mentioning(str(results)) == []
 
@@ -202,8 +201,7 @@ def test_a_frozen_primary_fails_its_run_and_stops_the_sweep_in_one_sentence(tmp_
     assert processes_mentioning(str(labs[0])) == []  # the frozen primary was stopped with its lab
 
     # the primary is back (SIGCONT): the same command resumes and completes the sweep
-    again = pglab("run", str(plan), "--results", str(results), "--format", "csv", timeout=300)
-    assert again.returncode == 0, again.stderr[-2000:]
+    run_plan(plan, results, "--format", "csv", timeout=300)
     assert [r.status for r in stored_runs(results)].count("ok") == 2
 
 
@@ -299,8 +297,7 @@ def test_a_full_results_filesystem_stops_the_sweep_in_one_sentence_and_a_rerun_r
 
         # room again: the same command redoes the run that could not be recorded and completes the sweep
         (mount / "filler").unlink()
-        again = pglab("run", str(plan), "--results", str(results), "--format", "csv", timeout=300)
-        assert again.returncode == 0, again.stderr[-2000:]
+        again = run_plan(plan, results, "--format", "csv", timeout=300).proc
         runs = stored_runs(results)
         assert sorted(r.repeat for r in runs) == [1, 2, 3, 4] and {r.status for r in runs} == {"ok"}, runs
         assert f"{ok_before} completed before this resume" in again.stderr
@@ -360,8 +357,7 @@ def test_a_full_server_filesystem_fails_the_run_stops_the_sweep_in_one_sentence_
 
         # room again: the same command builds a new lab there and completes the sweep
         (small / "filler").unlink()
-        again = pglab("run", str(plan), "--results", str(results), "--format", "csv", timeout=300)
-        assert again.returncode == 0, again.stderr[-2000:]
+        run_plan(plan, results, "--format", "csv", timeout=300)
         assert [r.status for r in stored_runs(results)].count("ok") == 4, stored_runs(results)
     finally:
         subprocess.run(["umount", str(small)], check=False)

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from conftest import pglab, processes_mentioning
+from conftest import processes_mentioning, run_plan
 from helpers import stored_events, sweep_row
 from pglab.plan.schema import Dataset, LocalTarget
 from pglab.targets.local.cluster import LocalLab, Node
@@ -102,8 +102,7 @@ matrix: {workload: [tpcb-like], clients: [2]}
 run: {duration: 2s, repeats: 2}
 """)
     results = tmp_path / "r"
-    proc = pglab("run", str(plan), "--results", str(results))
-    assert proc.returncode == 0, proc.stderr
+    proc = run_plan(plan, results).proc
     assert "NOT applied" not in proc.stdout + proc.stderr  # no limits asked, none reported missing
     resets = [detail for _ts, _kind, detail, _run, _scope in stored_events(results, "dataset-reset")]
     assert len(resets) == 2, resets

@@ -15,7 +15,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from conftest import pglab
+from conftest import pglab, run_plan
 from helpers import scalar
 from pglab.plan.schema import Dataset, LocalTarget
 from pglab.targets.external import local_postmaster
@@ -126,8 +126,7 @@ def test_destructive_with_both_consents_still_refuses_foreign_tables(tmp_path: P
     assert _writes(server) == before
     with psycopg.connect(server["ep"].conninfo(), autocommit=True) as conn:
         conn.execute("DROP TABLE customers")  # now the database holds pgbench's tables only
-    proc = pglab("run", str(plan), "--results", str(tmp_path / "b"), "--allow-destructive", "--format", "json")
-    assert proc.returncode == 0, proc.stderr
+    proc = run_plan(plan, tmp_path / "b", "--allow-destructive", "--format", "json").proc
     assert json.loads(proc.stdout)[0]["tps"] > 0
     with psycopg.connect(server["ep"].conninfo(), autocommit=True) as conn:
         assert scalar(conn, "SELECT count(*) FROM pgbench_branches") == 2  # loaded at the plan's scale
@@ -224,5 +223,4 @@ run: {{duration: 2s}}
     assert _touched(server) == before and not (tmp_path / "r").exists()
     with psycopg.connect(server["ep"].conninfo(), autocommit=True) as conn:
         conn.execute("GRANT pg_checkpoint TO bench_nockpt")
-    proc = pglab("run", str(plan), "--results", str(tmp_path / "r"), "--allow-destructive", "--format", "json")
-    assert proc.returncode == 0, proc.stderr
+    run_plan(plan, tmp_path / "r", "--allow-destructive", "--format", "json")

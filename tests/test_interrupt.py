@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import pglab, processes_mentioning
+from conftest import processes_mentioning, run_plan
 from helpers import children_of, read_store, stored_runs
 
 pytestmark = pytest.mark.postgres
@@ -149,8 +149,7 @@ run: {{duration: {MEASURE_S}s, warmup: {WARMUP_S}s, repeats: {when.repeats}, pau
     assert [p for p in seen if _alive(p)] == []
     assert not lab.exists()
 
-    rerun = pglab("run", str(plan), "--results", str(results))
-    assert rerun.returncode == 0, rerun.stdout + rerun.stderr
+    rerun = run_plan(plan, results).proc
     assert "Traceback" not in rerun.stderr
     assert "resuming sweep 1" in rerun.stdout + rerun.stderr
     with read_store(results) as store:

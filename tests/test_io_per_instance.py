@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import pglab
+from conftest import run_plan
 from helpers import run_files
 from pglab.targets.local import cgroups
 
@@ -48,8 +48,7 @@ run: {{duration: 5s, repeats: 1}}
 """)
     try:
         results = base / "r"
-        proc = pglab("run", str(plan), "--results", str(results), "--format", "json")
-        assert proc.returncode == 0, proc.stderr
+        run_plan(plan, results, "--format", "json")
         runs = {record["point"]["workload"]: (d, record) for d, record in run_files(results)}
         (_, tpcb), (_, select) = runs["tpcb-like"], runs["select-only"]
         for run_dir, record in runs.values():

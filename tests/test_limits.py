@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import pglab, processes_mentioning
+from conftest import pglab, processes_mentioning, run_plan
 from helpers import stored_events, stored_runs, sweep_row
 from pglab.targets.local import procs
 from pglab.targets.local.cluster import cgroup_name
@@ -48,8 +48,7 @@ run: {duration: 3s, repeats: 1}
     lab: Path | None = None
     limits: dict[float, dict] = {}
     try:
-        proc = pglab("run", str(plan), "--results", str(results), "--keep", "--format", "json")
-        assert proc.returncode == 0, proc.stderr
+        proc = run_plan(plan, results, "--keep", "--format", "json").proc
         target = sweep_row(results)["target"]
         lab = Path(target["lab_dir"])
         rows = {row["cpus"]: row for row in json.loads(proc.stdout)}
@@ -106,8 +105,7 @@ def test_limits_that_cannot_be_applied(tmp_path: Path) -> None:
     assert "best-effort" in strict.stderr and "Traceback" not in strict.stderr
     assert not (tmp_path / "a").exists()
     plan.write_text(text % (bad_cpu, ", limits: best-effort"))
-    loose = pglab("run", str(plan), "--results", str(tmp_path / "b"), "--format", "json")
-    assert loose.returncode == 0, loose.stderr
+    loose = run_plan(plan, tmp_path / "b", "--format", "json").proc
     assert "limits NOT applied" in loose.stderr
     (limits,) = [json.loads(p.read_text()) for p in (tmp_path / "b" / "runs").glob("*/limits.json")]
     assert limits["applied"] is False and "cpuset" in limits["reason"]
@@ -121,8 +119,7 @@ def test_a_client_held_to_a_small_quota_is_recognised(tmp_path: Path) -> None:
     plan.write_text("name: client\ntarget: {local: {instances: 1, synchronous: null, client: {cpus: 0.1}}}\n"
                     "dataset: {scale: 1}\nmatrix: {workload: [select-only], clients: [4]}\n"
                     "run: {duration: 3s, repeats: 1}\n")
-    proc = pglab("run", str(plan), "--results", str(tmp_path / "r"), "--format", "json")
-    assert proc.returncode == 0, proc.stderr
+    proc = run_plan(plan, tmp_path / "r", "--format", "json").proc
     (row,) = json.loads(proc.stdout)
     assert row["bottleneck"].startswith("client (pgbench"), row["bottleneck"]
     assert "of its 0.1-core quota" in row["bottleneck"]

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import pglab, processes_mentioning
+from conftest import processes_mentioning, run_plan
 from helpers import sweep_row
 
 pytestmark = [pytest.mark.postgres, pytest.mark.quiet]
@@ -37,8 +37,7 @@ run: {{duration: 3s, repeats: 1}}
 """)
     results = base / "r"
     try:
-        proc = pglab("run", str(plan), "--results", str(results), "--format", "json")
-        assert proc.returncode == 0, proc.stderr
+        proc = run_plan(plan, results, "--format", "json").proc
         lat = {row["synchronous_commit"]: row["latency_avg_ms"] for row in json.loads(proc.stdout)}
         assert lat["local"] < RTT_MS / 4, lat  # a local commit does not cross the link
         # an 'on' commit waits one round trip (measured +45..55 ms for 40 ms on a loaded 2-core machine:

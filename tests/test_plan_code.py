@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import pglab
+from conftest import pglab, run_plan
 from pglab.errors import PlanError, UserError
 from pglab.plan.load import fio_job_file_problem, load_plan
 from pglab.targets.base import Endpoint, PlanCodeUser
@@ -45,8 +45,7 @@ def test_a_plans_shell_command_runs_as_the_plan_user_in_the_client_group(tmp_pat
                         "dataset: {scale: 1}\n"
                         "matrix: {workload: [{name: who, scripts: [{file: who.sql}]}], clients: [1]}\n"
                         "run: {duration: 2s, warmup: 0s, repeats: 1}\n")
-        proc = pglab("run", str(plan), "--results", str(tmp_path / "r"), "--format", "json")
-        assert proc.returncode == 0, proc.stderr
+        proc = run_plan(plan, tmp_path / "r", "--format", "json").proc
         assert (out / "uid").read_text().strip() == str(lab_user.pw_uid) != "0"
         assert lab_user.pw_uid != pwd.getpwnam(SERVER_USER).pw_uid  # not the user who owns the data directories:
         assert "Permission denied" in (out / "data").read_text()  # nothing planted in the primary's
@@ -86,8 +85,7 @@ def test_what_a_plans_shell_plants_in_the_run_folder_never_redirects_pglabs_own_
                         "dataset: {scale: 1}\n"
                         "matrix: {workload: [{name: plant, scripts: [{file: plant.sql}]}], clients: [1]}\n"
                         "run: {duration: 2s, warmup: 1s, repeats: 1}\n")
-        proc = pglab("run", str(plan), "--results", str(tmp_path / "r"), "--format", "json")
-        assert proc.returncode == 0, proc.stderr
+        run_plan(plan, tmp_path / "r", "--format", "json")
         assert sorted(p.name for p in out.iterdir()) == []  # root wrote nothing through the lab user's links
         (run_dir,) = [p for p in (tmp_path / "r" / "runs").iterdir() if p.is_dir()]
         for name in planted:

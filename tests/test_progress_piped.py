@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import pglab
+from conftest import run_plan
 
 pytestmark = pytest.mark.postgres
 
@@ -17,8 +17,7 @@ def test_a_piped_sweep_says_run_n_of_n_with_its_eta(tmp_path: Path) -> None:
     plan = tmp_path / "plan.yaml"
     plan.write_text("name: piped\ntarget: {local: {instances: 1}}\ndataset: {scale: 1}\n"
                     "matrix: {clients: [1, 2]}\nrun: {transactions: 20, repeats: 1}\n")
-    proc = pglab("run", str(plan), "--results", str(tmp_path / "r"), "--format", "csv")
-    assert proc.returncode == 0, proc.stderr
+    proc = run_plan(plan, tmp_path / "r", "--format", "csv").proc
     starts = [line for line in proc.stderr.splitlines() if line.startswith("run ") and " of " in line]
     assert len(starts) == 2, proc.stderr  # one line a run, not one a phase
     # the runs go in an interleaved order (the plan's seed): either point may come first

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from scipy import stats
 
-from conftest import pglab
+from conftest import run_plan
 from pglab.store.sqlite import Store
 
 pytestmark = [pytest.mark.postgres, pytest.mark.quiet]
@@ -86,11 +86,9 @@ class Hog:
 def test_a_quiet_point_stops_at_its_target_and_a_hogged_one_at_max(tmp_path: Path) -> None:
     plan = tmp_path / "plan.yaml"
     plan.write_text(PLAN)
-    quiet = pglab("run", str(plan), "--results", str(tmp_path / "quiet"), timeout=600)
-    assert quiet.returncode == 0, quiet.stderr
+    quiet = run_plan(plan, tmp_path / "quiet", timeout=600).proc
     with Hog(tmp_path / "noisy" / "runs"):
-        noisy = pglab("run", str(plan), "--results", str(tmp_path / "noisy"), timeout=900)
-    assert noisy.returncode == 0, noisy.stderr
+        noisy = run_plan(plan, tmp_path / "noisy", timeout=900).proc
     calm, hogged = _tps(tmp_path / "quiet"), _tps(tmp_path / "noisy")
     print(f"quiet TPS {calm}\nhogged every other run: {hogged}")
     # the quiet point ended at the first run count from min on whose interval is within ±30 % (computed here with

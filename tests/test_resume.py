@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import pglab, processes_mentioning
+from conftest import pglab, processes_mentioning, run_plan
 from helpers import pgbench_children, read_store, stored_runs, sweep_row
 
 pytestmark = pytest.mark.postgres
@@ -55,8 +55,7 @@ def test_sigkill_mid_sweep_then_the_same_command_completes_without_duplicates_or
     lab_dir = sweep_row(results)["target"]["lab_dir"]
     assert processes_mentioning(lab_dir), "the killed pglab left its servers running"
 
-    again = pglab("run", str(plan), "--results", str(results), "--format", "json")
-    assert again.returncode == 0, again.stderr
+    again = run_plan(plan, results, "--format", "json").proc
     assert f"cleaned up lab {lab_dir} left behind by pglab pid {proc.pid}" in again.stderr
     assert "resuming sweep 1:" in again.stderr and "already complete" in again.stderr
     assert processes_mentioning(lab_dir) == [] and not Path(lab_dir).exists()
@@ -78,8 +77,7 @@ def test_sigkill_mid_sweep_then_the_same_command_completes_without_duplicates_or
     assert {p.name for p in (results / "runs").iterdir()} == {run_id for run_id, _, _ in after}
 
     # a rerun of a complete sweep runs nothing and builds no lab
-    third = pglab("run", str(plan), "--results", str(results))
-    assert third.returncode == 0, third.stderr
+    third = run_plan(plan, results).proc
     assert "4 of 4 runs already complete, 0 to go" in third.stderr and "initdb" not in third.stderr
     assert len(_ok_runs(results)) == 4
 
@@ -95,8 +93,7 @@ def test_a_changed_plan_is_refused_unless_forced_new(tmp_path: Path) -> None:
     assert refused.returncode == 2 and "Traceback" not in refused.stderr
     assert "holds a sweep of a different plan ('one'" in refused.stderr and "--force-new" in refused.stderr
     assert "initdb" not in refused.stderr
-    forced = pglab("run", str(plan), "--results", str(results), "--force-new")
-    assert forced.returncode == 0, forced.stderr
+    run_plan(plan, results, "--force-new")
     with read_store(results) as store:
         assert [s["status"] for s in store.sweeps()] == ["done", "done"]
 

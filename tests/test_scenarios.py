@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import pglab, processes_mentioning
+from conftest import pglab, processes_mentioning, run_plan
 from helpers import lab_dir, run_files, stored_events
 from pglab.targets.local.ha import TIMINGS
 
@@ -34,8 +34,7 @@ matrix:
 run: {{duration: 6s}}
 """)
     results = tmp_path / "r"
-    proc = pglab("run", str(plan), "--results", str(results))
-    assert proc.returncode == 0, proc.stderr
+    run_plan(plan, results)
     runs = {(r["point"]["scenario"], r["point"]["synchronous_commit"]): r["metrics"]
             for _dir, r in run_files(results)}
     assert len(runs) == 4
@@ -75,8 +74,7 @@ matrix:
 run: {duration: 26s, repeats: 1}
 """)
     results = tmp_path / "r"
-    proc = pglab("run", str(plan), "--results", str(results), timeout=900)
-    assert proc.returncode == 0, proc.stderr
+    run_plan(plan, results, timeout=900)
     runs = [record for _dir, record in run_files(results)]
     assert len(runs) == 2  # two failovers in a row: the lab heals (old leader rejoins) between them
     budget = TIMINGS["ttl"] + TIMINGS["loop_wait"] + TIMINGS["retry_timeout"]

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from conftest import pglab, processes_mentioning
+from conftest import pglab, processes_mentioning, run_plan
 from helpers import read_store, stored_runs
 from pglab.errors import UserError
 from pglab.plan.load import load_plan
@@ -75,8 +75,7 @@ def test_tiers_limits_results_and_cleanup(tmp_path: Path, labs: Path) -> None:
         - {name: only, tenants: 1, resources: {cpus: 0.3}}
 """))
     results = tmp_path / "results"
-    proc = pglab("run", str(plan), "--results", str(results))
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    run_plan(plan, results)
     runs = {r.axes["arrangement"]: r for r in stored_runs(results) if r.status == "ok"}
     assert all(r.axes == {"arrangement": name} for name, r in runs.items()), runs
     mixed = results / runs["mixed"].dir
@@ -150,8 +149,7 @@ def test_interrupt_while_tenants_run_leaves_nothing_and_resumes(tmp_path: Path, 
         assert run.status == "interrupted"
         assert store.tenant_metrics(run.id) == {}  # nothing half-written
     # the rerun resumes the same sweep and completes it
-    rerun = pglab("run", str(plan), "--results", str(results))
-    assert rerun.returncode == 0, rerun.stdout + rerun.stderr
+    rerun = run_plan(plan, results).proc
     assert "resuming sweep" in rerun.stdout + rerun.stderr
     with read_store(results) as store:
         (run,) = store.runs()

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import pglab
+from conftest import pglab, run_plan
 from pglab.preflight import online_cpus
 
 pytestmark = pytest.mark.postgres
@@ -88,6 +88,5 @@ def test_minimal_wal_without_wal_senders_on_one_instance_runs(tmp_path: Path) ->
     plan = _plan(tmp_path, "instances: 1", "postgres: {parameters: {wal_level: minimal, max_wal_senders: 0}}\n")
     proc = pglab("plan", "validate", str(plan))
     assert proc.returncode == 0 and "valid" in proc.stdout, proc.stderr
-    run = pglab("run", str(plan), "--results", str(tmp_path / "r"), "--format", "csv")
-    assert run.returncode == 0, run.stderr
+    run = run_plan(plan, tmp_path / "r", "--format", "csv").proc
     assert "1 ok, 0 failed" in run.stderr
