@@ -316,7 +316,7 @@ def test_a_standby_built_from_the_snapshot_streams(lab: dict[str, Any]) -> None:
     df.make_standby(snap, standby.data, standby.wal, primary_conninfo=conninfo, slot="n1")
     assert (standby.data / "standby.signal").exists()
     lab_.nodes.append(standby)  # teardown stops it
-    lab_._write_conf(standby)  # the snapshot holds the primary's pglab.conf: port and name are the standby's
+    lab_.conf.write(standby)  # the snapshot holds the primary's pglab.conf: port and name are the standby's
     lab_._start(standby, may_move=True)
     lab_.wait_streaming(30)
     with lab_.connect(primary) as conn:

@@ -113,12 +113,12 @@ def test_write_through_the_multi_host_string_lands_on_the_primary(lab: HALab) ->
 
 
 def test_parameters_applied_through_patroni_and_invalid_ones_refused(lab: HALab) -> None:
-    assert lab.apply({"work_mem": "12MB"}) == []  # a reload is enough
+    assert lab.settings.apply({"work_mem": "12MB"}) == []  # a reload is enough
     for node in lab.nodes:
         with lab.connect(node.name) as conn:
             assert conn.execute("SHOW work_mem").fetchone() == ("12MB",)
     with pytest.raises(UserError, match=r"parameters\.work_mem"):
-        lab.apply({"work_mem": "lots"})
+        lab.settings.apply({"work_mem": "lots"})
     _remember(lab)
 
 
@@ -126,7 +126,7 @@ def test_switchover_moves_the_leader_and_clients_follow(lab: HALab) -> None:
     old = lab.primary().name
     conn = psycopg.connect(lab.conninfo_multi(), autocommit=True)
     assert conn.info.port == lab._node(old).port
-    transition = lab.switchover()
+    transition = lab.faults.switchover()
     print(f"switchover {transition.old} -> {transition.new} in {transition.seconds:.1f} s")
     assert transition.old == old and transition.new != old and lab.primary().name == transition.new
     with pytest.raises(psycopg.OperationalError):  # the old primary ended the session
@@ -143,7 +143,7 @@ def test_switchover_moves_the_leader_and_clients_follow(lab: HALab) -> None:
 def test_killed_postmaster_is_restarted_in_place_without_failover(lab: HALab) -> None:
     leader = lab.primary()
     timeline = leader.timeline
-    kill = lab.kill_primary_postgres()
+    kill = lab.faults.kill_primary_postgres()
     assert kill.node == leader.name
     deadline = time.monotonic() + lab.failover_budget
     while time.monotonic() < deadline:
@@ -172,10 +172,10 @@ def test_killed_leader_node_fails_over_within_the_budget_and_keeps_committed_row
             conn.execute("INSERT INTO t VALUES (%s, 'acked before the kill')", [i])
         before_timeline = conn.execute("SELECT pg_walfile_name(pg_current_wal_lsn())").fetchone()
     _remember(lab)
-    kill = lab.kill_primary_node()
+    kill = lab.faults.kill_primary_node()
     assert kill.node == old
     assert [(p, Path(f"/proc/{p}/stat").read_text()[:60]) for p in kill.pids if _alive(p)] == []
-    transition = lab.wait_new_primary(old, timeout=3 * lab.failover_budget, since=kill.at)
+    transition = lab.faults.wait_new_primary(old, timeout=3 * lab.failover_budget, since=kill.at)
     print(f"failover {old} -> {transition.new} in {transition.seconds:.1f} s (budget {lab.failover_budget:.0f} s)")
     t = lab.timings
     # the leader lock had to expire (refreshed every loop_wait, it lives ttl), and the election fits the budget:
@@ -191,7 +191,7 @@ def test_killed_leader_node_fails_over_within_the_budget_and_keeps_committed_row
     assert members[transition.new].role == "leader"
     assert (members[survivor].role, members[survivor].state) == ("quorum_standby", "streaming")
     _remember(lab)
-    lab.start_node(old)  # the dead leader comes back as a replica of the new timeline (pg_rewind if needed)
+    lab.faults.start_node(old)  # the dead leader comes back as a replica of the new timeline (pg_rewind if needed)
     members = {m.name: m for m in lab.wait_ready(120)}
     assert (members[old].role, members[old].state, members[old].timeline) == (
         "quorum_standby", "streaming", transition.timeline)

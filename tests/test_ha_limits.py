@@ -135,7 +135,7 @@ def test_pglab_cluster_refuses_what_only_pglab_run_applies(tmp_path: Path) -> No
 
 
 def test_every_node_runs_under_its_limits_in_its_own_group(target: PatroniTarget) -> None:
-    lab = target.lab
+    lab = target
     limits = target.limits_in_force()
     assert limits["applied"] is True
     for name in ("n0", "n1"):
@@ -151,7 +151,7 @@ def test_every_node_runs_under_its_limits_in_its_own_group(target: PatroniTarget
 
 def test_replicas_stream_through_the_leaders_proxy_and_a_synchronous_commit_pays_the_round_trip(
         target: PatroniTarget) -> None:
-    lab = target.lab
+    lab = target
     links = target.links_in_force()
     assert {name: link["latency_ms"] for name, link in links.items()} == {"n0": RTT_MS, "n1": RTT_MS}
     _assert_replicas_stream_through_the_leaders_proxy(lab)
@@ -168,17 +168,17 @@ def test_replicas_stream_through_the_leaders_proxy_and_a_synchronous_commit_pays
 
 
 def test_restarted_postgres_restarted_node_and_new_leader_keep_groups_and_links(target: PatroniTarget) -> None:
-    lab = target.lab
-    kill = lab.kill_primary_postgres()  # Patroni restarts it in place: its new postmaster is Patroni's child
+    lab = target
+    kill = lab.faults.kill_primary_postgres()  # Patroni restarts it in place: its new postmaster is Patroni's child
     lab.wait_ready(90)
     assert lab._node(kill.node).postmaster_pid() not in kill.pids
     replica = next(n.name for n in lab.nodes if n.name != lab.primary().name)
-    lab.kill_node(replica)  # Patroni and postgres dead; started again by pglab, as heal() does between runs
+    lab.faults.kill_node(replica)  # Patroni and postgres dead; started again by pglab, as heal() does between runs
     assert target.heal() == [replica]
     assert [e[1] for e in target.take_events()] == ["repair"]
     _assert_in_own_groups(lab)
     old = lab.primary().name
-    transition = lab.switchover()
+    transition = lab.faults.switchover()
     lab.wait_ready(90)
     assert transition.old == old and lab.primary().name == transition.new
     assert target.primary_name() == transition.new  # the run's primary_* cgroup figures follow the leader
@@ -190,7 +190,7 @@ def test_restarted_postgres_restarted_node_and_new_leader_keep_groups_and_links(
 
 
 def test_a_cpu_step_restarts_every_node_under_the_new_quota(target: PatroniTarget) -> None:
-    lab = target.lab
+    lab = target
     leader = lab.primary().name
     before = {n.name: n.postmaster_pid() for n in lab.nodes}
     assert target.set_cpus(1.0) is None  # no change, no restart
@@ -209,7 +209,7 @@ def test_a_cpu_step_restarts_every_node_under_the_new_quota(target: PatroniTarge
 
 
 def test_teardown_leaves_no_process_no_group_and_no_file(target: PatroniTarget) -> None:
-    lab = target.lab
+    lab = target
     assert lab.lab_dir is not None and lab.toxiproxy is not None and lab.toxiproxy.proc is not None
     lab_dir, toxiproxy = lab.lab_dir, lab.toxiproxy.proc.pid
     with pytest.raises(UserError, match=r"target\.local\.resources"):  # its groups and proxies are this process's

@@ -191,7 +191,7 @@ def switchover(lab: str = typer.Argument(..., help="lab name or directory"),
             raise UserError(f"--to: no node '{to}' in {the_lab.name}; its nodes are {', '.join(names)}.")
         if the_lab.primary().name == to:
             raise UserError(f"--to: {to} is the leader already; name a replica.")
-    t = the_lab.switchover(to)
+    t = the_lab.faults.switchover(to)
     out.print(f"switchover {t.old} -> {t.new} (timeline {t.timeline}) in {t.seconds:.1f} s", markup=False,
               highlight=False)
     the_lab.wait_ready()
@@ -205,12 +205,12 @@ def failover(lab: str = typer.Argument(..., help="lab name or directory")) -> No
     the_lab = _attach(lab)
     if len([n for n in the_lab.nodes if n.name not in the_lab.killed]) < 2:
         raise UserError(f"{the_lab.name}: a failover needs at least 2 running nodes.")
-    kill = the_lab.kill_primary_node()
-    t = the_lab.wait_new_primary(kill.node, since=kill.at)
+    kill = the_lab.faults.kill_primary_node()
+    t = the_lab.faults.wait_new_primary(kill.node, since=kill.at)
     out.print(f"failover {t.old} -> {t.new} (timeline {t.timeline}): new leader takes writes {t.seconds:.1f} s "
               f"after the kill", markup=False, highlight=False)
     started = time.monotonic()
-    the_lab.start_node(kill.node)
+    the_lab.faults.start_node(kill.node)
     the_lab.wait_ready(180)
     out.print(f"{kill.node} rejoined as a replica in {time.monotonic() - started:.1f} s", markup=False,
               highlight=False)
@@ -256,7 +256,7 @@ def backup(lab: str = typer.Argument(..., help="lab name or directory"),
            target: Path = typer.Argument(..., help="folder for the backup (new or empty)"),
            fmt: str = typer.Option("plain", "--format", help="plain (a data directory) or tar")) -> None:
     """pg_basebackup of the current leader (WAL streamed with it, fast checkpoint); prints size and seconds."""
-    from pglab.targets.local.cluster import SUPERUSER
+    from pglab.targets.local.pgconf import SUPERUSER
 
     if fmt not in ("plain", "tar"):
         raise UserError(f"--format: '{fmt}' is not one of plain, tar.")

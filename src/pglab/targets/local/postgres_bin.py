@@ -78,27 +78,6 @@ class ServerUser:
         return {"user": self.uid, "group": self.gid, "extra_groups": []}
 
 
-class ServerFiles:
-    """What both labs (plain and Patroni) do with paths: a plan's path is relative to its folder, and what the
-    servers write into must belong to the server user."""
-
-    base_dir: Path
-    server_user: ServerUser | None
-
-    def _abs(self, value: str) -> Path:
-        p = Path(value).expanduser()
-        return (p if p.is_absolute() else self.base_dir / p).resolve()
-
-    def _chown(self, path: Path) -> None:
-        if self.server_user:
-            os.chown(path, self.server_user.uid, self.server_user.gid)
-
-    def _mkdir_server(self, path: Path, mode: int = 0o700) -> None:
-        path.mkdir(parents=True, exist_ok=True)
-        os.chmod(path, mode)
-        self._chown(path)
-
-
 def resolve_server_user(run_as: str | None) -> ServerUser | None:
     """PostgreSQL refuses to run as root: as root, run the servers as ``run_as`` (default ``postgres``)."""
     if os.geteuid() != 0:

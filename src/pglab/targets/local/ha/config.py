@@ -8,8 +8,8 @@ from typing import Any
 
 from pglab.errors import UserError
 from pglab.plan.schema import Synchronous
-from pglab.targets.local.cluster import SUPERUSER
 from pglab.targets.local.ha.node import HOST, HANode
+from pglab.targets.local.pgconf import SUPERUSER
 
 REPLICATION_USER = "replicator"
 NAMESPACE = "/pglab/"

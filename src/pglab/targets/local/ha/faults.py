@@ -11,7 +11,8 @@ from typing import Any
 
 from pglab.errors import LabError
 from pglab.targets.local import procs
-from pglab.targets.local.ha.processes import Processes
+from pglab.targets.local.ha.membership import Membership
+from pglab.targets.local.ha.processes import Patronis
 
 
 @dataclass(frozen=True)
@@ -33,32 +34,29 @@ class Transition:
     seconds: float
 
 
-class Faults(Processes):
+class Faults:
     """The lab's part that breaks it on purpose, and watches it heal."""
 
-    @property
-    def failover_budget(self) -> float:
-        """Upper bound of a failover after the leader node dies: lock expiry (ttl), one HA cycle (loop_wait), one
-        DCS/PostgreSQL operation (retry_timeout) for the election and promotion."""
-        t = self.timings
-        return float(t["ttl"] + t["loop_wait"] + t["retry_timeout"])
+    def __init__(self, lab: Membership, patroni: Patronis):
+        self.lab, self.patroni = lab, patroni
 
     def start_node(self, name: str) -> None:
         """Start a node's Patroni again (after ``kill_primary_node``): it rejoins as a replica (pg_rewind if needed)."""
-        node = self._node(name)
+        node = self.lab._node(name)
         if node.proc is not None and node.proc.poll() is None:
             return
-        self.killed.discard(name)
-        self._start_patroni(node)
+        self.lab.killed.discard(name)
+        self.patroni.start(node)
 
     def switchover(self, candidate: str | None = None, timeout: float = 90) -> Transition:
         """Planned switchover through the leader's REST API; returns once the new leader runs and takes writes."""
         started = time.monotonic()
-        old = self.primary()
+        old = self.lab.primary()
         body: dict[str, Any] = {"leader": old.name}
         if candidate:
             body["candidate"] = candidate
-        status, reply = self._request(f"{self._node(old.name).api_url}/switchover", "POST", body, timeout=timeout)
+        status, reply = self.lab._request(f"{self.lab._node(old.name).api_url}/switchover", "POST", body,
+                                          timeout=timeout)
         if status != 200:
             raise LabError(f"switchover from {old.name} refused ({status}): {reply}")
         return self.wait_new_primary(old.name, max(1.0, timeout - (time.monotonic() - started)), since=started)
@@ -67,23 +65,23 @@ class Faults(Processes):
         """SIGKILL the leader's postmaster only. Its Patroni, still holding the leader lock, sees postgres down
         within ``loop_wait`` and, ``primary_start_timeout`` (300 s) not being over, starts it again in place as
         primary (crash recovery, same timeline): no failover; writes stop for about loop_wait + recovery."""
-        leader = self.primary().name
-        pid = self._node(leader).postmaster_pid()
+        leader = self.lab.primary().name
+        pid = self.lab._node(leader).postmaster_pid()
         if pid is None:
             raise LabError(f"leader {leader} has no running postmaster")
         at = time.monotonic()
         os.kill(pid, signal.SIGKILL)
-        self.log(f"killed postmaster of leader {leader} (pid {pid})")
+        self.lab.log(f"killed postmaster of leader {leader} (pid {pid})")
         return Kill(leader, (pid,), at)
 
     def kill_primary_node(self) -> Kill:
         """SIGKILL the leader's Patroni and its whole PostgreSQL together (the node dies): a real failover once the
         leader lock expires. The node stays down until ``start_node``."""
-        return self.kill_node(self.primary().name)
+        return self.kill_node(self.lab.primary().name)
 
     def kill_node(self, leader: str) -> Kill:
         """SIGKILL a node's Patroni and PostgreSQL together; it stays down until ``start_node``."""
-        node = self._node(leader)
+        node = self.lab._node(leader)
         pids: list[int] = []
         if node.proc is not None and node.proc.poll() is None:
             pids += [node.proc.pid, *procs.descendants(node.proc.pid)]
@@ -91,27 +89,27 @@ class Faults(Processes):
             pids += [pm, *procs.descendants(pm)]  # started by Patroni in its own session, reparented: not below it
         at = time.monotonic()
         procs.freeze_and_kill(pids)
-        self.killed.add(leader)
+        self.lab.killed.add(leader)
         if node.proc is not None:
             node.proc.wait(timeout=10)
         end = time.monotonic() + 10  # return once the node is dead: a killed process takes a moment to exit
         while any(procs.alive(p) for p in pids) and time.monotonic() < end:
             time.sleep(0.01)
-        self.log(f"killed node {leader}: patroni and postgres (pids {', '.join(map(str, pids))})")
+        self.lab.log(f"killed node {leader}: patroni and postgres (pids {', '.join(map(str, pids))})")
         return Kill(leader, tuple(pids), at)
 
     def wait_new_primary(self, old: str, timeout: float | None = None, since: float | None = None) -> Transition:
         """Wait until a node other than ``old`` is the running leader and accepts writes. ``seconds`` counts from
         ``since`` (e.g. a Kill's ``at``), else from the call."""
         start = time.monotonic() if since is None else since
-        deadline = time.monotonic() + (timeout if timeout is not None else 2 * self.failover_budget)
+        deadline = time.monotonic() + (timeout if timeout is not None else 2 * self.lab.failover_budget)
         found: list[tuple[str, int]] = []
 
         def check() -> bool:
-            leaders = [m for m in self.members() if m.role == "leader" and m.state == "running" and m.name != old]
+            leaders = [m for m in self.lab.members() if m.role == "leader" and m.state == "running" and m.name != old]
             if not leaders:
                 return False
-            with self.connect(leaders[0].name) as conn:
+            with self.lab.connect(leaders[0].name) as conn:
                 if conn.execute("SELECT pg_is_in_recovery()").fetchone() != (False,):
                     return False
                 row = conn.execute("SELECT pg_walfile_name(pg_current_wal_lsn())").fetchone()
@@ -119,9 +117,9 @@ class Faults(Processes):
             found[:] = [(leaders[0].name, int(row[0][:8], 16) if row else 0)]
             return True
 
-        self._wait(check, deadline, f"a new leader other than {old}")
+        self.lab._wait(check, deadline, f"a new leader other than {old}")
         seconds = time.monotonic() - start
         new, timeline = found[0]
-        self.log(f"new leader {new} (was {old}, timeline {timeline}) after {seconds:.1f} s")
+        self.lab.log(f"new leader {new} (was {old}, timeline {timeline}) after {seconds:.1f} s")
         return Transition(old, new, timeline, seconds)
 

@@ -44,13 +44,12 @@ that can still reach every member running while etcd itself stalls. ``primary_st
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import secrets
-import tempfile
+import signal
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import IO, Any
 
@@ -60,68 +59,44 @@ from psycopg.conninfo import make_conninfo
 from pglab.errors import LabError, UserError
 from pglab.plan.schema import LocalTarget
 from pglab.targets.base import Endpoint, Endpoints
-from pglab.targets.local import cgroups, leftovers, procs, registry
-from pglab.targets.local.cluster import DBNAME, SUPERUSER
+from pglab.targets.local import leftovers, procs, registry
 from pglab.targets.local.ha import config, restore
-from pglab.targets.local.ha.config import NAMESPACE, TIMINGS, check_timings
+from pglab.targets.local.ha.config import TIMINGS, check_timings
 from pglab.targets.local.ha.faults import Faults
-from pglab.targets.local.ha.membership import OPENER
-from pglab.targets.local.ha.node import HOST, HANode, Log, Proc
-from pglab.targets.local.ha.processes import Adopted, find_etcd, find_patroni, free_ports
+from pglab.targets.local.ha.membership import Membership
+from pglab.targets.local.ha.node import HOST, HANode, Log
+from pglab.targets.local.ha.processes import Adopted, Etcd, Patronis, find_etcd, find_patroni, free_ports
 from pglab.targets.local.ha.settings import Settings
-from pglab.targets.local.postgres_bin import ServerUser, find_bindir, resolve_server_user
+from pglab.targets.local.pgconf import DBNAME, SUPERUSER
 from pglab.targets.local.removal import remove_tree
 from pglab.targets.local.toxiproxy import ToxiproxyServer, find_toxiproxy
 
 
-class HALab(Faults, Settings):
+class HALab(Membership):
     """Patroni + etcd on this host, from a ``target.local`` spec. ``start()``, then faults, then ``teardown()``.
 
-    Composed of its parts: membership (REST API reads), processes (etcd and Patroni), faults, settings; what is
-    left here builds the lab, attaches to one, adds and removes nodes, and tears it down."""
-
-    MEMBER = "node"  # a node's cgroup holds its Patroni and all Patroni starts, as a pod's holds its manager
+    Composed, as Patroni's ``Postgresql`` composes its handlers: on its core (the state and the cluster's
+    membership, membership.py) it holds its parts, each given only what it needs, and callers talk to them:
+    ``dcs`` (etcd), ``patroni`` (the Patroni processes), ``faults``, ``settings``. What is left here builds the
+    lab, attaches to one, adds and removes nodes, and stops it."""
 
     def __init__(self, spec: LocalTarget, base_dir: Path, log: Log = lambda _m: None,
                  timings: dict[str, int] | None = None):
-        self.spec = spec
-        self.base_dir = base_dir
-        self.log = log
         self.timings = {**TIMINGS, **(timings or {})}
         check_timings(self.timings)
-        self.bindir = find_bindir(spec.bindir)
-        self.etcd_bin = find_etcd()
-        self.patroni_bin = find_patroni()
+        super().__init__(spec, base_dir, log)
+        self.dcs = Etcd(self, find_etcd())
+        self.patroni = Patronis(self, find_patroni())
+        self.faults = Faults(self, self.patroni)
+        self.settings = Settings(self)
         self.toxiproxy_bin = find_toxiproxy() if spec.network is not None else None
-        self.server_user: ServerUser | None = resolve_server_user(spec.run_as)
-        self.lab_dir: Path | None = None
-        self.nodes: list[HANode] = []
         self.parameters: dict[str, Any] = {}
-        self.etcd_proc: Proc | None = None
         self.restore_from: Path | None = None  # a base backup the first node starts from instead of initdb
         self.restored_system_id: int | None = None
-        self.etcd_port = 0
-        self.etcd_peer_port = 0
         self.killed: set[str] = set()  # nodes whose Patroni was killed (not restarted)
-        self._created_dirs: list[Path] = []
         self._logs: list[IO[bytes]] = []
         self._rest_auth = ""
         self.build_seconds: float | None = None
-        self.groups: dict[str, cgroups.Group] = {}  # per node, when the plan gives resources or a CPU axis
-        self.client_group: cgroups.Group | None = None
-        self.limits_problem: str | None = None  # why limits are not applied (limits: best-effort)
-        self.cpus: float | None = spec.resources.cpus if spec.resources else None
-        self._events: list[tuple[float, str, str]] = []
-        self.toxiproxy: ToxiproxyServer | None = None  # when the plan shapes the replication links
-        self.proxy_ports: dict[str, int] = {}  # node -> the port of the proxy in front of its postgres
-
-    # ---------------------------------------------------------------- helpers
-    def _write_private(self, path: Path, text: str, server: bool) -> None:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        if server:
-            self._chown(path)
 
     # ---------------------------------------------------------------- replication links (Toxiproxy)
     def _start_proxies(self) -> None:
@@ -139,67 +114,29 @@ class HALab(Faults, Settings):
 
     # ---------------------------------------------------------------- build
     def _prepare_dirs(self) -> None:
-        spec = self.spec
-        if spec.paths.lab:
-            lab = self._abs(spec.paths.lab)
-            if lab.exists() and any(lab.iterdir()):
-                raise UserError(f"target.local.paths.lab: '{lab}' is not empty; give an empty or new directory.")
-            lab.mkdir(parents=True, exist_ok=True)
-        else:
-            lab = Path(tempfile.mkdtemp(prefix="pglab-ha-"))
-        self._created_dirs.append(lab)
-        self.lab_dir = lab
-        os.chmod(lab, 0o711)  # the server user must traverse it, nobody needs to list it
-        (lab / "secrets").mkdir(mode=0o700)
-        self._mkdir_server(lab / "server")
-        self._mkdir_server(lab / "etcd")
-        self._mkdir_server(lab / "sock", 0o755)
-        self._mkdir_server(lab / "logs", 0o755)
-        data_base = self._abs(spec.paths.data) if spec.paths.data else lab
-        wal_base = self._abs(spec.paths.wal) if spec.paths.wal else lab
-        for field, base in (("lab", lab), ("data", data_base), ("wal", wal_base)):
-            try:
-                base.mkdir(parents=True, exist_ok=True)
-            except OSError as exc:
-                raise UserError(f"target.local.paths.{field}: cannot create '{base}' ({exc.strerror}).") from None
-            self._check_traversable(base, f"target.local.paths.{field}")
-        ports = free_ports(2 * spec.instances + 2)
-        self.etcd_port, self.etcd_peer_port = ports[-2:]
+        lab, data_base, wal_base = self._make_lab_dir("pglab-ha-", "etcd")
+        ports = free_ports(2 * self.spec.instances + 2)
+        self.dcs.port, self.dcs.peer_port = ports[-2:]
         self.nodes = []
-        for i in range(spec.instances):
+        for i in range(self.spec.instances):
             name = f"n{i}"
             data, wal = data_base / name / "data", wal_base / name / "wal"
-            for d in (data, wal):
-                if d.exists():
-                    raise UserError(f"'{d}' already exists; remove it or choose other target.local.paths.")
-            for d in dict.fromkeys((lab / name, data.parent, wal.parent)):
-                if not d.exists():
-                    self._mkdir_server(d)
-                    self._created_dirs.append(d)
+            self._make_node_dirs(data, wal, lab / name)
             self.nodes.append(HANode(name, data, wal, ports[2 * i], ports[2 * i + 1], lab / name / "patroni.yml",
                                      lab / "logs" / f"patroni-{name}.log", lab / "logs" / f"{name}.log"))
 
-    def _write_state(self) -> None:
-        if not self.lab_dir:
-            return
-        state = {
+    def _state(self) -> dict[str, Any]:
+        return {
             "kind": "ha",
-            "pglab_pid": os.getpid(),
-            "created": time.time(),
             "scope": self.name,
             # what HALab.attach needs to act on the lab from another pglab process
             "spec": self.spec.model_dump(mode="json"), "base_dir": str(self.base_dir),
-            "parameters": self.parameters, "timings": self.timings,
-            "etcd": {"client_port": self.etcd_port, "peer_port": self.etcd_peer_port,
-                     "pid": self.etcd_proc.pid if self.etcd_proc else None},
+            "parameters": self.parameters, "timings": self.timings, "etcd": self.dcs.state(),
             "nodes": [{"name": n.name, "data": str(n.data), "wal": str(n.wal), "port": n.port,
                        "rest_port": n.rest_port, "config": str(n.config),
                        "patroni_pid": n.proc.pid if n.proc else None, "pid": n.postmaster_pid()}
                       for n in self.nodes],
         }
-        tmp = self.lab_dir / "lab.json.tmp"
-        tmp.write_text(json.dumps(state, indent=1))
-        tmp.replace(self.lab_dir / "lab.json")
 
     def _dcs_config(self, parameters: dict[str, Any]) -> dict[str, Any]:
         return config.dcs_config(self.timings, self.spec.synchronous, len(self.nodes), parameters)
@@ -207,7 +144,7 @@ class HALab(Faults, Settings):
     def _patroni_config(self, node: HANode, passwords: dict[str, str], parameters: dict[str, Any]) -> dict[str, Any]:
         assert self.lab_dir is not None
         return config.patroni_config(
-            node, scope=self.name, lab_dir=self.lab_dir, etcd_port=self.etcd_port, bindir=self.bindir,
+            node, scope=self.name, lab_dir=self.lab_dir, etcd_port=self.dcs.port, bindir=self.bindir,
             connect_port=self.proxy_ports.get(node.name, node.port), passwords=passwords,
             dcs=self._dcs_config(parameters), restore=self.restore_from is not None and node is self.nodes[0])
 
@@ -221,7 +158,7 @@ class HALab(Faults, Settings):
             assert self.lab_dir is not None
             registry.register(self.lab_dir, [d for d in self._created_dirs if not d.is_relative_to(self.lab_dir)])
             if parameters:
-                self._normalized(parameters)  # refuse invalid ones before anything runs
+                self.settings.normalized(parameters)  # refuse invalid ones before anything runs
             self.parameters = dict(parameters or {})
             passwords = {k: secrets.token_urlsafe(24) for k in ("superuser", "replication", "rest")}
             self._rest_auth = "Basic " + base64.b64encode(f"{SUPERUSER}:{passwords['rest']}".encode()).decode()
@@ -232,21 +169,21 @@ class HALab(Faults, Settings):
             self._make_groups()
             self._write_state()
             self._start_proxies()  # before the configurations: each names its node's proxy
-            self._start_etcd(deadline)  # first: its port, if it had to move, goes into every patroni.yml
+            self.dcs.start(deadline)  # first: its port, if it had to move, goes into every patroni.yml
             for node in self.nodes:
                 cfg = self._patroni_config(node, passwords, self.parameters)
                 self._write_private(node.config, yaml.safe_dump(cfg, sort_keys=False), server=True)
             first = self.nodes[0]
             how = f"restore of {self.restore_from}" if self.restore_from is not None else "initdb"
             self.log(f"patroni {first.name}: bootstrap ({how}, data {first.data}, WAL {first.wal})")
-            self._start_patroni(first)
+            self.patroni.start(first)
             self._wait(lambda: self._leader_running(first.name), deadline, f"{first.name} to bootstrap as leader")
             with self.connect(first.name, dbname="postgres") as conn:  # a restored backup may hold it already
                 if conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [DBNAME]).fetchone() is None:
                     conn.execute(f"CREATE DATABASE {DBNAME}")
             for node in self.nodes[1:]:
                 self.log(f"patroni {node.name}: replica (pg_basebackup from {first.name})")
-                self._start_patroni(node)
+                self.patroni.start(node)
             self.wait_ready(max(1.0, deadline - time.monotonic()))
             self._shape_links()  # once every replica streams: the clones copy at loopback speed
         except BaseException:
@@ -279,9 +216,9 @@ class HALab(Faults, Settings):
         lab._created_dirs = [lab_dir]
         lab._rest_auth = (lab_dir / "secrets" / "rest-auth").read_text().strip()
         etcd = state["etcd"]
-        lab.etcd_port, lab.etcd_peer_port = int(etcd["client_port"]), int(etcd["peer_port"])
+        lab.dcs.port, lab.dcs.peer_port = int(etcd["client_port"]), int(etcd["peer_port"])
         if etcd.get("pid"):
-            lab.etcd_proc = Adopted(int(etcd["pid"]), str(lab_dir / "etcd"))
+            lab.dcs.proc = Adopted(int(etcd["pid"]), str(lab_dir / "etcd"))
         for n in state["nodes"]:
             name = str(n["name"])
             node = HANode(name, Path(n["data"]), Path(n["wal"]), int(n["port"]), int(n["rest_port"]),
@@ -308,13 +245,7 @@ class HALab(Faults, Settings):
         name = next(f"n{i}" for i in range(len(taken) + 1) if f"n{i}" not in taken)
         ref = self.nodes[0]
         data, wal = ref.data.parent.parent / name / "data", ref.wal.parent.parent / name / "wal"
-        for d in (data, wal):
-            if d.exists():
-                raise UserError(f"'{d}' already exists; remove it before adding node {name}.")
-        for d in dict.fromkeys((self.lab_dir / name, data.parent, wal.parent)):
-            if not d.exists():
-                self._mkdir_server(d)
-                self._created_dirs.append(d)
+        self._make_node_dirs(data, wal, self.lab_dir / name)
         port, rest_port = free_ports(2)
         node = HANode(name, data, wal, port, rest_port, self.lab_dir / name / "patroni.yml",
                       self.lab_dir / "logs" / f"patroni-{name}.log", self.lab_dir / "logs" / f"{name}.log")
@@ -327,7 +258,7 @@ class HALab(Faults, Settings):
         self._write_private(node.config, yaml.safe_dump(cfg, sort_keys=False), server=True)
         self.nodes.append(node)
         self.log(f"patroni {name}: replica (pg_basebackup from the leader)")
-        self._start_patroni(node)
+        self.patroni.start(node)
         self.wait_ready(timeout)
         return node
 
@@ -339,22 +270,14 @@ class HALab(Faults, Settings):
         if self.primary().name == name:
             raise UserError(f"{name} is the leader; switch over first or remove a replica.")
         if node.proc is not None and node.proc.poll() is None:
-            self._stop_patronis([node], timeout)
+            self.patroni.stop([node], timeout)
         pid = node.postmaster_pid()
         if pid is not None:  # Patroni was gone, or did not stop it in time
             procs.stop_postmaster(pid)
-        key = f"/{NAMESPACE.strip('/')}/{self.name}/members/{name}"
-        req = urllib.request.Request(f"http://{HOST}:{self.etcd_port}/v3/kv/deleterange", method="POST",
-                                     data=json.dumps({"key": base64.b64encode(key.encode()).decode()}).encode(),
-                                     headers={"Content-Type": "application/json"})  # no REST API credentials
-        try:
-            with OPENER.open(req, timeout=10) as resp:
-                resp.read()
-        except (OSError, urllib.error.HTTPError) as exc:
-            raise LabError(f"etcd refused to delete {key}: {exc}") from None
+        self.dcs.forget(name)
         self.nodes.remove(node)
         self.killed.discard(name)
-        self._drop_member_slot(name)
+        self.settings.drop_member_slot(name)
         if self.toxiproxy is not None and self.proxy_ports.pop(name, None) is not None:
             self.toxiproxy.delete_proxy(name)
         if (group := self.groups.pop(name, None)) is not None:
@@ -364,26 +287,6 @@ class HALab(Faults, Settings):
                 remove_tree(d)
         self._write_state()
         self.log(f"node {name} removed")
-
-    def _drop_member_slot(self, name: str, timeout: float = 20) -> None:
-        """Patroni 4 keeps a departed member's slot on the leader for member_slots_ttl (30 min), holding WAL for
-        it: set it to 0 until the leader drops the slot, then put the previous value back."""
-        leader = self.primary().name
-        url = f"{self._node(leader).api_url}/config"
-        status, config = self._request(url)
-        previous = config.get("member_slots_ttl") if status == 200 and isinstance(config, dict) else None
-        status, reply = self._request(url, "PATCH", {"member_slots_ttl": 0})
-        if status != 200:
-            raise LabError(f"PATCH /config refused ({status}): {reply}")
-        try:
-            def dropped() -> bool:
-                with self.connect(leader) as conn:
-                    return conn.execute("SELECT 1 FROM pg_replication_slots WHERE slot_name = %s",
-                                        [name]).fetchone() is None
-
-            self._wait(dropped, time.monotonic() + timeout, f"the leader to drop the replication slot of {name}")
-        finally:
-            self._request(url, "PATCH", {"member_slots_ttl": previous})
 
     def _stage_restore(self, backup: Path) -> None:
         assert self.lab_dir is not None
@@ -403,8 +306,7 @@ class HALab(Faults, Settings):
 
     def endpoints(self) -> Endpoints:
         """The current leader as primary and the other live nodes as standbys (unix sockets)."""
-        assert self.lab_dir is not None
-        leader, sock = self.primary().name, str(self.lab_dir / "sock")
+        leader, sock = self.primary().name, str(self.sock_dir)
 
         def ep(n: HANode, role: str) -> Endpoint:
             return Endpoint(n.name, role, sock, n.port, SUPERUSER, DBNAME, self.client_passfile)
@@ -421,18 +323,57 @@ class HALab(Faults, Settings):
             paths[n.name] = n.pg_log
         return {k: p for k, p in paths.items() if p.is_file()}
 
-    # ---------------------------------------------------------------- teardown
-    def teardown(self, keep: bool = False) -> None:
-        """Stop everything and remove what the lab created (``keep``: leave it running, marked kept)."""
-        if keep:
-            if self.lab_dir:
-                registry.mark_kept(self.lab_dir)
-                self.log(f"HA lab kept running in {self.lab_dir} (remove it with: pglab lab clean {self.lab_dir})")
-                for line in self.connect_lines():
-                    self.log(line)
-            return
+    # ---------------------------------------------------------------- stopping
+    def _roll(self, timeout: float) -> None:
+        self.settings.rolling_restart(timeout)
+
+    def _stop_all(self) -> None:
         self.stop(graceful=False)  # its files go next: a clean shutdown would only cost seconds
-        self._remove_what_was_made()  # every process of the lab is gone now
+
+    def stop(self, graceful: bool = True, timeout: float = 30) -> None:
+        """Stop every Patroni, every PostgreSQL, then etcd; whatever still runs from the lab after that is killed.
+
+        ``graceful``: SIGTERM each Patroni, which stops its postgres cleanly (replicas first, so none takes over
+        from a leader being stopped; a synchronous standby waits to be released by the primary: seconds each).
+        Otherwise every Patroni gets SIGKILL and each postmaster an immediate shutdown (SIGQUIT), for a lab about
+        to be removed. Idempotent."""
+        if graceful:
+            try:
+                leader: str | None = self.primary().name
+            except LabError:
+                leader = None
+            for group in ([n for n in self.nodes if n.name != leader], [n for n in self.nodes if n.name == leader]):
+                self.patroni.stop(group, timeout)
+        else:
+            self.patroni.kill()
+        for node in self.nodes:  # a postgres whose Patroni is gone would otherwise run on
+            pid = node.postmaster_pid()
+            if pid is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGQUIT)  # immediate shutdown: the postmaster takes its children down
+        for node in self.nodes:
+            if (pid := node.postmaster_pid()) is not None:
+                procs.stop_postmaster(pid, signalled=True)  # all were signalled at once above
+        self.dcs.stop()
+        if self.toxiproxy is not None:
+            self.toxiproxy.stop()
+        if self.lab_dir is not None:
+            leftovers.sweep([self.lab_dir, *[d for d in self._created_dirs if not d.is_relative_to(self.lab_dir)]])
+        for f in self._logs:
+            f.close()
+        self._logs.clear()
+
+    def pids(self) -> dict[str, int]:
+        """Every lab daemon now running: etcd, each Patroni, each postmaster."""
+        out: dict[str, int] = {}
+        if self.dcs.proc is not None and self.dcs.proc.poll() is None:
+            out["etcd"] = self.dcs.proc.pid
+        for n in self.nodes:
+            if n.proc is not None and n.proc.poll() is None:
+                out[f"patroni-{n.name}"] = n.proc.pid
+            if (p := n.postmaster_pid()) is not None:
+                out[f"postgres-{n.name}"] = p
+        return out
 
 
 def clean_ha_lab(lab_dir: Path, unregister_entry: bool = True) -> list[str]:

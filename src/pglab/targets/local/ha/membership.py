@@ -1,24 +1,29 @@
-"""Who the lab's members are, as Patroni's REST API tells (``GET /cluster``) and the leader's own view confirms:
-members, the leader, and waiting for a leader and streaming (synchronous) standbys."""
+"""The core of the Patroni lab, which every part of it reads through: the lab's state (set by ``HALab``), and who
+its members are, as Patroni's REST API tells (``GET /cluster``) and the leader's own view confirms: members, the
+leader, and waiting for a leader and streaming (synchronous) standbys."""
 
 from __future__ import annotations
 
 import contextlib
 import json
+import os
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from pathlib import Path
+from typing import IO, Any
 
 import psycopg
 
 from pglab import interrupts
 from pglab.errors import LabError
-from pglab.targets.local.cluster import DBNAME, SUPERUSER
-from pglab.targets.local.ha.node import HAParts
+from pglab.targets.local.ha.node import HANode
+from pglab.targets.local.lab_base import LabBase
+from pglab.targets.local.pgconf import DBNAME, SUPERUSER
 
+_PROXY_VARS = ("http_proxy", "https_proxy", "no_proxy", "all_proxy")
 # Direct connections only: a proxy named in http_proxy must never see the lab's loopback API calls.
 OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
@@ -63,8 +68,49 @@ def _member(m: dict[str, Any]) -> Member:
                   port=m.get("port") if isinstance(m.get("port"), int) else None, api_url=str(m.get("api_url", "")))
 
 
-class Membership(HAParts):
-    """The lab's part that reads the cluster: through any live node's REST API, and the leader's connections."""
+class Membership(LabBase[HANode]):
+    """The state every part of the lab shares (``HALab`` sets it), and the cluster read through any live node's REST
+    API and the leader's connections. The parts (etcd, Patroni, faults, settings) are given this core, not the lab."""
+
+    MEMBER = "node"  # a node's cgroup holds its Patroni and all Patroni starts, as a pod's holds its manager
+    KIND = "HA lab"
+    timings: dict[str, int]
+    parameters: dict[str, Any]
+    killed: set[str]  # nodes whose Patroni was killed (not restarted)
+    _rest_auth: str
+    _logs: list[IO[bytes]]  # the daemons' log files, open while they run
+
+    @property
+    def name(self) -> str:
+        assert self.lab_dir is not None
+        return self.lab_dir.name
+
+    @property
+    def failover_budget(self) -> float:
+        """Upper bound of a failover after the leader node dies: lock expiry (ttl), one HA cycle (loop_wait), one
+        DCS/PostgreSQL operation (retry_timeout) for the election and promotion."""
+        t = self.timings
+        return float(t["ttl"] + t["loop_wait"] + t["retry_timeout"])
+
+    def _env(self) -> dict[str, str]:
+        assert self.lab_dir is not None
+        drop = ("PG", "PATRONI_", "ETCD_", "ETCDCTL_")
+        env = {k: v for k, v in os.environ.items() if not k.startswith(drop) and k.lower() not in _PROXY_VARS}
+        env.update(LC_ALL="C", LANG="C", HOME=str(self.lab_dir), TMPDIR=str(self.lab_dir / "server"))
+        return env
+
+    def _node(self, name: str) -> HANode:
+        for n in self.nodes:
+            if n.name == name:
+                return n
+        raise KeyError(name)
+
+    def _tail(self, path: Path, lines: int = 3) -> str:
+        try:
+            text = path.read_text(errors="replace").strip().splitlines()
+        except OSError:
+            return "(no log)"
+        return " / ".join(text[-lines:])
 
     def _request(self, url: str, method: str = "GET", body: Any = None, timeout: float = 5) -> tuple[int, Any]:
         return request(url, method, body, timeout, self._rest_auth)
@@ -151,7 +197,6 @@ class Membership(HAParts):
 
     def connect(self, name: str, dbname: str = DBNAME, **kwargs: Any) -> psycopg.Connection[Any]:
         """Control connection to one node, through its unix socket."""
-        assert self.lab_dir is not None
-        return psycopg.connect(host=str(self.lab_dir / "sock"), port=self._node(name).port, user=SUPERUSER,
+        return psycopg.connect(host=str(self.sock_dir), port=self._node(name).port, user=SUPERUSER,
                                dbname=dbname, passfile=str(self.client_passfile), autocommit=True,
                                connect_timeout=5, application_name="pglab-control", **kwargs)
