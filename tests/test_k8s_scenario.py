@@ -241,8 +241,8 @@ def test_render_writes_the_witness_job_beside_each_failover_run(tmp_path: Path) 
     ("{kind: failover, kill: postgres}",
      "matrix.scenario[0].kill: on Kubernetes a failover deletes the primary pod (kill: node); kill: postgres is not "
      "available there"),
-    ("{kind: backup}", "matrix.scenario[0].kind: the backup scenario runs on the local lab only (a CloudNativePG "
-     "backup needs an object store or volume snapshots pglab does not set up); remove it from this Kubernetes plan"),
+    ("{kind: backup}", "matrix.scenario[0].kind: a backup on Kubernetes needs target.kubernetes.wal_archive (the "
+     "object store the Barman Cloud plugin archives WAL and writes the base backup to)"),
     ("{kind: standby-loss, down: 1s}", "matrix.scenario[0].kind: a standby-loss needs a standby: raise "
      "target.kubernetes.instances"),
     ("{kind: node-loss}", "matrix.scenario[0].kind: a node-loss needs target.kubernetes.node_fault: the commands "

@@ -534,8 +534,9 @@ class KubernetesDriver:
         fault, back = injector.fault_time, injector.recovered_time
         assert fault is not None and back is not None
         out: dict[str, float | None] = {"fault_at_s": fault - window[0], "recovered_s": back - fault}
-        if injector.kind != "standby-loss":
+        if injector.kind not in ("standby-loss", "backup"):
             out["leader_changed"] = 1.0 if injector.new != injector.old else 0.0
+        out.update(injector.backup_figures())  # a backup's duration and the WAL it spans
         out.update(phase_metrics(sorted(f for f in run_dir.iterdir() if TXN_LOG.match(f.name)),
                                  self.plan.run.sampling_rate,
                                  [("before", window[0], fault), ("during", fault, back), ("after", back, window[1])]))

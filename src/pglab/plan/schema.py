@@ -524,6 +524,46 @@ class NodeFault(Strict):
     timeout: Seconds = Field(120.0, description="seconds each command may take")
 
 
+class S3Store(Strict):
+    """An S3-compatible bucket for the ObjectStore pglab creates (CloudNativePG's BarmanObjectStoreConfiguration)."""
+
+    endpoint: Annotated[str, _text(2048)] | None = Field(None, description="endpointURL (default: AWS S3), e.g. "
+                                                           "http://minio.objectstore.svc:9000 for the lab's")
+    destination: Annotated[str, _text(2048, pattern=re.compile(r"s3://[^/\s]+(/[^\s]*)?"),
+                                      what="an s3://bucket/path URL")] = Field(
+        description="destinationPath, s3://bucket/path: an empty path (barman refuses to archive over another "
+        "server's WAL)")
+    credentials: Annotated[str, _text(253, pattern=re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?/[a-z0-9]([-.a-z0-9]*"
+                                                              r"[a-z0-9])?"), what="namespace/name")] = Field(
+        description="the Secret (namespace/name) holding ACCESS_KEY_ID and ACCESS_SECRET_KEY; pglab copies it into "
+        "its namespace (on the lab: objectstore/minio-credentials)")
+    compression: Literal["gzip", "bzip2", "snappy"] | None = Field(None, description="WAL and data compression")
+    max_parallel: Annotated[int, _int_between(1, 32)] = Field(1, description="wal.maxParallel: segments archived "
+                                                              "at once")
+    jobs: Annotated[int, _int_between(1, 32)] | None = Field(None, description="data.jobs: files uploaded at once "
+                                                             "by a base backup")
+    immediate_checkpoint: bool = Field(True, description="data.immediateCheckpoint: the base backup starts with a "
+                                       "fast checkpoint, as pg_basebackup -c fast (else a spread one: up to "
+                                       "checkpoint_completion_target x checkpoint_timeout under load)")
+
+
+class WalArchive(Strict):
+    """Continuous WAL archiving through CloudNativePG's Barman Cloud plugin (``isWALArchiver``), to an ObjectStore;
+    the backup scenario's base backup goes there too."""
+
+    object_store: DnsLabel | None = Field(None, description="an ObjectStore (barmancloud.cnpg.io) already in the "
+                                          "namespace; without it pglab creates one from s3")
+    s3: S3Store | None = Field(None, description="the bucket of the ObjectStore pglab creates (and deletes at the "
+                               "end), named <cluster_name>-store")
+
+    @model_validator(mode="after")
+    def _one_store(self) -> WalArchive:
+        if (self.object_store is None) == (self.s3 is None):
+            raise PydanticCustomError("wal_archive", "give object_store (an ObjectStore in the namespace) or s3 (pglab "
+                                      "creates one), exactly one", {"at": "object_store"})
+        return self
+
+
 class KubernetesTarget(Strict):
     """A CloudNativePG ``Cluster`` pglab creates in a namespace, with pgbench and fio as Jobs on client nodes."""
 
@@ -547,6 +587,8 @@ class KubernetesTarget(Strict):
                                                 "run's window) instead of pglab's own samplers and exporter reads")
     node_fault: NodeFault | None = Field(None, description="commands that stop and start a node, for the node-loss "
                                          "scenario")
+    wal_archive: WalArchive | None = Field(None, description="archive WAL continuously to an object store through "
+                                           "the Barman Cloud plugin (the backup scenario needs it)")
 
     @model_validator(mode="after")
     def _one_disk_source(self) -> KubernetesTarget:
@@ -1128,11 +1170,13 @@ class Plan(Strict):
             at = f"matrix.scenario.{i}"
             k8s = self.target.kubernetes
             if k8s is not None:  # pglab asks CloudNativePG (or deletes the primary pod); the operator does the rest
-                if sc.kind == "backup":
-                    raise PydanticCustomError("scenario", "the backup scenario runs on the local lab only (a "
-                                              "CloudNativePG backup needs an object store or volume snapshots "
-                                              "pglab does not set up); remove it from this Kubernetes plan",
-                                              {"at": f"{at}.kind"})
+                if sc.kind == "backup" and k8s.wal_archive is None:
+                    raise PydanticCustomError("scenario", "a backup on Kubernetes needs target.kubernetes.wal_archive "
+                                              "(the object store the Barman Cloud plugin archives WAL and writes "
+                                              "the base backup to)", {"at": f"{at}.kind"})
+                if sc.kind == "backup" and sc.max_rate is not None:
+                    raise PydanticCustomError("scenario", "max_rate is pg_basebackup's: the Barman Cloud plugin's "
+                                              "backup has no rate limit; remove it", {"at": f"{at}.max_rate"})
                 if sc.kind == "node-loss" and k8s.node_fault is None:
                     raise PydanticCustomError("scenario", "a node-loss needs target.kubernetes.node_fault: the "
                                               "commands that stop and start a node (Kubernetes cannot power a "
@@ -1140,7 +1184,7 @@ class Plan(Strict):
                 if sc.kind == "failover" and sc.kill != "node":
                     raise PydanticCustomError("scenario", "on Kubernetes a failover deletes the primary pod (kill: "
                                               "node); kill: postgres is not available there", {"at": f"{at}.kill"})
-                if k8s.instances < 2:
+                if k8s.instances < 2 and sc.kind != "backup":
                     raise PydanticCustomError("scenario", "a {kind} needs a standby: raise "
                                               "target.kubernetes.instances", {"kind": sc.kind, "at": f"{at}.kind"})
             elif sc.kind in ("node-loss", "node-drain"):

@@ -215,6 +215,51 @@ def standbys_behind(values: dict[Key, float], standbys: set[str]) -> list[str]:
     return out
 
 
+# the WAL archiver (pg_stat_archiver, and the collector's pg_wal and archive_status counts), over the whole run
+_ARCHIVED, _FAILED = "cnpg_pg_stat_archiver_archived_count", "cnpg_pg_stat_archiver_failed_count"
+_PG_WAL, _ARCHIVE_STATUS = "cnpg_collector_pg_wal", "cnpg_collector_pg_wal_archive_status"
+WAL_SEGMENT = 16 * MIB  # PostgreSQL's default wal_segment_size (CloudNativePG's too)
+
+
+def _one(values: dict[Key, float], metric: str, **labels: str) -> float | None:
+    value = values.get((metric, frozenset(labels.items())))
+    return value if value is not None and math.isfinite(value) else None
+
+
+def archiver(scrapes: list[Scrape], primary: str) -> tuple[dict[str, float], list[tuple[float, str, str, float]]]:
+    """The WAL archiver over the run (the primary's first and last scrape, the one after the Job included: archiving
+    lags the load): segments archived and failed attempts (pg_stat_archiver), WAL written in segments (the
+    collector's wal_bytes), pg_wal's growth and the most segments waiting to be archived (archive_status .ready)
+    at any scrape; per scrape, the ready segments and pg_wal's size as series. Nothing when archiving is off."""
+    mine = [s for s in scrapes if s.pod == primary and s.text is not None and _ARCHIVED in {k[0] for k in s.values}]
+    series: list[tuple[float, str, str, float]] = []
+    ready: list[float] = []
+    for s in mine:
+        if (r := _one(s.values, _ARCHIVE_STATUS, value="ready")) is not None:
+            ready.append(r)
+            series.append((s.ts, "archiver", "ready_segments", r))
+        if (size := _one(s.values, _PG_WAL, value="size")) is not None:
+            series.append((s.ts, "archiver", "pg_wal_mb", size / MIB))
+    if len(mine) < 2 or mine[-1].ts <= mine[0].ts:
+        return {}, series
+    first, last = mine[0], mine[-1]
+    out: dict[str, float] = {}
+    for name, metric in (("archived_wal_segments", _ARCHIVED), ("archive_failed", _FAILED)):
+        a, b = _one(first.values, metric), _one(last.values, metric)
+        if a is not None and b is not None and b >= a:
+            out[name] = b - a
+    d = deltas(first, last, "")
+    if "wal_bytes" in d:
+        out["wal_segments_written"] = d["wal_bytes"] / WAL_SEGMENT
+    a, b = _one(first.values, _PG_WAL, value="size"), _one(last.values, _PG_WAL, value="size")
+    if a is not None and b is not None:
+        out["pg_wal_growth_mb"] = (b - a) / MIB
+    if ready:
+        out["archive_ready_max"] = max(ready)
+    out["archiver_span_s"] = last.ts - first.ts
+    return out, series
+
+
 @dataclass
 class RunFigures:
     """A run's PostgreSQL figures from the exporter, its series, and which scrapes they came from."""
@@ -275,4 +320,7 @@ def summarize(scrapes: list[Scrape], primary: str, window: tuple[float, float], 
         for standby, lags in sorted(per_standby.items()):
             if local in lags:
                 metrics[f"repl.{standby}.{key}"] = lags[local]
+    archived, archive_series = archiver(scrapes, primary)
+    metrics.update(archived)
+    series += archive_series
     return RunFigures(metrics, series, info)

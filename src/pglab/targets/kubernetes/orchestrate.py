@@ -23,9 +23,20 @@ from kubernetes.client.rest import ApiException
 
 from pglab import interrupts
 from pglab.plan.schema import Plan
-from pglab.targets.kubernetes.render import BEGIN_MARK, DISK_SAMPLER, END_MARK, LOAD_DIR, Manifest, render, target_of
+from pglab.targets.kubernetes.render import (
+    BEGIN_MARK,
+    COPY_FROM,
+    DISK_SAMPLER,
+    END_MARK,
+    LOAD_DIR,
+    Manifest,
+    render,
+    target_of,
+)
 
 CNPG = ("postgresql.cnpg.io", "v1", "clusters")
+CUSTOM = {"Cluster": CNPG, "Backup": ("postgresql.cnpg.io", "v1", "backups"),
+          "ObjectStore": ("barmancloud.cnpg.io", "v1", "objectstores")}  # the custom kinds pglab creates
 HEALTHY = "Cluster in healthy state"
 SCRAPE_TIMEOUT = (3.0, 5.0)  # connect, read: a pod port the API server cannot reach is a gap, not a stall
 POD_LOOK_S = 10.0  # how often a running Job's pod is looked at for a reason it cannot start
@@ -146,13 +157,28 @@ class Orchestrator:
                 self.created.append(m)
             return  # else an existing namespace is used, and left in place
         try:
-            if kind == "Cluster":
-                self.custom.create_namespaced_custom_object(*CNPG[:2], self.ns, CNPG[2], body)
+            if kind in CUSTOM:
+                group, version, plural = CUSTOM[kind]
+                self.custom.create_namespaced_custom_object(group, version, self.ns, plural, body)
+            elif kind == "Secret" and COPY_FROM in (body["metadata"].get("annotations") or {}):
+                self.core.create_namespaced_secret(self.ns, self._copied_secret(body))
             else:
                 getattr(self._api(kind), f"create_namespaced_{_snake(kind)}")(self.ns, body)
         except ApiException as exc:
             raise K8sError(f"creating {kind}/{m.name} in {self.ns}: {_reason(exc)}") from None
         self.created.append(m)
+
+    def _copied_secret(self, body: dict[str, Any]) -> dict[str, Any]:
+        """A Secret whose data pglab copies from the namespace/name its annotation names (the object store's
+        credentials: an ObjectStore reads its Secrets in its own namespace only)."""
+        source = body["metadata"]["annotations"][COPY_FROM]
+        ns, name = source.split("/", 1)
+        try:
+            found = self.core.read_namespaced_secret(name, ns)
+        except ApiException as exc:
+            raise K8sError(f"reading Secret/{name} in {ns} (target.kubernetes.wal_archive.s3.credentials) to copy "
+                           f"it: {_reason(exc)}") from None
+        return {**body, "data": dict(found.data or {})}
 
     def _create_namespace(self, m: Manifest) -> bool:
         """True when pglab created the namespace (it deletes it at the end), False when one was there to use.
@@ -199,6 +225,9 @@ class Orchestrator:
             elif kind == "Cluster":
                 self.custom.delete_namespaced_custom_object(*CNPG[:2], self.ns, CNPG[2], name)
                 self._kill_instances(name)
+            elif kind in CUSTOM:
+                group, version, plural = CUSTOM[kind]
+                self.custom.delete_namespaced_custom_object(group, version, self.ns, plural, name)
             else:
                 getattr(self._api(kind), f"delete_namespaced_{_snake(kind)}")(
                     name, self.ns, propagation_policy="Background")  # a Job's pods go with it
@@ -277,6 +306,15 @@ class Orchestrator:
     def is_healthy(self, status: dict[str, Any]) -> bool:
         """The operator reports the Cluster healthy with every instance ready."""
         return status.get("readyInstances") == self.k8s.instances and status.get("phase") == HEALTHY
+
+    def custom_status(self, kind: str, name: str) -> dict[str, Any]:
+        """The status of one of the custom objects pglab created (a Backup, say)."""
+        group, version, plural = CUSTOM[kind]
+        try:
+            obj = self.custom.get_namespaced_custom_object(group, version, self.ns, plural, name)
+        except ApiException as exc:
+            raise K8sError(f"reading {kind}/{name}: {_reason(exc)}", exc.status) from None
+        return dict(obj.get("status") or {})
 
     def cluster_status(self) -> dict[str, Any]:
         """The operator's status of the Cluster (primary, phase, instances)."""

@@ -25,6 +25,9 @@ from pglab.workloads import fio
 from pglab.workloads.pgbench import init_args, run_args
 
 CNPG_API = "postgresql.cnpg.io/v1"
+BARMAN_API = "barmancloud.cnpg.io/v1"
+BARMAN_PLUGIN = "barman-cloud.cloudnative-pg.io"  # CloudNativePG's Barman Cloud plugin, as it registers itself
+COPY_FROM = "pglab/copy-from"  # a Secret pglab fills, when it creates it, from this namespace/name
 MANAGED_BY = {"app.kubernetes.io/managed-by": "pglab"}
 RESULTS_DIR = "/results"
 SCRIPTS_DIR = "/scripts"
@@ -152,8 +155,95 @@ def cluster(plan: Plan, point: Point | None = None) -> dict[str, Any]:
     }
     if k8s.wal_storage is not None:
         spec["walStorage"] = _storage(k8s.wal_storage)
+    if k8s.wal_archive is not None:  # the plugin archives WAL continuously (and takes the backups) to the store
+        spec["plugins"] = [{"name": BARMAN_PLUGIN, "isWALArchiver": True,
+                            "parameters": {"barmanObjectName": object_store_name(k8s)}}]
     meta = _meta(k8s, k8s.cluster_name, "database", annotations={"pglab/plan": plan.name})
     return {"apiVersion": CNPG_API, "kind": "Cluster", "metadata": meta, "spec": spec}
+
+
+def object_store_name(k8s: KubernetesTarget) -> str:
+    """The ObjectStore the Cluster archives to: the plan's, or the one pglab creates."""
+    assert k8s.wal_archive is not None
+    return k8s.wal_archive.object_store or f"{k8s.cluster_name}-store"
+
+
+def object_store(plan: Plan) -> list[Manifest]:
+    """The ObjectStore pglab creates for ``wal_archive.s3`` and the copy of its credentials' Secret (filled from
+    ``s3.credentials`` when pglab creates it: a rendered copy is empty, fill it before applying); none when the plan
+    names an ObjectStore of its own."""
+    k8s = target_of(plan)
+    if k8s.wal_archive is None or k8s.wal_archive.s3 is None:
+        return []
+    s3, name = k8s.wal_archive.s3, object_store_name(k8s)
+    secret = f"{name}-credentials"
+    copy = {"apiVersion": "v1", "kind": "Secret",
+            "metadata": _meta(k8s, secret, "objectstore", annotations={COPY_FROM: s3.credentials}),
+            "data": {"ACCESS_KEY_ID": "", "ACCESS_SECRET_KEY": ""}}
+    config: dict[str, Any] = {
+        "destinationPath": s3.destination,
+        "s3Credentials": {"accessKeyId": {"name": secret, "key": "ACCESS_KEY_ID"},
+                          "secretAccessKey": {"name": secret, "key": "ACCESS_SECRET_KEY"}},
+        "wal": {"maxParallel": s3.max_parallel}}
+    if s3.endpoint:
+        config["endpointURL"] = s3.endpoint
+    if s3.compression:
+        config["wal"]["compression"] = s3.compression
+        config["data"] = {"compression": s3.compression}
+    if s3.jobs:
+        config.setdefault("data", {})["jobs"] = s3.jobs
+    if s3.immediate_checkpoint:
+        config.setdefault("data", {})["immediateCheckpoint"] = True
+    store = {"apiVersion": BARMAN_API, "kind": "ObjectStore", "metadata": _meta(k8s, name, "objectstore"),
+             "spec": {"configuration": config}}
+    return [Manifest("05-objectstore-credentials.yaml", copy), Manifest("06-objectstore.yaml", store)]
+
+
+def backup(plan: Plan, name: str) -> Manifest:
+    """A base backup of the Cluster through the Barman Cloud plugin (the backup scenario's)."""
+    k8s = target_of(plan)
+    body = {"apiVersion": CNPG_API, "kind": "Backup", "metadata": _meta(k8s, name, "backup"),
+            "spec": {"cluster": {"name": k8s.cluster_name}, "method": "plugin",
+                     "pluginConfiguration": {"name": BARMAN_PLUGIN}}}
+    return Manifest(f"backup-{name}.yaml", body)
+
+
+STORE_MARK = "pglab-store"  # the listing Job's line: "<mark> <backup objects> <bytes> <WAL objects> <bytes>"
+_LIST_STORE = f"""
+import os, boto3
+from urllib.parse import urlparse
+u = urlparse(os.environ["DESTINATION"])
+base = "/".join(p for p in (u.path.strip("/"), os.environ["SERVER"]) if p)
+s3 = boto3.client("s3", endpoint_url=os.environ.get("ENDPOINT") or None)
+def total(prefix):
+    n = b = 0
+    for page in s3.get_paginator("list_objects_v2").paginate(Bucket=u.netloc, Prefix=prefix):
+        for o in page.get("Contents", []):
+            n, b = n + 1, b + o["Size"]
+    return n, b
+print("{STORE_MARK}", *total(base + "/base/" + os.environ["BACKUP_ID"] + "/"), *total(base + "/wals/"))
+"""
+
+
+def store_listing(plan: Plan, name: str, image: str, node: str, config: dict[str, Any], backup_id: str) -> Manifest:
+    """A Job that lists the object store as the Barman Cloud plugin wrote it (S3 ListObjectsV2 through boto3, in the
+    plugin's own sidecar image, on the node that runs it): the objects and bytes of one base backup and of the WAL
+    archive, printed on one line (``STORE_MARK``). ``config``: the ObjectStore's spec.configuration."""
+    k8s = target_of(plan)
+    creds = config.get("s3Credentials") or {}
+    env: list[dict[str, Any]] = [{"name": "DESTINATION", "value": str(config.get("destinationPath", ""))},
+           {"name": "ENDPOINT", "value": str(config.get("endpointURL") or "")},
+           {"name": "SERVER", "value": k8s.cluster_name}, {"name": "BACKUP_ID", "value": backup_id},
+           {"name": "AWS_DEFAULT_REGION", "value": "us-east-1"}]
+    for var, key in (("AWS_ACCESS_KEY_ID", "accessKeyId"), ("AWS_SECRET_ACCESS_KEY", "secretAccessKey")):
+        if key in creds:
+            env.append({"name": var, "valueFrom": {"secretKeyRef": dict(creds[key])}})
+    pod = {"restartPolicy": "Never", "automountServiceAccountToken": False, "nodeName": node,
+           "containers": [{"name": "main", "image": image, "command": ["python3", "-c", _LIST_STORE], "env": env,
+                           "securityContext": {**_unprivileged(), "runAsUser": 26, "runAsGroup": 26},
+                           "resources": {"requests": {"cpu": "50m", "memory": "64Mi"},
+                                         "limits": {"cpu": "500m", "memory": "256Mi"}}}]}
+    return Manifest(f"store-{name}.yaml", _job(k8s, name, "store-listing", pod))
 
 
 def cluster_patch(plan: Plan, point: Point) -> dict[str, Any]:
@@ -828,6 +918,12 @@ def rbac(plan: Plan) -> list[Manifest]:
         {"apiGroups": [""], "resources": ["persistentvolumeclaims", "configmaps"],
          "verbs": ["get", "list", "create", "delete"]},
     ]
+    if k8s.wal_archive is not None:  # the backup scenario's Backups; the ObjectStore and its Secret's copy
+        rules += [{"apiGroups": ["postgresql.cnpg.io"], "resources": ["backups"],
+                   "verbs": ["get", "list", "create", "delete"]},
+                  {"apiGroups": ["barmancloud.cnpg.io"], "resources": ["objectstores"],
+                   "verbs": ["get", "create", "delete"]},
+                  {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create", "delete"]}]
     sa = {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": _meta(k8s, name, "rbac")}
     role = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": _meta(k8s, name, "rbac"),
             "rules": rules}
@@ -849,7 +945,8 @@ def render(plan: Plan, base_dir: Path) -> list[Manifest]:
     """Every manifest of the plan, in apply order: access, database, disk sampler (unless node-exporter is read),
     storage phase, then one Job per run."""
     k8s = target_of(plan)
-    out = [namespace(plan), *rbac(plan), Manifest("10-cluster.yaml", cluster(plan))]  # as the first point needs it
+    out = [namespace(plan), *rbac(plan), *object_store(plan),
+           Manifest("10-cluster.yaml", cluster(plan))]  # as the first point needs it
     if k8s.node_exporter is None and k8s.prometheus is None:  # else the disk counters come from node-exporter
         out.append(disk_sampler(plan))
     out += fio_manifests(plan)

@@ -12,15 +12,25 @@ from __future__ import annotations
 import json
 import re
 import subprocess
+import tempfile
 import time
 from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 from pglab import interrupts
 from pglab.plan.schema import NodeFault, Scenario
 from pglab.scenarios.witness import ACKED, FAILED, IN_DOUBT, Attempt, Outcome, timeline_of
 from pglab.targets.kubernetes.orchestrate import FENCED, K8sError, Orchestrator
-from pglab.targets.kubernetes.render import START_MARK, WITNESS_MARK
+from pglab.targets.kubernetes.render import (
+    START_MARK,
+    STORE_MARK,
+    WITNESS_MARK,
+    backup,
+    object_store_name,
+    store_listing,
+)
 
 Event = tuple[float, str, str]
 _START = re.compile(rf"^{re.escape(START_MARK)} (\d+(?:\.\d+)?)\s*$", re.MULTILINE)
@@ -82,6 +92,24 @@ def parse_witness_log(text: str) -> WitnessLog:
     return WitnessLog(attempts, present, timeline)
 
 
+def lsn(text: object) -> int | None:
+    """A PostgreSQL LSN (``16/B374D848``) as a byte position, or None."""
+    if not isinstance(text, str) or not re.fullmatch(r"[0-9A-Fa-f]{1,8}/[0-9A-Fa-f]{1,8}", text):
+        return None
+    high, low = text.split("/")
+    return (int(high, 16) << 32) + int(low, 16)
+
+
+def _rfc3339(text: object) -> float | None:
+    """An RFC 3339 time the API server gives (``2026-11-26T12:55:32Z``) as epoch seconds, or None."""
+    if not isinstance(text, str):
+        return None
+    try:
+        return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
 def pgbench_started(log: str | None) -> float | None:
     """The pod's epoch at which the run Job started pgbench (its START_MARK line), or None before that."""
     m = _START.search(log or "")
@@ -127,6 +155,9 @@ class Injector:
     _last_status: dict[str, Any] = field(default_factory=dict)
     _evicted: set[str] = field(default_factory=set)
     _evicting: list[str] = field(default_factory=list)  # node-drain: instance pods the budget still keeps there
+    backup_name: str | None = None  # backup: the Backup object asked for
+    backup_status: dict[str, Any] = field(default_factory=dict)  # backup: its status once completed
+    store: dict[str, float] = field(default_factory=dict)  # backup: the object store's listing afterwards
 
     @property
     def done(self) -> bool:
@@ -138,8 +169,9 @@ class Injector:
 
     @property
     def recovered_time(self) -> float | None:
-        """When the outage ended: the new primary reported, or the fenced standby let go (as a local run counts)."""
-        return self.back_time if self.kind == "standby-loss" else self.new_primary_time
+        """When the outage ended: the new primary reported, or the fenced standby let go (as a local run counts), or
+        the backup seen completed."""
+        return self.back_time if self.kind in ("standby-loss", "backup") else self.new_primary_time
 
     @property
     def fenced(self) -> bool:
@@ -168,6 +200,9 @@ class Injector:
             return
         if self.done:
             return
+        if self.kind == "backup":
+            self._follow_backup()
+            return
         if self.fenced:
             if time.time() >= self.fault_time + self.scenario.down:
                 self.release()
@@ -191,11 +226,78 @@ class Injector:
             self.events.append((t, "cluster-healthy", f"{self.orch.k8s.instances} instances ready "
                                 f"{t - self.fault_time:.1f} s after the {began}"))
 
+    def _follow_backup(self) -> None:
+        """The Backup's phase as the operator reports it: completed ends the scenario, failed fails the run."""
+        assert self.backup_name is not None and self.fault_time is not None
+        status = self.orch.custom_status("Backup", self.backup_name)
+        phase = status.get("phase")
+        if phase == "failed":
+            raise K8sError(f"backup: Backup/{self.backup_name} failed: {status.get('error') or 'no reason given'}")
+        if phase != "completed":
+            return
+        t = time.time()
+        self.backup_status, self.back_time, self.healthy_time = status, t, t
+        self.events.append((t, "backup-end", f"Backup/{self.backup_name} completed {t - self.fault_time:.1f} s after "
+                            f"it was asked for (WAL {status.get('beginWal', '?')} to {status.get('endWal', '?')})"))
+        self.orch.log(f"backup: {self.events[-1][2]}")
+
+    def measure_store(self) -> None:
+        """After a completed backup: the object store listed by a Job in the plugin's sidecar image on the primary's
+        node (the image is there), for the backup's size and the WAL archived. A listing that fails costs the
+        figures, said once in the run's events, not the run."""
+        if self.kind != "backup" or self.back_time is None or self.old is None:
+            return
+        orch, k8s = self.orch, self.orch.k8s
+        try:
+            pod = orch.core.read_namespaced_pod(self.old, orch.ns)
+            images = [c.image for c in [*(pod.spec.init_containers or []), *pod.spec.containers]
+                      if c.name == "plugin-barman-cloud"]
+            if not images:
+                raise K8sError(f"pod/{self.old} has no plugin-barman-cloud container")
+            group, version, plural = "barmancloud.cnpg.io", "v1", "objectstores"
+            store = orch.custom.get_namespaced_custom_object(group, version, orch.ns, plural,
+                                                             object_store_name(k8s))
+            name = f"{self.job[:48]}-store"
+            m = store_listing(orch.plan, name, images[0], str(pod.spec.node_name),
+                              dict(store["spec"]["configuration"]), str(self.backup_status.get("backupId", "")))
+            with tempfile.TemporaryDirectory(prefix="pglab-store-") as tmp:
+                outcome = orch.run_job(m, Path(tmp))
+            found = re.search(rf"^{STORE_MARK} (\d+) (\d+) (\d+) (\d+)\s*$", outcome.log, re.MULTILINE)
+            if not outcome.succeeded or found is None:
+                raise K8sError(f"the listing Job/{name} printed no listing: {outcome.log.strip()[-200:]}")
+        except Exception as exc:  # figures, not the run: the API, the Job, the store may each refuse
+            self.events.append((time.time(), "store-listing-failed", str(exc).splitlines()[0][:300]))
+            return
+        objects, size, wal_objects, wal_size = (int(g) for g in found.groups())
+        self.store = {"backup_objects": objects, "backup_mb": size / 2**20, "archive_wal_objects": wal_objects,
+                      "archive_wal_mb": wal_size / 2**20}
+        self.events.append((time.time(), "store-listing", f"base backup {objects} objects, {size / 2**20:.1f} MiB; "
+                            f"WAL archive {wal_objects} objects, {wal_size / 2**20:.1f} MiB"))
+
+    def backup_figures(self) -> dict[str, float | None]:
+        """A completed backup's figures under the local backup scenario's names: how long it took as seen here
+        (asked for until reported completed), and the WAL it spans (its begin and end LSN); the operator's own
+        start and stop (whole seconds) beside them."""
+        if self.kind != "backup" or self.back_time is None or self.fault_time is None:
+            return {}
+        st = self.backup_status
+        out: dict[str, float | None] = {"backup_s": self.back_time - self.fault_time, **self.store}
+        if self.store.get("backup_mb") and out["backup_s"]:
+            out["backup_mb_s"] = self.store["backup_mb"] / (self.back_time - self.fault_time)
+        begin, end = lsn(st.get("beginLSN")), lsn(st.get("endLSN"))
+        if begin is not None and end is not None and end >= begin:
+            out["backup_wal_mb"] = (end - begin) / 2**20
+        started, stopped = _rfc3339(st.get("startedAt")), _rfc3339(st.get("stoppedAt"))
+        if started is not None and stopped is not None and stopped >= started:
+            out["backup_operator_s"] = stopped - started
+        return out
+
     @property
     def _what(self) -> str:
         return {"failover": f"pod/{self.old} was deleted", "switchover": "the switchover request",
                 "standby-loss": f"{self.standby}'s fence was lifted", "node-loss": f"node {self.node} was stopped",
-                "node-drain": f"node {self.node} was cordoned"}[self.kind]
+                "node-drain": f"node {self.node} was cordoned",
+                "backup": f"Backup/{self.backup_name} was asked for"}[self.kind]
 
     def _strike(self) -> None:
         status = self.orch.cluster_status()
@@ -203,6 +305,14 @@ class Injector:
         if not primary:
             raise K8sError(f"{self.kind}: Cluster/{self.orch.k8s.cluster_name} reports no currentPrimary")
         self.old = primary
+        if self.kind == "backup":
+            self.backup_name = f"{self.job[:50]}-backup"
+            self.orch.create(backup(self.orch.plan, self.backup_name))
+            self.fault_time = time.time()
+            self.events.append((self.fault_time, "backup-start", f"Backup/{self.backup_name} of {primary} asked for "
+                                "(method plugin, Barman Cloud)"))
+            self.orch.log(f"backup: {self.events[-1][2]}")
+            return
         if self.kind in NODE_KINDS:
             self.node = self.orch.instance_node(primary)
             if self.kind == "node-loss":
@@ -306,6 +416,11 @@ class Injector:
                          f"{st.get('targetPrimary', '?')}, phase: {st.get('phase', 'none')}, ready instances: "
                          f"{st.get('readyInstances', 0)} of {self.orch.k8s.instances}")
                 what = "no new primary reported" if self.recovered_time is None else "Cluster not healthy again"
+                if self.kind == "backup":
+                    what = (f"Backup/{self.backup_name} not completed (phase "
+                            f"{self.orch.custom_status('Backup', str(self.backup_name)).get('phase', 'none')})")
                 raise K8sError(f"{self.kind}: {what} {timeout_s:.0f} s after {self._what} ({state})")
             interrupts.sleep(self.orch.poll_s)
             self.poll()
+        if self.kind == "backup" and not self.store:
+            self.measure_store()
