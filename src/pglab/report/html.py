@@ -8,7 +8,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from jinja2 import Environment, PackageLoader, select_autoescape
+from jinja2 import Environment, PackageLoader
 
 from pglab import metrics
 from pglab.analysis.compare import HOST_FIELDS, STORAGE_FIELDS, uplift_tables
@@ -353,7 +353,7 @@ def _render(sweep: dict[str, Any], sweep_id: int, summary: list[str], tables: li
         toc.append(("runs-charts", "Runs over time"))
     toc += [(t["id"], t["title"]) for t in tables]
     toc += [("plan", "Plan"), ("environment", "Environment")]
-    templates = Environment(loader=PackageLoader("pglab.report", "templates"), autoescape=select_autoescape())
+    templates = Environment(loader=PackageLoader("pglab.report", "templates"), autoescape=True)  # .j2: not guessed
     return templates.get_template("report.html.j2").render(
         title=sweep["plan_name"], subtitle=f"sweep {sweep_id}, pglab {sweep['pglab_version']}",
         summary=summary, tables=tables, chart_groups=chart_groups, run_charts=run_charts or [], toc=toc,
