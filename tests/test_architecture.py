@@ -212,3 +212,37 @@ def test_what_the_labs_are_made_of_reaches_no_lab(module: str) -> None:
     g = graph()
     assert "pglab.targets.local.registry" in g["pglab.targets.local.cluster"]  # the walk sees the labs' imports
     assert {d for d in reachable(g, module) if any(d == lab or d.startswith(lab + ".") for lab in LABS)} == set()
+
+
+# what a measured run is made of, by the functions that do it on some target
+RUN_PARTS = {
+    "load": {"_pgbench_once", "_all_at_once", "run_job", "run_load_job", "finish_job", "through_scenario"},
+    "probes": {"Sampler", "close_window", "_scraper", "_node_scrapes"},
+    "summary": {"pgbench_metrics", "finish_run", "_collect", "_collect_load"},
+}
+
+
+def hand_written_runs(source: str, where: str) -> list[str]:
+    """Functions that call a load, the probes and a summary themselves: a measured run written outside the engine's
+    skeleton (``pglab.engine.run.measure``), which calls each target's steps in one order."""
+    found = []
+    for fn in ast.walk(ast.parse(source)):
+        if not isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef):
+            continue
+        called = {n.func.attr if isinstance(n.func, ast.Attribute) else getattr(n.func, "id", "")
+                  for n in ast.walk(fn) if isinstance(n, ast.Call)}
+        if all(called & names for names in RUN_PARTS.values()):
+            found.append(f"{where}:{fn.lineno} {fn.name}()")
+    return found
+
+
+def test_the_measured_run_is_written_once_in_the_engine() -> None:
+    """No driver calls the load, the probes and the summary in sequence itself (issue 30): each supplies the steps
+    of its target's run, and the engine's skeleton runs them (its order: tests/test_engine.py)."""
+    hand_written = ("def one_run(self):\n    sampler = Sampler([])\n    proc = self._pgbench_once()\n"
+                    "    close_window(sampler, 1)\n    return pgbench_metrics(finish_run(proc))\n")
+    assert hand_written_runs(hand_written, "example") == ["example:1 one_run()"]  # the check sees one
+    mods = modules()
+    drivers = {m: p for m, p in mods.items() if m.startswith(("pglab.drivers", "pglab.targets", "pglab.scenarios"))}
+    assert len(drivers) > 20
+    assert [f for m, p in sorted(drivers.items()) for f in hand_written_runs(p.read_text(), m)] == []

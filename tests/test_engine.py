@@ -17,9 +17,9 @@ from typing import Any
 
 import pytest
 
-from pglab.engine.driver import FioMeasurement, SweepInfo
+from pglab.engine.driver import FioMeasurement, MeasuredRun, SweepInfo
 from pglab.engine.sweep import run_sweep
-from pglab.engine.types import Event, Phase, RunFailed, RunResult, SilentObserver, SweepResult
+from pglab.engine.types import Event, RunFailed, RunResult, SilentObserver, SweepResult
 from pglab.errors import RunInterrupted
 from pglab.plan import expand, parse_plan
 from pglab.plan.expand import Point
@@ -53,7 +53,6 @@ class Scripted:
         self.fio = fio
         self.calls: list[str] = []
         self._events: list[Event] = []
-        self._phases: list[Phase] = []
         self.info: SweepInfo | None = None
         self.run_dirs: list[Path] = []
         self.tps: Callable[[Point, int], float] = lambda point, repeat: 100.0 * point.clients + repeat
@@ -81,25 +80,8 @@ class Scripted:
     def before_run(self, point: Point) -> None:
         self._events.append((200.0 + point.clients, "step", f"clients={point.clients}"))
 
-    def one_run(self, point: Point, repeat: int, run_id: str, run_dir: Path) -> RunResult:
-        self.calls.append(f"run {point.clients} #{repeat}")
-        self.run_dirs.append(run_dir)
-        self._phases.append((time.time(), "measure"))
-        what = self.script.get((point.clients, repeat), "ok")
-        if what == "fail":
-            raise RunFailed("pgbench exited 1\nsecond line not kept")
-        if what == "interrupt":
-            raise RunInterrupted("SIGINT")
-        if what == "signal":  # SIGTERM comes in the middle of the run, wherever the main thread is
-            signal.raise_signal(signal.SIGTERM)
-        if what == "library":
-            raise LibraryError("socket closed")
-        (run_dir / "out.txt").write_text("artifact")
-        start = 1000.0 * point.clients + repeat
-        return RunResult.of((start, start + 5.0), {"tps": self.tps(point, repeat), "latency_avg_ms": None},
-                            series=[(start + 1, "pgbench", "tps", 99.0)], events=[(start - 1, "warmup-start", "1 s")],
-                            settings={"work_mem": {"setting": "4096", "unit": "kB"}},
-                            record={"files": ["out.txt"], "command": ["pgbench", "-c", str(point.clients)]})
+    def start_run(self, point: Point, repeat: int, run_id: str, run_dir: Path) -> ScriptedRun:
+        return ScriptedRun(self, point, repeat, run_dir)
 
     def health(self) -> str | None:
         return "instance n1 is down"
@@ -108,16 +90,42 @@ class Scripted:
         events, self._events = self._events, []
         return events
 
-    def take_phases(self) -> list[Phase]:
-        phases, self._phases = self._phases, []
-        return phases
-
     def explain(self, exc: BaseException) -> BaseException | None:
         return RunFailed(f"the server cannot be reached: {exc}") if isinstance(exc, LibraryError) else None
 
     def close(self, keep: bool) -> list[str]:
         self.calls.append(f"close keep={keep}")
         return self.leftovers
+
+
+class ScriptedRun(MeasuredRun):
+    """A run with the two steps every target has: the load (which does what the script says) and its summary."""
+
+    def __init__(self, driver: Scripted, point: Point, repeat: int, run_dir: Path):
+        self.driver, self.point, self.repeat, self.run_dir = driver, point, repeat, run_dir
+
+    def measure(self) -> None:
+        point, repeat, driver = self.point, self.repeat, self.driver
+        driver.calls.append(f"run {point.clients} #{repeat}")
+        driver.run_dirs.append(self.run_dir)
+        what = driver.script.get((point.clients, repeat), "ok")
+        if what == "fail":
+            raise RunFailed("pgbench exited 1\nsecond line not kept")
+        if what == "interrupt":
+            raise RunInterrupted("SIGINT")
+        if what == "signal":  # SIGTERM comes in the middle of the run, wherever the main thread is
+            signal.raise_signal(signal.SIGTERM)
+        if what == "library":
+            raise LibraryError("socket closed")
+        (self.run_dir / "out.txt").write_text("artifact")
+
+    def summarize(self) -> RunResult:
+        point, repeat = self.point, self.repeat
+        start = 1000.0 * point.clients + repeat
+        return RunResult.of((start, start + 5.0), {"tps": self.driver.tps(point, repeat), "latency_avg_ms": None},
+                            series=[(start + 1, "pgbench", "tps", 99.0)], events=[(start - 1, "warmup-start", "1 s")],
+                            settings={"work_mem": {"setting": "4096", "unit": "kB"}},
+                            record={"files": ["out.txt"], "command": ["pgbench", "-c", str(point.clients)]})
 
 
 def sweep(tmp_path: Path, driver: Scripted, text: str = PLAN, **kw: Any) -> SweepResult:
@@ -424,9 +432,9 @@ def test_the_phases_tile_each_attempt_of_a_sweep_failed_and_interrupted_runs_inc
     assert first[0][2] == started and first[-1][3] == finished
     assert all(b[2] == a[3] for a, b in itertools.pairwise(first))
     run_ids = [r for (r,) in rows(tmp_path, "SELECT id FROM runs ORDER BY started")]
-    assert len(run_ids) == 3  # ok, failed, interrupted
-    for run_id in run_ids:
-        assert [n for r, n, _s, _e in first if r == run_id] == ["prepare", "measure", "record"]
+    assert len(run_ids) == 3  # ok, failed, interrupted (both in the load step: no summary)
+    assert [[n for r, n, _s, _e in first if r == run_id] for run_id in run_ids] == [
+        ["prepare", "measure", "summary", "record"], ["prepare", "measure", "record"], ["prepare", "measure", "record"]]
     assert [n for r, n, _s, _e in first if r is None] == ["setup", "lab", "dataset", "teardown"]
 
     resumed_at = time.time()
@@ -459,3 +467,65 @@ def test_the_time_table_sums_the_phases_and_the_duty_cycle_is_the_windows_over_t
     assert table["measure"]["per_run_s"] == pytest.approx(table["measure"]["seconds"] / 4, abs=0.006)
     # the scripted windows are 5 s each, four runs ok: 20 s measured over a wall time of milliseconds
     assert f"duty cycle {20.0 / wall * 100:.1f} %: 20.0 s measured in 4 window(s)" in text
+
+
+class Steps(MeasuredRun):
+    """Every step a run can have, each noting that it ran; ``fail_in`` raises RunFailed there."""
+
+    load_phase = "job"
+
+    def __init__(self, calls: list[str], fail_in: str = "", warmup_s: float = 0.0):
+        self.calls, self.fail_in, self.warmup_s = calls, fail_in, warmup_s
+
+    def _step(self, name: str) -> None:
+        self.calls.append(name)
+        if name == self.fail_in:
+            raise RunFailed(f"{name} failed")
+
+    def prepare(self) -> None:
+        self._step("prepare")
+
+    def reset(self) -> None:
+        self._step("reset")
+
+    def start_probes(self) -> None:
+        self._step("start_probes")
+
+    def warm_up(self) -> None:
+        self._step("warm_up")
+
+    def measure(self) -> None:
+        self._step("measure")
+
+    def close_probes(self) -> None:
+        self._step("close_probes")
+
+    def summarize(self) -> RunResult:
+        self._step("summarize")
+        return RunResult.of((1.0, 2.0), {"tps": 1.0})
+
+    def end(self, failure: BaseException | None) -> None:
+        self.calls.append(f"end {failure}")
+
+
+def test_the_engine_runs_a_targets_steps_in_one_order_each_a_phase_and_always_ends_the_run() -> None:
+    from pglab.engine.run import measure
+
+    calls: list[str] = []
+    result = measure(Steps(calls, warmup_s=2.0), lambda phase: calls.append(f"[{phase}]"))
+    assert result.metrics["tps"] == 1.0
+    assert calls == ["prepare", "[reset]", "reset", "[probes]", "start_probes", "[warm-up]", "warm_up", "[job]",
+                     "measure", "[closing-tick]", "close_probes", "[summary]", "summarize", "end None"]
+
+    calls.clear()  # no warm-up in the plan: no warm-up step; a failing step ends the run with its reason
+    with pytest.raises(RunFailed, match="measure failed"):
+        measure(Steps(calls, fail_in="measure"), lambda phase: calls.append(f"[{phase}]"))
+    assert calls == ["prepare", "[reset]", "reset", "[probes]", "start_probes", "[job]", "measure",
+                     "end measure failed"]
+
+    calls.clear()  # a target without probes or a reset of its own (the scripted one): no such phases
+    driver = Scripted(parse_plan(PLAN))
+    run = driver.start_run(driver.points[0], 1, "r1", Path("."))
+    run.measure = lambda: calls.append("measure")  # type: ignore[method-assign]
+    measure(run, lambda phase: calls.append(f"[{phase}]"))
+    assert calls == ["[measure]", "measure", "[summary]"]

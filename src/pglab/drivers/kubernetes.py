@@ -28,8 +28,8 @@ from kubernetes.config.config_exception import ConfigException
 from pglab import __version__, interrupts
 from pglab.artifacts import write_json
 from pglab.drivers.local import pgbench_metrics, pgbench_series
-from pglab.engine.driver import FioMeasurement, SweepInfo
-from pglab.engine.types import Event, Observer, Phase, RunFailed, RunResult
+from pglab.engine.driver import FioMeasurement, MeasuredRun, SweepInfo
+from pglab.engine.types import Event, Observer, RunFailed, RunResult
 from pglab.errors import UserError, first_line
 from pglab.plan.expand import Point, expand
 from pglab.plan.schema import Plan
@@ -136,7 +136,6 @@ class KubernetesDriver:
         self._tries: dict[str, int] = {}  # probes of a key so far (a failure is tried once more)
         self._probes = 0
         self._events: list[Event] = []
-        self._phases: list[Phase] = []  # the current run's steps (the Job, its summary), for the wall-time account
         self._info: SweepInfo | None = None
         self._failed_health: str | None = None
         self.k8s = target_of(plan)
@@ -207,10 +206,6 @@ class KubernetesDriver:
     def take_events(self) -> list[Event]:
         events, self._events = self._events, []
         return events
-
-    def take_phases(self) -> list[Phase]:
-        phases, self._phases = self._phases, []
-        return phases
 
     def explain(self, exc: BaseException) -> BaseException | None:
         if isinstance(exc, urllib3.exceptions.HTTPError):
@@ -390,111 +385,9 @@ class KubernetesDriver:
         self.ui.log(f"dataset loaded in {time.monotonic() - started:.1f} s (pod start included)")
 
     # ------------------------------------------------------------ one run
-    def one_run(self, point: Point, repeat: int, run_id: str, run_dir: Path) -> RunResult:
+    def start_run(self, point: Point, repeat: int, run_id: str, run_dir: Path) -> MeasuredRun:
         """The run's Job (and the witness's), the exporters read meanwhile, the files it shipped parsed."""
-        ui = self.ui
-        m = pgbench_run(self.plan, point, repeat)
-        (run_dir / "job.yaml").write_text(to_yaml(m.body))
-        sc = point.scenario
-        injector = (Injector(self.orch, sc, m.name, self.plan.run.warmup, node_fault=self.k8s.node_fault)
-                    if sc is not None else None)
-        wm = witness_job(self.plan, point, repeat) if sc is not None and sc.witness else None
-        try:
-            self._wait_replay()
-            ui.run_started(point, repeat, "job")
-            launched = now()
-            self._phases.append((launched, "job"))  # the Job: its pod's start, warm-up and measured window
-            scraper = self._scraper() if self._prom is None else None  # with Prometheus: asked after the run
-            nodes_read = self._node_scrapes() if self._prom is None else None
-            if wm is not None:
-                (run_dir / "witness-job.yaml").write_text(to_yaml(wm.body))
-                self.orch.create(wm)  # writing before pgbench starts, so the fault falls inside its log
-            # the exporters are read in threads of their own: a slow read never delays the fault or the Job's end
-            readers = [r for r in (scraper, nodes_read.scraper if nodes_read else None) if r is not None]
-            for reader in readers:
-                reader.start()
-            try:
-                outcome: JobOutcome | LoadOutcome = (
-                    self.orch.run_load_job(m, run_dir, self.plan.run.load_pods) if self._load else
-                    self.orch.run_job(m, run_dir, on_poll=injector.poll if injector else None))
-                if injector is not None and (outcome.succeeded or injector.fault_time is not None):
-                    injector.finish(self.scenario_timeout_s)
-            finally:
-                for reader in readers:
-                    reader.stop()
-            self._phases.append((now(), "summary"))
-            exporter_files: list[str] = []
-            for reader in readers:
-                reader.final()  # one more read, after the Job
-            if scraper is not None:
-                exporter_files = scraper.write(run_dir / "exporter")
-                self._tell_exporter_errors(scraper)
-            # first: an unapplied parameter fails the Job (with several load pods, pod 0 waited for them)
-            settings = self._check_settings(run_dir / LOAD_DIR.format(index=0) if self._load else run_dir, point,
-                                            m.name)
-            load_info: dict[str, Any] | None = None
-            load_series: list[tuple[float, str, str, float | None]] = []
-            if isinstance(outcome, LoadOutcome):
-                if not outcome.succeeded:
-                    raise RunFailed(_load_failure(outcome, run_dir))
-                result, extra, warmup_start, load_info, load_series = self._collect_load(run_dir, m, point, outcome)
-            else:
-                if not outcome.succeeded:
-                    raise RunFailed(_job_failure(outcome, run_dir))
-                result, extra, warmup_start = self._collect(run_dir, m, launched, now())
-            window = (result.window_start, result.window_end)
-            metrics = {**pgbench_metrics(result), **extra}
-            if point.cpus is not None:
-                metrics["limit_cpus"] = point.cpus  # the step's CPU limit per instance, as a local run stores it
-            cpu: prometheus.RunCpu | None = None
-            if self._prom is not None:
-                figures, disk, cpu, prom_files = self._from_prometheus(self._prom, run_dir, window, m.name)
-                exporter_files += prom_files
-            else:
-                figures = exporter.summarize(scraper.scrapes, scraper.primary, window, DATABASE) if scraper else None
-                disk = self._disks(run_dir, launched, window, nodes_read)
-            if figures is not None:
-                metrics.update(figures.metrics)
-            series = pgbench_series(result, "pgbench") + load_series
-            if figures is not None:
-                series += figures.series
-            if cpu is not None:
-                metrics.update(cpu.metrics)
-                series += cpu.series
-            if disk is not None:
-                metrics.update(disk.metrics)
-                series += disk.series
-            events: list[Event] = []
-            if warmup_start is not None:
-                events += [(warmup_start, "warmup-start", f"{self.plan.run.warmup:g} s"),
-                           (window[0], "warmup-end", "")]
-            if injector is not None:
-                metrics.update(self._scenario_metrics(injector, run_dir, window))
-            if wm is not None:
-                metrics.update(self._witness(wm, run_dir, injector.fault_time if injector else None))
-            if injector is not None:
-                events += injector.events
-            return RunResult.of(window, metrics, series=series, events=events, settings=settings or None,
-                                record={"job": m.name, "command": result.command,
-                                        "placement": self._placement(outcome),
-                                        "files": outcome.files + exporter_files + (disk.files if disk else []),
-                                        "exporter": figures.info if figures else None,
-                                        "disk": disk.info if disk else None,
-                                        **({"load": load_info} if load_info is not None else {}),
-                                        **({"cpu": cpu.info} if cpu is not None else {})})
-        except self.run_errors:
-            try:
-                self._failed_health = self.orch.cluster_health()
-            except Exception:  # a health check that fails adds nothing to the run's reason
-                self._failed_health = None
-            if injector is not None and injector.events:
-                self._events += injector.events  # what the fault did, kept with the failed run's sweep
-            raise
-        finally:
-            if injector is not None and injector.disrupted:  # a run that failed with a standby fenced or a node
-                self._restore(injector)                       # away: that first
-            if wm is not None:
-                self.orch.discard(wm)  # a witness still writing after a failed run goes now, not at the end
+        return KubernetesRun(self, point, repeat, run_dir)
 
     def _placement(self, outcome: JobOutcome | LoadOutcome) -> dict[str, Any]:
         """Which node each pod of the run was on: the instances (as they are at the run's end: a scenario may have
@@ -978,6 +871,130 @@ class KubernetesDriver:
         write_json(run_dir / "load.json", info)
         warmup_start = begun if start > begun else None
         return PgbenchRun(summary, stats, [], start, end, command, 0, files), extra, warmup_start, info, series
+
+
+class KubernetesRun(MeasuredRun):
+    """One run's Job on the Cluster, step by step (:func:`pglab.engine.run.measure`): the warm-up and the measured
+    window are the Job's own (its pod runs pgbench twice), so the load step is the Job, pod start included."""
+
+    load_phase = "job"
+
+    def __init__(self, driver: KubernetesDriver, point: Point, repeat: int, run_dir: Path):
+        self.d, self.point, self.run_dir = driver, point, run_dir
+        self.m = pgbench_run(driver.plan, point, repeat)
+        sc = point.scenario
+        self.injector = (Injector(driver.orch, sc, self.m.name, driver.plan.run.warmup,
+                                  node_fault=driver.k8s.node_fault) if sc is not None else None)
+        self.wm = witness_job(driver.plan, point, repeat) if sc is not None and sc.witness else None
+        self.scraper: exporter.Scraper | None = None
+        self.nodes_read: NodeScrapes | None = None
+        self.readers: list[exporter.Scraper] = []
+        self.outcome: JobOutcome | LoadOutcome | None = None
+
+    def prepare(self) -> None:
+        (self.run_dir / "job.yaml").write_text(to_yaml(self.m.body))
+
+    def reset(self) -> None:
+        self.d._wait_replay()
+
+    def start_probes(self) -> None:
+        d = self.d
+        self.launched = now()
+        self.scraper = d._scraper() if d._prom is None else None  # with Prometheus: asked after the run
+        self.nodes_read = d._node_scrapes() if d._prom is None else None
+        # the exporters are read in threads of their own: a slow read never delays the fault or the Job's end
+        self.readers = [r for r in (self.scraper, self.nodes_read.scraper if self.nodes_read else None)
+                        if r is not None]
+        for reader in self.readers:
+            reader.start()
+
+    def measure(self) -> None:
+        d, m, injector = self.d, self.m, self.injector
+        if self.wm is not None:
+            (self.run_dir / "witness-job.yaml").write_text(to_yaml(self.wm.body))
+            d.orch.create(self.wm)  # writing before pgbench starts, so the fault falls inside its log
+        self.outcome = (d.orch.run_load_job(m, self.run_dir, d.plan.run.load_pods) if d._load else
+                        d.orch.run_job(m, self.run_dir, on_poll=injector.poll if injector else None))
+        if injector is not None and (self.outcome.succeeded or injector.fault_time is not None):
+            injector.finish(d.scenario_timeout_s)
+
+    def close_probes(self) -> None:
+        for reader in self.readers:
+            reader.stop()
+        for reader in self.readers:
+            reader.final()  # one more read, after the Job
+
+    def summarize(self) -> RunResult:
+        d, m, run_dir, point, outcome, scraper = self.d, self.m, self.run_dir, self.point, self.outcome, self.scraper
+        assert outcome is not None
+        exporter_files: list[str] = []
+        if scraper is not None:
+            exporter_files = scraper.write(run_dir / "exporter")
+            d._tell_exporter_errors(scraper)
+        # first: an unapplied parameter fails the Job (with several load pods, pod 0 waited for them)
+        settings = d._check_settings(run_dir / LOAD_DIR.format(index=0) if d._load else run_dir, point, m.name)
+        load_info: dict[str, Any] | None = None
+        load_series: list[tuple[float, str, str, float | None]] = []
+        if isinstance(outcome, LoadOutcome):
+            if not outcome.succeeded:
+                raise RunFailed(_load_failure(outcome, run_dir))
+            result, extra, warmup_start, load_info, load_series = d._collect_load(run_dir, m, point, outcome)
+        else:
+            if not outcome.succeeded:
+                raise RunFailed(_job_failure(outcome, run_dir))
+            result, extra, warmup_start = d._collect(run_dir, m, self.launched, now())
+        window = (result.window_start, result.window_end)
+        metrics = {**pgbench_metrics(result), **extra}
+        if point.cpus is not None:
+            metrics["limit_cpus"] = point.cpus  # the step's CPU limit per instance, as a local run stores it
+        cpu: prometheus.RunCpu | None = None
+        if d._prom is not None:
+            figures, disk, cpu, prom_files = d._from_prometheus(d._prom, run_dir, window, m.name)
+            exporter_files += prom_files
+        else:
+            figures = exporter.summarize(scraper.scrapes, scraper.primary, window, DATABASE) if scraper else None
+            disk = d._disks(run_dir, self.launched, window, self.nodes_read)
+        series = pgbench_series(result, "pgbench") + load_series
+        for part in (figures, cpu, disk):
+            if part is not None:
+                metrics.update(part.metrics)
+                series += part.series
+        events: list[Event] = []
+        if warmup_start is not None:
+            events += [(warmup_start, "warmup-start", f"{d.plan.run.warmup:g} s"), (window[0], "warmup-end", "")]
+        if self.injector is not None:
+            metrics.update(d._scenario_metrics(self.injector, run_dir, window))
+        if self.wm is not None:
+            metrics.update(d._witness(self.wm, run_dir, self.injector.fault_time if self.injector else None))
+        if self.injector is not None:
+            events += self.injector.events
+        return RunResult.of(window, metrics, series=series, events=events, settings=settings or None,
+                            record={"job": m.name, "command": result.command,
+                                    "placement": d._placement(outcome),
+                                    "files": outcome.files + exporter_files + (disk.files if disk else []),
+                                    "exporter": figures.info if figures else None,
+                                    "disk": disk.info if disk else None,
+                                    **({"load": load_info} if load_info is not None else {}),
+                                    **({"cpu": cpu.info} if cpu is not None else {})})
+
+    def end(self, failure: BaseException | None) -> None:
+        d, injector = self.d, self.injector
+        try:
+            if failure is not None:
+                for reader in self.readers:
+                    reader.stop()
+            if isinstance(failure, d.run_errors):
+                try:
+                    d._failed_health = d.orch.cluster_health()
+                except Exception:  # a health check that fails adds nothing to the run's reason
+                    d._failed_health = None
+                if injector is not None and injector.events:
+                    d._events += injector.events  # what the fault did, kept with the failed run's sweep
+        finally:
+            if injector is not None and injector.disrupted:  # a run that failed with a standby fenced or a node
+                d._restore(injector)                          # away: that first
+            if self.wm is not None:
+                d.orch.discard(self.wm)  # a witness still writing after a failed run goes now, not at the end
 
 
 def _per_second(log: txlog.TxLog, start: float, end: float,

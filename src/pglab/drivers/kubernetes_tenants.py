@@ -22,7 +22,7 @@ from pglab.artifacts import write_json
 from pglab.drivers.kubernetes import KubernetesDriver, _job_failure, _last_words
 from pglab.drivers.local import pgbench_metrics, pgbench_series
 from pglab.drivers.tenants import tier_metrics
-from pglab.engine.driver import FioMeasurement, SweepInfo
+from pglab.engine.driver import FioMeasurement, MeasuredRun, SweepInfo
 from pglab.engine.types import Event, Observer, RunFailed, RunResult, TenantFigure
 from pglab.plan.expand import Point
 from pglab.plan.schema import Arrangement, Plan
@@ -139,30 +139,48 @@ class KubernetesTenantsDriver(KubernetesDriver):
         self.tenants = []
 
     # ------------------------------------------------------------ one run: every tenant at once
-    def one_run(self, point: Point, repeat: int, run_id: str, run_dir: Path) -> RunResult:
+    def start_run(self, point: Point, repeat: int, run_id: str, run_dir: Path) -> KubernetesTenantsRun:
         """Every tenant's run Job created back to back, all held to one start time; each one's files parsed as a
         one-Cluster run's (``_collect``); a tenant's failure fails the run."""
+        return KubernetesTenantsRun(self, point, repeat, run_dir)
+
+
+class KubernetesTenantsRun(MeasuredRun):
+    """One run of every tenant's Job at once (:func:`pglab.engine.run.measure`); no probes of its own yet."""
+
+    load_phase = "job"
+
+    def __init__(self, driver: KubernetesTenantsDriver, point: Point, repeat: int, run_dir: Path):
         assert point.arrangement is not None
-        ui = self.ui
-        start_at = math.ceil(time.time() + START_MARGIN_S + START_PER_TENANT_S * len(self.tenants))
-        jobs = [(t, tenant_run(t, point, repeat, start_at)) for t in self.tenants]
-        dirs = {t.name: run_dir / "tenants" / t.name for t in self.tenants}
-        ui.run_started(point, repeat, "job")
-        launched = now()
+        self.d, self.point, self.arrangement, self.repeat = driver, point, point.arrangement, repeat
+        self.dirs = {t.name: run_dir / "tenants" / t.name for t in driver.tenants}
+        self.run_dir = run_dir
+
+    def prepare(self) -> None:
+        tenants = self.d.tenants
+        self.start_at = math.ceil(time.time() + START_MARGIN_S + START_PER_TENANT_S * len(tenants))
+        self.jobs = [(t, tenant_run(t, self.point, self.repeat, self.start_at)) for t in tenants]
+
+    def measure(self) -> None:
+        orchs = self.d._orchs
+        self.launched = now()
         created: list[tuple[K8sTenant, Manifest]] = []
         try:
-            for t, m in jobs:
-                dirs[t.name].mkdir(parents=True, exist_ok=True)
-                (dirs[t.name] / "job.yaml").write_text(to_yaml(m.body))
-                self._orchs[t.name].create(m)
+            for t, m in self.jobs:
+                self.dirs[t.name].mkdir(parents=True, exist_ok=True)
+                (self.dirs[t.name] / "job.yaml").write_text(to_yaml(m.body))
+                orchs[t.name].create(m)
                 created.append((t, m))
-            outcomes: dict[str, JobOutcome] = {}
-            for t, m in jobs:
-                outcomes[t.name] = self._orchs[t.name].finish_job(m, dirs[t.name])
+            self.outcomes: dict[str, JobOutcome] = {}
+            for t, m in self.jobs:
+                self.outcomes[t.name] = orchs[t.name].finish_job(m, self.dirs[t.name])
         finally:
             for t, m in created:
-                self._orchs[t.name].discard(m)
-        ended = now()
+                orchs[t.name].discard(m)
+        self.ended = now()
+
+    def summarize(self) -> RunResult:
+        jobs, dirs, outcomes = self.jobs, self.dirs, self.outcomes
         failed = [f"tenant {t.name} ({t.tier.name}): {_job_failure(outcomes[t.name], dirs[t.name])}"
                   for t, _ in jobs if not outcomes[t.name].succeeded]
         if failed:
@@ -170,7 +188,7 @@ class KubernetesTenantsDriver(KubernetesDriver):
         results: dict[str, PgbenchRun] = {}
         for t, m in jobs:
             try:
-                results[t.name], _, _ = self._collect(dirs[t.name], m, launched, ended)
+                results[t.name], _, _ = self.d._collect(dirs[t.name], m, self.launched, self.ended)
             except PgbenchError as exc:
                 failed.append(f"tenant {t.name} ({t.tier.name}): {exc}")
         if failed:
@@ -180,28 +198,29 @@ class KubernetesTenantsDriver(KubernetesDriver):
         window = (min(starts), max(ends))
         rows: list[TenantFigure] = []
         per: dict[str, tuple[str, dict[str, float | None]]] = {}
-        for t in self.tenants:
+        for t in self.d.tenants:
             figures = pgbench_metrics(results[t.name])
             per[t.name] = (t.tier.name, figures)
             rows += [(t.name, t.tier.name, k, v) for k, v in figures.items()]
+        plan = self.d.plan
         metrics: dict[str, float | None] = {
             "tps": sum(f["tps"] or 0.0 for _, f in per.values()),
-            "tenants": float(len(self.tenants)),
-            "instances": float(len(self.tenants) * (self.plan.tenants.instances if self.plan.tenants else 1)),
+            "tenants": float(len(self.d.tenants)),
+            "instances": float(len(self.d.tenants) * (plan.tenants.instances if plan.tenants else 1)),
             # how far apart the tenants' windows began, and how long all of them ran together
             "start_spread_s": max(starts) - min(starts),
             "common_window_s": max(0.0, min(ends) - max(starts)),
         }
-        for tier in point.arrangement.tiers:
+        for tier in self.arrangement.tiers:
             metrics.update(tier_metrics(tier, [f for tier_name, f in per.values() if tier_name == tier.name]))
         series = [pt for name, res in results.items()
                   for pt in pgbench_series(res, f"tenant:{name}", ("tps", "latency_ms"))]
-        record = {"start_at": start_at,
+        record = {"start_at": self.start_at,
                   "tenants": {t.name: {"tier": t.tier.name, "cluster": t.cluster, "namespace": t.namespace,
                                        "job": m.name, "window": [results[t.name].window_start,
                                                                  results[t.name].window_end],
                                        **per[t.name][1]} for t, m in jobs}}
-        write_json(run_dir / "tenants.json", record)
+        write_json(self.run_dir / "tenants.json", record)
         events: list[Event] = []
         if metrics["start_spread_s"] and metrics["start_spread_s"] > 2:
             events.append((now(), "tenants-start-spread", f"the tenants' windows began {metrics['start_spread_s']:.1f}"

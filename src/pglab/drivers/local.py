@@ -17,8 +17,8 @@ import psycopg
 
 from pglab import environment, interrupts
 from pglab.artifacts import write_json, write_samples
-from pglab.engine.driver import FioMeasurement, SweepInfo
-from pglab.engine.types import Event, Observer, Phase, RunFailed, RunResult
+from pglab.engine.driver import FioMeasurement, MeasuredRun, SweepInfo
+from pglab.engine.types import Event, Observer, RunFailed, RunResult
 from pglab.errors import LabError, LabUnsound, RunInterrupted, first_line
 from pglab.plan.expand import Point, expand
 from pglab.plan.load import resolve_path
@@ -65,7 +65,6 @@ class ProcessDriver(Generic[TopologyT]):
         self.points = expand(plan)
         self._pgbench: list[PgbenchProcess] = []  # what an interrupt must stop
         self._events: list[Event] = []
-        self._phases: list[Phase] = []  # the current run's steps, for the engine's account of the wall time
         self._logs_dir = self.results_dir / "server-logs"
         self._endpoints: Endpoints | None = None
         self._info: SweepInfo | None = None
@@ -119,15 +118,6 @@ class ProcessDriver(Generic[TopologyT]):
     def take_events(self) -> list[Event]:
         events, self._events = self._events + self.target.take_events(), []
         return events
-
-    def take_phases(self) -> list[Phase]:
-        phases, self._phases = self._phases, []
-        return phases
-
-    def step(self, point: Point, repeat: int, name: str) -> None:
-        """The run enters ``name`` (warm-up, measure, summary): shown live, and kept for the report's account."""
-        self._phases.append((time.time(), name))
-        self.ui.run_started(point, repeat, name)
 
     def explain(self, exc: BaseException) -> BaseException | None:
         """A server's log named in a failure is the lab's, deleted with it: name the copy kept in the results."""
@@ -258,116 +248,8 @@ class LocalDriver(ProcessDriver[Target]):
                         "(\\shell, \\setshell) run as root; run pglab as an unprivileged user for a plan you did "
                         "not write")
 
-    def one_run(self, point: Point, repeat: int, run_id: str, run_dir: Path) -> RunResult:
-        target, plan = self.target, self.plan
-        sampler: Sampler | None = None
-        statements: StatementsWindow | None = None
-        endpoints: Endpoints | None = None
-        try:
-            self.ui.run_started(point, repeat, "prepare")
-            endpoints = target.provision(self.parameters(point))
-            if point.cpus is not None:
-                target.set_cpus(point.cpus)
-            self._events += target.take_events()
-            if problem := target.health():
-                raise RunFailed(problem)
-            limits = target.limits_in_force()
-            if limits:
-                write_json(run_dir / "limits.json", limits)
-            links = target.links_in_force()
-            if links:  # the replication links as Toxiproxy shapes them during this run
-                write_json(run_dir / "network.json", links)
-            self.step(point, repeat, "reset")
-            self.prepare_dataset(target, endpoints, run_dir)
-            self._events += target.take_events()  # a snapshot reset's own
-            self.step(point, repeat, "probes")
-            settings = self.settings(endpoints, run_dir)
-            ctx = ProbeContext(
-                primary_conninfo=endpoints.primary.conninfo(application_name="pglab-probe"),
-                standby_conninfos={s.name: s.conninfo(application_name="pglab-probe") for s in endpoints.standbys},
-                paths=target.probe_paths(),
-                server_pids=target.server_pids,
-                client_pids=lambda: [p.pid for p in self._pgbench],
-                wait_hz=plan.probes.wait_hz,
-            )
-            sampler = Sampler(default_probes(ctx) if plan.probes.enabled else [])
-            sampler.start()
-            if plan.probes.enabled:  # pg_stat_statements where loaded (the extension made only where pglab owns it)
-                statements = StatementsWindow(ctx.primary_conninfo,
-                                              create=not (target.read_only or isinstance(target, ExternalServer)))
-                statements.open()
-            run = plan.run
-            events: list[Event] = []
-            if run.warmup > 0:
-                self.step(point, repeat, "warm-up")
-                events.append((now(), "warmup-start", f"{run.warmup:g} s"))
-                self._pgbench_once(endpoints, point, run_dir, "warmup", seconds=run.warmup, transactions=None,
-                                   log=False)
-                events.append((now(), "warmup-end", ""))
-            self.step(point, repeat, "measure")
-            primary_name = target.primary_name()
-            primary_at_end: str | None = primary_name
-            if statements:
-                statements.start(now())
-            io_before, cpu_before, launched = target.io_stats(), target.cpu_stats(), now()
-            scenario_metrics: dict[str, float | None] = {}
-            if point.scenario is None:
-                measured = self._pgbench_once(endpoints, point, run_dir, "pgbench", seconds=run.measured_seconds,
-                                              transactions=run.transactions, log=True)
-                cpu_after, ended = target.cpu_stats(), now()
-                io_after = target.io_stats()
-                if statements:
-                    statements.end(now())
-                self.step(point, repeat, "closing-tick")
-                samples = close_window(sampler, ended)  # every probe's sample that closes the window, no more
-                self.step(point, repeat, "summary")
-                result = pgbench.finish_run(measured[0], measured[1], run_dir / "pgbench_log", launched, ended)
-            else:
-                from pglab.drivers.faults import through_scenario
-
-                result, scenario_metrics, scenario_events = through_scenario(
-                    plan, target, self.ui.log, self._pgbench_once, point, run_dir, launched)
-                cpu_after, ended = target.cpu_stats(), result.window_end
-                io_after = target.io_stats()
-                if statements:
-                    statements.end(now())
-                self.step(point, repeat, "closing-tick")
-                try:
-                    primary_at_end = target.primary_name()  # a failover or switchover moves the primary's role
-                except Exception:  # no leader yet: the roles over the window are not known either
-                    primary_at_end = None
-                samples = close_window(sampler, ended)
-                self.step(point, repeat, "summary")
-                events += scenario_events
-            window = (result.window_start, result.window_end)
-            metrics = pgbench_metrics(result)
-            metrics.update(sampler.summarize(*window))
-            metrics.update(limit_metrics(limits, cpu_before, cpu_after, ended - launched, primary_name))
-            io_figures, io_record = io_metrics(io_before, io_after, (launched, ended), primary_name,
-                                               target.io_accounting(), primary_at_end=primary_at_end)
-            metrics.update(io_figures)
-            metrics.update(scenario_metrics)
-            statements_record = statements.write(run_dir) if statements else None
-            errors = sampler.errors + (statements.errors if statements else [])
-            if errors:
-                (run_dir / "probe-errors.txt").write_text("\n".join(errors) + "\n")
-            series = pgbench_series(result, "pgbench")
-            series += [(s.ts, s.source, s.metric, s.value) for s in samples]
-            write_samples(run_dir / "probes.csv", samples)
-            dataset = target.describe().get("dataset")  # how the lab got it: loaded, or from the dataset cache
-            return RunResult.of(window, metrics, series=series, events=events, settings=settings,
-                                record={"command": result.command, "io": io_record,
-                                        **({"dataset": dataset} if dataset else {}),
-                                        **({"statements": statements_record} if statements_record else {})})
-        except BaseException as exc:
-            self._stop_pgbench()
-            if sampler:
-                sampler.stop()
-            if statements:
-                statements.close()
-            if not isinstance(exc, (KeyboardInterrupt, RunInterrupted, LabUnsound)):  # teardown follows those
-                self.end_leftovers_after_failure(endpoints)
-            raise
+    def start_run(self, point: Point, repeat: int, run_id: str, run_dir: Path) -> LocalRun:
+        return LocalRun(self, point, run_dir)
 
     def _pgbench_once(self, endpoints: Endpoints, point: Point, run_dir: Path, name: str, seconds: float | None,
                       transactions: int | None, log: bool, watch_health: bool = True) -> tuple[PgbenchProcess, int]:
@@ -415,6 +297,144 @@ class LocalDriver(ProcessDriver[Target]):
             err = proc.stderr_path.read_text().strip().splitlines()
             raise PgbenchError(f"warm-up pgbench exited with code {rc}: {(err or ['no message'])[-1]}")
         return proc, rc
+
+
+class LocalRun(MeasuredRun):
+    """One measured run on one primary (and its standbys), step by step; :func:`pglab.engine.run.measure` calls
+    the steps. A scenario's run (a fault under load) is the load step of its own run (:mod:`pglab.drivers.faults`)."""
+
+    def __init__(self, driver: LocalDriver, point: Point, run_dir: Path):
+        self.d, self.target, self.point, self.run_dir = driver, driver.target, point, run_dir
+        self.warmup_s = driver.plan.run.warmup
+        self.endpoints: Endpoints | None = None
+        self.sampler: Sampler | None = None
+        self.statements: StatementsWindow | None = None
+        self.limits: dict[str, Any] = {}
+        self.settings: dict[str, Any] = {}
+        self.events: list[Event] = []
+        self.samples: list[Sample] = []
+        self.measured: tuple[PgbenchProcess, int] | None = None  # pgbench as it ended, read in the summary
+        self.result: pgbench.PgbenchRun | None = None
+        self.scenario_metrics: dict[str, float | None] = {}
+        self.primary_name = ""
+        self.primary_at_end: str | None = ""  # "": not looked at again after the window (io_metrics)
+
+    @property
+    def ep(self) -> Endpoints:
+        assert self.endpoints is not None, "prepare() provisions before anything else"
+        return self.endpoints
+
+    def prepare(self) -> None:
+        d, target = self.d, self.target
+        self.endpoints = target.provision(d.parameters(self.point))
+        if self.point.cpus is not None:
+            target.set_cpus(self.point.cpus)
+        d._events += target.take_events()
+        if problem := target.health():
+            raise RunFailed(problem)
+        self.limits = target.limits_in_force()
+        if self.limits:
+            write_json(self.run_dir / "limits.json", self.limits)
+        if links := target.links_in_force():  # the replication links as Toxiproxy shapes them during this run
+            write_json(self.run_dir / "network.json", links)
+
+    def reset(self) -> None:
+        self.d.prepare_dataset(self.target, self.ep, self.run_dir)
+        self.d._events += self.target.take_events()  # a snapshot reset's own
+
+    def start_probes(self) -> None:
+        d, target, ep = self.d, self.target, self.ep
+        self.settings = d.settings(ep, self.run_dir)
+        ctx = ProbeContext(
+            primary_conninfo=ep.primary.conninfo(application_name="pglab-probe"),
+            standby_conninfos={s.name: s.conninfo(application_name="pglab-probe") for s in ep.standbys},
+            paths=target.probe_paths(),
+            server_pids=target.server_pids,
+            client_pids=lambda: [p.pid for p in d._pgbench],
+            wait_hz=d.plan.probes.wait_hz,
+        )
+        self.sampler = Sampler(default_probes(ctx) if d.plan.probes.enabled else [])
+        self.sampler.start()
+        if d.plan.probes.enabled:  # pg_stat_statements where loaded (the extension made only where pglab owns it)
+            self.statements = StatementsWindow(ctx.primary_conninfo,
+                                               create=not (target.read_only or isinstance(target, ExternalServer)))
+            self.statements.open()
+
+    def warm_up(self) -> None:
+        self.events.append((now(), "warmup-start", f"{self.warmup_s:g} s"))
+        self.d._pgbench_once(self.ep, self.point, self.run_dir, "warmup", seconds=self.warmup_s, transactions=None,
+                             log=False)
+        self.events.append((now(), "warmup-end", ""))
+
+    def measure(self) -> None:
+        d, target, run = self.d, self.target, self.d.plan.run
+        self.primary_name = self.primary_at_end = target.primary_name()
+        if self.statements:
+            self.statements.start(now())
+        self.io_before, self.cpu_before, self.launched = target.io_stats(), target.cpu_stats(), now()
+        if self.point.scenario is None:
+            self.measured = d._pgbench_once(self.ep, self.point, self.run_dir, "pgbench",
+                                            seconds=run.measured_seconds, transactions=run.transactions, log=True)
+            self.cpu_after, self.ended = target.cpu_stats(), now()
+        else:
+            from pglab.drivers.faults import through_scenario
+
+            self.result, self.scenario_metrics, scenario_events = through_scenario(
+                d.plan, target, d.ui.log, d._pgbench_once, self.point, self.run_dir, self.launched)
+            self.cpu_after, self.ended = target.cpu_stats(), self.result.window_end
+            self.events += scenario_events
+        self.io_after = target.io_stats()
+        if self.statements:
+            self.statements.end(now())
+
+    def close_probes(self) -> None:
+        if self.point.scenario is not None:
+            try:
+                self.primary_at_end = self.target.primary_name()  # a failover or switchover moves the primary's role
+            except Exception:  # no leader yet: the roles over the window are not known either
+                self.primary_at_end = None
+        assert self.sampler is not None
+        self.samples = close_window(self.sampler, self.ended)  # every probe's sample that closes the window, no more
+
+    def summarize(self) -> RunResult:
+        sampler, statements, run_dir = self.sampler, self.statements, self.run_dir
+        assert sampler is not None
+        if self.measured is not None:
+            self.result = pgbench.finish_run(*self.measured, run_dir / "pgbench_log", self.launched, self.ended)
+        result = self.result
+        assert result is not None
+        window = (result.window_start, result.window_end)
+        metrics = pgbench_metrics(result)
+        metrics.update(sampler.summarize(*window))
+        metrics.update(limit_metrics(self.limits, self.cpu_before, self.cpu_after, self.ended - self.launched,
+                                     self.primary_name))
+        io_figures, io_record = io_metrics(self.io_before, self.io_after, (self.launched, self.ended),
+                                           self.primary_name, self.target.io_accounting(),
+                                           primary_at_end=self.primary_at_end)
+        metrics.update(io_figures)
+        metrics.update(self.scenario_metrics)
+        statements_record = statements.write(run_dir) if statements else None
+        if errors := sampler.errors + (statements.errors if statements else []):
+            (run_dir / "probe-errors.txt").write_text("\n".join(errors) + "\n")
+        series = pgbench_series(result, "pgbench")
+        series += [(s.ts, s.source, s.metric, s.value) for s in self.samples]
+        write_samples(run_dir / "probes.csv", self.samples)
+        dataset = self.target.describe().get("dataset")  # how the lab got it: loaded, or from the dataset cache
+        return RunResult.of(window, metrics, series=series, events=self.events, settings=self.settings,
+                            record={"command": result.command, "io": io_record,
+                                    **({"dataset": dataset} if dataset else {}),
+                                    **({"statements": statements_record} if statements_record else {})})
+
+    def end(self, failure: BaseException | None) -> None:
+        if failure is None:
+            return
+        self.d._stop_pgbench()
+        if self.sampler:
+            self.sampler.stop()
+        if self.statements:
+            self.statements.close()
+        if not isinstance(failure, (KeyboardInterrupt, RunInterrupted, LabUnsound)):  # teardown follows those
+            self.d.end_leftovers_after_failure(self.endpoints)
 
 
 def pgbench_metrics(result: pgbench.PgbenchRun) -> dict[str, float | None]:

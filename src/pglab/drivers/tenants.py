@@ -17,10 +17,11 @@ from pathlib import Path
 
 from pglab.artifacts import write_json, write_samples
 from pglab.drivers.local import ProcessDriver, close_window, pgbench_metrics, pgbench_series
+from pglab.engine.driver import MeasuredRun
 from pglab.engine.types import Event, Observer, RunFailed, RunResult, TenantFigure
 from pglab.plan.expand import Point
 from pglab.plan.schema import Plan, Tier
-from pglab.probes import CpuProbe, DiskProbe, MemoryProbe, ProbeContext, Sampler
+from pglab.probes import CpuProbe, DiskProbe, MemoryProbe, ProbeContext, Sample, Sampler
 from pglab.probes.base import now
 from pglab.targets.local.fleet import Fleet, Tenant
 from pglab.workloads import pgbench
@@ -46,81 +47,9 @@ class TenantsDriver(ProcessDriver[Fleet]):
         _stop(self._running)
         super()._stop_pgbench()
 
-    def one_run(self, point: Point, repeat: int, run_id: str, run_dir: Path) -> RunResult:
+    def start_run(self, point: Point, repeat: int, run_id: str, run_dir: Path) -> TenantsRun:
         """Every tenant at once; a tenant's failure fails the run, its server logs kept beside its output."""
-        fleet, plan, ui = self.fleet, self.plan, self.ui
-        assert point.arrangement is not None
-        running = self._running
-        sampler: Sampler | None = None
-        try:
-            ui.run_started(point, repeat, "prepare")
-            fleet.use(point.arrangement)
-            fleet.provision(dict(plan.postgres.parameters))
-            self._events += fleet.take_events()
-            if problem := fleet.health():
-                raise RunFailed(problem)
-            limits = fleet.limits_in_force()
-            write_json(run_dir / "limits.json", limits)
-            dirs = {t.name: run_dir / "tenants" / t.name for t in fleet.tenants}
-            self.step(point, repeat, "reset")
-            for t in fleet.tenants:
-                dirs[t.name].mkdir(parents=True)
-                self.prepare_dataset(t.lab, t.lab.endpoints(), dirs[t.name])
-            self._events += [e for t in fleet.tenants for e in t.lab.take_events()]
-            self.step(point, repeat, "probes")
-            settings = self.settings(fleet.tenants[0].lab.endpoints(), run_dir)
-            ctx = ProbeContext(primary_conninfo=fleet.tenants[0].lab.endpoints().primary.conninfo(),
-                               paths=fleet.probe_paths(), server_pids=fleet.server_pids,
-                               client_pids=lambda: [p.pid for p in running.values()])
-            sampler = Sampler([DiskProbe(ctx), CpuProbe(ctx), MemoryProbe(ctx)] if plan.probes.enabled else [])
-            sampler.start()
-            run = plan.run
-            events: list[Event] = []
-            if run.warmup > 0:
-                self.step(point, repeat, "warm-up")
-                events.append((now(), "warmup-start", f"{run.warmup:g} s"))
-                self._all_at_once(dirs, "warmup", run.warmup, None, log=False)
-                events.append((now(), "warmup-end", ""))
-            self.step(point, repeat, "measure")
-            before, launched = fleet.usage(), now()
-            codes, memory = self._all_at_once(dirs, "pgbench", run.measured_seconds, run.transactions, log=True)
-            after, ended = fleet.usage(), now()
-            self.step(point, repeat, "closing-tick")
-            samples = close_window(sampler, ended)
-            self.step(point, repeat, "summary")
-            results: dict[str, pgbench.PgbenchRun] = {}
-            failed: list[str] = []
-            for t in fleet.tenants:
-                proc = running.pop(t.name)
-                try:
-                    results[t.name] = pgbench.finish_run(proc, codes[t.name], dirs[t.name] / "pgbench_log", launched,
-                                                         ended)
-                except PgbenchError as exc:
-                    failed.append(f"tenant {t.name} ({t.tier.name}): {exc}")
-            if failed:
-                raise RunFailed("; ".join(failed))
-            window = (min(x.window_start for x in results.values()), max(x.window_end for x in results.values()))
-            instances = plan.tenants.instances if plan.tenants else 1
-            rows, per_tenant = _tenant_rows(fleet.tenants, results, before, after, memory, ended - launched,
-                                            instances)
-            metrics = _aggregates(point, fleet.tenants, per_tenant, instances)
-            metrics.update(sampler.summarize(*window))
-            if sampler.errors:
-                (run_dir / "probe-errors.txt").write_text("\n".join(sampler.errors) + "\n")
-            series = [pt for name, res in results.items()
-                      for pt in pgbench_series(res, f"tenant:{name}", ("tps", "latency_ms"))]
-            series += [(s.ts, s.source, s.metric, s.value) for s in samples]
-            write_samples(run_dir / "probes.csv", samples)
-            _keep_server_logs(fleet, dirs)
-            return RunResult.of(window, metrics, series=series, events=events, settings=settings, tenants=rows,
-                                record={"tenants": {n: {"tier": t, **m} for n, (t, m) in per_tenant.items()}})
-        except BaseException as exc:
-            _stop(running)
-            if sampler:
-                sampler.stop()
-            if isinstance(exc, self.run_errors):
-                _keep_server_logs(fleet, run_dir / "tenants")
-            raise
+        return TenantsRun(self, point, run_dir)
 
     def _all_at_once(self, dirs: dict[str, Path], name: str, seconds: float | None, transactions: int | None,
                      log: bool) -> tuple[dict[str, int], dict[str, float]]:
@@ -128,6 +57,102 @@ class TenantsDriver(ProcessDriver[Fleet]):
         each tenant's exit code, and its server memory (PSS bytes) sampled half-way through, every client
         connected."""
         return _all_at_once(self, self.fleet, dirs, self._running, name, seconds, transactions, log)
+
+
+class TenantsRun(MeasuredRun):
+    """One run of every tenant of an arrangement at once, step by step (:func:`pglab.engine.run.measure`)."""
+
+    def __init__(self, driver: TenantsDriver, point: Point, run_dir: Path):
+        assert point.arrangement is not None
+        self.d, self.fleet, self.point, self.arrangement, self.run_dir = driver, driver.fleet, point, \
+            point.arrangement, run_dir
+        self.warmup_s = driver.plan.run.warmup
+        self.dirs: dict[str, Path] = {}
+        self.sampler: Sampler | None = None
+        self.settings: dict[str, object] = {}
+        self.events: list[Event] = []
+        self.samples: list[Sample] = []
+
+    def prepare(self) -> None:
+        fleet = self.fleet
+        fleet.use(self.arrangement)
+        fleet.provision(dict(self.d.plan.postgres.parameters))
+        self.d._events += fleet.take_events()
+        if problem := fleet.health():
+            raise RunFailed(problem)
+        write_json(self.run_dir / "limits.json", fleet.limits_in_force())
+        self.dirs = {t.name: self.run_dir / "tenants" / t.name for t in fleet.tenants}
+
+    def reset(self) -> None:
+        for t in self.fleet.tenants:
+            self.dirs[t.name].mkdir(parents=True)
+            self.d.prepare_dataset(t.lab, t.lab.endpoints(), self.dirs[t.name])
+        self.d._events += [e for t in self.fleet.tenants for e in t.lab.take_events()]
+
+    def start_probes(self) -> None:
+        fleet, running = self.fleet, self.d._running
+        self.settings = self.d.settings(fleet.tenants[0].lab.endpoints(), self.run_dir)
+        ctx = ProbeContext(primary_conninfo=fleet.tenants[0].lab.endpoints().primary.conninfo(),
+                           paths=fleet.probe_paths(), server_pids=fleet.server_pids,
+                           client_pids=lambda: [p.pid for p in running.values()])
+        self.sampler = Sampler([DiskProbe(ctx), CpuProbe(ctx), MemoryProbe(ctx)] if self.d.plan.probes.enabled else [])
+        self.sampler.start()
+
+    def warm_up(self) -> None:
+        self.events.append((now(), "warmup-start", f"{self.warmup_s:g} s"))
+        self.d._all_at_once(self.dirs, "warmup", self.warmup_s, None, log=False)
+        self.events.append((now(), "warmup-end", ""))
+
+    def measure(self) -> None:
+        run = self.d.plan.run
+        self.before, self.launched = self.fleet.usage(), now()
+        self.codes, self.memory = self.d._all_at_once(self.dirs, "pgbench", run.measured_seconds, run.transactions,
+                                                      log=True)
+        self.after, self.ended = self.fleet.usage(), now()
+
+    def close_probes(self) -> None:
+        assert self.sampler is not None
+        self.samples = close_window(self.sampler, self.ended)
+
+    def summarize(self) -> RunResult:
+        fleet, plan, run_dir, sampler = self.fleet, self.d.plan, self.run_dir, self.sampler
+        assert sampler is not None
+        results: dict[str, pgbench.PgbenchRun] = {}
+        failed: list[str] = []
+        for t in fleet.tenants:
+            proc = self.d._running.pop(t.name)
+            try:
+                results[t.name] = pgbench.finish_run(proc, self.codes[t.name], self.dirs[t.name] / "pgbench_log",
+                                                     self.launched, self.ended)
+            except PgbenchError as exc:
+                failed.append(f"tenant {t.name} ({t.tier.name}): {exc}")
+        if failed:
+            raise RunFailed("; ".join(failed))
+        window = (min(x.window_start for x in results.values()), max(x.window_end for x in results.values()))
+        instances = plan.tenants.instances if plan.tenants else 1
+        rows, per_tenant = _tenant_rows(fleet.tenants, results, self.before, self.after, self.memory,
+                                        self.ended - self.launched, instances)
+        metrics = _aggregates(self.point, fleet.tenants, per_tenant, instances)
+        metrics.update(sampler.summarize(*window))
+        if sampler.errors:
+            (run_dir / "probe-errors.txt").write_text("\n".join(sampler.errors) + "\n")
+        series = [pt for name, res in results.items()
+                  for pt in pgbench_series(res, f"tenant:{name}", ("tps", "latency_ms"))]
+        series += [(s.ts, s.source, s.metric, s.value) for s in self.samples]
+        write_samples(run_dir / "probes.csv", self.samples)
+        _keep_server_logs(fleet, self.dirs)
+        return RunResult.of(window, metrics, series=series, events=self.events, settings=self.settings,
+                            tenants=rows,
+                            record={"tenants": {n: {"tier": t, **m} for n, (t, m) in per_tenant.items()}})
+
+    def end(self, failure: BaseException | None) -> None:
+        if failure is None:
+            return
+        _stop(self.d._running)
+        if self.sampler:
+            self.sampler.stop()
+        if isinstance(failure, self.d.run_errors):
+            _keep_server_logs(self.fleet, self.run_dir / "tenants")
 
 
 def _all_at_once(r: TenantsDriver, fleet: Fleet, dirs: dict[str, Path], running: dict[str, PgbenchProcess],

@@ -13,6 +13,7 @@ from pathlib import Path
 from pglab import __version__
 from pglab.artifacts import write_json
 from pglab.engine.driver import Driver, FioMeasurement, SweepInfo
+from pglab.engine.run import measure
 from pglab.engine.schedule import Schedule, new_seed
 from pglab.engine.types import Event, Observer, RunResult
 from pglab.errors import NoSpace, RunInterrupted, UserError, first_line, no_space
@@ -184,13 +185,16 @@ class Recorder:
         run_id, run_dir = store.start_run(self.sweep_id, point_id, point.index, repeat)
         self.phases.attach(run_id)  # the preparation the sweep marked before the run had an id
 
-        def steps() -> None:  # the driver's steps of this run, then the recording of its end
-            for at, name in driver.take_phases():
-                self.phases.mark(name, at=at, run_id=run_id)
+        def mark(name: str) -> None:  # a step of the run begins: a phase of the wall time, shown live
+            self.phases.mark(name, run_id=run_id)
+            ui.run_started(point, repeat, name)
+
+        def steps() -> None:  # the run's steps are over: the recording of its end
             self.phases.mark("record", run_id=run_id)
 
         try:
-            result = driver.one_run(point, repeat, run_id, run_dir)
+            ui.run_started(point, repeat, "prepare")
+            result = measure(driver.start_run(point, repeat, run_id, run_dir), mark)
             steps()
             write_json(run_dir / "run.json", result.run_json(run_id, point, repeat))
         except RunInterrupted as exc:
