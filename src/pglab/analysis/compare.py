@@ -49,11 +49,6 @@ class Difference:
     ci95: tuple[float, float] | None = None  # Welch 95 % interval of b − a, in the metric's unit
 
 
-def lower_is_better(metric: str) -> bool | None:
-    """The metrics catalogue's word on ``metric`` (None: neither way is better, e.g. IOPS or a count)."""
-    return metrics.lower_is_better(metric)
-
-
 def _clean(values: Sequence[float | None]) -> list[float]:
     return [float(v) for v in values if v is not None and not math.isnan(float(v))]
 
@@ -65,7 +60,7 @@ def verdict(metric: str, significant: bool | None, increase: bool) -> str:
         return TOO_FEW_REPEATS
     if not significant:
         return NO_DIFFERENCE
-    direction = lower_is_better(metric)
+    direction = metrics.lower_is_better(metric)  # the catalogue's word (None: neither way is better)
     if direction is None:
         return HIGHER if increase else LOWER
     better = increase != direction

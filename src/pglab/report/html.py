@@ -23,6 +23,7 @@ from pglab.report.tables import (
     STORAGE_HEADERS,
     STORAGE_SHOWN,
     delta_text,
+    durability_headers,
     durability_table,
     interval_columns,
     limits_note,
@@ -120,7 +121,9 @@ def build(store: Store, sweep_id: int | None = None) -> str:
                        "bottleneck comes from the run's own figures.")]
     if dur_rows:
         tables.append(_section("durability-table", "Price of durability (table)", _formatted(dur_columns),
-                               [_with_deltas(r) for r in dur_rows], headers=_durability_headers(dur_columns)))
+                               [_with_deltas(r) for r in dur_rows], headers=durability_headers(dur_columns, (
+                                   "Δ TPS % [95 %]", "Δ latency % [95 %]", "TPS verdict", "latency verdict",
+                                   "latency ms", "TPS"))))
     for i, (up_title, up_columns, up_rows) in enumerate(uplifts):
         tables.append(_section(f"uplift{i}", up_title[0].upper() + up_title[1:], _formatted(up_columns),
                                [_with_deltas(r) for r in up_rows]))
@@ -218,18 +221,6 @@ def _with_deltas(row: dict[str, Any]) -> dict[str, Any]:
             low, high, verdict = interval_columns(c) or ("", "", "")
             out[c] = delta_text(row.get(c), row.get(low), row.get(high), row.get(verdict))
     return out
-
-
-def _durability_headers(columns: list[str]) -> dict[str, str]:
-    headers = {}
-    for c in columns:
-        for suffix, name in (("_tps_vs_base_pct", "Δ TPS % [95 %]"), ("_latency_vs_base_pct", "Δ latency % [95 %]"),
-                             ("_tps_verdict", "TPS verdict"), ("_latency_verdict", "latency verdict"),
-                             ("_latency_avg_ms", "latency ms"), ("_tps", "TPS")):
-            if c.endswith(suffix):
-                headers[c] = f"{c[: -len(suffix)]} {name}"
-                break
-    return headers
 
 
 def _config(p: dict[str, Any]) -> str:

@@ -34,9 +34,10 @@ DURABILITY_ORDER = ("off", "local", "remote_write", "on", "remote_apply")
 WALL_TIME_WITH_WHAT = 130  # the time table says what each phase is only on a terminal this wide (its longest: 129)
 # columns that are no stored run metric: the cost table's and fio's (the storage phase's own figures)
 DECIMALS = {**metrics.decimals(), "peak_tps": 1, "tps_a": 1, "tps_b": 1, "a": 1, "b": 1, "iops": 0, "mb_s": 1,
-            "lat_mean_ms": 3, "lat_p99_ms": 3, "lat_p999_ms": 3, "shown_lat_mean_ms": 3, "shown_lat_p99_ms": 3,
-            "shown_lat_p999_ms": 3}
+            "lat_mean_ms": 3, "lat_p99_ms": 3, "lat_p999_ms": 3}
 MONEY_COLUMNS = ("per_tps", "monthly")
+# the point table's columns for CSV/JSON (and the HTML's figures), not the terminal's
+POINT_EXTRAS = ("tps_cv_pct", "unstable", "storage_ceiling_pct", "tps_dips", "tps_dips_at_checkpoint", "bottleneck_tag")
 
 
 
@@ -59,8 +60,7 @@ def point_table(store: Store, sweep_id: int | None = None) -> tuple[list[str], l
     runs = store.runs(sweep_id)
     extra = _extra_axes(runs)
     columns = [*AXIS_COLUMNS, *extra, *METRIC_COLUMNS, "repeats", "failed_runs", "bottleneck", "flags"]
-    columns += [f"{c}_ci95" for c in CI_COLUMNS] + ["tps_cv_pct", "unstable", "storage_ceiling_pct", "tps_dips",
-                "tps_dips_at_checkpoint", "bottleneck_tag"]
+    columns += [f"{c}_ci95" for c in CI_COLUMNS] + list(POINT_EXTRAS)
     cores, sweep_ceilings = _cores(store, sweep_id), _data_ceilings(store, sweep_id)
     by_label = store.ceilings(sweep_id) if sweep_id is not None else {}
     recorded = store.sweep_schedule(sweep_id) if sweep_id is not None else None
@@ -189,10 +189,10 @@ STORAGE_COLUMNS = ["path", "device", "profile", "iops", "mb_s", "lat_of", "lat_m
                    "note", "label", "job", "direction", "io_lat_mean_ms", "io_lat_p50_ms", "io_lat_p99_ms",
                    "io_lat_p999_ms", "fdatasync_lat_mean_ms", "fdatasync_lat_p99_ms", "fdatasync_lat_p999_ms",
                    "json_file"]
-STORAGE_SHOWN = ["path", "device", "profile", "iops", "mb_s", "lat_of", "shown_lat_mean_ms", "shown_lat_p99_ms",
-                 "shown_lat_p999_ms", "note"]
-STORAGE_HEADERS = {"iops": "IOPS", "mb_s": "MB/s", "lat_of": "latency of", "shown_lat_mean_ms": "lat mean ms",
-                   "shown_lat_p99_ms": "p99 ms", "shown_lat_p999_ms": "p99.9 ms"}
+STORAGE_SHOWN = ["path", "device", "profile", "iops", "mb_s", "lat_of", "lat_mean_ms", "lat_p99_ms", "lat_p999_ms",
+                 "note"]
+STORAGE_HEADERS = {"iops": "IOPS", "mb_s": "MB/s", "lat_of": "latency of", "lat_mean_ms": "lat mean ms",
+                   "lat_p99_ms": "p99 ms", "lat_p999_ms": "p99.9 ms"}
 
 
 def storage_table(store: Store, sweep_id: int | None = None) -> tuple[list[str], list[dict[str, Any]]]:
@@ -221,10 +221,7 @@ def storage_table(store: Store, sweep_id: int | None = None) -> tuple[list[str],
             "direction": r["direction"], "io_lat_mean_ms": r["lat_mean_ms"], "io_lat_p50_ms": r["lat_p50_ms"],
             "io_lat_p99_ms": r["lat_p99_ms"], "io_lat_p999_ms": r["lat_p999_ms"],
             "fdatasync_lat_mean_ms": r["sync_lat_mean_ms"], "fdatasync_lat_p99_ms": r["sync_lat_p99_ms"],
-            "fdatasync_lat_p999_ms": r["sync_lat_p999_ms"], "json_file": r["json_file"],
-            "shown_lat_mean_ms": r[f"{shown}_mean_ms"], "shown_lat_p99_ms": r[f"{shown}_p99_ms"],
-            "shown_lat_p999_ms": r[f"{shown}_p999_ms"],
-        })
+            "fdatasync_lat_p999_ms": r["sync_lat_p999_ms"], "json_file": r["json_file"]})
     return list(STORAGE_COLUMNS), rows
 
 
@@ -294,8 +291,7 @@ def delta_text(delta: float | None, low: float | None, high: float | None, verdi
 def display_columns(columns: list[str]) -> list[str]:
     """The columns a terminal or markdown table shows: intervals go into their figure's cell, not columns."""
     return [c for c in columns if not c.endswith(("_ci95", "ci95_low_pct", "ci95_high_pct", "p_value"))
-            and c not in ("tps_cv_pct", "unstable", "storage_ceiling_pct", "tps_dips", "tps_dips_at_checkpoint",
-                          "bottleneck_tag")]
+            and c not in POINT_EXTRAS]
 
 
 def durability_table(store: Store, sweep_id: int | None = None) -> tuple[list[str], list[dict[str, Any]]]:
@@ -309,10 +305,7 @@ def durability_table(store: Store, sweep_id: int | None = None) -> tuple[list[st
     if len(levels) < 2:
         return [], []
     base = "off" if "off" in levels else ("local" if "local" in levels else levels[0])
-    keys = [c for c in columns if c not in METRIC_COLUMNS and c not in ("synchronous_commit", "repeats",
-            "failed_runs", "tps_cv_pct", "unstable", "bottleneck", "flags", "storage_ceiling_pct", "tps_dips",
-            "tps_dips_at_checkpoint", "bottleneck_tag")
-            and not c.endswith("_ci95")]
+    keys = [c for c in columns[: columns.index("repeats")] if c not in (*METRIC_COLUMNS, "synchronous_commit")]
     groups: OrderedDict[tuple[Any, ...], dict[str, dict[str, Any]]] = OrderedDict()
     for p in points:
         groups.setdefault(tuple(p.get(k) for k in keys), {})[p["synchronous_commit"]] = p
@@ -350,6 +343,17 @@ def durability_table(store: Store, sweep_id: int | None = None) -> tuple[list[st
                                   if by_level.get(lv, {}).get("flags")])
         rows.append(row)
     return out_columns, rows
+
+
+DURABILITY_SUFFIXES = ("_tps_vs_base_pct", "_latency_vs_base_pct", "_tps_verdict", "_latency_verdict",
+                       "_latency_avg_ms", "_tps")
+
+
+def durability_headers(columns: list[str], names: tuple[str, ...] = ("Δ tps", "Δ lat", "tps verdict", "lat verdict",
+                                                                     "lat ms", "tps")) -> dict[str, str]:
+    """A level's columns titled "<level> <name>", ``names`` for its Δ TPS, Δ latency, their verdicts, latency, TPS."""
+    return {c: f"{c[: -len(s)]} {n}" for c in columns for s, n in zip(DURABILITY_SUFFIXES, names, strict=True)
+            if c.endswith(s)}
 
 
 def _number(value: float | None) -> float | None:
@@ -501,8 +505,6 @@ def uplift_table(store: Store, sweep_id: int | None = None) -> tuple[list[str], 
 
 def _prose(text: str, width: int | None) -> str:
     """Notes below the tables wrapped to the terminal (120 columns when piped), each paragraph apart."""
-    import textwrap
-
     limit = min(width or 120, 120)
     return "".join(textwrap.fill(line, limit, subsequent_indent="  ", break_on_hyphens=False) + "\n"
                    for line in text.splitlines())
@@ -545,7 +547,7 @@ def full_report(store: Store, fmt: str, sweep_id: int | None = None, per_run: bo
     if fio_rows and table in (None, "storage"):
         shown = [c for c in STORAGE_SHOWN if c != "note"] if compact else STORAGE_SHOWN
         parts.append(render(fio_columns, fio_rows, fmt, title="storage (fio)", shown=shown, headers=STORAGE_HEADERS,
-                            width=width, optional=("shown_lat_p999_ms", "mb_s", "device") if compact else ()))
+                            width=width, optional=("lat_p999_ms", "mb_s", "device") if compact else ()))
         if compact:
             parts.append(_prose("".join(f"{r['path']} {r['profile']}: {r['note']}\n" for r in fio_rows if r["note"]),
                                 width))
@@ -562,14 +564,6 @@ def full_report(store: Store, fmt: str, sweep_id: int | None = None, per_run: bo
             parts.append(_prose("".join(f"{r['run_id']} {r['status']}: {r['reason']}\n" for r in db_rows
                                         if r.get("reason")), width))
     if dur_rows and table in (None, "durability") and not per_run:
-        headers = {}
-        for c in dur_columns:
-            for suffix, name in (("_tps_vs_base_pct", "Δ tps"), ("_latency_vs_base_pct", "Δ lat"),
-                                 ("_tps_verdict", "tps verdict"), ("_latency_verdict", "lat verdict"),
-                                 ("_latency_avg_ms", "lat ms"), ("_tps", "tps")):
-                if c.endswith(suffix):
-                    headers[c] = f"{c[: -len(suffix)]} {name}"
-                    break
         compared += dur_rows
         base = dur_rows[0]["base"]
         shown = [c for c in display_columns(dur_columns) if c != "base"]
@@ -583,7 +577,8 @@ def full_report(store: Store, fmt: str, sweep_id: int | None = None, per_run: bo
             shown = [*keys, f"{base}_tps", *deltas, *verdicts, *flagged, *lat]
             optional = (tuple(verdicts), *flagged, tuple(lat))  # a kind of column goes for every level at once
         parts.append(render(dur_columns, dur_rows, fmt, title="price of durability: synchronous_commit levels side "
-                            f"by side, Δ = % vs {base} [95 % interval]", shown=shown, headers=headers,
+                            f"by side, Δ = % vs {base} [95 % interval]", shown=shown,
+                            headers=durability_headers(dur_columns),
                             width=width, optional=optional))
     sc_columns, sc_rows = scenario_table(store, sweep_id)
     if sc_rows and table in (None, "scenarios") and not per_run:
