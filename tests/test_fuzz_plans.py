@@ -584,14 +584,24 @@ def nothing_starts() -> Iterator[None]:
         yield
 
 
+_COMMAND: list[Any] = []  # pglab's click command, built from pglab.cli.app once (typer builds it anew at every call)
+
+
 def cli(*args: str) -> tuple[int, str, str]:
-    """``pglab ARGS`` through the real entry point, in this process: exit code, stdout, stderr."""
+    """``pglab ARGS`` through the real entry point, in this process: exit code, stdout, stderr. ``main()`` runs as
+    the console script runs it; only the command typer would build from the same ``app`` is built once, not at each
+    of the thousand calls."""
+    import typer.main
+
     from pglab import cli as pglab_cli
+
+    if not _COMMAND:
+        _COMMAND.append(typer.main.get_command(pglab_cli.app))
 
     stdout, stderr = io.StringIO(), io.StringIO()
     code: Any = 0
-    with mock.patch.object(sys, "argv", ["pglab", *args]), contextlib.redirect_stdout(stdout), \
-            contextlib.redirect_stderr(stderr), nothing_starts():
+    with mock.patch.object(sys, "argv", ["pglab", *args]), mock.patch.object(pglab_cli, "app", _COMMAND[0]), \
+            contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr), nothing_starts():
         try:
             pglab_cli.main()
         except SystemExit as exc:
