@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import NoReturn
 
 from pglab import storage
 from pglab.engine.driver import FioMeasurement, SweepInfo
@@ -41,10 +41,8 @@ class FioDriver:
     def load_dataset(self) -> None: pass
     def before_run(self, point: Point) -> None: pass
     def start_run(self, point: Point, repeat: int, run_id: str, run_dir: Path) -> NoReturn: raise AssertionError
-    one_run = start_run
     def describe(self) -> SweepInfo | None: return None
     def health(self) -> str | None: return None
     def take_events(self) -> list[Event]: return []
-    def take_phases(self) -> list[Any]: return []
     def explain(self, exc: BaseException) -> BaseException | None: return None
     def close(self, keep: bool) -> list[str]: return []
