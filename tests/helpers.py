@@ -11,8 +11,10 @@
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -133,6 +135,27 @@ def children(pid: int, name: str, arg: str) -> list[int]:
 def pgbench_children(pid: int) -> list[int]:
     """The measured pgbench (not pgbench -i) started by ``pid``."""
     return children(pid, "pgbench", "-T")
+
+
+def alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie, ended but not yet reaped, does not)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def outsider() -> int:
+    """A busy loop that is not a descendant of pglab or of this test (its shell exits, init adopts it): another
+    program on the host, as when an engineer's job shares the machine. The caller kills it."""
+    out = subprocess.run(["sh", "-c", f"'{sys.executable}' -c 'while True: pass' >/dev/null 2>&1 & echo $!"],
+                         capture_output=True, text=True, check=True).stdout
+    return int(out)
+
+
+def as_server_user() -> dict[str, Any]:
+    """subprocess arguments running a server binary as ``postgres`` when we are root."""
+    return {"user": "postgres", "group": "postgres"} if os.geteuid() == 0 else {}
 
 
 def fault_each_measured_pgbench(proc: subprocess.Popen[str], faults: list[str], timeout: float,

@@ -12,14 +12,13 @@ import io
 import json
 import os
 import shutil
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
 import pytest
 
 from conftest import run_plan
+from helpers import outsider
 from pglab.analysis.bottleneck import interfered
 
 pytestmark = [pytest.mark.postgres, pytest.mark.quiet]
@@ -67,13 +66,6 @@ run: {{duration: 4s, warmup: 1s, repeats: 1}}
         shutil.rmtree(base, ignore_errors=True)
 
 
-def _outsider() -> int:
-    """A busy loop that is not a descendant of pglab or of this test (its shell exits): another job on the host."""
-    out = subprocess.run(["sh", "-c", f"'{sys.executable}' -c 'while True: pass' >/dev/null 2>&1 & echo $!"],
-                         capture_output=True, text=True, check=True).stdout
-    return int(out)
-
-
 def test_a_host_saturated_from_outside_is_named_interference() -> None:
     """The same small select-only point twice, the second time beside two busy loops that are not the lab's: their
     CPU is interference_cpu_cores, and the verdict names interference, not cpu.
@@ -95,7 +87,7 @@ run: {duration: 4s, warmup: 1s, repeats: 1}
         found = {}
         for label in ("alone", "beside"):
             if label == "beside":
-                outsiders = [_outsider() for _ in range(max(2, os.cpu_count() or 1))]
+                outsiders = [outsider() for _ in range(max(2, os.cpu_count() or 1))]
             proc = run_plan(plan, base / label, "--format", "csv").proc
             row = next(csv.DictReader(io.StringIO(proc.stdout)))
             metrics = json.loads(next((base / label / "runs").glob("*/run.json")).read_text())["metrics"]

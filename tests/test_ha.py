@@ -19,6 +19,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
+from helpers import alive
 from pglab.errors import UserError
 from pglab.plan.schema import LocalTarget
 from pglab.targets.local import registry
@@ -38,7 +39,7 @@ def _remember(lab: HALab) -> None:
 def _lab_processes(paths: list[Path]) -> list[str]:
     """Live processes whose command line, environment or working directory names one of ``paths``."""
     return [f"{p}: {Path(f'/proc/{p}/cmdline').read_bytes()[:200]!r}" for p in registry.processes_using(paths)
-            if _alive(p)]
+            if alive(p)]
 
 
 def _cgroup_dirs(lab_dir: Path) -> set[Path]:
@@ -52,13 +53,6 @@ def _cgroup_dirs(lab_dir: Path) -> set[Path]:
                 if f"/{top}/" in path:
                     found.add(Path("/sys/fs/cgroup") / names / path.lstrip("/"))
     return found
-
-
-def _alive(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return False
 
 
 @pytest.fixture(scope="module")
@@ -174,7 +168,7 @@ def test_killed_leader_node_fails_over_within_the_budget_and_keeps_committed_row
     _remember(lab)
     kill = lab.faults.kill_primary_node()
     assert kill.node == old
-    assert [(p, Path(f"/proc/{p}/stat").read_text()[:60]) for p in kill.pids if _alive(p)] == []
+    assert [(p, Path(f"/proc/{p}/stat").read_text()[:60]) for p in kill.pids if alive(p)] == []
     transition = lab.faults.wait_new_primary(old, timeout=3 * lab.failover_budget, since=kill.at)
     print(f"failover {old} -> {transition.new} in {transition.seconds:.1f} s (budget {lab.failover_budget:.0f} s)")
     t = lab.timings
@@ -210,7 +204,7 @@ def test_teardown_leaves_no_process_and_no_file(lab: HALab) -> None:
     replica.proc.wait()
     assert replica.postmaster_pid() is not None
     lab.teardown()
-    assert not [p for p in SEEN_PIDS if _alive(p)]
+    assert not [p for p in SEEN_PIDS if alive(p)]
     assert _lab_processes([lab_dir]) == []
     assert not lab_dir.exists()
     assert all(e.lab_dir != lab_dir for e in registry.entries())

@@ -21,19 +21,11 @@ from pathlib import Path
 import pytest
 
 from conftest import processes_mentioning, run_plan
-from helpers import children_of, read_store, stored_runs
+from helpers import alive, children_of, read_store, stored_runs
 
 pytestmark = pytest.mark.postgres
 
 WARMUP_S, MEASURE_S, PAUSE_S = 3, 4, 4  # -T 3 is the warm-up's pgbench, -T 4 the measured one's
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
 
 
 def _pgbench_for(seconds: int) -> Callable[[dict[int, tuple[str, list[str]]]], bool]:
@@ -146,7 +138,7 @@ run: {{duration: {MEASURE_S}s, warmup: {WARMUP_S}s, repeats: {when.repeats}, pau
     assert [s for s, _ in runs] in when.runs, runs
     assert all(r == f"interrupted by {sig.name}" for s, r in runs if s == "interrupted"), runs
     assert processes_mentioning(str(lab)) == []
-    assert [p for p in seen if _alive(p)] == []
+    assert [p for p in seen if alive(p)] == []
     assert not lab.exists()
 
     rerun = run_plan(plan, results).proc

@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from helpers import alive
 from pglab import interrupts
 from pglab.engine.sweep import interrupt_signals
 from pglab.errors import RunInterrupted
@@ -27,13 +28,6 @@ from pglab.targets.base import Endpoint
 from pglab.workloads.pgbench import PgbenchProcess
 
 ENDPOINT = Endpoint("n0", "primary", "/nonexistent", 5432, "u", "d", Path("/nonexistent/pgpass"))
-
-
-def _alive(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def test_a_signal_while_a_wait_holds_popens_lock_is_acted_on_after_the_wait_let_go_of_it(tmp_path: Path) -> None:
@@ -128,7 +122,7 @@ def test_a_program_run_through_a_safe_point_is_killed_and_reaped_when_the_signal
         finally:
             timer.cancel()
     pid = int(pid_file.read_text())
-    assert not _alive(pid)  # killed and reaped: no zombie either
+    assert not alive(pid)  # killed and reaped: no zombie either
     done = interrupts.run(["sh", "-c", "echo out; echo err >&2; exit 3"], capture_output=True, text=True)
     assert (done.returncode, done.stdout, done.stderr) == (3, "out\n", "err\n")
     with pytest.raises(subprocess.TimeoutExpired):

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from helpers import outsider
 from pglab.analysis.bottleneck import attribute, interfered
 from pglab.probes import CpuProbe, MemoryProbe, ProbeContext, Sampler, now
 from pglab.probes._util import rows
@@ -160,14 +161,6 @@ def _host_ticks() -> int:
     return int(user) + int(nice) + int(system)
 
 
-def _outsider() -> int:
-    """A busy loop that is NOT a descendant of this process (its shell exits, init adopts it): another program on
-    the host, as when an engineer's job shares the machine."""
-    out = subprocess.run(["sh", "-c", f"'{sys.executable}' -c 'while True: pass' >/dev/null 2>&1 & echo $!"],
-                         capture_output=True, text=True, check=True).stdout
-    return int(out)
-
-
 def _measure(hogs: int) -> tuple[dict[str, Any], float, float]:
     """5 s with a registered 'pgbench' burning beside pglab's sampler, and ``hogs`` outsiders burning too.
 
@@ -181,7 +174,7 @@ def _measure(hogs: int) -> tuple[dict[str, Any], float, float]:
     pids.append(burner.pid)
     try:
         for _ in range(hogs):
-            outsiders.append(_outsider())
+            outsiders.append(outsider())
         for pid in outsiders:
             with open(f"/proc/{pid}/stat") as f:
                 assert int(f.read().rsplit(")", 1)[1].split()[1]) != os.getpid()  # not pglab's child

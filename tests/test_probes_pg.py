@@ -22,6 +22,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
+from helpers import as_server_user
 from pglab.errors import UserError
 from pglab.probes import (
     CpuProbe,
@@ -65,11 +66,6 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _as_server_user() -> dict:
-    """subprocess arguments running a server binary as ``postgres`` when we are root."""
-    return {"user": "postgres", "group": "postgres"} if os.geteuid() == 0 else {}
-
-
 @pytest.fixture(scope="module")
 def server() -> Iterator[Server]:
     base = Path(tempfile.mkdtemp(prefix="pglab-pg-", dir="/var/tmp"))
@@ -93,14 +89,14 @@ def server() -> Iterator[Server]:
             ],
             check=True,
             capture_output=True,
-            **_as_server_user(),
+            **as_server_user(),
         )
         opts = f"-p {port} -k {base} -c listen_addresses='' -c shared_buffers=64MB"
         subprocess.run(
             [str(BINDIR / "pg_ctl"), "-D", str(data), "-o", opts, "-l", str(base / "log"), "-w", "start"],
             check=True,
             capture_output=True,
-            **_as_server_user(),
+            **as_server_user(),
         )
         started = True
         pid = int((data / "postmaster.pid").read_text().split()[0])
@@ -110,7 +106,7 @@ def server() -> Iterator[Server]:
             subprocess.run(
                 [str(BINDIR / "pg_ctl"), "-D", str(data), "-m", "immediate", "stop"],
                 capture_output=True,
-                **_as_server_user(),
+                **as_server_user(),
             )
         shutil.rmtree(base, ignore_errors=True)
 
@@ -322,7 +318,7 @@ def test_replication_probe_with_a_real_standby(server: Server) -> None:
              "-c", "fast", "--no-sync"],
             check=True,
             capture_output=True,
-            **_as_server_user(),
+            **as_server_user(),
         )  # fmt: skip
         opts = f"-p {port} -k {server.base} -c listen_addresses='' -c cluster_name=standby1"
         subprocess.run(
@@ -330,7 +326,7 @@ def test_replication_probe_with_a_real_standby(server: Server) -> None:
              "-w", "start"],
             check=True,
             capture_output=True,
-            **_as_server_user(),
+            **as_server_user(),
         )  # fmt: skip
         started = True
         probe = ReplicationProbe(ProbeContext(server.conninfo))
@@ -365,6 +361,6 @@ def test_replication_probe_with_a_real_standby(server: Server) -> None:
             subprocess.run(
                 [server.bin("pg_ctl"), "-D", str(standby), "-m", "immediate", "stop"],
                 capture_output=True,
-                **_as_server_user(),
+                **as_server_user(),
             )
         shutil.rmtree(standby, ignore_errors=True)

@@ -27,6 +27,7 @@ import psycopg
 import pytest
 
 from conftest import pglab
+from helpers import as_server_user
 from pglab import metrics
 from pglab.probes import PgStatsProbe, ProbeContext, Sample, now
 from pglab.probes.pgstats import _query_for
@@ -61,10 +62,6 @@ class Server:
         return proc.stdout
 
 
-def _as_server_user() -> dict[str, Any]:
-    return {"user": "postgres", "group": "postgres"} if os.geteuid() == 0 else {}
-
-
 def _start(options: str) -> Iterator[Server]:
     import socket
 
@@ -77,11 +74,11 @@ def _start(options: str) -> Iterator[Server]:
     data, started = base / "data", False
     try:
         subprocess.run([str(BINDIR / "initdb"), "-D", str(data), "-U", "postgres", "--auth=trust", "--no-sync"],
-                       check=True, capture_output=True, **_as_server_user())
+                       check=True, capture_output=True, **as_server_user())
         opts = (f"-p {port} -k {base} -c listen_addresses='' -c autovacuum=off -c wal_level=minimal "
                 f"-c max_wal_senders=0 -c checkpoint_timeout=1h {options}")
         subprocess.run([str(BINDIR / "pg_ctl"), "-D", str(data), "-o", opts, "-l", str(base / "log"), "-w", "start"],
-                       check=True, capture_output=True, **_as_server_user())
+                       check=True, capture_output=True, **as_server_user())
         started = True
         server = Server(base, port, f"host={base} port={port} user=postgres dbname=postgres")
         server.pgbench("-i", "-s", "1", "-q")
@@ -89,7 +86,7 @@ def _start(options: str) -> Iterator[Server]:
     finally:
         if started:
             subprocess.run([str(BINDIR / "pg_ctl"), "-D", str(data), "-m", "immediate", "stop"], capture_output=True,
-                           **_as_server_user())
+                           **as_server_user())
         shutil.rmtree(base, ignore_errors=True)
 
 
