@@ -267,28 +267,16 @@ class LocalDriver(ProcessDriver[Target]):
         proc = PgbenchProcess(args, endpoints.primary, run_dir, name, on_progress=self.ui.progress, run_as=user,
                               procs_files=target.client_procs_files())
         self._pgbench.append(proc)
-        started = time.monotonic()
-        # a run that outlives its duration this long is stuck (commits waiting for a standby that is gone)
-        deadline = started + seconds + max(30.0, seconds) if seconds else None
-        overrun_said = False  # the wait past the duration is said once, not sat through in silence
+
+        def stuck(_names: list[str], late: float) -> str:
+            why = ("transactions stuck (a synchronous standby not answering?)" if _answers(endpoints)
+                   else f"the primary {endpoints.primary.name} does not answer (a connection timed out)")
+            return f"pgbench did not end {late:.0f} s after its {seconds:g} s: {why}"
+
         try:
-            while (rc := proc.poll_for(1.0)) is None:
-                if watch_health and (problem := target.health()):
-                    proc.stop()
-                    raise RunFailed(f"{problem} ({time.monotonic() - started:.1f} s into the {name} run)")
-                if (deadline is not None and seconds is not None and not overrun_said
-                        and time.monotonic() > started + seconds + 5):
-                    self.ui.log(f"pgbench has not ended 5 s after its {seconds:g} s (transactions stuck?); it is "
-                                f"stopped {deadline - started - seconds:.0f} s after its end")
-                    overrun_said = True
-                if deadline is not None and seconds is not None and time.monotonic() > deadline:
-                    proc.stop()
-                    late = time.monotonic() - started - seconds
-                    why = ("transactions stuck (a synchronous standby not answering?)" if _answers(endpoints)
-                           else f"the primary {endpoints.primary.name} does not answer (a connection timed out)")
-                    raise RunFailed(f"pgbench did not end {late:.0f} s after its {seconds:g} s: {why}")
-            proc.wait()
-        except BaseException:  # an interrupt while waiting: pgbench lives in its own session, stop it here
+            rc = watch({name: proc}, name, seconds, target.health if watch_health else lambda: None, self.ui.log,
+                       stuck)[name]
+        except BaseException:  # a failure or an interrupt while waiting: pgbench lives in its own session
             proc.stop()
             raise
         finally:
@@ -435,6 +423,40 @@ class LocalRun(MeasuredRun):
             self.statements.close()
         if not isinstance(failure, (KeyboardInterrupt, RunInterrupted, LabUnsound)):  # teardown follows those
             self.d.end_leftovers_after_failure(self.endpoints)
+
+
+def watch(procs: dict[str, PgbenchProcess], name: str, seconds: float | None, health: Callable[[], str | None],
+          log: Callable[[str], None], stuck: Callable[[list[str], float], str],
+          tick: Callable[[], None] | None = None) -> dict[str, int]:
+    """Wait for a run's pgbench processes (one, or one per tenant) and return their exit codes: the target's health
+    looked at each second, ``tick`` too, a word when they outlive their duration by 5 s, and a deadline past it (a
+    run that outlives its duration that long is stuck: commits waiting for a standby that is gone). A failure is
+    RunFailed, ``stuck`` saying why for the ones still running; the caller stops them."""
+    started = time.monotonic()
+    deadline = started + seconds + max(30.0, seconds) if seconds else None
+    overrun_said = False  # the wait past the duration is said once, not sat through in silence
+    codes: dict[str, int] = {}
+    while len(codes) < len(procs):
+        for n, proc in procs.items():
+            if n not in codes and (rc := proc.poll_for(1.0 / len(procs))) is not None:
+                codes[n] = rc
+        if tick is not None:
+            tick()
+        if len(codes) == len(procs):
+            break
+        if problem := health():
+            raise RunFailed(f"{problem} ({time.monotonic() - started:.1f} s into the {name} run)")
+        if deadline is None or seconds is None:
+            continue
+        if not overrun_said and time.monotonic() > started + seconds + 5:
+            log(f"pgbench has not ended 5 s after its {seconds:g} s (transactions stuck?); it is stopped "
+                f"{deadline - started - seconds:.0f} s after its end")
+            overrun_said = True
+        if time.monotonic() > deadline:
+            raise RunFailed(stuck(sorted(set(procs) - set(codes)), time.monotonic() - started - seconds))
+    for proc in procs.values():
+        proc.wait()
+    return codes
 
 
 def pgbench_metrics(result: pgbench.PgbenchRun) -> dict[str, float | None]:

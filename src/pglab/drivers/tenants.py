@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from pglab.artifacts import write_json, write_samples
-from pglab.drivers.local import ProcessDriver, close_window, pgbench_metrics, pgbench_series
+from pglab.drivers.local import ProcessDriver, close_window, pgbench_metrics, pgbench_series, watch
 from pglab.engine.driver import MeasuredRun
 from pglab.engine.types import Event, Observer, RunFailed, RunResult, TenantFigure
 from pglab.plan.expand import Point
@@ -56,7 +56,46 @@ class TenantsDriver(ProcessDriver[Fleet]):
         """Start every tenant's pgbench, wait for all; their summed progress feeds the live display. Returns
         each tenant's exit code, and its server memory (PSS bytes) sampled half-way through, every client
         connected."""
-        return _all_at_once(self, self.fleet, dirs, self._running, name, seconds, transactions, log)
+        fleet, running = self.fleet, self._running
+        first = fleet.tenants[0].name
+        latest: dict[str, float] = {}
+
+        def progress_of(tenant: str) -> Callable[[ProgressPoint], None]:
+            def seen(p: ProgressPoint) -> None:  # the live display shows the host's TPS, once a second
+                latest[tenant] = p.tps
+                if tenant == first:
+                    self.ui.progress(ProgressPoint(p.ts, sum(latest.values()), None, None, None, None))
+            return seen
+
+        for t in fleet.tenants:
+            user = t.lab.plan_code_user()
+            scripts, log_prefix = self.plan_dir, dirs[t.name] / "pgbench_log"
+            if user is not None:  # as the lab user: everything relative to the tenant's folder (see LocalDriver)
+                scripts = pgbench.stage_scripts(t.tier.workload, self.plan_dir, dirs[t.name])
+                log_prefix = Path("pgbench_log")
+            args = pgbench.run_args(fleet.bindir, t.tier.workload, t.tier.clients, t.tier.jobs,
+                                    self.plan.run, scripts, seconds=seconds, transactions=transactions,
+                                    log_prefix=log_prefix if log else None)
+            running[t.name] = PgbenchProcess(args, t.lab.endpoints().primary, dirs[t.name], name,
+                                             on_progress=progress_of(t.name), run_as=user)
+        memory_at = time.monotonic() + (seconds or 0) / 2
+        memory: dict[str, float] = {}
+
+        def sample_memory() -> None:  # half-way through, every client connected
+            nonlocal memory
+            if not memory and time.monotonic() >= memory_at:
+                memory = fleet.memory()
+
+        def stuck(names: list[str], late: float) -> str:
+            return f"pgbench of tenant(s) {', '.join(names)} did not end {late:.0f} s after its {seconds:g} s"
+
+        codes = watch(running, name, seconds, fleet.health, self.ui.log, stuck, tick=sample_memory)
+        if name == "warmup":
+            bad = [t for t, rc in codes.items() if rc != 0]
+            running.clear()
+            if bad:
+                raise PgbenchError(f"warm-up pgbench of tenant(s) {', '.join(bad)} failed")
+        return codes, memory or fleet.memory()
 
 
 class TenantsRun(MeasuredRun):
@@ -153,56 +192,6 @@ class TenantsRun(MeasuredRun):
             self.sampler.stop()
         if isinstance(failure, self.d.run_errors):
             _keep_server_logs(self.fleet, self.run_dir / "tenants")
-
-
-def _all_at_once(r: TenantsDriver, fleet: Fleet, dirs: dict[str, Path], running: dict[str, PgbenchProcess],
-                 name: str, seconds: float | None, transactions: int | None, log: bool
-                 ) -> tuple[dict[str, int], dict[str, float]]:
-    first = fleet.tenants[0].name
-    latest: dict[str, float] = {}
-
-    def progress_of(tenant: str) -> Callable[[ProgressPoint], None]:
-        def seen(p: ProgressPoint) -> None:  # the live display shows the host's TPS, once a second
-            latest[tenant] = p.tps
-            if tenant == first:
-                r.ui.progress(ProgressPoint(p.ts, sum(latest.values()), None, None, None, None))
-        return seen
-
-    for t in fleet.tenants:
-        user = t.lab.plan_code_user()
-        scripts, log_prefix = r.plan_dir, dirs[t.name] / "pgbench_log"
-        if user is not None:  # as the lab user: everything relative to the tenant's folder (see LocalDriver)
-            scripts, log_prefix = pgbench.stage_scripts(t.tier.workload, r.plan_dir, dirs[t.name]), Path("pgbench_log")
-        args = pgbench.run_args(fleet.bindir, t.tier.workload, t.tier.clients, t.tier.jobs,
-                                r.plan.run, scripts, seconds=seconds, transactions=transactions,
-                                log_prefix=log_prefix if log else None)
-        running[t.name] = PgbenchProcess(args, t.lab.endpoints().primary, dirs[t.name], name,
-                                         on_progress=progress_of(t.name), run_as=user)
-    started = time.monotonic()
-    memory_at = started + (seconds or 0) / 2
-    memory: dict[str, float] = {}
-    deadline = started + seconds + max(30.0, seconds) if seconds else None
-    codes: dict[str, int] = {}
-    while len(codes) < len(running):
-        for tname, proc in running.items():
-            if tname not in codes and (rc := proc.poll_for(0.2 / len(running))) is not None:
-                codes[tname] = rc
-        if not memory and time.monotonic() >= memory_at:
-            memory = fleet.memory()
-        if problem := fleet.health():
-            raise RunFailed(f"{problem} ({time.monotonic() - started:.1f} s into the {name} run)")
-        if deadline is not None and seconds is not None and time.monotonic() > deadline:
-            stuck = sorted(set(running) - set(codes))
-            late = time.monotonic() - started - seconds
-            raise RunFailed(f"pgbench of tenant(s) {', '.join(stuck)} did not end {late:.0f} s after its {seconds:g} s")
-    for proc in running.values():
-        proc.wait()
-    if name == "warmup":
-        bad = [t for t, rc in codes.items() if rc != 0]
-        running.clear()
-        if bad:
-            raise PgbenchError(f"warm-up pgbench of tenant(s) {', '.join(bad)} failed")
-    return codes, memory or fleet.memory()
 
 
 def _keep_server_logs(fleet: Fleet, dirs: dict[str, Path] | Path) -> None:
