@@ -9,13 +9,14 @@ import shutil
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from conftest import processes_mentioning, run_plan
-from helpers import stored_events, sweep_row
+from conftest import processes_mentioning
+from helpers import Ran
 from pglab.plan.schema import Dataset, LocalTarget
 from pglab.targets.local.cluster import LocalLab, Node
 
@@ -91,22 +92,19 @@ def test_reset_puts_every_instance_back_to_the_snapshot() -> None:
     assert processes_mentioning(str(lab_dir)) == []
 
 
-def test_a_sweep_with_snapshot_resets_starts_every_run_from_the_loaded_dataset(tmp_path: Path) -> None:
+def test_a_sweep_with_snapshot_resets_starts_every_run_from_the_loaded_dataset(
+        tmp_path: Path, run_in_tmp: Callable[..., Ran]) -> None:
     os.chmod(tmp_path, 0o711)
-    plan = tmp_path / "plan.yaml"
-    plan.write_text("""
+    ran = run_in_tmp("""
 name: snapshot-reset
 target: {local: {instances: 2, synchronous: {number: 1}}}
 dataset: {scale: 1, reset: snapshot}
 matrix: {workload: [tpcb-like], clients: [2]}
 run: {duration: 2s, repeats: 2}
 """)
-    results = tmp_path / "r"
-    proc = run_plan(plan, results).proc
-    assert "NOT applied" not in proc.stdout + proc.stderr  # no limits asked, none reported missing
-    resets = [detail for _ts, _kind, detail, _run, _scope in stored_events(results, "dataset-reset")]
+    assert "NOT applied" not in ran.proc.stdout + ran.proc.stderr  # no limits asked, none reported missing
+    resets = ran.events("dataset-reset")
     assert len(resets) == 2, resets
-    for run in (results / "runs").iterdir():
+    for run in (ran.results / "runs").iterdir():
         assert json.loads((run / "dataset-reset.json").read_text())["method"].keys() == {"n0", "n1"}
-    target = sweep_row(results)["target"]
-    assert target["dataset"]["snapshot_method"]
+    assert ran.sweep()["target"]["dataset"]["snapshot_method"]

@@ -7,22 +7,23 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from conftest import pglab, processes_mentioning, run_plan
-from helpers import lab_dir, run_files, stored_events
+from conftest import pglab, processes_mentioning
+from helpers import Ran, lab_dir, run_files, stored_events
 from pglab.targets.local.ha import TIMINGS
 
 pytestmark = pytest.mark.postgres
 
 
-def test_standby_loss_blocks_synchronous_commits_only_and_a_backup_is_measured(tmp_path: Path) -> None:
+def test_standby_loss_blocks_synchronous_commits_only_and_a_backup_is_measured(
+        tmp_path: Path, run_in_tmp: Callable[..., Ran]) -> None:
     os.chmod(tmp_path, 0o711)
     down = 2.0
-    plan = tmp_path / "plan.yaml"
-    plan.write_text(f"""
+    results = run_in_tmp(f"""
 name: local-scenarios
 target: {{local: {{instances: 2, synchronous: {{method: any, number: 1}}}}}}
 dataset: {{scale: 1}}
@@ -32,9 +33,7 @@ matrix:
   synchronous_commit: [local, "on"]
   scenario: [{{kind: standby-loss, at: 2s, down: {down}s}}, {{kind: backup, at: 2s, max_rate: 32M}}]
 run: {{duration: 6s}}
-""")
-    results = tmp_path / "r"
-    run_plan(plan, results)
+""").results
     runs = {(r["point"]["scenario"], r["point"]["synchronous_commit"]): r["metrics"]
             for _dir, r in run_files(results)}
     assert len(runs) == 4
@@ -59,10 +58,10 @@ run: {{duration: 6s}}
     assert processes_mentioning(str(lab_dir(results))) == []
 
 
-def test_failover_under_on_loses_no_acknowledged_write_and_recovers_within_patronis_bound(tmp_path: Path) -> None:
+def test_failover_under_on_loses_no_acknowledged_write_and_recovers_within_patronis_bound(
+        tmp_path: Path, run_in_tmp: Callable[..., Ran]) -> None:
     os.chmod(tmp_path, 0o711)
-    plan = tmp_path / "plan.yaml"
-    plan.write_text("""
+    results = run_in_tmp("""
 name: failover
 target: {local: {instances: 3, synchronous: {method: any, number: 1}, ha: patroni}}
 dataset: {scale: 1}
@@ -72,9 +71,7 @@ matrix:
   synchronous_commit: ["off", "on"]
   scenario: [{kind: failover, kill: node, at: 1s}]
 run: {duration: 26s, repeats: 1}
-""")
-    results = tmp_path / "r"
-    run_plan(plan, results, timeout=900)
+""", timeout=900).results
     runs = [record for _dir, record in run_files(results)]
     assert len(runs) == 2  # two failovers in a row: the lab heals (old leader rejoins) between them
     budget = TIMINGS["ttl"] + TIMINGS["loop_wait"] + TIMINGS["retry_timeout"]
