@@ -9,6 +9,7 @@ kubectl commands and how it stops, not Kubernetes.
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -60,11 +61,21 @@ esac
 """
 
 
+@pytest.fixture(scope="module")
+def rendered_once(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The plan rendered by ``pglab k8s render`` once for the module."""
+    folder = tmp_path_factory.mktemp("render")
+    (folder / "plan.yaml").write_text(PLAN)
+    out = folder / "m"
+    pglab("k8s", "render", str(folder / "plan.yaml"), "-o", str(out), check=True)
+    return out
+
+
 @pytest.fixture
-def rendered(tmp_path: Path) -> Path:
-    (tmp_path / "plan.yaml").write_text(PLAN)
+def rendered(rendered_once: Path, tmp_path: Path) -> Path:
+    """This test's copy of that render, to run or change (it names no path of its own: a copy is the same render)."""
     out = tmp_path / "m"
-    pglab("k8s", "render", str(tmp_path / "plan.yaml"), "-o", str(out), check=True)
+    shutil.copytree(rendered_once, out, symlinks=True)
     return out
 
 
