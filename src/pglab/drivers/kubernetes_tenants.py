@@ -20,7 +20,6 @@ from typing import Any
 
 from pglab.artifacts import write_json
 from pglab.drivers.kubernetes import KubernetesDriver, _job_failure, _last_words
-from pglab.drivers.local import pgbench_metrics, pgbench_series
 from pglab.drivers.tenants import tier_metrics
 from pglab.engine.driver import FioMeasurement, MeasuredRun, SweepInfo
 from pglab.engine.types import Event, Observer, RunFailed, RunResult, TenantFigure
@@ -30,7 +29,7 @@ from pglab.probes.base import now
 from pglab.targets.kubernetes.orchestrate import JobOutcome, K8sError, Orchestrator
 from pglab.targets.kubernetes.render import Manifest, cluster, namespace, pgbench_init, to_yaml
 from pglab.targets.kubernetes.tenants import K8sTenant, tenant_point, tenant_run, tenants_of
-from pglab.workloads.pgbench import PgbenchError, PgbenchRun
+from pglab.workloads.pgbench import PgbenchError, PgbenchRun, pgbench_metrics, pgbench_series
 
 START_MARGIN_S = 10.0  # from the first run Job's creation to the common start: pods scheduled and started
 START_PER_TENANT_S = 1.0  # … and this much more per tenant (each Job is one API call, each pod one start)
@@ -141,7 +140,7 @@ class KubernetesTenantsDriver(KubernetesDriver):
     # ------------------------------------------------------------ one run: every tenant at once
     def start_run(self, point: Point, repeat: int, run_id: str, run_dir: Path) -> KubernetesTenantsRun:
         """Every tenant's run Job created back to back, all held to one start time; each one's files parsed as a
-        one-Cluster run's (``_collect``); a tenant's failure fails the run."""
+        one-Cluster run's (``collect``); a tenant's failure fails the run."""
         return KubernetesTenantsRun(self, point, repeat, run_dir)
 
 
@@ -188,7 +187,7 @@ class KubernetesTenantsRun(MeasuredRun):
         results: dict[str, PgbenchRun] = {}
         for t, m in jobs:
             try:
-                results[t.name], _, _ = self.d._collect(dirs[t.name], m, self.launched, self.ended)
+                results[t.name], _, _ = self.d.collect(dirs[t.name], m, self.launched, self.ended)
             except PgbenchError as exc:
                 failed.append(f"tenant {t.name} ({t.tier.name}): {exc}")
         if failed:

@@ -30,7 +30,7 @@ from pglab.targets.base import Endpoints, Target, Topology
 from pglab.targets.external import ExternalServer
 from pglab.targets.local import cgroups, registry
 from pglab.workloads import pgbench
-from pglab.workloads.pgbench import PgbenchError, PgbenchProcess
+from pglab.workloads.pgbench import PgbenchError, PgbenchProcess, pgbench_metrics, pgbench_series
 
 MIB = 1024 * 1024  # MB/s as the disk probe counts them (MiB)
 
@@ -457,37 +457,6 @@ def watch(procs: dict[str, PgbenchProcess], name: str, seconds: float | None, he
     for proc in procs.values():
         proc.wait()
     return codes
-
-
-def pgbench_metrics(result: pgbench.PgbenchRun) -> dict[str, float | None]:
-    """A run's pgbench figures: its summary, and the percentiles of its per-transaction log."""
-    s = result.summary
-    m: dict[str, float | None] = {
-        "tps": s.tps,
-        "latency_avg_ms": s.latency_avg_ms,
-        "latency_stddev_ms": s.latency_stddev_ms,
-        "initial_connection_ms": s.initial_connection_ms,
-        "transactions": float(s.transactions),
-        "failed": float(s.failed),
-        "window_s": result.window_end - result.window_start,
-    }
-    if result.log:
-        m.update({
-            "latency_p50_ms": result.log.percentiles_ms[50],
-            "latency_p95_ms": result.log.percentiles_ms[95],
-            "latency_p99_ms": result.log.percentiles_ms[99],
-            "latency_max_ms": result.log.latency_max_ms,
-            "latency_log_mean_ms": result.log.latency_mean_ms,
-            "logged_transactions": float(result.log.count),
-        })
-    return m
-
-
-def pgbench_series(result: pgbench.PgbenchRun, source: str,
-                   metrics: tuple[str, ...] = ("tps", "latency_ms", "stddev_ms", "failed", "lag_ms")
-                   ) -> list[tuple[float, str, str, float | None]]:
-    """pgbench's per-second progress lines as series points."""
-    return [(p.ts, source, m, v) for p in result.progress for m in metrics if (v := getattr(p, m)) is not None]
 
 
 def limit_metrics(limits: dict[str, Any], before: dict[str, dict[str, float]], after: dict[str, dict[str, float]],

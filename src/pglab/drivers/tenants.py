@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from pglab.artifacts import write_json, write_samples
-from pglab.drivers.local import ProcessDriver, close_window, pgbench_metrics, pgbench_series, watch
+from pglab.drivers.local import ProcessDriver, close_window, watch
 from pglab.engine.driver import MeasuredRun
 from pglab.engine.types import Event, Observer, RunFailed, RunResult, TenantFigure
 from pglab.plan.expand import Point
@@ -25,7 +25,7 @@ from pglab.probes import CpuProbe, DiskProbe, MemoryProbe, ProbeContext, Sample,
 from pglab.probes.base import now
 from pglab.targets.local.fleet import Fleet, Tenant
 from pglab.workloads import pgbench
-from pglab.workloads.pgbench import PgbenchError, PgbenchProcess, ProgressPoint
+from pglab.workloads.pgbench import PgbenchError, PgbenchProcess, ProgressPoint, pgbench_metrics, pgbench_series
 
 MIB = 1024 * 1024
 

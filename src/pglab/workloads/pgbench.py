@@ -558,3 +558,34 @@ def reset_for_run(conn: Any) -> None:
     conn.execute("TRUNCATE pgbench_history")
     conn.execute("VACUUM (ANALYZE) pgbench_branches, pgbench_tellers, pgbench_accounts, pgbench_history")
     conn.execute("CHECKPOINT")
+
+
+def pgbench_metrics(result: PgbenchRun) -> dict[str, float | None]:
+    """A run's pgbench figures: its summary, and the percentiles of its per-transaction log."""
+    s = result.summary
+    m: dict[str, float | None] = {
+        "tps": s.tps,
+        "latency_avg_ms": s.latency_avg_ms,
+        "latency_stddev_ms": s.latency_stddev_ms,
+        "initial_connection_ms": s.initial_connection_ms,
+        "transactions": float(s.transactions),
+        "failed": float(s.failed),
+        "window_s": result.window_end - result.window_start,
+    }
+    if result.log:
+        m.update({
+            "latency_p50_ms": result.log.percentiles_ms[50],
+            "latency_p95_ms": result.log.percentiles_ms[95],
+            "latency_p99_ms": result.log.percentiles_ms[99],
+            "latency_max_ms": result.log.latency_max_ms,
+            "latency_log_mean_ms": result.log.latency_mean_ms,
+            "logged_transactions": float(result.log.count),
+        })
+    return m
+
+
+def pgbench_series(result: PgbenchRun, source: str,
+                   metrics: tuple[str, ...] = ("tps", "latency_ms", "stddev_ms", "failed", "lag_ms")
+                   ) -> list[tuple[float, str, str, float | None]]:
+    """pgbench's per-second progress lines as series points."""
+    return [(p.ts, source, m, v) for p in result.progress for m in metrics if (v := getattr(p, m)) is not None]
