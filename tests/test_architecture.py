@@ -218,7 +218,7 @@ def test_what_the_labs_are_made_of_reaches_no_lab(module: str) -> None:
 RUN_PARTS = {
     "load": {"_pgbench_once", "_all_at_once", "run_job", "run_load_job", "finish_job", "through_scenario"},
     "probes": {"Sampler", "close_window", "_scraper", "_node_scrapes"},
-    "summary": {"pgbench_metrics", "finish_run", "_collect", "_collect_load"},
+    "summary": {"pgbench_metrics", "finish_run", "collect", "one_pod", "load_pods"},
 }
 
 
