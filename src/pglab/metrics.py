@@ -31,14 +31,12 @@ class Column:
 
     ``table``: points (means over a point's ok repeats) · runs (one per run) · scenarios (over a level's trials) ·
     tiers (median over repeats) · host (median over repeats) · tenants (one per run × tenant); or a view of the
-    points and runs tables' figures: compact (the default terminal table) · chart (the HTML report's charts vs
-    clients, ``header`` their unit) · compare (what ``pglab compare`` compares unless told) · html-runs (the HTML
-    report's runs table).
+    points/runs figures: compact (the default terminal table) · chart (the HTML charts vs clients; ``header``: the
+    unit) · compare (``pglab compare``'s default) · html-runs (the HTML runs table).
     ``key``: the column's name in CSV/JSON rows (default: the metric's name); ``header``: its title in the terminal
-    and markdown tables (default: the key); ``how``: how the runs of one row combine into it; ``at``: its place in
-    a view (catalogue order when equal). The compact table only: ``optional`` columns are left out, the last first,
-    when the terminal is narrower; ``interval`` shows the mean ± its 95 % interval; ``per_run``: in its per-run form
-    too."""
+    and markdown tables (default: the key); ``how``: how the runs of one row combine into it; ``at``: its place in a
+    view (then catalogue order). Compact only: ``optional`` is left out (the last first) on a narrow terminal,
+    ``interval`` shows the mean ± its 95 % interval, ``per_run`` is in the per-run form too."""
 
     table: str
     key: str | None = None
@@ -141,8 +139,7 @@ METRICS: tuple[Metric, ...] = (
            columns=_in("points", "runs", "html-runs", header="WAL B/commit")),
     Metric("wal_fpi_per_commit", "count", True, "database", "full-page images per commit over the window "
            "(pg_stat_wal.wal_fpi over xact_commit; many after a checkpoint: the first change of each page after it "
-           "logs the whole page)", columns=_in("points", "runs", "html-runs",
-                                                                     header="FPI/commit")),
+           "logs the whole page)", columns=_in("points", "runs", "html-runs", header="FPI/commit")),
     Metric("buffers_backend", "count", True, "database", "shared buffers the backends wrote themselves in the "
            "window, not left to the checkpointer or background writer (pg_stat_bgwriter.buffers_backend up to "
            "PostgreSQL 16, pg_stat_io's relation writes from 17)", 0,
@@ -328,8 +325,7 @@ def lower_is_better(name: str) -> bool | None:
 
 @dataclass(frozen=True)
 class Shown:
-    """A metric column of one table: its key, header, decimals and how runs combine, with its metric and the
-    column itself."""
+    """A metric column of one table: its key, header and how runs combine, with its metric and its column."""
 
     key: str
     header: str

@@ -49,8 +49,9 @@ class Difference:
     ci95: tuple[float, float] | None = None  # Welch 95 % interval of b − a, in the metric's unit
 
 
-def _clean(values: Sequence[float | None]) -> list[float]:
-    return [float(v) for v in values if v is not None and not math.isnan(float(v))]
+def _mean(values: Sequence[float | None]) -> float | None:
+    xs = [float(v) for v in values if v is not None and not math.isnan(float(v))]
+    return sum(xs) / len(xs) if xs else None
 
 
 def verdict(metric: str, significant: bool | None, increase: bool) -> str:
@@ -105,7 +106,7 @@ def _group(runs: Sequence[RunRow], ignore: Sequence[str]) -> OrderedDict[tuple[t
     return groups
 
 
-def _none_if_nan(v: float | None) -> float | None:
+def none_if_nan(v: float | None) -> float | None:
     return None if v is None or math.isnan(v) else v
 
 
@@ -135,23 +136,18 @@ def compare_runs(a: Sequence[RunRow], b: Sequence[RunRow], metrics: Sequence[str
             row.update({f"{m}_{s}": None for s in METRIC_SUFFIXES})
             va, vb = [r.metrics.get(m) for r in ra], [r.metrics.get(m) for r in rb]
             if not ra or not rb:
-                side, vals = ("a", va) if ra else ("b", vb)
-                xs = _clean(vals)
-                row[f"{m}_{side}"] = sum(xs) / len(xs) if xs else None
+                row[f"{m}_{'a' if ra else 'b'}"] = _mean(va if ra else vb)
                 row[f"{m}_verdict"] = ONLY_IN_A if ra else ONLY_IN_B
                 continue
             d = difference(m, va, vb)
             if d is None:
-                xa, xb = _clean(va), _clean(vb)
-                row[f"{m}_a"] = sum(xa) / len(xa) if xa else None
-                row[f"{m}_b"] = sum(xb) / len(xb) if xb else None
-                row[f"{m}_verdict"] = NO_DATA
+                row[f"{m}_a"], row[f"{m}_b"], row[f"{m}_verdict"] = _mean(va), _mean(vb), NO_DATA
                 continue
             row[f"{m}_a"], row[f"{m}_b"] = d.a_mean, d.b_mean
-            row[f"{m}_delta_pct"] = _none_if_nan(d.delta_pct)
+            row[f"{m}_delta_pct"] = none_if_nan(d.delta_pct)
             if d.ci95_pct is not None:
-                row[f"{m}_ci95_low_pct"] = _none_if_nan(d.ci95_pct[0])
-                row[f"{m}_ci95_high_pct"] = _none_if_nan(d.ci95_pct[1])
+                row[f"{m}_ci95_low_pct"] = none_if_nan(d.ci95_pct[0])
+                row[f"{m}_ci95_high_pct"] = none_if_nan(d.ci95_pct[1])
             row[f"{m}_p_value"] = d.p_value
             row[f"{m}_verdict"] = d.verdict
         rows.append(row)
@@ -233,21 +229,12 @@ def unmatched_reason(sides: Sides, value_a: Any, value_b: Any) -> str:
 def uplift_rows(columns: list[str], rows: list[dict[str, Any]], metric: str = "tps",
                 ) -> tuple[list[str], list[dict[str, Any]]]:
     """The published "uplift" table for one metric: per point, A, B, Δ % with its interval and the verdict."""
-    axes = [c for c in columns if c not in ("runs_a", "runs_b", "flags") and not any(
-        c.endswith(f"_{s}") and c[: -len(s) - 1] in _metrics_of(columns) for s in METRIC_SUFFIXES)]
-    out_cols = [*axes, "a", "b", "uplift_pct", "ci95_low_pct", "ci95_high_pct", "verdict", "flags"]
-    out = []
-    for r in rows:
-        row = {c: r.get(c) for c in axes}
-        row.update({"a": r.get(f"{metric}_a"), "b": r.get(f"{metric}_b"), "uplift_pct": r.get(f"{metric}_delta_pct"),
-                    "ci95_low_pct": r.get(f"{metric}_ci95_low_pct"), "ci95_high_pct": r.get(f"{metric}_ci95_high_pct"),
-                    "verdict": r.get(f"{metric}_verdict"), "flags": r.get("flags", "")})
-        out.append(row)
-    return out_cols, out
-
-
-def _metrics_of(columns: list[str]) -> set[str]:
-    return {c[: -len("_verdict")] for c in columns if c.endswith("_verdict")}
+    axes = columns[: columns.index("runs_a")]  # compare_runs' columns: the axes, then runs_a …
+    names = {"a": "a", "b": "b", "uplift_pct": "delta_pct", "ci95_low_pct": "ci95_low_pct",
+             "ci95_high_pct": "ci95_high_pct", "verdict": "verdict"}
+    out = [{**{c: r.get(c) for c in axes}, **{k: r.get(f"{metric}_{s}") for k, s in names.items()},
+            "flags": r.get("flags", "")} for r in rows]
+    return [*axes, *names, "flags"], out
 
 
 # sweeps, or axes with tables of their own: not configurations

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import re
@@ -160,13 +161,11 @@ def _statements(store: Store, runs: list[dict[str, Any]]) -> tuple[list[str], li
     where pg_stat_statements was loaded); None when no run has one."""
     columns = ["run_id", "workload", "synchronous_commit", "clients", "query", "calls", "total_exec_time_ms",
                "mean_exec_time_ms", "time_pct"]
-    rows = []
+    rows: list[dict[str, Any]] = []
     for r in runs:
-        try:
+        with contextlib.suppress(OSError, TypeError, ValueError, AttributeError):  # no run.json: no statements
             top = (json.loads((store.dir / r["dir"] / "run.json").read_text()).get("statements") or {}).get("top", [])
-        except (OSError, TypeError, ValueError, AttributeError):
-            continue
-        rows += [{**{c: r.get(c) for c in columns[:4]}, **s} for s in top]
+            rows += [{**{c: r.get(c) for c in columns[:4]}, **s} for s in top]
     return (columns, rows) if rows else None
 
 
@@ -185,16 +184,13 @@ def _with_run_ci(store: Store, sweep_id: int, points: list[dict[str, Any]],
     for r in runs:
         if r.status == "ok":
             by.setdefault(tuple(str(r.axes.get(k)) for k in keys), []).append(r)
-    out = []
-    for p in points:
+
+    def intervals(p: dict[str, Any]) -> dict[str, float]:
         mine = by.get(tuple(str(p.get(k)) for k in keys), [])
-        row = dict(p)
-        for m in figures:
-            if row.get(f"{m}_ci95") is None:
-                e = estimate([r.metrics.get(m) for r in mine])
-                row[f"{m}_ci95"] = e.ci95 if e is not None else None
-        out.append(row)
-    return out
+        return {f"{m}_ci95": e.ci95 for m in figures if p.get(f"{m}_ci95") is None
+                and (e := estimate([r.metrics.get(m) for r in mine])) is not None and e.ci95 is not None}
+
+    return [{**p, **intervals(p)} for p in points]
 
 
 def _caption(title: str, series: list[svg.Series]) -> str:
@@ -215,12 +211,9 @@ def _with_ci(point: dict[str, Any]) -> dict[str, Any]:
 
 
 def _with_deltas(row: dict[str, Any]) -> dict[str, Any]:
-    out = dict(row)
-    for c in row:
-        if interval_columns(c) is not None and row.get(c) is not None:
-            low, high, verdict = interval_columns(c) or ("", "", "")
-            out[c] = delta_text(row.get(c), row.get(low), row.get(high), row.get(verdict))
-    return out
+    """A comparison's row as the page shows it: each Δ with its interval in one cell, as the terminal shows it."""
+    return {c: delta_text(v, *(row.get(k) for k in interval_columns(c) or ())) if interval_columns(c) and v is not None
+            else v for c, v in row.items()}
 
 
 def _config(p: dict[str, Any]) -> str:

@@ -18,6 +18,7 @@ from rich.text import Text
 from pglab import metrics
 from pglab.analysis.bottleneck import attribute, describe, mean_metrics, storage_ceiling_share
 from pglab.analysis.compare import TOO_FEW_REPEATS, VERDICTS, difference
+from pglab.analysis.compare import none_if_nan as _number
 from pglab.analysis.cost import cost_table
 from pglab.analysis.flags import UNSTABLE, flag_text, flags
 from pglab.analysis.stats import estimate, within
@@ -174,8 +175,7 @@ def run_table(store: Store, sweep_id: int | None = None) -> tuple[list[str], lis
     for r in runs:
         window = store.run_window(r.id)
         dips = _dips(store, r) if r.status == "ok" and window else []
-        row: dict[str, Any] = {"run_id": r.id, "repeat": r.repeat, "status": r.status, "dir": r.dir,
-                               "reason": r.reason,
+        row: dict[str, Any] = {"run_id": r.id, "repeat": r.repeat, "status": r.status, "dir": r.dir, "reason": r.reason,
                                "dips": "; ".join(d.describe(window[0]) for d in dips) if window else None}
         row.update({c: r.axes.get(c) for c in (*AXIS_COLUMNS, *extra)})
         row.update({c: r.metrics.get(c) for c in run_metrics})
@@ -356,10 +356,6 @@ def durability_headers(columns: list[str], names: tuple[str, ...] = ("Δ tps", "
             if c.endswith(s)}
 
 
-def _number(value: float | None) -> float | None:
-    return None if value is None or math.isnan(value) else value
-
-
 def render(columns: list[str], rows: list[dict[str, Any]], fmt: str, title: str | None = None,
            shown: list[str] | None = None, headers: dict[str, str] | None = None, width: int | None = None,
            optional: tuple[str | tuple[str, ...], ...] = (), plain: tuple[str, ...] = ()) -> str:
@@ -419,16 +415,13 @@ def _rich_table(shown: list[str], rows: list[dict[str, Any]], title: str | None,
     return "\n".join(lines) + "\n"
 
 
-COMPACT_HEADERS = {"synchronous_commit": "sync commit", "bottleneck_tag": "bottleneck"}
-
-
 def compact_view(per_run: bool) -> tuple[list[str], dict[str, str], tuple[str, ...], tuple[str, ...]]:
     """The default terminal table's figures after the axes, from the catalogue's compact view (TPS ± its interval,
     p99, CPU, the disk's write IOPS and latency), then a short bottleneck tag and the flags (per run: the dips);
     their headers, those left out (the last first) when the terminal is narrower, those shown without ±."""
     view = [s for s in metrics.columns("compact") if s.column.per_run or not per_run]
-    headers = {**COMPACT_HEADERS, **{s.key: s.header + (" ± 95 %" if s.column.interval and not per_run else "")
-                                     for s in metrics.columns("compact")}}
+    headers = {"synchronous_commit": "sync commit", "bottleneck_tag": "bottleneck", **{
+        s.key: s.header + (" ± 95 %" if s.column.interval and not per_run else "") for s in metrics.columns("compact")}}
     optional = tuple(s.key for s in view if s.column.optional)
     return ([s.key for s in view] + (["dips"] if per_run else ["bottleneck_tag", "flags"]), headers,
             (*optional, "dips") if per_run else ("bottleneck_tag", *optional, "flags"),
