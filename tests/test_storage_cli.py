@@ -115,7 +115,8 @@ def test_pglab_fio_holds_its_folder_and_resumes_after_an_interrupt(scratch: Path
     (exit 2, nothing measured); Ctrl-C ends the first (exit 130), and the same command again resumes its sweep:
     one sweep, done, each job stored once."""
     results = tmp_path / "r"
-    args = ["fio", "--path", str(scratch), "--profile", "randwrite-8k", "--runtime", "3s", "--size", "16MiB",
+    # 10 s a job: long enough for a second pglab to start and be refused on a loaded machine
+    args = ["fio", "--path", str(scratch), "--profile", "randwrite-8k", "--runtime", "10s", "--size", "16MiB",
             "--results", str(results)]
     first = subprocess.Popen([sys.executable, "-m", "pglab.cli", *args], stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True)
@@ -128,6 +129,7 @@ def test_pglab_fio_holds_its_folder_and_resumes_after_an_interrupt(scratch: Path
         assert second.stderr.splitlines() == [
             f"error: --results: '{results}' is being written by another pglab (pid {first.pid}); wait for it to end "
             "or choose another folder."]
+        assert first.poll() is None, "the first pglab fio ended before it could be interrupted"
         first.send_signal(signal.SIGINT)
         _, stderr = first.communicate(timeout=30)
     finally:
