@@ -1,9 +1,11 @@
 """``pglab cluster …`` with the real things (etcd, Patroni, PostgreSQL), each command a separate pglab process.
 
-One flow, in file order: create a 2-node lab that outlives pglab → status (1 leader, streaming replica) →
-switchover → write a row, back up the leader → restore into a second lab and read the row back → scale 2 → 3 → 2
-→ failover on the restored lab → destroy both, and no process mentioning either lab directory remains.
-Its own registry (PGLAB_STATE_DIR) keeps it apart from other labs on the host.
+Two labs serve the module: ``lab_a``, created by ``pglab cluster create`` (a 2-node lab that outlives pglab), and
+``lab_b``, restored by ``pglab cluster restore`` from a backup of ``lab_a``. Each is made by the first test that
+asks for it (again if a test destroyed it), so every test runs alone or in any order: status (1 leader, streaming
+replica), switchover, backup and restore, scale 2 → 3 → 2, failover on the restored lab, destroy both with no
+process mentioning either lab directory left. Its own registry (PGLAB_STATE_DIR) keeps it apart from other labs on
+the host.
 """
 
 from __future__ import annotations
@@ -72,6 +74,48 @@ def connect(data: dict[str, Any]) -> psycopg.Connection[Any]:
                            passfile=str(lab_dir / "secrets" / "pgpass"), autocommit=True, connect_timeout=5)
 
 
+def exists(name: str) -> bool:
+    return (Path("/tmp") / name / "lab.json").exists()
+
+
+@pytest.fixture
+def lab_a(env: dict[str, Any]) -> str:
+    """``pglab cluster create``'s lab (its output and how long it took in STATE['create']), made if not there."""
+    if not exists(env["a"]):
+        started = time.monotonic()
+        text = run("cluster", "create", str(env["plan"]), "--name", env["a"])
+        STATE["create"] = (text, time.monotonic() - started)
+    return str(env["a"])
+
+
+@pytest.fixture
+def lab_b(env: dict[str, Any], lab_a: str) -> str:
+    """The lab ``pglab cluster restore`` made from a backup of ``lab_a``, made if not there; STATE['restore'] holds
+    what the test of backup and restore reads: the outputs, the rows of ``lab_a`` at the backup and after it, the
+    rows read from the restored lab at once."""
+    if not exists(env["b"]):
+        data = status(lab_a)
+        with connect(data) as conn:
+            conn.execute("CREATE TABLE IF NOT EXISTS witness (id int PRIMARY KEY, note text)")
+            conn.execute("INSERT INTO witness VALUES (1, 'before the backup') ON CONFLICT DO NOTHING")
+            backed_up = conn.execute("SELECT id, note FROM witness ORDER BY id").fetchall()
+        backup = env["work"] / "backup"
+        shutil.rmtree(backup, ignore_errors=True)
+        backup_text = run("cluster", "backup", lab_a, str(backup))
+        backup_files = {p.name for p in backup.iterdir()}
+        with connect(data) as conn:
+            after = conn.execute("INSERT INTO witness VALUES ((SELECT max(id) + 1 FROM witness), 'after the backup') "
+                                 "RETURNING id").fetchone()
+        started = time.monotonic()
+        restore_text = run("cluster", "restore", str(backup), str(env["plan"]), "--name", env["b"])
+        print(f"restore: {time.monotonic() - started:.1f} s")
+        with connect(status(env["b"])) as conn:
+            restored = conn.execute("SELECT id, note FROM witness ORDER BY id").fetchall()
+        STATE["restore"] = {"backup": backup_text, "files": backup_files, "backed_up": backed_up,
+                            "after": after, "restore": restore_text, "restored": restored}
+    return str(env["b"])
+
+
 def assert_healthy(data: dict[str, Any], nodes: int) -> None:
     assert len(data["members"]) == nodes, data
     leader = leader_of(data)
@@ -80,10 +124,9 @@ def assert_healthy(data: dict[str, Any], nodes: int) -> None:
     assert all(m["state"] == "streaming" and m["lag"] is not None for m in replicas), data
 
 
-def test_create_outlives_pglab_and_status_shows_leader_and_streaming_replica(env: dict[str, Any]) -> None:
-    started = time.monotonic()
-    text = run("cluster", "create", str(env["plan"]), "--name", env["a"])
-    print(f"create: {time.monotonic() - started:.1f} s")
+def test_create_outlives_pglab_and_status_shows_leader_and_streaming_replica(env: dict[str, Any], lab_a: str) -> None:
+    text, took = STATE["create"]
+    print(f"create: {took:.1f} s")
     lab_dir = Path("/tmp") / env["a"]
     assert f"created {env['a']} in {lab_dir}" in text and "leader" in text and "streaming" in text
     run("lab", "clean")  # reaps orphaned labs: a cluster is kept, not an orphan, though its pglab exited
@@ -96,7 +139,7 @@ def test_create_outlives_pglab_and_status_shows_leader_and_streaming_replica(env
     assert "leader" in table and "streaming" in table and "n1" in table
 
 
-def test_switchover_moves_the_leader(env: dict[str, Any]) -> None:
+def test_switchover_moves_the_leader(env: dict[str, Any], lab_a: str) -> None:
     before = leader_of(status(env["a"]))["name"]
     target = "n1" if before == "n0" else "n0"
     bad = pglab("cluster", "switchover", env["a"], "--to", "n7", env=env["env"], timeout=60)
@@ -109,37 +152,30 @@ def test_switchover_moves_the_leader(env: dict[str, Any]) -> None:
     assert_healthy(data, 2)
 
 
-def test_backup_then_restore_into_a_new_lab_holds_the_row(env: dict[str, Any]) -> None:
-    data = status(env["a"])
-    with connect(data) as conn:
-        conn.execute("CREATE TABLE witness (id int PRIMARY KEY, note text)")
-        conn.execute("INSERT INTO witness VALUES (1, 'before the backup')")
-    backup = env["work"] / "backup"
-    text = run("cluster", "backup", env["a"], str(backup))
-    assert "MiB in" in text and (backup / "PG_VERSION").is_file() and (backup / "backup_label").is_file()
-    with connect(data) as conn:
-        conn.execute("INSERT INTO witness VALUES (2, 'after the backup')")
-    started = time.monotonic()
-    text = run("cluster", "restore", str(backup), str(env["plan"]), "--name", env["b"])
-    print(f"restore: {time.monotonic() - started:.1f} s")
-    assert "as in the backup" in text
-    restored = status(env["b"])
+def test_backup_then_restore_into_a_new_lab_holds_the_row(env: dict[str, Any], lab_a: str, lab_b: str) -> None:
+    done = STATE["restore"]
+    assert "MiB in" in done["backup"] and {"PG_VERSION", "backup_label"} <= done["files"]
+    assert "as in the backup" in done["restore"]
+    assert (1, "before the backup") in done["backed_up"]
+    assert done["restored"] == done["backed_up"]  # what the backup held, not the row written after it
+    assert done["after"] is not None and done["after"][0] not in [row[0] for row in done["restored"]]
+    restored = status(lab_b)
     assert_healthy(restored, 2)
     with connect(restored) as conn:
-        assert conn.execute("SELECT id, note FROM witness ORDER BY id").fetchall() == [(1, "before the backup")]
-        conn.execute("INSERT INTO witness VALUES (3, 'written on the restored lab')")  # a writable leader
-    with connect(status(env["a"])) as conn:  # the source lab is untouched
-        assert conn.execute("SELECT count(*) FROM witness").fetchone() == (2,)
+        conn.execute("INSERT INTO witness VALUES (-1, 'written on the restored lab') ON CONFLICT DO NOTHING")
+    with connect(status(lab_a)) as conn:  # the source lab is untouched by the restored one
+        assert conn.execute("SELECT count(*) FROM witness WHERE id = -1").fetchone() == (0,)
 
 
-def test_scale_up_then_down(env: dict[str, Any]) -> None:
+def test_scale_up_then_down(env: dict[str, Any], lab_a: str) -> None:
     lab_dir = Path("/tmp") / env["a"]
     run("cluster", "scale", env["a"], "3")
     data = status(env["a"])
     assert_healthy(data, 3)
     assert (lab_dir / "n2" / "data").is_dir()
-    with connect(data) as conn:  # the new replica has the data
-        conn.execute("INSERT INTO witness VALUES (4, 'three nodes')")
+    with connect(data) as conn:  # a synchronous commit with the new replica among the standbys
+        conn.execute("CREATE TABLE IF NOT EXISTS scaled (nodes int)")
+        conn.execute("INSERT INTO scaled VALUES (3)")
     leader = leader_of(data)["name"]
     run("cluster", "scale", env["a"], "2")
     data = status(env["a"])
@@ -153,7 +189,10 @@ def test_scale_up_then_down(env: dict[str, Any]) -> None:
     assert not [p for p in processes_mentioning(str(lab_dir / gone)) if "patroni" in p or "postgres" in p]
 
 
-def test_failover_elects_a_new_leader_and_the_old_one_rejoins(env: dict[str, Any]) -> None:
+def test_failover_elects_a_new_leader_and_the_old_one_rejoins(env: dict[str, Any], lab_b: str) -> None:
+    with connect(status(lab_b)) as conn:
+        (committed,) = conn.execute("INSERT INTO witness VALUES ((SELECT max(id) + 1 FROM witness), "
+                                    "'before the failover') RETURNING id").fetchone() or (None,)
     before = leader_of(status(env["b"]))["name"]
     text = run("cluster", "failover", env["b"])
     assert f"failover {before} -> " in text and "rejoined as a replica" in text
@@ -161,10 +200,10 @@ def test_failover_elects_a_new_leader_and_the_old_one_rejoins(env: dict[str, Any
     assert_healthy(data, 2)
     assert leader_of(data)["name"] != before
     with connect(data) as conn:
-        assert conn.execute("SELECT max(id) FROM witness").fetchone() == (3,)
+        assert conn.execute("SELECT max(id) FROM witness").fetchone() == (committed,)  # the committed row kept
 
 
-def test_destroy_leaves_no_process_and_no_file(env: dict[str, Any]) -> None:
+def test_destroy_leaves_no_process_and_no_file(env: dict[str, Any], lab_a: str, lab_b: str) -> None:
     for name in (env["a"], env["b"]):
         lab_dir = Path("/tmp") / name
         text = run("cluster", "destroy", name)
