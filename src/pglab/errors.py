@@ -63,3 +63,9 @@ class RunInterrupted(Exception):
 def first_line(exc: BaseException) -> str:
     """An exception's first line of text, or its type's name when it has none: what a one-line reason shows."""
     return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+
+
+def last_words(log: str) -> str:
+    """A process's last two lines of output (progress lines left out): what a failed Job's reason quotes."""
+    lines = [line.strip() for line in log.splitlines() if line.strip() and not line.startswith("progress:")]
+    return " / ".join(lines[-2:]) or "no output"

@@ -10,11 +10,9 @@ created in the cluster is deleted at the end, also after a failure, Ctrl-C or SI
 from __future__ import annotations
 
 import math
-import re
 import sys
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,15 +23,16 @@ from kubernetes.config.config_exception import ConfigException
 
 from pglab import __version__, interrupts
 from pglab.artifacts import write_json
+from pglab.drivers.kubernetes_figures import Figures, Readers
 from pglab.engine.driver import FioMeasurement, MeasuredRun, SweepInfo
 from pglab.engine.types import Event, Observer, RunFailed, RunResult
-from pglab.errors import UserError, first_line
+from pglab.errors import UserError, first_line, last_words
 from pglab.plan.expand import Point, expand
 from pglab.plan.schema import Plan
 from pglab.probes.base import now
 from pglab.scenarios.figures import phase_metrics, witness_metrics
 from pglab.scenarios.witness import evaluate
-from pglab.targets.kubernetes import disks, exporter, prometheus
+from pglab.targets.kubernetes import exporter, prometheus
 from pglab.targets.kubernetes.orchestrate import (
     POSTGRES_CONTAINER,
     JobOutcome,
@@ -44,7 +43,6 @@ from pglab.targets.kubernetes.orchestrate import (
 )
 from pglab.targets.kubernetes.prometheus import PrometheusError
 from pglab.targets.kubernetes.render import (
-    DATABASE,
     LOAD_DIR,
     SETTINGS_FILE,
     SETTINGS_WAIT_S,
@@ -66,7 +64,6 @@ from pglab.targets.kubernetes.render import (
     storage_volumes,
     target_of,
     to_yaml,
-    volume_probe,
     with_storage,
     witness_job,
 )
@@ -77,7 +74,6 @@ from pglab.workloads.pgbench import PgbenchError, PgbenchRun, pgbench_metrics, p
 
 SCENARIO_TIMEOUT_S = 300.0  # from a fault (or a fenced standby let go) to a healthy Cluster again
 JOB_OVERHEAD_S = 15.0  # pod scheduling, image already pulled, log read back: for the ETA only
-DISK_LOG_MARGIN_S = 10.0  # the disk sampler's log is read from this long before the run's Job was created
 REPLAY_TIMEOUT_S = 60.0  # before each run, for the standbys to replay what the last one wrote (as a local lab)
 
 
@@ -92,14 +88,6 @@ def connect(plan: Plan) -> client.ApiClient:
         raise UserError(f"target.kubernetes.kubeconfig: cannot use {where}"
                         f"{' (context ' + k8s.context + ')' if k8s.context else ''}: {first}; point it at a "
                         "kubeconfig for the cluster to benchmark.") from None
-
-
-@dataclass
-class NodeScrapes:
-    """The node-exporter pods read during one run (node → pod) and what they answered."""
-
-    pods: dict[str, str]
-    scraper: exporter.Scraper
 
 
 class KubernetesDriver:
@@ -119,17 +107,10 @@ class KubernetesDriver:
         self.api = api
         self.poll_s, self.ready_timeout_s, self.job_timeout_s = poll_s, ready_timeout_s, job_timeout_s
         self._orch: Orchestrator | None = None
-        self.scrape_s = scrape_s  # how often the instances' exporters are read while a run's Job runs
         self.scenario_timeout_s = scenario_timeout_s  # from the fault (the fence lifted) to a healthy Cluster
-        self._exporter_told = False
-        self._disk_told = False
         self._stop: str | None = None  # why the sweep cannot go on (a standby left fenced)
         self._replay_unknown = False  # the primary's exporter cannot say whether the standbys caught up
         self.replay_timeout_s = REPLAY_TIMEOUT_S
-        self._guess_told = False
-        self._probed: dict[str, disks.Volume | str] = {}  # claim@node#pod uid → its mount, or why unknown
-        self._tries: dict[str, int] = {}  # probes of a key so far (a failure is tried once more)
-        self._probes = 0
         self._events: list[Event] = []
         self._info: SweepInfo | None = None
         self._failed_health: str | None = None
@@ -137,9 +118,9 @@ class KubernetesDriver:
         self.points = expand(plan, cores=client_cores(self.k8s))  # the same points (and Job names) render made
         self.current: Point = self.points[0]  # the point the Cluster is shaped for (CPU step, parameters)
         self._load = plan.run.load_pods > 1  # each run over several pgbench pods (one Indexed Job)
-        self._prom = (prometheus.Client(self.k8s.prometheus, plan_dir) if self.k8s.prometheus is not None
-                      else None)  # the figures' source instead of the samplers and exporter reads
-        self._prom_told = False
+        prom = (prometheus.Client(self.k8s.prometheus, plan_dir) if self.k8s.prometheus is not None
+                else None)  # the figures' source instead of the samplers and exporter reads
+        self.figures = Figures(plan, lambda: self.orch, self.results_dir, ui, scrape_s, prom)
 
     @property
     def orch(self) -> Orchestrator:
@@ -151,9 +132,9 @@ class KubernetesDriver:
         """Connect with the plan's kubeconfig (an unusable one is the user's to fix, in one sentence)."""
         if self.api is None:
             self.api = connect(self.plan)
-        if self._prom is not None:
+        if (prom := self.figures.prom) is not None:
             try:
-                self._prom_version = self._prom.version()
+                self._prom_version = prom.version()
             except PrometheusError as exc:
                 raise UserError(f"target.kubernetes.prometheus: {str(exc).rstrip('.')}; check url, "
                                 "bearer_token_file and the TLS settings.") from None
@@ -163,8 +144,7 @@ class KubernetesDriver:
 
     def open(self, first: Point, with_storage: bool, resumed: bool) -> None:
         """Namespace, RBAC, the Cluster (waited for until healthy), fio volumes, the scripts' ConfigMap."""
-        probes = self.results_dir / "volume-probes"  # a resumed sweep's probes go beside the earlier ones
-        self._probes = len(list(probes.iterdir())) if probes.is_dir() else 0
+        self.figures.resumed()  # a resumed sweep's volume probes go beside the earlier ones
         self.current = first  # the first point to run (a resume may start further on) decides the Cluster's shape
         for m in self.manifests:
             if m.kind == "Job" or (m.kind == "PersistentVolumeClaim" and _component(m) == "fio"):
@@ -175,7 +155,7 @@ class KubernetesDriver:
                 try:
                     self.orch.create(m)
                 except K8sError as exc:
-                    self._tell_disk(f"{exc}")
+                    self.figures.tell_disk(f"{exc}")
                 continue
             self.orch.create(m)
             if m.kind == "Cluster":
@@ -312,7 +292,7 @@ class KubernetesDriver:
             "memory": {"limit": self.k8s.resources.memory},
             "postgres": {"image": self.k8s.image, "parameters": instance_parameters(self.plan, self.current)},
             "cluster_status": status,
-            **({"prometheus": {"url": self._prom.url, "version": self._prom_version}} if self._prom else {}),
+            **({"prometheus": {"url": prom.url, "version": self._prom_version}} if (prom := self.figures.prom) else {}),
             "plan": self.plan_text,
         }
 
@@ -341,7 +321,7 @@ class KubernetesDriver:
                 self.orch.create(pvc)
                 outcome = self.orch.run_job(m, dest)
                 if not outcome.succeeded:
-                    raise FioError(f"fio failed in Job/{m.name} on the {label} volume: {_last_words(outcome.log)}")
+                    raise FioError(f"fio failed in Job/{m.name} on the {label} volume: {last_words(outcome.log)}")
                 results: list[fio.FioResult] = []
                 for job in jobs:
                     json_file = dest / f"{job.name}.json"
@@ -376,7 +356,7 @@ class KubernetesDriver:
         dest = self.results_dir / "dataset"
         outcome = self.orch.run_job(m, dest / self.current.storage.name if self.current.storage else dest)
         if not outcome.succeeded:
-            raise PgbenchError(f"pgbench -i failed in Job/{m.name}: {_last_words(outcome.log)}")
+            raise PgbenchError(f"pgbench -i failed in Job/{m.name}: {last_words(outcome.log)}")
         self.ui.log(f"dataset loaded in {time.monotonic() - started:.1f} s (pod start included)")
 
     # ------------------------------------------------------------ one run
@@ -439,7 +419,7 @@ class KubernetesDriver:
                      timeline=log.timeline)
         write_json(run_dir / "witness.json", w.as_dict())
         if not outcome.succeeded:
-            raise RunFailed(f"the witness failed in Job/{wm.name}: {_last_words(outcome.log)}")
+            raise RunFailed(f"the witness failed in Job/{wm.name}: {last_words(outcome.log)}")
         return witness_metrics(w)
 
     def _wait_replay(self) -> None:
@@ -475,161 +455,6 @@ class KubernetesDriver:
                                 f"({', '.join(behind)}, as the primary's exporter showed)")
             interrupts.sleep(self.orch.poll_s)
 
-    def _scraper(self) -> exporter.Scraper | None:
-        """A reader of every instance's exporter for the coming run, or None when the instances cannot be listed."""
-        try:
-            pods = sorted(p.metadata.name for p in self.orch.instance_pods())
-            primary = self.orch.cluster_status().get("currentPrimary")
-        except K8sError as exc:
-            self.ui.log(f"exporter: {exc}; no PostgreSQL figures for this run")
-            return None
-        if not pods or primary not in pods:
-            self.ui.log(f"exporter: primary {primary or '?'} not among the instance pods {pods}; no PostgreSQL "
-                        "figures for this run")
-            return None
-        return exporter.Scraper(self.orch.scrape, pods, self.scrape_s, str(primary))
-
-    def _tell_exporter_errors(self, scraper: exporter.Scraper) -> None:
-        """Say once per sweep when an exporter could not be read (RBAC without pods/proxy, say)."""
-        if (errors := scraper.errors()) and not self._exporter_told:
-            self._exporter_told = True
-            self.ui.log(f"exporter not read: {errors[0]} (figures from the scrapes that worked only; see "
-                        "exporter/*.prom in the run's folder)")
-
-    def _disks(self, run_dir: Path, launched: float, window: tuple[float, float],
-               nodes_read: NodeScrapes | None = None) -> disks.RunDisks | None:
-        """The run's disk figures from the instances' nodes — the disk sampler's logs, or the node-exporter scrapes
-        taken during the run (``nodes_read``) — and the devices the volume probe found (``disks.summarize``); the
-        raw samples go to disk/<node>.log or .prom, what was chosen to disk.json. None (no figure, not zeros) when a
-        node of an instance has no readable sampler or node-exporter pod or no sample in the window, or a volume
-        has no block device, said once per sweep."""
-        try:
-            samplers = self.orch.sampler_pods() if self.k8s.node_exporter is None else {}
-            pods = self.orch.instance_pods()
-            primary = self.orch.cluster_status().get("currentPrimary")
-        except K8sError as exc:
-            self._tell_disk(str(exc))
-            return None
-        instances = {p.metadata.name: p.spec.node_name for p in pods if p.spec is not None and p.spec.node_name}
-        nodes = sorted(set(instances.values()))
-        if not nodes:
-            self._tell_disk("the instance pods name no node")
-            return None
-        folder = run_dir / "disk"
-        blocks: dict[str, list[disks.Block]] = {}
-        files: list[str] = []  # the raw samples kept, relative to the run's folder
-        if nodes_read is not None:
-            problems = [f"no node-exporter pod on node {n}" for n in nodes if n not in nodes_read.pods]
-            for node, pod in sorted(nodes_read.pods.items()):
-                mine = [sc for sc in nodes_read.scraper.scrapes if sc.pod == pod]  # a failed read is a gap
-                blocks[node] = [disks.node_exporter_block(sc.values, sc.ts, node) for sc in mine if sc.text]
-            if nodes_read.pods:  # node-exporter's disk lines only: the rest is not ours to keep
-                stems = {pod: node for node, pod in nodes_read.pods.items()}
-                files = nodes_read.scraper.write(folder, stems, keep="node_disk_")
-        else:
-            since = max(1, math.ceil(now() - launched + DISK_LOG_MARGIN_S))
-            problems = [f"no disk-sampler pod on node {n}" for n in nodes if n not in samplers]
-            for node in (n for n in nodes if n in samplers):
-                try:
-                    text = self.orch.pod_log(samplers[node], since)
-                except K8sError as exc:
-                    problems.append(str(exc))
-                    continue
-                folder.mkdir(parents=True, exist_ok=True)
-                (folder / f"{node}.log").write_text(text)
-                files.append(f"disk/{node}.log")
-                blocks[node] = disks.parse_log(text)
-        volumes = self._volumes(pods) if blocks and not problems else {}
-        hint = (" (node-exporter's diskstats filter leaves partitions, loop and ram devices out; the sampler "
-                "DaemonSet, without node_exporter in the plan, does not)") if nodes_read is not None else ""
-        result = disks.summarize(blocks, instances, primary, window, volumes, hint)
-        result.files = files
-        if nodes_read is not None and (errors := nodes_read.scraper.errors()):
-            result.info["scrape_errors"] = errors
-        problems += result.problems
-        if problems:
-            result.info["note"] = "; ".join(problems) + ": no disk figures"
-        if files:
-            write_json(folder / "disk.json", result.info)
-            result.files.append("disk/disk.json")
-        if problems or not result.metrics:
-            self._tell_disk(str(result.info.get("note")))
-            result.metrics, result.series = {}, []
-        elif result.guessed and not self._guess_told:
-            self._guess_told = True
-            self.ui.log(f"disk figures: the volume devices of {', '.join(result.guessed)} are a guess (the busiest "
-                        "device of the node; the volume probe could not run, see disk/disk.json)")
-        return result
-
-    def _node_scrapes(self) -> NodeScrapes | None:
-        """With ``node_exporter`` in the plan: a reader of the node-exporter pods on the instances' nodes for the
-        coming run; None without it. Pods that cannot be listed give a reader of none: the run has no disk figures,
-        said once."""
-        ne = self.k8s.node_exporter
-        if ne is None:
-            return None
-        selector = ",".join(f"{k}={v}" for k, v in sorted(ne.labels.items()))
-        try:
-            nodes = {p.spec.node_name for p in self.orch.instance_pods() if p.spec is not None and p.spec.node_name}
-            found = self.orch.pods_by_node(selector, ne.namespace, what=f"the node-exporter pods in {ne.namespace}")
-        except K8sError as exc:
-            self._tell_disk(str(exc))
-            return NodeScrapes({}, exporter.Scraper(lambda pod: "", [], self.scrape_s, ""))
-        pods = {node: pod for node, pod in found.items() if node in nodes}
-
-        def read(pod: str) -> str:
-            return self.orch.scrape(pod, ne.port, ne.namespace, ne.scheme)
-
-        return NodeScrapes(pods, exporter.Scraper(read, sorted(pods.values()), self.scrape_s, ""))
-
-    def _volumes(self, pods: list[Any]) -> dict[str, list[disks.Volume] | str]:
-        """Instance pod → its claims' devices, from a volume probe Job on each node with claims not probed there
-        for that pod yet (a recreated pod — a rollout, a failover — may have its network volume attached anew,
-        under another device), or why none could be had. A failed probe is tried once more at a later run. A probe
-        is a figure's helper, not a step: its failure makes a guess, not a failed run."""
-        wanted: dict[str, list[tuple[str, str, str]]] = {}  # node → (pod, claim, cache key)
-        for pod in pods:
-            node: str | None = pod.spec.node_name if pod.spec is not None else None
-            if not node:
-                continue
-            for v in pod.spec.volumes or []:
-                if v.persistent_volume_claim is not None:
-                    claim = v.persistent_volume_claim.claim_name
-                    key = f"{claim}@{node}#{pod.metadata.uid or ''}"
-                    wanted.setdefault(node, []).append((pod.metadata.name, claim, key))
-        for node, claims in sorted(wanted.items()):
-            todo = sorted({(c, k) for _, c, k in claims
-                           if not isinstance(self._probed.get(k), disks.Volume) and self._tries.get(k, 0) < 2})
-            if not todo:
-                continue
-            self._probes += 1
-            m = volume_probe(self.plan, f"{self.k8s.cluster_name}-volumes-{self._probes}", node, [c for c, _ in todo])
-            try:
-                outcome = self.orch.run_job(m, self.results_dir / "volume-probes" / m.name)
-                found: dict[str, disks.Volume] | str = disks.parse_probe_log(outcome.log)
-                if not outcome.succeeded:
-                    found = f"Job/{m.name} failed: {_last_words(outcome.log)}"
-            except K8sError as exc:
-                found = str(exc)
-            for claim, key in todo:
-                self._tries[key] = self._tries.get(key, 0) + 1
-                self._probed[key] = (found.get(claim) or f"Job/{m.name} did not see claim {claim}"
-                                     if isinstance(found, dict) else found)
-        out: dict[str, list[disks.Volume] | str] = {}
-        for claims in wanted.values():
-            for pod, _, key in claims:
-                got, have = self._probed[key], out.get(pod, [])
-                if not isinstance(have, str):  # one claim not found: the pod's devices are a guess
-                    out[pod] = got if isinstance(got, str) else [*have, got]
-        return out
-
-    def _tell_disk(self, why: str) -> None:
-        """Say once per sweep why a run has no disk figures (no DaemonSet permission, no sampler pod, …)."""
-        if not self._disk_told:
-            self._disk_told = True
-            self.ui.log(f"disk figures: {why.rstrip('.')} (none stored for such runs, not zeros; see disk/ in the "
-                        "run's folder and docs/kubernetes.md)")
-
     def _check_settings(self, run_dir: Path, point: Point, job: str) -> dict[str, Any]:
         """The parameters the primary ran with (the Job's settings.txt), each as asked or the run fails, naming it.
 
@@ -646,7 +471,7 @@ class KubernetesDriver:
         for name, value in sorted(wanted.items()):
             if name not in rows:
                 err = run_dir / "settings.err"
-                why = _last_words(err.read_text(errors="replace")) if err.is_file() else "no settings.txt shipped"
+                why = last_words(err.read_text(errors="replace")) if err.is_file() else "no settings.txt shipped"
                 raise RunFailed(f"parameter {name}: Job/{job} could not read it on the primary ({why})")
             _, setting, unit, pending, ok = rows[name]
             if pending == "t":
@@ -665,73 +490,6 @@ class KubernetesDriver:
         scenario = m.body["metadata"]["annotations"].get("pglab/scenario") is not None
         return shipped.one_pod(run_dir, m.name, _command(m), self.plan.run, scenario, launched, ended)
 
-    # ------------------------------------------------------------ figures from the cluster's Prometheus
-    def _from_prometheus(self, client: prometheus.Client, run_dir: Path, window: tuple[float, float], job: str
-                         ) -> tuple[exporter.RunFigures | None, disks.RunDisks | None, prometheus.RunCpu | None,
-                                    list[str]]:
-        """The run's CloudNativePG, container CPU and node disk figures, asked of Prometheus once its last scrapes
-        of the window are stored (``lag``); the samples used are kept in prometheus/*.json. A query that fails
-        gives no figure of its kind (said once per sweep), not a failed run."""
-        cfg = client.cfg
-        lag = cfg.lag if cfg.lag is not None else 2 * cfg.interval + 1
-        if (wait := window[1] + lag - now()) > 0:
-            interrupts.sleep(wait)
-        w = prometheus.Window(window[0], window[1], cfg.interval)
-        try:
-            pods = self.orch.instance_pods()
-            primary = self.orch.cluster_status().get("currentPrimary")
-        except K8sError as exc:
-            self._tell_prometheus(str(exc))
-            return None, None, None, []
-        instances = {p.metadata.name: p.spec.node_name for p in pods if p.spec is not None and p.spec.node_name}
-        names = sorted(instances)
-        folder = run_dir / "prometheus"
-        folder.mkdir(parents=True, exist_ok=True)
-        files: list[str] = []
-        where = {"source": "prometheus", "url": client.url}
-
-        def keep(name: str, series: prometheus.Series) -> None:
-            write_json(folder / f"{name}.json", prometheus.to_json(series))
-            files.append(f"prometheus/{name}.json")
-
-        figures = cpu = disk = None
-        try:
-            scrapes, raw = prometheus.exporter_scrapes(client, self.k8s.namespace, names, w)
-            keep("exporter", raw)
-            figures = exporter.summarize(scrapes, str(primary), window, DATABASE)
-            figures.info.update(where)
-        except PrometheusError as exc:
-            self._tell_prometheus(str(exc))
-        try:
-            groups = {"server": ("|".join(re.escape(n) for n in names), POSTGRES_CONTAINER),
-                      "client": (re.escape(job) + "-.+", "main")}  # the run's Job pods (one per load pod)
-            cpu, raw = prometheus.container_cpu(client, self.k8s.namespace, groups, primary, w)
-            keep("cpu", raw)
-        except PrometheusError as exc:
-            self._tell_prometheus(str(exc))
-        try:
-            blocks, raw = prometheus.node_blocks(client, sorted(set(instances.values())), w)
-            keep("disk", raw)
-            volumes = self._volumes(pods) if blocks else {}
-            disk = disks.summarize(blocks, instances, primary, window, volumes,
-                                   " (node-exporter's diskstats filter leaves partitions, loop and ram devices out)")
-            disk.info.update(where)
-            disk.files = []
-            if disk.problems or not disk.metrics:
-                self._tell_disk(str(disk.info.get("note")))
-                disk.metrics, disk.series = {}, []
-            write_json(folder / "disk-figures.json", disk.info)
-            files.append("prometheus/disk-figures.json")
-        except PrometheusError as exc:
-            self._tell_prometheus(str(exc))
-        return figures, disk, cpu, files
-
-    def _tell_prometheus(self, why: str) -> None:
-        """Say once per sweep why a run lacks figures from Prometheus."""
-        if not self._prom_told:
-            self._prom_told = True
-            self.ui.log(f"prometheus: {why.rstrip('.')} (no such figures stored for the run, not zeros)")
-
 
 
 class KubernetesRun(MeasuredRun):
@@ -747,9 +505,8 @@ class KubernetesRun(MeasuredRun):
         self.injector = (Injector(driver.orch, sc, self.m.name, driver.plan.run.warmup,
                                   node_fault=driver.k8s.node_fault) if sc is not None else None)
         self.wm = witness_job(driver.plan, point, repeat) if sc is not None and sc.witness else None
-        self.scraper: exporter.Scraper | None = None
-        self.nodes_read: NodeScrapes | None = None
-        self.readers: list[exporter.Scraper] = []
+        self.readers: Readers | None = None
+        self.figure_files: list[str] = []
         self.outcome: JobOutcome | LoadOutcome | None = None
 
     def prepare(self) -> None:
@@ -759,15 +516,7 @@ class KubernetesRun(MeasuredRun):
         self.d._wait_replay()
 
     def start_probes(self) -> None:
-        d = self.d
-        self.launched = now()
-        self.scraper = d._scraper() if d._prom is None else None  # with Prometheus: asked after the run
-        self.nodes_read = d._node_scrapes() if d._prom is None else None
-        # the exporters are read in threads of their own: a slow read never delays the fault or the Job's end
-        self.readers = [r for r in (self.scraper, self.nodes_read.scraper if self.nodes_read else None)
-                        if r is not None]
-        for reader in self.readers:
-            reader.start()
+        self.readers = self.d.figures.start()
 
     def measure(self) -> None:
         d, m, injector = self.d, self.m, self.injector
@@ -780,18 +529,12 @@ class KubernetesRun(MeasuredRun):
             injector.finish(d.scenario_timeout_s)
 
     def close_probes(self) -> None:
-        for reader in self.readers:
-            reader.stop()
-        for reader in self.readers:
-            reader.final()  # one more read, after the Job
+        assert self.readers is not None
+        self.figure_files = self.d.figures.end(self.readers, self.run_dir)
 
     def summarize(self) -> RunResult:
-        d, m, run_dir, point, outcome, scraper = self.d, self.m, self.run_dir, self.point, self.outcome, self.scraper
-        assert outcome is not None
-        exporter_files: list[str] = []
-        if scraper is not None:
-            exporter_files = scraper.write(run_dir / "exporter")
-            d._tell_exporter_errors(scraper)
+        d, m, run_dir, point, outcome, readers = self.d, self.m, self.run_dir, self.point, self.outcome, self.readers
+        assert outcome is not None and readers is not None
         # first: an unapplied parameter fails the Job (with several load pods, pod 0 waited for them)
         settings = d._check_settings(run_dir / LOAD_DIR.format(index=0) if d._load else run_dir, point, m.name)
         load_info: dict[str, Any] | None = None
@@ -805,18 +548,13 @@ class KubernetesRun(MeasuredRun):
         else:
             if not outcome.succeeded:
                 raise RunFailed(_job_failure(outcome, run_dir))
-            result, extra, warmup_start = d.collect(run_dir, m, self.launched, now())
+            result, extra, warmup_start = d.collect(run_dir, m, readers.launched, now())
         window = (result.window_start, result.window_end)
         metrics = {**pgbench_metrics(result), **extra}
         if point.cpus is not None:
             metrics["limit_cpus"] = point.cpus  # the step's CPU limit per instance, as a local run stores it
-        cpu: prometheus.RunCpu | None = None
-        if d._prom is not None:
-            figures, disk, cpu, prom_files = d._from_prometheus(d._prom, run_dir, window, m.name)
-            exporter_files += prom_files
-        else:
-            figures = exporter.summarize(scraper.scrapes, scraper.primary, window, DATABASE) if scraper else None
-            disk = d._disks(run_dir, self.launched, window, self.nodes_read)
+        parts = d.figures.read(readers, run_dir, window, m.name)
+        figures, disk, cpu = parts.postgres, parts.disk, parts.cpu
         series = pgbench_series(result, "pgbench") + load_series
         for part in (figures, cpu, disk):
             if part is not None:
@@ -834,7 +572,8 @@ class KubernetesRun(MeasuredRun):
         return RunResult.of(window, metrics, series=series, events=events, settings=settings or None,
                             record={"job": m.name, "command": result.command,
                                     "placement": d._placement(outcome),
-                                    "files": outcome.files + exporter_files + (disk.files if disk else []),
+                                    "files": [*outcome.files, *self.figure_files, *parts.files,
+                                              *(disk.files if disk else [])],
                                     "exporter": figures.info if figures else None,
                                     "disk": disk.info if disk else None,
                                     **({"load": load_info} if load_info is not None else {}),
@@ -843,9 +582,8 @@ class KubernetesRun(MeasuredRun):
     def end(self, failure: BaseException | None) -> None:
         d, injector = self.d, self.injector
         try:
-            if failure is not None:
-                for reader in self.readers:
-                    reader.stop()
+            if failure is not None and self.readers is not None:
+                self.readers.stop()
             if isinstance(failure, d.run_errors):
                 try:
                     d._failed_health = d.orch.cluster_health()
@@ -868,12 +606,12 @@ def _load_failure(outcome: LoadOutcome, run_dir: Path) -> str:
         d = run_dir / LOAD_DIR.format(index=index)
         for name, what in (("reset.log", "dataset reset before the run"), ("pgbench.err", "pgbench")):
             f = d / name
-            if f.is_file() and (words := _last_words(f.read_text(errors="replace"))) != "no output":
+            if f.is_file() and (words := last_words(f.read_text(errors="replace"))) != "no output":
                 if name == "reset.log" and (d / "pgbench.out").is_file():
                     continue
                 return f"{what} failed in load pod {index} of Job/{outcome.name}: {words}"
-        return f"load pod {index} of Job/{outcome.name} failed: {_last_words(pod.log)}"
-    return f"Job/{outcome.name} failed: {_last_words(outcome.log)}"
+        return f"load pod {index} of Job/{outcome.name} failed: {last_words(pod.log)}"
+    return f"Job/{outcome.name} failed: {last_words(outcome.log)}"
 
 
 def _mount_of(dest: Path) -> str | None:
@@ -895,16 +633,11 @@ def _component(m: Manifest) -> str:
     return str(m.body["metadata"]["labels"].get("pglab/component"))
 
 
-def _last_words(log: str) -> str:
-    lines = [line.strip() for line in log.splitlines() if line.strip() and not line.startswith("progress:")]
-    return " / ".join(lines[-2:]) or "no output"
-
-
 def _job_failure(outcome: JobOutcome, run_dir: Path) -> str:
     """One line: the dataset reset's or pgbench's own last words, else the pod's."""
     out, err, reset = run_dir / "pgbench.out", run_dir / "pgbench.err", run_dir / "reset.log"
     if not out.is_file() and reset.is_file():
-        return f"dataset reset before the run failed in Job/{outcome.name}: {_last_words(reset.read_text())}"
-    if err.is_file() and (words := _last_words(err.read_text(errors="replace"))) != "no output":
+        return f"dataset reset before the run failed in Job/{outcome.name}: {last_words(reset.read_text())}"
+    if err.is_file() and (words := last_words(err.read_text(errors="replace"))) != "no output":
         return f"pgbench failed in Job/{outcome.name}: {words}"
-    return f"Job/{outcome.name} failed: {_last_words(outcome.log)}"
+    return f"Job/{outcome.name} failed: {last_words(outcome.log)}"

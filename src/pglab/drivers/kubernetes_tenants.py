@@ -19,10 +19,11 @@ from pathlib import Path
 from typing import Any
 
 from pglab.artifacts import write_json
-from pglab.drivers.kubernetes import KubernetesDriver, _job_failure, _last_words
+from pglab.drivers.kubernetes import KubernetesDriver, _job_failure
 from pglab.drivers.tenants import tier_metrics
 from pglab.engine.driver import FioMeasurement, MeasuredRun, SweepInfo
 from pglab.engine.types import Event, Observer, RunFailed, RunResult, TenantFigure
+from pglab.errors import last_words
 from pglab.plan.expand import Point
 from pglab.plan.schema import Arrangement, Plan
 from pglab.probes.base import now
@@ -74,7 +75,7 @@ class KubernetesTenantsDriver(KubernetesDriver):
             outcome = self._orchs[t.name].finish_job(m, self.results_dir / "dataset" / t.name)
             if not outcome.succeeded:
                 failed.append(f"tenant {t.name} ({t.tier.name}): pgbench -i failed in Job/{m.name}: "
-                              f"{_last_words(outcome.log)}")
+                              f"{last_words(outcome.log)}")
         if failed:
             raise PgbenchError("; ".join(failed))
         self.ui.log(f"datasets loaded in {time.monotonic() - started:.1f} s (pods' start included)")
