@@ -291,7 +291,7 @@ SUFFIXES = (("_mb_s", "MB/s"), ("_ms", "ms"), ("_pct", "%"), ("_bytes", "B"), ("
 def test_headers_and_keys_name_the_catalogues_unit() -> None:
     """The terminal/markdown header and the CSV/JSON key of a column say the same unit as its metric."""
     words = {w.upper(): w for w in UNIT_WORDS.values()}
-    for table in metrics.TABLES:
+    for table in (*metrics.TABLES, *metrics.VIEWS):
         for s in metrics.columns(table):
             unit = UNIT_WORDS.get(s.metric.unit)
             for word in s.header.replace("/", " / ").replace("MB / s", "MB/s").split():
@@ -304,6 +304,19 @@ def test_headers_and_keys_name_the_catalogues_unit() -> None:
         for sfx, unit in (("_ms", "ms"), ("_pct", "%"), ("_bytes", "B"), ("_mb_s", "MB/s")):
             if m.name.endswith(sfx):
                 assert m.unit == unit, (m.name, m.unit)
+
+
+def test_a_view_picks_figures_its_table_has() -> None:
+    """The compact terminal table, the HTML charts and runs table read the points or runs table's rows, compare the
+    runs' stored metrics: a view naming anything else would show an empty column or chart."""
+    points, runs = set(metrics.keys("points")), set(metrics.keys("runs"))
+    compact = metrics.columns("compact")
+    assert {s.key for s in compact} <= points and {s.key for s in compact if s.column.per_run} <= runs
+    assert set(metrics.keys("chart")) <= points and set(metrics.keys("html-runs")) <= runs
+    assert set(metrics.keys("compare")) <= {m.name for m in metrics.METRICS}
+    assert all(metrics.keys(v) for v in metrics.VIEWS)
+    for table in metrics.TABLES:  # the view-only fields mean nothing in a table
+        assert all(s.column.at == 0 and not (s.column.optional or s.column.interval) for s in metrics.columns(table))
 
 
 def test_compare_takes_its_direction_from_the_catalogue() -> None:
