@@ -144,6 +144,17 @@ METRICS: tuple[Metric, ...] = (
            "window, not left to the checkpointer or background writer (pg_stat_bgwriter.buffers_backend up to "
            "PostgreSQL 16, pg_stat_io's relation writes from 17)", 0,
            columns=_in("points", "runs", "html-runs", header="backend writes")),
+    # ---- open loop (a rate, pgbench -R): how far the load fell behind its schedule (issue 29)
+    Metric("schedule_lag_ms", "ms", True, "client", "mean delay from each transaction's scheduled start to its "
+           "actual start (pgbench's rate limit schedule lag; latency counts from the scheduled start)",
+           columns=_in("points", "runs", header="sched lag ms")),
+    Metric("schedule_lag_max_ms", "ms", True, "client", "largest schedule lag of the run (pgbench)",
+           columns=_in("points", "runs", header="sched lag max ms", how="max")),
+    Metric("skipped_pct", "%", True, "client", "transactions skipped: already later than run.latency_limit at "
+           "their scheduled start, never run (pgbench, of those scheduled)", columns=_in("points", "runs",
+                                                                                         header="skipped %")),
+    Metric("late_pct", "%", True, "client", "transactions that ran longer than run.latency_limit from their "
+           "scheduled start (pgbench, of those processed)", columns=_in("points", "runs", header="late %")),
     Metric("failed", "count", True, "client", "transactions that failed (pgbench)",
            columns=_in("tenants", how="value")),
     # ---- scenarios: faults and what they cost

@@ -262,7 +262,7 @@ class LocalDriver(ProcessDriver[Target]):
             scripts, log_prefix = pgbench.stage_scripts(point.workload, self.plan_dir, run_dir), Path("pgbench_log")
         args = pgbench.run_args(target.bindir, point.workload, point.clients, point.jobs, self.plan.run,
                                 scripts, seconds=seconds, transactions=transactions,
-                                log_prefix=log_prefix if log else None)
+                                log_prefix=log_prefix if log else None, rate=point.rate)
         # pgbench in its own cgroup when the plan asks, as the lab user when pglab is root
         proc = PgbenchProcess(args, endpoints.primary, run_dir, name, on_progress=self.ui.progress, run_as=user,
                               procs_files=target.client_procs_files())

@@ -24,6 +24,7 @@ class Point:
     scenario: Scenario | None = None  # a fault or operation during each run (matrix.scenario)
     arrangement: Arrangement | None = None  # tenants plans: the tiers of this point (workload etc. are the tiers')
     storage: StorageOption | None = None  # the storage axis (matrix.storage, Kubernetes): a Cluster per value
+    rate: float | None = None  # the rate axis (matrix.rate): pgbench -R, transactions/s; None: run.rate or none
 
     @property
     def workload_name(self) -> str:
@@ -44,6 +45,8 @@ class Point:
             out["storage"] = self.storage.name
         if self.cpus is not None:
             out["cpus"] = self.cpus
+        if self.rate is not None:
+            out["rate"] = self.rate
         if self.scenario is not None:
             out["scenario"] = self.scenario.label
         for name, value in self.parameters.items():
@@ -64,8 +67,9 @@ class Point:
         if self.storage is not None:
             cpus = f" storage={self.storage.name}{cpus}"
         scenario = f" scenario={self.scenario.label}" if self.scenario is not None else ""
-        return (f"{self.workload_name} sc={self.synchronous_commit} c={self.clients} j={self.jobs}{cpus}{extra}"
-                f"{scenario}")
+        rate = f" rate={self.rate:g}" if self.rate is not None else ""
+        return (f"{self.workload_name} sc={self.synchronous_commit} c={self.clients} j={self.jobs}{rate}{cpus}"
+                f"{extra}{scenario}")
 
 
 def default_jobs(clients: int, cores: int | None = None) -> int:
@@ -75,7 +79,7 @@ def default_jobs(clients: int, cores: int | None = None) -> int:
 
 def expand(plan: Plan, cores: int | None = None) -> list[Point]:
     """Every combination of the axes. Storage values vary slowest (each is a new Cluster), then CPU steps (each is
-    a rolling restart), then parameters (they may need one), then scenarios, clients fastest."""
+    a rolling restart), then parameters (they may need one), then scenarios, clients, jobs, rates fastest."""
     if plan.tenants is not None:  # one point per arrangement; each tier carries its own load
         return [Point(i, a.tiers[0].workload, sum(t.clients * t.tenants for t in a.tiers), 1,
                       a.tiers[0].synchronous_commit, arrangement=a) for i, a in enumerate(plan.tenants.arrangements)]
@@ -86,6 +90,7 @@ def expand(plan: Plan, cores: int | None = None) -> list[Point]:
     cpu_steps: list[float | None] = [*m.cpus] if m.cpus else [None]
     scenarios: list[Scenario | None] = [*m.scenario] if m.scenario else [None]
     storages: list[StorageOption | None] = [*m.storage] if m.storage else [None]
+    rates: list[float | None] = [*m.rate] if m.rate else [None]
     for storage, cpus in itertools.product(storages, cpu_steps):
         for combo in param_combos:
             params = dict(zip(names, combo, strict=True))
@@ -93,9 +98,9 @@ def expand(plan: Plan, cores: int | None = None) -> list[Point]:
                                                                m.synchronous_commit, m.clients):
                 # pgbench cannot run more threads than clients: jobs [4, 8] at 2 clients are one point, not two
                 jobs_axis = dict.fromkeys(min(j, clients) for j in m.jobs or [default_jobs(clients, cores)])
-                for jobs in jobs_axis:
+                for jobs, rate in itertools.product(jobs_axis, rates):
                     points.append(Point(len(points), wl, clients, jobs, sc, params, cpus, scenario,
-                                        storage=storage))
+                                        storage=storage, rate=rate))
     return points
 
 

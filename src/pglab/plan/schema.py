@@ -227,6 +227,7 @@ class LabPaths(Strict):
 
 _CPUSET = re.compile(r"\d{1,4}(-\d{1,4})?(,\d{1,4}(-\d{1,4})?){0,63}")
 Cpus = Annotated[float, _number_between(0.0, 1024.0, low_open=True)]
+Rate = Annotated[float, _number_between(0, MAX_RATE, low_open=True)]  # transactions/s, pgbench -R
 
 
 class Resources(Strict):
@@ -861,6 +862,9 @@ class Matrix(Strict):
                                                     "as an axis: name → list of values")
     cpus: list[Cpus] | None = Field(None, min_length=1, description="CPU limit per instance as an axis: the "
                                     "scaling loop (a rolling restart between steps)")
+    rate: list[Rate] | None = Field(None, min_length=1, max_length=100, description="target transactions/s as an "
+                                    "axis (pgbench -R, open loop): latency is measured from each transaction's "
+                                    "scheduled start, schedule lag and skipped transactions are figures of the run")
     scenario: list[Scenario] | None = Field(None, min_length=1, max_length=20,
                                             description="faults and operations during the runs, as an axis")
     storage: list[StorageOption] | None = Field(
@@ -881,7 +885,7 @@ class Matrix(Strict):
             raise PydanticCustomError("unique", "scenarios must differ (kind, kill or max_rate)")
         return v
 
-    @field_validator("cpus")
+    @field_validator("cpus", "rate")
     @classmethod
     def _cpus(cls, v: list[float] | None) -> list[float] | None:
         return v if v is None else _unique(v)
@@ -998,8 +1002,10 @@ class Run(Strict):
                                    "spreads over the points; CPU steps and parameter sets form blocks")
     seed: Annotated[int, _int_between(0, 2**63 - 1, "a non-negative integer")] | None = Field(
         None, description="seed of the interleaved order (default: drawn and recorded with the sweep)")
-    rate: Annotated[float, _number_between(0, MAX_RATE, low_open=True)] | None = Field(
-        None, description="target transactions/s (pgbench -R)")
+    rate: Rate | None = Field(None, description="target transactions/s (pgbench -R); as an axis: matrix.rate")
+    latency_limit: Seconds | None = Field(
+        None, description="pgbench --latency-limit (e.g. '5ms'): transactions slower count as late; with a rate, "
+        "those already that late at their scheduled start are skipped")
     sampling_rate: Annotated[float, _number_between(0, 1, low_open=True)] = Field(
         1.0, description="share of transactions logged (pgbench --sampling-rate)")
     protocol: Literal["simple", "extended", "prepared"] = Field(
@@ -1138,6 +1144,17 @@ class Plan(Strict):
         if self.storage and k8s.wal_storage is None and self.storage.paths == ["wal"]:
             raise PydanticCustomError("kubernetes", "'wal' needs target.kubernetes.wal_storage: without it the WAL "
                                       "is on the data volume", {"at": "storage.paths"})
+        return self
+
+    @model_validator(mode="after")
+    def _one_rate(self) -> Plan:
+        """A rate is one value (run.rate) or an axis (matrix.rate), not both; tenants carry their own load."""
+        if self.matrix.rate and self.run.rate is not None:
+            raise PydanticCustomError("rate", "run.rate and matrix.rate both set the rate; keep one",
+                                      {"at": "run.rate"})
+        if self.matrix.rate and self.tenants is not None:
+            raise PydanticCustomError("rate", "the rate axis is not for tenants plans (each tier sets its own "
+                                      "load); remove it", {"at": "matrix.rate"})
         return self
 
     @model_validator(mode="after")

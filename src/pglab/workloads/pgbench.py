@@ -66,6 +66,11 @@ class PgbenchSummary:
     transactions: int
     failed: int
     duration_s: float | None
+    # with a rate (-R) and a latency limit: what pgbench says of the schedule
+    schedule_lag_ms: float | None = None  # mean delay from a transaction's scheduled start to its actual start
+    schedule_lag_max_ms: float | None = None
+    skipped: int | None = None  # already later than the limit at their scheduled start: never run
+    late: int | None = None  # ran, and took longer than the limit (from the scheduled start)
 
 
 @dataclass
@@ -108,6 +113,11 @@ def parse_summary(text: str) -> PgbenchSummary:
         transactions=int(processed or 0),
         failed=int(num(r"^number of failed transactions: (\d+)") or 0),
         duration_s=num(r"^duration: ([\d.]+) s"),
+        schedule_lag_ms=num(r"^rate limit schedule lag: avg ([\d.]+) \(max [\d.]+\) ms"),
+        schedule_lag_max_ms=num(r"^rate limit schedule lag: avg [\d.]+ \(max ([\d.]+)\) ms"),
+        skipped=None if (skipped := num(r"^number of transactions skipped: (\d+)")) is None else int(skipped),
+        late=None if (late := num(r"^number of transactions above the [\d.]+ ms latency limit: (\d+)/")) is None
+        else int(late),
     )
 
 
@@ -206,15 +216,18 @@ def script_args(workload: str | CustomWorkload, base_dir: Path) -> list[str]:
 
 def run_args(bindir: Path, workload: str | CustomWorkload, clients: int, jobs: int, run: Run,
              base_dir: Path, *, seconds: float | None, transactions: int | None,
-             log_prefix: Path | None) -> list[str]:
+             log_prefix: Path | None, rate: float | None = None) -> list[str]:
+    """pgbench's command line for one load; ``rate`` (the point's, or a load pod's share of it) before run.rate."""
     args = [str(bindir / "pgbench"), "-n", "-c", str(clients), "-j", str(jobs), "-M", run.protocol,
             "-P", "1", "--progress-timestamp"]
     if transactions is not None:
         args += ["-t", str(transactions)]
     else:
         args += ["-T", str(max(1, round(seconds or 1)))]
-    if run.rate:
-        args += ["-R", f"{run.rate:g}"]
+    if rate := rate or run.rate:
+        args += ["-R", f"{rate:g}"]
+    if run.latency_limit:
+        args += [f"--latency-limit={run.latency_limit * 1000:g}"]
     if log_prefix is not None:
         args += ["-l", f"--log-prefix={log_prefix}"]
         if run.sampling_rate < 1:
@@ -572,6 +585,12 @@ def pgbench_metrics(result: PgbenchRun) -> dict[str, float | None]:
         "failed": float(s.failed),
         "window_s": result.window_end - result.window_start,
     }
+    if s.schedule_lag_ms is not None:  # open loop (-R): latency counts from each transaction's scheduled start
+        m.update(schedule_lag_ms=s.schedule_lag_ms, schedule_lag_max_ms=s.schedule_lag_max_ms)
+    if s.skipped is not None:
+        m["skipped_pct"] = s.skipped / (s.transactions + s.skipped) * 100 if s.transactions + s.skipped else None
+    if s.late is not None:
+        m["late_pct"] = s.late / s.transactions * 100 if s.transactions else None
     if result.log:
         m.update({
             "latency_p50_ms": result.log.percentiles_ms[50],

@@ -686,7 +686,8 @@ def pgbench_run(plan: Plan, point: Point, repeat: int = 1) -> Manifest:
     if seconds is not None:
         seconds += plan.run.warmup
     args = run_args(Path(), point.workload, point.clients, point.jobs, plan.run, Path(SCRIPTS_DIR),
-                    seconds=seconds, transactions=plan.run.transactions, log_prefix=Path(RESULTS_DIR) / "pgbench")
+                    seconds=seconds, transactions=plan.run.transactions, log_prefix=Path(RESULTS_DIR) / "pgbench",
+                    rate=point.rate)
     args[0] = "pgbench"
     reset = _reset_script(plan)
     if parameters := instance_parameters(plan, point):  # in force before anything is measured, or no run
@@ -773,8 +774,10 @@ def load_job(plan: Plan, point: Point, repeat: int = 1) -> Manifest:
         seconds += plan.run.warmup
     cases = []
     for index, (clients, jobs) in enumerate(load_shares(plan, point)):
+        rate = point.rate or plan.run.rate  # the pods share the rate as they share the clients
         args = run_args(Path(), point.workload, clients, jobs, plan.run, Path(SCRIPTS_DIR), seconds=seconds,
-                        transactions=plan.run.transactions, log_prefix=Path(RESULTS_DIR) / "pgbench")
+                        transactions=plan.run.transactions, log_prefix=Path(RESULTS_DIR) / "pgbench",
+                        rate=rate * clients / point.clients if rate else None)
         args[0] = "pgbench"
         prepare = ""
         if index == 0:
