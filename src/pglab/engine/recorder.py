@@ -114,7 +114,7 @@ class Recorder:
         self.phases.mark("setup", at=started)  # opening the store, resuming, the schedule: until the lab is built
         store.recover()
         fingerprint = plan_hash(plan_text, plan_files(plan, plan_dir))
-        previous = [s for s in store.sweeps() if s["plan_hash"]]  # `pglab fio` sweeps have no plan
+        previous = [s for s in store.sweeps() if s["plan_hash"]]  # old `pglab fio` sweeps: no plan
         last = previous[-1] if previous else None
         if last is not None and not force_new:
             if last["plan_hash"] != fingerprint:
@@ -133,11 +133,6 @@ class Recorder:
         else:
             self.sweep_id = store.begin_sweep(plan.name, plan_text, fingerprint, __version__, started=started)
         return self.sweep_id, self.resumed
-
-    def open_storage_sweep(self, command: str) -> int:
-        """A sweep of ``pglab fio``: storage figures only, no plan (and so nothing to resume)."""
-        self.sweep_id, self.resumed = self.store.begin_sweep("fio", f"# pglab {command}\n", "", __version__), False
-        return self.sweep_id
 
     def points(self, points: list[Point]) -> tuple[dict[str, int], set[tuple[str, int]]]:
         """The sweep's point ids by key, and the (key, repeat) already run ok (none unless resumed)."""
