@@ -312,7 +312,8 @@ def test_a_view_picks_figures_its_table_has() -> None:
     points, runs = set(metrics.keys("points")), set(metrics.keys("runs"))
     compact = metrics.columns("compact")
     assert {s.key for s in compact} <= points and {s.key for s in compact if s.column.per_run} <= runs
-    assert set(metrics.keys("chart")) <= points and set(metrics.keys("html-runs")) <= runs
+    assert set(metrics.keys("chart")) | set(metrics.keys("durability-chart")) <= points
+    assert set(metrics.keys("html-runs")) <= runs and set(metrics.keys("tier-chart")) <= set(metrics.keys("tiers"))
     assert set(metrics.keys("compare")) <= {m.name for m in metrics.METRICS}
     assert all(metrics.keys(v) for v in metrics.VIEWS)
     for table in metrics.TABLES:  # the view-only fields mean nothing in a table

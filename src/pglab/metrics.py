@@ -22,7 +22,7 @@ Layer = Literal["client", "database", "replication", "storage", "cpu", "memory",
                 "host"]
 How = Literal["mean", "median", "max", "sum", "value"]
 TABLES = ("points", "runs", "scenarios", "tiers", "host", "tenants")
-VIEWS = ("compact", "chart", "compare", "html-runs")  # a few of the points (runs) table's figures each
+VIEWS = ("compact", "chart", "durability-chart", "tier-chart", "compare", "html-runs")  # a few of a table's figures
 
 
 @dataclass(frozen=True)
@@ -31,8 +31,9 @@ class Column:
 
     ``table``: points (means over a point's ok repeats) · runs (one per run) · scenarios (over a level's trials) ·
     tiers (median over repeats) · host (median over repeats) · tenants (one per run × tenant); or a view of the
-    points/runs figures: compact (the default terminal table) · chart (the HTML charts vs clients; ``header``: the
-    unit) · compare (``pglab compare``'s default) · html-runs (the HTML runs table).
+    points/runs figures: compact (the default terminal table) · chart, durability-chart (the HTML charts vs clients,
+    per synchronous_commit level; ``header``: the unit) · tier-chart (of the tiers table; ``header``: the title) ·
+    compare (``pglab compare``'s default) · html-runs (the HTML runs table).
     ``key``: the column's name in CSV/JSON rows (default: the metric's name); ``header``: its title in the terminal
     and markdown tables (default: the key); ``how``: how the runs of one row combine into it; ``at``: its place in a
     view (then catalogue order). Compact only: ``optional`` is left out (the last first) on a narrow terminal,
@@ -82,9 +83,10 @@ METRICS: tuple[Metric, ...] = (
     Metric("tps", "tx/s", False, "client", "transactions per second over the measured window (pgbench)", 1, ci=True,
            columns=(*_in("points", "runs", "compare", "html-runs"), Column("host", header="host TPS", how="median"),
                     Column("tenants", how="value"), Column("compact", header="tps", at=1, interval=True),
-                    Column("chart", header="TPS"))),
+                    *_in("chart", "durability-chart", header="TPS"))),
     Metric("latency_avg_ms", "ms", True, "client", "mean transaction latency (pgbench)", ci=True,
-           columns=(*_in("points", "runs", "compare"), Column("tenants", how="value"))),
+           columns=(*_in("points", "runs", "compare"), Column("tenants", how="value"),
+                    Column("durability-chart", header="mean latency ms"))),
     Metric("latency_p95_ms", "ms", True, "client", "95th percentile of transaction latency (transaction log)", ci=True,
            columns=_in("points", "runs")),
     Metric("latency_p99_ms", "ms", True, "client", "99th percentile of transaction latency (transaction log)", ci=True,
@@ -194,13 +196,15 @@ METRICS: tuple[Metric, ...] = (
     Metric("tier.{tier}.tenants", "count", None, "tenants", "tenants in the tier (its table shows their instances)",
            columns=_in("tiers", key="instances", how="median")),
     Metric("tier.{tier}.tps", "tx/s", False, "tenants", "TPS per tenant of the tier",
-           columns=_in("tiers", key="tps_per_instance", header="TPS per instance", how="median")),
+           columns=(*_in("tiers", key="tps_per_instance", header="TPS per instance", how="median"),
+                    Column("tier-chart", "tps_per_instance", "TPS per instance, per tier"))),
     Metric("tier.{tier}.latency_avg_ms", "ms", True, "tenants", "mean latency per tenant of the tier",
            columns=_in("tiers", key="latency_avg_ms", header="latency ms", how="median")),
     Metric("tier.{tier}.latency_p95_ms", "ms", True, "tenants", "p95 latency per tenant of the tier",
            columns=_in("tiers", key="latency_p95_ms", header="p95 ms", how="median")),
     Metric("tier.{tier}.latency_p99_ms", "ms", True, "tenants", "p99 latency per tenant of the tier",
-           columns=_in("tiers", key="latency_p99_ms", header="p99 ms", how="median")),
+           columns=(*_in("tiers", key="latency_p99_ms", header="p99 ms", how="median"),
+                    Column("tier-chart", "latency_p99_ms", "Latency p99 per tier"))),
     Metric("tier.{tier}.total_iops", "IOPS", None, "tenants", "device IOPS per tenant of the tier (its cgroup)",
            columns=_in("tiers", key="iops_per_instance", header="IOPS per instance", how="median")),
     Metric("tier.{tier}.cpu_cores", "cores", True, "tenants", "CPU per tenant of the tier (its cgroup)",

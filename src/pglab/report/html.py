@@ -243,11 +243,11 @@ def _durability_charts(points: list[dict[str, Any]]) -> list[dict[str, Any]]:
         mine = sorted((p for p in points if p["workload"] == wl), key=lambda p: levels.index(p["synchronous_commit"])
                       if p["synchronous_commit"] in levels else 99)
         labels = _clients(mine)
-        for metric, unit in (("tps", "TPS"), ("latency_avg_ms", "mean latency ms")):
-            series = _series_over(mine, labels, "synchronous_commit", metric)
-            title = _caption(f"{wl}: {unit} per synchronous_commit level", series)
-            charts.append({"id": f"durability-{wl}-{metric}", "title": title, "group": "durability",
-                           "svg": svg.categories(title, labels, series, unit, "clients", bars=True)})
+        for s in metrics.columns("durability-chart"):
+            series = _series_over(mine, labels, "synchronous_commit", s.key)
+            title = _caption(f"{wl}: {s.header} per synchronous_commit level", series)
+            charts.append({"id": f"durability-{wl}-{s.key}", "title": title, "group": "durability",
+                           "svg": svg.categories(title, labels, series, s.header, "clients", bars=True)})
     return charts
 
 
@@ -371,14 +371,14 @@ def _tenants_parts(store: Store, sweep_id: int) -> tuple[list[str], list[dict[st
               _section("tenants", "Every tenant of every run", tenant_columns, tenant_rows)]
     charts = []
     tier_names = list(dict.fromkeys(str(r["tier"]) for r in tier_rows))
-    for metric, title, unit in (("tps_per_instance", "TPS per instance, per tier", "TPS"),
-                                ("latency_p99_ms", "Latency p99 per tier", "ms")):
+    for s in metrics.columns("tier-chart"):  # the tier table's figures, bars per arrangement
         series = []
         for arrangement in dict.fromkeys(r["arrangement"] for r in tier_rows):
-            at = {str(r["tier"]): r.get(metric) for r in tier_rows if r["arrangement"] == arrangement}
+            at = {str(r["tier"]): r.get(s.key) for r in tier_rows if r["arrangement"] == arrangement}
             series.append(svg.Series(str(arrangement), [at.get(t) for t in tier_names]))
-        charts.append({"id": f"tiers-{metric}", "title": title, "group": "tiers",
-                       "svg": svg.categories(title, tier_names, series, unit, "tier", bars=True)})
+        unit = "TPS" if s.metric.unit == "tx/s" else s.metric.unit
+        charts.append({"id": f"tiers-{s.key}", "title": s.header, "group": "tiers",
+                       "svg": svg.categories(s.header, tier_names, series, unit, "tier", bars=True)})
     _, runs = run_table(store, sweep_id)
     for run in [r for r in runs if r["status"] == "ok"][:MAX_SERIES_RUNS]:
         chart = _run_chart(store, {**run, "workload": run.get("arrangement", ""), "synchronous_commit": "",
