@@ -238,7 +238,8 @@ class Injector:
         t = time.time()
         self.backup_status, self.back_time, self.healthy_time = status, t, t
         self.events.append((t, "backup-end", f"Backup/{self.backup_name} completed {t - self.fault_time:.1f} s after "
-                            f"it was asked for (WAL {status.get('beginWal', '?')} to {status.get('endWal', '?')})"))
+                            f"it was asked for (WAL {status.get('beginWal', '?')} to {status.get('endWal', '?')}, "
+                            f"LSN {status.get('beginLSN', '?')} to {status.get('endLSN', '?')})"))
         self.orch.log(f"backup: {self.events[-1][2]}")
 
     def measure_store(self) -> None:
@@ -276,8 +277,9 @@ class Injector:
 
     def backup_figures(self) -> dict[str, float | None]:
         """A completed backup's figures under the local backup scenario's names: how long it took as seen here
-        (asked for until reported completed), and the WAL it spans (its begin and end LSN); the operator's own
-        start and stop (whole seconds) beside them."""
+        (asked for until reported completed), its size and the WAL archive's (``measure_store``), the WAL it spans
+        (its begin and end LSN); from the operator's own start and stop (whole seconds): how long the plugin took
+        and how long the request waited before it began."""
         if self.kind != "backup" or self.back_time is None or self.fault_time is None:
             return {}
         st = self.backup_status
@@ -290,6 +292,8 @@ class Injector:
         started, stopped = _rfc3339(st.get("startedAt")), _rfc3339(st.get("stoppedAt"))
         if started is not None and stopped is not None and stopped >= started:
             out["backup_operator_s"] = stopped - started
+        if started is not None:  # from the request until the plugin began (the operator's queue, the checks)
+            out["backup_wait_s"] = max(0.0, started - self.fault_time)
         return out
 
     @property

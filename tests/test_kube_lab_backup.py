@@ -1,0 +1,278 @@
+"""Continuous WAL archiving and a base backup under load on the multi-node lab (issue 28): the lab's object store
+(MinIO) and CloudNativePG's Barman Cloud plugin started for this module (``kubelab.py objectstore``), one pglab
+sweep whose Cluster archives WAL through the plugin and whose run takes a ``Backup`` (method plugin) 5 s into the
+load. Its figures are checked against readings taken here without pglab: MinIO's own data folder on the system
+node's disk (the objects and bytes of the backup and of the WAL archive, as the server stores them), and the
+Cluster's ``pg_stat_archiver`` read with psql in the primary pod while the run goes on.
+
+Kept short for the CI track that runs beside the whole suite: one 1-instance Cluster on a database node, scale 1,
+one 30 s run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from conftest import pglab
+from kube_lab_support import kubelab, namespace_gone
+from pglab.scenarios.witness import ACKED, parse_lsn
+from pglab.store.sqlite import Store
+from pglab.targets.kubernetes.render import BARMAN_PLUGIN, WITNESS_TABLE
+from pglab.targets.kubernetes.scenario import parse_witness_log
+
+pytestmark = pytest.mark.kube_lab
+
+NS, NAME = "pglab-e2e-backup", "bkp"
+RESTORE_NS = "pglab-e2e-restore"
+LOAD = """matrix:
+  clients: [2]
+  jobs: [1]
+  scenario: [{kind: backup, at: 5s}]
+run: {duration: 30s}
+"""
+
+
+def backup_plan(lab: kubelab.KubeLab, destination: str) -> str:
+    return f"""
+name: {NAME}
+target:
+  kubernetes:
+    kubeconfig: {lab.kubeconfig}
+    namespace: {NS}
+    cluster_name: {NAME}
+    instances: 1
+    image: {lab.image_names["postgresql"]}
+    storage: {{size: 1Gi}}
+    resources: {{cpu: 0.25, memory: 384Mi}}
+    database: {{node_selector: {{pglab.io/role: database}}, anti_affinity: none}}
+    clients: {{node_selector: {{pglab.io/role: client}}, anti_affinity: none}}
+    wal_archive:
+      s3:
+        endpoint: {kubelab.OBJECTSTORE_URL}
+        destination: {destination}
+        credentials: {kubelab.OBJECTSTORE_NS}/{kubelab.OBJECTSTORE_SECRET}
+        jobs: 2
+postgres:
+  parameters: {{shared_buffers: 32MB, max_connections: 40}}
+dataset: {{scale: 1}}
+{LOAD}"""
+
+
+def minio_data(lab: kubelab.KubeLab) -> Path:
+    """MinIO's data folder (an emptyDir) on the system node's disk, as the kubelet made it."""
+    pod = lab.kubectl("-n", kubelab.OBJECTSTORE_NS, "get", "pod", "-l", "app=minio", "-o",
+                      "jsonpath={.items[0].metadata.uid} {.items[0].spec.nodeName}").stdout.split()
+    uid, node = pod
+    path = kubelab.node_root(lab.root, node) / "var/kubelet/pods" / uid / "volumes/kubernetes.io~empty-dir/data"
+    assert path.is_dir(), path
+    return path
+
+
+def objects(folder: Path) -> dict[str, int]:
+    """The objects MinIO stores under a prefix folder, read from its single-drive layout: an object is a folder
+    holding ``xl.meta`` (small objects inlined in it), its data in ``<data dir>/part.N`` files. Key → the bytes of
+    its parts (0 when inlined)."""
+    out = {}
+    for meta in folder.rglob("xl.meta"):
+        obj = meta.parent
+        out[str(obj.relative_to(folder))] = sum(p.stat().st_size for p in obj.glob("*/part.*"))
+    return out
+
+
+@dataclass
+class ArchiverReads:
+    """pg_stat_archiver read with psql in the primary pod every 2 s while pglab runs: the oracle of the archived and
+    failed counts."""
+
+    lab: kubelab.KubeLab
+    rows: list[tuple[float, int, int]] = field(default_factory=list)
+    halt: threading.Event = field(default_factory=threading.Event)
+    completed: float | None = None  # when this thread first read the Backup's phase as completed
+
+    def run(self) -> None:
+        while not self.halt.wait(1):
+            if self.completed is None:
+                phase = self.lab.kubectl("-n", NS, "get", "backups", "-o", "jsonpath={.items[*].status.phase}",
+                                         check=False, timeout=20).stdout.strip()
+                if phase == "completed":
+                    self.completed = time.time()
+            proc = self.lab.kubectl("-n", NS, "exec", f"{NAME}-1", "-c", "postgres", "--", "psql", "-tAq", "-d",
+                                    "postgres", "-c", "SELECT archived_count, failed_count FROM pg_stat_archiver",
+                                    check=False, timeout=20)
+            with contextlib.suppress(ValueError):
+                archived, failed = (int(v) for v in proc.stdout.strip().split("|"))
+                self.rows.append((time.time(), archived, failed))
+
+
+def restore(lab: kubelab.KubeLab, prefix: str) -> tuple[list[int], float]:
+    """A new Cluster recovered from the object store (the backup and the WAL archived after it), as a user would
+    make it, without pglab: the witness's ids it holds, and the seconds until it was healthy."""
+    secret = json.loads(lab.kubectl("-n", kubelab.OBJECTSTORE_NS, "get", "secret", kubelab.OBJECTSTORE_SECRET,
+                                    "-o", "json").stdout)
+    objects = [
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": RESTORE_NS}},
+        {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "store", "namespace": RESTORE_NS},
+         "data": secret["data"]},
+        {"apiVersion": "barmancloud.cnpg.io/v1", "kind": "ObjectStore", "metadata": {"name": "store",
+                                                                                    "namespace": RESTORE_NS},
+         "spec": {"configuration": {
+             "destinationPath": f"s3://pglab/{prefix}", "endpointURL": kubelab.OBJECTSTORE_URL,
+             "s3Credentials": {"accessKeyId": {"name": "store", "key": "ACCESS_KEY_ID"},
+                               "secretAccessKey": {"name": "store", "key": "ACCESS_SECRET_KEY"}}}}},
+        {"apiVersion": "postgresql.cnpg.io/v1", "kind": "Cluster", "metadata": {"name": "restored",
+                                                                               "namespace": RESTORE_NS},
+         "spec": {"instances": 1, "imageName": lab.image_names["postgresql"], "storage": {"size": "1Gi"},
+                  "affinity": {"nodeSelector": {"pglab.io/role": "database"}},
+                  "bootstrap": {"recovery": {"source": "origin"}},
+                  "externalClusters": [{"name": "origin", "plugin": {
+                      "name": BARMAN_PLUGIN, "parameters": {"barmanObjectName": "store", "serverName": NAME}}}]}}]
+    t0 = time.monotonic()
+    manifest = lab.root / "restore.json"
+    manifest.write_text(json.dumps({"apiVersion": "v1", "kind": "List", "items": objects}))
+    lab.kubectl("apply", "-f", str(manifest))
+    try:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            phase = lab.kubectl("-n", RESTORE_NS, "get", "cluster", "restored", "-o",
+                                "jsonpath={.status.phase}", check=False).stdout
+            if phase == "Cluster in healthy state":
+                break
+            time.sleep(3)
+        else:
+            pods = lab.kubectl("-n", RESTORE_NS, "get", "pods", "-o", "wide", check=False).stdout
+            pytest.fail(f"the recovered Cluster was not healthy in 300 s (phase {phase!r}); pods:\n{pods}")
+        seconds = time.monotonic() - t0
+        out = lab.kubectl("-n", RESTORE_NS, "exec", "restored-1", "-c", "postgres", "--", "psql", "-XtAq", "-d",
+                          "app", "-c", f"SELECT id FROM {WITNESS_TABLE} ORDER BY id").stdout
+        return [int(line) for line in out.split()], seconds
+    finally:
+        lab.kubectl("delete", "namespace", RESTORE_NS, "--wait=false", check=False)
+        lab.kubectl("-n", RESTORE_NS, "delete", "cluster", "restored", "--wait=false", check=False)
+        lab.kubectl("-n", RESTORE_NS, "delete", "pods", "--all", "--grace-period=0", "--force", check=False)
+        namespace_gone(lab, RESTORE_NS)
+
+
+@dataclass
+class Sweep:
+    results: Path
+    destination: str
+    listing: dict[str, int]  # the object store's objects under the destination after the run, key → bytes
+    archiver: ArchiverReads
+    seconds: float
+    restored: list[int]  # the witness's ids in the Cluster recovered from the object store
+    restore_s: float
+
+
+@pytest.fixture(scope="module")
+def sweep(lab: kubelab.KubeLab, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sweep]:
+    tmp = tmp_path_factory.mktemp("backup")
+    t0 = time.monotonic()
+    timings = lab.objectstore()
+    print(f"kube-lab: object store and plugin {timings}")
+    prefix = f"{NAME}-{uuid.uuid4().hex[:8]}"  # an empty path: barman refuses to archive over another server's WAL
+    plan = tmp / "plan.yaml"
+    plan.write_text(backup_plan(lab, f"s3://pglab/{prefix}"))
+    results = tmp / "results"
+    reads = ArchiverReads(lab)
+    reader = threading.Thread(target=reads.run, daemon=True)
+    reader.start()
+    try:
+        proc = pglab("run", str(plan), "--results", str(results), timeout=1200)
+    finally:
+        reads.halt.set()
+        reader.join()
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    listing = objects(minio_data(lab) / "pglab" / prefix / NAME)
+    namespace_gone(lab, NS, proc.stderr)
+    seconds = time.monotonic() - t0
+    restored, restore_s = restore(lab, prefix)
+    print(f"backup test: the sweep {seconds:.0f} s, the restore {restore_s:.0f} s")
+    yield Sweep(results, prefix, listing, reads, seconds, restored, restore_s)
+
+
+def test_a_backup_under_load_completes_and_its_size_is_the_object_stores(sweep: Sweep) -> None:
+    store = Store.open(sweep.results, create=False)
+    [run] = store.runs()
+    m = {k: v for k, v in run.metrics.items() if v is not None}  # a figure stored empty: missing
+    assert run.status == "ok", m
+    events = {kind: (ts, detail) for kind, ts, detail in
+              store.conn.execute("SELECT kind, ts, detail FROM events WHERE run_id = ?", (run.id,))}
+    assert "backup-start" in events and "backup-end" in events, events
+    assert events["backup-end"][0] > events["backup-start"][0]
+    # from the request to the completion: at least the operator's wait and the plugin's backup (whole seconds; the
+    # operator marks it completed later still, once the end WAL is archived), and pglab saw it completed when this
+    # test's own reads of the Backup did, within their cadence and pglab's 2 s poll
+    assert m["backup_operator_s"] + m["backup_wait_s"] - 1 <= m["backup_s"], m
+    assert sweep.archiver.completed is not None
+    assert abs(events["backup-end"][0] - sweep.archiver.completed) <= 4, (events, sweep.archiver.completed)
+    assert m["recovered_s"] == pytest.approx(m["backup_s"], abs=0.01)
+    # its size is what the object store holds under base/<backupId>/ (the data tar's parts; backup.info inlined)
+    base = {k: v for k, v in sweep.listing.items() if k.startswith("base/")}
+    assert len(base) == m["backup_objects"] >= 2, (base, m)  # data.tar and backup.info at least
+    assert sum(base.values()) > 10 * 2**20  # scale 1: ~20 MB of PGDATA
+    assert abs(m["backup_mb"] * 2**20 - sum(base.values())) < 64 * 1024, (m["backup_mb"], base)
+    assert m["backup_mb_s"] == pytest.approx(m["backup_mb"] / m["backup_s"])
+    assert 0 < m["backup_wal_mb"] < 64  # from its begin to its end LSN
+    # the load went on through it: TPS before, during and after, as the local backup scenario reports them
+    for phase in ("before", "during", "after"):
+        assert m[f"tps_{phase}"] > 0, m
+    assert 4 <= m["fault_at_s"] <= 9, m
+    store.close()
+    table = pglab("report", str(sweep.results), "--table", "scenarios", "--format", "markdown")
+    assert table.returncode == 0, table.stderr
+    assert "backup" in table.stdout
+    print(table.stdout)
+    print({k: round(v, 2) for k, v in m.items() if k.startswith(("backup", "archiv", "wal_seg", "pg_wal", "tps_",
+                                                                  "latency_", "fault"))})
+
+
+def test_the_recovered_cluster_holds_every_write_acknowledged_before_the_backup_ended(sweep: Sweep) -> None:
+    store = Store.open(sweep.results, create=False)
+    [run] = store.runs()
+    ((detail,),) = store.conn.execute("SELECT detail FROM events WHERE run_id = ? AND kind = 'backup-end'",
+                                      (run.id,))
+    log = parse_witness_log((sweep.results / run.dir / "witness" / "pod.log").read_text())
+    store.close()
+    # the backup ends at its end LSN (the WAL up to it is archived before the operator calls it completed); a row
+    # acknowledged with its insert before that is in the backup's consistent state or in the archive replayed after
+    # (the attempt's LSN is its insert's; its COMMIT, a round trip later, follows within far less than 64 KiB of
+    # pgbench's WAL)
+    end = parse_lsn(detail.rsplit(" to ", 1)[1].rstrip(")")) - 64 * 1024
+    acked = [a.id for a in log.attempts if a.outcome == ACKED and a.lsn is not None and parse_lsn(a.lsn) < end]
+    assert len(acked) > 20, (detail, log.attempts[:5])  # the witness wrote through the backup
+    restored = set(sweep.restored)
+    assert set(acked) <= restored, sorted(set(acked) - restored)[:10]
+    # and nothing the witness never wrote
+    assert restored <= {a.id for a in log.attempts}
+
+
+def test_wal_is_archived_during_the_run_with_no_failure(sweep: Sweep) -> None:
+    store = Store.open(sweep.results, create=False)
+    [run] = store.runs()
+    m = {k: v for k, v in run.metrics.items() if v is not None}  # a figure stored empty: missing
+    reads = sweep.archiver.rows
+    assert len(reads) >= 5, reads
+    # the archive grew while pglab's run went on, as psql in the primary saw it, and pglab counted at most that
+    assert reads[-1][1] > reads[0][1], reads
+    assert 1 <= m["archived_wal_segments"] <= reads[-1][1] - reads[0][1] + 1, (m, reads)
+    assert m["archive_failed"] == 0 == reads[-1][2], (m, reads)
+    assert m["wal_segments_written"] > 0 and m["archive_ready_max"] >= 0
+    # every segment counted archived is in the object store (wals/<timeline+log>/<segment>.gz), as is pglab's own
+    # listing taken after the backup
+    wals = [k for k in sweep.listing if k.startswith("wals/")]
+    assert len(wals) >= m["archived_wal_segments"], (wals, m)
+    assert m["archive_wal_objects"] <= len(wals)
+    series = {key for (key,) in store.conn.execute("SELECT DISTINCT metric FROM series WHERE run_id = ? AND "
+                                                   "source = 'archiver'", (run.id,))}
+    assert series == {"ready_segments", "pg_wal_mb"}, series
+    store.close()
+    print(f"backup test: {sweep.seconds:.0f} s in all; {m}")
