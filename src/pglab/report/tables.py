@@ -17,7 +17,7 @@ from rich.text import Text
 
 from pglab import metrics
 from pglab.analysis.bottleneck import attribute, describe, mean_metrics, storage_ceiling_share
-from pglab.analysis.compare import TOO_FEW_REPEATS, VERDICTS, difference
+from pglab.analysis.compare import TOO_FEW_REPEATS, VERDICTS, difference, uplift_tables
 from pglab.analysis.compare import none_if_nan as _number
 from pglab.analysis.cost import cost_table
 from pglab.analysis.flags import UNSTABLE, flag_text, flags
@@ -486,8 +486,6 @@ UPLIFT_HEADERS = {"a": "A tps", "b": "B tps", "uplift_pct": "uplift % [95 %]", "
 
 def uplift_table(store: Store, sweep_id: int | None = None) -> tuple[list[str], list[dict[str, Any]]]:
     """Every uplift table of the sweep in one, each row naming its comparison (for CSV/JSON)."""
-    from pglab.analysis.compare import uplift_tables
-
     columns: list[str] = ["comparison"]
     rows: list[dict[str, Any]] = []
     for title, cols, table_rows in uplift_tables(store, sweep_id):
@@ -579,8 +577,6 @@ def full_report(store: Store, fmt: str, sweep_id: int | None = None, per_run: bo
                             "in doubt (witness writer), load before / during / after", headers=SCENARIO_HEADERS))
         parts += [f"{line}\n" for line in loud_findings(sc_rows)]
     if table in (None, "uplift") and not per_run and db_rows:
-        from pglab.analysis.compare import uplift_tables
-
         for up_title, up_columns, up_rows in uplift_tables(store, sweep_id):
             compared += up_rows
             parts.append(render(up_columns, up_rows, fmt, title=up_title, headers=UPLIFT_HEADERS))
@@ -620,7 +616,6 @@ def time_report(store: Store, fmt: str, sweep_id: int | None, width: int | None 
 
 def table_problem(store: Store, sweep_id: int | None, table: str | None) -> str | None:
     """Why ``--table`` has nothing to show for this sweep, in one sentence, or None when it has."""
-    from pglab.analysis.compare import uplift_tables
     from pglab.report import tiers
 
     if table is None:
