@@ -149,6 +149,15 @@ class Recorder:
         self.store.set_sweep_schedule(self.sweep_id, schedule.as_json())
         return schedule
 
+    def register(self, points: list[Point]) -> dict[str, int]:
+        """Points a search decides on as it goes (the capacity probes' rates): their ids by key."""
+        return self.store.add_points(self.sweep_id, [(p.index, p.key, p.axes) for p in points])
+
+    def figure(self, point: Point, metric: str) -> float | None:
+        """The metric of the point's last run that ended ok (None: no such run, or no such figure)."""
+        values = self.store.ok_values(self.sweep_id, metric).get(point.key)
+        return values[-1] if values else None
+
     def tps_of(self, point: Point) -> list[float]:
         """TPS of the point's runs that ended ok (what adaptive repeats judge)."""
         return self.store.ok_values(self.sweep_id, "tps").get(point.key, [])

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from pglab import interrupts
 from pglab.analysis.stats import estimate
+from pglab.engine import capacity
 from pglab.engine.driver import Driver
 from pglab.engine.recorder import Recorder
 from pglab.engine.schedule import Schedule
@@ -49,7 +50,18 @@ def _sweep(driver: Driver, plan: Plan, recorder: Recorder, ui: Observer, keep: b
     point_ids, done = recorder.points(points)
     schedule = recorder.schedule(plan.run)
     result.already_done = len(done)
-    todo = schedule.runs(points, done, recorder.tps_of)
+    found: list[capacity.Found] = []
+    if plan.capacity is not None:  # the rates are the search's: each probe's point is registered as it comes
+        def probe(base: Point, rate: float | None) -> Point:
+            point = capacity.probe_point(base, rate, len(point_ids))
+            if point.key not in point_ids:
+                point_ids.update(recorder.register([point]))
+            return point
+
+        todo = capacity.runs(points, plan.capacity, probe, lambda p: (p.key, 1) in done, recorder.figure,
+                             found.append)
+    else:
+        todo = schedule.runs(points, done, recorder.tps_of)
     upcoming = next(todo, None)
     first_rounds = [(p.key, r) for p in points for r in range(1, schedule.min_repeats + 1)]  # adaptive: more later
     left = max(1, len([r for r in first_rounds if r not in done])) if upcoming else 0
@@ -97,6 +109,10 @@ def _sweep(driver: Driver, plan: Plan, recorder: Recorder, ui: Observer, keep: b
             interrupts.check()  # a signal during the last run: the sweep says so (exit 130/143), its runs are kept
             if schedule.target_ci_pct is not None:
                 recorder.events(_targets(schedule, points, recorder, ui))
+            if plan.capacity is not None:
+                recorder.events([f.event(plan.capacity) for f in found])
+                for f in found:
+                    ui.log(f.event(plan.capacity)[2])
         except RunInterrupted as exc:
             status, reason = "interrupted", f"interrupted by {exc.signal_name}"
             result.interrupted, result.interrupted_by = True, exc.signal_name

@@ -810,6 +810,22 @@ class Tenants(Strict):
         return v
 
 
+class Capacity(Strict):
+    """The highest rate whose latency stays under a target, per configuration: a closed-loop run brackets it
+    (nothing beats the clients' own pace), then the rate is bisected; every probe is a stored run."""
+
+    percentile: Literal[50, 95, 99] = Field(99, description="the latency percentile held to the target")
+    target: Seconds = Field(description="the latency the percentile must stay under, e.g. '5ms' (from each "
+                            "transaction's scheduled start)")
+    max_skipped_pct: Annotated[float, _number_between(0, 100)] = Field(
+        1.0, description="with run.latency_limit: the share of skipped transactions a passing rate may have")
+    precision_pct: Annotated[float, _number_between(0.1, 50)] = Field(
+        5.0, description="stop when the bracket (highest passing, lowest failing rate) is narrower than this share "
+        "of its top")
+    max_probes: Annotated[int, _int_between(2, 30)] = Field(
+        10, description="runs per configuration at most, the closed-loop one included")
+
+
 class Cost(Strict):
     """What the configuration costs per month, to turn TPS into cost per TPS."""
 
@@ -1099,6 +1115,8 @@ class Plan(Strict):
     probes: Probes = Field(default_factory=Probes, description="what is sampled during runs")
     storage: Storage | None = Field(None, description="run fio on the lab's paths before the database phase")
     cost: Cost | None = Field(None, description="monthly price, for cost per TPS")
+    capacity: Capacity | None = Field(None, description="search, for each point of the matrix, the highest rate "
+                                      "(transactions/s) whose latency percentile stays under a target")
     tenants: Tenants | None = Field(None, description="many tenants in QoS tiers, measured in the same window "
                                     "(instead of the matrix): on one local host, or a CloudNativePG Cluster each on "
                                     "Kubernetes")
@@ -1152,6 +1170,14 @@ class Plan(Strict):
         if self.matrix.rate and self.run.rate is not None:
             raise PydanticCustomError("rate", "run.rate and matrix.rate both set the rate; keep one",
                                       {"at": "run.rate"})
+        for given, field in ((self.matrix.rate, "matrix.rate"), (self.run.rate, "run.rate"),
+                             (self.tenants, "tenants"), (self.matrix.scenario, "matrix.scenario")):
+            if self.capacity is not None and given:
+                raise PydanticCustomError("capacity", "the capacity search chooses the rates itself and measures "
+                                          "one load; remove this", {"at": field})
+        if self.capacity is not None and (self.run.min_repeats != 1 or self.run.max_repeats != 1):
+            raise PydanticCustomError("capacity", "each capacity probe is one run (the search's bracket is its "
+                                      "precision); set repeats: 1", {"at": "run.repeats"})
         if self.matrix.rate and self.tenants is not None:
             raise PydanticCustomError("rate", "the rate axis is not for tenants plans (each tier sets its own "
                                       "load); remove it", {"at": "matrix.rate"})
