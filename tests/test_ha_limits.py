@@ -53,7 +53,7 @@ def _assert_in_own_groups(lab: HALab) -> None:
     assert lab.lab_dir is not None
     top = cgroup_name(lab.lab_dir)
     for node in lab.nodes:
-        group = lab.groups[node.name]
+        group = lab.limits.groups[node.name]
         controllers = [""] if group.version == 2 else ["cpu", "cpuacct", "memory"]
         pm = node.postmaster_pid()
         assert node.proc is not None and pm is not None
@@ -89,9 +89,9 @@ def _commit_ms(lab: HALab, n: int = 25) -> float:
         names = conn.execute("SHOW synchronous_standby_names").fetchone()
         senders = conn.execute("SELECT application_name, client_port, state, sync_state "
                                "FROM pg_stat_replication").fetchall()
-    assert lab.toxiproxy is not None
+    assert lab.links.toxiproxy is not None
     print(f"commit ms {[round(t * 1000, 1) for t in times]}; synchronous_standby_names {names}; senders {senders}; "
-          f"toxics {[(p, lab.toxiproxy.toxics(p)) for p in lab.proxy_ports]}")
+          f"toxics {[(p, lab.links.toxiproxy.toxics(p)) for p in lab.links.ports]}")
     return statistics.median(times) * 1000
 
 
@@ -102,7 +102,7 @@ def _assert_replicas_stream_through_the_leaders_proxy(lab: HALab) -> None:
             continue
         with lab.connect(node.name) as conn:
             row = conn.execute("SELECT sender_port, status FROM pg_stat_wal_receiver").fetchone()
-        assert row == (lab.proxy_ports[leader], "streaming"), (node.name, row, lab.proxy_ports)
+        assert row == (lab.links.ports[leader], "streaming"), (node.name, row, lab.links.ports)
 
 
 @pytest.fixture(scope="module")
@@ -141,12 +141,12 @@ def test_every_node_runs_under_its_limits_in_its_own_group(target: PatroniTarget
     for name in ("n0", "n1"):
         assert limits[name]["cpus"] == 1.0 and limits[name]["memory_bytes"] == 1024**3, limits[name]
     assert limits["client"]["cpus"] == 1.0
-    assert target.client_procs_files() == lab.client_group.procs_files()  # type: ignore[union-attr]
+    assert target.client_procs_files() == lab.limits.client.procs_files()  # type: ignore[union-attr]
     _assert_in_own_groups(lab)
     stats = target.cpu_stats()
     assert set(stats) == {"n0", "n1", "client"} and stats["n0"]["usage_s"] > 0  # Patroni's and postgres' CPU
     described = {n["name"]: n for n in target.describe()["nodes"]}
-    assert described["n0"]["via_proxy_port"] == lab.proxy_ports["n0"] != described["n0"]["port"]
+    assert described["n0"]["via_proxy_port"] == lab.links.ports["n0"] != described["n0"]["port"]
 
 
 def test_replicas_stream_through_the_leaders_proxy_and_a_synchronous_commit_pays_the_round_trip(
@@ -156,13 +156,13 @@ def test_replicas_stream_through_the_leaders_proxy_and_a_synchronous_commit_pays
     assert {name: link["latency_ms"] for name, link in links.items()} == {"n0": RTT_MS, "n1": RTT_MS}
     _assert_replicas_stream_through_the_leaders_proxy(lab)
     shaped = _commit_ms(lab)
-    assert lab.toxiproxy is not None
-    for name in lab.proxy_ports:
-        lab.toxiproxy.set_link(name, 0)
+    assert lab.links.toxiproxy is not None
+    for name in lab.links.ports:
+        lab.links.toxiproxy.set_link(name, 0)
     try:
         plain = _commit_ms(lab)
     finally:
-        lab._shape_links()
+        lab.links.shape()
     print(f"synchronous commit: {shaped:.1f} ms with +{RTT_MS} ms round trip, {plain:.1f} ms without")
     assert 0.8 * RTT_MS <= shaped - plain <= 2 * RTT_MS, (shaped, plain)
 
@@ -210,8 +210,8 @@ def test_a_cpu_step_restarts_every_node_under_the_new_quota(target: PatroniTarge
 
 def test_teardown_leaves_no_process_no_group_and_no_file(target: PatroniTarget) -> None:
     lab = target
-    assert lab.lab_dir is not None and lab.toxiproxy is not None and lab.toxiproxy.proc is not None
-    lab_dir, toxiproxy = lab.lab_dir, lab.toxiproxy.proc.pid
+    assert lab.lab_dir is not None and lab.links.toxiproxy is not None and lab.links.toxiproxy.proc is not None
+    lab_dir, toxiproxy = lab.lab_dir, lab.links.toxiproxy.proc.pid
     with pytest.raises(UserError, match=r"target\.local\.resources"):  # its groups and proxies are this process's
         HALab.attach(lab_dir)
     _assert_in_own_groups(lab)  # the groups and processes of now (run alone, the only ones seen)

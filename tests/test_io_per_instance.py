@@ -88,10 +88,10 @@ def test_the_patroni_lab_gets_accounting_groups_that_limit_nothing() -> None:
     try:
         lab._prepare_dirs()
         lab._make_groups()
-        assert sorted(lab.groups) == ["n0", "n1"] and lab.client_group is None
-        dirs = [d for g in lab.groups.values() for d in g.dirs]
+        assert sorted(lab.limits.groups) == ["n0", "n1"] and lab.limits.client is None
+        dirs = [d for g in lab.limits.groups.values() for d in g.dirs]
         assert lab.io_accounting() is None and lab.limits_in_force() == {} and lab.cpu_stats() == {}
-        for g in lab.groups.values():
+        for g in lab.limits.groups.values():
             assert g.in_force()["cpus"] is None  # no CPU quota
             for d in g.dirs:
                 for rule in d.glob("blkio.throttle.*_device"):
@@ -101,7 +101,7 @@ def test_the_patroni_lab_gets_accounting_groups_that_limit_nothing() -> None:
         target = lab.nodes[0].data.parent / "probe"
         script = (f"import os; fd = os.open({str(target)!r}, os.O_WRONLY | os.O_CREAT); "
                   "os.write(fd, b'x' * 65536); os.fsync(fd); os.close(fd)")
-        subprocess.run(cgroups.wrap([sys.executable, "-c", script], lab.groups["n0"].procs_files()), check=True)
+        subprocess.run(cgroups.wrap([sys.executable, "-c", script], lab.limits.groups["n0"].procs_files()), check=True)
         after = lab.io_stats()
         assert after["n0"]["write_bytes"] - before["n0"]["write_bytes"] >= 65536
         assert after["n1"]["write_bytes"] == before["n1"]["write_bytes"]

@@ -74,7 +74,7 @@ class LocalLab(LabBase[Node]):
         self.restart()  # standbys first, then the primary, waiting until all stream again
 
     def _enter_group(self, node: Node) -> None:
-        group = self.groups.get(node.name)
+        group = self.limits.groups.get(node.name)
         pid = node.postmaster_pid()
         if group is not None and pid is not None:
             group.add_tree(pid)
@@ -150,7 +150,7 @@ class LocalLab(LabBase[Node]):
         with self.connect(primary) as conn:
             conn.execute("SELECT pg_reload_conf()")
         self.wait_streaming()
-        self._shape_links()
+        self.links.shape()
 
     def _initdb(self, primary: Node, password: str) -> None:
         assert self.lab_dir is not None
@@ -179,7 +179,7 @@ class LocalLab(LabBase[Node]):
 
     def _replication_conninfo(self, node: Node) -> str:
         """How a standby reaches the primary: through its Toxiproxy proxy when the plan shapes the links."""
-        port = self.proxy_ports.get(node.name, self.nodes[0].port)
+        port = self.links.ports.get(node.name, self.nodes[0].port)
         return (f"host=127.0.0.1 port={port} user={SUPERUSER} passfile={self._server_passfile} "
                 f"application_name={node.name}")
 
@@ -206,14 +206,8 @@ class LocalLab(LabBase[Node]):
         net = self.spec.network
         if net is None or len(self.nodes) < 2:
             return
-        from pglab.targets.local.toxiproxy import ToxiproxyServer
-
         assert self.lab_dir is not None
-        workdir = self.lab_dir / "toxiproxy"
-        workdir.mkdir(exist_ok=True)
-        self.toxiproxy = ToxiproxyServer(workdir, self.lab_dir / "logs" / "toxiproxy.log")
-        for node in self.nodes[1:]:
-            self.proxy_ports[node.name] = self.toxiproxy.create_proxy(node.name, self.nodes[0].port)
+        self.links.start(self.lab_dir, {n.name: self.nodes[0].port for n in self.nodes[1:]})
 
     def _pg_ctl(self, node: Node, *args: str, timeout: float = 120) -> None:
         """pg_ctl on ``node``; a start that fails says why in PostgreSQL's words (its FATAL line) and where its log
@@ -279,11 +273,7 @@ class LocalLab(LabBase[Node]):
         return exc
 
     def log_tail(self, node: Node, lines: int = 3) -> str:
-        try:
-            text = node.log.read_text(errors="replace").strip().splitlines()
-        except OSError:
-            return "(no log)"
-        return " / ".join(text[-lines:])
+        return self._tail(node.log, lines)
 
     def connect(self, node: Node, dbname: str = DBNAME, **kwargs: Any) -> psycopg.Connection[Any]:
         """pglab's own session on an instance: short statements only, so bounded (docs/reliability.md)."""
@@ -339,14 +329,7 @@ class LocalLab(LabBase[Node]):
         proxies = self._repair_proxies()
         down = [n for n in self.nodes if n.postmaster_pid() is None]
         for node in down:
-            for attempt in range(20):
-                try:
-                    self._start(node)
-                    break
-                except LabError:  # a killed postmaster's backends may still hold its shared memory for a moment
-                    if attempt == 19:
-                        raise
-                    interrupts.sleep(0.5)
+            self.start_instance(node.name)
         if down or proxies:
             self.wait_streaming()
         return proxies + [n.name for n in down]
@@ -367,21 +350,17 @@ class LocalLab(LabBase[Node]):
         """Toxiproxy found dead: started again with every proxy on its former port (the standbys' primary_conninfo
         names it) and the plan's shaping, so the standbys reconnect through the same links. One alive that does not
         answer (frozen, hung) is ended first: pglab owns it, and nothing else would bring the links back."""
-        if self.toxiproxy is None:
+        if (old := self.links.toxiproxy) is None:
             return []
-        if self.toxiproxy.running():
-            if self.toxiproxy.answers(TOXIPROXY_ANSWER_S):
+        if old.running():
+            if old.answers(TOXIPROXY_ANSWER_S):
                 return []
             self.log(f"ended Toxiproxy, which did not answer its API (twice {TOXIPROXY_ANSWER_S:g} s)")
             self._events.append((time.time(), "repair", "ended Toxiproxy (its API did not answer)"))
-        from pglab.targets.local.toxiproxy import ToxiproxyServer
-
         assert self.lab_dir is not None
-        self.toxiproxy.stop()  # reaps it (a frozen one too: SIGTERM and SIGCONT, then SIGKILL after 5 s)
-        self.toxiproxy = ToxiproxyServer(self.lab_dir / "toxiproxy", self.lab_dir / "logs" / "toxiproxy.log")
-        for name, port in self.proxy_ports.items():
-            self.toxiproxy.create_proxy(name, self.nodes[0].port, listen_port=port)
-        self._shape_links()
+        old.stop()  # reaps it (a frozen one too: SIGTERM and SIGCONT, then SIGKILL after 5 s)
+        self.links.start(self.lab_dir, dict.fromkeys(self.links.ports, self.nodes[0].port))
+        self.links.shape()
         return ["Toxiproxy"]
 
     def restart(self) -> None:
@@ -418,8 +397,9 @@ class LocalLab(LabBase[Node]):
         return node.name
 
     def start_instance(self, name: str) -> None:
+        """Start a killed instance again (the primary through crash recovery; a standby reconnects)."""
         node = next(n for n in self.nodes if n.name == name)
-        for attempt in range(20):  # the killed postmaster's children may hold its shared memory for a moment
+        for attempt in range(20):  # the killed postmaster's backends may hold its shared memory for a moment
             try:
                 self._start(node)
                 return
@@ -462,9 +442,9 @@ class LocalLab(LabBase[Node]):
         problems = [f"instance(s) {', '.join(down)} not running"] if down else []
         if full := self._full_filesystems():
             problems.append(f"no space left for the lab's servers: {', '.join(full)}")
-        if self.toxiproxy is not None and not self.toxiproxy.running():
+        if (toxiproxy := self.links.toxiproxy) is not None and not toxiproxy.running():
             problems.append("Toxiproxy, which carries the replication links, not running")
-        elif self.toxiproxy is not None and not self.toxiproxy.answers(TOXIPROXY_ANSWER_S):
+        elif toxiproxy is not None and not toxiproxy.answers(TOXIPROXY_ANSWER_S):
             problems.append(f"Toxiproxy, which carries the replication links, does not answer its API "
                             f"(twice {TOXIPROXY_ANSWER_S:g} s)")
         return "; ".join(problems) or None
@@ -479,7 +459,7 @@ class LocalLab(LabBase[Node]):
             if self.nodes else None,
             "nodes": [
                 {"name": n.name, "role": n.role, "port": n.port, "data": str(n.data), "wal": str(n.wal),
-                 **({"via_proxy_port": self.proxy_ports[n.name]} if n.name in self.proxy_ports else {})}
+                 **({"via_proxy_port": self.links.ports[n.name]} if n.name in self.links.ports else {})}
                 for n in self.nodes
             ],
             "network": self.spec.network.model_dump() if self.spec.network else None,
@@ -517,9 +497,8 @@ class LocalLab(LabBase[Node]):
                 self.stop_node(node, discard=True)
             except Exception as exc:  # teardown must go on with the others
                 self.log(f"stopping {node.name}: {exc}")
-        if self.toxiproxy is not None:
-            self.toxiproxy.stop()
-            self.toxiproxy = None
+        self.links.stop()
+        self.links.toxiproxy = None
         self.dataset.release()
 
 

@@ -207,7 +207,7 @@ class Fleet:
         out: dict[str, dict[str, float]] = {}
         for t in self.tenants:
             total: dict[str, float] = {}
-            for group in t.lab.groups.values():
+            for group in t.lab.limits.groups.values():
                 stats: dict[str, float] = {}
                 with contextlib.suppress(cgroups.CgroupError, ValueError):
                     stats["cpu_s"] = group.cpu_stat()["usage_s"]

@@ -106,7 +106,7 @@ class PatroniTarget(HALab):
             "build_s": self.build_seconds, "members": members,
             "nodes": [{"name": n.name, "port": n.port, "rest_port": n.rest_port, "data": str(n.data),
                        "wal": str(n.wal),
-                       **({"via_proxy_port": self.proxy_ports[n.name]} if n.name in self.proxy_ports else {})}
+                       **({"via_proxy_port": self.links.ports[n.name]} if n.name in self.links.ports else {})}
                       for n in self.nodes],
             "network": self.spec.network.model_dump() if self.spec.network else None,
         }

@@ -3,14 +3,13 @@
 As in Patroni's design, this base implements the lifecycle both labs share (the lab's folders, lab.json, the CPU
 step, events, server pids, cgroups per member, teardown) over narrow primitives each lab supplies: its ``nodes``,
 ``_roll`` (the rolling restart after a CPU step: pg_ctl on the plain lab, Patroni's REST API on the HA lab),
-``_state`` (what lab.json records) and ``_stop_all`` (every process of the lab gone). Limits and shaped links come
-from GroupedLimits and ShapedLinks.
+``_state`` (what lab.json records) and ``_stop_all`` (every process of the lab gone). Both hold the same two parts
+(limits.py): ``limits``, their cgroups, and ``links``, their shaped replication links.
 """
 
 from __future__ import annotations
 
 import abc
-import contextlib
 import json
 import os
 import shlex
@@ -25,30 +24,22 @@ from pglab import interrupts
 from pglab.errors import LabError, UserError
 from pglab.plan.schema import LocalTarget
 from pglab.targets.base import Endpoints, PlanCodeUser
-from pglab.targets.local import cgroups, registry
-from pglab.targets.local.cgroups import cgroup_name
-from pglab.targets.local.limits import GroupedLimits, ShapedLinks
+from pglab.targets.local import registry
+from pglab.targets.local.limits import Groups, Links, Member
 from pglab.targets.local.postgres_bin import ServerUser, find_bindir, resolve_plan_user, resolve_server_user
 from pglab.targets.local.removal import remove_tree
-from pglab.targets.local.toxiproxy import ToxiproxyServer
 
 
-class LabNode(Protocol):
+class LabNode(Member, Protocol):
     """A member of a lab, as the shared operations see it."""
 
-    @property
-    def name(self) -> str: ...
-    @property
-    def data(self) -> Path: ...
-    @property
-    def wal(self) -> Path: ...
     def postmaster_pid(self) -> int | None: ...
 
 
 N = TypeVar("N", bound=LabNode)
 
 
-class LabBase(GroupedLimits, ShapedLinks, abc.ABC, Generic[N]):
+class LabBase(abc.ABC, Generic[N]):
     """The shared half of a local lab: its state, set here once, and the operations over it."""
 
     MEMBER = "instance"  # how the log names one member of the lab ("CPU limit 2 per instance")
@@ -63,11 +54,8 @@ class LabBase(GroupedLimits, ShapedLinks, abc.ABC, Generic[N]):
         self.lab_dir: Path | None = None
         self.nodes: list[N] = []
         self.cpus = spec.resources.cpus if spec.resources else None
-        self.groups: dict[str, cgroups.Group] = {}  # per member: the plan's limits, or accounting only
-        self.client_group: cgroups.Group | None = None
-        self.limits_problem: str | None = None  # why limits are not applied (limits: best-effort)
-        self.toxiproxy: ToxiproxyServer | None = None  # when the plan shapes the replication links
-        self.proxy_ports: dict[str, int] = {}  # link (node) -> the port of its proxy
+        self.limits = Groups(spec, log, self.MEMBER)
+        self.links = Links(spec, log)
         self._events: list[tuple[float, str, str]] = []
         self._created_dirs: list[Path] = []  # directories the lab made, removed last-made first when it goes
 
@@ -200,6 +188,14 @@ class LabBase(GroupedLimits, ShapedLinks, abc.ABC, Generic[N]):
             raise LabError(f"{Path(args[0]).name} failed: {' / '.join(cause + lines[-3:])}")
         return proc
 
+    def _tail(self, path: Path, lines: int = 3) -> str:
+        """A log's last lines, for an error message."""
+        try:
+            text = path.read_text(errors="replace").strip().splitlines()
+        except OSError:
+            return "(no log)"
+        return " / ".join(text[-lines:])
+
     # ------------------------------------------------------------ shared operations
     @property
     def sock_dir(self) -> Path:
@@ -263,18 +259,37 @@ class LabBase(GroupedLimits, ShapedLinks, abc.ABC, Generic[N]):
     def set_cpus(self, cpus: float | None, timeout: float = 180) -> float | None:
         """A step of the CPU scaling loop: the new quota on every member's group, then a rolling restart
         (:meth:`_roll`). Returns its seconds, recorded as a ``cpu-step`` event."""
-        if cpus == self.cpus or not self.member_limits:
+        if cpus == self.cpus or not self.limits.member_limits:
             return None
         started = time.monotonic()
         self.cpus = cpus
-        for g in self.groups.values():
-            g.apply(self._limits(cpus))
+        for g in self.limits.groups.values():
+            g.apply(self.limits.limits(cpus))
         self._roll(timeout)
         seconds = time.monotonic() - started
         label = "unlimited" if cpus is None else f"{cpus:g}"
         self._events.append((time.time(), "cpu-step", f"cpus={label}: rolling restart took {seconds:.1f} s"))
         self.log(f"CPU limit {label} per {self.MEMBER}: rolling restart took {seconds:.1f} s")
         return seconds
+
+    # ------------------------------------------------------------ the Target's figures: its parts' (limits.py)
+    def limits_in_force(self) -> dict[str, Any]:
+        return self.limits.in_force()
+
+    def cpu_stats(self) -> dict[str, dict[str, float]]:
+        return self.limits.cpu_stats()
+
+    def io_stats(self) -> dict[str, dict[str, float]]:
+        return self.limits.io_stats()
+
+    def io_accounting(self) -> str | None:
+        return self.limits.io_accounting()
+
+    def client_procs_files(self) -> list[Path]:
+        return self.limits.client_procs_files()
+
+    def links_in_force(self) -> dict[str, Any]:
+        return self.links.in_force()
 
     def take_events(self) -> list[tuple[float, str, str]]:
         """Lab events since the last call (CPU steps, restarts, dataset resets), for the sweep's timeline."""
@@ -292,79 +307,12 @@ class LabBase(GroupedLimits, ShapedLinks, abc.ABC, Generic[N]):
                             "/var/tmp.")
 
     def _make_groups(self) -> None:
-        """One cgroup per member (when the plan gives resources or a CPU axis) and one for pgbench, named
-        ``pglab-<lab>-<digest>/n0`` …, ``…/client``. With ``limits: best-effort`` a failure is recorded, not
-        raised. Members without limits still get a group, accounting only, to count each one's I/O."""
         assert self.lab_dir is not None
-        wants_members = self.spec.resources is not None or self.cpus_axis
-        client = self.spec.client
-        if wants_members or client is not None:
-            self._make_limited_groups(wants_members)
-        if not self.groups:
-            self._make_accounting_groups()
-
-    def _make_limited_groups(self, wants_members: bool) -> None:
-        assert self.lab_dir is not None
-        client = self.spec.client
-        field = "target.local.resources"
-        try:
-            if wants_members:
-                self.member_limits = True
-                for node in self.nodes:
-                    self._make_group(node)
-            if client is not None:
-                field = "target.local.client"
-                self.client_group = cgroups.Group(f"{cgroup_name(self.lab_dir)}/client",
-                                                  cgroups.Limits(cpus=client.cpus, cpuset=client.cpuset))
-                self.client_group.apply()
-        except cgroups.CgroupError as exc:
-            self._remove_groups()
-            self.member_limits = False
-            if self.spec.limits == "strict":
-                raise UserError(f"{field}: the limits cannot be applied here ({exc}); run pglab as root on a host "
-                                "with cgroups, or set target.local.limits: best-effort.") from None
-            self.limits_problem = str(exc)
-            self.log(f"limits NOT applied (limits: best-effort): {exc}")
-
-    def _make_accounting_groups(self) -> None:
-        """A group per member that limits nothing and counts its I/O (and CPU), whenever cgroups allow it;
-        otherwise the reason is kept (:meth:`io_accounting`) and the runs' I/O figures are the devices' only."""
-        problem = cgroups.io_accounting_problem()
-        if problem is None:
-            try:
-                for node in self.nodes:
-                    self._make_group(node)
-            except cgroups.CgroupError as exc:
-                for g in self.groups.values():
-                    g.remove()
-                self.groups, problem = {}, str(exc)
-        self.io_problem = problem
-        if problem:
-            self.log(f"I/O figures are device-wide only (no cgroup per {self.MEMBER}): {problem}")
-
-    def _make_group(self, node: N) -> None:
-        """The member's group: the plan's limits written, or (accounting only) none and its I/O counted."""
-        assert self.lab_dir is not None
-        devices = sorted({cgroups.device_of(d) for d in (node.data.parent, node.wal.parent)})
-        limits = self._limits(self.cpus) if self.member_limits else cgroups.Limits()
-        group = cgroups.Group(f"{cgroup_name(self.lab_dir)}/{node.name}", limits, devices)
-        self.groups[node.name] = group
-        if not self.member_limits:
-            group.account_io()
-            return
-        group.apply()
-        if not limits.io:  # no I/O rule of the plan's sets the disk's throttle up: count anyway, never fail on it
-            with contextlib.suppress(cgroups.CgroupError):
-                group.account_io()
-
-    def _remove_groups(self) -> None:
-        for g in [*self.groups.values(), *([self.client_group] if self.client_group else [])]:
-            g.remove()
-        self.groups, self.client_group = {}, None
+        self.limits.make(self.lab_dir, list(self.nodes), self.cpus, self.spec.resources is not None or self.cpus_axis)
 
     def _remove_what_was_made(self) -> None:
         """Once every process of the lab is gone: its cgroups, its directories, its registry entry."""
-        self._remove_groups()
+        self.limits.remove()
         for d in reversed(self._created_dirs):
             remove_tree(d)
         self._created_dirs.clear()

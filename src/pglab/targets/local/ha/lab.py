@@ -69,7 +69,7 @@ from pglab.targets.local.ha.processes import Adopted, Etcd, Patronis, find_etcd,
 from pglab.targets.local.ha.settings import Settings
 from pglab.targets.local.pgconf import DBNAME, SUPERUSER
 from pglab.targets.local.removal import remove_tree
-from pglab.targets.local.toxiproxy import ToxiproxyServer, find_toxiproxy
+from pglab.targets.local.toxiproxy import find_toxiproxy
 
 
 class HALab(Membership):
@@ -107,10 +107,7 @@ class HALab(Membership):
         if self.spec.network is None:
             return
         assert self.lab_dir is not None
-        self.toxiproxy = ToxiproxyServer(self.lab_dir / "toxiproxy", self.lab_dir / "logs" / "toxiproxy.log",
-                                         binary=self.toxiproxy_bin)
-        for node in self.nodes:
-            self.proxy_ports[node.name] = self.toxiproxy.create_proxy(node.name, node.port)
+        self.links.start(self.lab_dir, {n.name: n.port for n in self.nodes}, self.toxiproxy_bin)
 
     # ---------------------------------------------------------------- build
     def _prepare_dirs(self) -> None:
@@ -145,7 +142,7 @@ class HALab(Membership):
         assert self.lab_dir is not None
         return config.patroni_config(
             node, scope=self.name, lab_dir=self.lab_dir, etcd_port=self.dcs.port, bindir=self.bindir,
-            connect_port=self.proxy_ports.get(node.name, node.port), passwords=passwords,
+            connect_port=self.links.ports.get(node.name, node.port), passwords=passwords,
             dcs=self._dcs_config(parameters), restore=self.restore_from is not None and node is self.nodes[0])
 
     def start(self, parameters: dict[str, Any] | None = None, timeout: float = 240) -> None:
@@ -185,7 +182,7 @@ class HALab(Membership):
                 self.log(f"patroni {node.name}: replica (pg_basebackup from {first.name})")
                 self.patroni.start(node)
             self.wait_ready(max(1.0, deadline - time.monotonic()))
-            self._shape_links()  # once every replica streams: the clones copy at loopback speed
+            self.links.shape()  # once every replica streams: the clones copy at loopback speed
         except BaseException:
             self.teardown()
             raise
@@ -249,11 +246,11 @@ class HALab(Membership):
         port, rest_port = free_ports(2)
         node = HANode(name, data, wal, port, rest_port, self.lab_dir / name / "patroni.yml",
                       self.lab_dir / "logs" / f"patroni-{name}.log", self.lab_dir / "logs" / f"{name}.log")
-        if self.groups:
-            self._make_group(node)
-        if self.toxiproxy is not None:
-            self.proxy_ports[name] = self.toxiproxy.create_proxy(name, port)
-            self._shape_links([name])
+        if self.limits.groups:
+            self.limits.add(node, self.cpus)
+        if (toxiproxy := self.links.toxiproxy) is not None:
+            self.links.ports[name] = toxiproxy.create_proxy(name, port)
+            self.links.shape([name])
         cfg = self._patroni_config(node, self._passwords(), self.parameters)
         self._write_private(node.config, yaml.safe_dump(cfg, sort_keys=False), server=True)
         self.nodes.append(node)
@@ -278,10 +275,9 @@ class HALab(Membership):
         self.nodes.remove(node)
         self.killed.discard(name)
         self.settings.drop_member_slot(name)
-        if self.toxiproxy is not None and self.proxy_ports.pop(name, None) is not None:
-            self.toxiproxy.delete_proxy(name)
-        if (group := self.groups.pop(name, None)) is not None:
-            group.remove()
+        if self.links.toxiproxy is not None and self.links.ports.pop(name, None) is not None:
+            self.links.toxiproxy.delete_proxy(name)
+        self.limits.drop(name)
         for d in dict.fromkeys((self.lab_dir / name, node.data.parent, node.wal.parent)):
             if d.name == name:  # the node's own folder under the lab or a data/WAL base, never a base itself
                 remove_tree(d)
@@ -355,8 +351,7 @@ class HALab(Membership):
             if (pid := node.postmaster_pid()) is not None:
                 procs.stop_postmaster(pid, signalled=True)  # all were signalled at once above
         self.dcs.stop()
-        if self.toxiproxy is not None:
-            self.toxiproxy.stop()
+        self.links.stop()
         if self.lab_dir is not None:
             leftovers.sweep([self.lab_dir, *[d for d in self._created_dirs if not d.is_relative_to(self.lab_dir)]])
         for f in self._logs:

@@ -12,7 +12,6 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import IO, Any
 
 import psycopg
@@ -104,13 +103,6 @@ class Membership(LabBase[HANode]):
             if n.name == name:
                 return n
         raise KeyError(name)
-
-    def _tail(self, path: Path, lines: int = 3) -> str:
-        try:
-            text = path.read_text(errors="replace").strip().splitlines()
-        except OSError:
-            return "(no log)"
-        return " / ".join(text[-lines:])
 
     def _request(self, url: str, method: str = "GET", body: Any = None, timeout: float = 5) -> tuple[int, Any]:
         return request(url, method, body, timeout, self._rest_auth)

@@ -238,7 +238,7 @@ class Patronis:
         """Patroni in the node's group (when there is one), so that every postgres it starts is born there."""
         try:
             node.proc = spawn(self.lab, [str(self.binary), str(node.config)], node.log,
-                              self.lab.groups.get(node.name))
+                              self.lab.limits.groups.get(node.name))
         except cgroups.CgroupError as exc:  # its group was removed under the lab, or cgroups stopped working
             raise LabError(f"patroni {node.name} could not enter its cgroup: {exc}") from None
         self.lab._write_state()
