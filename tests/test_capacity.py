@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import run_plan
+from conftest import pglab, run_plan
 from helpers import Ran
 
 pytestmark = pytest.mark.postgres
@@ -65,6 +65,12 @@ def test_the_search_finds_the_highest_rate_that_holds_the_target(tmp_path: Path,
     # the server's known limits: below its service rate, and well above a quarter of it
     assert CLIENTS / SERVICE_S / 4 <= capacity < CLIENTS / SERVICE_S
 
+    # the report's capacity table says the same, read back from the stored probes
+    table = pglab("report", str(ran.results), "--table", "capacity", "--format", "csv", check=True).stdout
+    row = dict(zip(*(line.split(",") for line in table.splitlines()), strict=True))
+    assert (float(row["capacity_tps"]), float(row["failed_at_tps"]), int(row["runs"])) == (capacity, failing,
+                                                                                            len(runs))
+    assert float(row["closed_loop_tps"]) == top and float(row["target_ms"]) == 200
     run_plan(tmp_path / "plan.yaml", ran.results)  # the same plan again: every probe is stored, none runs again
     assert [r.id for r in ran.runs()] == [r.id for r in runs]
 

@@ -238,7 +238,7 @@ def uplift_rows(columns: list[str], rows: list[dict[str, Any]], metric: str = "t
 
 
 # sweeps, or axes with tables of their own: not configurations
-UPLIFT_SKIPPED_AXES = ("scenario", "clients", "jobs", "workload", "synchronous_commit")
+UPLIFT_SKIPPED_AXES = ("scenario", "clients", "jobs", "rate", "workload", "synchronous_commit")
 
 
 def uplift_tables(store: Store, sweep: int | None = None) -> list[tuple[str, list[str], list[dict[str, Any]]]]:

@@ -45,7 +45,6 @@ def runs(points: list[Point], spec: Capacity, probe: Callable[[Point, float | No
          found: Callable[[Found], None]) -> Iterator[tuple[Point, int]]:
     """The probe runs, one at a time: each is yielded (unless ``done`` already) and its figures read back
     (``figure``) before the next rate is chosen; ``probe`` gives (and registers) a configuration's point at a rate."""
-    key = f"latency_p{spec.percentile}_ms"
     for base in points:
         lo, hi, top, rate, n = 0.0, None, 0.0, None, 0
         while True:
@@ -53,15 +52,15 @@ def runs(points: list[Point], spec: Capacity, probe: Callable[[Point, float | No
             if not done(point):
                 yield point, 1
             n += 1
-            value, tps = figure(point, key), figure(point, "tps")
-            if value is None or tps is None:  # the run failed: no figure to decide on
+            figures = {k: figure(point, k) for k in (f"latency_p{spec.percentile}_ms", "skipped_pct", "tps")}
+            held, tps = spec.holds(figures), figures["tps"]
+            if held is None or tps is None:  # the run failed: no figure to decide on
                 found(Found(base, lo or None, hi, n, "a probe run failed"))
                 break
             if rate is None:  # the closed loop: the clients' own pace, above which no rate can be held
                 top = rate = float(max(1, round(tps)))
                 continue
-            skipped = figure(point, "skipped_pct") or 0.0
-            if value <= spec.target * 1000 and skipped <= spec.max_skipped_pct:
+            if held:
                 lo = rate
             else:
                 hi = rate

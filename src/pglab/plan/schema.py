@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import posixpath
 import re
+from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -824,6 +825,13 @@ class Capacity(Strict):
         "of its top")
     max_probes: Annotated[int, _int_between(2, 30)] = Field(
         10, description="runs per configuration at most, the closed-loop one included")
+
+    def holds(self, figures: Mapping[str, float | None]) -> bool | None:
+        """Whether a run's figures held the target (None: the run has no such percentile)."""
+        value = figures.get(f"latency_p{self.percentile}_ms")
+        if value is None:
+            return None
+        return value <= self.target * 1000 and (figures.get("skipped_pct") or 0.0) <= self.max_skipped_pct
 
 
 class Cost(Strict):

@@ -17,6 +17,7 @@ from rich.text import Text
 
 from pglab import metrics
 from pglab.analysis.bottleneck import attribute, describe, mean_metrics, storage_ceiling_share
+from pglab.analysis.capacity import capacity_table
 from pglab.analysis.compare import TOO_FEW_REPEATS, VERDICTS, difference, uplift_tables
 from pglab.analysis.compare import none_if_nan as _number
 from pglab.analysis.cost import cost_table
@@ -434,8 +435,8 @@ def database_columns(columns: list[str], rows: list[dict[str, Any]], chosen: lis
     every column (``--wide``), or the compact default."""
     if wide:
         return display_columns(columns)
-    fixed = [c for c in columns if c in ("run_id", "status", *AXIS_COLUMNS, "storage") or c.startswith("parameters.")
-             or (c == "jobs" and c in columns[:8])]
+    fixed = [c for c in columns if c in ("run_id", "status", *AXIS_COLUMNS, "rate", "storage")
+             or c.startswith("parameters.") or (c == "jobs" and c in columns[:8])]
     figures = chosen if chosen is not None else [c for c in compact_view(per_run)[0] if c in columns]
     if chosen is None and "load_pods" in columns and any(r.get("load_pods") for r in rows):
         fixed.append("load_pods")  # a point driven by several pgbench pods says so (Kubernetes run.load_pods)
@@ -479,7 +480,7 @@ def limits_note(store: Store, sweep_id: int | None = None) -> str | None:
 
 TOO_FEW_NOTE = (f"{TOO_FEW_REPEATS}: a Δ with fewer than 2 runs on a side has no interval, so it says nothing yet "
                 "about a difference;\n  set run.repeats to 3 or more\n")
-TABLES = ("database", "storage", "durability", "scenarios", "cost", "uplift", "tiers", "tenants", "time")
+TABLES = ("database", "storage", "durability", "scenarios", "capacity", "cost", "uplift", "tiers", "tenants", "time")
 UPLIFT_HEADERS = {"a": "A tps", "b": "B tps", "uplift_pct": "uplift % [95 %]", "ci95_low_pct": "95 % low",
                   "ci95_high_pct": "95 % high"}
 
@@ -530,6 +531,8 @@ def full_report(store: Store, fmt: str, sweep_id: int | None = None, per_run: bo
             chosen = uplift_table(store, sweep_id)
         if which == "scenarios":
             chosen = scenario_table(store, sweep_id)
+        if which == "capacity":
+            chosen = capacity_table(store, sweep_id)
         return render(*chosen, fmt)
     compact = fmt == "table" and not wide
     width = None if wide else width
@@ -576,6 +579,10 @@ def full_report(store: Store, fmt: str, sweep_id: int | None = None, per_run: bo
         parts.append(render(sc_columns, sc_rows, fmt, title="scenarios: outage (RTO), acknowledged writes lost and "
                             "in doubt (witness writer), load before / during / after", headers=SCENARIO_HEADERS))
         parts += [f"{line}\n" for line in loud_findings(sc_rows)]
+    cap_columns, cap_rows = capacity_table(store, sweep_id)
+    if cap_rows and table in (None, "capacity") and not per_run:
+        parts.append(render(cap_columns, cap_rows, fmt, title="capacity: the highest rate (tx/s) whose latency "
+                            "percentile held the target, and the lowest that did not", width=width))
     if table in (None, "uplift") and not per_run and db_rows:
         for up_title, up_columns, up_rows in uplift_tables(store, sweep_id):
             compared += up_rows
@@ -626,6 +633,7 @@ def table_problem(store: Store, sweep_id: int | None, table: str | None) -> str 
             "durability": lambda: not tenants and bool(durability_table(store, sweep_id)[1]),
             "scenarios": lambda: not tenants and bool(scenario_table(store, sweep_id)[1]),
             "cost": lambda: not tenants and bool(cost_table(store, sweep_id)[1]),
+            "capacity": lambda: not tenants and bool(capacity_table(store, sweep_id)[1]),
             "uplift": lambda: not tenants and bool(uplift_tables(store, sweep_id)),
             "tiers": lambda: tenants and bool(tiers.tier_table(store, sweep_id)[1]),
             "tenants": lambda: tenants and bool(tiers.tenant_table(store, sweep_id)[1]),
@@ -635,6 +643,7 @@ def table_problem(store: Store, sweep_id: int | None, table: str | None) -> str 
            "durability": "it needs two or more synchronous_commit levels",
            "scenarios": "the plan ran no scenario",
            "cost": "the plan has no cost section",
+           "capacity": "the plan has no capacity section",
            "uplift": "the sweep varies no configuration axis (compare two folders with 'pglab compare A B --uplift')",
            "tiers": "it is for tenants plans", "tenants": "it is for tenants plans",
            "time": "it was run by a pglab that did not record where the wall time went"}
