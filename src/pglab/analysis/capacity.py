@@ -7,28 +7,16 @@ from __future__ import annotations
 
 from typing import Any
 
-import yaml
-from pydantic import ValidationError
-
+from pglab.analysis.cost import plan_block
 from pglab.plan.schema import Capacity
 from pglab.store.sqlite import RunRow, Store
-
-
-def sweep_capacity(store: Store, sweep_id: int) -> Capacity | None:
-    """The ``capacity:`` block of the plan the sweep ran (None when it had none)."""
-    text = store.plan_text(sweep_id)
-    try:
-        data = yaml.safe_load(text) if text is not None else None
-        return Capacity.model_validate(data["capacity"]) if isinstance(data, dict) and data.get("capacity") else None
-    except (yaml.YAMLError, ValidationError):
-        return None
 
 
 def capacity_table(store: Store, sweep_id: int | None = None) -> tuple[list[str], list[dict[str, Any]]]:
     """One row per configuration: its closed-loop TPS, the capacity (tx/s) and the rate above it that failed, the
     percentile at the capacity, and how many runs the search took."""
     sweep_id = sweep_id if sweep_id is not None else store.latest_sweep_id()
-    spec = sweep_capacity(store, sweep_id) if sweep_id is not None else None
+    spec = plan_block(store, sweep_id, "capacity", Capacity) if sweep_id is not None else None
     if spec is None or sweep_id is None:
         return [], []
     key = f"latency_p{spec.percentile}_ms"

@@ -2,25 +2,33 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeVar
 
 import yaml
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from pglab.analysis.stats import contrast, estimate
 from pglab.plan.schema import Cost
 from pglab.store.sqlite import RunRow, Store
 from pglab.units import money
 
+BlockT = TypeVar("BlockT", bound=BaseModel)
 
-def sweep_cost(store: Store, sweep_id: int) -> Cost | None:
-    """The ``cost:`` block of the plan the sweep ran (None when the plan had none)."""
+
+def plan_block(store: Store, sweep_id: int, key: str, model: type[BlockT]) -> BlockT | None:
+    """The plan's ``key:`` block the sweep ran with, as ``model`` (None when the plan had none, or an older pglab
+    wrote one this one cannot read)."""
     text = store.plan_text(sweep_id)
     try:
         data = yaml.safe_load(text) if text is not None else None
-        return Cost.model_validate(data["cost"]) if isinstance(data, dict) and data.get("cost") else None
+        return model.model_validate(data[key]) if isinstance(data, dict) and data.get(key) else None
     except (yaml.YAMLError, ValidationError):
         return None
+
+
+def sweep_cost(store: Store, sweep_id: int) -> Cost | None:
+    """The ``cost:`` block of the plan the sweep ran (None when the plan had none)."""
+    return plan_block(store, sweep_id, "cost", Cost)
 
 
 def peak_points(runs: list[RunRow], metric: str = "tps") -> dict[str, tuple[RunRow, float]]:
