@@ -71,8 +71,9 @@ def _tier_names() -> set[str]:
     from pglab.drivers.tenants import tier_metrics
     from pglab.plan.schema import Tier
 
-    member = {"tps": 10.0, "latency_avg_ms": 1.0, "latency_p95_ms": 2.0, "latency_p99_ms": 3.0, "total_iops": 5.0,
-              "cpu_cores": 0.5, "memory_per_instance_mb": 64.0}
+    member: dict[str, float | None] = {
+        "tps": 10.0, "latency_avg_ms": 1.0, "latency_p95_ms": 2.0, "latency_p99_ms": 3.0, "total_iops": 5.0,
+        "cpu_cores": 0.5, "memory_per_instance_mb": 64.0}
     return set(tier_metrics(Tier(name="gold", tenants=2), [member, {**member, "tps": 12.0}]))
 
 
@@ -121,10 +122,11 @@ def _k8s_exporter_names() -> set[str]:
     for pg17 in (False, True):
         scrapes = []
         for i in range(4):
-            grown = {k: 1000.0 * (i + 1) for k in ("xact_commit", "xact_rollback", "blks_read", "blks_hit",
-                                                   "wal_bytes", "checkpoints_timed", "checkpoints_req",
-                                                   "buffers_checkpoint", "wal_records", "wal_fpi", "buffers_backend",
-                                                   "buffers_backend_fsync", "buffers_clean")}
+            grown: dict[str, float | None] = {
+                k: 1000.0 * (i + 1) for k in ("xact_commit", "xact_rollback", "blks_read", "blks_hit",
+                                              "wal_bytes", "checkpoints_timed", "checkpoints_req",
+                                              "buffers_checkpoint", "wal_records", "wal_fpi", "buffers_backend",
+                                              "buffers_backend_fsync", "buffers_clean")}
             lags = {"replay_diff_bytes": 8192.0, "replay_lag_seconds": 0.002, "write_lag_seconds": 0.001,
                     "flush_lag_seconds": 0.001}
             text = exporter_text("pg-1", grown, standbys={"pg-2": lags}, pg17=pg17) + (
@@ -230,7 +232,7 @@ def _tracers(names: list[str]) -> dict[str, float]:
 
 def _build(root: Path, names: list[str], tracer: dict[str, float]) -> Store:
     store = Store.open(root)
-    values = {n: tracer[n] for n in names}
+    values: dict[str, float | None] = {n: tracer[n] for n in names}
     tenant_rows = [(t, "gold", n, v) for t in ("t01", "t02") for n, v in values.items() if "." not in n]
     plans = {"matrix": [{"workload": "tpcb-like", "synchronous_commit": "on", "clients": 4}],
              "scenario": [{"workload": "tpcb-like", "synchronous_commit": "on", "clients": 4,
