@@ -302,6 +302,14 @@ METRICS: tuple[Metric, ...] = (
     Metric("witness_unexpected", "count", True, "scenario", "rows present the witness never wrote"),
     Metric("backup_mb", "MB", None, "scenario", "size of the base backup"),
     Metric("backup_wal_mb", "MB", None, "scenario", "WAL the base backup carried"),
+    Metric("backup_wait_s", "s", True, "scenario", "Kubernetes: from the Backup's creation until the operator began"),
+    Metric("backup_operator_s", "s", True, "scenario", "Kubernetes: the backup's duration as the operator reports it "
+           "(its start and stop times)"),
+    Metric("backup_objects", "count", None, "scenario", "Kubernetes: objects of the base backup in the object store"),
+    Metric("archive_wal_objects", "count", None, "database", "Kubernetes: WAL objects in the object store's archive "
+           "after the run"),
+    Metric("archive_wal_mb", "MB", None, "database", "Kubernetes: size of the WAL archive in the object store after "
+           "the run"),
     Metric("archived_wal_segments", "count", None, "database", "WAL segments archived over the run (pg_stat_archiver)"),
     Metric("archive_failed", "count", True, "database", "failed attempts to archive a WAL segment (pg_stat_archiver)"),
     Metric("wal_segments_written", "count", None, "database", "WAL written over the run, in 16 MiB segments"),
