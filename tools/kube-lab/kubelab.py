@@ -736,6 +736,11 @@ def start_node(root: Path, name: str) -> None:
                 time.sleep(0.2)
 
 
+# A process killed while in uninterruptible sleep (its write to a loop device on a loaded disk) dies only when that I/O
+# ends: seconds on a busy machine; 20 s was not always enough with the machine's disk shared by a Go build and tests
+KILL_WAIT_S = 120.0
+
+
 def stop_node(root: Path, name: str) -> None:
     """The node dies as a machine does: every process of it (its daemons, its containers and their shims) is
     killed at once and its link goes down; nothing is cleaned up (mounts, pod network namespaces and the API's
@@ -743,13 +748,22 @@ def stop_node(root: Path, name: str) -> None:
     node = next((n for n in recorded_nodes(root) if n.name == name), None)
     if node is None:
         raise LabError(f"no node {name} in the lab at {root}")
-    run("ip", "link", "set", node.veth, "down", check=False)
-    for _ in range(20):
-        procs = cgroup_procs(f"{CGROUP}/{name}")
-        if not procs:
-            return
+    run("ip", "link", "set", node.veth, "down", check=False)  # cut off at once: the rest only has to die
+    deadline = time.monotonic() + KILL_WAIT_S
+    while procs := cgroup_procs(f"{CGROUP}/{name}"):
+        if time.monotonic() > deadline:
+            states = ", ".join(f"{pid} {_state(pid)}" for pid in procs)
+            raise LabError(f"processes of node {name} survived SIGKILL for {KILL_WAIT_S:.0f} s: {states}")
         _kill(procs, signal.SIGKILL, 1)
-    raise LabError(f"processes of node {name} survived SIGKILL: {cgroup_procs(f'{CGROUP}/{name}')}")
+
+
+def _state(pid: int) -> str:
+    """A process's state letter and name (D: uninterruptible sleep, in the kernel until its I/O ends)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return "gone"
+    return f"{stat.rsplit(')', 1)[1].split()[0]} ({stat[stat.index('(') + 1:stat.rindex(')')]})"
 
 
 def stop_lab(root: Path) -> None:

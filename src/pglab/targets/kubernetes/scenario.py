@@ -321,12 +321,15 @@ class Injector:
             self.node = self.orch.instance_node(primary)
             if self.kind == "node-loss":
                 assert self.node_fault is not None  # the plan's validation requires it
+                # the node is cut off as the command begins (the lab's takes its link down first), and a command
+                # that fails half-way leaves it away: release() starts it again
+                self.fault_time = time.time()
                 self._node_command("stop")
                 what = f"node {self.node} (of the primary {primary}) stopped"
             else:
                 self.orch.cordon(self.node)
+                self.fault_time = time.time()
                 what = f"node {self.node} (of the primary {primary}) cordoned, its instance pods to be evicted"
-            self.fault_time = time.time()
             self.events.append((self.fault_time, "fault", what))
             self.orch.log(f"{self.kind}: {what}")
             if self.kind == "node-drain":
