@@ -181,7 +181,8 @@ install_kube_lab() {
     # The object store (MinIO) and CloudNativePG's Barman Cloud plugin, which `kubelab.py objectstore` starts in a
     # running lab for the backup and WAL-archiving tests (~15 min the first time on 2 cores; it needs the lab's
     # kubectl, so after build.sh)
-    tools/kube-lab/objectstore/build.sh "$go" >/dev/null
+    PGLAB_KUBE_LAB_OBJECTSTORE="$(tools/kube-lab/objectstore/build.sh "$go" | tail -n 1)"
+    export PGLAB_KUBE_LAB_OBJECTSTORE  # this checkout's build, not whichever another checkout made last
 }
 
 install_lab_prometheus() {

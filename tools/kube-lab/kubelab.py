@@ -562,7 +562,13 @@ PLUGIN_NAME = "barman-cloud.cloudnative-pg.io"
 
 
 def objectstore_build() -> Path:
-    """The newest complete build of tools/kube-lab/objectstore/build.sh in the lab cache."""
+    """This checkout's build of tools/kube-lab/objectstore/build.sh (``PGLAB_KUBE_LAB_OBJECTSTORE``, which
+    ./setup.sh sets from it), else the newest complete build in the lab cache."""
+    if given := os.environ.get("PGLAB_KUBE_LAB_OBJECTSTORE"):
+        if not (Path(given) / ".complete").exists():
+            raise LabError(f"PGLAB_KUBE_LAB_OBJECTSTORE={given} is not a complete object store build; run "
+                           "tools/kube-lab/objectstore/build.sh GO, which prints the one to use")
+        return Path(given)
     builds = sorted((p for p in cache_dir().glob("objectstore-*") if (p / ".complete").exists()),
                     key=lambda p: (p / ".complete").stat().st_mtime)
     if not builds:
