@@ -93,14 +93,18 @@ def state_file() -> Path:
     return base / "kube-lab.json"
 
 
-def newest_images() -> Path:
-    """The images folder of the newest complete build in the cache (build.sh prints the one it made)."""
-    builds = sorted((p for p in cache_dir().glob("images-*") if (p / ".complete").exists()),
+def newest_build(prefix: str, missing: str) -> Path:
+    """The newest complete build ``<prefix>-<key>`` in the lab cache; ``missing``: what to run when there is none."""
+    builds = sorted((p for p in cache_dir().glob(f"{prefix}-*") if (p / ".complete").exists()),
                     key=lambda p: (p / ".complete").stat().st_mtime)
     if not builds:
-        raise LabError(f"no Kubernetes lab build in {cache_dir()}: run ./setup.sh test (or ./setup.sh kube-lab), "
-                       "which builds it")
+        raise LabError(f"no {prefix} build in {cache_dir()}: run {missing}, which builds it")
     return builds[-1]
+
+
+def newest_images() -> Path:
+    """The images folder of the newest complete build in the cache (build.sh prints the one it made)."""
+    return newest_build("images", "./setup.sh test (or ./setup.sh kube-lab)")
 
 
 def start_time(pid: int) -> int | None:
@@ -569,12 +573,7 @@ def objectstore_build() -> Path:
             raise LabError(f"PGLAB_KUBE_LAB_OBJECTSTORE={given} is not a complete object store build; run "
                            "tools/kube-lab/objectstore/build.sh GO, which prints the one to use")
         return Path(given)
-    builds = sorted((p for p in cache_dir().glob("objectstore-*") if (p / ".complete").exists()),
-                    key=lambda p: (p / ".complete").stat().st_mtime)
-    if not builds:
-        raise LabError(f"no object store build in {cache_dir()}: run ./setup.sh kube-lab (or "
-                       "tools/kube-lab/objectstore/build.sh GO), which builds it")
-    return builds[-1]
+    return newest_build("objectstore", "./setup.sh kube-lab (or tools/kube-lab/objectstore/build.sh GO)")
 
 
 def start_objectstore(root: Path, build: Path | None = None) -> dict[str, float]:
