@@ -824,10 +824,11 @@ class Capacity(Strict):
         5.0, description="stop when the bracket (highest passing, lowest failing rate) is narrower than this share "
         "of its top")
     max_probes: Annotated[int, _int_between(2, 30)] = Field(
-        10, description="runs per configuration at most, the closed-loop one included")
+        10, description="rates probed per configuration at most, the closed-loop run included; each is run "
+        "run.repeats times")
 
     def holds(self, figures: Mapping[str, float | None]) -> bool | None:
-        """Whether a run's figures held the target (None: the run has no such percentile)."""
+        """Whether a run's figures (or the mean of a rate's repeats) held the target (None: no such percentile)."""
         value = figures.get(f"latency_p{self.percentile}_ms")
         if value is None:
             return None
@@ -1183,9 +1184,9 @@ class Plan(Strict):
             if self.capacity is not None and given:
                 raise PydanticCustomError("capacity", "the capacity search chooses the rates itself and measures "
                                           "one load; remove this", {"at": field})
-        if self.capacity is not None and (self.run.min_repeats != 1 or self.run.max_repeats != 1):
-            raise PydanticCustomError("capacity", "each capacity probe is one run (the search's bracket is its "
-                                      "precision); set repeats: 1", {"at": "run.repeats"})
+        if self.capacity is not None and self.run.target_ci_pct is not None:
+            raise PydanticCustomError("capacity", "the capacity search runs each probe rate a fixed number of times; "
+                                      "give repeats as a number", {"at": "run.repeats"})
         if self.matrix.rate and self.tenants is not None:
             raise PydanticCustomError("rate", "the rate axis is not for tenants plans (each tier sets its own "
                                       "load); remove it", {"at": "matrix.rate"})
@@ -1365,10 +1366,12 @@ class Plan(Strict):
 
     @model_validator(mode="after")
     def _runs(self) -> Plan:
-        runs = self.matrix.points * self.run.max_repeats
+        probes = self.capacity.max_probes if self.capacity else 1
+        runs = self.matrix.points * self.run.max_repeats * probes
         if runs > MAX_RUNS:
-            raise PydanticCustomError("plan", "{points} points × {repeats} repeats make {runs} runs, more than "
-                                      "{max}; lower run.repeats or shorten an axis",
+            raise PydanticCustomError("plan", "{points} points × {repeats} repeats{probes} make {runs} runs, more "
+                                      "than {max}; lower run.repeats or shorten an axis",
                                       {"points": self.matrix.points, "repeats": self.run.max_repeats, "runs": runs,
+                                       "probes": f" × {probes} capacity probes" if self.capacity else "",
                                        "max": MAX_RUNS, "at": "run.repeats"})
         return self
