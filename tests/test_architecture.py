@@ -10,6 +10,8 @@ imports report. A new module must be given a layer here.
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -246,3 +248,20 @@ def test_the_measured_run_is_written_once_in_the_engine() -> None:
     drivers = {m: p for m, p in mods.items() if m.startswith(("pglab.drivers", "pglab.targets", "pglab.scenarios"))}
     assert len(drivers) > 20
     assert [f for m, p in sorted(drivers.items()) for f in hand_written_runs(p.read_text(), m)] == []
+
+
+HEAVY = ("numpy", "polars", "scipy")  # a third of pglab's start-up once; only reading logs and stores needs them
+
+
+def heavy_imported(statement: str) -> list[str]:
+    """The heavy libraries in sys.modules after ``statement``, in a fresh interpreter."""
+    code = f"import sys\n{statement}\nprint(' '.join(m for m in {HEAVY!r} if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    return out.split()
+
+
+def test_the_command_line_starts_without_numpy_polars_or_scipy() -> None:
+    """`pglab --help`, a plan's errors and every other command start without numpy, polars or scipy (issue 32: the
+    tests start pglab some 230 times); the commands that read logs or stores import them when they do."""
+    assert heavy_imported("import pglab.workloads.txlog") == ["numpy", "polars"]  # the check sees them
+    assert heavy_imported("import pglab.cli") == []

@@ -19,16 +19,18 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from pglab import interrupts
 from pglab.plan.load import resolve_path
 from pglab.plan.schema import CustomWorkload, Dataset, Run
 from pglab.targets.base import Endpoint, PlanCodeUser
 from pglab.targets.local import cgroups
-from pglab.workloads import txlog
+
+if TYPE_CHECKING:  # numpy and polars (through txlog) load in the functions reading logs: `pglab --help` needs neither
+    import numpy as np
+
+    from pglab.workloads import txlog
 
 PGBENCH_TABLES = ("pgbench_accounts", "pgbench_branches", "pgbench_tellers", "pgbench_history")
 PERCENTILES = (50, 95, 99)
@@ -138,12 +140,14 @@ def parse_progress_line(line: str) -> ProgressPoint | None:
 def read_transaction_log(files: Sequence[Path]) -> tuple[np.ndarray, np.ndarray]:
     """Latencies (ms) and completion times (epoch s) of the successful transactions in pgbench's -l logs (plain
     or .gz); see :mod:`pglab.workloads.txlog` for the format and the handling of failed/skipped lines."""
+    from pglab.workloads import txlog
     log = txlog.read(files)
     return log.latency_ms, log.end_ts()
 
 
 def log_stats(latency_ms: np.ndarray, end_ts: np.ndarray) -> LogStats | None:
     """Percentiles by linear interpolation between closest ranks (numpy's default, Excel's PERCENTILE.INC)."""
+    import numpy as np
     if latency_ms.size == 0:
         return None
     pct = np.percentile(latency_ms, PERCENTILES)
@@ -161,6 +165,9 @@ def txlog_stats(log: txlog.TxLog, last_use: bool = False) -> LogStats | None:
     """:func:`log_stats` of a :class:`txlog.TxLog` without its float64 copies: the same percentiles (exact,
     from the int32 µs), the mean from the exact integer sum. ``last_use``: the percentiles partition the log's
     latencies in place (no 40 MB copy for 10 M transactions); the log is not to be used afterwards."""
+    import numpy as np
+
+    from pglab.workloads import txlog
     if log.count == 0:
         return None
     lat = log.latency_us
@@ -185,6 +192,7 @@ def summary_stats(summary: txlog.Summary) -> LogStats | None:
 def log_figures(files: Sequence[Path], histogram: Path) -> LogStats | None:
     """The figures of -l logs, read once block by block (no transaction kept), and their latency histogram
     written to ``histogram`` (when there is a transaction)."""
+    from pglab.workloads import txlog
     summary = txlog.summarise(files)
     if summary.count:
         summary.histogram().save(histogram)
@@ -194,6 +202,7 @@ def log_figures(files: Sequence[Path], histogram: Path) -> LogStats | None:
 def summarise_logs(log_prefix: Path) -> tuple[LogStats | None, list[Path]]:
     """Read a run's -l logs once: figures, the latency histogram kept beside them (``latency_histogram.json``,
     mergeable across repeats/tenants/processes), then the logs gzip-compressed; returns the logs as now named."""
+    from pglab.workloads import txlog
     files = sorted(log_prefix.parent.glob(log_prefix.name + ".*"))
     files = [f for f in files if not f.name.endswith(".part")]
     stats = log_figures(files, log_prefix.parent / txlog.HISTOGRAM_FILE)
