@@ -178,7 +178,7 @@ install_kube_lab() {
     }
     PGLAB_KUBE_LAB_IMAGES="$(tools/kube-lab/build.sh "$go" | tail -n 1)"
     export PGLAB_KUBE_LAB_IMAGES
-    # The object store (MinIO) and CloudNativePG's Barman Cloud plugin, which `kubelab.py objectstore` starts in a
+    # The object store (versitygw) and CloudNativePG's Barman Cloud plugin, which `kubelab.py objectstore` starts in a
     # running lab for the backup and WAL-archiving tests (~15 min the first time on 2 cores; it needs the lab's
     # kubectl, so after build.sh)
     PGLAB_KUBE_LAB_OBJECTSTORE="$(tools/kube-lab/objectstore/build.sh "$go" | tail -n 1)"

@@ -21,12 +21,12 @@ from pglab.targets.kubernetes import exporter
 from pglab.targets.kubernetes.render import BARMAN_PLUGIN, COPY_FROM, START_MARK, STORE_MARK, render
 from pglab.targets.kubernetes.scenario import lsn
 
-ARCHIVE = ("wal_archive: {s3: {endpoint: 'http://minio.objectstore.svc:9000', destination: 's3://pglab/k',"
-           " credentials: objectstore/minio-credentials, compression: gzip, jobs: 2}}",)
+ARCHIVE = ("wal_archive: {s3: {endpoint: 'http://s3.objectstore.svc:7070', destination: 's3://pglab/k',"
+           " credentials: objectstore/s3-credentials, compression: gzip, jobs: 2}}",)
 PLAN = k8s_plan("matrix: {clients: [2], jobs: [1], scenario: [{kind: backup, at: 1s, witness: false}]}",
                 "run: {duration: 4s}", kubernetes=ARCHIVE)
 RUN, STORE_JOB, BACKUP = "pg-run-0000-1", "pg-run-0000-1-store", "pg-run-0000-1-backup"
-SOURCE = "/api/v1/namespaces/objectstore/secrets/minio-credentials"
+SOURCE = "/api/v1/namespaces/objectstore/secrets/s3-credentials"
 BACKUPS = "/apis/postgresql.cnpg.io/v1/namespaces/bench/backups"
 MIB = 2**20
 
@@ -37,13 +37,13 @@ def test_wal_archive_renders_the_object_store_its_credentials_and_the_plugin(tmp
     store = by_kind["ObjectStore"]
     assert store["metadata"]["name"] == "pg-store"
     config = store["spec"]["configuration"]
-    assert config["destinationPath"] == "s3://pglab/k" and config["endpointURL"] == "http://minio.objectstore.svc:9000"
+    assert config["destinationPath"] == "s3://pglab/k" and config["endpointURL"] == "http://s3.objectstore.svc:7070"
     assert config["s3Credentials"]["accessKeyId"] == {"name": "pg-store-credentials", "key": "ACCESS_KEY_ID"}
     assert config["wal"] == {"maxParallel": 1, "compression": "gzip"}
     assert config["data"] == {"compression": "gzip", "jobs": 2, "immediateCheckpoint": True}
     secret = by_kind["Secret"]
     assert secret["metadata"]["name"] == "pg-store-credentials"
-    assert secret["metadata"]["annotations"][COPY_FROM] == "objectstore/minio-credentials"
+    assert secret["metadata"]["annotations"][COPY_FROM] == "objectstore/s3-credentials"
     assert by_kind["Cluster"]["spec"]["plugins"] == [
         {"name": BARMAN_PLUGIN, "isWALArchiver": True, "parameters": {"barmanObjectName": "pg-store"}}]
     resources = {r for rule in by_kind["Role"]["rules"] for r in rule["resources"]}
@@ -62,9 +62,9 @@ def test_wal_archive_renders_the_object_store_its_credentials_and_the_plugin(tmp
 @pytest.mark.parametrize(("lines", "message"), [
     (("wal_archive: {}",), "target.kubernetes.wal_archive.object_store: give object_store (an ObjectStore in the "
      "namespace) or s3 (pglab creates one), exactly one"),
-    (("wal_archive: {s3: {destination: 'pglab/k', credentials: objectstore/minio-credentials}}",),
+    (("wal_archive: {s3: {destination: 'pglab/k', credentials: objectstore/s3-credentials}}",),
      "target.kubernetes.wal_archive.s3.destination"),
-    (("wal_archive: {s3: {destination: 's3://pglab/k', credentials: minio}}",),
+    (("wal_archive: {s3: {destination: 's3://pglab/k', credentials: s3-credentials}}",),
      "target.kubernetes.wal_archive.s3.credentials"),
 ])
 def test_a_wrong_wal_archive_is_refused_naming_the_field(tmp_path: Path, lines: tuple[str, ...],
@@ -101,7 +101,7 @@ def backup_fake(k8s_api: tuple[FakeAPI, client.ApiClient]) -> tuple[FakeAPI, cli
     fourth read; the object store's listing Job prints 3 objects, 21 MiB of backup and 5 WAL objects."""
     api, _ = k8s_api
     api.objects[SOURCE] = {"apiVersion": "v1", "kind": "Secret", "metadata": {
-        "name": "minio-credentials", "namespace": "objectstore"}, "data": {
+        "name": "s3-credentials", "namespace": "objectstore"}, "data": {
         "ACCESS_KEY_ID": base64.b64encode(b"pglab").decode(), "ACCESS_SECRET_KEY": base64.b64encode(b"s").decode()}}
     reads: dict[str, int] = {}
 

@@ -1,8 +1,8 @@
 """Continuous WAL archiving and a base backup under load on the multi-node lab (issue 28): the lab's object store
-(MinIO) and CloudNativePG's Barman Cloud plugin started for this module (``kubelab.py objectstore``), one pglab
-sweep whose Cluster archives WAL through the plugin and whose run takes a ``Backup`` (method plugin) 5 s into the
-load. Its figures are checked against readings taken here without pglab: MinIO's own data folder on the system
-node's disk (the objects and bytes of the backup and of the WAL archive, as the server stores them), and the
+(versitygw) and CloudNativePG's Barman Cloud plugin started for this module (``kubelab.py objectstore``), one
+pglab sweep whose Cluster archives WAL through the plugin and whose run takes a ``Backup`` (method plugin) 5 s into
+the load. Its figures are checked against readings taken here without pglab: versitygw's own data folder on the
+system node's disk (the objects and bytes of the backup and of the WAL archive, as the server stores them), and the
 Cluster's ``pg_stat_archiver`` read with psql in the primary pod while the run goes on.
 
 Kept short for the CI track that runs beside the whole suite: one 1-instance Cluster on a database node, scale 1,
@@ -67,9 +67,10 @@ dataset: {{scale: 1}}
 {LOAD}"""
 
 
-def minio_data(lab: kubelab.KubeLab) -> Path:
-    """MinIO's data folder (an emptyDir) on the system node's disk, as the kubelet made it."""
-    pod = lab.kubectl("-n", kubelab.OBJECTSTORE_NS, "get", "pod", "-l", "app=minio", "-o",
+def store_data(lab: kubelab.KubeLab) -> Path:
+    """versitygw's data folder (an emptyDir, its posix backend's root) on the system node's disk, as the kubelet made
+    it."""
+    pod = lab.kubectl("-n", kubelab.OBJECTSTORE_NS, "get", "pod", "-l", "app=versitygw", "-o",
                       "jsonpath={.items[0].metadata.uid} {.items[0].spec.nodeName}").stdout.split()
     uid, node = pod
     path = kubelab.node_root(lab.root, node) / "var/kubelet/pods" / uid / "volumes/kubernetes.io~empty-dir/data"
@@ -78,14 +79,10 @@ def minio_data(lab: kubelab.KubeLab) -> Path:
 
 
 def objects(folder: Path) -> dict[str, int]:
-    """The objects MinIO stores under a prefix folder, read from its single-drive layout: an object is a folder
-    holding ``xl.meta`` (small objects inlined in it), its data in ``<data dir>/part.N`` files. Key → the bytes of
-    its parts (0 when inlined)."""
-    out = {}
-    for meta in folder.rglob("xl.meta"):
-        obj = meta.parent
-        out[str(obj.relative_to(folder))] = sum(p.stat().st_size for p in obj.glob("*/part.*"))
-    return out
+    """The objects versitygw stores under a prefix folder, read from its posix backend's layout: the bucket is a
+    top-level folder, an object the file at its key's path (a multipart upload's parts joined into it once
+    complete; its metadata in the file's xattrs). Key → its bytes."""
+    return {str(f.relative_to(folder)): f.stat().st_size for f in folder.rglob("*") if f.is_file()}
 
 
 @dataclass
@@ -191,7 +188,7 @@ def sweep(lab: kubelab.KubeLab, tmp_path_factory: pytest.TempPathFactory) -> Ite
         reads.halt.set()
         reader.join()
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    listing = objects(minio_data(lab) / "pglab" / prefix / NAME)
+    listing = objects(store_data(lab) / "pglab" / prefix / NAME)
     namespace_gone(lab, NS, proc.stderr)
     seconds = time.monotonic() - t0
     restored, restore_s = restore(lab, prefix)
@@ -215,7 +212,7 @@ def test_a_backup_under_load_completes_and_its_size_is_the_object_stores(sweep: 
     assert sweep.archiver.completed is not None
     assert abs(events["backup-end"][0] - sweep.archiver.completed) <= 4, (events, sweep.archiver.completed)
     assert m["recovered_s"] == pytest.approx(m["backup_s"], abs=0.01)
-    # its size is what the object store holds under base/<backupId>/ (the data tar's parts; backup.info inlined)
+    # its size is what the object store holds under base/<backupId>/ (the data tar and backup.info, one file each)
     base = {k: v for k, v in sweep.listing.items() if k.startswith("base/")}
     assert len(base) == m["backup_objects"] >= 2, (base, m)  # data.tar and backup.info at least
     assert sum(base.values()) > 10 * 2**20  # scale 1: ~20 MB of PGDATA

@@ -7,7 +7,7 @@ Kubernetes tests run against it, and so can a user:
     sudo .venv/bin/python tools/kube-lab/kubelab.py up            # 5 nodes; prints the kubeconfig to use
     sudo .venv/bin/python tools/kube-lab/kubelab.py node stop lab-db-1   # the node dies as a machine does
     sudo .venv/bin/python tools/kube-lab/kubelab.py node start lab-db-1
-    sudo .venv/bin/python tools/kube-lab/kubelab.py objectstore   # MinIO and the Barman Cloud plugin, when needed
+    sudo .venv/bin/python tools/kube-lab/kubelab.py objectstore   # the S3 store and the Barman Cloud plugin
     sudo .venv/bin/python tools/kube-lab/kubelab.py down
 
 Why it is built this way:
@@ -93,9 +93,11 @@ def state_file() -> Path:
     return base / "kube-lab.json"
 
 
-def newest_build(prefix: str, missing: str) -> Path:
-    """The newest complete build ``<prefix>-<key>`` in the lab cache; ``missing``: what to run when there is none."""
-    builds = sorted((p for p in cache_dir().glob(f"{prefix}-*") if (p / ".complete").exists()),
+def newest_build(prefix: str, missing: str, having: str = ".complete") -> Path:
+    """The newest complete build ``<prefix>-<key>`` in the lab cache holding the file ``having``; ``missing``: what
+    to run when there is none."""
+    builds = sorted((p for p in cache_dir().glob(f"{prefix}-*")
+                     if (p / ".complete").exists() and (p / having).exists()),
                     key=lambda p: (p / ".complete").stat().st_mtime)
     if not builds:
         raise LabError(f"no {prefix} build in {cache_dir()}: run {missing}, which builds it")
@@ -560,28 +562,33 @@ state = "{r}/run/containerd"
 
 # ---------------------------------------------------------------------- the object store, when a test asks for it
 OBJECTSTORE_NS = "objectstore"
-OBJECTSTORE_URL = "http://minio.objectstore.svc:9000"   # in the lab (CoreDNS), as minio.yaml's Service names it
-OBJECTSTORE_SECRET = "minio-credentials"                # in OBJECTSTORE_NS: ACCESS_KEY_ID, ACCESS_SECRET_KEY
+OBJECTSTORE_URL = "http://s3.objectstore.svc:7070"   # in the lab (CoreDNS), as versitygw.yaml's Service names it
+OBJECTSTORE_SECRET = "s3-credentials"                 # in OBJECTSTORE_NS: ACCESS_KEY_ID, ACCESS_SECRET_KEY
+OBJECTSTORE_BUCKET = "pglab"                          # the bucket the plans and tests name (s3://pglab/...)
+OBJECTSTORE_UID = 1000                                # versitygw's user in its pod (versitygw.yaml)
 PLUGIN_NAME = "barman-cloud.cloudnative-pg.io"
 
 
 def objectstore_build() -> Path:
     """This checkout's build of tools/kube-lab/objectstore/build.sh (``PGLAB_KUBE_LAB_OBJECTSTORE``, which
-    ./setup.sh sets from it), else the newest complete build in the lab cache."""
+    ./setup.sh sets from it), else the newest complete build in the lab cache
+    with versitygw (an older one with MinIO, kept for a checkout of before, is passed over)."""
     if given := os.environ.get("PGLAB_KUBE_LAB_OBJECTSTORE"):
         if not (Path(given) / ".complete").exists():
             raise LabError(f"PGLAB_KUBE_LAB_OBJECTSTORE={given} is not a complete object store build; run "
                            "tools/kube-lab/objectstore/build.sh GO, which prints the one to use")
         return Path(given)
-    return newest_build("objectstore", "./setup.sh kube-lab (or tools/kube-lab/objectstore/build.sh GO)")
+    return newest_build("objectstore", "./setup.sh kube-lab (or tools/kube-lab/objectstore/build.sh GO)",
+                        having="versitygw.yaml")
 
 
 def start_objectstore(root: Path, build: Path | None = None) -> dict[str, float]:
-    """The lab's object store (MinIO, namespace ``objectstore``, on the system node) and CloudNativePG's Barman
-    Cloud plugin (``cnpg-system``), started in a running lab only when asked (a test or plan that archives WAL), so
-    the lab's ready time for everything else does not grow: their images imported into the nodes that run them (the
-    sidecar into every node that may run an instance), the plugin's two mTLS secrets made with openssl, both rolled
-    out and the plugin's CRD served. Returns the seconds each step took. Running it again changes nothing. Nothing is
+    """The lab's object store (versitygw, an S3 gateway whose posix backend keeps each object as a file; namespace
+    ``objectstore``, on the system node, with the bucket ``pglab``) and CloudNativePG's Barman Cloud plugin
+    (``cnpg-system``), started in a running lab only when asked (a test or plan that archives WAL), so the lab's ready
+    time for everything else does not grow: their images imported into the nodes that run them (the sidecar into
+    every node that may run an instance), the plugin's two mTLS secrets made with openssl, both rolled out and the
+    plugin's CRD served. Returns the seconds each step took. Running it again changes nothing. Nothing is
     kept outside the lab's folder: ``down`` removes it with the nodes' containerd."""
     build = build or objectstore_build()
     state = json.loads((root / "lab.json").read_text())
@@ -594,7 +601,7 @@ def start_objectstore(root: Path, build: Path | None = None) -> dict[str, float]
     t0 = time.monotonic()
     imports = []
     for node in nodes:
-        tars = ([build / "images/minio.tar", build / "images/plugin-barman-cloud.tar"] if node.system else [])
+        tars = ([build / "images/versitygw.tar", build / "images/plugin-barman-cloud.tar"] if node.system else [])
         if node.role != "client":  # database nodes, or the one node of a 1-node lab: instances run there
             tars.append(build / "images/plugin-barman-cloud-sidecar.tar")
         sock = node_root(root, node.name) / "run/containerd.sock"
@@ -608,12 +615,12 @@ def start_objectstore(root: Path, build: Path | None = None) -> dict[str, float]
             raise LabError(f"importing the object store's images into {node.name} failed: {out.strip()[-400:]}")
     timings["image_import_s"] = time.monotonic() - t0
     t1 = time.monotonic()
-    kubectl("apply", "-f", build / "minio.yaml")
+    kubectl("apply", "-f", build / "versitygw.yaml")
     certs = run(Path(__file__).parent / "objectstore" / "plugin-certs.sh", "cnpg-system").stdout
     if kubectl("-n", "cnpg-system", "get", "secret", "barman-cloud-server-tls", check=False).returncode != 0:
         kubectl("apply", "-f", "-", input=certs)
     kubectl("apply", "--server-side", "-f", build / "barman-cloud-plugin.yaml", timeout=180)
-    for ns, deploy in ((OBJECTSTORE_NS, "minio"), ("cnpg-system", "barman-cloud")):
+    for ns, deploy in ((OBJECTSTORE_NS, "versitygw"), ("cnpg-system", "barman-cloud")):
         proc = kubectl("-n", ns, "rollout", "status", f"deploy/{deploy}", f"--timeout={START_TIMEOUT_S}s",
                        check=False, timeout=START_TIMEOUT_S + 30)
         if proc.returncode != 0:
@@ -621,6 +628,17 @@ def start_objectstore(root: Path, build: Path | None = None) -> dict[str, float]
                            f"{(proc.stderr or proc.stdout).strip()[-300:]}")
     kubectl("wait", "--for=condition=Established", "crd/objectstores.barmancloud.cnpg.io", "--timeout=60s",
             timeout=90)
+    # The bucket: with versitygw's posix backend a bucket is a top-level folder of its data folder (the root user,
+    # whose credentials the plans use, owns every bucket), made here on the system node's disk as versitygw's user.
+    pod = kubectl("-n", OBJECTSTORE_NS, "get", "pod", "-l", "app=versitygw", "--field-selector=status.phase=Running",
+                  "-o", "jsonpath={.items[0].metadata.uid} {.items[0].spec.nodeName}").stdout.split()
+    if len(pod) != 2:
+        raise LabError(f"no running versitygw pod in {OBJECTSTORE_NS}")
+    data = node_root(root, pod[1]) / "var/kubelet/pods" / pod[0] / "volumes/kubernetes.io~empty-dir/data"
+    bucket = data / OBJECTSTORE_BUCKET
+    if not bucket.is_dir():
+        bucket.mkdir(mode=0o755)
+        os.chown(bucket, OBJECTSTORE_UID, OBJECTSTORE_UID)
     timings["rollout_s"] = time.monotonic() - t1
     timings["objectstore_s"] = time.monotonic() - t0
     return timings
@@ -904,7 +922,7 @@ def main() -> None:
     up.add_argument("--nodes", type=int, default=None,
                     help=f"how many nodes (default {DEFAULT_NODES}: 3 database nodes and 2 client nodes; 1: one node "
                          "for everything, for a machine too small for more)")
-    sub.add_parser("objectstore", help="start the object store (MinIO) and CloudNativePG's Barman Cloud plugin in "
+    sub.add_parser("objectstore", help="start the object store (versitygw) and CloudNativePG's Barman Cloud plugin in "
                    "the running lab (a plan that archives WAL or takes a backup needs them)")
     sub.add_parser("down", help="stop the running lab")
     sub.add_parser("clean", help="stop a lab whose owner (a test run) is gone")

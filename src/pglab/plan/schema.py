@@ -530,7 +530,7 @@ class S3Store(Strict):
     """An S3-compatible bucket for the ObjectStore pglab creates (CloudNativePG's BarmanObjectStoreConfiguration)."""
 
     endpoint: Annotated[str, _text(2048)] | None = Field(None, description="endpointURL (default: AWS S3), e.g. "
-                                                           "http://minio.objectstore.svc:9000 for the lab's")
+                                                           "http://s3.objectstore.svc:7070 for the lab's")
     destination: Annotated[str, _text(2048, pattern=re.compile(r"s3://[^/\s]+(/[^\s]*)?"),
                                       what="an s3://bucket/path URL")] = Field(
         description="destinationPath, s3://bucket/path: an empty path (barman refuses to archive over another "
@@ -538,7 +538,7 @@ class S3Store(Strict):
     credentials: Annotated[str, _text(253, pattern=re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?/[a-z0-9]([-.a-z0-9]*"
                                                               r"[a-z0-9])?"), what="namespace/name")] = Field(
         description="the Secret (namespace/name) holding ACCESS_KEY_ID and ACCESS_SECRET_KEY; pglab copies it into "
-        "its namespace (on the lab: objectstore/minio-credentials)")
+        "its namespace (on the lab: objectstore/s3-credentials)")
     compression: Literal["gzip", "bzip2", "snappy"] | None = Field(None, description="WAL and data compression")
     max_parallel: Annotated[int, _int_between(1, 32)] = Field(1, description="wal.maxParallel: segments archived "
                                                               "at once")
