@@ -48,7 +48,8 @@ from pglab.store.sqlite import Store
 from pglab.targets.kubernetes import exporter
 from pglab.targets.kubernetes import render as render_module
 from pglab.targets.kubernetes.orchestrate import K8sError
-from pglab.targets.kubernetes.render import cluster, cpu_quantity, millicores, render
+from pglab.targets.kubernetes.render import WITNESS_MARK, cluster, cpu_quantity, millicores, render
+from pglab.targets.kubernetes.scenario import parse_witness_log
 
 CPU_PLAN = k8s_plan("matrix: {clients: [1, 2], jobs: [1], cpus: [0.5, 2]}",
                     "run: {duration: 4s, order: sequential}")
@@ -346,6 +347,49 @@ def test_the_settings_wait_lets_postgresql_compare_the_values(postgres: dict[str
     finally:
         subprocess.run(["psql", "-XAtqc", "ALTER SYSTEM RESET shared_buffers"], env={**os.environ, **postgres},
                        check=True)
+
+
+def test_the_witness_ends_an_attempt_whose_commit_waits_for_ever(postgres: dict[str, str], tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """A COMMIT waiting for a synchronous standby that never comes (a live server: no connection deadline fires)
+    held the witness pod until its Job's timeout; each attempt now has a deadline and such an attempt, its INSERT
+    answered, is in doubt. Run by sh as the pod runs it; once it has one write acknowledged, the server is given a
+    synchronous standby that does not exist."""
+    monkeypatch.setattr(render_module, "RESULTS_DIR", str(tmp_path))
+    monkeypatch.setattr(render_module, "WITNESS_ATTEMPT_S", 2)
+    monkeypatch.setattr(render_module, "WITNESS_MARGIN_S", 0)
+    plan = parse_plan(k8s_plan("matrix: {clients: [1]}", "run: {duration: 6s}"))
+    env = {**os.environ, **postgres}
+
+    def psql(sql: str) -> None:
+        subprocess.run(["psql", "-XAtqc", sql], env=env, check=True, capture_output=True, timeout=30)
+
+    witness = subprocess.Popen(["sh", "-c", render_module.witness_script(plan, 6.0)], env=env, text=True,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    lines: list[str] = []
+    try:
+        assert witness.stdout is not None
+        for line in witness.stdout:
+            lines.append(line)
+            if line.startswith(f"{WITNESS_MARK} acked "):
+                break
+        psql("ALTER SYSTEM SET synchronous_standby_names = 'nosuch'")
+        psql("SELECT pg_reload_conf()")
+        out, err = witness.communicate(timeout=120)
+    finally:
+        witness.kill()
+        psql("ALTER SYSTEM RESET synchronous_standby_names")
+        psql("SELECT pg_reload_conf()")
+    text = "".join(lines) + out
+    assert witness.returncode == 0, text + err
+    log = parse_witness_log(text)
+    acked = [a for a in log.attempts if a.outcome == "acked"]
+    waited = [a for a in log.attempts if a.outcome == "in_doubt"]
+    assert acked and waited and len(acked) + len(waited) == len(log.attempts), text
+    assert max(a.id for a in acked) < min(a.id for a in waited), text  # acked until the standby was required
+    assert all(a.lsn is not None and "no answer in 2 s" in (a.error or "") for a in waited), text
+    assert all(a.t_done - a.t_sent >= 2 for a in waited), text  # ended by the deadline, not by an error
+    assert log.present == [a.id for a in acked]  # the waiting ones committed locally but are not visible yet
 
 
 # ------------------------------------------------------------------ the exporter, through the pod proxy

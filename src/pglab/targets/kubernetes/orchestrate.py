@@ -436,7 +436,9 @@ class Orchestrator:
                 if st is not None and (st.succeeded or st.failed):
                     break
                 if time.monotonic() > deadline:
-                    raise K8sError(f"Job/{m.name} still running after {self.job_timeout_s:.0f} s")
+                    kept = self.keep_log_so_far(m.name, dest)
+                    raise K8sError(f"Job/{m.name} still running after {self.job_timeout_s:.0f} s"
+                                   + (f" (its log so far: {kept})" if kept else ""))
                 if time.monotonic() >= next_look:  # a pod that cannot start would otherwise wait out the timeout
                     next_look = time.monotonic() + POD_LOOK_S
                     stuck_since = self._pod_cannot_start(f"job-name={m.name}", f"Job/{m.name}", stuck_since)
@@ -603,6 +605,19 @@ class Orchestrator:
             interrupts.sleep(LOG_SETTLE_POLL_S)
             raw = self.job_log(job)
         return raw
+
+    def keep_log_so_far(self, job: str, dest: Path) -> Path | None:
+        """Write what a Job's pod has logged so far to ``dest``/pod.log before the Job is deleted (a Job that
+        overran its deadline is diagnosed from it); None when it has no pod or its log cannot be read."""
+        try:
+            raw = self.job_log(job)
+        except K8sError:
+            return None
+        if raw is None:
+            return None
+        dest.mkdir(parents=True, exist_ok=True)
+        (dest / "pod.log").write_text(raw)
+        return dest / "pod.log"
 
     def job_log(self, job: str) -> str | None:
         """The log of a Job's pod so far; None while it has no pod."""

@@ -817,6 +817,7 @@ PGBENCH_THROUGH_FAULTS = ("connect_timeout=5 keepalives_idle=2 keepalives_interv
                           "tcp_user_timeout=5000")
 WITNESS_MARGIN_S = 10  # the witness writes this much longer than pgbench (its pod may start a little later)
 WITNESS_READ_TRIES = 90  # read-back tries, 2 s apart: the new primary may still be on its way
+WITNESS_ATTEMPT_S = 10  # one attempt's deadline: a COMMIT can wait for a synchronous standby for ever (below)
 
 
 def _segments_script(args: list[str], seconds: float) -> str:
@@ -848,10 +849,16 @@ def witness_script(plan: Plan, seconds: float) -> str:
 
     psql makes one session per attempt (BEGIN, INSERT … RETURNING the WAL position, COMMIT): its LSN line printed
     means the INSERT returned (the COMMIT was sent next); exit 2 is a lost connection, so a lost COMMIT is in doubt,
-    anything else not acked failed — the local witness's rule (``witness.classify``)."""
+    anything else not acked failed — the local witness's rule (``witness.classify``). An attempt still going after
+    WITNESS_ATTEMPT_S is ended (``timeout``): the connection's deadlines cannot see a server that is alive but waits,
+    as a COMMIT does for a synchronous standby that is gone, which would hold the witness for ever; ended after its
+    INSERT returned, it is in doubt (the COMMIT may have been done locally), else failed. The table's preparation
+    and the read-back have the same deadline per try."""
     # every attempt has deadlines: a connect to the old primary's address, or a session whose server was killed,
-    # would otherwise wait out TCP's retries (minutes) and hide when writes came back
-    psql = "psql -XAtq -v ON_ERROR_STOP=1 -d 'connect_timeout=3 tcp_user_timeout=3000'"
+    # would otherwise wait out TCP's retries (minutes) and hide when writes came back; keepalives as pgbench's
+    # (PGBENCH_THROUGH_FAULTS) for a request its lost server had received; and a deadline for the whole attempt
+    psql = (f"timeout -k 2 {WITNESS_ATTEMPT_S} psql -XAtq -v ON_ERROR_STOP=1 -d 'connect_timeout=3 "
+            "tcp_user_timeout=3000 keepalives_idle=2 keepalives_interval=1 keepalives_count=3'")
     create = (f"CREATE TABLE IF NOT EXISTS {WITNESS_TABLE} (id bigint PRIMARY KEY, t_client double precision NOT "
               "NULL, t_server timestamptz NOT NULL DEFAULT clock_timestamp())")
     insert = (f"INSERT INTO {WITNESS_TABLE} (id, t_client) VALUES ($i, $t0) RETURNING "
@@ -866,11 +873,14 @@ def witness_script(plan: Plan, seconds: float) -> str:
         f"end=$(( $(date +%s) + {max(1, round(seconds)) + WITNESS_MARGIN_S} )); i=0",
         'while [ "$(date +%s)" -lt "$end" ]; do',
         "  i=$((i+1)); t0=$(date +%s.%N)",
-        f'  out=$({psql} -c BEGIN -c "{insert}" -c COMMIT 2>&1); rc=$?; t1=$(date +%s.%N)',
+        f'  out=$({psql} -c BEGIN -c "{insert}" -c COMMIT 2>&1); rc=$?',
+        "  t1=$(date +%s.%N)",
+        f'  [ "$rc" = 124 ] || [ "$rc" = 137 ] && out="$out${{nl}}no answer in {WITNESS_ATTEMPT_S} s"',
         '  first=${out%%"$nl"*}; lsn=-; srv=-; stage=insert',
         '  case "$first" in [0-9A-F]*/[0-9A-F]*" "*) lsn=${first%% *}; srv=${first#* }; stage=commit;; esac',
         '  err=; if [ "$rc" = 0 ] && [ "$stage" = commit ]; then what=acked',
-        '  elif [ "$rc" = 2 ] && [ "$stage" = commit ]; then what=in_doubt', "  else what=failed; fi",
+        '  elif [ "$stage" = commit ] && { [ "$rc" = 2 ] || [ "$rc" = 124 ] || [ "$rc" = 137 ]; }; then what=in_doubt',
+        "  else what=failed; fi",
         '  [ "$what" = acked ] || err=$(printf %s "$out" | tr -s "\\n\\t " "   ")  # psql\'s words, one line',
         f'  echo "{w} $what $i $t0 $t1 $srv $lsn $err"',
         '  if [ "$what" = acked ]; then sleep 0.01; else sleep 0.2; fi',
