@@ -317,6 +317,7 @@ def test_a_view_picks_figures_its_table_has() -> None:
     assert set(metrics.keys("chart")) | set(metrics.keys("durability-chart")) <= points
     assert set(metrics.keys("html-runs")) <= runs and set(metrics.keys("tier-chart")) <= set(metrics.keys("tiers"))
     assert set(metrics.keys("compare")) <= {m.name for m in metrics.METRICS}
+    assert {s.metric.name for s in metrics.columns("durability")} <= points  # read from the points' rows
     assert all(metrics.keys(v) for v in metrics.VIEWS)
     for table in metrics.TABLES:  # the view-only fields mean nothing in a table
         assert all(s.column.at == 0 and not (s.column.optional or s.column.interval) for s in metrics.columns(table))

@@ -12,7 +12,9 @@ import pytest
 
 from conftest import pglab
 from helpers import tps_store
-from pglab.report.tables import durability_table, point_table
+from pglab import metrics
+from pglab.analysis.compare import compare_stores
+from pglab.report.tables import compare_view, durability_headers, durability_table, point_table
 from pglab.store import Store
 
 
@@ -55,6 +57,33 @@ def test_off_is_the_base_when_measured(tmp_path: Path) -> None:
     results = tps_store(tmp_path / "r", {("select-only", "off", 1): [1000.0], ("select-only", "local", 1): [900.0]})
     _, rows = durability_table(Store.open(results, create=False))
     assert rows[0]["base"] == "off" and rows[0]["local_tps_vs_base_pct"] == pytest.approx(-10.0)
+
+
+def test_the_durability_columns_are_the_catalogues_view(tmp_path: Path) -> None:
+    """Each figure of the catalogue's durability view gives every level its column and every level but the base its
+    Δ, interval and verdict, titled from the catalogue's header: a new figure there is a new column here."""
+    results = tps_store(tmp_path / "r", {("tpcb-like", "off", 1): [200.0, 210.0], ("tpcb-like", "on", 1): [150.0]})
+    columns, _ = durability_table(Store.open(results, create=False))
+    view = metrics.columns("durability")
+    assert [s.metric.name for s in view][:2] == ["tps", "latency_avg_ms"]
+    derived = [*(f"{lv}_{s.metric.name}" for lv in ("off", "on") for s in view),
+               *(f"on_{s.key}_{x}" for s in view for x in ("vs_base_pct", "ci95_low_pct", "ci95_high_pct", "verdict"))]
+    assert sorted(c for c in columns if c.startswith(("off_", "on_"))) == sorted(derived)
+    titles = durability_headers(columns)
+    assert titles["on_latency_avg_ms"] == "on lat ms" and titles["on_latency_vs_base_pct"] == "on Δ lat"
+    assert all(titles[f"on_{s.key}_verdict"] == f"on {s.short} verdict" for s in view)
+
+
+def test_compare_view_shows_every_figure_of_the_catalogues_compare_view(tmp_path: Path) -> None:
+    """`pglab compare`'s terminal columns come from the catalogue: the first figure's A, B, Δ and verdict, the
+    others' Δ and verdict, each a column compare_runs gives, each titled."""
+    a = tps_store(tmp_path / "a", {("tpcb-like", "on", 4): [100.0, 101.0]})
+    b = tps_store(tmp_path / "b", {("tpcb-like", "on", 4): [120.0, 121.0]})
+    columns, _ = compare_stores(Store.open(a, create=False), Store.open(b, create=False))
+    shown, headers, optional = compare_view()
+    assert set(shown) <= set(columns) and set(shown) <= set(headers) and set(optional) - {"jobs", "flags"} <= set(shown)
+    assert [c for c in shown if c.endswith("_delta_pct")] == [f"{k}_delta_pct" for k in metrics.keys("compare")]
+    assert headers["tps_a"] == "A tps" and headers["latency_avg_ms_delta_pct"] == "Δ lat % [95 %]"
 
 
 def test_one_level_has_no_durability_table(tmp_path: Path) -> None:

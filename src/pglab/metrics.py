@@ -4,9 +4,9 @@ measures, and the report columns it fills.
 
 Adding a metric to the reports is one entry here: the tables (points, runs, scenarios, tiers, host, tenants) take
 their metric columns, headers, decimals and how repeats combine from :data:`METRICS`, in catalogue order; the views
-that pick a few figures (the compact terminal table, the HTML charts and runs table, compare's default) take theirs
-in the order their columns say; compare takes the direction; export the column types. A leaf module: it imports
-nothing from pglab.
+that pick a few figures (the compact terminal table, the HTML charts and runs table, compare's and the price of
+durability's Δ columns) take theirs in the order their columns say; compare takes the direction; export the column
+types. A leaf module: it imports nothing from pglab.
 """
 
 from __future__ import annotations
@@ -22,7 +22,8 @@ Layer = Literal["client", "database", "replication", "storage", "cpu", "memory",
                 "host"]
 How = Literal["mean", "median", "max", "sum", "value"]
 TABLES = ("points", "runs", "scenarios", "tiers", "host", "tenants")
-VIEWS = ("compact", "chart", "durability-chart", "tier-chart", "compare", "html-runs")  # a few of a table's figures
+# a few of a table's figures
+VIEWS = ("compact", "chart", "durability-chart", "tier-chart", "compare", "durability", "html-runs")
 
 
 @dataclass(frozen=True)
@@ -33,7 +34,10 @@ class Column:
     tiers (median over repeats) · host (median over repeats) · tenants (one per run × tenant); or a view of the
     points/runs figures: compact (the default terminal table) · chart, durability-chart (the HTML charts vs clients,
     per synchronous_commit level; ``header``: the unit) · tier-chart (of the tiers table; ``header``: the title) ·
-    compare (``pglab compare``'s default) · html-runs (the HTML runs table).
+    compare (``pglab compare``'s default: the first figure's A, B, Δ and verdict, the others' Δ and verdict) ·
+    durability (the price of durability: per synchronous_commit level the figure, and its Δ against the base level;
+    ``key``: the Δ's name in ``<level>_<key>_vs_base_pct``) · html-runs (the HTML runs table). In the compare and
+    durability views ``header`` is the figure's title with its unit; its Δ's and verdict's titles drop the unit.
     ``key``: the column's name in CSV/JSON rows (default: the metric's name); ``header``: its title in the terminal
     and markdown tables (default: the key); ``how``: how the runs of one row combine into it; ``at``: its place in a
     view (then catalogue order). Compact only: ``optional`` is left out (the last first) on a narrow terminal,
@@ -81,17 +85,19 @@ METRICS: tuple[Metric, ...] = (
            "the same time", columns=_in("host", header="common window s", how="median")),
     # ---- the client: pgbench's own figures
     Metric("tps", "tx/s", False, "client", "transactions per second over the measured window (pgbench)", 1, ci=True,
-           columns=(*_in("points", "runs", "compare", "html-runs"), Column("host", header="host TPS", how="median"),
+           columns=(*_in("points", "runs", "compare", "durability", "html-runs"),
+                    Column("host", header="host TPS", how="median"),
                     Column("tenants", how="value"), Column("compact", header="tps", at=1, interval=True),
                     *_in("chart", "durability-chart", header="TPS"))),
     Metric("latency_avg_ms", "ms", True, "client", "mean transaction latency (pgbench)", ci=True,
-           columns=(*_in("points", "runs", "compare"), Column("tenants", how="value"),
-                    Column("durability-chart", header="mean latency ms"))),
+           columns=(*_in("points", "runs"), Column("compare", header="lat ms"), Column("tenants", how="value"),
+                    Column("durability", "latency", "lat ms"), Column("durability-chart", header="mean latency ms"))),
     Metric("latency_p95_ms", "ms", True, "client", "95th percentile of transaction latency (transaction log)", ci=True,
            columns=_in("points", "runs")),
     Metric("latency_p99_ms", "ms", True, "client", "99th percentile of transaction latency (transaction log)", ci=True,
-           columns=(*_in("points", "runs", "compare", "html-runs"), Column("tenants", how="value"),
-                    Column("compact", header="p99 ms", at=2), Column("chart", header="p99 latency ms"))),
+           columns=(*_in("points", "runs", "html-runs"), Column("compare", header="p99 ms"),
+                    Column("tenants", how="value"), Column("compact", header="p99 ms", at=2),
+                    Column("chart", header="p99 latency ms"))),
     Metric("memory_per_instance_mb", "MB", True, "tenants", "memory of one tenant instance (its cgroup), mean",
            columns=_in("host", header="memory per instance MB", how="median")),
     # ---- storage: the devices behind the data and WAL paths
@@ -355,6 +361,11 @@ class Shown:
     how: How
     metric: Metric
     column: Column
+
+    @property
+    def short(self) -> str:
+        """The header without its unit ("lat ms" → "lat"): the figure's name in a Δ's or a verdict's title."""
+        return self.header.removesuffix(f" {self.metric.unit}")
 
 
 @cache

@@ -122,9 +122,8 @@ def build(store: Store, sweep_id: int | None = None) -> str:
                        "bottleneck comes from the run's own figures.")]
     if dur_rows:
         tables.append(_section("durability-table", "Price of durability (table)", _formatted(dur_columns),
-                               [_with_deltas(r) for r in dur_rows], headers=durability_headers(dur_columns, (
-                                   "Δ TPS % [95 %]", "Δ latency % [95 %]", "TPS verdict", "latency verdict",
-                                   "latency ms", "TPS"))))
+                               [_with_deltas(r) for r in dur_rows],
+                               headers=durability_headers(dur_columns, "Δ {} % [95 %]")))
     for i, (up_title, up_columns, up_rows) in enumerate(uplifts):
         tables.append(_section(f"uplift{i}", up_title[0].upper() + up_title[1:], _formatted(up_columns),
                                [_with_deltas(r) for r in up_rows]))

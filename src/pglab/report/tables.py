@@ -33,10 +33,14 @@ AXIS_COLUMNS = ("workload", "synchronous_commit", "clients")
 METRIC_COLUMNS = metrics.keys("points")  # the catalogue's, in its order; the per-run table shows the same
 CI_COLUMNS = metrics.with_ci("points")
 DURABILITY_ORDER = ("off", "local", "remote_write", "on", "remote_apply")
+DURABILITY = metrics.columns("durability")  # per level: the figure (its metric's name), its Δ (the column's key)
+DELTA_SUFFIXES = ("vs_base_pct", "ci95_low_pct", "ci95_high_pct", "verdict")  # a level's Δ against the base
 WALL_TIME_WITH_WHAT = 130  # the time table says what each phase is only on a terminal this wide (its longest: 129)
 # columns that are no stored run metric: the cost table's and fio's (the storage phase's own figures)
-DECIMALS = {**metrics.decimals(), "peak_tps": 1, "tps_a": 1, "tps_b": 1, "a": 1, "b": 1, "iops": 0, "mb_s": 1,
-            "lat_mean_ms": 3, "lat_p99_ms": 3, "lat_p999_ms": 3}
+DECIMALS = {**metrics.decimals(), "peak_tps": 1, "a": 1, "b": 1, "iops": 0, "mb_s": 1,
+            "lat_mean_ms": 3, "lat_p99_ms": 3, "lat_p999_ms": 3,
+            **{f"{s.key}_{side}": s.metric.decimals for s in metrics.columns("compare") for side in ("a", "b")},
+            **{f"{lv}_{s.metric.name}": s.metric.decimals for s in DURABILITY for lv in DURABILITY_ORDER}}
 MONEY_COLUMNS = ("per_tps", "monthly")
 # the point table's columns for CSV/JSON (and the HTML's figures), not the terminal's
 POINT_EXTRAS = ("tps_cv_pct", "unstable", "storage_ceiling_pct", "tps_dips", "tps_dips_at_checkpoint", "bottleneck_tag")
@@ -316,11 +320,9 @@ def durability_table(store: Store, sweep_id: int | None = None) -> tuple[list[st
             runs.setdefault((*(r.axes.get(k) for k in keys), r.axes.get("synchronous_commit")), []).append(r)
     out_columns = [*keys, "base"]
     for lv in levels:
-        out_columns += [f"{lv}_tps", f"{lv}_latency_avg_ms"]
+        out_columns += [f"{lv}_{s.metric.name}" for s in DURABILITY]
         if lv != base:
-            for m in ("tps", "latency"):
-                out_columns += [f"{lv}_{m}_vs_base_pct", f"{lv}_{m}_ci95_low_pct", f"{lv}_{m}_ci95_high_pct",
-                                f"{lv}_{m}_verdict"]
+            out_columns += [f"{lv}_{s.key}_{x}" for s in DURABILITY for x in DELTA_SUFFIXES]
     out_columns.append("flags")
     rows = []
     for key, by_level in groups.items():
@@ -329,32 +331,63 @@ def durability_table(store: Store, sweep_id: int | None = None) -> tuple[list[st
         ref = runs.get((*key, base), [])
         for lv in levels:
             p = by_level.get(lv, {})
-            row[f"{lv}_tps"] = p.get("tps")
-            row[f"{lv}_latency_avg_ms"] = p.get("latency_avg_ms")
+            row.update({f"{lv}_{s.metric.name}": p.get(s.metric.name) for s in DURABILITY})
             if lv == base:
                 continue
             mine = runs.get((*key, lv), [])
-            for m, metric in (("tps", "tps"), ("latency", "latency_avg_ms")):
-                d = difference(metric, [r.metrics.get(metric) for r in ref], [r.metrics.get(metric) for r in mine])
+            for s in DURABILITY:
+                m = s.metric.name
+                d = difference(m, [r.metrics.get(m) for r in ref], [r.metrics.get(m) for r in mine])
                 low, high = d.ci95_pct if d is not None and d.ci95_pct is not None else (None, None)
-                row[f"{lv}_{m}_vs_base_pct"] = _number(d.delta_pct) if d is not None else None
-                row[f"{lv}_{m}_ci95_low_pct"], row[f"{lv}_{m}_ci95_high_pct"] = _number(low), _number(high)
-                row[f"{lv}_{m}_verdict"] = d.verdict if d is not None else None
+                row[f"{lv}_{s.key}_vs_base_pct"] = _number(d.delta_pct) if d is not None else None
+                row[f"{lv}_{s.key}_ci95_low_pct"], row[f"{lv}_{s.key}_ci95_high_pct"] = _number(low), _number(high)
+                row[f"{lv}_{s.key}_verdict"] = d.verdict if d is not None else None
         row["flags"] = flag_text([(lv, by_level[lv]["flags"].split(", ")) for lv in levels
                                   if by_level.get(lv, {}).get("flags")])
         rows.append(row)
     return out_columns, rows
 
 
-DURABILITY_SUFFIXES = ("_tps_vs_base_pct", "_latency_vs_base_pct", "_tps_verdict", "_latency_verdict",
-                       "_latency_avg_ms", "_tps")
+def durability_headers(columns: list[str], delta: str = "Δ {}") -> dict[str, str]:
+    """A level's columns titled "<level> <title>": the catalogue's header of its figure, ``delta`` of the figure's
+    short name for its Δ (the terminal's "Δ lat"), "<short name> verdict" for its verdict."""
+    titles = {**{s.metric.name: s.header for s in DURABILITY}, **{f"{s.key}_vs_base_pct": delta.format(s.short)
+                                                                  for s in DURABILITY},
+              **{f"{s.key}_verdict": f"{s.short} verdict" for s in DURABILITY}}
+    return {c: f"{lv} {titles[rest]}" for c in columns for lv in DURABILITY_ORDER
+            if c.startswith(f"{lv}_") and (rest := c[len(lv) + 1:]) in titles}
 
 
-def durability_headers(columns: list[str], names: tuple[str, ...] = ("Δ tps", "Δ lat", "tps verdict", "lat verdict",
-                                                                     "lat ms", "tps")) -> dict[str, str]:
-    """A level's columns titled "<level> <name>", ``names`` for its Δ TPS, Δ latency, their verdicts, latency, TPS."""
-    return {c: f"{c[: -len(s)]} {n}" for c in columns for s, n in zip(DURABILITY_SUFFIXES, names, strict=True)
-            if c.endswith(s)}
+def durability_view(columns: list[str], rows: list[dict[str, Any]],
+                    ) -> tuple[list[str], tuple[str | tuple[str, ...], ...]]:
+    """The compact price of durability: the first figure of the catalogue's view at the base level, its Δ and
+    verdict at the others, the flags, then the other figures' Δ; what is left out (the last first) to fit: each
+    other figure's Δ (the last figure first), the flags, the verdicts, every level's at once."""
+    base = rows[0]["base"]
+    others = [lv for lv in DURABILITY_ORDER if lv != base and f"{lv}_{DURABILITY[0].key}_vs_base_pct" in columns]
+    head, rest = DURABILITY[0], DURABILITY[1:]
+    verdicts = tuple(f"{lv}_{head.key}_verdict" for lv in others)
+    flagged = ("flags",) if any(r.get("flags") for r in rows) else ()
+    deltas = [tuple(f"{lv}_{s.key}_vs_base_pct" for lv in others) for s in rest]
+    shown = [*columns[: columns.index("base")], f"{base}_{head.metric.name}",
+             *(f"{lv}_{head.key}_vs_base_pct" for lv in others), *verdicts, *flagged, *(c for g in deltas for c in g)]
+    return shown, (verdicts, *flagged, *deltas)
+
+
+def compare_view() -> tuple[list[str], dict[str, str], tuple[str, ...]]:
+    """`pglab compare`'s figures from the catalogue's compare view (after the axes): the runs, the first figure's A,
+    B, Δ and verdict, the others' Δ and verdict; their headers; the columns left out (the last first) to fit: jobs,
+    the runs, the others' verdicts, the flags, the others' Δ (the last figure first)."""
+    head, rest = metrics.columns("compare")[0], metrics.columns("compare")[1:]
+    deltas, verdicts = [f"{s.key}_delta_pct" for s in rest], [f"{s.key}_verdict" for s in rest]
+    shown = ["runs_a", "runs_b", *(f"{head.key}_{x}" for x in ("a", "b", "delta_pct", "verdict")),
+             *(c for s in rest for c in (f"{s.key}_delta_pct", f"{s.key}_verdict"))]
+    headers = {"runs_a": "A runs", "runs_b": "B runs", "synchronous_commit": "sync commit",
+               f"{head.key}_a": f"A {head.header}", f"{head.key}_b": f"B {head.header}",
+               f"{head.key}_verdict": "verdict", **{f"{s.key}_delta_pct": f"Δ {s.short} % [95 %]"
+                                                   for s in (head, *rest)},
+               **{f"{s.key}_verdict": f"{s.short} verdict" for s in rest}}
+    return shown, headers, (*deltas, "flags", *verdicts, "runs_b", "runs_a", "jobs")
 
 
 def render(columns: list[str], rows: list[dict[str, Any]], fmt: str, title: str | None = None,
@@ -563,13 +596,7 @@ def full_report(store: Store, fmt: str, sweep_id: int | None = None, per_run: bo
         shown = [c for c in display_columns(dur_columns) if c != "base"]
         optional: tuple[str | tuple[str, ...], ...] = ()
         if compact:
-            keys = dur_columns[: dur_columns.index("base")]
-            deltas = [c for c in dur_columns if c.endswith("_tps_vs_base_pct")]
-            verdicts = [c for c in dur_columns if c.endswith("_tps_verdict")]
-            lat = [c for c in dur_columns if c.endswith("_latency_vs_base_pct")]
-            flagged = ["flags"] if any(r.get("flags") for r in dur_rows) else []
-            shown = [*keys, f"{base}_tps", *deltas, *verdicts, *flagged, *lat]
-            optional = (tuple(verdicts), *flagged, tuple(lat))  # a kind of column goes for every level at once
+            shown, optional = durability_view(dur_columns, dur_rows)
         parts.append(render(dur_columns, dur_rows, fmt, title="price of durability: synchronous_commit levels side "
                             f"by side, Δ = % vs {base} [95 % interval]", shown=shown,
                             headers=durability_headers(dur_columns),
