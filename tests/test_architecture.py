@@ -265,3 +265,6 @@ def test_the_command_line_starts_without_numpy_polars_or_scipy() -> None:
     tests start pglab some 230 times); the commands that read logs or stores import them when they do."""
     assert heavy_imported("import pglab.workloads.txlog") == ["numpy", "polars"]  # the check sees them
     assert heavy_imported("import pglab.cli") == []
+    # a run's statistics: scipy's t quantile when there are repeats to spread, not before
+    assert heavy_imported("import pglab.engine.sweep\nfrom pglab.analysis.stats import estimate\nestimate([1.0])") == []
+    assert "scipy" in heavy_imported("from pglab.analysis.stats import estimate\nestimate([1.0, 2.0])")

@@ -6,8 +6,6 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from scipy import stats
-
 
 @dataclass(frozen=True)
 class Estimate:
@@ -31,6 +29,8 @@ def estimate(values: Sequence[float | None]) -> Estimate | None:
     mean = sum(xs) / n
     if n == 1:
         return Estimate(mean, 1, None, None)
+    from scipy import stats  # here, not at the top: a second of start-up for every pglab command, and one run has none
+
     sd = math.sqrt(sum((x - mean) ** 2 for x in xs) / (n - 1))
     half = float(stats.t.ppf(0.975, n - 1)) * sd / math.sqrt(n)
     return Estimate(mean, n, sd, half)
@@ -85,6 +85,8 @@ def contrast(a_values: Sequence[float | None], b_values: Sequence[float | None],
     if se2 == 0:  # no spread on either side: the difference is exactly what was measured
         exact = (ratio, ratio) if ratio is not None else None
         return Contrast(ea, eb, diff, (diff, diff), ratio, exact, 1.0 if diff == 0 else 0.0, math.inf)
+    from scipy import stats
+
     df = se2 ** 2 / (sa2 ** 2 / (ea.n - 1) + sb2 ** 2 / (eb.n - 1))
     t = float(stats.t.ppf(0.5 + level / 2, df))
     half = t * math.sqrt(se2)
