@@ -3,13 +3,18 @@ monthly price that makes TPS a cost per TPS."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 from pydantic_core import PydanticCustomError
 
-from pglab.plan.schema.base import _CURRENCY, _LABEL, MAX_PRICE, Seconds, Strict, _int_between, _number_between, _text
+from pglab.plan.schema.base import Seconds, Strict, _int_between, _number_between, _text
+
+_CURRENCY = re.compile(r"[A-Z]{3}")
+_LABEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9_ .-]{0,62}")
+MAX_PRICE = 1e12
 
 
 class Capacity(Strict):

@@ -9,7 +9,6 @@ from pydantic import Field, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 from pglab.plan.schema.base import (
-    _USER,
     Cpus,
     PlanSize,
     PositiveInt,
@@ -20,6 +19,8 @@ from pglab.plan.schema.base import (
     _number_between,
     _text,
 )
+
+_USER = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,31}")
 
 
 class LabPaths(Strict):

@@ -8,11 +8,13 @@ from typing import Any
 from pydantic import Field, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
-from pglab.plan.schema.base import MAX_POINTS, Clients, Cpus, ParamValue, Rate, Strict, SyncCommit, _unique
+from pglab.plan.schema.base import Clients, Cpus, ParamValue, Rate, Strict, SyncCommit, _unique
 from pglab.plan.schema.capacity import Cost
 from pglab.plan.schema.kubernetes import DnsLabel, K8sStorage
 from pglab.plan.schema.run import Workload, _check_param_name
 from pglab.plan.schema.scenario import Scenario
+
+MAX_POINTS = 10_000
 
 
 # ------------------------------------------------------------------ the storage axis (Kubernetes: a Cluster per value)

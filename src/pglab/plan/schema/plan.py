@@ -8,7 +8,7 @@ from typing import Annotated
 from pydantic import Field, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
-from pglab.plan.schema.base import _NAME, MAX_RUNS, MAX_TEXT, Strict, _text
+from pglab.plan.schema.base import _NAME, MAX_TEXT, Strict, _text
 from pglab.plan.schema.capacity import Capacity, Cost
 from pglab.plan.schema.external import ExternalTarget
 from pglab.plan.schema.kubernetes import _DNS_LABEL, K8S_FIXED_PARAMETERS, KubernetesTarget
@@ -16,6 +16,8 @@ from pglab.plan.schema.local import LocalTarget
 from pglab.plan.schema.matrix import Matrix
 from pglab.plan.schema.run import CustomWorkload, Dataset, Postgres, Probes, Run, Storage
 from pglab.plan.schema.tenants import Tenants
+
+MAX_RUNS = 100_000
 
 
 class Target(Strict):

@@ -4,6 +4,7 @@ repeats, the probes, and the storage phase (fio)."""
 from __future__ import annotations
 
 import math
+import re
 from typing import Annotated, Any, Literal
 
 from pydantic import BeforeValidator, Discriminator, Field, Tag, field_validator, model_validator
@@ -11,14 +12,6 @@ from pydantic_core import PydanticCustomError
 
 from pglab.plan.schema.base import (
     _NAME,
-    _PARAM,
-    BUILTIN_WORKLOADS,
-    MAX_LOAD_PODS,
-    MAX_PARTITIONS,
-    MAX_REPEATS,
-    MAX_SCALE,
-    MAX_TRANSACTIONS,
-    MAX_WEIGHT,
     ParamValue,
     PlanFile,
     PlanSize,
@@ -30,6 +23,15 @@ from pglab.plan.schema.base import (
     _unique,
     show,
 )
+
+BUILTIN_WORKLOADS = ("tpcb-like", "select-only", "simple-update")
+_PARAM = re.compile(r"[a-z_][a-z0-9_.]{0,62}")
+MAX_SCALE = 100_000
+MAX_PARTITIONS = 10_000
+MAX_WEIGHT = 10_000
+MAX_TRANSACTIONS = 1_000_000_000
+MAX_REPEATS = 1000
+MAX_LOAD_PODS = 64
 
 
 class Postgres(Strict):

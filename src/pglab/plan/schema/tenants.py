@@ -7,10 +7,12 @@ from typing import Annotated
 from pydantic import Field, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
-from pglab.plan.schema.base import _NAME, MAX_TENANTS, Clients, Strict, SyncCommit, _int_between, _text
+from pglab.plan.schema.base import _NAME, Clients, Strict, SyncCommit, _int_between, _text
 from pglab.plan.schema.kubernetes import DnsLabel, K8sStorage
 from pglab.plan.schema.local import Resources
 from pglab.plan.schema.run import Workload
+
+MAX_TENANTS = 256
 
 
 class Tier(Strict):
