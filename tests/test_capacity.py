@@ -71,6 +71,12 @@ def test_the_search_finds_the_highest_rate_that_holds_the_target(tmp_path: Path,
     assert (float(row["capacity_tps"]), float(row["failed_at_tps"]), int(row["runs"])) == (capacity, failing,
                                                                                             len(runs))
     assert float(row["closed_loop_tps"]) == top and float(row["target_ms"]) == 200
+    assert row["capacity_low_tps"] == row["capacity_high_tps"] == "" and row["repeats"] == "1"  # one run a rate
+    # compare on capacities: one run per rate gives no interval, so no direction, even against itself
+    compared = pglab("compare", str(ran.results), str(ran.results), "--uplift", "--format", "csv", check=True).stdout
+    crow = dict(zip(*(line.split(",") for line in compared.splitlines()), strict=True))
+    assert (float(crow["capacity_a"]), float(crow["capacity_b"]), crow["verdict"]) == (capacity, capacity,
+                                                                                       "no interval")
     run_plan(tmp_path / "plan.yaml", ran.results)  # the same plan again: every probe is stored, none runs again
     assert [r.id for r in ran.runs()] == [r.id for r in runs]
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pglab import metrics
+from pglab.analysis.capacity import Search
 from pglab.analysis.flags import flag_text, flags
 from pglab.analysis.stats import contrast
 from pglab.errors import UserError
@@ -327,3 +328,69 @@ def workload_differs(differences: list[tuple[str, str, str]]) -> list[str]:
     return [k for k, _, _ in differences
             if (k.startswith(WORKLOAD_FIELDS) and not k.startswith(NOT_WORKLOAD))
             or k in ("PostgreSQL version", "pgbench")]
+
+
+NO_INTERVAL = "no interval"  # a side probed each rate once: its bracket says nothing of the noise
+CAPACITY_COLUMNS = ["capacity_a", "low_a", "high_a", "capacity_b", "low_b", "high_b", "uplift_pct", "ci95_low_pct",
+                    "ci95_high_pct", "verdict", "runs_a", "runs_b"]
+
+
+def capacity_comparison(a: Sequence[Search], b: Sequence[Search], ignore_axes: Sequence[str] = ()
+                        ) -> tuple[list[str], list[dict[str, Any]]]:
+    """Capacities of matching configurations (:class:`pglab.analysis.capacity.Search`, axes minus ``ignore_axes``),
+    B against A. Each side's capacity C lies in [low, high) (the highest rate that surely held, the lowest that
+    surely failed, each at 95 %), so B/A lies in (low_B/high_A, high_B/low_A): that is the Δ's interval, and B is
+    higher when low_B ≥ high_A (a rate B surely held and A surely failed), lower when low_A ≥ high_B. A side with
+    one run per rate has no such interval: "no interval", never a direction."""
+    def key(axes: dict[str, Any]) -> tuple[tuple[str, str], ...]:
+        return _key(axes, ignore_axes)
+
+    ga, gb = {key(s.axes): s for s in a}, {key(s.axes): s for s in b}
+    names = list(dict.fromkeys(k for s in (*a, *b) for k in s.axes if k not in ignore_axes))
+    rows: list[dict[str, Any]] = []
+    for k in list(ga) + [k for k in gb if k not in ga]:
+        sa, sb = ga.get(k), gb.get(k)
+        first = sa or sb
+        assert first is not None
+        row: dict[str, Any] = {n: first.axes.get(n) for n in names}
+        row.update(dict.fromkeys(CAPACITY_COLUMNS))
+        for side, s in (("a", sa), ("b", sb)):
+            if s is not None:
+                row[f"capacity_{side}"], row[f"low_{side}"], row[f"high_{side}"] = (s.answer.capacity, s.answer.low,
+                                                                                   s.answer.high)
+                row[f"runs_{side}"] = s.runs
+        if sa is None or sb is None:
+            row["verdict"] = ONLY_IN_A if sa is not None else ONLY_IN_B
+        elif not row["capacity_a"] or row["capacity_b"] is None:
+            row["verdict"] = NO_DATA  # no rate held on a side: no ratio to give
+        else:
+            row["uplift_pct"] = (row["capacity_b"] / row["capacity_a"] - 1) * 100
+            row["verdict"] = _capacity_verdict(row)
+            if row["verdict"] != NO_INTERVAL and row["low_a"] and row["high_a"] and row["high_b"] is not None:
+                row["ci95_low_pct"] = (row["low_b"] / row["high_a"] - 1) * 100
+                row["ci95_high_pct"] = (row["high_b"] / row["low_a"] - 1) * 100
+        rows.append(row)
+    return [*names, *CAPACITY_COLUMNS], rows
+
+
+def capacity_within(found: Sequence[Search], axis: str, value_a: Any, value_b: Any
+                    ) -> tuple[list[str], list[dict[str, Any]]]:
+    """Two configurations of one capacity sweep: the searches with ``axis`` = ``value_a`` (A) against ``value_b``
+    (B), matched on the other axes but those that follow ``axis`` (one value on each side, a different one)."""
+    a = [s for s in found if _norm(s.axes.get(axis)) == _norm(value_a)]
+    b = [s for s in found if _norm(s.axes.get(axis)) == _norm(value_b)]
+    followers = [k for k in dict.fromkeys(k for s in (*a, *b) for k in s.axes if k != axis)
+                 if len(va := {_norm(s.axes.get(k)) for s in a}) == 1 == len(vb := {_norm(s.axes.get(k)) for s in b})
+                 and va != vb]
+    return capacity_comparison(a, b, (axis, *followers))
+
+
+def _capacity_verdict(row: dict[str, Any]) -> str:
+    """higher / lower / no significant difference from the two sides' intervals; "no interval" without them."""
+    if row["low_a"] is None or row["low_b"] is None:
+        return NO_INTERVAL
+    if row["high_a"] is not None and row["low_b"] >= row["high_a"]:
+        return HIGHER
+    if row["high_b"] is not None and row["low_a"] >= row["high_b"]:
+        return LOWER
+    return NO_DIFFERENCE

@@ -153,10 +153,9 @@ class Recorder:
         """Points a search decides on as it goes (the capacity probes' rates): their ids by key."""
         return self.store.add_points(self.sweep_id, [(p.index, p.key, p.axes) for p in points])
 
-    def figure(self, point: Point, metric: str) -> float | None:
-        """The metric of the point's last run that ended ok (None: no such run, or no such figure)."""
-        values = self.store.ok_values(self.sweep_id, metric).get(point.key)
-        return values[-1] if values else None
+    def figures(self, point: Point, metric: str) -> list[float]:
+        """The metric of each of the point's runs that ended ok (and have it), in the order they ran."""
+        return self.store.ok_values(self.sweep_id, metric).get(point.key, [])
 
     def tps_of(self, point: Point) -> list[float]:
         """TPS of the point's runs that ended ok (what adaptive repeats judge)."""

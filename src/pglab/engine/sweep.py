@@ -58,8 +58,8 @@ def _sweep(driver: Driver, plan: Plan, recorder: Recorder, ui: Observer, keep: b
                 point_ids.update(recorder.register([point]))
             return point
 
-        todo = capacity.runs(points, plan.capacity, probe, lambda p: (p.key, 1) in done, recorder.figure,
-                             found.append)
+        todo = capacity.runs(points, plan.capacity, schedule.min_repeats, probe, lambda p, r: (p.key, r) in done,
+                             recorder.figures, found.append)
     else:
         todo = schedule.runs(points, done, recorder.tps_of)
     upcoming = next(todo, None)

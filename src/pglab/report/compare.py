@@ -8,9 +8,12 @@ import textwrap
 from contextlib import closing
 from pathlib import Path
 
+from pglab.analysis.capacity import searches
 from pglab.analysis.compare import (
     ONLY_IN_A,
     ONLY_IN_B,
+    capacity_comparison,
+    capacity_within,
     compare_stores,
     compare_within,
     side_differences,
@@ -37,10 +40,12 @@ def compare_report(a: Path, b: Path | None, axis: str | None, value_a: str | Non
     or within A along ``axis``. A comparison where no point matches is refused in one sentence."""
     preface: list[str] = []
     cost_lines: list[str] = []
+    capacity = ""
     with closing(Store.open(a, create=False)) as store_a:
         if b is None:
             assert axis is not None
             sides = split_along(store_a, axis, value_a, value_b)
+            capacity = _capacities(store_a, None, axis, value_a, value_b, fmt, width)
             columns, rows = compare_within(store_a, axis, value_a, value_b)
             if rows and all(r.get("tps_verdict") in (ONLY_IN_A, ONLY_IN_B) for r in rows):
                 raise UserError(unmatched_reason(sides, value_a, value_b))
@@ -52,6 +57,7 @@ def compare_report(a: Path, b: Path | None, axis: str | None, value_a: str | Non
                 columns, rows = compare_stores(store_a, store_b)
                 cost_lines = cost_comparison(store_a, store_b)
                 differences = side_differences(store_a, store_b)
+                capacity = _capacities(store_a, store_b, None, None, None, fmt, width)
             title = f"B ({b}) relative to A ({a})"
             preface = differences_text(differences, workload_differs(differences))
             if rows and all(r.get("tps_verdict") in (ONLY_IN_A, ONLY_IN_B) for r in rows):
@@ -60,6 +66,8 @@ def compare_report(a: Path, b: Path | None, axis: str | None, value_a: str | Non
     if any(r.get("tps_verdict") == "too few repeats" for r in rows):
         cost_lines.insert(0, TOO_FEW_NOTE.rstrip())
     notes = "".join(f"{line}\n" for line in cost_lines) if fmt in ("table", "markdown") else ""
+    if capacity:  # capacity searches on both sides: their answers compared, not their probes' arbitrary rates
+        return preface, capacity + notes
     if uplift:
         ucols, urows = uplift_rows(columns, rows)
         return preface, render(ucols, urows, fmt, title=f"uplift: {title}: TPS, Δ % = (B − A) / A [95 % interval]",
@@ -69,6 +77,41 @@ def compare_report(a: Path, b: Path | None, axis: str | None, value_a: str | Non
                            headers=HEADERS, width=width,
                            optional=("latency_avg_ms_delta_pct", "flags", "latency_avg_ms_verdict", "runs_b",
                                      "runs_a", "jobs")) + notes
+
+
+CAPACITY_HEADERS = {"capacity_a": "A capacity", "low_a": "A low", "high_a": "A high", "capacity_b": "B capacity",
+                    "low_b": "B low", "high_b": "B high", "uplift_pct": "Δ % [interval]", "runs_a": "A runs",
+                    "runs_b": "B runs", "synchronous_commit": "sync commit"}
+CAPACITY_NOTE = ("Each side's capacity lies between the highest rate that surely held (low) and the lowest that "
+                 "surely failed (high), each rate's 95 % interval wholly on one side of the target; the Δ's interval "
+                 "follows from both, and a direction needs B's low at or above A's high (or the reverse). With one "
+                 "run per rate a side has no interval (\"no interval\"): its bracket says nothing of the noise; "
+                 "repeat each probe (run.repeats) to compare.")
+
+
+def _capacities(store_a: Store, store_b: Store | None, axis: str | None, value_a: str | None, value_b: str | None,
+                fmt: str, width: int | None) -> str:
+    """The capacity comparison when both sides are capacity searches ("" otherwise): B's capacity against A's per
+    matching configuration, at the same target (a different target or percentile is refused)."""
+    spec_a, found_a = searches(store_a)
+    spec_b, found_b = searches(store_b) if store_b is not None else (spec_a, found_a)
+    if spec_a is None or spec_b is None or not found_a or not found_b:
+        return ""
+    if (spec_a.percentile, spec_a.target) != (spec_b.percentile, spec_b.target):
+        raise UserError(f"compare: A searched the capacity at p{spec_a.percentile} ≤ {spec_a.target * 1000:g} ms "
+                        f"and B at p{spec_b.percentile} ≤ {spec_b.target * 1000:g} ms; compare searches of one "
+                        "target.")
+    if axis is not None:
+        columns, rows = capacity_within(found_a, axis, value_a, value_b)
+    else:
+        columns, rows = capacity_comparison(found_a, found_b)
+    if not any(r["verdict"] not in (ONLY_IN_A, ONLY_IN_B) for r in rows):
+        return ""
+    title = (f"capacity at p{spec_a.percentile} ≤ {spec_a.target * 1000:g} ms (tx/s), B relative to A: "
+             "Δ % = (B − A) / A [interval from both sides' 95 % bounds]")
+    note = f"{CAPACITY_NOTE}\n" if fmt in ("table", "markdown") else ""
+    return render(columns, rows, fmt, title=title, headers=CAPACITY_HEADERS, width=width,
+                  optional=("runs_b", "runs_a")) + note
 
 
 def differences_text(differences: list[tuple[str, str, str]], measured: list[str]) -> list[str]:

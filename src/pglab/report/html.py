@@ -12,11 +12,13 @@ from typing import Any
 from jinja2 import Environment, PackageLoader
 
 from pglab import metrics
+from pglab.analysis.capacity import Search, capacity_table, searches
 from pglab.analysis.compare import HOST_FIELDS, STORAGE_FIELDS, uplift_tables
 from pglab.analysis.cost import cost_table
 from pglab.analysis.flags import UNSTABLE_CV
 from pglab.analysis.stats import estimate
 from pglab.analysis.steady import find_dips
+from pglab.plan.schema import Capacity
 from pglab.report import svg, tiers
 from pglab.report.tables import (
     AXIS_COLUMNS,
@@ -127,6 +129,11 @@ def build(store: Store, sweep_id: int | None = None) -> str:
     for i, (up_title, up_columns, up_rows) in enumerate(uplifts):
         tables.append(_section(f"uplift{i}", up_title[0].upper() + up_title[1:], _formatted(up_columns),
                                [_with_deltas(r) for r in up_rows]))
+    cap_columns, cap_rows = capacity_table(store, sweep_id)
+    if cap_rows:
+        tables.append(_section("capacity", "Capacity at the latency target", [c for c in cap_columns
+                                                                             if not c.endswith("_ci95")],
+                               [_with_ci(r) for r in cap_rows], CAPACITY_NOTE))
     if cost_rows:
         tables.append(_section("cost", "Cost at peak TPS", cost_columns,
                                [{**r, "per_tps": money(r["per_tps"]), "monthly": money(r["monthly"])}
@@ -148,8 +155,11 @@ def build(store: Store, sweep_id: int | None = None) -> str:
                                "below; every statement of a run: runs/<id>/statements.json.",
                                headers={"total_exec_time_ms": "total ms", "mean_exec_time_ms": "mean ms",
                                         "time_pct": "% of time"}))
-    charts = _durability_charts(points)
-    charts += _facet_charts(_with_run_ci(store, sweep_id, points, metrics.keys("chart")))
+    spec, found = searches(store, sweep_id)
+    charts = _durability_charts(points) + _capacity_charts(spec, found)
+    # vs clients: a capacity search's closed-loop runs; its probes' rates are the hockey sticks'
+    closed = [p for p in points if spec is None or p.get("rate") is None]
+    charts += _facet_charts(_with_run_ci(store, sweep_id, closed, metrics.keys("chart")))
     run_charts = [c for c in (_run_chart(store, r, sweep_id) for r in picked) if c]
     notes = {"runs": why}
     return _render(sweep, sweep_id, summary, tables, [c for c in charts if c["svg"]], run_charts, notes)
@@ -250,6 +260,49 @@ def _durability_charts(points: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return charts
 
 
+CAPACITY_NOTE = ("capacity: the highest probed rate whose percentile (mean over its repeats) held the target; "
+                 "failed_at: the lowest above it that did not; with repeats, capacity_low/high: the highest rate "
+                 "that surely held and the lowest that surely failed (each rate's 95 % interval wholly on one side "
+                 "of the target), blank with one run per rate.")
+OFF_SCALE = 4  # the hockey stick's y axis stops at this many times the target: a collapse flattens nothing
+
+
+def _capacity_charts(spec: Capacity | None, found: list[Search]) -> list[dict[str, Any]]:
+    """Per configuration of a capacity search, the hockey stick: each probed rate's percentile (mean over its
+    repeats, with its 95 % interval) against the TPS it achieved, the target as a line, the capacity marked and
+    its interval shaded (with repeats)."""
+    if spec is None:
+        return []
+    target, pct = spec.target * 1000, f"p{spec.percentile}"
+    charts = []
+    for i, s in enumerate(found):
+        config = " ".join(f"{k}={v}" for k, v in s.axes.items() if v is not None)
+        points = []
+        for rate, v in sorted(s.verdicts.items()):
+            if v.tps is None:
+                continue
+            e = f" ± {v.latency.ci95:.1f}" if v.latency.ci95 is not None else ""
+            points.append(svg.Point(v.tps.mean, v.latency.mean, v.latency.ci95,
+                                    f"rate {rate:g} tx/s: {v.tps.mean:.1f} tx/s achieved, {pct} {v.latency.mean:.1f}"
+                                    f"{e} ms, {'held' if v.held else 'missed'} ({v.latency.n} runs)"))
+        a = s.answer
+        achieved = {rate: v.tps.mean if v.tps is not None else rate for rate, v in s.verdicts.items()}
+        achieved[0.0] = 0.0  # the x axis is the TPS achieved: a rate is drawn where its probe was
+        vline = None
+        if a.capacity is not None:
+            vline = (achieved[a.capacity], f"capacity {a.capacity:g} tx/s (achieved {achieved[a.capacity]:.1f})")
+        band = (achieved[a.low], achieved[a.high]) if a.low is not None and a.high is not None else None
+        title = (f"{config}: {pct} latency vs achieved TPS per probed rate; target {target:g} ms, capacity "
+                 + (f"{a.capacity:g} tx/s" if a.capacity is not None else "not found")
+                 + (f", 95 % interval [{a.low:g}, {a.high:g}) shaded" if band else "")
+                 + (" (error bars: 95 % interval)" if any(p.error for p in points) else
+                    " (no error bars: one run per rate)"))
+        charts.append({"id": f"capacity-{i}", "title": title, "group": "capacity",
+                       "svg": svg.xy(title, points, "achieved TPS", f"{pct} latency ms",
+                                     (target, f"target {target:g} ms"), vline, band, OFF_SCALE * target)})
+    return charts
+
+
 def _facet_charts(points: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The catalogue's chart view vs clients (TPS, p99 latency, the disk's write IOPS), one chart per workload and
     figure (clients as categories; a storage figure in the disk group); a figure no point has draws nothing."""
@@ -326,7 +379,8 @@ def _render(sweep: dict[str, Any], sweep_id: int, summary: list[str], tables: li
             charts: list[dict[str, Any]], run_charts: list[dict[str, Any]] | None = None,
             notes: dict[str, str] | None = None) -> str:
     environment = _environment_rows(sweep.get("environment"))
-    groups = [("durability", "Price of durability"), ("scaling", "TPS and latency vs clients"),
+    groups = [("capacity", "Capacity: latency vs throughput"), ("durability", "Price of durability"),
+              ("scaling", "TPS and latency vs clients"),
               ("disk", "Disk vs clients"), ("tiers", "Tiers")]
     chart_groups = [{"id": gid, "title": title, "charts": [c for c in charts if c.get("group") == gid and c["svg"]]}
                     for gid, title in groups]

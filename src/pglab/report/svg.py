@@ -1,8 +1,9 @@
 """Charts as inline SVG: no script, no bundle, nothing to fetch, so the HTML report stays small and offline.
 
-Three shapes cover the report: lines over categories (TPS vs clients, with 95 % error bars), grouped bars
-(the price of durability, with error bars) and time series in stacked panels (one run, each figure on its own
-axis so TPS is not flattened under IOPS).
+Four shapes cover the report: lines over categories (TPS vs clients, with 95 % error bars), grouped bars
+(the price of durability, with error bars), time series in stacked panels (one run, each figure on its own
+axis so TPS is not flattened under IOPS) and points over a numeric axis (a capacity search's hockey stick: latency
+vs achieved TPS, with the target and the capacity marked).
 """
 
 from __future__ import annotations
@@ -191,4 +192,71 @@ def time_panels(title: str, panels: Sequence[Panel], marks: Sequence[tuple[float
     for t in _ticks(x0, x1, 8):
         if x0 <= t <= x1:
             body.append(f'<text x="{sx(t):.1f}" y="{height - 8}" text-anchor="middle">{_label(t)} s</text>')
+    return _svg(height, "".join(body), title)
+
+
+@dataclass
+class Point:
+    x: float
+    y: float
+    error: float | None = None  # half-width of y's 95 % interval
+    tip: str = ""
+
+
+def xy(title: str, points: Sequence[Point], xtitle: str, ytitle: str, hline: tuple[float, str] | None = None,
+       vline: tuple[float, str] | None = None, band: tuple[float, float] | None = None, y_max: float | None = None,
+       height: int = 320) -> str:
+    """Points over a numeric x axis, joined in x order, each with its y error bar: the hockey stick of latency vs
+    throughput. ``hline``/``vline``: a dashed line at y (the target) or x (the capacity) with its label; ``band``:
+    an x span shaded (the capacity's interval); ``y_max``: the top of the y axis, points above it drawn as a
+    triangle on the top edge (their value in the tooltip), so that a collapse does not flatten the rest."""
+    if not points:
+        return ""
+    plot_h, plot_w = height - TOP - 44, WIDTH - LEFT - RIGHT
+    top_y = max([p.y + (p.error or 0.0) for p in points] + ([hline[0]] if hline else []))
+    ticks = _ticks(0.0, min(top_y, y_max) if y_max else top_y)
+    x_ticks = _ticks(0.0, max([p.x for p in points] + [v for v in (vline[0] if vline else None,
+                                                                    band[1] if band else None) if v is not None]))
+    scale, xscale = plot_h / (ticks[-1] or 1.0), plot_w / (x_ticks[-1] or 1.0)
+    bottom = TOP + plot_h
+
+    def sx(x: float) -> float:
+        return LEFT + x * xscale
+
+    def sy(y: float) -> float:
+        return bottom - min(y, ticks[-1]) * scale
+
+    body = [_frame(height, plot_h, TOP, ticks, ytitle, scale, 0.0)]
+    body += [f'<text x="{sx(t):.1f}" y="{bottom + 16:.1f}" text-anchor="middle">{_label(t)}</text>' for t in x_ticks]
+    body.append(f'<text x="{LEFT + plot_w / 2:.0f}" y="{height - 6}" text-anchor="middle">{escape(xtitle)}</text>')
+    if band is not None:
+        width = max(1.0, sx(band[1]) - sx(band[0]))
+        body.append(f'<rect class="band" x="{sx(band[0]):.1f}" y="{TOP}" width="{width:.1f}" height="{plot_h}" '
+                    'fill="#2ca02c" fill-opacity="0.12"/>')
+    if hline is not None:
+        body.append(f'<line class="target" x1="{LEFT}" y1="{sy(hline[0]):.1f}" x2="{WIDTH - RIGHT}" '
+                    f'y2="{sy(hline[0]):.1f}" stroke="{PALETTE[1]}" stroke-dasharray="6,4"/>'
+                    f'<text x="{WIDTH - RIGHT - 4}" y="{sy(hline[0]) - 5:.1f}" text-anchor="end" '
+                    f'fill="{PALETTE[1]}">{escape(hline[1])}</text>')
+    if vline is not None:
+        body.append(f'<line class="capacity" x1="{sx(vline[0]):.1f}" y1="{TOP}" x2="{sx(vline[0]):.1f}" '
+                    f'y2="{bottom:.1f}" stroke="{PALETTE[2]}" stroke-dasharray="6,4"/>'
+                    f'<text x="{sx(vline[0]) - 4:.1f}" y="{TOP + 12}" text-anchor="end" '
+                    f'fill="{PALETTE[2]}">{escape(vline[1])}</text>')
+    color = PALETTE[0]
+    ordered = sorted(points, key=lambda p: p.x)
+    body.append(f'<polyline points="{" ".join(f"{sx(p.x):.1f},{sy(p.y):.1f}" for p in ordered)}" fill="none" '
+                f'stroke="{color}" stroke-width="2"/>')
+    for p in ordered:
+        x, y = sx(p.x), sy(p.y)
+        tip = f"<title>{escape(p.tip)}</title>"
+        if p.y > ticks[-1]:  # off the scale: a triangle on the top edge
+            body.append(f'<path class="off-scale" d="M{x - 5:.1f},{y + 8:.1f}L{x:.1f},{y:.1f}L{x + 5:.1f},'
+                        f'{y + 8:.1f}Z" fill="{color}">{tip}</path>')
+            continue
+        body.append(f'<circle cx="{x:.1f}" cy="{y:.1f}" r="3.5" fill="{color}">{tip}</circle>')
+        if p.error:
+            y1, y2 = sy(max(0.0, p.y - p.error)), sy(p.y + p.error)
+            body.append(f'<path d="M{x:.1f},{y1:.1f}V{y2:.1f}M{x - 4:.1f},{y1:.1f}h8M{x - 4:.1f},{y2:.1f}h8" '
+                        f'stroke="{color}" fill="none"/>')
     return _svg(height, "".join(body), title)
