@@ -46,8 +46,7 @@ from pglab.drivers import kubernetes as k8s_sweep
 from pglab.plan.load import parse_plan
 from pglab.plan.schema import Plan
 from pglab.store.sqlite import Store
-from pglab.targets.kubernetes import exporter
-from pglab.targets.kubernetes import render as render_module
+from pglab.targets.kubernetes import exporter, scripts
 from pglab.targets.kubernetes.orchestrate import K8sError
 from pglab.targets.kubernetes.render import WITNESS_MARK, cluster, cpu_quantity, millicores, render
 from pglab.targets.kubernetes.scenario import parse_witness_log
@@ -317,7 +316,7 @@ def postgres() -> Iterator[dict[str, str]]:
 
 def settings_wait(env: dict[str, str], parameters: dict[str, str], tmp_path: Path) -> tuple[str, list[str]]:
     """The run Job's settings wait, run by sh as the pod runs it: its rc and settings.txt."""
-    script = f"set -eu\ncd {tmp_path}\nrc=0\n{render_module._settings_script(parameters)}echo \"rc=$rc\"\n"
+    script = f"set -eu\ncd {tmp_path}\nrc=0\n{scripts.settings_script(parameters)}echo \"rc=$rc\"\n"
     proc = subprocess.run(["sh", "-c", script], env={**os.environ, **env}, capture_output=True, text=True,
                           timeout=60, check=True)
     return proc.stdout.strip(), (tmp_path / "settings.txt").read_text().splitlines()
@@ -336,7 +335,7 @@ def test_the_settings_wait_lets_postgresql_compare_the_values(postgres: dict[str
     # one parameter alone: its VALUES row is folded into constants, the size branch must not be tried on 'off'
     assert settings_wait(postgres, {"jit": "off"}, tmp_path) == ("rc=0", ["jit|off||f|t"])
 
-    monkeypatch.setattr(render_module, "SETTINGS_WAIT_S", 2)  # one retry, then give up
+    monkeypatch.setattr(scripts, "SETTINGS_WAIT_S", 2)  # one retry, then give up
     assert settings_wait(postgres, {"work_mem": "4MB", "nosuch_parameter": "1"}, tmp_path) == (
         "rc=3", ["nosuch_parameter||||f", "work_mem|8192|kB|f|f"])
     subprocess.run(["psql", "-XAtqc", "ALTER SYSTEM SET shared_buffers = '256MB'"], env={**os.environ, **postgres},
@@ -356,16 +355,16 @@ def test_the_witness_ends_an_attempt_whose_commit_waits_for_ever(postgres: dict[
     held the witness pod until its Job's timeout; each attempt now has a deadline and such an attempt, its INSERT
     answered, is in doubt. Run by sh as the pod runs it; once it has one write acknowledged, the server is given a
     synchronous standby that does not exist."""
-    monkeypatch.setattr(render_module, "RESULTS_DIR", str(tmp_path))
-    monkeypatch.setattr(render_module, "WITNESS_ATTEMPT_S", 2)
-    monkeypatch.setattr(render_module, "WITNESS_MARGIN_S", 0)
+    monkeypatch.setattr(scripts, "RESULTS_DIR", str(tmp_path))
+    monkeypatch.setattr(scripts, "WITNESS_ATTEMPT_S", 2)
+    monkeypatch.setattr(scripts, "WITNESS_MARGIN_S", 0)
     plan = parse_plan(k8s_plan("matrix: {clients: [1]}", "run: {duration: 6s}"))
     env = {**os.environ, **postgres}
 
     def psql(sql: str) -> None:
         subprocess.run(["psql", "-XAtqc", sql], env=env, check=True, capture_output=True, timeout=30)
 
-    witness = subprocess.Popen(["sh", "-c", render_module.witness_script(plan, 6.0)], env=env, text=True,
+    witness = subprocess.Popen(["sh", "-c", scripts.witness_script(plan, 6.0)], env=env, text=True,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     lines: list[str] = []
     try:

@@ -23,15 +23,13 @@ from pglab.probes.disk import MIB, SECTOR, DiskProbe, _figures, parse_diskstats,
 from pglab.store.sqlite import Store
 from pglab.targets.kubernetes import disks, exporter
 from pglab.targets.kubernetes.render import (
-    DISK_SAMPLE_S,
     disk_sampler,
-    disk_sampler_script,
     rbac,
     render,
     to_yaml,
     volume_probe,
-    volume_probe_script,
 )
+from pglab.targets.kubernetes.scripts import DISK_SAMPLE_S, disk_sampler_script, volume_probe_script
 
 PLAN = k8s_plan("matrix: {clients: [1], jobs: [1]}", "run: {duration: 4s, repeats: 2}")
 DS = "/apis/apps/v1/namespaces/bench/daemonsets/pg-disk-sampler"

@@ -16,7 +16,7 @@ from k8s_fake import FakeAPI, results_log
 from k8s_support import k8s_plan
 from pglab.plan.load import parse_plan
 from pglab.targets.kubernetes.orchestrate import K8sError, Orchestrator, extract_results
-from pglab.targets.kubernetes.render import BEGIN_MARK, END_MARK
+from pglab.targets.kubernetes.scripts import BEGIN_MARK, END_MARK
 
 PLAN = k8s_plan("storage: {profiles: [randread-8k], runtime: 2s, size: 64MiB, paths: [data]}",
                 "matrix: {clients: [1, 2], jobs: [1]}", "run: {duration: 2s}")

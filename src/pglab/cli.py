@@ -629,7 +629,8 @@ def k8s_render(plan_file: Path = typer.Argument(..., help="plan (YAML) with 'tar
                out_dir: Path = typer.Option(..., "-o", "--output", help="folder for the YAML files")) -> None:
     """Write every manifest of a plan without a cluster: the environment (namespace, RBAC, Cluster) in DIR/cluster,
     the fio and pgbench Jobs in DIR/jobs, and DIR/run-jobs.sh to apply them in order, each waited for."""
-    from pglab.targets.kubernetes.render import CLUSTER_DIR, JOBS_DIR, render, write
+    from pglab.targets.kubernetes.folder import CLUSTER_DIR, JOBS_DIR, write
+    from pglab.targets.kubernetes.render import render
 
     plan, _ = load_plan(plan_file)
     if out_dir.exists() and not out_dir.is_dir():

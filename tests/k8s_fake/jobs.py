@@ -8,7 +8,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
-from pglab.targets.kubernetes.render import END_MARK, VOLUME_MARK
+from pglab.targets.kubernetes.scripts import END_MARK, VOLUME_MARK
 
 from .routing import Answer, Request, status
 

@@ -8,7 +8,7 @@ import io
 import tarfile
 from decimal import Decimal
 
-from pglab.targets.kubernetes.render import BEGIN_MARK, DISKSTATS_MARK, END_MARK
+from pglab.targets.kubernetes.scripts import BEGIN_MARK, DISKSTATS_MARK, END_MARK
 
 
 def results_log(files: dict[str, str], text: str = "progress: 1.0 s, 100 tps\n") -> str:

@@ -48,9 +48,6 @@ from pglab.targets.kubernetes.orchestrate import (
 from pglab.targets.kubernetes.prometheus import PrometheusError
 from pglab.targets.kubernetes.render import (
     LOAD_DIR,
-    SETTINGS_FILE,
-    SETTINGS_WAIT_S,
-    VOLUME_MOUNT_FILE,
     Manifest,
     client_cores,
     cluster,
@@ -72,6 +69,7 @@ from pglab.targets.kubernetes.render import (
     witness_job,
 )
 from pglab.targets.kubernetes.scenario import Injector, WitnessLogError, parse_witness_log
+from pglab.targets.kubernetes.scripts import SETTINGS_FILE, SETTINGS_WAIT_S, VOLUME_MOUNT_FILE
 from pglab.workloads import fio, shipped
 from pglab.workloads.fio import FioError
 from pglab.workloads.pgbench import PgbenchError, PgbenchRun, pgbench_metrics, pgbench_series

@@ -18,12 +18,12 @@ from pglab.targets.kubernetes.orchestrate import CLIENT_COMPONENT
 from pglab.targets.kubernetes.render import (
     LOAD_INDEX,
     LOAD_LABEL,
-    RESULTS_DIR,
     Manifest,
     client_cores,
     pgbench_run,
     target_of,
 )
+from pglab.targets.kubernetes.scripts import RESULTS_DIR
 
 RUN_VAR = "PGLAB_RUN"  # the run's name (its Job's), exported to the exec'd script
 PER_RUN_ENV = ("PGOPTIONS", "PGLAB_JOB_UID")  # a run's own (its point's level; its barrier's key), set by the exec

@@ -26,15 +26,14 @@ from kubernetes.stream import stream
 from pglab import interrupts
 from pglab.plan.schema import Plan
 from pglab.targets.kubernetes.render import (
-    BEGIN_MARK,
     COPY_FROM,
     DISK_SAMPLER,
-    END_MARK,
     LOAD_DIR,
     Manifest,
     render,
     target_of,
 )
+from pglab.targets.kubernetes.scripts import BEGIN_MARK, END_MARK
 
 CNPG = ("postgresql.cnpg.io", "v1", "clusters")
 CUSTOM = {"Cluster": CNPG, "Backup": ("postgresql.cnpg.io", "v1", "backups"),
