@@ -215,19 +215,26 @@ next_command() {
     echo "setup: done. Next: .venv/bin/pglab run examples/quickstart.yaml   (or '. .venv/bin/activate', then pglab -h)"
 }
 
+kube_track() {
+    # The Kubernetes lab's build (seconds from its cache, ~35 min from nothing on 2 cores: Go builds) and then its
+    # tests (~30 min, mostly waiting on the cluster). The local tests need none of it: they start at once beside it.
+    install_kube_lab
+    install_lab_prometheus
+    .venv/bin/python -m pytest -q -m kube_lab tests
+}
+
 run_tests() {
-    # The Kubernetes lab's tests (~13 min, mostly waiting on the cluster) run beside the others; the tests that
-    # compare performance figures with each other (marker quiet) run last, alone. The exit code is the worst of the
-    # three.
+    # The Kubernetes lab's build and tests run beside the local tests; the tests that compare performance figures
+    # with each other (marker quiet) run last, alone. The exit code is the worst of the three.
     local kube_log status=0 kube_status=0 kube
     kube_log="$(mktemp)"
-    .venv/bin/python -m pytest -q -m kube_lab tests >"$kube_log" 2>&1 &
+    kube_track >"$kube_log" 2>&1 &
     kube=$!
     trap 'kill "$kube" 2>/dev/null || true' EXIT
     .venv/bin/python -m pytest -q -m "not kube_lab and not quiet" tests || status=$?
     wait "$kube" || kube_status=$?
     trap - EXIT
-    echo "setup: the Kubernetes lab's tests (run beside the others):"
+    echo "setup: the Kubernetes lab's build and tests (run beside the others):"
     cat "$kube_log"
     rm -f "$kube_log"
     .venv/bin/python -m pytest -q -m quiet tests || status=$?
@@ -267,8 +274,6 @@ case "${1:-}" in
         install_base "test,k8s,ha" "${HA_APT_PACKAGES[@]}" "${TEST_APT_PACKAGES[@]}" "${KUBE_LAB_APT_PACKAGES[@]}"
         install_toxiproxy
         install_cnpg_check
-        install_kube_lab
-        install_lab_prometheus
         .venv/bin/ruff check src tests bench tools
         .venv/bin/mypy  # src/ and tests/, as configured in pyproject.toml: the package ships py.typed
         run_tests ;;
