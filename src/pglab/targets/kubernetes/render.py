@@ -3,8 +3,8 @@
 Pure functions of the plan (no cluster, no client library): ``pglab k8s render`` writes them for review or GitOps,
 and the orchestration applies the very same objects, so what was reviewed (and strictly decoded by cnpg-check) is
 what runs. Results leave the pods through their output (a base64 tarball between markers): a Job's log, or, for
-``pglab run``'s runs, the output of the run Job's script exec'd in a long-lived client pod (``clients``). The scripts the pods run are
-``scripts``' (text only), the rendered folder and run-jobs.sh ``folder``'s.
+``pglab run``'s runs, the output of the run Job's script exec'd in a long-lived client pod (``clients``). The
+scripts the pods run are ``scripts``' (text only), the rendered folder and run-jobs.sh ``folder``'s.
 """
 
 from __future__ import annotations
