@@ -49,6 +49,28 @@ dataset: {{scale: 1}}
 {body}"""
 
 
+def small_plan(lab: kubelab.KubeLab, name: str, namespace: str, body: str, target_extra: str = "") -> str:
+    """One instance, no standby: the smallest Cluster the lab starts quickly; ``target_extra``: more lines of
+    target.kubernetes."""
+    return f"""
+name: {name}
+target:
+  kubernetes:
+    kubeconfig: {lab.kubeconfig}
+    namespace: {namespace}
+    cluster_name: {name}
+    instances: 1
+    image: {lab.image_names["postgresql"]}
+    storage: {{size: 1Gi}}
+    resources: {{cpu: 0.25, memory: 384Mi}}
+    database: {{node_selector: {{pglab.io/role: database}}, anti_affinity: none}}
+    clients: {{node_selector: {{pglab.io/role: client}}, anti_affinity: none}}
+{target_extra}postgres:
+  parameters: {{shared_buffers: 32MB, max_connections: 40}}
+dataset: {{scale: 1}}
+{body}"""
+
+
 def node_fault(lab: kubelab.KubeLab) -> str:
     """The plan's target.kubernetes.node_fault for the lab: its own node stop and start (as root, as the tests)."""
     script = REPO / "tools" / "kube-lab" / "kubelab.py"

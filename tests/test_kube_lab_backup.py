@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from conftest import pglab
-from kube_lab_support import kubelab, namespace_gone
+from kube_lab_support import kubelab, namespace_gone, small_plan
 from pglab.scenarios.witness import ACKED, parse_lsn
 from pglab.store.sqlite import Store
 from pglab.targets.kubernetes.render import BARMAN_PLUGIN, WITNESS_TABLE
@@ -42,29 +42,13 @@ run: {duration: 30s}
 
 
 def backup_plan(lab: kubelab.KubeLab, destination: str) -> str:
-    return f"""
-name: {NAME}
-target:
-  kubernetes:
-    kubeconfig: {lab.kubeconfig}
-    namespace: {NS}
-    cluster_name: {NAME}
-    instances: 1
-    image: {lab.image_names["postgresql"]}
-    storage: {{size: 1Gi}}
-    resources: {{cpu: 0.25, memory: 384Mi}}
-    database: {{node_selector: {{pglab.io/role: database}}, anti_affinity: none}}
-    clients: {{node_selector: {{pglab.io/role: client}}, anti_affinity: none}}
-    wal_archive:
+    return small_plan(lab, NAME, NS, LOAD, f"""    wal_archive:
       s3:
         endpoint: {kubelab.OBJECTSTORE_URL}
         destination: {destination}
         credentials: {kubelab.OBJECTSTORE_NS}/{kubelab.OBJECTSTORE_SECRET}
         jobs: 2
-postgres:
-  parameters: {{shared_buffers: 32MB, max_connections: 40}}
-dataset: {{scale: 1}}
-{LOAD}"""
+""")
 
 
 def store_data(lab: kubelab.KubeLab) -> Path:

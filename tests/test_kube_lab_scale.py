@@ -29,33 +29,12 @@ import numpy as np
 import pytest
 
 from conftest import pglab
-from kube_lab_support import _log_text, kubelab, namespace_gone
+from kube_lab_support import _log_text, kubelab, namespace_gone, small_plan
 from pglab.store.sqlite import Store
 
 pytestmark = pytest.mark.kube_lab
 
 DURATION_S = 10
-
-
-def small_plan(lab: kubelab.KubeLab, name: str, namespace: str, body: str, target_extra: str = "") -> str:
-    """One instance, no standby: the smallest Cluster the lab starts quickly."""
-    return f"""
-name: {name}
-target:
-  kubernetes:
-    kubeconfig: {lab.kubeconfig}
-    namespace: {namespace}
-    cluster_name: {name}
-    instances: 1
-    image: {lab.image_names["postgresql"]}
-    storage: {{size: 1Gi}}
-    resources: {{cpu: 0.25, memory: 384Mi}}
-    database: {{node_selector: {{pglab.io/role: database}}, anti_affinity: none}}
-    clients: {{node_selector: {{pglab.io/role: client}}, anti_affinity: none}}
-{target_extra}postgres:
-  parameters: {{shared_buffers: 32MB, max_connections: 40}}
-dataset: {{scale: 1}}
-{body}"""
 
 
 def pod_log(folder: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
