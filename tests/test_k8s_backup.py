@@ -8,16 +8,18 @@ from __future__ import annotations
 
 import base64
 from pathlib import Path
+from typing import Any
 
 import pytest
 from kubernetes import client
 
 from conftest import pglab
-from k8s_fake import FakeAPI, exporter_text, results_log
+from k8s_fake import FakeAPI, cnpg_crd, exporter_text, results_log
 from k8s_support import PGBENCH, assert_all_deleted, k8s_plan, run
 from pglab.plan.load import parse_plan
 from pglab.store.sqlite import Store
 from pglab.targets.kubernetes import exporter
+from pglab.targets.kubernetes.preflight import BARMAN_CRD, check_wal_archive
 from pglab.targets.kubernetes.render import BARMAN_PLUGIN, COPY_FROM, START_MARK, STORE_MARK, render
 from pglab.targets.kubernetes.scenario import lsn
 
@@ -216,3 +218,53 @@ def test_archiver_figures_need_the_archiver_metrics() -> None:
     b = exporter.Scrape("pg-1", 3.0, "x", values=exporter.parse(exporter_text("pg-1")))
     assert exporter.archiver([a, b], "pg-1") == ({}, [])  # archiving off: no figure, not a zero
     assert lsn("16/B374D848") == (0x16 << 32) + 0xB374D848 and lsn("x") is None
+
+
+def test_the_preflight_checks_the_plugin_and_what_the_plan_names(fake: tuple[FakeAPI, client.ApiClient],
+                                                                 tmp_path: Path) -> None:
+    """Without the plugin's CRD or its Service the operator never reconciles the Cluster (it refuses a plugin it does
+    not know): `pglab k8s check` and `pglab run` say so before anything is created, naming the field."""
+    api, api_client = fake
+    plan = parse_plan(PLAN, base_dir=tmp_path)
+    [finding] = check_wal_archive(plan, api_client)
+    assert (finding.level, finding.text) == ("FAIL", (
+        "target.kubernetes.wal_archive: CRD objectstores.barmancloud.cnpg.io not found, CloudNativePG's Barman Cloud "
+        "plugin is not installed; install it in the operator's namespace (docs/kubernetes.md, 'Backup and WAL "
+        "archiving')"))
+    crd = cnpg_crd()
+    crd["metadata"]["name"], crd["spec"]["group"] = BARMAN_CRD, "barmancloud.cnpg.io"
+    api.crds[BARMAN_CRD] = crd
+    [finding] = check_wal_archive(plan, api_client)
+    assert (finding.level, finding.text) == ("FAIL", (
+        "target.kubernetes.wal_archive: no Service labelled cnpg.io/pluginName=barman-cloud.cloudnative-pg.io in the "
+        "operator's namespace (cnpg-system): the Barman Cloud plugin is not deployed there (docs/kubernetes.md, "
+        "'Backup and WAL archiving')"))
+    def service(namespace: str) -> dict[str, Any]:
+        return {"apiVersion": "v1", "kind": "Service", "metadata": {
+            "name": "barman-cloud", "namespace": namespace, "labels": {"cnpg.io/pluginName": BARMAN_PLUGIN}}}
+
+    api.services = [service("elsewhere")]
+    assert check_wal_archive(plan, api_client)[0].level == "FAIL"  # the operator looks in its own namespace only
+    api.services = [service("cnpg-system")]
+    [finding] = check_wal_archive(plan, api_client)
+    assert (finding.level, finding.text) == ("FAIL", "target.kubernetes.wal_archive.s3.credentials: Secret "
+                                             "objectstore/s3-credentials not found; create it or name one that exists")
+    api.objects[SOURCE] = {"apiVersion": "v1", "kind": "Secret", "metadata": {
+        "name": "s3-credentials", "namespace": "objectstore"}, "data": {}}
+    [finding] = check_wal_archive(plan, api_client)
+    assert (finding.level, finding.text) == ("ok", "Barman Cloud plugin: Service cnpg-system/barman-cloud; Secret "
+                                                   "objectstore/s3-credentials present")
+    # a plan naming its own ObjectStore: that one must be in the namespace
+    own = parse_plan(k8s_plan("run: {duration: 4s}", kubernetes=("wal_archive: {object_store: mine}",)),
+                     base_dir=tmp_path)
+    [finding] = check_wal_archive(own, api_client)
+    assert (finding.level, finding.text) == ("FAIL", "target.kubernetes.wal_archive.object_store: ObjectStore "
+                                             "bench/mine not found; create it or name one that exists")
+    api.objects["/apis/barmancloud.cnpg.io/v1/namespaces/bench/objectstores/mine"] = {
+        "apiVersion": "barmancloud.cnpg.io/v1", "kind": "ObjectStore", "metadata": {"name": "mine",
+                                                                                   "namespace": "bench"}}
+    assert check_wal_archive(own, api_client)[0].level == "ok"
+    # and a plan without archiving asks nothing of it
+    before = len(api.requests)
+    assert check_wal_archive(parse_plan(k8s_plan("run: {duration: 4s}"), base_dir=tmp_path), api_client) == []
+    assert len(api.requests) == before

@@ -172,6 +172,9 @@ def sweep(lab: kubelab.KubeLab, tmp_path_factory: pytest.TempPathFactory) -> Ite
         reads.halt.set()
         reader.join()
     assert proc.returncode == 0, proc.stdout + proc.stderr
+    # the preflight found the real plugin where the operator looks for it, and the Secret the plan names
+    assert (f"ok    Barman Cloud plugin: Service cnpg-system/barman-cloud; Secret {kubelab.OBJECTSTORE_NS}/"
+            f"{kubelab.OBJECTSTORE_SECRET} present") in proc.stderr.splitlines(), proc.stderr[:3000]
     listing = objects(store_data(lab) / "pglab" / prefix / NAME)
     namespace_gone(lab, NS, proc.stderr)
     seconds = time.monotonic() - t0

@@ -1,5 +1,5 @@
-"""Cluster-wide reads (what the preflight asks before pglab creates anything): /version, API groups, the CRD,
-nodes, storage classes, deployments in every namespace, and SelfSubjectAccessReviews."""
+"""Cluster-wide reads (what the preflight asks before pglab creates anything): /version, API groups, the CRDs,
+nodes, storage classes, deployments in every namespace, a namespace's Services, and SelfSubjectAccessReviews."""
 
 from __future__ import annotations
 
@@ -48,6 +48,11 @@ class Discovery:
 
     def deployments(self, req: Request) -> Answer:
         return self._list(req, "DeploymentList", "apps/v1", self.api.deployments)
+
+    def services(self, req: Request) -> Answer:
+        namespace = req.path.split("/")[4]
+        return self._list(req, "ServiceList", "v1", [s for s in self.api.services
+                                                      if s["metadata"]["namespace"] == namespace])
 
     def _list(self, req: Request, kind: str, version: str, items: list[dict[str, Any]]) -> Answer:
         if self._refused(req):

@@ -106,6 +106,7 @@ class FakeAPI:
         self.storage_classes: list[dict[str, Any]] = [storage_class("standard", default=True)]
         self.crds: dict[str, dict[str, Any]] = {CNPG_CRD: cnpg_crd()}
         self.deployments: list[dict[str, Any]] = [operator_deployment()]
+        self.services: list[dict[str, Any]] = []  # Services already there (a plugin's, which the operator finds)
         self.denied: set[tuple[str, str, str]] = set()  # (verb, group, resource[/subresource]) reviews refuse
         self.access_reviews: list[dict[str, str]] = []  # the resourceAttributes of every review asked
 
@@ -135,6 +136,7 @@ class FakeAPI:
             Route("GET", r"/apis/storage\.k8s\.io/v1/storageclasses/*", d.storage_classes),
             Route("GET", r"/apis/apps/v1/deployments/*", d.deployments),
             Route("GET", re.escape(CRDS) + r"/.+", d.crd),
+            Route("GET", r"/api/v1/namespaces/[^/]+/services/*", d.services),
             Route("GET", r"/apis/*", d.groups),
             # CloudNativePG: the Cluster's changes, its instance pods
             Route("PATCH", CLUSTER + "/status", op.switchover),

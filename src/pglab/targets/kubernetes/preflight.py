@@ -21,7 +21,7 @@ from kubernetes.client.rest import ApiException
 
 from pglab.errors import UserError, first_line
 from pglab.plan.schema import KubernetesTarget, Placement, Plan, Toleration
-from pglab.targets.kubernetes.render import rbac, target_of
+from pglab.targets.kubernetes.render import BARMAN_PLUGIN, rbac, target_of
 
 Level = Literal["ok", "warn", "FAIL", "info"]
 TIMEOUT = (5.0, 15.0)  # connect, read: a preflight that hangs is worse than none
@@ -65,8 +65,8 @@ def run_checks(plan: Plan, api: client.ApiClient, emit: Callable[[Finding], None
     """Every check in order, each finding emitted as it comes; after the first check with a blocking finding,
     ``PreflightError`` (the later checks would read a cluster the plan cannot use anyway)."""
     found: list[Finding] = []
-    checks: tuple[Check, ...] = (check_server, check_operator, check_nodes, check_storage_classes, check_access,
-                                 check_images)
+    checks: tuple[Check, ...] = (check_server, check_operator, check_wal_archive, check_nodes, check_storage_classes,
+                                 check_access, check_images)
     for check in checks:
         try:
             results = check(plan, api)
@@ -458,6 +458,71 @@ def check_storage_classes(plan: Plan, api: client.ApiClient) -> list[Finding]:
         else:
             used.append(f"{role} on {name}")
     return [Finding("ok", f"storage classes: {', '.join(used)}")]
+
+
+# ------------------------------------------------------------------ the WAL archive's plugin
+BARMAN_CRD = "objectstores.barmancloud.cnpg.io"
+PLUGIN_LABEL = "cnpg.io/pluginName"  # the label of the Service by which the operator finds a plugin
+PLUGIN_DOC = "docs/kubernetes.md, 'Backup and WAL archiving'"
+
+
+def check_wal_archive(plan: Plan, api: client.ApiClient) -> list[Finding]:
+    """With ``wal_archive``: the Barman Cloud plugin's ObjectStore CRD is served, the operator can find the plugin
+    (its Service, labelled with its name, in the operator's namespace), and what the plan names exists (its
+    ObjectStore, or the Secret pglab copies the credentials from). Without them the Cluster never becomes healthy:
+    the operator refuses a plugin it does not know, and the instances cannot archive."""
+    k8s = target_of(plan)
+    archive = k8s.wal_archive
+    if archive is None:
+        return []
+    try:
+        crd = _read(client.ApiextensionsV1Api(api).read_custom_resource_definition, BARMAN_CRD)
+    except ApiException as exc:
+        if exc.status == 404:
+            return [Finding("FAIL", f"target.kubernetes.wal_archive: CRD {BARMAN_CRD} not found, CloudNativePG's "
+                                    f"Barman Cloud plugin is not installed; install it in the operator's namespace "
+                                    f"({PLUGIN_DOC})")]
+        return [Finding("warn", f"Barman Cloud plugin: CRD {BARMAN_CRD} cannot be read ({_status(exc)}): not checked")]
+    if "v1" not in {v.get("name") for v in crd.get("spec", {}).get("versions", []) if v.get("served")}:
+        return [Finding("FAIL", f"target.kubernetes.wal_archive: CRD {BARMAN_CRD} serves no v1; upgrade "
+                                "CloudNativePG's Barman Cloud plugin to 0.15 or newer")]
+    out: list[Finding] = []
+    namespaces: list[str] = []
+    services: list[dict[str, Any]] = []
+    try:
+        namespaces = sorted({str(d.get("metadata", {}).get("namespace")) for d in _operator_deployments(api)})
+        services = [svc for ns in namespaces for svc in _read(client.CoreV1Api(api).list_namespaced_service, ns,
+                                                            label_selector=f"{PLUGIN_LABEL}={BARMAN_PLUGIN}")
+                    .get("items") or []]
+    except ApiException as exc:
+        out.append(Finding("warn", f"Barman Cloud plugin: its Service cannot be listed ({_status(exc)}): whether the "
+                                   "operator finds it is not known"))
+    else:
+        if namespaces and not services:
+            return [Finding("FAIL", f"target.kubernetes.wal_archive: no Service labelled {PLUGIN_LABEL}="
+                                    f"{BARMAN_PLUGIN} in the operator's namespace ({', '.join(namespaces)}): the "
+                                    f"Barman Cloud plugin is not deployed there ({PLUGIN_DOC})")]
+    if out or not namespaces:
+        where = f"CRD {BARMAN_CRD} served"
+    else:
+        where = "Service " + ", ".join(f"{svc['metadata']['namespace']}/{svc['metadata']['name']}"
+                                       for svc in services)
+    try:
+        if archive.object_store is not None:
+            what, fld = f"ObjectStore {k8s.namespace}/{archive.object_store}", "wal_archive.object_store"
+            _read(client.CustomObjectsApi(api).get_namespaced_custom_object, "barmancloud.cnpg.io", "v1",
+                  k8s.namespace, "objectstores", archive.object_store)
+        else:
+            assert archive.s3 is not None
+            ns, name = archive.s3.credentials.split("/", 1)
+            what, fld = f"Secret {ns}/{name}", "wal_archive.s3.credentials"
+            _read(client.CoreV1Api(api).read_namespaced_secret, name, ns)
+    except ApiException as exc:
+        if exc.status == 404:
+            return [*out, Finding("FAIL", f"target.kubernetes.{fld}: {what} not found; create it or name one "
+                                          "that exists")]
+        return [*out, Finding("warn", f"Barman Cloud plugin: {where}; {what} cannot be read ({_status(exc)})")]
+    return [*out, Finding("ok", f"Barman Cloud plugin: {where}; {what} present")]
 
 
 # ------------------------------------------------------------------ 5. permissions
