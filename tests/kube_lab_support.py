@@ -26,9 +26,12 @@ import kubelab
 NAMESPACE_GONE_S = 300  # a namespace's deletion waits for its pods and claims
 
 
-def plan_text(lab: kubelab.KubeLab, name: str, namespace: str, body: str, target: str = "") -> str:
-    """A plan for the lab as the studies place it: one instance per database node, pgbench on the client node;
-    ``target``: more lines of target.kubernetes."""
+def plan_text(lab: kubelab.KubeLab, name: str, namespace: str, body: str, target: str = "",
+              instances: int = 3) -> str:
+    """A plan for the lab as the studies place it: one instance per database node (a quorum of one synchronous
+    standby), pgbench on a client node; ``target``: more lines of target.kubernetes."""
+    apart = "required" if instances > 1 else "none"
+    synchronous = "    synchronous: {method: any, number: 1}\n" if instances > 1 else ""
     return f"""
 name: {name}
 target:
@@ -36,13 +39,12 @@ target:
     kubeconfig: {lab.kubeconfig}
     namespace: {namespace}
     cluster_name: {name}
-    instances: 3
+    instances: {instances}
     image: {lab.image_names["postgresql"]}
     storage: {{size: 1Gi}}
     resources: {{cpu: 0.25, memory: 384Mi}}
-    synchronous: {{method: any, number: 1}}
-    database: {{node_selector: {{pglab.io/role: database}}, anti_affinity: required}}
-    clients: {{node_selector: {{pglab.io/role: client}}, anti_affinity: required}}
+{synchronous}    database: {{node_selector: {{pglab.io/role: database}}, anti_affinity: {apart}}}
+    clients: {{node_selector: {{pglab.io/role: client}}, anti_affinity: {apart}}}
 {target}postgres:
   parameters: {{shared_buffers: 32MB, max_connections: 40}}
 dataset: {{scale: 1}}
@@ -50,25 +52,8 @@ dataset: {{scale: 1}}
 
 
 def small_plan(lab: kubelab.KubeLab, name: str, namespace: str, body: str, target_extra: str = "") -> str:
-    """One instance, no standby: the smallest Cluster the lab starts quickly; ``target_extra``: more lines of
-    target.kubernetes."""
-    return f"""
-name: {name}
-target:
-  kubernetes:
-    kubeconfig: {lab.kubeconfig}
-    namespace: {namespace}
-    cluster_name: {name}
-    instances: 1
-    image: {lab.image_names["postgresql"]}
-    storage: {{size: 1Gi}}
-    resources: {{cpu: 0.25, memory: 384Mi}}
-    database: {{node_selector: {{pglab.io/role: database}}, anti_affinity: none}}
-    clients: {{node_selector: {{pglab.io/role: client}}, anti_affinity: none}}
-{target_extra}postgres:
-  parameters: {{shared_buffers: 32MB, max_connections: 40}}
-dataset: {{scale: 1}}
-{body}"""
+    """One instance, no standby: the smallest Cluster the lab starts quickly."""
+    return plan_text(lab, name, namespace, body, target_extra, instances=1)
 
 
 def node_fault(lab: kubelab.KubeLab) -> str:
