@@ -19,6 +19,10 @@ import pytest
 
 from conftest import pglab, run_plan, write_plan
 from helpers import Ran, stored_runs
+from pglab.analysis.capacity import Search
+from pglab.analysis.compare import capacity_comparison
+from pglab.engine.capacity import judge, summarize
+from pglab.plan.schema import Capacity
 
 pytestmark = pytest.mark.postgres
 
@@ -187,3 +191,36 @@ def test_the_html_draws_each_configurations_hockey_stick_from_its_probes(search:
             assert line is not None and math.isclose((float(line.group(1)) - x0) / per_tx, at, abs_tol=0.1 / per_tx)
             assert f"capacity {o['capacity']:g} tx/s (achieved {at:.1f})" in svg
         assert ('<rect class="band"' in svg) == (o["high"] is not None)  # the interval shaded when bounded
+
+
+def _stored_search(name: str, p99_by_rate: dict[float, list[float]]) -> Search:
+    """A configuration's search as the report reads it, from p99s (ms) per rate, the target 100 ms."""
+    spec = Capacity(percentile=99, target="100ms")
+    verdicts = {}
+    for rate, p99 in p99_by_rate.items():
+        v = judge(spec, {"latency_p99_ms": p99, "tps": [rate] * len(p99)})
+        assert v is not None
+        verdicts[rate] = v
+    return Search({"storage": name}, None, verdicts, summarize(verdicts), sum(map(len, p99_by_rate.values())), 2)
+
+
+def test_the_comparison_gives_a_direction_only_when_the_intervals_part() -> None:
+    """The rule on figures worked by hand (t = 12.706 for two runs): A's 100 tx/s surely held (51 + 12.7 × 1 = 63.7
+    ≤ 100) and 200 surely failed (305 − 12.7 × 5 = 241.5 > 100); B's 250 surely held, 400 surely failed. B's low
+    (250) reaches A's high (200): higher, Δ +150 % within (250/200 − 1, 400/100 − 1) = (+25 %, +300 %)."""
+    a = _stored_search("a", {100.0: [50, 52], 200.0: [300, 310]})
+    b = _stored_search("b", {250.0: [60, 62], 400.0: [500, 520]})
+    assert (a.answer.low, a.answer.high, b.answer.low, b.answer.high) == (100, 200, 250, 400)
+    [row] = capacity_comparison([a], [b], ignore_axes=("storage",))[1]
+    assert row["verdict"] == "higher" and math.isclose(row["uplift_pct"], 150)
+    assert math.isclose(row["ci95_low_pct"], 25) and math.isclose(row["ci95_high_pct"], 300)
+    assert capacity_comparison([b], [a], ignore_axes=("storage",))[1][0]["verdict"] == "lower"
+    # the mean decides: one run of two over the target holds on the mean (all-repeats-hold would say no) …
+    split = _stored_search("c", {100.0: [150, 40]})
+    assert split.answer.capacity == 100 and split.answer.low == 0.0  # … but not surely: 95 ± 699 ms
+    # overlapping intervals: no direction; one run per rate: no interval at all
+    close = _stored_search("d", {100.0: [50, 52], 220.0: [60, 200]})
+    assert capacity_comparison([a], [close], ("storage",))[1][0]["verdict"] == "no significant difference"
+    single = _stored_search("e", {300.0: [40], 400.0: [500]})
+    assert (single.answer.capacity, single.answer.low, single.answer.high) == (300, None, None)
+    assert capacity_comparison([a], [single], ("storage",))[1][0]["verdict"] == "no interval"
