@@ -164,7 +164,11 @@ def test_the_html_draws_each_configurations_hockey_stick_from_its_probes(search:
     out = tmp_path / "report.html"
     pglab("report", str(search.results), "--html", str(out), check=True)
     page = out.read_text()
-    assert '<h2 id="capacity">' in page  # the capacity table too
+    assert '<h2 id="capacity">' in page  # the capacity table too, and a line of the summary per configuration
+    for clients, o in oracle.items():
+        said = re.search(rf"capacity at p99 ≤ 200 ms, [^<]*clients={clients} [^<]*: ([^<]*); (\d+) runs\.", page)
+        assert said is not None and int(said.group(2)) == len(o["runs"])
+        assert said.group(1).startswith(f"{o['capacity']:g} tx/s" if o["capacity"] is not None else "no probed")
     figures = dict(re.findall(r'<figure id="(capacity-\d)">(.*?)</figure>', page, re.S))
     assert len(figures) == 2
     for (_, svg), clients in zip(sorted(figures.items()), (2, 4), strict=True):

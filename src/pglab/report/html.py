@@ -117,6 +117,8 @@ def build(store: Store, sweep_id: int | None = None) -> str:
                                    for p in flagged[:6]) + ("…" if len(flagged) > 6 else "") + ".")
     summary += [f"storage {r['path']} {r['profile']}: {r['note']}" for r in fio_rows if r.get("note")]
     summary += [f"{r['workload']}: {money(r['per_tps'])} {r['currency']} per TPS·month at peak." for r in cost_rows]
+    spec, found = searches(store, sweep_id)
+    summary += _capacity_summary(spec, found)
 
     shown = [c for c in columns if not c.endswith("_ci95") and c != "bottleneck_tag"]
     tables = [_section("points", "Per configuration (means over repeats)", shown, [_with_ci(p) for p in points],
@@ -155,7 +157,6 @@ def build(store: Store, sweep_id: int | None = None) -> str:
                                "below; every statement of a run: runs/<id>/statements.json.",
                                headers={"total_exec_time_ms": "total ms", "mean_exec_time_ms": "mean ms",
                                         "time_pct": "% of time"}))
-    spec, found = searches(store, sweep_id)
     charts = _durability_charts(points) + _capacity_charts(spec, found)
     # vs clients: a capacity search's closed-loop runs; its probes' rates are the hockey sticks'
     closed = [p for p in points if spec is None or p.get("rate") is None]
@@ -265,6 +266,26 @@ CAPACITY_NOTE = ("capacity: the highest probed rate whose percentile (mean over 
                  "that surely held and the lowest that surely failed (each rate's 95 % interval wholly on one side "
                  "of the target), blank with one run per rate.")
 OFF_SCALE = 4  # the hockey stick's y axis stops at this many times the target: a collapse flattens nothing
+
+
+def _capacity_summary(spec: Capacity | None, found: list[Search]) -> list[str]:
+    """One line per configuration of a capacity search: its capacity, the rate that failed, the interval."""
+    if spec is None:
+        return []
+    lines = []
+    for s in found:
+        a = s.answer
+        config = " ".join(f"{k}={v}" for k, v in s.axes.items() if v is not None)
+        if a.capacity is None:
+            text = "no probed rate held it"
+        else:
+            text = f"{a.capacity:g} tx/s" + (f" (failed at {a.failing:g})" if a.failing is not None else "")
+            if a.low is not None:
+                text += f", 95 % interval [{a.low:g}, {'unbounded' if a.high is None else f'{a.high:g}'})"
+            else:
+                text += ", no interval (one run per rate)"
+        lines.append(f"capacity at p{spec.percentile} ≤ {spec.target * 1000:g} ms, {config}: {text}; {s.runs} runs.")
+    return lines
 
 
 def _capacity_charts(spec: Capacity | None, found: list[Search]) -> list[dict[str, Any]]:
