@@ -56,5 +56,5 @@ def test_compare_fits_the_terminal_and_a_pipe(results: Path, uplift: bool) -> No
     assert "--wide shows every column" in narrow  # and compare takes --wide:
     wide = pglab(*args, "--wide", env=_env(80), check=True).stdout
     assert _widest(wide) > 80
-    for header in (("jobs", "flags") if uplift else ("A runs", "B runs", "Δ lat % [95 %]", "latency verdict")):
+    for header in (("jobs", "flags") if uplift else ("A runs", "B runs", "Δ lat % [95 %]", "lat verdict")):
         assert header in wide and header not in narrow.split("(left out")[0], header

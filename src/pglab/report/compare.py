@@ -8,8 +8,10 @@ import textwrap
 from contextlib import closing
 from pathlib import Path
 
+from pglab import metrics
 from pglab.analysis.capacity import searches
 from pglab.analysis.compare import (
+    METRIC_SUFFIXES,
     ONLY_IN_A,
     ONLY_IN_B,
     capacity_comparison,
@@ -24,14 +26,8 @@ from pglab.analysis.compare import (
 )
 from pglab.analysis.cost import cost_comparison
 from pglab.errors import UserError
-from pglab.report.tables import TOO_FEW_NOTE, UPLIFT_HEADERS, render
+from pglab.report.tables import TOO_FEW_NOTE, UPLIFT_HEADERS, compare_view, render
 from pglab.store import Store
-
-METRIC_COLUMNS = ("tps_a", "tps_b", "tps_delta_pct", "tps_verdict", "latency_avg_ms_delta_pct",
-                  "latency_avg_ms_verdict", "runs_a", "runs_b")
-HEADERS = {"tps_a": "A tps", "tps_b": "B tps", "tps_delta_pct": "Δ tps % [95 %]", "tps_verdict": "verdict",
-           "latency_avg_ms_delta_pct": "Δ lat % [95 %]", "latency_avg_ms_verdict": "latency verdict",
-           "runs_a": "A runs", "runs_b": "B runs", "synchronous_commit": "sync commit"}
 
 
 def compare_report(a: Path, b: Path | None, axis: str | None, value_a: str | None, value_b: str | None, fmt: str,
@@ -72,11 +68,11 @@ def compare_report(a: Path, b: Path | None, axis: str | None, value_a: str | Non
         ucols, urows = uplift_rows(columns, rows)
         return preface, render(ucols, urows, fmt, title=f"uplift: {title}: TPS, Δ % = (B − A) / A [95 % interval]",
                                headers=UPLIFT_HEADERS, width=width, optional=("jobs", "flags")) + notes
-    shown = [c for c in columns if c in METRIC_COLUMNS or not c.startswith(("tps_", "latency_", "runs_"))]
+    figures, headers, optional = compare_view()  # the catalogue's compare view: its figures, headers, cut order
+    computed = {f"{k}_{s}" for k in metrics.keys("compare") for s in METRIC_SUFFIXES} | {"runs_a", "runs_b"}
+    shown = [c for c in columns if c in figures or c not in computed]
     return preface, render(columns, rows, fmt, title=f"{title}: Δ % = (B − A) / A [95 % interval]", shown=shown,
-                           headers=HEADERS, width=width,
-                           optional=("latency_avg_ms_delta_pct", "flags", "latency_avg_ms_verdict", "runs_b",
-                                     "runs_a", "jobs")) + notes
+                           headers=headers, width=width, optional=optional) + notes
 
 
 CAPACITY_HEADERS = {"capacity_a": "A capacity", "low_a": "A low", "high_a": "A high", "capacity_b": "B capacity",
