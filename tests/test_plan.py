@@ -138,6 +138,15 @@ def test_cli_validate_accepts_the_quickstart() -> None:
     assert "valid — 12 points × 3 repeats = 36 runs, interleaved" in proc.stdout, proc.stdout
 
 
+def test_cli_validate_counts_a_capacity_searchs_probes(tmp_path: Path) -> None:
+    plan = tmp_path / "plan.yaml"
+    plan.write_text("name: c\nmatrix: {clients: [2, 4]}\nrun: {duration: 4s, repeats: 2}\n"
+                    "capacity: {percentile: 99, target: 200ms, max_probes: 6}\n")
+    proc = pglab("plan", "validate", str(plan), check=True)
+    assert ("valid — 2 points, each a capacity search of at most 6 rates × 2 repeats = up to 24 runs"
+            in proc.stdout), proc.stdout
+
+
 def test_cli_schema_is_json_schema() -> None:
     proc = pglab("plan", "schema", check=True)
     schema = json.loads(proc.stdout)

@@ -503,7 +503,11 @@ def plan_validate(plan_file: Path = typer.Argument(..., help="plan (YAML)")) -> 
     notes = check_plan(plan, plan_file.resolve().parent)  # run's checks; no PostgreSQL here: notes, not refusals
     n = len(expand(plan))
     run = plan.run
-    if run.target_ci_pct is None:
+    if plan.capacity is not None:  # each point a search: the closed loop, then rates, each run min_repeats times
+        most = plan.capacity.max_probes
+        out.print(f"{plan_file}: valid — {n} points, each a capacity search of at most {most} rates × "
+                  f"{run.min_repeats} repeats = up to {n * most * run.min_repeats} runs, {run.order}")
+    elif run.target_ci_pct is None:
         out.print(f"{plan_file}: valid — {n} points × {run.min_repeats} repeats = {n * run.min_repeats} runs, "
                   f"{run.order}")
     else:
