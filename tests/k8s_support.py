@@ -103,7 +103,7 @@ class Recorder:
     def log(self, message: str) -> None:
         self.messages.append(message)
 
-    def sweep_started(self, runs: int, estimate_s: float | None) -> None:
+    def sweep_started(self, runs: int, estimate_s: float | None, at_most: bool = False) -> None:
         self.messages.append(f"sweep of {runs} runs")
 
     def run_started(self, point: Point, repeat: int, phase: str) -> None:

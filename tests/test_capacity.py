@@ -47,6 +47,9 @@ def test_the_search_finds_the_highest_rate_that_holds_the_target(tmp_path: Path,
     runs = ran.runs()
     assert all(r.status == "ok" for r in runs) and 3 <= len(runs) <= 8
     closed, *probes = runs
+    # the progress lines count against the search's most runs, which it may not need
+    announced = re.findall(r"^run (\d+) of at most 8: ", ran.proc.stderr + ran.proc.stdout, re.MULTILINE)
+    assert announced == [str(i) for i in range(1, len(runs) + 1)], ran.proc.stderr[-2000:]
     assert "rate" not in closed.axes  # the closed loop first: the clients' own pace
     top = closed.metrics["tps"]
     assert top is not None and top <= CLIENTS / SERVICE_S

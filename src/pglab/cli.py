@@ -106,6 +106,7 @@ class ProgressView:
         self.estimate: float | None = None
         self.done = 0
         self.total = 0
+        self.at_most = False  # the total is an upper bound (a capacity search ends once it has its answer)
 
     def __enter__(self) -> ProgressView:
         self.bar.start()
@@ -117,8 +118,8 @@ class ProgressView:
     def log(self, message: str) -> None:
         self.bar.console.print(f"[dim]{message}[/dim]")
 
-    def sweep_started(self, runs: int, estimate_s: float | None) -> None:
-        self.total, self.estimate = runs, estimate_s
+    def sweep_started(self, runs: int, estimate_s: float | None, at_most: bool = False) -> None:
+        self.total, self.estimate, self.at_most = runs, estimate_s, at_most
         self.task = self.bar.add_task("provisioning", total=runs, tps="", eta=self._eta())
 
     def _eta(self) -> str:
@@ -138,8 +139,9 @@ class ProgressView:
         if not self.live and self.announced != (point.index, repeat):  # once a run, not once a phase
             self.announced = (point.index, repeat)
             eta = self._eta()
-            self.bar.console.print(f"run {self.done + 1} of {max(self.total, self.done + 1)}: {point.label()} "
-                                   f"#{repeat}; sweep ETA "
+            self.bar.console.print(f"run {self.done + 1} of {'at most ' if self.at_most else ''}"
+                                   f"{max(self.total, self.done + 1)}: {point.label()} #{repeat}; sweep ETA "
+                                   f"{'at most ' if self.at_most and eta != '?' else ''}"
                                    f"{'not known yet' if eta == '?' else eta}", markup=False, highlight=False)
 
     def progress(self, p: ProgressPoint) -> None:

@@ -65,6 +65,8 @@ def _sweep(driver: Driver, plan: Plan, recorder: Recorder, ui: Observer, keep: b
     upcoming = next(todo, None)
     first_rounds = [(p.key, r) for p in points for r in range(1, schedule.min_repeats + 1)]  # adaptive: more later
     left = max(1, len([r for r in first_rounds if r not in done])) if upcoming else 0
+    if plan.capacity is not None and upcoming:  # a search stops when its answer is found: an upper bound
+        left = max(1, len(points) * plan.capacity.max_probes * schedule.min_repeats - len(done))
     if resumed and schedule.target_ci_pct is not None:  # adaptive: how many more is decided as runs end
         ui.log(f"resuming sweep {sweep_id}: {result.already_done} runs already complete, at least {left} to go")
     elif resumed:
@@ -77,7 +79,7 @@ def _sweep(driver: Driver, plan: Plan, recorder: Recorder, ui: Observer, keep: b
     ui.log(f"runs: {schedule.describe()}")
     seconds = plan.run.measured_seconds
     per_run = plan.run.warmup + seconds + driver.run_overhead_s if seconds else None
-    ui.sweep_started(left, per_run * left if per_run else None)
+    ui.sweep_started(left, per_run * left if per_run else None, at_most=plan.capacity is not None)
     status, reason = "done", None
     first = upcoming[0] if upcoming else (points or expand(plan))[0]  # `pglab fio`: no points of its own
     # a signal is recorded, and acted on at the safe points below and in the driver's waits (interrupts.check)
