@@ -10,7 +10,6 @@ from contextlib import closing
 from pathlib import Path
 from typing import Any, Literal
 
-import psycopg
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
@@ -686,6 +685,12 @@ def _check_format(fmt: str) -> None:
         raise UserError(f"--format: '{fmt}' is not one of {', '.join(FORMATS)}.")
 
 
+def _psycopg_error() -> type[Exception]:
+    """psycopg's base error, once psycopg is imported (nothing raises one before): pglab starts without it."""
+    psycopg = sys.modules.get("psycopg")
+    return psycopg.Error if psycopg is not None else LabError
+
+
 def main() -> None:
     try:
         rc = app(prog_name="pglab", standalone_mode=False)  # click returns typer.Exit's code instead of raising it here
@@ -697,7 +702,7 @@ def main() -> None:
     except UserError as exc:
         err.print(f"error: {exc}", markup=False, highlight=False)
         sys.exit(2)
-    except (LabError, LabUnsound, NoSpace, PgbenchError, FioError, psycopg.Error) as exc:
+    except (LabError, LabUnsound, NoSpace, PgbenchError, FioError, _psycopg_error()) as exc:
         # not the user's input, but still no traceback: the tool's own words and a non-zero exit
         err.print(f"error: {str(exc).strip()}", markup=False, highlight=False)
         sys.exit(1)
