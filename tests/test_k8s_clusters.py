@@ -117,6 +117,25 @@ def test_render_refuses_a_storage_axis_and_writes_nothing(tmp_path: Path) -> Non
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize(("lines", "message"), [
+    ("run: {duration: 5s}\ncapacity: {percentile: 99, target: 200ms}\n",
+     "error: capacity: a search picks each rate from the runs before it, which no Job written ahead can; run it "
+     "with 'pglab run', or render fixed rates (matrix.rate) instead."),
+    ("run: {duration: 5s, repeats: {min: 2, max: 4, target_ci: 5}}\n",
+     "error: run.repeats: adaptive repeats decide after each round whether to run another, which no Job written "
+     "ahead can; render a fixed number (repeats: N) or run it with 'pglab run'."),
+])
+def test_render_refuses_what_decides_its_runs_as_it_goes(tmp_path: Path, lines: str, message: str) -> None:
+    """A capacity search and adaptive repeats choose their next run from the last ones: a render wrote only the
+    first round's Jobs before, without a word."""
+    plan = plan_file(tmp_path, "name: kc\ntarget:\n  kubernetes: {namespace: bench, cluster_name: pg, instances: 1, "
+                               "storage: {size: 1Gi}, resources: {cpu: 1, memory: 1Gi}}\nmatrix: {clients: [2]}\n"
+                     + lines)
+    proc = pglab("k8s", "render", str(plan), "-o", str(tmp_path / "out"))
+    assert (proc.returncode, proc.stderr.strip()) == (2, message)
+    assert not (tmp_path / "out").exists()
+
+
 def test_validate_counts_the_storage_values_as_points(tmp_path: Path) -> None:
     proc = pglab("plan", "validate", str(plan_file(tmp_path, AXIS)))
     assert proc.returncode == 0, proc.stderr

@@ -270,12 +270,18 @@ def write(plan: Plan, manifests: list[Manifest], out_dir: Path) -> Written:
     ``cluster/``, what runs (fio PVCs and Jobs, the dataset Job, the runs' Jobs, the Cluster patches between
     points) in ``jobs/``, and ``run-jobs.sh`` applying them in order, each waited for. An earlier render in the
     folder is replaced (the files its marker lists); any other non-empty folder is refused."""
-    if plan.matrix.storage or plan.tenants:  # run-jobs.sh drives one Cluster
-        from pglab.errors import UserError
+    from pglab.errors import UserError
 
+    if plan.matrix.storage or plan.tenants:  # run-jobs.sh drives one Cluster
         field = "matrix.storage" if plan.matrix.storage else "tenants"
         raise UserError(f"{field}: a rendered folder holds one Cluster, and this plan needs one per "
                         f"{'value' if plan.matrix.storage else 'tenant'}; run it with 'pglab run'.")
+    if plan.capacity is not None:  # run-jobs.sh runs a fixed list of Jobs
+        raise UserError("capacity: a search picks each rate from the runs before it, which no Job written ahead "
+                        "can; run it with 'pglab run', or render fixed rates (matrix.rate) instead.")
+    if plan.run.target_ci_pct is not None:
+        raise UserError("run.repeats: adaptive repeats decide after each round whether to run another, which no "
+                        "Job written ahead can; render a fixed number (repeats: N) or run it with 'pglab run'.")
     old = _refuse_foreign(out_dir)
     for rel in old:
         (out_dir / rel).unlink(missing_ok=True)
