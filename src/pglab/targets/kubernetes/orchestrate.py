@@ -1,8 +1,9 @@
 """Create → wait → collect → clean up, over the official ``kubernetes`` client, with the rendered manifests.
 
 Every object applied is one ``render`` produced (so what cnpg-check decoded is what runs). Results come back
-through pod logs (a base64 tarball between markers), so pglab needs no exec permission. Whatever was created is
-deleted again on the way out, also after a failure or Ctrl-C.
+through a Job pod's log, or the output of a run's script exec'd in a long-lived client pod (a base64 tarball
+between markers either way). Whatever was created is deleted again on the way out, also after a failure or
+Ctrl-C; whatever was exec'd is stopped first.
 """
 
 from __future__ import annotations
