@@ -3,8 +3,9 @@
 The results folder, its rows and its resume rules are the engine's, as for every target, so ``pglab report`` and
 ``compare`` read a Kubernetes sweep unchanged. What differs is where the figures come from: every Job ships its
 files back through its pod's log (``Orchestrator.run_job``), every run's script exec'd in the client pods through
-its output (``run_in_clients``), and they are parsed here with the functions a local run uses (pgbench's summary, progress lines and per-transaction log; fio's JSON and per-second logs). Whatever pglab
-created in the cluster is deleted at the end, also after a failure, Ctrl-C or SIGTERM.
+its output (``run_in_clients``), and they are parsed here with the functions a local run uses (pgbench's summary,
+progress lines and per-transaction log; fio's JSON and per-second logs). Whatever pglab created in the cluster is
+deleted at the end, also after a failure, Ctrl-C or SIGTERM.
 """
 
 from __future__ import annotations
