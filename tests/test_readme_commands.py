@@ -178,6 +178,20 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, s
     _sweep(results / "s3", "kubernetes-cnpg", _matrix(workload=["tpcb-like"], synchronous_commit=["on"], clients=[64]))
     _sweep(results / "qos-tiers", "qos-tiers", [{"arrangement": "no-qos"}, {"arrangement": "qos-many-high"}],
            tenants=3)
+    # the studies' examples (examples/study-*.yaml): the folders their opening comments' commands read
+    _sweep(results / "study-cpu-sync-scaling", "study-cpu-sync-scaling", _matrix(
+        cpus=[0.5, 1.0], workload=["tpcb-like"], synchronous_commit=["local", "on"], clients=[1, 4]))
+    _sweep(results / "study-backup-under-load", "study-backup-under-load", _matrix(
+        workload=["tpcb-like"], clients=[4], synchronous_commit=["on"], scenario=["backup"]))
+    _sweep(results / "study-qos-tiers", "study-qos-tiers", [{"arrangement": "no-qos"}, {"arrangement": "qos-tiers"}],
+           tenants=3)
+    _sweep(results / "study-storage-classes", "study-storage-classes", _matrix(
+        storage=["disk", "memory"], workload=["tpcb-like"], synchronous_commit=["on"], clients=[8]))
+    _sweep(results / "study-fio-then-pgbench", "study-fio-then-pgbench", _matrix(
+        workload=["tpcb-like"], synchronous_commit=["on"], clients=[1, 4]), storage=True)
+    managed = _matrix(workload=["tpcb-like", "select-only"], synchronous_commit=["on"], clients=[4, 8])
+    _sweep(results / "managed-a", "study-managed-client-loop", managed)
+    _sweep(results / "managed-b", "study-managed-client-loop", managed, tps=120.0)
     bindir = work / "bin"
     bindir.mkdir()
     wrapper = bindir / "pglab"  # this checkout's pglab, as `. .venv/bin/activate` would put one on PATH
