@@ -136,6 +136,44 @@ def test_render_refuses_what_decides_its_runs_as_it_goes(tmp_path: Path, lines: 
     assert not (tmp_path / "out").exists()
 
 
+WAL_PLAN = ("name: w\ntarget:\n  kubernetes: {namespace: bench, cluster_name: pg, instances: 1, storage: {size: 1Gi}, "
+            "wal_storage: {size: 1Gi}, resources: {cpu: 1, memory: 1Gi}}\nmatrix: {clients: [2]}\n"
+            "run: {duration: 5s}\n")
+
+
+@pytest.mark.parametrize(("lines", "refusal"), [
+    ("postgres: {parameters: {max_wal_size: 1GB}}\n",
+     "postgres.parameters.max_wal_size: max_wal_size 1GB is not below the WAL volume (target.kubernetes.wal_storage"
+     ".size: 1Gi), which CloudNativePG refuses; lower it or make the volume larger"),
+    ("postgres: {parameters: {max_wal_size: 1024}}\n", "max_wal_size 1024 is not below"),  # PostgreSQL's MB
+    ("postgres: {parameters: {min_wal_size: 2GB, max_wal_size: 512MB}}\n", "min_wal_size 2GB is not below"),
+    ("postgres: {parameters: {max_wal_size: 512MB}}\n", None),
+    ("postgres: {parameters: {max_wal_size: 1000}}\n", None),  # 1000 MB < 1 GiB
+    ("", None),  # unset: CloudNativePG checks only what is set (the default 1GB equals this volume)
+])
+def test_a_wal_size_cloudnativepg_would_refuse_is_refused_first(tmp_path: Path, lines: str,
+                                                                 refusal: str | None) -> None:
+    """CloudNativePG's webhook refuses (422, when pglab creates the Cluster, after the namespace and more) a set
+    min_wal_size or max_wal_size that is not below the WAL volume: found on the lab by a study example."""
+    proc = pglab("plan", "validate", str(plan_file(tmp_path, WAL_PLAN + lines)))
+    if refusal is None:
+        assert proc.returncode == 0, proc.stderr
+    else:
+        assert proc.returncode == 2 and refusal in proc.stderr, proc.stderr
+        assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+
+
+def test_a_wal_size_axis_is_checked_against_every_wal_volume(tmp_path: Path) -> None:
+    axis = WAL_PLAN.replace("matrix: {clients: [2]}",
+                            "matrix: {clients: [2], parameters: {max_wal_size: [256MB, 4GB]}}")
+    proc = pglab("plan", "validate", str(plan_file(tmp_path, axis.replace("wal_storage: {size: 1Gi}",
+                                                                          "wal_storage: {size: 8Gi}"))))
+    assert proc.returncode == 0, proc.stderr
+    proc = pglab("plan", "validate", str(plan_file(tmp_path, axis)))
+    assert proc.returncode == 2 and proc.stderr.startswith("matrix.parameters.max_wal_size: max_wal_size 4GB is not "
+                                                           "below the WAL volume"), proc.stderr
+
+
 def test_validate_counts_the_storage_values_as_points(tmp_path: Path) -> None:
     proc = pglab("plan", "validate", str(plan_file(tmp_path, AXIS)))
     assert proc.returncode == 0, proc.stderr

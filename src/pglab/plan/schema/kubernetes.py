@@ -32,6 +32,15 @@ Image = Annotated[str, _text(255, pattern=_IMAGE, what="a container image refere
 # it to the registry the nodes pull from under this name, or name yours in clients.fio_image.
 TOOLS_IMAGE = "pglab/tools:1"
 Quantity = Annotated[str, _text(32, pattern=_QUANTITY, what="a Kubernetes quantity such as 100Gi or 512Mi")]
+_QUANTITY_UNITS = {"": 1, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "k": 10**3, "M": 10**6,
+                   "G": 10**9, "T": 10**12, "P": 10**15}
+
+
+def quantity_bytes(quantity: str) -> float:
+    """The bytes a (validated) Kubernetes quantity means: Ki, Mi… binary, k, M… decimal."""
+    m = re.fullmatch(r"([\d.]+)([A-Za-z]*)", quantity)
+    assert m is not None, quantity
+    return float(m.group(1)) * _QUANTITY_UNITS[m.group(2)]
 
 
 def _cpu(value: Any) -> str:

@@ -11,13 +11,27 @@ from pydantic_core import PydanticCustomError
 from pglab.plan.schema.base import _NAME, MAX_TEXT, Strict, _text
 from pglab.plan.schema.capacity import Capacity, Cost
 from pglab.plan.schema.external import ExternalTarget
-from pglab.plan.schema.kubernetes import _DNS_LABEL, K8S_FIXED_PARAMETERS, KubernetesTarget
+from pglab.plan.schema.kubernetes import _DNS_LABEL, K8S_FIXED_PARAMETERS, KubernetesTarget, quantity_bytes
 from pglab.plan.schema.local import LocalTarget
 from pglab.plan.schema.matrix import Matrix
 from pglab.plan.schema.run import CustomWorkload, Dataset, Postgres, Probes, Run, Storage
 from pglab.plan.schema.tenants import Tenants
+from pglab.units import size_bytes
 
 MAX_RUNS = 100_000
+
+
+def wal_size_bytes(value: str | int | float | bool) -> int | None:
+    """min_wal_size or max_wal_size in bytes as PostgreSQL reads it (a bare number is MB), None if not a size
+    (PostgreSQL will say so itself)."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int | float) or str(value).strip().isdigit():
+        return int(float(value) * 2**20)
+    try:
+        return size_bytes(str(value))
+    except ValueError:
+        return None
 
 
 class Target(Strict):
@@ -94,10 +108,32 @@ class Plan(Strict):
             if given:
                 raise PydanticCustomError("kubernetes", "{why} is not available on a Kubernetes target yet; remove "
                                           "this", {"why": why, "at": field})
+        self._wal_sizes_fit_their_volumes()
         if self.storage and k8s.wal_storage is None and self.storage.paths == ["wal"]:
             raise PydanticCustomError("kubernetes", "'wal' needs target.kubernetes.wal_storage: without it the WAL "
                                       "is on the data volume", {"at": "storage.paths"})
         return self
+
+    def _wal_sizes_fit_their_volumes(self) -> None:
+        """CloudNativePG refuses a Cluster whose min_wal_size or max_wal_size, when set, is not below its WAL
+        volume (its webhook answers 422 when pglab creates it): said here, before anything is created."""
+        k8s = self.target.kubernetes
+        assert k8s is not None
+        volumes = [("target.kubernetes.wal_storage.size", k8s.wal_storage)]
+        volumes += [(f"matrix.storage.{i}.wal_storage.size", option.wal_storage)
+                    for i, option in enumerate(self.matrix.storage or [])]
+        for name in ("min_wal_size", "max_wal_size"):
+            values = [(f"postgres.parameters.{name}", self.postgres.parameters[name])] \
+                if name in self.postgres.parameters else []
+            values += [(f"matrix.parameters.{name}", v) for v in self.matrix.parameters.get(name, [])]
+            for where, value in values:
+                wanted = wal_size_bytes(value)
+                for field, volume in volumes:
+                    if volume is not None and wanted is not None and wanted >= quantity_bytes(volume.size):
+                        raise PydanticCustomError(
+                            "kubernetes", "{name} {value} is not below the WAL volume ({field}: {size}), which "
+                            "CloudNativePG refuses; lower it or make the volume larger",
+                            {"name": name, "value": str(value), "field": field, "size": volume.size, "at": where})
 
     @model_validator(mode="after")
     def _one_rate(self) -> Plan:
