@@ -42,7 +42,6 @@ SKIPPED: list[tuple[str, str]] = [
     (r"rm -rf ~/\.cache/pglab/kube-lab", "removes the lab's build cache (a 20 min rebuild)"),
     (r"kubectl |sh m/run-jobs\.sh", "asks a Kubernetes cluster"),
     (r"mkdir (-p )?\S+ && git archive ", "extracts an older pglab a benchmark compares with (a commit of the clone)"),
-    (r"git worktree add ", "checks out an older pglab a benchmark compares with (a commit of the clone)"),
     (r"flock /tmp/pglab-kube-lab\.lock ", "starts the Kubernetes lab (root, a built lab) for a benchmark"),
 ]
 _COMMAND = r"(?:pglab|\./setup\.sh|sudo|\.tools/bin/)\S*(?: [^`#]*)?"
