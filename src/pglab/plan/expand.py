@@ -9,7 +9,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from pglab.plan.schema import Arrangement, CustomWorkload, Plan, Scenario, StorageOption, Workload
+from pglab.plan.schema import Arrangement, Plan, Scenario, StorageOption, Workload
 
 
 @dataclass(frozen=True)
@@ -102,9 +102,3 @@ def expand(plan: Plan, cores: int | None = None) -> list[Point]:
                     points.append(Point(len(points), wl, clients, jobs, sc, params, cpus, scenario,
                                         storage=storage, rate=rate))
     return points
-
-
-def is_read_only(workload: Workload) -> bool:
-    if isinstance(workload, CustomWorkload):
-        return all(s.builtin == "select-only" for s in workload.scripts)
-    return workload == "select-only"
