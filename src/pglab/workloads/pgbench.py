@@ -137,14 +137,6 @@ def parse_progress_line(line: str) -> ProgressPoint | None:
                          int(failed) if failed is not None else None, f("lag"))
 
 
-def read_transaction_log(files: Sequence[Path]) -> tuple[np.ndarray, np.ndarray]:
-    """Latencies (ms) and completion times (epoch s) of the successful transactions in pgbench's -l logs (plain
-    or .gz); see :mod:`pglab.workloads.txlog` for the format and the handling of failed/skipped lines."""
-    from pglab.workloads import txlog
-    log = txlog.read(files)
-    return log.latency_ms, log.end_ts()
-
-
 def log_stats(latency_ms: np.ndarray, end_ts: np.ndarray) -> LogStats | None:
     """Percentiles by linear interpolation between closest ranks (numpy's default, Excel's PERCENTILE.INC)."""
     import numpy as np

@@ -14,7 +14,6 @@ from pydantic_core import PydanticCustomError
 
 from pglab.units import NotASize, NotWholeBytes, Size
 
-SYNC_COMMIT_LEVELS = ("off", "local", "remote_write", "on", "remote_apply")
 _DURATION = re.compile(r"\s*(\d+(?:\.\d+)?)\s*(ms|s|m|min|h)?\s*", re.ASCII)
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
 MAX_CLIENTS = 10_000
