@@ -22,6 +22,7 @@ from pglab.plan.schema import Plan
 from pglab.targets.base import OWN_SESSIONS
 from pglab.targets.local.lab_base import searchable_by
 from pglab.targets.local.postgres_bin import ServerUser, find_bindir, resolve_plan_user, resolve_server_user
+from pglab.units import human_bytes
 
 DEFAULT_RESULTS_ROOT = Path("results")  # relative to where pglab runs: results/<plan name> by default
 DEFAULT_MAX_CONNECTIONS = 100  # PostgreSQL's own default, when the installed one cannot be asked
@@ -80,8 +81,8 @@ def check_plan(plan: Plan, plan_dir: Path, *, host: bool = False, results: Path 
     if settings.shared_buffers_bytes is not None:
         ram = host_memory()
         if ram and settings.shared_buffers_bytes >= ram:
-            raise UserError(f"postgres.parameters.shared_buffers: {_human(settings.shared_buffers_bytes)} is not "
-                            f"less than this host's memory ({_human(ram)}); lower it.")
+            raise UserError(f"postgres.parameters.shared_buffers: {human_bytes(settings.shared_buffers_bytes)} is not "
+                            f"less than this host's memory ({human_bytes(ram)}); lower it.")
     return notes
 
 
@@ -220,7 +221,8 @@ def check_limits(plan: Plan) -> list[str]:
         notes.append(f"{memory_limits[0][0]} not checked: this host does not say how much memory it has")
     for field, limit in memory_limits:
         if ram is not None and limit > ram:
-            raise UserError(f"{field}: {_human(limit)} is more than this host's memory ({_human(ram)}); lower it.")
+            raise UserError(f"{field}: {human_bytes(limit)} is more than this host's memory ({human_bytes(ram)}); "
+                            "lower it.")
     # a cpuset naming CPUs the host lacks is refused by the kernel when the lab is built: with limits: strict that
     # ends the sweep, so it is refused here first; best-effort runs on and records the limits as not applied
     cpuset = local.client.cpuset if local.client is not None else None
@@ -244,13 +246,6 @@ def _cpulist(cpus: set[int]) -> str:
     ordered = sorted(cpus)
     return f"{ordered[0]}-{ordered[-1]}" if ordered == list(range(ordered[0], ordered[-1] + 1)) else \
         ",".join(map(str, ordered))
-
-
-def _human(n: float) -> str:
-    for unit, scale in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20)):
-        if n >= scale:
-            return f"{n / scale:.1f} {unit}"
-    return f"{int(n)} bytes"
 
 
 # ------------------------------------------------------------------ paths

@@ -67,6 +67,14 @@ class Size(str):
         return self
 
 
+def human_bytes(n: float) -> str:
+    """Bytes for a message: "1.5 GiB", "512.0 KiB", "100 bytes"."""
+    for unit, power in (("TiB", 4), ("GiB", 3), ("MiB", 2), ("KiB", 1)):
+        if n >= 1024**power:
+            return f"{n / 1024**power:.1f} {unit}"
+    return f"{int(n)} bytes"
+
+
 def money(value: float) -> str:
     """A price to three significant digits: 0.0598 stays 0.0598 (a fixed number of decimals turns it to 0.1)."""
     if value == 0 or not math.isfinite(value):

@@ -67,7 +67,7 @@ from pglab import interrupts
 from pglab.errors import UserError
 from pglab.plan.load import fio_job_file_problem
 from pglab.targets.local import registry
-from pglab.units import parse_size
+from pglab.units import human_bytes, parse_size
 
 PROFILE_NAMES: tuple[str, ...] = (
     "randread-8k",
@@ -227,13 +227,6 @@ def find_fio() -> str:
     return found
 
 
-def _human(n: float) -> str:
-    for unit, scale in (("GiB", 1024**3), ("MiB", MIB), ("KiB", 1024)):
-        if n >= scale:
-            return f"{n / scale:.1f} {unit}"
-    return f"{int(n)} bytes"
-
-
 def check_path(path: Path, size_bytes: int, field: str = "--path") -> None:
     """UserError (one sentence naming the field and the path, and what to do) unless fio can write
     ``size_bytes`` in ``path``."""
@@ -257,8 +250,8 @@ def check_path(path: Path, size_bytes: int, field: str = "--path") -> None:
     free = usage.free
     need = size_bytes + SPACE_MARGIN
     if usage.total > 0 and free < need:  # a filesystem of no stated size (ramfs) cannot be checked
-        raise UserError(f"{what} has {_human(free)} free but the fio profiles need {_human(need)} "
-                        f"({_human(size_bytes)} of data + {_human(SPACE_MARGIN)} margin); free some space or "
+        raise UserError(f"{what} has {human_bytes(free)} free but the fio profiles need {human_bytes(need)} "
+                        f"({human_bytes(size_bytes)} of data + {human_bytes(SPACE_MARGIN)} margin); free some space or "
                         f"use a smaller size.")
 
 
@@ -362,8 +355,8 @@ def run_jobs(path: Path, jobs: Sequence[JobSpec], *, runtime_s: float, size_byte
     check_path(path, need, field)
     largest_bs = max((parse_size(j.options["bs"]) for j in jobs if _is_size(j.options.get("bs"))), default=0)
     if size_bytes < largest_bs:
-        raise UserError(f"size {_human(size_bytes)} is smaller than the block size of the jobs "
-                        f"({_human(largest_bs)}); use a larger size.")
+        raise UserError(f"size {human_bytes(size_bytes)} is smaller than the block size of the jobs "
+                        f"({human_bytes(largest_bs)}); use a larger size.")
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     results: list[FioResult] = []
