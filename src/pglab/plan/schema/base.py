@@ -152,6 +152,7 @@ Seconds = Annotated[float, BeforeValidator(_seconds)]
 ParamValue = Annotated[str | int | float | bool, BeforeValidator(_param_value)]
 PlanFile = Annotated[str, BeforeValidator(_plan_file)]
 Text = Annotated[str, _text()]
+Name = Annotated[str, _text(63, pattern=_NAME, what="1-63 letters, digits, '-', '_' or '.'")]  # a name in tables
 Clients = Annotated[int, _int_between(1, MAX_CLIENTS)]
 
 MIN_SIZE, MAX_SIZE = 1 << 20, 1 << 50

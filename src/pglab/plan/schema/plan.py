@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, model_validator
 from pydantic_core import PydanticCustomError
 
-from pglab.plan.schema.base import _NAME, MAX_TEXT, Strict, _text
+from pglab.plan.schema.base import MAX_TEXT, Name, Strict, _text
 from pglab.plan.schema.capacity import Capacity, Cost
 from pglab.plan.schema.external import ExternalTarget
 from pglab.plan.schema.kubernetes import _DNS_LABEL, K8S_FIXED_PARAMETERS, KubernetesTarget, quantity_bytes
@@ -50,7 +50,7 @@ class Target(Strict):
 
 
 class Plan(Strict):
-    name: str = Field(description="the plan's name: 1-63 letters, digits, '-', '_' or '.'; the default results "
+    name: Name = Field(description="the plan's name: 1-63 letters, digits, '-', '_' or '.'; the default results "
                       "folder is results/<name>")
     description: Annotated[str, _text(MAX_TEXT, multiline=True)] | None = Field(
         None, description="free text stored with the results and shown in reports")
@@ -69,13 +69,6 @@ class Plan(Strict):
     tenants: Tenants | None = Field(None, description="many tenants in QoS tiers, measured in the same window "
                                     "(instead of the matrix): on one local host, or a CloudNativePG Cluster each on "
                                     "Kubernetes")
-
-    @field_validator("name")
-    @classmethod
-    def _name(cls, v: str) -> str:
-        if not _NAME.fullmatch(v):
-            raise PydanticCustomError("name", "must be 1-63 letters, digits, '-', '_' or '.'")
-        return v
 
     @model_validator(mode="after")
     def _external_is_not_reconfigured(self) -> Plan:

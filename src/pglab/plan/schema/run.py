@@ -11,7 +11,7 @@ from pydantic import BeforeValidator, Discriminator, Field, Tag, field_validator
 from pydantic_core import PydanticCustomError
 
 from pglab.plan.schema.base import (
-    _NAME,
+    Name,
     ParamValue,
     PlanFile,
     PlanSize,
@@ -96,15 +96,13 @@ class Script(Strict):
 
 
 class CustomWorkload(Strict):
-    name: str = Field(description="the workload's name in tables: 1-63 letters, digits, '-', '_' or '.'")
+    name: Name = Field(description="the workload's name in tables: 1-63 letters, digits, '-', '_' or '.'")
     scripts: list[Script] = Field(min_length=1, max_length=100, description="the scripts mixed, each with its "
                                   "weight (1 to 100 of them)")
 
     @field_validator("name")
     @classmethod
     def _name(cls, v: str) -> str:
-        if not _NAME.fullmatch(v):
-            raise PydanticCustomError("name", "must be 1-63 letters, digits, '-', '_' or '.'")
         if v in BUILTIN_WORKLOADS:
             raise PydanticCustomError("name", "'{name}' is a built-in workload name", {"name": v})
         return v

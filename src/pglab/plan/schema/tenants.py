@@ -7,7 +7,7 @@ from typing import Annotated
 from pydantic import Field, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
-from pglab.plan.schema.base import _NAME, Clients, Strict, SyncCommit, _int_between, _text
+from pglab.plan.schema.base import Clients, Name, Strict, SyncCommit, _int_between
 from pglab.plan.schema.kubernetes import DnsLabel, K8sStorage
 from pglab.plan.schema.local import Resources
 from pglab.plan.schema.run import Workload
@@ -18,8 +18,7 @@ MAX_TENANTS = 256
 class Tier(Strict):
     """A QoS class of tenants (high, medium, best-effort …): the same limits and the same load for each."""
 
-    name: Annotated[str, _text(63, pattern=_NAME, what="1-63 letters, digits, '-', '_' or '.'")] = Field(
-        description="the tier's name in tables (high, best-effort …), unique in its arrangement")
+    name: Name = Field(description="the tier's name in tables (high, best-effort …), unique in its arrangement")
     tenants: Annotated[int, _int_between(1, MAX_TENANTS)] = Field(1, description="how many tenants in this tier")
     resources: Resources | None = Field(None, description="limits of each instance of each tenant (cgroups); "
                                         "none: the tenant competes freely")
@@ -44,8 +43,7 @@ class Tier(Strict):
 class Arrangement(Strict):
     """One way of packing tenants on the host (for example: no QoS, or one critical tenant on a high tier)."""
 
-    name: Annotated[str, _text(63, pattern=_NAME, what="1-63 letters, digits, '-', '_' or '.'")] = Field(
-        description="the arrangement's name in tables (one point each), unique")
+    name: Name = Field(description="the arrangement's name in tables (one point each), unique")
     tiers: list[Tier] = Field(min_length=1, max_length=16, description="the tiers sharing the host (1 to 16); "
                               "256 tenants at most in all")
 
