@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 import posixpath
 import re
+from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PlainSerializer, PlainValidator, WithJsonSchema
@@ -204,7 +205,7 @@ def _sync_level(value: Any) -> Any:
 SyncCommit = Annotated[Literal["off", "local", "remote_write", "on", "remote_apply"], BeforeValidator(_sync_level)]
 
 
-def _unique(values: list[Any]) -> list[Any]:
-    if len(set(values)) != len(values):
-        raise PydanticCustomError("unique", "values must be unique")
+def _unique(values: Any, key: Callable[[Any], Any] = lambda v: v, message: str = "values must be unique") -> Any:
+    if values is not None and len({key(v) for v in values}) != len(values):
+        raise PydanticCustomError("unique", message)
     return values

@@ -60,30 +60,16 @@ class Matrix(Strict):
     @field_validator("storage")
     @classmethod
     def _storage_names(cls, v: list[StorageOption] | None) -> list[StorageOption] | None:
-        if v is not None and len({s.name for s in v}) != len(v):
-            raise PydanticCustomError("unique", "storage values need distinct names")
-        return v
+        return _unique(v, lambda s: s.name, "storage values need distinct names")
 
     @field_validator("scenario")
     @classmethod
     def _scenarios(cls, v: list[Scenario] | None) -> list[Scenario] | None:
-        if v is not None and len({s.label for s in v}) != len(v):
-            raise PydanticCustomError("unique", "scenarios must differ (kind, kill or max_rate)")
-        return v
+        return _unique(v, lambda s: s.label, "scenarios must differ (kind, kill or max_rate)")
 
-    @field_validator("cpus", "rate")
+    @field_validator("cpus", "rate", "clients", "jobs", "synchronous_commit")
     @classmethod
-    def _cpus(cls, v: list[float] | None) -> list[float] | None:
-        return v if v is None else _unique(v)
-
-    @field_validator("clients", "jobs")
-    @classmethod
-    def _clients(cls, v: list[int] | None) -> list[int] | None:
-        return v if v is None else _unique(v)
-
-    @field_validator("synchronous_commit")
-    @classmethod
-    def _sync(cls, v: list[str]) -> list[str]:
+    def _distinct(cls, v: list[Any] | None) -> list[Any] | None:
         return _unique(v)
 
     @field_validator("parameters")
@@ -101,10 +87,7 @@ class Matrix(Strict):
     @field_validator("workload")
     @classmethod
     def _workloads(cls, v: list[Any]) -> list[Any]:
-        names = [w if isinstance(w, str) else w.name for w in v]
-        if len(set(names)) != len(names):
-            raise PydanticCustomError("workload", "workload names must be unique")
-        return v
+        return _unique(v, lambda w: w if isinstance(w, str) else w.name, "workload names must be unique")
 
     @model_validator(mode="after")
     def _size(self) -> Matrix:

@@ -7,7 +7,7 @@ from typing import Annotated
 from pydantic import Field, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
-from pglab.plan.schema.base import Clients, Name, Strict, SyncCommit, _int_between
+from pglab.plan.schema.base import Clients, Name, Strict, SyncCommit, _int_between, _unique
 from pglab.plan.schema.kubernetes import DnsLabel, K8sStorage
 from pglab.plan.schema.local import Resources
 from pglab.plan.schema.run import Workload
@@ -50,8 +50,7 @@ class Arrangement(Strict):
     @field_validator("tiers")
     @classmethod
     def _tiers(cls, v: list[Tier]) -> list[Tier]:
-        if len({t.name for t in v}) != len(v):
-            raise PydanticCustomError("unique", "tier names must be unique within an arrangement")
+        _unique(v, lambda t: t.name, "tier names must be unique within an arrangement")
         total = sum(t.tenants for t in v)
         if total > MAX_TENANTS:
             raise PydanticCustomError("tenants", "{total} tenants, more than {max}; lower a tier's 'tenants'",
@@ -78,6 +77,4 @@ class Tenants(Strict):
     @field_validator("arrangements")
     @classmethod
     def _names(cls, v: list[Arrangement]) -> list[Arrangement]:
-        if len({a.name for a in v}) != len(v):
-            raise PydanticCustomError("unique", "arrangement names must be unique")
-        return v
+        return _unique(v, lambda a: a.name, "arrangement names must be unique")
