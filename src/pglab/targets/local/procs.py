@@ -10,21 +10,34 @@ import time
 from pathlib import Path
 
 
+def _stat(pid: int | str) -> list[str]:
+    """The fields of /proc/<pid>/stat after the command name (which may hold spaces and ')'): state, ppid, …;
+    [] when the process is gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return []
+
+
+def _parents() -> list[tuple[int, int]]:
+    """(ppid, pid) of every process."""
+    pairs = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and (fields := _stat(entry.name)):
+            pairs.append((int(fields[1]), int(entry.name)))
+    return pairs
+
+
 def alive(pid: int) -> bool:
     """Running and not a zombie (a killed postmaster is reparented to init, which may not reap it at once)."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state != "Z"
+    fields = _stat(pid)
+    return bool(fields) and fields[0] != "Z"
 
 
 def stopped(pid: int) -> bool:
     """Stopped by a signal (SIGSTOP: a hung VM as a lab plays it): it would not act on a shutdown request."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in ("T", "t")
-    except (OSError, IndexError):
-        return False
+    fields = _stat(pid)
+    return bool(fields) and fields[0] in ("T", "t")
 
 
 def comm(pid: int) -> str:
@@ -37,14 +50,8 @@ def comm(pid: int) -> str:
 def descendants(pid: int) -> list[int]:
     """Every process below ``pid`` (children, grandchildren …)."""
     children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue
-        children.setdefault(ppid, []).append(int(entry.name))
+    for ppid, child in _parents():
+        children.setdefault(ppid, []).append(child)
     out, todo = [], [pid]
     while todo:
         for child in children.get(todo.pop(), []):
@@ -85,10 +92,8 @@ def stop_postmaster(pid: int, grace: float = 10.0, signalled: bool = False) -> N
 
 def process_start_time(pid: int) -> int | None:
     """Clock ticks since boot at which ``pid`` started (field 22 of /proc/pid/stat); None when it is gone."""
-    try:
-        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
-    except (OSError, IndexError, ValueError):
-        return None
+    fields = _stat(pid)
+    return int(fields[19]) if len(fields) > 19 else None
 
 
 def processes_using(paths: list[Path]) -> list[int]:
@@ -118,10 +123,8 @@ def _ancestors() -> list[int]:
     out, pid = [], os.getppid()
     while pid > 1:
         out.append(pid)
-        try:
-            pid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            break
+        fields = _stat(pid)
+        pid = int(fields[1]) if fields else 0
     return out
 
 
@@ -136,16 +139,7 @@ def kill_all(pids: list[int]) -> None:
 
 def kill_tree(pid: int) -> None:
     """SIGKILL a process and its descendants (last resort when pg_ctl cannot stop a server)."""
-    children: list[int] = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            if int(fields[1]) == pid:
-                children.append(int(entry.name))
-        except (OSError, IndexError, ValueError):
-            continue
+    children = [child for ppid, child in _parents() if ppid == pid]
     for p in [pid, *children]:
         with contextlib.suppress(ProcessLookupError):
             os.kill(p, signal.SIGKILL)
