@@ -16,7 +16,7 @@ from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeEl
 from rich.table import Table
 
 from pglab import __version__
-from pglab.cluster_cli import cluster_app
+from pglab.cluster_cli import cluster_app, reap
 from pglab.errors import LabError, LabUnsound, NoSpace, PlanError, UserError
 from pglab.plan.expand import Point
 from pglab.plan.load import load_plan
@@ -428,10 +428,8 @@ def fio_command(
     from pglab.report.tables import full_report
     from pglab.storage import plan_jobs
     from pglab.store import Store
-    from pglab.targets.local import registry
 
-    for message in registry.reap_orphans():
-        err.print(message, markup=False, highlight=False)
+    reap()
     spec: dict[str, Any] = {"runtime": runtime, "size": size}
     if profiles:
         spec["profiles"] = profiles
@@ -538,12 +536,10 @@ def plan_reference() -> None:
 def lab_clean(lab_dir: Path | None = typer.Argument(None, help="lab directory (printed by 'pglab run --keep'); omit "
                                                     "it to clean every lab left behind by a pglab that died")) -> None:
     """Stop the servers of a kept lab and remove its files; without a directory, clean up orphaned labs."""
-    from pglab.targets.local import registry
     from pglab.targets.local.cluster import clean_lab
     from pglab.targets.local.ha import clean_ha_lab, is_ha_lab
 
-    for message in registry.reap_orphans():
-        err.print(message, markup=False, highlight=False)
+    reap()
     if lab_dir is None:
         return
     stopped = (clean_ha_lab if is_ha_lab(lab_dir) else clean_lab)(lab_dir)

@@ -35,7 +35,8 @@ def _log(message: str) -> None:
     err.print(f"[dim]{time.strftime('%X')} {message}[/dim]", highlight=False)
 
 
-def _reap() -> None:
+def reap() -> None:
+    """Clean up the labs left behind by a pglab that died, saying what went."""
     from pglab.targets.local import registry
 
     for message in registry.reap_orphans():
@@ -148,7 +149,7 @@ def create(plan_file: Path = typer.Argument(..., help="plan (YAML) with target.l
                                            "(default: a new pglab-ha-XXXX folder)")) -> None:
     """Build an HA lab from a plan's target.local and postgres.parameters; it keeps running after this command."""
     spec, parameters, base_dir = _local_ha_spec(plan_file, name)
-    _reap()
+    reap()
     lab = _build(spec, parameters, base_dir)
     out.print(f"created {lab.name} in {lab.lab_dir} ({lab.build_seconds:.1f} s)", markup=False, highlight=False)
     _print_members(lab)
@@ -294,7 +295,7 @@ def restore(backup_dir: Path = typer.Argument(..., help="a folder written by 'pg
         raise UserError(f"BACKUP_DIR: '{backup_dir}' holds no base backup (a data directory with PG_VERSION, or "
                         "base.tar).")
     spec, parameters, base_dir = _local_ha_spec(plan_file, name)
-    _reap()
+    reap()
     started = time.monotonic()
     lab = _build(spec, parameters, base_dir, restore_from=backup_dir.resolve())
     with lab.connect(lab.primary().name, dbname="postgres") as conn:
