@@ -168,6 +168,9 @@ class _Copier:
 
     def _mkdir(self, d: Path, st: os.stat_result) -> None:
         d.mkdir(mode=0o700)
+        self._fix_dir(d, st)
+
+    def _fix_dir(self, d: Path, st: os.stat_result) -> None:
         os.chown(d, st.st_uid, st.st_gid)
         os.chmod(d, stat.S_IMODE(st.st_mode))
         self._dirs.append((d, st))
@@ -310,11 +313,6 @@ class _Patcher(_Copier):
         _all(self._file, copy)
         with self._lock:
             self.rewritten += sum(j[2].st_size for j in copy)
-
-    def _fix_dir(self, d: Path, st: os.stat_result) -> None:
-        os.chown(d, st.st_uid, st.st_gid)
-        os.chmod(d, stat.S_IMODE(st.st_mode))
-        self._dirs.append((d, st))
 
     def _remove(self, p: Path) -> None:
         if p.is_dir() and not p.is_symlink():
