@@ -24,15 +24,14 @@ from pglab.analysis.cost import cost_table
 from pglab.analysis.flags import UNSTABLE, flag_text, flags
 from pglab.analysis.stats import estimate, within
 from pglab.analysis.steady import Dip, find_dips, tie_to_checkpoints
+from pglab.report.scenarios import DURABILITY_ORDER, loud_findings, scenario_table
 from pglab.report.scenarios import HEADERS as SCENARIO_HEADERS
-from pglab.report.scenarios import loud_findings, scenario_table
 from pglab.store.sqlite import RunRow, Store
 from pglab.units import money
 
 AXIS_COLUMNS = ("workload", "synchronous_commit", "clients")
 METRIC_COLUMNS = metrics.keys("points")  # the catalogue's, in its order; the per-run table shows the same
 CI_COLUMNS = metrics.with_ci("points")
-DURABILITY_ORDER = ("off", "local", "remote_write", "on", "remote_apply")
 DURABILITY = metrics.columns("durability")  # per level: the figure (its metric's name), its Δ (the column's key)
 DELTA_SUFFIXES = ("vs_base_pct", "ci95_low_pct", "ci95_high_pct", "verdict")  # a level's Δ against the base
 WALL_TIME_WITH_WHAT = 130  # the time table says what each phase is only on a terminal this wide (its longest: 129)
