@@ -308,3 +308,21 @@ def test_first_start_from_the_near_minimum_only_is_exact() -> None:
     f = txlog._seconds(end) - lat / 1000.0 / 1000.0
     assert f[1] < f[0]  # the later integer start is the smaller float
     assert txlog._first_start(lat, end) == float(f[1])
+
+
+@pytest.mark.parametrize("block", [16, 64, 4096])
+def test_blocks_of_a_mapped_log_are_its_lines(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, block: int) -> None:
+    """A plain log is read from a memory map: blocks shorter than a line (each then runs to the next line end),
+    a last line without its newline, and an empty log give the former reader's transactions."""
+    monkeypatch.setattr(txlog, "BLOCK_BYTES", block)
+    path = tmp_path / "pgbench_log.1"
+    write_log(path, 300, seed=5, lag=True, retries=False, cut=True)
+    blocks = list(txlog._file_blocks(path))
+    assert b"".join(blocks) == path.read_bytes() + b"\n" and all(b.endswith(b"\n") for b in blocks)
+    lat, end, failed = former_reader([path])
+    got = txlog.read([path])
+    assert np.array_equal(got.latency_ms, lat) and np.array_equal(got.end_ts(), end)
+    assert np.array_equal(got.failed_end_ts, np.asarray(failed))
+    empty = tmp_path / "pgbench_log.2"
+    empty.write_bytes(b"")
+    assert list(txlog._file_blocks(empty)) == [] and txlog.summarise([empty]).count == 0
