@@ -20,6 +20,11 @@ Every pglab reader must give the same count and percentiles (asserted).
 
     mkdir -p before && git archive <commit> src | tar -x -C before
     PYTHONPATH=src python bench/txlog.py --lines 10000000 --rounds 5 [--before before/src] [--former]
+
+A log with no failed or skipped line (most runs' logs), timed as it is (no .gz step):
+
+    PYTHONPATH=src python bench/txlog.py --generate before/clean.log --lines 10000000 --no-failed
+    PYTHONPATH=src python bench/txlog.py --log before/clean.log --rounds 5 --before before/src
 """
 
 from __future__ import annotations
@@ -38,8 +43,9 @@ from typing import NamedTuple
 import numpy as np
 
 
-def generate(path: Path, lines: int, seed: int = 1, lag: bool = True, retries: bool = True) -> None:
-    """A pgbench -l log: 64 clients, ~170 k TPS, lognormal latencies, 0.1 % failed, 0.1 % skipped."""
+def generate(path: Path, lines: int, seed: int = 1, lag: bool = True, retries: bool = True,
+             failed: bool = True) -> None:
+    """A pgbench -l log: 64 clients, ~170 k TPS, lognormal latencies, 0.1 % failed, 0.1 % skipped (or none)."""
     rng = np.random.default_rng(seed)
     block = 1_000_000
     t0 = 1_763_900_000.0
@@ -51,8 +57,9 @@ def generate(path: Path, lines: int, seed: int = 1, lag: bool = True, retries: b
             end_us = ((t0 + i / 170_000.0) * 1e6).astype(np.int64)
             kind = rng.random(n)
             time = lat.astype(str).astype(object)
-            time[kind < 0.001] = "failed"
-            time[(kind >= 0.001) & (kind < 0.002)] = "skipped"
+            if failed:
+                time[kind < 0.001] = "failed"
+                time[(kind >= 0.001) & (kind < 0.002)] = "skipped"
             cols = [(i % 64).astype(str), (i // 64).astype(str), time.astype(str), np.zeros(n, int).astype(str),
                     (end_us // 1_000_000).astype(str), (end_us % 1_000_000).astype(str)]
             if lag:
@@ -165,10 +172,11 @@ def main() -> None:
     ap.add_argument("--before", type=Path, default=None, help="another checkout's src: its summary and read")
     ap.add_argument("--former", action="store_true", help="also the line-by-line reader (slow)")
     ap.add_argument("--generate", type=Path, default=None, help="only write a log of --lines lines there")
+    ap.add_argument("--no-failed", action="store_true", help="with --generate: no failed or skipped line")
     ap.add_argument("--log", type=Path, default=None, help="time these readers on this log (no .gz step)")
     args = ap.parse_args()
     if args.generate:
-        generate(args.generate, args.lines)
+        generate(args.generate, args.lines, failed=not args.no_failed)
         return
     readers: dict[str, tuple[str, Path | None]] = {
         "summary": (SUMMARY, None), "read": (READ, None),
@@ -192,11 +200,18 @@ def main() -> None:
         return {k: {f: statistics.median(getattr(x, f) for x in v) for f in ("read_s", "wall_s", "rss_mb", "cpu_s")}
                 for k, v in results.items()}
 
+    load_before = os.getloadavg()
     if args.log:
         rounds(args.log)
-        print(json.dumps(medians()), {k: (v[-1].transactions, v[-1].percentiles) for k, v in results.items()})
+        med = medians()
+        polars = med["polars_3_columns"]
+        print(json.dumps({"log_bytes": args.log.stat().st_size, "rounds": args.rounds, "median": med,
+                          "read_over_polars_3_columns": {k: v["read_s"] / polars["read_s"] for k, v in med.items()},
+                          "cpu_over_polars_3_columns": {k: v["cpu_s"] / polars["cpu_s"] for k, v in med.items()},
+                          "loadavg_1_5_15_before_after": [load_before, os.getloadavg()], "nproc": os.cpu_count(),
+                          "figures": {k: (v[-1].transactions, v[-1].percentiles) for k, v in results.items()},
+                          "all_runs": {k: [x._asdict() for x in v] for k, v in results.items()}}, indent=1))
         return
-    load_before = os.getloadavg()
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
         log = Path(tmp) / "pgbench_log.4242"
         # in a child, so that the children timed below do not inherit this one's peak RSS (fork keeps ru_maxrss)
