@@ -225,6 +225,18 @@ def test_pgbench_blocks_are_parsed_by_polars_not_line_by_line(tmp_path: Path, mo
         got = txlog.read([path])
         assert np.array_equal(got.latency_ms, lat) and np.array_equal(got.end_ts(), end)
         assert np.array_equal(got.failed_end_ts, np.asarray(failed)) and got.skipped > 10
+        now, before = pgbench.log_figures([path], tmp_path / "h.json"), pgbench.log_stats(lat, end)
+        assert now == pgbench.txlog_stats(txlog.read([path])) and now is not None and before is not None
+        assert now.percentiles_ms == before.percentiles_ms
+    for words in (False, True):  # blocks with neither "f" nor "k" are parsed without polars' null values
+        path = tmp_path / f"pgbench_log.w{int(words)}"
+        write_log(path, 4000, seed=12, lag=True, retries=False)
+        if not words:
+            path.write_text("".join(line + "\n" for line in path.read_text().splitlines() if "ed" not in line))
+        lat, end, _ = former_reader([path])
+        now, before = pgbench.log_figures([path], tmp_path / "h.json"), pgbench.log_stats(lat, end)
+        assert now is not None and before is not None and now.percentiles_ms == before.percentiles_ms
+        assert (now.count, now.first_start, now.last_end) == (before.count, before.first_start, before.last_end)
     assert calls == []
 
 
@@ -322,3 +334,21 @@ def test_first_start_from_the_near_minimum_only_is_exact() -> None:
     f = txlog._seconds(end) - lat / 1000.0 / 1000.0
     assert f[1] < f[0]  # the later integer start is the smaller float
     assert txlog._first_start(lat, end) == float(f[1])
+
+
+@pytest.mark.parametrize("block", [16, 64, 4096])
+def test_blocks_of_a_mapped_log_are_its_lines(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, block: int) -> None:
+    """A plain log is read from a memory map: blocks shorter than a line (each then runs to the next line end),
+    a last line without its newline, and an empty log give the former reader's transactions."""
+    monkeypatch.setattr(txlog, "BLOCK_BYTES", block)
+    path = tmp_path / "pgbench_log.1"
+    write_log(path, 300, seed=5, lag=True, retries=False, cut=True)
+    blocks = list(txlog._file_blocks(path))
+    assert b"".join(blocks) == path.read_bytes() + b"\n" and all(b.endswith(b"\n") for b in blocks)
+    lat, end, failed = former_reader([path])
+    got = txlog.read([path])
+    assert np.array_equal(got.latency_ms, lat) and np.array_equal(got.end_ts(), end)
+    assert np.array_equal(got.failed_end_ts, np.asarray(failed))
+    empty = tmp_path / "pgbench_log.2"
+    empty.write_bytes(b"")
+    assert list(txlog._file_blocks(empty)) == [] and txlog.summarise([empty]).count == 0

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import mmap
 import os
 import shutil
 from collections import deque
@@ -119,23 +120,58 @@ def _blocks(f: IO[bytes]) -> Iterator[bytes]:
         yield chunk if chunk.endswith(b"\n") else chunk + b"\n"
 
 
+def _file_blocks(path: Path) -> Iterator[bytes]:
+    """:func:`_blocks` of a log. A plain one is mapped and each block copied once from the map (a read() and the
+    readline() joined to it copied it twice), its pages let go once copied (they would count in the RSS)."""
+    if path.suffix == ".gz":
+        with gzip.open(path, "rb") as f:
+            yield from _blocks(f)  # type: ignore[arg-type]
+        return
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        if size == 0:
+            return
+        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+            pos = done = 0
+            while pos < size:
+                stop = min(pos + BLOCK_BYTES, size)
+                if stop < size:  # up to the last line end in the block, or past a line longer than a block
+                    cut = mm.rfind(b"\n", pos, stop)
+                    stop = cut + 1 if cut >= 0 else mm.find(b"\n", stop) + 1 or size
+                data = mm[pos:stop]
+                below = stop - stop % mmap.PAGESIZE
+                if below > done:
+                    mm.madvise(mmap.MADV_DONTNEED, done, below - done)
+                    done = below
+                pos = stop
+                yield data if data.endswith(b"\n") else data + b"\n"
+
+
 _Parsed = tuple[np.ndarray, np.ndarray, np.ndarray, int]  # latencies, end times (µs), failed end times, skipped
 
 # Bytes pgbench never writes that would make the CSV reader's first six fields of a line other than str.split()'s
 # (or a line end other than a file read as text's: the carriage return), or a "+" (polars reads "+5" as 5,
-# isdigit() refuses it). Non-ASCII bytes, a space at the block's start and one after a space, a newline or another
-# byte below "0" (a space doubled, a line starting with one) are looked for separately.
+# isdigit() refuses it). Non-ASCII bytes, a block starting with a byte below "0" and two such bytes in a row (a space
+# doubled, a line starting or ending with one) are looked for separately.
 _NEVER = (b"\t", b"\r", b"\x0b", b"\x0c", b"\x1c", b"\x1d", b"\x1e", b"\x1f", b"+")
 _FAILED_OR_SKIPPED = ["failed", "skipped"]
+# polars compares every field with the words only in a block where one could be: a block with neither an "f" (failed)
+# nor a "k" (skipped), most of a run's logs, is parsed without (12 % of polars' parse)
+_WORD_BYTES = (b"f", b"k")
 
 
 def _plain(data: bytes) -> bool:
     """Whether every line's fields are split by single spaces, as pgbench writes them (then polars' fields are
-    str.split()'s)."""
-    if data[:1] == b" " or any(b in data for b in _NEVER):
+    str.split()'s): no byte of _NEVER, no byte past ASCII, no two bytes below "0" in a row (a doubled space, a
+    space starting a line or ending one, an empty line) nor one starting the block. Stricter than needed (a
+    block refused takes the line rule, which gives the same figures), and in three passes over the bytes."""
+    if data[:1] < b"0" or any(b in data for b in _NEVER):
         return False
     a = np.frombuffer(data, np.uint8)
-    return bool(a.max() < 0x80) and not bool(((a[1:] == 0x20) & (a[:-1] < 0x30)).any())
+    if a.max() >= 0x80:
+        return False
+    low = a < 0x30
+    return not bool((low[1:] & low[:-1]).any())
 
 
 def _schema(fields: int, kinds: bool) -> dict[str, Any]:
@@ -158,7 +194,7 @@ def _read_block(data: bytes, kinds: bool) -> pl.DataFrame | None:
     try:  # fields past the sixth are not read; a line with fewer has nulls
         df = pl.read_csv(data, separator=" ", has_header=False, quote_char=None, schema=_schema(fields, kinds),
                          columns=[2, 4, 5], truncate_ragged_lines=True,
-                         null_values=None if kinds else _FAILED_OR_SKIPPED)
+                         null_values=None if kinds or not any(b in data for b in _WORD_BYTES) else _FAILED_OR_SKIPPED)
     except pl.exceptions.PolarsError:  # a field that is no integer (a malformed end time, one beyond int64)
         return None
     sec = df["c4"]
@@ -230,11 +266,10 @@ def _parsed(files: Sequence[Path], parse: Callable[[bytes], _T], parsers: int) -
     with ThreadPoolExecutor(parsers) as pool:
         pending: deque[Future[_T]] = deque()
         for path in files:
-            with open_log(path) as f:
-                for data in _blocks(f):
-                    pending.append(pool.submit(parse, data))
-                    if len(pending) > parsers:
-                        yield pending.popleft().result()
+            for data in _file_blocks(path):
+                pending.append(pool.submit(parse, data))
+                if len(pending) > parsers:
+                    yield pending.popleft().result()
         while pending:
             yield pending.popleft().result()
 
