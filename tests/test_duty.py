@@ -170,3 +170,24 @@ def test_the_report_says_where_the_wall_time_went(sweep: Any) -> None:
     assert found, text
     assert float(found[1]) == pytest.approx(measured / wall * 100, abs=0.06)
     assert float(found[2]) == pytest.approx(measured, abs=0.06) and found[3] == "4"
+
+
+def test_each_runs_probes_close_in_its_closing_phase_with_one_row_past_the_window(sweep: Any) -> None:
+    """The closing sample (issue 33): every rate probe's one row past the window's end is taken by the end of the
+    run's closing-tick phase (in it, or a regular tick between pgbench's exit and the closing), before the summary;
+    nothing the probes read falls in the next run's reset or window."""
+    runs = _runs(sweep)
+    phases = _phases(sweep)
+    store = sweep["store"]
+    for run_id, _run_dir, _window_start, window_end in runs:
+        steps = {name: (s, e) for r, name, s, e in phases if r == run_id}
+        closing = steps["closing-tick"]
+        rows: dict[str, set[float]] = {}
+        for ts, source, metric, _value in store.series(run_id):
+            if metric == "dt" and (source in ("cpu", "pg") or source.startswith("disk:")):
+                rows.setdefault(source, set()).add(ts)
+        assert {"cpu", "pg"} <= set(rows) and any(s.startswith("disk:") for s in rows), sorted(rows)
+        for source, stamps in rows.items():
+            past = [ts for ts in stamps if ts > window_end]
+            assert len(past) == 1, (run_id, source, sorted(stamps), window_end)
+            assert window_end < past[0] <= closing[1] <= steps["summary"][0], (run_id, source, past, closing)

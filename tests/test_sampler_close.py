@@ -1,10 +1,14 @@
 """Opening and closing a run's probes (issue 33). They open side by side, and a failure closes those that opened.
-At the window's end each probe stops once it has the samples its window figures can use, not at a whole tick and a
-margin past the end: a rate probe keeps its first row past the end (the row that holds the end) and nothing after
-it; a gauge nothing taken after the end; the real CPU and disk probes keep the reads that place the edge."""
+At the window's end each probe stops at once with the samples its window figures can use, instead of waiting for a
+whole tick past the end: a rate probe takes one closing sample right away (a row from its last one to that read,
+which holds the end) and nothing after it; a gauge nothing taken after the end. The real CPU and disk probes' closing
+reads place the edge, and the disk probe's window figures then match the counters an independent reader of
+/proc/diskstats took at the window's exact edges."""
 
 from __future__ import annotations
 
+import shutil
+import subprocess
 import tempfile
 import threading
 import time
@@ -13,13 +17,14 @@ from pathlib import Path
 
 import pytest
 
-from pglab.probes import CpuProbe, DiskProbe, ProbeContext, Sample, Sampler, now
-from pglab.probes._util import rows_prorated
+from pglab.probes import CpuProbe, DiskProbe, ProbeContext, Sample, Sampler, now, resolve_device
+from pglab.probes._util import peak_rows, rows_prorated
 
 
 class Rate:
-    """A rate probe: a row every ``row`` seconds from reads every ``interval`` (as the CPU and disk probes), or a
-    row at every tick (``row`` None, as the PostgreSQL probe); each row carries its interval ``dt``."""
+    """A rate probe: a row every ``row`` seconds from reads every ``interval`` (as the CPU and disk probes, whose
+    closing sample makes a row off that grid), or a row at every call (``row`` None, as the PostgreSQL probe, whose
+    closing sample is a plain ``sample``); each row carries its interval ``dt``."""
 
     gauge = False
 
@@ -27,7 +32,9 @@ class Rate:
         self.name, self.interval = name, interval
         if row is not None:
             self.row_interval = row
+            self.closing_sample = self._closing  # the CPU and disk probes' method
         self.calls: list[float] = []
+        self.closing: list[float] = []  # the calls that closed a window
         self._prev: float | None = None
 
     def open(self) -> None:
@@ -38,6 +45,14 @@ class Rate:
         row = getattr(self, "row_interval", None)
         if row is not None and abs(ts / row - round(ts / row)) > self.interval / 2 / row:
             return []  # a fine read only
+        return self._row(ts)
+
+    def _closing(self, ts: float) -> list[Sample]:
+        self.calls.append(ts)
+        self.closing.append(ts)
+        return self._row(ts)
+
+    def _row(self, ts: float) -> list[Sample]:
         assert self._prev is not None
         dt, self._prev = ts - self._prev, ts
         return [Sample(ts, self.name, "n", 1.0), Sample(ts, self.name, "dt", dt)]
@@ -65,8 +80,8 @@ class Silent(Rate):
         return []
 
 
-@pytest.mark.parametrize("fraction", [0.1, 0.45, 0.55, 0.9])
-def test_each_probe_stops_once_it_has_what_a_window_ending_there_uses(fraction: float) -> None:
+@pytest.mark.parametrize("fraction", [0.1, 0.45, 0.55, 0.85])
+def test_each_probe_closes_the_window_at_once_with_one_sample(fraction: float) -> None:
     fine, pg, gauge, silent = Rate("fine", 0.1, row=1.0), Rate("pg", 1.0), Gauge("gauge", 0.2), Silent("none", 0.5)
     sampler = Sampler([fine, pg, gauge, silent])
     sampler.start()
@@ -85,18 +100,22 @@ def test_each_probe_stops_once_it_has_what_a_window_ending_there_uses(fraction: 
         past = [ts for ts in rows if ts > end]
         assert len(past) == 1, (probe.name, rows, end)  # the row that holds the end, and none after it
         assert [ts for ts in probe.calls if ts > past[0]] == []  # not one read more
+        # taken once the close was asked, not at the next whole tick: the only call after it
+        assert [ts for ts in probe.calls if ts >= asked] == [past[0]], (probe.name, probe.calls, asked)
         assert any(ts <= end for ts in rows)
+    assert fine.closing == [max(fine.calls)] and pg.closing == []  # the fine probe's closing row: off its grid
     # a gauge counts what it took by the end: it stops at once, every sample it began is in
     assert [ts for ts in gauge.calls if ts > asked] == []
     assert sorted(s.ts for s in samples if s.source == "gauge") == gauge.calls
-    # a rate probe that gives no row is not waited for past the second boundary after the end
-    assert silent.calls and max(silent.calls) < int(end) + 2 + silent.interval * 1.5
+    # a rate probe that gives no row is asked once more, at the close, and not waited for
+    assert [ts for ts in silent.calls if ts >= asked] == [max(silent.calls)]
 
 
-def test_the_cpu_and_disk_probes_keep_the_reads_that_place_the_windows_edge_and_its_peak_row() -> None:
-    """The real probes, a window ending 0.6 s into a second: the fine reads cover the window (its figures come from
-    them, exact at the edge, not from whole rows) and the row that holds the end, mostly inside it, is kept for
-    the peaks."""
+@pytest.mark.parametrize("fraction", [0.3, 0.6])
+def test_the_cpu_and_disk_probes_closing_reads_place_the_windows_edge(fraction: float) -> None:
+    """The real probes, a window ending ``fraction`` into a second: the closing read covers the window (its figures
+    come from the fine reads, exact at the edge), and the closing row, from the last whole row to that read, is a
+    peak row when the window holds half a row of it (as the whole row it replaces was), not otherwise."""
     ctx = ProbeContext("", paths={"tmp": Path(tempfile.gettempdir())})
     cpu, disk = CpuProbe(ctx), DiskProbe(ctx)
     sampler = Sampler([cpu, disk])
@@ -104,25 +123,78 @@ def test_the_cpu_and_disk_probes_keep_the_reads_that_place_the_windows_edge_and_
     try:
         t = now()
         start = float(int(t) + 1) + 0.3
-        end = start + 3.3
+        end = float(int(start) + 3) + fraction
         time.sleep(end - now())
+        asked = now()
         samples = sampler.close(end)
     finally:
         sampler.stop()
     assert sampler.errors == []
-    for name in ("cpu", "disk"):
+    for name, probe in (("cpu", cpu), ("disk", disk)):
         mine = [s for s in samples if s.source == name or s.source.startswith(name + ":")]
         assert mine, name
         past = sorted({s.ts for s in mine if s.ts > end})
-        assert len(past) == 1, name  # the row that holds the end, no other
-        held = [(r, share) for r, share in rows_prorated(mine, start, end) if r.ts == past[0]]
-        assert held and held[0][1] >= 0.5  # a row a peak is taken from
+        assert len(past) == 1 and past[0] >= asked, name  # the closing row, no other
+        prorated = rows_prorated(mine, start, end)
+        held = [r for r, _share in prorated if r.ts == past[0]]
+        assert held and held[0].get("dt") < 1.0  # from the last whole row, not a whole row
+        assert (held[0] in peak_rows(prorated, probe.row_interval)) == (fraction >= 0.5), (name, held[0])
     exact_cpu = cpu._exact(start, end)
     assert exact_cpu is not None and exact_cpu[1] == pytest.approx(end - start)
     assert disk._exact(start, end)  # every device's deltas over exactly the window
     figures = sampler.summarize(start, end)
     total = sum(exact_cpu[0].host)
     assert figures["cpu_pct"] == pytest.approx(100.0 - (exact_cpu[0].host[3] + exact_cpu[0].host[4]) / total * 100)
+
+
+def _own_diskstats(dev: str) -> tuple[float, int]:
+    """The test's own read of one device's completed writes in /proc/diskstats, and when (epoch seconds): an
+    independent sampler, not pglab's parser."""
+    t = time.time()
+    with open("/proc/diskstats") as f:
+        for line in f:
+            p = line.split()
+            if p[2] == dev:
+                return t, int(p[7])
+    raise AssertionError(f"{dev} is not in /proc/diskstats")
+
+
+def test_a_window_closed_at_its_end_matches_an_independent_read_of_diskstats() -> None:
+    """fio writes at a steady 250 synced 8 KiB writes/s; a window of 3.5 s ends mid-second and the sampler is
+    closed right there, as a run closes it: the disk probe's write IOPS over the window is within 2 % of the counters
+    the test read itself at the window's two edges (its closing read is the edge's, not a whole tick's)."""
+    target = Path(tempfile.mkdtemp(prefix="pglab-close-", dir="/var/tmp"))
+    try:
+        dev = resolve_device(target).device
+        assert dev is not None
+        probe = DiskProbe(ProbeContext("", paths={"data": target}))
+        sampler = Sampler([probe])
+        fio = subprocess.Popen(
+            ["fio", "--name=steady", f"--directory={target}", "--rw=write", "--bs=8k", "--size=8m", "--direct=1",
+             "--fdatasync=1", "--ioengine=sync", "--rate_iops=250", "--time_based", "--runtime=8",
+             "--output-format=json"], stdout=subprocess.DEVNULL)
+        sampler.start()
+        try:
+            t = now()
+            a = float(int(t) + 2) + 0.37  # fio writing steadily by then
+            b = a + 3.5  # mid-second: .87
+            time.sleep(a - now())
+            first = _own_diskstats(dev)
+            time.sleep(max(0.0, b - now()))
+            last = _own_diskstats(dev)
+            samples = sampler.close(last[0])
+        finally:
+            sampler.stop()
+            fio.wait(timeout=60)
+        assert not sampler.errors
+        (ta, wa), (tb, wb) = first, last
+        got = probe.summarize(samples, ta, tb)
+        want = (wb - wa) / (tb - ta)
+        assert want > 200
+        assert got["write_iops"] == pytest.approx(want, rel=0.02), (got["write_iops"], want)
+        assert len({s.ts for s in samples if s.ts > tb}) == 1  # the closing row, nothing after it
+    finally:
+        shutil.rmtree(target, ignore_errors=True)
 
 
 class Opening(Gauge):

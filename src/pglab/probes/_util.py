@@ -71,6 +71,16 @@ def rows_prorated(samples: Iterable[Sample], start: float, end: float) -> list[t
     return out
 
 
+def peak_rows(prorated: Iterable[tuple[Row, float]], row_interval: float) -> list[Row]:
+    """The rows a window's peak (the highest row's rate) is taken from: those mostly inside it (half their interval
+    or more), all of them when none is. A row shorter than half a row interval is no peak of its own: the closing
+    row (from the last whole row to the read just past the window's end) is as long as the end's share of its row,
+    so it counts where the whole row would have, and a fragment of a few reads never stands for a peak."""
+    rows_ = list(prorated)
+    mostly = [r for r, share in rows_ if share >= 0.5 and r.get("dt") >= row_interval / 2]
+    return mostly or [r for r, _ in rows_]
+
+
 def counter_delta(new: int, old: int, bits: int = 32) -> int:
     """Delta of a monotonically increasing kernel counter.
 

@@ -9,7 +9,6 @@ A sample carries the *end* of its interval as ``ts`` and the interval length ``d
 from __future__ import annotations
 
 import contextlib
-import math
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -90,6 +89,14 @@ def closes_with_end(probe: Probe) -> bool:
     return bool(getattr(probe, "gauge", False))
 
 
+def closing_sample(probe: Probe, ts: float) -> list[Sample]:
+    """The sample that closes a window, taken at ``ts`` (just past the window's end): a rate probe's row from its
+    last one to ``ts``, off its row grid. A probe whose rows come from finer reads (CPU, disk) says how with
+    ``closing_sample``; any other's ``sample`` gives a row at every call."""
+    close = getattr(probe, "closing_sample", None)
+    return list(close(ts)) if close is not None else probe.sample(ts)
+
+
 class Sampler:
     """Runs each probe in its own thread at its own interval; collects samples in memory."""
 
@@ -140,22 +147,25 @@ class Sampler:
     def _sample_until_stopped(self, probe: Probe) -> None:
         interval = probe.interval
         next_tick = (int(now() / interval) + 1) * interval
-        last: float | None = None  # the tick of the last sample taken
-        last_row: float | None = None  # … and of the last one that gave rows (a fine read alone gives none)
+        last_row: float | None = None  # the tick of the last sample that gave rows (a fine read alone gives none)
         while True:
+            closing = False
             with self._wake:
                 while True:
                     if self._stop.is_set():
                         return
-                    if self._end is not None and self._closed(probe, self._end, last, last_row):
-                        return
+                    if self._end is not None:
+                        if self._closed(probe, self._end, last_row):
+                            return
+                        closing = True  # the window ended: its closing sample now, not at the next tick
+                        break
                     delay = next_tick - now()
                     if delay <= 0:
                         break
                     self._wake.wait(delay)
             ts = now()
             try:
-                got = probe.sample(ts)
+                got = closing_sample(probe, ts) if closing else probe.sample(ts)
             except Exception as exc:  # a probe failing must not kill the run; it is recorded
                 self.errors.append(f"{probe.name}: {exc}")
                 if self._on_error:
@@ -163,7 +173,8 @@ class Sampler:
                 got = []
             with self._lock:
                 self.samples.extend(got)
-            last = ts
+            if closing:  # taken once, whether it gave a row or not (no device to read, a failing query)
+                return
             if got:
                 last_row = ts
             next_tick += interval
@@ -172,20 +183,14 @@ class Sampler:
                 next_tick += (int(late / interval) + 1) * interval
 
     @staticmethod
-    def _closed(probe: Probe, end: float, last: float | None, last_row: float | None) -> bool:
-        """Whether ``probe`` has every sample its figures over a window ending by ``end`` can use.
+    def _closed(probe: Probe, end: float, last_row: float | None) -> bool:
+        """Whether ``probe`` already has every sample its figures over a window ending by ``end`` can use, so that
+        it needs no closing sample.
 
         A gauge (:func:`closes_with_end`): those taken by ``end``, every one of them complete (this runs between
-        samples). A rate probe: its first row past ``end`` (the row whose interval holds the end: by the middle of
-        its interval or by its share inside, it may count); rows after it lie wholly past the end. A probe that
-        gave no row for a whole row interval past the end's next boundary (no device to read, a failing query)
-        gives none: not waited for longer."""
-        if closes_with_end(probe):
-            return True
-        if last_row is not None and last_row > end:
-            return True
-        row = float(getattr(probe, "row_interval", probe.interval))
-        return last is not None and last >= (math.floor(end / row) + 2) * row
+        samples). A rate probe: a row past ``end`` (its interval holds the end; rows after it lie wholly past the
+        end), which a tick between the end and the close may have given; else it takes its closing sample."""
+        return closes_with_end(probe) or (last_row is not None and last_row > end)
 
     def stop(self, timeout: float = STOP_TIMEOUT_S) -> list[Sample]:
         """Stop the probes within ``timeout`` seconds in all. A probe still waiting on a server that does not answer
@@ -213,12 +218,15 @@ class Sampler:
 
     def close(self, end: float, timeout: float = STOP_TIMEOUT_S,
               join: Callable[[threading.Thread, float], None] | None = None) -> list[Sample]:
-        """The window ended at ``end`` (epoch seconds, no earlier than the window's last instant): each probe stops
-        as soon as it has the samples its figures over the window can use (see :meth:`_closed`), instead of every
-        probe waiting for a whole tick past the end. What the window's figures are made of is the same as when
-        every probe sampled on to the next tick and a margin: a gauge's samples past the end never counted, nor a
-        rate probe's rows after the one that holds the end. ``join`` waits for one thread (``interrupts.join``
-        in a run: a signal is acted on there); then :meth:`stop`, with what is left of ``timeout``."""
+        """The window ended at ``end`` (epoch seconds, no earlier than the window's last instant, and not in the
+        future): each probe stops as soon as it has the samples its figures over the window can use. A gauge at once
+        (its snapshots taken by the end are all it counts); a rate probe after its closing sample, taken at once
+        (:func:`closing_sample`): a row from its last one to now, which holds the end, instead of waiting for the
+        next whole tick (0-1 s; the sampling margin before issue 33 added 0.25 s). The rate probes' figures come
+        from their reads (CPU and disk: the fine reads at each edge; PostgreSQL's: the rows whose middle lies in
+        the window), and the closing read is the first past the end, as the next tick's was. ``join`` waits for
+        one thread (``interrupts.join`` in a run: a signal is acted on there); then :meth:`stop`, with what is
+        left of ``timeout``."""
         with self._wake:
             self._end = end
             self._wake.notify_all()

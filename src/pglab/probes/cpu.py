@@ -31,7 +31,7 @@ import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from pglab.probes._util import counter_delta, rows_prorated
+from pglab.probes._util import counter_delta, peak_rows, rows_prorated
 from pglab.probes.base import ProbeContext, Sample, now
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -305,6 +305,13 @@ class CpuProbe:
         self._next_row = _row_after(self._t0, self.row_interval)
 
     def sample(self, ts: float) -> list[Sample]:
+        return self._sample(ts, closing=False)
+
+    def closing_sample(self, ts: float) -> list[Sample]:
+        """A read now and the row since the last one, off the row grid: the sample that closes a window."""
+        return self._sample(ts, closing=True)
+
+    def _sample(self, ts: float, closing: bool) -> list[Sample]:
         t_read = now()
         cpu = read_cpu_times()
         before = self._tree.refresh()
@@ -318,7 +325,7 @@ class CpuProbe:
         ticks = _Ticks(d, server, client, lab, bool(servers))
         self._reads.append(_Fine(t_read, ticks))
         self._row = self._row + ticks
-        if self.interval < self.row_interval and ts < self._next_row - self.interval / 2:
+        if not closing and self.interval < self.row_interval and ts < self._next_row - self.interval / 2:
             return []  # a fine read only: kept for the window's edges
         self._next_row = _row_after(ts, self.row_interval)
         t = time.monotonic()
@@ -379,7 +386,7 @@ class CpuProbe:
         """Figures over the exact window: from this probe's fine reads when they cover it; else (rows from
         elsewhere) each row weighs the seconds of its interval inside the window."""
         rs = rows_prorated(samples, start, end)
-        mostly = [r for r, share in rs if share >= 0.5] or [r for r, _ in rs]  # a peak is one row's
+        mostly = peak_rows(rs, self.row_interval)  # a peak is one row's
         exact = self._exact(start, end)
         if exact is not None and exact[1] > 0:
             ticks, seconds = exact

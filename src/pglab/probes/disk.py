@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pglab.probes._pg import ProbeOpenError
-from pglab.probes._util import Row, counter_delta, rows_prorated
+from pglab.probes._util import Row, counter_delta, peak_rows, rows_prorated
 from pglab.probes.base import ProbeContext, Sample, now
 
 SYSFS = Path("/sys")
@@ -324,10 +324,17 @@ class DiskProbe:
         return (math.floor(ts / self.row_interval + 0.5) + 1) * self.row_interval
 
     def sample(self, ts: float) -> list[Sample]:
+        return self._sample(ts, closing=False)
+
+    def closing_sample(self, ts: float) -> list[Sample]:
+        """A read now and the row since the last one, off the row grid: the sample that closes a window."""
+        return self._sample(ts, closing=True)
+
+    def _sample(self, ts: float, closing: bool) -> list[Sample]:
         if not self.devices:
             return []
         t, cur = self._read()
-        if self.interval < self.row_interval and ts < self._next_row - self.interval / 2:
+        if not closing and self.interval < self.row_interval and ts < self._next_row - self.interval / 2:
             return []  # a fine read only: kept for the window's edges
         self._next_row = self._row_after(ts)
         dt = t - self._prev_t
@@ -385,7 +392,7 @@ class DiskProbe:
             rs = per_dev.get(dev, [])
             s = exact.get(dev) or {k: sum(r.get(k) * share for r, share in rs) for k in _RAW}
             # a peak is one row's: the rows mostly inside the window (all of them when none is)
-            mostly = [r for r, share in rs if share >= 0.5] or [r for r, _ in rs]
+            mostly = peak_rows(rs, self.row_interval)
             s["util_max"] = (max(r.get("util_pct") for r in mostly) if mostly
                              else s["d_io_ticks"] / (s["dt"] * 1000) * 100 if s["dt"] > 0 else 0.0)
             sums[dev] = s
