@@ -20,6 +20,9 @@ Why it is built this way:
   (every process of the node, pods included, under /<hierarchy>/pglab-kube-lab/<node>: losing the node is
   killing that cgroup), and its own disk: a loop device over a sparse file with its own file system (ext4 and
   XFS in turn), where its provisioner makes the volumes of the pods scheduled to it (WaitForFirstConsumer).
+- Two storage classes that differ for real: lab-local on that disk, and lab-throttled on a second disk of each
+  node (a loop device of its own) whose requests and bytes a cgroup v1 blkio throttle limits (THROTTLE), with a
+  provisioner per class on each node.
 - No network leaves the machine. The API server listens only on the bridge's address (10.245.0.1); a FORWARD
   rule drops whatever the nodes and pods send anywhere but to each other and to this machine; CoreDNS answers
   only for the cluster's names (no upstream).
@@ -1029,6 +1032,8 @@ def main() -> None:
                     os.chown(f, uid, gid)
             nodes = ", ".join(f"{n.name} ({n.role or 'every role'}, {n.fstype})" for n in lab.nodes)
             print(f"Kubernetes lab ready in {lab.timings['ready_s']:.0f} s with {len(lab.nodes)} nodes: {nodes}; "
+                  f"storage classes {STORAGE_CLASS} and {THROTTLED_CLASS} ({THROTTLE['write_iops_device']} IOPS "
+                  f"and {THROTTLE['write_bps_device'] >> 20} MiB/s each way); "
                   f"images: {', '.join(sorted(set(lab.image_names.values())))}")
             print(f"export KUBECONFIG={lab.kubeconfig}")
         elif args.cmd == "down":
