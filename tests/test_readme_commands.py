@@ -186,7 +186,7 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, s
     _sweep(results / "study-qos-tiers", "study-qos-tiers", [{"arrangement": "no-qos"}, {"arrangement": "qos-tiers"}],
            tenants=3)
     _sweep(results / "study-storage-classes", "study-storage-classes", _matrix(
-        storage=["disk", "memory"], workload=["tpcb-like"], synchronous_commit=["on"], clients=[8]))
+        storage=["capped", "local"], workload=["tpcb-like"], synchronous_commit=["on"], clients=[8]))
     _sweep(results / "study-fio-then-pgbench", "study-fio-then-pgbench", _matrix(
         workload=["tpcb-like"], synchronous_commit=["on"], clients=[1, 4]), storage=True)
     managed = _matrix(workload=["tpcb-like", "select-only"], synchronous_commit=["on"], clients=[4, 8])

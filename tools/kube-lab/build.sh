@@ -3,7 +3,9 @@
 # images from Debian's packages, no registry. Everything goes to the lab cache, outside the checkout:
 #   $PGLAB_KUBE_LAB_CACHE (default ${XDG_CACHE_HOME:-~/.cache}/pglab/kube-lab)
 #     go/                 Go module and build caches (a rebuild after a version bump reuses what did not change)
-#     bin-<key>/          kube-apiserver … kubectl, etcd, pause, hostpath-provisioner, manager (CloudNativePG), coredns
+#     bin-<key>/          kube-apiserver … kubectl, etcd, pause, manager (CloudNativePG), coredns
+#       provisioner-<pkey>/hostpath-provisioner   the lab's volume provisioner, keyed by its own source (and go.sum)
+#                         alone: an edit of it builds only it (seconds), not Kubernetes (kubelab.py computes <pkey>)
 #     images-<key>/       docker-archive tarballs for `ctr images import`, and the operator's manifests
 # <key> digests the inputs (this folder's files and the Go version), so a second run with the same inputs builds
 # nothing, and a changed pin builds again beside the old one.
@@ -35,7 +37,8 @@ toolchain="$(env GOPATH="$cache/go" GOMODCACHE="$cache/go/mod" GOFLAGS=-modcache
     sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')"
 [ -x "$toolchain/bin/go" ] || chmod -R u+x "$toolchain/bin" "$toolchain/pkg/tool"
 go="$toolchain/bin/go"
-bin_key="$(digest k8s cnpg coredns build.sh)"
+# The provisioner is not in the binaries' key (its edits would rebuild Kubernetes): it has a key of its own below.
+bin_key="$(digest k8s/go.mod k8s/go.sum k8s/tools.go k8s/cmd/etcd k8s/cmd/pause cnpg coredns build.sh)"
 bin="$cache/bin-$bin_key"
 if [ ! -f "$bin/.complete" ]; then
     echo "kube-lab: building Kubernetes v$KUBERNETES_VERSION, etcd, CloudNativePG $CNPG_VERSION and CoreDNS $COREDNS_VERSION" \
@@ -51,7 +54,7 @@ if [ ! -f "$bin/.complete" ]; then
     (cd "$here/k8s" && gorun build -trimpath -ldflags "$ld" -o "$bin/" \
         k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager \
         k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubelet k8s.io/kubernetes/cmd/kube-proxy \
-        k8s.io/kubernetes/cmd/kubectl ./cmd/etcd ./cmd/pause ./cmd/hostpath-provisioner)
+        k8s.io/kubernetes/cmd/kubectl ./cmd/etcd ./cmd/pause)
     (cd "$here/cnpg" && gorun build -trimpath -ldflags "-s -w" -o "$bin/manager" \
         github.com/cloudnative-pg/cloudnative-pg/cmd/manager)
     (cd "$here/coredns" && gorun build -trimpath -ldflags "-s -w" -o "$bin/coredns" .)
@@ -61,6 +64,17 @@ if [ ! -f "$bin/.complete" ]; then
     echo "kube-lab: binaries built in $((SECONDS - t0)) s" >&2
     touch "$bin/.complete"
 fi
+
+# The provisioner's key: its files and the module's go.mod/go.sum, in the form kubelab.py's provisioner_key() computes.
+prov_key="$(cd "$here" && find k8s/cmd/hostpath-provisioner k8s/go.mod k8s/go.sum -type f | LC_ALL=C sort |
+    xargs sha256sum | sha256sum | cut -c1-16)"
+prov="$bin/provisioner-$prov_key"
+if [ ! -x "$prov/hostpath-provisioner" ]; then
+    rm -rf "$prov" && mkdir -p "$prov"
+    (cd "$here/k8s" && gorun build -trimpath -ldflags "-s -w" -o "$prov/" ./cmd/hostpath-provisioner)
+fi
+# where an older checkout's kubelab.py looks for it
+ln -sfn "provisioner-$prov_key/hostpath-provisioner" "$bin/hostpath-provisioner"
 
 images_key="$(digest images manifests build.sh | cut -c1-8)$bin_key"
 images="$cache/images-$images_key"

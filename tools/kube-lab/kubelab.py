@@ -20,6 +20,9 @@ Why it is built this way:
   (every process of the node, pods included, under /<hierarchy>/pglab-kube-lab/<node>: losing the node is
   killing that cgroup), and its own disk: a loop device over a sparse file with its own file system (ext4 and
   XFS in turn), where its provisioner makes the volumes of the pods scheduled to it (WaitForFirstConsumer).
+- Two storage classes that differ for real: lab-local on that disk, and lab-throttled on a second disk of each
+  node (a loop device of its own) whose requests and bytes a cgroup v1 blkio throttle limits (THROTTLE), with a
+  provisioner per class on each node.
 - No network leaves the machine. The API server listens only on the bridge's address (10.245.0.1); a FORWARD
   rule drops whatever the nodes and pods send anywhere but to each other and to this machine; CoreDNS answers
   only for the cluster's names (no upstream).
@@ -37,6 +40,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import fcntl
+import hashlib
 import json
 import os
 import pwd
@@ -59,15 +63,26 @@ SERVICE_CIDR = "10.96.0.0/16"
 API_SERVICE_IP = "10.96.0.1"
 DNS_IP = "10.96.0.10"
 STORAGE_CLASS = "lab-local"
+THROTTLED_CLASS = "lab-throttled"  # the slow class: each node's second disk, limited by THROTTLE
+# The second disk's limits (cgroup v1 blkio throttle, per direction, on its loop device): 100 requests and 8 MiB a
+# second, a small cloud disk's figures. cgroup v1 throttles only the I/O of the tasks in the cgroup that carries the
+# rule (not its children), so a node's throttle daemon writes it into every cgroup of the node as it appears (the
+# kubelet's pods, runc's containers) and into the root cgroup (the kernel's threads: journal commits, writeback).
+THROTTLE = {"read_iops_device": 100, "write_iops_device": 100, "read_bps_device": 8 << 20,
+            "write_bps_device": 8 << 20}
+THROTTLE_POLL_S = 0.1
 HOUSEKEEPING_S = 2              # cAdvisor's (the kubelet's) container stats interval
 START_TIMEOUT_S = 240           # each component; the first start of a slow, busy machine took ~40 s in all
 NODE_MONITOR_GRACE_S = 20       # a node that stops reporting is NotReady after this (Kubernetes' default: 40-50 s)
 DEFAULT_NODES = 5               # 3 database nodes and 2 client nodes: the studies' placement, load over 2 nodes
 DATABASE_NODES = 3              # at most: one per instance of a 3-instance Cluster, the rest are client nodes
 DISK_BYTES = 8 << 30            # each node's disk: a sparse file on a loop device
+SLOW_DISK_BYTES = 4 << 30       # each node's second disk (THROTTLED_CLASS), likewise
+DISKS = {STORAGE_CLASS: "disk", THROTTLED_CLASS: "slow"}  # class -> the node's image <name>.img, mounted at <name>/
 CGROUP = "pglab-kube-lab"       # every node's processes (its daemons, shims and pods) under /<hierarchy>/CGROUP/<node>
 CP_STOP_ORDER = ("kube-scheduler", "kube-controller-manager", "kube-apiserver")
-NODE_DAEMONS = ("provisioner", "kube-proxy", "kubelet", "containerd")  # the order a node's daemons are stopped in
+# the order a node's daemons are stopped in (started in reverse: the throttle before the kubelet's first pod)
+NODE_DAEMONS = ("provisioner", "provisioner-throttled", "kube-proxy", "kubelet", "throttle", "containerd")
 ROLE_LABEL = "pglab.io/role"
 SYSTEM_LABEL = "lab.pglab/system"  # the node CoreDNS and the operator are kept on (tools/kube-lab/manifests)
 
@@ -189,6 +204,7 @@ class KubeLab:
     def __init__(self, images: Path | None = None, root: Path | None = None, nodes: int | None = None) -> None:
         self.images = images or newest_images()
         self.bin = self.images.parent / ("bin-" + self.images.name.split("-", 1)[1][8:])
+        self.provisioner = self.bin / f"provisioner-{provisioner_key()}" / "hostpath-provisioner"
         self.root = root or Path(tempfile.mkdtemp(prefix="pglab-kube-lab-"))
         self.root.chmod(0o755)
         self.kubeconfig = self.root / "admin.kubeconfig"
@@ -215,12 +231,18 @@ class KubeLab:
         if not Path("/sys/fs/cgroup/cpu").exists():
             raise LabError("no cgroup v1 hierarchy at /sys/fs/cgroup/cpu: the lab's kubelets need cgroup v1")
         tools = ["containerd", "runc", "ctr", "iptables", "openssl", "ip", "nsenter", "losetup", "mkfs.ext4"]
+        if not (Path("/sys/fs/cgroup/blkio") / "blkio.throttle.write_iops_device").exists():
+            raise LabError("no cgroup v1 blkio throttle at /sys/fs/cgroup/blkio: the lab's class lab-throttled needs "
+                           "it")
         tools += ["mkfs.xfs"] if any(n.fstype == "xfs" for n in self.nodes) else []
         for tool in tools:
             if shutil.which(tool) is None:
                 raise LabError(f"{tool} is not installed: run ./setup.sh test, which installs the lab's packages")
         if not (self.bin / "kubelet").exists():
             raise LabError(f"the lab's binaries are missing beside {self.images}: run ./setup.sh test to build them")
+        if not self.provisioner.exists():
+            raise LabError(f"the volume provisioner of this checkout is not built ({self.provisioner}): run "
+                           "./setup.sh test (or tools/kube-lab/build.sh GO), which builds it in seconds")
         clean_orphan()
         t0 = time.monotonic()
         self._claim()
@@ -256,16 +278,16 @@ class KubeLab:
                 return node
         raise LabError(f"no node {name} in this lab (its nodes: {', '.join(n.name for n in self.nodes)})")
 
-    def node_disk(self, name: str) -> Path:
-        """Where a node's volumes are: the mount of its own disk."""
-        return node_root(self.root, name) / "disk"
+    def node_disk(self, name: str, storage_class: str = STORAGE_CLASS) -> Path:
+        """Where a node's volumes of a class are: the mount of its disk for that class."""
+        return node_root(self.root, name) / DISKS[storage_class]
 
-    def node_device(self, name: str) -> str:
-        """The kernel's name of a node's disk (its loop device, as /proc/diskstats names it)."""
-        image = node_root(self.root, self.node(name).name) / "disk.img"
+    def node_device(self, name: str, storage_class: str = STORAGE_CLASS) -> str:
+        """The kernel's name of a node's disk for a class (its loop device, as /proc/diskstats names it)."""
+        image = node_root(self.root, self.node(name).name) / f"{DISKS[storage_class]}.img"
         found = run("losetup", "-j", image).stdout.split(":", 1)[0]
         if not found.startswith("/dev/"):
-            raise LabError(f"node {name} has no disk attached")
+            raise LabError(f"node {name} has no disk attached for {storage_class}")
         return found.removeprefix("/dev/")
 
     def stop_node(self, name: str) -> None:
@@ -366,19 +388,24 @@ class KubeLab:
         """The node's folders, disk, cgroup and configuration, and the commands that start its daemons (kept in
         its folder, so that ``kubelab.py node start`` can start a stopped node again from another process)."""
         r, b, pki = node_root(self.root, node.name), self.bin, self.root / "pki"
-        for d in ("etc/cni", "var", "run", "log", "disk"):
+        for d in ("etc/cni", "var", "run", "log", *DISKS.values()):
             (r / d).mkdir(parents=True, exist_ok=True)
-        image = r / "disk.img"
-        with open(image, "wb") as f:
-            f.truncate(DISK_BYTES)
         mkfs = ("mkfs.xfs", "-q", "-f") if node.fstype == "xfs" else ("mkfs.ext4", "-q", "-F", "-E",
                                                                        "lazy_itable_init=0,lazy_journal_init=0")
-        run(*mkfs, image, timeout=300)
-        # direct I/O: the loop device writes through to the backing file as a disk does, without a second page cache
-        loop = run("losetup", "--find", "--show", "--direct-io=on", image).stdout.strip()
-        run("mount", loop, r / "disk")
-        (r / "disk/pv").mkdir()
-        (r / "disk/pv").chmod(0o755)
+        devices: dict[str, str] = {}
+        for disk, size in ((DISKS[STORAGE_CLASS], DISK_BYTES), (DISKS[THROTTLED_CLASS], SLOW_DISK_BYTES)):
+            image = r / f"{disk}.img"
+            with open(image, "wb") as f:
+                f.truncate(size)
+            run(*mkfs, image, timeout=300)
+            # direct I/O: the loop device writes through to the backing file as a disk does, without a second page
+            # cache
+            loop = devices[disk] = run("losetup", "--find", "--show", "--direct-io=on", image).stdout.strip()
+            if disk == DISKS[THROTTLED_CLASS]:
+                set_throttle(Path("/sys/fs/cgroup/blkio"), device_number(loop))  # the kernel's threads' I/O
+            run("mount", loop, r / disk)
+            (r / disk / "pv").mkdir()
+            (r / disk / "pv").chmod(0o755)
         for hierarchy in cgroup_hierarchies():
             path = hierarchy / CGROUP / node.name
             path.mkdir(parents=True, exist_ok=True)
@@ -454,8 +481,13 @@ state = "{r}/run/containerd"
                 "--conntrack-tcp-timeout-established=0", "--conntrack-tcp-timeout-close-wait=0",
                 "--bind-address=127.0.0.1", "--metrics-bind-address=127.0.0.1:10249",
                 "--healthz-bind-address=127.0.0.1:10256"]},
-            "provisioner": {"cmd": [f"{b}/hostpath-provisioner", f"--kubeconfig={self.kubeconfig}",
-                                    f"--root={r}/disk/pv", f"--node={node.name}"]},
+            "provisioner": {"cmd": [str(self.provisioner), f"--kubeconfig={self.kubeconfig}",
+                                    f"--root={r}/disk/pv", f"--node={node.name}", f"--class={STORAGE_CLASS}"]},
+            "provisioner-throttled": {"cmd": [
+                str(self.provisioner), f"--kubeconfig={self.kubeconfig}", f"--root={r}/slow/pv",
+                f"--node={node.name}", f"--class={THROTTLED_CLASS}"]},
+            "throttle": {"cmd": [sys.executable, str(Path(__file__).resolve()), "throttle", node.name,
+                                 device_number(devices[DISKS[THROTTLED_CLASS]])]},
         }
         (r / "daemons.json").write_text(json.dumps(daemons, indent=1))
 
@@ -644,6 +676,51 @@ def start_objectstore(root: Path, build: Path | None = None) -> dict[str, float]
     return timings
 
 
+# ---------------------------------------------------------------------- the slow disk's throttle
+def provisioner_key() -> str:
+    """The key build.sh gives this checkout's provisioner build: its source and the module's go.mod/go.sum."""
+    here = Path(__file__).resolve().parent
+    files = sorted(str(p.relative_to(here)) for p in (here / "k8s/cmd/hostpath-provisioner").rglob("*") if p.is_file())
+    lines = "".join(f"{hashlib.sha256((here / f).read_bytes()).hexdigest()}  {f}\n"
+                    for f in sorted([*files, "k8s/go.mod", "k8s/go.sum"]))
+    return hashlib.sha256(lines.encode()).hexdigest()[:16]
+
+
+def device_number(device: str) -> str:
+    """``major:minor`` of a block device (/dev/loopN), as the blkio files name it."""
+    rdev = os.stat(device).st_rdev
+    return f"{os.major(rdev)}:{os.minor(rdev)}"
+
+
+def set_throttle(cgroup: Path, device: str, limits: dict[str, int] | None = None) -> None:
+    """Writes THROTTLE (or ``limits``; 0 removes a rule) for ``device`` into one blkio cgroup."""
+    for name, value in (THROTTLE if limits is None else limits).items():
+        (cgroup / f"blkio.throttle.{name}").write_text(f"{device} {value}\n")
+
+
+def throttle(node_name: str, device: str) -> None:
+    """A node's throttle daemon: THROTTLE for ``device`` in every blkio cgroup of the node, the new ones within
+    THROTTLE_POLL_S of their creation (before runc starts a container's process in it, mostly), until killed."""
+    base = Path("/sys/fs/cgroup/blkio") / CGROUP / node_name
+    done: set[str] = set()
+    while True:
+        seen: set[str] = set()
+        for path, _dirs, _files in os.walk(base):
+            seen.add(path)
+            if path not in done:
+                with contextlib.suppress(OSError):  # a cgroup removed meanwhile
+                    set_throttle(Path(path), device)
+                    done.add(path)
+        done &= seen
+        time.sleep(THROTTLE_POLL_S)
+
+
+def clear_throttle(device_path: str) -> None:
+    """Removes the root cgroup's rules for a slow disk's loop device (before it is detached: the rules outlive it)."""
+    with contextlib.suppress(OSError):
+        set_throttle(Path("/sys/fs/cgroup/blkio"), device_number(device_path), {k: 0 for k in THROTTLE})
+
+
 # ---------------------------------------------------------------------- processes, by the state the lab keeps
 def node_root(root: Path, name: str) -> Path:
     return root / "nodes" / name
@@ -817,9 +894,12 @@ def stop_lab(root: Path) -> None:
         if run("umount", mount, check=False).returncode != 0:
             run("umount", "-l", mount, check=False)
     for node in nodes:
-        image = node_root(root, node.name) / "disk.img"
-        for line in run("losetup", "-j", image, check=False).stdout.splitlines():
-            run("losetup", "-d", line.split(":", 1)[0], check=False)
+        for disk in DISKS.values():
+            image = node_root(root, node.name) / f"{disk}.img"
+            for line in run("losetup", "-j", image, check=False).stdout.splitlines():
+                if disk == DISKS[THROTTLED_CLASS]:
+                    clear_throttle(line.split(":", 1)[0])
+                run("losetup", "-d", line.split(":", 1)[0], check=False)
         run("ip", "netns", "del", node.netns, check=False)
         run("ip", "link", "del", node.veth, check=False)
     _remove_cgroups()
@@ -926,6 +1006,10 @@ def main() -> None:
                    "the running lab (a plan that archives WAL or takes a backup needs them)")
     sub.add_parser("down", help="stop the running lab")
     sub.add_parser("clean", help="stop a lab whose owner (a test run) is gone")
+    thr = sub.add_parser("throttle", help="(a node's daemon, started by the lab) keep the slow disk's blkio limits "
+                         "in every cgroup of the node")
+    thr.add_argument("node")
+    thr.add_argument("device", help="major:minor of the node's slow disk")
     node = sub.add_parser("node", help="stop a node of the running lab as a machine dies, or start it again")
     node.add_argument("action", choices=("stop", "start"))
     node.add_argument("name")
@@ -948,6 +1032,8 @@ def main() -> None:
                     os.chown(f, uid, gid)
             nodes = ", ".join(f"{n.name} ({n.role or 'every role'}, {n.fstype})" for n in lab.nodes)
             print(f"Kubernetes lab ready in {lab.timings['ready_s']:.0f} s with {len(lab.nodes)} nodes: {nodes}; "
+                  f"storage classes {STORAGE_CLASS} and {THROTTLED_CLASS} ({THROTTLE['write_iops_device']} IOPS "
+                  f"and {THROTTLE['write_bps_device'] >> 20} MiB/s each way); "
                   f"images: {', '.join(sorted(set(lab.image_names.values())))}")
             print(f"export KUBECONFIG={lab.kubeconfig}")
         elif args.cmd == "down":
@@ -965,6 +1051,8 @@ def main() -> None:
             print(f"object store {OBJECTSTORE_URL} (Secret {OBJECTSTORE_NS}/{OBJECTSTORE_SECRET}) and the plugin "
                   f"{PLUGIN_NAME} ready in {timings['objectstore_s']:.0f} s (images "
                   f"{timings['image_import_s']:.0f} s)")
+        elif args.cmd == "throttle":
+            throttle(args.node, args.device)
         elif args.cmd == "node":
             root = running_root()
             (stop_node if args.action == "stop" else start_node)(root, args.name)
