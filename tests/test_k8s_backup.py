@@ -413,6 +413,27 @@ def test_a_restore_check_recovers_a_cluster_from_the_backup_and_counts_what_it_l
     assert_all_deleted(api)  # the recovered Cluster too
 
 
+def test_a_recovered_cluster_never_healthy_fails_the_run_and_is_deleted(
+        restore_fake: tuple[FakeAPI, client.ApiClient], tmp_path: Path) -> None:
+    api, api_client = restore_fake
+    read = api.store.on_read["Cluster"]
+
+    def stuck(key: str, obj: dict[str, Any]) -> None:
+        read(key, obj)
+        if key.endswith("/pg-restore"):
+            obj["status"] = {"phase": "Setting up primary", "readyInstances": 0}
+
+    api.store.on_read["Cluster"] = stuck
+    result = run(api_client, tmp_path, RESTORE_PLAN, ready_timeout_s=1.0)
+    assert (result.ok, result.failed) == (0, 1)
+    assert ("restore check: Cluster/pg-restore recovered from the backup not healthy after 1 s (phase: Setting up "
+            "primary)") in str(result.failures), result.failures
+    assert not any(b["metadata"]["name"] == READER for b in api.posted)  # nothing read from it
+    assert ("DELETE", "/apis/postgresql.cnpg.io/v1/namespaces/bench/clusters/pg-restore") in api.requests
+    api.objects.pop(SOURCE)
+    assert_all_deleted(api)
+
+
 def test_the_recovered_cluster_is_valid_for_cloudnativepg(checker: Path, tmp_path: Path) -> None:
     plan = parse_plan(RESTORE_PLAN, base_dir=tmp_path)
     path = tmp_path / "restore.yaml"
