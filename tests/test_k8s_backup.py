@@ -7,6 +7,10 @@ tests/test_kube_lab_backup.py."""
 from __future__ import annotations
 
 import base64
+import csv
+import io
+import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -15,12 +19,23 @@ from kubernetes import client
 
 from conftest import pglab
 from k8s_fake import FakeAPI, cnpg_crd, exporter_text, results_log
-from k8s_support import PGBENCH, assert_all_deleted, k8s_plan, run
+from k8s_fake.routing import NS, Answer, Request, Route
+from k8s_support import PGBENCH, assert_all_deleted, check, k8s_plan, run
 from pglab.plan.load import parse_plan
 from pglab.store.sqlite import Store
 from pglab.targets.kubernetes import exporter
+from pglab.targets.kubernetes.orchestrate import HEALTHY
 from pglab.targets.kubernetes.preflight import BARMAN_CRD, check_wal_archive
-from pglab.targets.kubernetes.render import BARMAN_PLUGIN, COPY_FROM, START_MARK, STORE_MARK, render
+from pglab.targets.kubernetes.render import (
+    BARMAN_PLUGIN,
+    COPY_FROM,
+    START_MARK,
+    STORE_MARK,
+    WITNESS_MARK,
+    render,
+    to_yaml,
+)
+from pglab.targets.kubernetes.restore import RESTORE_MARK, recovered_cluster
 from pglab.targets.kubernetes.scenario import lsn
 
 ARCHIVE = ("wal_archive: {s3: {endpoint: 'http://s3.objectstore.svc:7070', destination: 's3://pglab/k',"
@@ -268,3 +283,186 @@ def test_the_preflight_checks_the_plugin_and_what_the_plan_names(fake: tuple[Fak
     before = len(api.requests)
     assert check_wal_archive(parse_plan(k8s_plan("run: {duration: 4s}"), base_dir=tmp_path), api_client) == []
     assert len(api.requests) == before
+
+
+# ---------------------------------------------------------------------------------------------- the restore check
+RESTORE_PLAN = k8s_plan("matrix: {clients: [2], jobs: [1], scenario: [{kind: backup, at: 1s, restore_check: true}]}",
+                        "run: {duration: 4s}", kubernetes=ARCHIVE).replace("instances: 2", "instances: 1")
+WITNESS_JOB, READER = "pg-witness-0000-1", "pg-restore-read"
+END = 0x5000138  # the fake Backup's endLSN
+
+
+def witness_attempts() -> list[tuple[str, int, str]]:
+    """Ten writes 4 MiB of WAL apart from 0/3400000, the fourth refused before its insert: the eighth's insert is
+    the last at or before the backup's end LSN, so the first seven's commits are before it (the seventh's because
+    the eighth began after it was acknowledged) and 8-10 after it."""
+    out = []
+    for i in range(1, 11):
+        position = 0x3000000 + i * 0x400000
+        out.append(("failed", i, "-") if i == 4 else ("acked", i, f"{position >> 32:X}/{position & 0xFFFFFFFF:X}"))
+    return out
+
+
+def test_witness_acks_split_at_the_backups_end() -> None:
+    from pglab.scenarios.witness import ACKED, FAILED, Attempt, acked_before_lsn
+
+    attempts = [Attempt(i, FAILED if what == "failed" else ACKED, 0.0, 0.0, None, None if at == "-" else at)
+                for what, i, at in witness_attempts()]
+    assert acked_before_lsn(attempts, END) == ([1, 2, 3, 5, 6, 7], [8, 9, 10])
+    assert acked_before_lsn(attempts, 0) == ([], [1, 2, 3, 5, 6, 7, 8, 9, 10])  # nothing before: all after
+
+
+@pytest.fixture
+def restore_fake(backup_fake: tuple[FakeAPI, client.ApiClient]) -> tuple[FakeAPI, client.ApiClient]:
+    """The backup fake, with the witness writing the ten attempts above (and reading all of its acked ones back),
+    and CloudNativePG recovering Cluster/pg-restore: healthy on its third read, its pods gone once deleted, the
+    reader finding ids 1-3, 5, 6, 8 and 9 (7 is lost; 10 was after the backup's end and not in the archive)."""
+    api, _ = backup_fake
+    run_log = api.default_log
+    t = 1.8e9
+
+    def log(job: str) -> str:
+        if job == WITNESS_JOB:
+            lines = [f"{WITNESS_MARK} {what} {i} {t + i:.6f} {t + i + 0.01:.6f} 10.0.0.1:5432 {at}"
+                     + (" refused" if what == "failed" else "") for what, i, at in witness_attempts()]
+            acked = [i for what, i, _ in witness_attempts() if what == "acked"]
+            return "\n".join([*lines, f"{WITNESS_MARK} stopped 10", f"{WITNESS_MARK} present begin",
+                              *map(str, acked), f"{WITNESS_MARK} present end"]) + "\n"
+        if job == READER:
+            return "\n".join([f"{RESTORE_MARK} present begin", "1", "2", "3", "5", "6", "8", "9",
+                              f"{RESTORE_MARK} present end"]) + "\n"
+        return run_log(job)
+
+    api.default_log = log
+    created, read = api.store.on_create["Cluster"], api.store.on_read["Cluster"]
+
+    def on_create(body: dict[str, Any]) -> None:
+        if body["metadata"]["name"] != "pg-restore":  # the operator's source Cluster stays as it is
+            created(body)
+
+    def on_read(key: str, obj: dict[str, Any]) -> None:
+        if key.endswith("/pg-restore"):
+            ready = api.reads[key] >= 3
+            obj["status"] = {"phase": HEALTHY if ready else "Setting up primary", "readyInstances": 1 if ready else 0}
+        else:
+            read(key, obj)
+
+    api.store.on_create["Cluster"], api.store.on_read["Cluster"] = on_create, on_read
+
+    def empty(kind: str) -> Callable[[Request], Answer]:
+        return lambda req: (200, {"kind": kind, "apiVersion": "v1", "metadata": {}, "items": []})
+
+    api.routes[:0] = [  # the recovered Cluster's pods and claims, once it is deleted
+        Route("GET", NS + "/pods", empty("PodList"), when=lambda req: req.selector == "cnpg.io/cluster=pg-restore"),
+        Route("GET", NS + "/persistentvolumeclaims", empty("PersistentVolumeClaimList"))]
+    return backup_fake
+
+
+def test_a_restore_check_recovers_a_cluster_from_the_backup_and_counts_what_it_lost(
+        restore_fake: tuple[FakeAPI, client.ApiClient], tmp_path: Path) -> None:
+    api, api_client = restore_fake
+    result = run(api_client, tmp_path, RESTORE_PLAN)
+    assert (result.ok, result.failed) == (1, 0), result.failures
+    posted = [b for b in api.posted if b["metadata"]["name"] == "pg-restore"]
+    assert len(posted) == 1
+    spec = posted[0]["spec"]
+    # recovered from this backup (pinned by its id) in the ObjectStore the Cluster archived to, replaying to the end
+    # of the archive (no target), archiving nothing itself, one instance as the source's
+    assert spec["bootstrap"] == {"recovery": {"source": "origin", "recoveryTarget": {"backupID": "20261126T130000"}}}
+    assert spec["externalClusters"] == [{"name": "origin", "plugin": {"name": BARMAN_PLUGIN, "parameters": {
+        "barmanObjectName": "pg-store", "serverName": "pg"}}}]
+    assert "plugins" not in spec and spec["instances"] == 1
+    source = next(b for b in api.posted if b["kind"] == "Cluster" and b["metadata"]["name"] == "pg")["spec"]
+    assert (spec["imageName"], spec["storage"], spec["resources"]) == (source["imageName"], source["storage"],
+                                                                        source["resources"])
+    # the reader: the recovered Cluster's service and the app secret the operator makes for it
+    reader = next(b for b in api.posted if b["metadata"]["name"] == READER)["spec"]["template"]["spec"]
+    env = {e["name"]: e for e in reader["containers"][0]["env"]}
+    assert env["PGHOST"]["value"] == "pg-restore-rw"
+    assert env["PGPASSWORD"]["valueFrom"]["secretKeyRef"]["name"] == "pg-restore-app"
+    # in order: the backup completed, the witness done, then the recovery, its reader, and its deletion
+    order = [(m, p) for m, p in api.requests if m in ("POST", "DELETE")]
+    restored = "/apis/postgresql.cnpg.io/v1/namespaces/bench/clusters/pg-restore"
+    witness_gone = order.index(("DELETE", f"/apis/batch/v1/namespaces/bench/jobs/{WITNESS_JOB}"))
+    clusters = [i for i, req in enumerate(order) if req == ("POST", "/apis/postgresql.cnpg.io/v1/namespaces/bench/"
+                                                                   "clusters")]
+    assert len(clusters) == 2 and clusters[0] < witness_gone < clusters[1]
+    assert (order.index(("POST", "/apis/batch/v1/namespaces/bench/jobs"), witness_gone) < order.index(("DELETE",
+            restored)))
+    assert ("DELETE", f"/apis/batch/v1/namespaces/bench/jobs/{READER}") in order
+
+    store = Store.open(tmp_path / "results", create=False)
+    (r,) = store.runs()
+    m = {k: v for k, v in r.metrics.items() if v is not None}  # a figure stored empty: missing
+    assert (m["restore_acked"], m["restore_lost"], m["restore_after_acked"], m["restore_after_found"]) == (6, 1, 3, 2)
+    events = {kind: (ts, detail) for kind, ts, detail in store.conn.execute(
+        "SELECT kind, ts, detail FROM events WHERE run_id = ?", (r.id,))}
+    assert m["restore_s"] == pytest.approx(events["restore-ready"][0] - events["restore-start"][0], abs=0.5)
+    assert m["restore_s"] > 0 and events["restore-start"][0] >= events["backup-end"][0]
+    assert events["restore-check"][1] == ("5 of the 6 writes acknowledged before the backup's end (LSN 0/5000138) "
+                                          "found, 1 lost; 2 of the 3 acknowledged after it; lost: 7")
+    kept = json.loads((tmp_path / "results" / r.dir / "restore.json").read_text())
+    assert (kept["lost"], kept["acked"], kept["backup_id"]) == ([7], [1, 2, 3, 5, 6, 7], "20261126T130000")
+    store.close()
+    table = pglab("report", str(tmp_path / "results"), "--table", "scenarios", "--format", "csv")
+    assert table.returncode == 0, table.stderr
+    rows = list(csv.DictReader(io.StringIO(table.stdout)))
+    assert (float(rows[0]["restore_acked"]), float(rows[0]["restore_lost"])) == (6, 1), rows
+    assert "LOST 1 acknowledged write(s) in the Cluster recovered from the backup" in rows[0]["finding"]
+    api.objects.pop(SOURCE)
+    assert_all_deleted(api)  # the recovered Cluster too
+
+
+def test_a_recovered_cluster_never_healthy_fails_the_run_and_is_deleted(
+        restore_fake: tuple[FakeAPI, client.ApiClient], tmp_path: Path) -> None:
+    api, api_client = restore_fake
+    read = api.store.on_read["Cluster"]
+
+    def stuck(key: str, obj: dict[str, Any]) -> None:
+        read(key, obj)
+        if key.endswith("/pg-restore"):
+            obj["status"] = {"phase": "Setting up primary", "readyInstances": 0}
+
+    api.store.on_read["Cluster"] = stuck
+    result = run(api_client, tmp_path, RESTORE_PLAN, ready_timeout_s=1.0)
+    assert (result.ok, result.failed) == (0, 1)
+    assert ("restore check: Cluster/pg-restore recovered from the backup not healthy after 1 s (phase: Setting up "
+            "primary)") in str(result.failures), result.failures
+    assert not any(b["metadata"]["name"] == READER for b in api.posted)  # nothing read from it
+    assert ("DELETE", "/apis/postgresql.cnpg.io/v1/namespaces/bench/clusters/pg-restore") in api.requests
+    api.objects.pop(SOURCE)
+    assert_all_deleted(api)
+
+
+def test_the_recovered_cluster_is_valid_for_cloudnativepg(checker: Path, tmp_path: Path) -> None:
+    plan = parse_plan(RESTORE_PLAN, base_dir=tmp_path)
+    path = tmp_path / "restore.yaml"
+    path.write_text(to_yaml(recovered_cluster(plan, "20261126T130000").body))
+    proc = check(checker, path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize(("scenario", "kubernetes", "message"), [
+    ("{kind: failover, at: 1s, restore_check: true}", True,
+     "matrix.scenario[0].restore_check: restore_check is the backup scenario's"),
+    ("{kind: backup, at: 1s, restore_check: true, witness: false}", True,
+     "matrix.scenario[0].restore_check: restore_check compares the recovered Cluster with the witness's acknowledged "
+     "writes; set witness: true or remove restore_check"),
+    ("{kind: backup, at: 1s, restore_check: true}", False,
+     "matrix.scenario[0].restore_check: restore_check runs on a Kubernetes target only"),
+])
+def test_a_restore_check_that_cannot_run_is_refused_naming_the_field(tmp_path: Path, scenario: str,
+                                                                     kubernetes: bool, message: str) -> None:
+    path = tmp_path / "plan.yaml"
+    if kubernetes:
+        path.write_text(RESTORE_PLAN.replace("{kind: backup, at: 1s, restore_check: true}", scenario)
+                        .replace("instances: 1", "instances: 2"))
+    else:
+        path.write_text(f"""name: restore
+target: {{local: {{instances: 1}}}}
+matrix: {{clients: [2], scenario: [{scenario}]}}
+run: {{duration: 4s}}
+""")
+    proc = pglab("plan", "validate", str(path))
+    assert proc.returncode == 2, proc.stdout
+    assert message in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr

@@ -198,6 +198,12 @@ METRICS: tuple[Metric, ...] = (
            columns=_in("scenarios", header="backup s", how="median")),
     Metric("backup_mb_s", "MB/s", False, "scenario", "base backup throughput",
            columns=_in("scenarios", header="backup MB/s", how="median")),
+    Metric("restore_s", "s", True, "scenario", "Kubernetes restore check: from the recovered Cluster's creation "
+           "until it was healthy", columns=_in("scenarios", header="restore s", how="median")),
+    Metric("restore_acked", "count", None, "scenario", "Kubernetes restore check: writes the witness saw acknowledged "
+           "before the backup's end LSN", columns=_in("scenarios", header="restore acked", how="sum")),
+    Metric("restore_lost", "count", True, "scenario", "Kubernetes restore check: of those, missing from the Cluster "
+           "recovered from the backup", columns=_in("scenarios", header="restore lost", how="sum")),
     # ---- tenants plans: per tier (each a mean over the tier's tenants within a run)
     Metric("tier.{tier}.tenants", "count", None, "tenants", "tenants in the tier (its table shows their instances)",
            columns=_in("tiers", key="instances", how="median")),
@@ -307,6 +313,10 @@ METRICS: tuple[Metric, ...] = (
     Metric("witness_failed", "count", None, "scenario", "writes the witness saw refused"),
     Metric("witness_unexpected", "count", True, "scenario", "rows present the witness never wrote"),
     Metric("backup_mb", "MB", None, "scenario", "size of the base backup"),
+    Metric("restore_after_acked", "count", None, "scenario", "Kubernetes restore check: writes acknowledged after "
+           "the backup's end LSN"),
+    Metric("restore_after_found", "count", None, "scenario", "Kubernetes restore check: of those, found in the "
+           "recovered Cluster (as far as the archived WAL reached)"),
     Metric("backup_wal_mb", "MB", None, "scenario", "WAL the base backup carried"),
     Metric("backup_wait_s", "s", True, "scenario", "Kubernetes: from the Backup's creation until the operator began"),
     Metric("backup_operator_s", "s", True, "scenario", "Kubernetes: the backup's duration as the operator reports it "

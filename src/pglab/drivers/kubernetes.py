@@ -565,6 +565,8 @@ class KubernetesRun(MeasuredRun):
             metrics.update(d._scenario_metrics(self.injector, run_dir, window))
         if self.wm is not None:
             metrics.update(d._witness(self.wm, run_dir, self.injector.fault_time if self.injector else None))
+            if self.injector is not None:  # a backup's restore check, once the witness's writes are known
+                metrics.update(self.injector.check_restore(self.wm, run_dir, d.ready_timeout_s))
         if self.injector is not None:
             events += self.injector.events
         return RunResult.of(window, metrics, series=series, events=events, settings=settings or None,

@@ -55,9 +55,14 @@ def scenario_table(store: Store, sweep_id: int | None = None) -> tuple[list[str]
             row["finding"] = (f"LOST {sum(lost):g} acknowledged write(s) under synchronous_commit={level}"
                               if level in PROTECTED else f"{sum(lost):g} acknowledged write(s) lost (allowed at "
                               f"{level})")
+        restore_lost = sum(_values(ok, "restore_lost"))
+        if restore_lost > 0:  # the backup's restore check: an acknowledged write missing is lost whatever the level
+            row["finding"] = "; ".join(filter(None, [row["finding"], f"LOST {restore_lost:g} acknowledged write(s) "
+                                                     "in the Cluster recovered from the backup"]))
         rows.append(row)
     columns = [c for c in COLUMNS if c in ("scenario", "synchronous_commit", "trials")
-               or any(row.get(c) not in (None, 0) or (c.startswith("acked_lost") and row.get(c) is not None)
+               or any(row.get(c) not in (None, 0) or (c.startswith(("acked_lost", "restore_lost"))
+                                                       and row.get(c) is not None)
                       for row in rows)]
     return columns, rows
 
@@ -65,4 +70,4 @@ def scenario_table(store: Store, sweep_id: int | None = None) -> tuple[list[str]
 def loud_findings(rows: list[dict[str, Any]]) -> list[str]:
     """Acknowledged writes lost under a level that promised them: said apart from the table, not only in it."""
     return [f"FINDING: {r['scenario']}, {r['workload']} at {r['clients']} clients: {r['finding']}"
-            for r in rows if r.get("finding", "") and str(r["finding"]).startswith("LOST")]
+            for r in rows if "LOST " in str(r.get("finding") or "")]

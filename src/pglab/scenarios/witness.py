@@ -112,6 +112,17 @@ def parse_lsn(text: str) -> int:
     return (int(high, 16) << 32) | int(low, 16)
 
 
+def acked_before_lsn(attempts: list[Attempt], end: int) -> tuple[list[int], list[int]]:
+    """The acknowledged ids of a witness that writes one attempt after the other, split at the WAL position ``end``:
+    those whose commit record is certainly before it, and the rest. An attempt's own LSN is its insert's (its commit
+    follows), but every later attempt began after it was acknowledged: an ack counts as before ``end`` when a later
+    attempt's insert LSN is at most ``end``."""
+    ordered = sorted(attempts, key=lambda a: a.id)
+    last = max((i for i, a in enumerate(ordered) if a.lsn is not None and parse_lsn(a.lsn) <= end), default=-1)
+    acked = [(i, a.id) for i, a in enumerate(ordered) if a.outcome == ACKED]
+    return [ident for i, ident in acked if i < last], [ident for i, ident in acked if i >= last]
+
+
 def format_lsn(value: int) -> str:
     return f"{value >> 32:X}/{value & 0xFFFFFFFF:X}"
 

@@ -176,6 +176,13 @@ class Plan(Strict):
         for i, sc in enumerate(self.matrix.scenario or []):
             at = f"matrix.scenario.{i}"
             k8s = self.target.kubernetes
+            if sc.restore_check and (sc.kind != "backup" or k8s is None or not sc.witness):
+                why = ("is the backup scenario's (a Cluster recovered from its backup); remove it"
+                       if sc.kind != "backup" else
+                       "runs on a Kubernetes target only (a Cluster recovered by CloudNativePG); remove it"
+                       if k8s is None else "compares the recovered Cluster with the witness's acknowledged writes; "
+                       "set witness: true or remove restore_check")
+                raise PydanticCustomError("scenario", "restore_check {why}", {"why": why, "at": f"{at}.restore_check"})
             if k8s is not None:  # pglab asks CloudNativePG (or deletes the primary pod); the operator does the rest
                 if sc.kind == "backup" and k8s.wal_archive is None:
                     raise PydanticCustomError("scenario", "a backup on Kubernetes needs target.kubernetes.wal_archive "

@@ -29,11 +29,16 @@ class Scenario(Strict):
     max_rate: Annotated[str, _text(16, pattern=re.compile(r"[1-9][0-9]*[kM]?"), what="a rate such as 32M")] | None = (
         Field(None, description="backup: pg_basebackup --max-rate (kB/s, or with k/M); unthrottled without it"))
     witness: bool = Field(True, description="run the witness writer (acknowledged writes lost, RTO)")
+    restore_check: bool = Field(False, description="backup, Kubernetes only: once the backup completed, a new "
+                                "Cluster is recovered from it and the WAL archived since, and must hold every write "
+                                "the witness saw acknowledged before the backup's end; its time to healthy and the "
+                                "writes lost are stored, and it is deleted")
 
     @property
     def label(self) -> str:
         if self.kind == "failover":
             return f"failover-{self.kill}"
         if self.kind == "backup":
-            return f"backup max-rate={self.max_rate}" if self.max_rate else "backup"
+            label = f"backup max-rate={self.max_rate}" if self.max_rate else "backup"
+            return f"{label} restore-check" if self.restore_check else label
         return self.kind

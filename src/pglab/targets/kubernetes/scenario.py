@@ -20,13 +20,16 @@ from pathlib import Path
 from typing import Any
 
 from pglab import interrupts
+from pglab.artifacts import write_json
 from pglab.plan.schema import NodeFault, Scenario
 from pglab.scenarios.witness import ACKED, FAILED, IN_DOUBT, Attempt, Outcome, timeline_of
+from pglab.targets.kubernetes import restore
 from pglab.targets.kubernetes.orchestrate import FENCED, K8sError, Orchestrator
 from pglab.targets.kubernetes.render import (
     START_MARK,
     STORE_MARK,
     WITNESS_MARK,
+    Manifest,
     backup,
     object_store_name,
     store_listing,
@@ -274,6 +277,28 @@ class Injector:
                       "archive_wal_mb": wal_size / 2**20}
         self.events.append((time.time(), "store-listing", f"base backup {objects} objects, {size / 2**20:.1f} MiB; "
                             f"WAL archive {wal_objects} objects, {wal_size / 2**20:.1f} MiB"))
+
+    def check_restore(self, witness: Manifest, run_dir: Path, timeout_s: float) -> dict[str, float | None]:
+        """The backup's restore check (``restore.check``), after the witness Job ended (its log is read back from
+        ``run_dir``/witness/pod.log): its figures, restore.json beside the run's files, and its events. A
+        recovered Cluster that is not healthy in ``timeout_s``, or cannot be read, fails the run."""
+        if self.kind != "backup" or not self.scenario.restore_check or self.back_time is None:
+            return {}
+        attempts = parse_witness_log((run_dir / "witness" / "pod.log").read_text()).attempts
+        started = time.time()
+        self.events.append((started, "restore-start", f"Cluster/{restore.restore_name(self.orch.plan)} recovered "
+                            f"from backup {self.backup_status.get('backupId', '?')}"))
+        found = restore.check(self.orch, self.backup_status, attempts, witness, run_dir / "restore", timeout_s)
+        write_json(run_dir / "restore.json", found.as_dict())
+        lost = f"; lost: {', '.join(map(str, found.lost[:20]))}" if found.lost else ""
+        self.events.append((started + found.seconds, "restore-ready",
+                            f"Cluster/{found.cluster} healthy {found.seconds:.1f} s after its creation"))
+        self.events.append((time.time(), "restore-check",
+                            f"{len(found.acked) - len(found.lost)} of the {len(found.acked)} writes acknowledged "
+                            f"before the backup's end (LSN {found.end_lsn}) found, {len(found.lost)} lost; "
+                            f"{len(found.after_found)} of the {len(found.after)} acknowledged after it{lost}"))
+        self.orch.log(f"restore check: {self.events[-1][2]}")
+        return found.figures()
 
     def backup_figures(self) -> dict[str, float | None]:
         """A completed backup's figures under the local backup scenario's names: how long it took as seen here
