@@ -231,7 +231,8 @@ run_tests() {
     kube_track >"$kube_log" 2>&1 &
     kube=$!
     trap 'kill "$kube" 2>/dev/null || true' EXIT
-    .venv/bin/python -m pytest -q -m "not kube_lab and not quiet" tests || status=$?
+    # --durations: the critical path's slowest tests in every run's log (issue 32, docs/testing.md)
+    .venv/bin/python -m pytest -q -m "not kube_lab and not quiet" --durations=30 tests || status=$?
     wait "$kube" || kube_status=$?
     trap - EXIT
     echo "setup: the Kubernetes lab's build and tests (run beside the others):"
