@@ -225,7 +225,7 @@ def test_pgbench_blocks_are_parsed_by_polars_not_line_by_line(tmp_path: Path, mo
         got = txlog.read([path])
         assert np.array_equal(got.latency_ms, lat) and np.array_equal(got.end_ts(), end)
         assert np.array_equal(got.failed_end_ts, np.asarray(failed)) and got.skipped > 10
-        now, before = pgbench.log_figures([path], tmp_path / "h.json"), pgbench.log_stats(lat, end)
+        now, before = pgbench.log_figures([path], tmp_path / "h.json"), former_stats(lat, end)
         assert now == pgbench.txlog_stats(txlog.read([path])) and now is not None and before is not None
         assert now.percentiles_ms == before.percentiles_ms
     for words in (False, True):  # blocks with neither "f" nor "k" are parsed without polars' null values
@@ -234,7 +234,7 @@ def test_pgbench_blocks_are_parsed_by_polars_not_line_by_line(tmp_path: Path, mo
         if not words:
             path.write_text("".join(line + "\n" for line in path.read_text().splitlines() if "ed" not in line))
         lat, end, _ = former_reader([path])
-        now, before = pgbench.log_figures([path], tmp_path / "h.json"), pgbench.log_stats(lat, end)
+        now, before = pgbench.log_figures([path], tmp_path / "h.json"), former_stats(lat, end)
         assert now is not None and before is not None and now.percentiles_ms == before.percentiles_ms
         assert (now.count, now.first_start, now.last_end) == (before.count, before.first_start, before.last_end)
     assert calls == []
