@@ -300,3 +300,23 @@ FROM pg_stat_user_tables ORDER BY relname
 def pgbench_dump(conn: psycopg.Connection[Any]) -> tuple[list[tuple[Any, ...]], tuple[Any, ...]]:
     """What a loaded pgbench dataset is: its relations as the catalog describes them, and a digest of its rows."""
     return conn.execute(PGBENCH_CATALOG).fetchall(), conn.execute(PGBENCH_CONTENT).fetchone() or ()
+
+
+def own_diskstats(dev: str) -> tuple[float, dict[str, int]]:
+    """The test's own read of one device's line of /proc/diskstats, and when it was taken (epoch seconds): written
+    here, not with pglab's parser, so a comparison with pglab's disk probe is with an independent sampler."""
+    t = time.time()
+    with open("/proc/diskstats") as f:
+        for line in f:
+            p = line.split()
+            if p[2] == dev:
+                return t, {"writes": int(p[7]), "wsect": int(p[9]), "wticks": int(p[10])}
+    raise AssertionError(f"{dev} is not in /proc/diskstats")
+
+
+def steady_writes(directory: Path, seconds: int) -> subprocess.Popen[bytes]:
+    """fio writing 250 synced 8 KiB writes a second into ``directory`` for ``seconds``: a known, steady load."""
+    return subprocess.Popen(
+        ["fio", "--name=steady", f"--directory={directory}", "--rw=write", "--bs=8k", "--size=8m", "--direct=1",
+         "--fdatasync=1", "--ioengine=sync", "--rate_iops=250", "--time_based", f"--runtime={seconds}",
+         "--output-format=json"], stdout=subprocess.DEVNULL)

@@ -20,6 +20,7 @@ from statistics import fmean as mean
 
 import pytest
 
+from helpers import own_diskstats, steady_writes
 from pglab.probes import DiskProbe, ProbeContext, Sample, Sampler, now, resolve_device
 from pglab.probes._util import counter_delta, rows, rows_in_window
 from pglab.probes.disk import describe_block
@@ -378,20 +379,6 @@ def test_counter_wrap_and_reset() -> None:
     assert counter_delta(3, 2**40, 32) == 0
 
 
-def _own_diskstats(dev: str) -> tuple[float, dict[str, int]]:
-    """The test's own read of one device's line of /proc/diskstats, and when it was taken (epoch seconds).
-
-    Written here, not with pglab's parser, so the comparison below is with an independent sampler.
-    """
-    t = time.time()
-    with open("/proc/diskstats") as f:
-        for line in f:
-            p = line.split()
-            if p[2] == dev:
-                return t, {"writes": int(p[7]), "wsect": int(p[9]), "wticks": int(p[10])}
-    raise AssertionError(f"{dev} is not in /proc/diskstats")
-
-
 def _sleep_until(t: float) -> None:
     time.sleep(max(0.0, t - time.time()))
 
@@ -413,12 +400,7 @@ def test_window_figures_match_reads_at_the_exact_edges(request: pytest.FixtureRe
     assert dev is not None
     probe = DiskProbe(ProbeContext("", paths={"data": target}))
     sampler = Sampler([probe])
-    fio = subprocess.Popen(
-        ["fio", "--name=steady", f"--directory={target}", "--rw=write", "--bs=8k", "--size=8m", "--direct=1",
-         "--fdatasync=1", "--ioengine=sync", "--rate_iops=250", "--time_based", "--runtime=22",
-         "--output-format=json"],
-        stdout=subprocess.DEVNULL,
-    )
+    fio = steady_writes(target, 22)
     sampler.start()
     reads: dict[float, tuple[float, dict[str, int]]] = {}
     try:
@@ -426,7 +408,7 @@ def test_window_figures_match_reads_at_the_exact_edges(request: pytest.FixtureRe
         windows = [(t0 + 0.37, 5.0), (t0 + 1.61, 15.0)]  # edges at .37, .61 of a tick: never on one
         for edge in sorted({e for a, length in windows for e in (a, a + length)}):
             _sleep_until(edge)
-            reads[edge] = _own_diskstats(dev)
+            reads[edge] = own_diskstats(dev)
         time.sleep(1.3)  # the tick closing the last window
     finally:
         fio.wait(timeout=60)

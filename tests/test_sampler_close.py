@@ -8,7 +8,6 @@ reads place the edge, and the disk probe's window figures then match the counter
 from __future__ import annotations
 
 import shutil
-import subprocess
 import tempfile
 import threading
 import time
@@ -17,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from helpers import own_diskstats, steady_writes
 from pglab.probes import CpuProbe, DiskProbe, ProbeContext, Sample, Sampler, now, resolve_device
 from pglab.probes._util import peak_rows, rows_prorated
 
@@ -147,18 +147,6 @@ def test_the_cpu_and_disk_probes_closing_reads_place_the_windows_edge(fraction: 
     assert figures["cpu_pct"] == pytest.approx(100.0 - (exact_cpu[0].host[3] + exact_cpu[0].host[4]) / total * 100)
 
 
-def _own_diskstats(dev: str) -> tuple[float, int]:
-    """The test's own read of one device's completed writes in /proc/diskstats, and when (epoch seconds): an
-    independent sampler, not pglab's parser."""
-    t = time.time()
-    with open("/proc/diskstats") as f:
-        for line in f:
-            p = line.split()
-            if p[2] == dev:
-                return t, int(p[7])
-    raise AssertionError(f"{dev} is not in /proc/diskstats")
-
-
 def test_a_window_closed_at_its_end_matches_an_independent_read_of_diskstats() -> None:
     """fio writes at a steady 250 synced 8 KiB writes/s; a window of 3.5 s ends mid-second and the sampler is
     closed right there, as a run closes it: the disk probe's write IOPS over the window is within 2 % of the counters
@@ -169,27 +157,24 @@ def test_a_window_closed_at_its_end_matches_an_independent_read_of_diskstats() -
         assert dev is not None
         probe = DiskProbe(ProbeContext("", paths={"data": target}))
         sampler = Sampler([probe])
-        fio = subprocess.Popen(
-            ["fio", "--name=steady", f"--directory={target}", "--rw=write", "--bs=8k", "--size=8m", "--direct=1",
-             "--fdatasync=1", "--ioengine=sync", "--rate_iops=250", "--time_based", "--runtime=8",
-             "--output-format=json"], stdout=subprocess.DEVNULL)
+        fio = steady_writes(target, 8)
         sampler.start()
         try:
             t = now()
             a = float(int(t) + 2) + 0.37  # fio writing steadily by then
             b = a + 3.5  # mid-second: .87
             time.sleep(a - now())
-            first = _own_diskstats(dev)
+            first = own_diskstats(dev)
             time.sleep(max(0.0, b - now()))
-            last = _own_diskstats(dev)
+            last = own_diskstats(dev)
             samples = sampler.close(last[0])
         finally:
             sampler.stop()
             fio.wait(timeout=60)
         assert not sampler.errors
-        (ta, wa), (tb, wb) = first, last
+        (ta, ca), (tb, cb) = first, last
         got = probe.summarize(samples, ta, tb)
-        want = (wb - wa) / (tb - ta)
+        want = (cb["writes"] - ca["writes"]) / (tb - ta)
         assert want > 200
         assert got["write_iops"] == pytest.approx(want, rel=0.02), (got["write_iops"], want)
         assert len({s.ts for s in samples if s.ts > tb}) == 1  # the closing row, nothing after it
