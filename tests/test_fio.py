@@ -123,10 +123,14 @@ def test_default_profiles_store_fios_figures(disk_dir: Path, tmp_path: Path) -> 
 
 
 def test_mixed_gives_a_read_and_a_write_result_and_seqread(disk_dir: Path, tmp_path: Path) -> None:
-    jobs = fio.jobs_for("mixed-70-30-8k") + fio.jobs_for("seqread-1m")
+    jobs = fio.jobs_for("mixed-70-30-8k") + fio.jobs_for("seqread-1m") + fio.jobs_for("seqread-8k")
     results = fio.run_jobs(disk_dir, jobs, runtime_s=2, size_bytes=SIZE, out_dir=tmp_path, ramp_s=0.5)
     assert [(r.job, r.direction) for r in results] == [
-        ("mixed-70-30-8k-qd16", "read"), ("mixed-70-30-8k-qd16", "write"), ("seqread-1m-qd8", "read")]
+        ("mixed-70-30-8k-qd16", "read"), ("mixed-70-30-8k-qd16", "write"), ("seqread-1m-qd8", "read"),
+        ("seqread-8k-qd1", "read"), ("seqread-8k-qd32", "read")]
+    for r in results[3:]:  # page-sized and sequential, as fio ran them
+        options = _fio_json(r)["jobs"][0]["job options"]
+        assert (options["rw"], options["bs"]) == ("read", "8k"), options
     for r in results:
         _assert_figures_are_fios(r)
         _assert_series_sane(r, 2)

@@ -14,6 +14,8 @@ Profiles (PostgreSQL's page is 8 KiB):
   PostgreSQL does per commit with ``wal_sync_method=fdatasync`` (Linux's default). fio reports the latency of
   the ``write()`` call under ``write`` and the latency of the ``fdatasync`` under ``sync``; a commit costs
   both, so the write result carries the sync latency too (``sync_lat_*``), and its IOPS is the commit rate.
+- ``seqread-8k`` / ``seqwrite-8k``: the same, sequential (PostgreSQL's sequential scans and bulk writes, page
+  by page; cnp-bench's sequential figures): direct, libaio, QD 1 and 32.
 - ``seqread-1m`` / ``seqwrite-1m``: direct, libaio, QD 8: 8 MiB in flight reaches the bandwidth limit of a
   cloud volume or a single NVMe drive; deeper queues add latency, not MB/s.
 - ``mixed-70-30-8k``: random 70 % reads / 30 % writes, direct, libaio, QD 16 (a loaded OLTP database, between
@@ -73,6 +75,8 @@ PROFILE_NAMES: tuple[str, ...] = (
     "randread-8k",
     "randwrite-8k",
     "wal-fdatasync-8k",
+    "seqread-8k",
+    "seqwrite-8k",
     "seqread-1m",
     "seqwrite-1m",
     "mixed-70-30-8k",
@@ -155,8 +159,8 @@ def _direct(rw: str, bs: str, iodepth: int) -> dict[str, str]:
 
 def jobs_for(profile: str) -> list[JobSpec]:
     """The fio jobs of a built-in profile."""
-    if profile in ("randread-8k", "randwrite-8k"):
-        rw = profile.split("-")[0]
+    if profile in ("randread-8k", "randwrite-8k", "seqread-8k", "seqwrite-8k"):
+        rw = {"seqread": "read", "seqwrite": "write"}.get(profile.split("-")[0], profile.split("-")[0])
         return [JobSpec(f"{profile}-qd{qd}", profile, _direct(rw, "8k", qd)) for qd in (1, 32)]
     if profile == "wal-fdatasync-8k":
         opts = {"rw": "write", "bs": "8k", "iodepth": "1", "ioengine": "sync", "direct": "0", "fdatasync": "1"}

@@ -217,7 +217,8 @@ class Probes(Strict):
                           "(pgbench's own figures only)")
 
 
-FioProfile = Literal["randread-8k", "randwrite-8k", "wal-fdatasync-8k", "seqread-1m", "seqwrite-1m", "mixed-70-30-8k"]
+FioProfile = Literal["randread-8k", "randwrite-8k", "wal-fdatasync-8k", "seqread-8k", "seqwrite-8k", "seqread-1m",
+                     "seqwrite-1m", "mixed-70-30-8k"]
 StoragePath = Literal["data", "wal"]
 
 
@@ -226,7 +227,8 @@ class Storage(Strict):
 
     profiles: list[FioProfile] = Field(
         default_factory=lambda: list[FioProfile](["randread-8k", "randwrite-8k", "wal-fdatasync-8k", "seqwrite-1m"]),
-        description="built-in fio jobs: 8 KiB random IO, WAL-like 8 KiB writes with fdatasync, 1 MiB sequential IO")
+        description="built-in fio jobs: 8 KiB random and sequential IO, WAL-like 8 KiB writes with fdatasync, "
+                    "1 MiB sequential IO")
     job_files: list[PlanFile] = Field(default_factory=list, max_length=100,
                                       description="custom fio job files (relative to the plan's folder)")
     runtime: Seconds = Field(30.0, description="seconds per fio job")
