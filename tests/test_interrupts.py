@@ -36,7 +36,13 @@ def test_a_signal_while_a_wait_holds_popens_lock_is_acted_on_after_the_wait_let_
     ``acquire`` inside ``Popen._wait``, before the ``try`` that releases it. The handler must only record it; the
     wait lets go of the lock, then raises RunInterrupted itself; pgbench is stopped and reaped as a run's cleanup
     does (``stop``), at once, instead of three timeouts of 5 s each."""
-    proc = PgbenchProcess(["sleep", "30"], ENDPOINT, tmp_path, "client")
+    # started with a Python handler in place, as a run starts pgbench under pglab's: the child then has SIGINT's
+    # default, also when the test runner inherited it ignored (a non-interactive shell's background job)
+    inherited = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        proc = PgbenchProcess(["sleep", "30"], ENDPOINT, tmp_path, "client")
+    finally:
+        signal.signal(signal.SIGINT, inherited)
     lock = proc.proc._waitpid_lock  # type: ignore[attr-defined]  # CPython's, taken by every wait and poll
     seen: list[str] = []
 
