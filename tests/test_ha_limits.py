@@ -37,10 +37,14 @@ SEEN_PIDS: set[int] = set()  # every node's Patroni and postmaster seen by the t
 SEEN_GROUPS: set[str] = set()  # and every node's cgroup folder
 
 
-def _groups_of(pid: int) -> dict[str, str]:
-    """The process's cgroup per controller ('' for the unified hierarchy)."""
+def _groups_of(pid: int) -> dict[str, str] | None:
+    """The process's cgroup per controller ('' for the unified hierarchy); None once it has exited."""
     out = {}
-    for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
+    try:
+        text = Path(f"/proc/{pid}/cgroup").read_text()
+    except FileNotFoundError:
+        return None
+    for line in text.splitlines():
         _, names, path = line.split(":", 2)
         for name in names.split(",") if names else [""]:
             out[name] = path
@@ -61,6 +65,9 @@ def _assert_in_own_groups(lab: HALab) -> None:
         assert len(children) >= 4, children  # checkpointer, bgwriter, startup or walwriter, walsender/receiver …
         for pid in [node.proc.pid, pm, *children]:
             where = _groups_of(pid)
+            if where is None:  # a child (a backend, an autovacuum worker) that exited since it was listed
+                assert pid not in (node.proc.pid, pm), (node.name, pid)
+                continue
             for c in controllers:
                 assert where[c].endswith(f"/{top}/{node.name}"), (node.name, pid, c, where[c])
         SEEN_PIDS.update([node.proc.pid, pm])

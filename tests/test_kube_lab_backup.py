@@ -185,7 +185,9 @@ def test_the_recovered_cluster_holds_every_write_acknowledged_before_the_backup_
     # state; those inserted after its begin LSN are there only through the archived WAL the recovery replayed
     acked = [a for a in log.attempts if a.outcome == ACKED and a.lsn is not None and parse_lsn(a.lsn) < end - 65536]
     during = [a.id for a in acked if parse_lsn(str(a.lsn)) > begin]
-    assert len(acked) > 20 and len(during) > 5, (events["backup-end"], len(acked), len(during))
+    # how many rows fall inside the backup depends on how long its copy of the scale-1 database took (about 1 s in
+    # one CI run: 4 rows); one is enough to check that the recovery replayed the archived WAL up to the end LSN
+    assert len(acked) > 20 and during, (events["backup-end"], len(acked), len(during))
     # what the recovered Cluster holds, as psql printed it in the reader's pod
     raw = (folder / "restore" / "pod.log").read_text().splitlines()
     present = {int(x) for x in raw[raw.index(f"{RESTORE_MARK} present begin") + 1:
