@@ -16,7 +16,7 @@ import sqlite3
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -143,6 +143,26 @@ def alive(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
     except (OSError, IndexError):
         return False
+
+
+def born(pid: int) -> int | None:
+    """When ``pid`` started (clock ticks after boot: /proc/<pid>/stat's 22nd field), None when there is no such
+    process. With the pid it names one process: on a busy machine pids wrap within minutes."""
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def identities(pids: Iterable[int]) -> dict[int, int | None]:
+    """Each pid with its start time, to ask later whether that same process still runs."""
+    return {p: born(p) for p in pids}
+
+
+def still_running(seen: Mapping[int, int | None]) -> list[int]:
+    """The processes of ``seen`` (pid → start time) that still run: the same pid started at the same time, not a
+    zombie. A pid reused since by another process does not count."""
+    return [p for p, start in seen.items() if start is not None and alive(p) and born(p) == start]
 
 
 def outsider() -> int:

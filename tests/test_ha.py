@@ -19,7 +19,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from helpers import alive
+from helpers import alive, identities, still_running
 from pglab.errors import UserError
 from pglab.plan.schema import LocalTarget
 from pglab.targets.local import registry
@@ -29,11 +29,11 @@ from pglab.targets.local.ha import HALab, check_timings, clean_ha_lab, is_ha_lab
 REPO = Path(__file__).resolve().parent.parent
 pytestmark = [pytest.mark.postgres,
               pytest.mark.skipif(not Path("/usr/bin/etcd").exists(), reason="etcd-server not installed (./setup.sh)")]
-SEEN_PIDS: set[int] = set()  # every lab daemon seen running, checked gone after teardown
+SEEN_PIDS: dict[int, int | None] = {}  # every lab daemon seen running (pid → start), checked gone after teardown
 
 
 def _remember(lab: HALab) -> None:
-    SEEN_PIDS.update(lab.pids().values())
+    SEEN_PIDS.update(identities(lab.pids().values()))
 
 
 def _lab_processes(paths: list[Path]) -> list[str]:
@@ -204,7 +204,7 @@ def test_teardown_leaves_no_process_and_no_file(lab: HALab) -> None:
     replica.proc.wait()
     assert replica.postmaster_pid() is not None
     lab.teardown()
-    assert not [p for p in SEEN_PIDS if alive(p)]
+    assert not still_running(SEEN_PIDS)
     assert _lab_processes([lab_dir]) == []
     assert not lab_dir.exists()
     assert all(e.lab_dir != lab_dir for e in registry.entries())

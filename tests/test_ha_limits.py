@@ -20,6 +20,7 @@ import psycopg
 import pytest
 
 from conftest import pglab, processes_mentioning
+from helpers import identities, still_running
 from pglab.errors import PlanError, UserError
 from pglab.plan import parse_plan
 from pglab.plan.schema import LocalTarget
@@ -33,7 +34,7 @@ pytestmark = [pytest.mark.postgres,
 RTT_MS = 20
 SPEC = {"instances": 2, "synchronous": {"method": "any", "number": 1}, "ha": "patroni",
         "resources": {"cpus": 1, "memory": "1G"}, "client": {"cpus": 1}, "network": {"latency_ms": RTT_MS}}
-SEEN_PIDS: set[int] = set()  # every node's Patroni and postmaster seen by the tests: checked gone at the end
+SEEN_PIDS: dict[int, int | None] = {}  # every node's Patroni and postmaster seen (pid → start): checked gone at the end
 SEEN_GROUPS: set[str] = set()  # and every node's cgroup folder
 
 
@@ -70,7 +71,7 @@ def _assert_in_own_groups(lab: HALab) -> None:
                 continue
             for c in controllers:
                 assert where[c].endswith(f"/{top}/{node.name}"), (node.name, pid, c, where[c])
-        SEEN_PIDS.update([node.proc.pid, pm])
+        SEEN_PIDS.update(identities([node.proc.pid, pm]))
         SEEN_GROUPS.update(str(d) for d in group.dirs)
 
 
@@ -218,13 +219,13 @@ def test_a_cpu_step_restarts_every_node_under_the_new_quota(target: PatroniTarge
 def test_teardown_leaves_no_process_no_group_and_no_file(target: PatroniTarget) -> None:
     lab = target
     assert lab.lab_dir is not None and lab.links.toxiproxy is not None and lab.links.toxiproxy.proc is not None
-    lab_dir, toxiproxy = lab.lab_dir, lab.links.toxiproxy.proc.pid
+    lab_dir, toxiproxy = lab.lab_dir, identities([lab.links.toxiproxy.proc.pid])
     with pytest.raises(UserError, match=r"target\.local\.resources"):  # its groups and proxies are this process's
         HALab.attach(lab_dir)
     _assert_in_own_groups(lab)  # the groups and processes of now (run alone, the only ones seen)
-    SEEN_PIDS.update(lab.pids().values())
+    SEEN_PIDS.update(identities(lab.pids().values()))
     target.teardown()
-    assert not [p for p in [*SEEN_PIDS, toxiproxy] if procs.alive(p)]
+    assert not still_running({**SEEN_PIDS, **toxiproxy})
     assert processes_mentioning(str(lab_dir)) == []
     assert SEEN_GROUPS and not [g for g in SEEN_GROUPS if Path(g).exists()]
     assert not any(Path(g).parent.exists() for g in SEEN_GROUPS)  # pglab-<lab>-<digest> itself

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from conftest import pglab, processes_mentioning, run_plan
-from helpers import pgbench_children, read_store, stored_runs, sweep_row
+from helpers import identities, pgbench_children, read_store, still_running, stored_runs, sweep_row
 
 pytestmark = pytest.mark.postgres
 
@@ -49,6 +49,7 @@ def test_sigkill_mid_sweep_then_the_same_command_completes_without_duplicates_or
             break
         time.sleep(0.1)
     assert before and pgbench, f"the sweep never reached its second run: {proc.communicate()[1][-2000:]}"
+    seen = identities(pgbench)
     os.kill(proc.pid, signal.SIGKILL)  # no handler runs: servers and pgbench stay behind
     proc.communicate()
     (killed,) = [r.id for r in stored_runs(results) if r.status == "running"]  # the run under way, left running
@@ -59,7 +60,7 @@ def test_sigkill_mid_sweep_then_the_same_command_completes_without_duplicates_or
     assert f"cleaned up lab {lab_dir} left behind by pglab pid {proc.pid}" in again.stderr
     assert "resuming sweep 1:" in again.stderr and "already complete" in again.stderr
     assert processes_mentioning(lab_dir) == [] and not Path(lab_dir).exists()
-    assert not any(Path(f"/proc/{p}").exists() for p in pgbench)
+    assert not still_running(seen)
 
     after = _ok_runs(results)
     assert set(before) <= set(after)  # completed runs kept as they were

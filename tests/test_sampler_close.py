@@ -82,18 +82,23 @@ class Silent(Rate):
 
 @pytest.mark.parametrize("fraction", [0.1, 0.45, 0.55, 0.85])
 def test_each_probe_closes_the_window_at_once_with_one_sample(fraction: float) -> None:
-    fine, pg, gauge, silent = Rate("fine", 0.1, row=1.0), Rate("pg", 1.0), Gauge("gauge", 0.2), Silent("none", 0.5)
-    sampler = Sampler([fine, pg, gauge, silent])
-    sampler.start()
-    try:
-        # the window ends at ``fraction`` of a second, after a few rows of every probe
-        t = now()
-        end = float(int(t) + 2) + fraction
-        time.sleep(end - t)
-        asked = now()
-        samples = sampler.close(end)
-    finally:
-        sampler.stop()
+    for _ in range(5):  # the close asked at the window's end: a sleep overrun into a probe's next tick is retried
+        fine, pg, gauge, silent = Rate("fine", 0.1, row=1.0), Rate("pg", 1.0), Gauge("gauge", 0.2), Silent("none", 0.5)
+        sampler = Sampler([fine, pg, gauge, silent])
+        sampler.start()
+        try:
+            # the window ends at ``fraction`` of a second, after a few rows of every probe
+            t = now()
+            end = float(int(t) + 2) + fraction
+            time.sleep(end - t)
+            asked = now()
+            samples = sampler.close(end)
+        finally:
+            sampler.stop()
+        if asked - end < 0.04:  # a loaded machine's sleep can overrun by more: then ticks past the end came first
+            break
+    else:
+        pytest.fail(f"five sleeps to the window's end overran it by 40 ms or more (the last by {asked - end:.3f} s)")
     assert sampler.errors == []
     for probe in (fine, pg):
         rows = sorted({s.ts for s in samples if s.source == probe.name})
