@@ -129,6 +129,9 @@ def test_tiers_limits_results_and_cleanup(tmp_path: Path, labs: Path) -> None:
     tenants = json.loads(pglab("report", str(results), "--table", "tenants", "--format", "json", check=True).stdout)
     assert {(r["arrangement"], r["tenant"]) for r in tenants} == {("mixed", "t01"), ("mixed", "t02"),
                                                                  ("mixed", "t03"), ("solo", "t01")}
+    for r in tenants:  # each tenant's own WAL per commit, as its run stored it
+        if r["arrangement"] == "mixed":
+            assert r["wal_bytes_per_commit"] == pytest.approx(per[r["tenant"]]["wal_bytes_per_commit"])
 
     html = tmp_path / "report.html"
     pglab("report", str(results), "--html", str(html), check=True)
