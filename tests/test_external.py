@@ -229,7 +229,9 @@ run: {{duration: 2s}}
 def test_the_capacity_search_runs_on_an_external_server(tmp_path: Path, server: dict[str, Any]) -> None:
     """Issue 29 item 5: the search's probes are rate points like any other, so an external server (read-only here)
     gets them too: each probe's rate reached pgbench (-R, its schedule lag), one answer in the capacity event."""
-    plan = _plan(tmp_path, server)
+    with psycopg.connect(server["ep"].conninfo(), autocommit=True) as conn:  # as the module's tests left it
+        scale = int(scalar(conn, "SELECT count(*) FROM pgbench_branches") or 0)
+    plan = _plan(tmp_path, server, scale=scale)
     plan.write_text(plan.read_text() + "capacity: {percentile: 99, target: 200ms, max_probes: 3}\n")
     ran = run_plan(plan, tmp_path / "r")
     closed, *probes = ran.runs()
