@@ -224,3 +224,22 @@ run: {{duration: 2s}}
     with psycopg.connect(server["ep"].conninfo(), autocommit=True) as conn:
         conn.execute("GRANT pg_checkpoint TO bench_nockpt")
     run_plan(plan, tmp_path / "r", "--allow-destructive", "--format", "json")
+
+
+def test_the_capacity_search_runs_on_an_external_server(tmp_path: Path, server: dict[str, Any]) -> None:
+    """Issue 29 item 5: the search's probes are rate points like any other, so an external server (read-only here)
+    gets them too: each probe's rate reached pgbench (-R, its schedule lag), one answer in the capacity event."""
+    with psycopg.connect(server["ep"].conninfo(), autocommit=True) as conn:  # as the module's tests left it
+        scale = int(scalar(conn, "SELECT count(*) FROM pgbench_branches") or 0)
+    plan = _plan(tmp_path, server, scale=scale)
+    plan.write_text(plan.read_text() + "capacity: {percentile: 99, target: 200ms, max_probes: 3}\n")
+    ran = run_plan(plan, tmp_path / "r")
+    closed, *probes = ran.runs()
+    assert probes and all(r.status == "ok" for r in (closed, *probes)) and "rate" not in closed.axes
+    assert probes[0].axes["rate"] == round(closed.metrics["tps"] or 0)  # the closed loop's pace first
+    for r in probes:
+        command = json.loads((tmp_path / "r" / r.dir / "run.json").read_text())["command"]
+        assert command[command.index("-R") + 1] == f"{r.axes['rate']:g}", command
+        assert r.metrics["schedule_lag_ms"] is not None and r.metrics["latency_p99_ms"] is not None
+    (event,) = ran.events("capacity")  # the answer (or none within 3 rates) depends on this machine's load
+    assert (event[2] or "").startswith("select-only sc=local c=2 j=2: p99 ≤ 200 ms: "), event

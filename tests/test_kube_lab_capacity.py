@@ -4,10 +4,14 @@ percentiles and skipped transactions have to come from that pod. A server of kno
 tests/test_capacity.py: every transaction a 50 ms pg_sleep, four clients, so no rate above 80 tx/s can be held.
 
 Kept short for the CI track: one 1-instance Cluster, 5 s runs, at most six rates (the closed loop's included).
+The same sweep loads pg_stat_statements (a pg_stat_statements.* parameter: CloudNativePG loads it and creates the
+extension) and checks each run's statements.json, which its Job read around pgbench: the sleep statement's calls
+are the transactions pgbench itself counted (issue 29 item 5).
 """
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -35,7 +39,9 @@ def test_the_capacity_search_runs_its_probes_at_their_rates_in_the_cluster(lab: 
     ns = "pglab-e2e-capacity"
     (tmp_path / "sleep.sql").write_text(f"SELECT pg_sleep({SERVICE_S});\n")
     plan = tmp_path / "plan.yaml"
-    plan.write_text(small_plan(lab, "cap", ns, LOAD))
+    text = small_plan(lab, "cap", ns, LOAD)
+    assert text.count("max_connections: 40}") == 1
+    plan.write_text(text.replace("max_connections: 40}", "max_connections: 40, pg_stat_statements.max: '1000'}"))
     results = tmp_path / "results"
     proc = pglab("run", str(plan), "--results", str(results), timeout=1800)
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
@@ -46,6 +52,14 @@ def test_the_capacity_search_runs_its_probes_at_their_rates_in_the_cluster(lab: 
     assert probes and all(r.status == "ok" for r in (closed, *probes))
     top = closed.metrics["tps"]
     assert "rate" not in closed.axes and top is not None and top <= CLIENTS / SERVICE_S
+    for r in (closed, *probes):  # what the run Job read of pg_stat_statements: its pgbench's statements
+        out = (store.dir / r.dir / "pgbench.out").read_text()
+        processed = int(re.search(r"actually processed: (\d+)", out).group(1))  # type: ignore[union-attr]
+        doc = json.loads((store.dir / r.dir / "statements.json").read_text())
+        sleep = [s for s in doc["statements"] if s["query"].startswith("SELECT pg_sleep(")]
+        assert len(sleep) == 1 and sleep[0]["calls"] == processed, (processed, doc["statements"])
+        assert sleep[0]["mean_exec_time"] >= SERVICE_S * 1000  # pg_sleep sleeps that long at least
+        assert not any("pglab-statements" in s["query"] for s in doc["statements"])
     for r in probes:
         rate = r.axes["rate"]
         # the probe's rate reached the pod's pgbench, and its figures are that pgbench's open-loop ones

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import tempfile
@@ -322,3 +323,109 @@ def test_a_lab_run_keeps_its_statements_and_csv_carries_the_figures(tmp_path: Pa
     row = next(csv.DictReader(io.StringIO(proc.stdout)))
     for key in ("wal_bytes_per_commit", "wal_fpi_per_commit", "buffers_backend"):
         assert float(row[key]) == pytest.approx(m[key]), key
+
+
+K8S_PLAN = """
+name: k8s-statements
+target: {{kubernetes: {{namespace: bench, cluster_name: pg, instances: 1, resources: {{cpu: 1, memory: 1Gi}}}}}}
+postgres: {{parameters: {{pg_stat_statements.max: '1000'}}}}
+matrix: {{clients: [2]}}
+run: {{{run}}}
+"""
+
+
+def _job_reads(server: Server, tmp_path: Path, run: str, pgbench_args: list[str]) -> tuple[Path, str]:
+    """The Kubernetes run Job's reads around pgbench, as render puts them into its script, run by sh here against a
+    real server as a role without superuser rights (CloudNativePG's application role); the folder it wrote and
+    pgbench's output."""
+    from pglab.plan.expand import expand
+    from pglab.plan.load import parse_plan
+    from pglab.targets.kubernetes.render import instance_parameters
+    from pglab.targets.kubernetes.statements import reads
+
+    plan = parse_plan(K8S_PLAN.format(run=run))
+    point = expand(plan)[0]
+    before, after = reads(plan, instance_parameters(plan, point), point)
+    assert before and after
+    bench = shlex.join([str(BINDIR / "pgbench"), *pgbench_args])
+    script = (f"set -eu\ncd {tmp_path}\nrc=0\n{before}"
+              f'if [ "$rc" = 0 ]; then {bench} > pgbench.out 2> pgbench.err || rc=$?; fi\n{after}exit $rc\n')
+    env = {**os.environ, "PATH": f"{BINDIR}:{os.environ['PATH']}", "PGHOST": str(server.base),
+           "PGPORT": str(server.port), "PGUSER": "app", "PGDATABASE": "postgres"}
+    proc = subprocess.run(["/bin/sh", "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr + (tmp_path / "statements.err").read_text()
+    return tmp_path, (tmp_path / "pgbench.out").read_text()
+
+
+@pytest.fixture
+def app(server: Server) -> Iterator[None]:
+    """The application role of a CloudNativePG Cluster: may use the tables, sees its own statements' text only."""
+    with psycopg.connect(server.conninfo, autocommit=True) as conn:
+        conn.execute("DROP ROLE IF EXISTS app")
+        conn.execute("CREATE ROLE app LOGIN")
+        conn.execute("GRANT ALL ON ALL TABLES IN SCHEMA public TO app")
+        conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")  # as CloudNativePG does
+    yield
+    with psycopg.connect(server.conninfo, autocommit=True) as conn:
+        conn.execute("REVOKE ALL ON ALL TABLES IN SCHEMA public FROM app")
+        conn.execute("DROP OWNED BY app")
+        conn.execute("DROP ROLE app")
+
+
+def test_the_kubernetes_jobs_reads_match_pg_stat_statements_over_the_window(server: Server, app: None,
+                                                                            tmp_path: Path) -> None:
+    """No warm-up: the Job reads right before and right after pgbench; statements.json is the application role's
+    statements over that span, exactly as pg_stat_statements read by the test (a superuser) says, without the
+    reads' own; the superuser's statements of the same window are not there."""
+    from pglab.targets.kubernetes.statements import record
+
+    with psycopg.connect(server.conninfo, autocommit=True) as oracle:
+        oracle.execute("SET pg_stat_statements.track = 'none'")
+        appid = oracle.execute("SELECT oid::bigint FROM pg_roles WHERE rolname = 'app'").fetchone()[0]  # type: ignore[index]
+        before = _statements(oracle)
+        oracle.execute("SET pg_stat_statements.track = 'top'")
+        oracle.execute("SELECT count(*) FROM pgbench_branches")  # another role's statement: not the Job's to see
+        oracle.execute("SET pg_stat_statements.track = 'none'")
+        run_dir, out = _job_reads(server, tmp_path, "duration: 2s", ["-n", "-c", "2", "-j", "2", "-t", "100"])
+        after = _statements(oracle)
+    got = record(run_dir)["statements"]
+    doc = json.loads((run_dir / "statements.json").read_text())
+    assert got["count"] == len(doc["statements"]) and got["top"][0]["query"] == doc["statements"][0]["query"][:120]
+    zero = dict.fromkeys(after[next(iter(after))], 0.0)
+    expected = {k: {f: a[f] - before.get(k, zero)[f] for f in a} for k, a in after.items() if k[0] == appid}
+    expected = {k: v for k, v in expected.items() if v["calls"] > 0}
+    reads = {k for k in expected if "pglab-statements" in _query_text(server, k)}
+    assert len(reads) == 2  # the reads' own two statements (the view, its evictions): left out
+    assert {(s["userid"], s["queryid"], s["toplevel"]): s for s in doc["statements"]}.keys() == expected.keys() - reads
+    for s in doc["statements"]:
+        e = expected[(s["userid"], s["queryid"], s["toplevel"])]
+        assert {f: float(s[f]) for f in e} == e, s["query"]
+    processed = int(re.search(r"actually processed: (\d+)", out).group(1))  # type: ignore[union-attr]
+    update = next(s for s in doc["statements"] if s["query"].startswith("UPDATE pgbench_accounts"))
+    assert update["calls"] == processed == 200
+    assert not any("pgbench_branches" in s["query"] and s["userid"] != appid for s in doc["statements"])
+    assert doc["source"].startswith("pg_stat_statements 1.") and doc["evicted"] == 0
+
+
+def test_the_kubernetes_jobs_first_read_waits_out_the_warm_up(server: Server, app: None, tmp_path: Path) -> None:
+    """With a warm-up, pgbench runs warm-up and window in one process: the first read comes run.warmup seconds
+    after pgbench started, so the warm-up's transactions are out of statements.json."""
+    from pglab.targets.kubernetes.statements import START_FILE, record
+
+    run_dir, out = _job_reads(server, tmp_path, "duration: 2s, warmup: 1s",
+                              ["-n", "-c", "1", "-T", "3", "-R", "50"])
+    started = (run_dir / "pgbench.err").stat().st_mtime  # created as the shell started pgbench (progress-free)
+    record(run_dir)
+    doc = json.loads((run_dir / "statements.json").read_text())
+    processed = int(re.search(r"actually processed: (\d+)", out).group(1))  # type: ignore[union-attr]
+    update = next(s for s in doc["statements"] if s["query"].startswith("UPDATE pgbench_accounts"))
+    assert 0 < update["calls"] < processed  # the warm-up's updates were counted before the first read
+    assert float((run_dir / START_FILE).read_text().split()[0]) >= started + 1.0
+
+
+def _query_text(server: Server, key: tuple[Any, ...]) -> str:
+    with psycopg.connect(server.conninfo, autocommit=True) as conn:
+        conn.execute("SET pg_stat_statements.track = 'none'")
+        row = conn.execute("SELECT query FROM pg_stat_statements WHERE userid = %s AND queryid = %s AND toplevel = %s",
+                           key).fetchone()
+    return str(row[0]) if row else ""

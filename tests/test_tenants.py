@@ -38,13 +38,13 @@ def labs() -> Iterator[Path]:
 
 
 def _plan(labs: Path, extra_arrangement: str = "", duration: str = "6s", instances: int = 1,
-          cap_iops: int = CAP_IOPS) -> str:
+          cap_iops: int = CAP_IOPS, parameters: str = "") -> str:
     return f"""
 name: tenants-test
 target: {{local: {{paths: {{lab: {labs}}}}}}}
 dataset: {{scale: 1}}
 run: {{duration: {duration}}}
-postgres: {{parameters: {{shared_buffers: 16MB}}}}
+postgres: {{parameters: {{shared_buffers: 16MB{parameters}}}}}
 tenants:
   instances: {instances}
   parallel_builds: 3  # every tenant at once (the default, one per core, built them 2 at a time here: ~2x slower)
@@ -73,7 +73,7 @@ def test_tiers_limits_results_and_cleanup(tmp_path: Path, labs: Path) -> None:
     plan.write_text(_plan(labs, duration="4s", extra_arrangement="""    - name: solo
       tiers:
         - {name: only, tenants: 1, resources: {cpus: 0.3}}
-"""))
+""", parameters=", shared_preload_libraries: pg_stat_statements"))
     results = tmp_path / "results"
     run_plan(plan, results)
     runs = {r.axes["arrangement"]: r for r in stored_runs(results) if r.status == "ok"}
@@ -104,6 +104,20 @@ def test_tiers_limits_results_and_cleanup(tmp_path: Path, labs: Path) -> None:
         assert per[t]["write_iops"] <= CAP_IOPS * 1.15, per[t]
         assert per[t]["tps"] < per["t01"]["tps"] / 3, (per[t]["tps"], per["t01"]["tps"])
     assert per["t01"]["write_iops"] > CAP_IOPS * 2  # the free tenant's demand is above the cap
+    # why, per tenant: each tenant's own server's statements over the window and its WAL (issue 29)
+    record = json.loads((mixed / "run.json").read_text())
+    assert set(record["statements"]["tenants"]) == {"t01", "t02", "t03"}
+    for t in ("t01", "t02", "t03"):
+        doc = json.loads((mixed / "tenants" / t / "statements.json").read_text())
+        update = next(s for s in doc["statements"] if s["query"].startswith("UPDATE pgbench_accounts"))
+        assert update["calls"] == per[t]["transactions"]  # this tenant's pgbench, not another's
+        assert record["statements"]["tenants"][t]["file"] == f"tenants/{t}/statements.json"
+        assert per[t]["wal_records"] > 0 and per[t]["wal_bytes_per_commit"] > 0 and "buffers_backend" in per[t]
+    for t in ("t02", "t03"):  # held to their IOPS: fewer transactions, less WAL than the free tenant's server
+        assert per[t]["wal_records"] < per["t01"]["wal_records"]
+    host = runs["mixed"].metrics
+    assert host["wal_records"] == sum(per[t]["wal_records"] for t in ("t01", "t02", "t03"))
+    assert not (mixed / "probe-errors.txt").exists()
     tier_tps = runs["mixed"].metrics["tier.capped.tps"]
     assert tier_tps == pytest.approx((per["t02"]["tps"] + per["t03"]["tps"]) / 2)
 
@@ -115,6 +129,9 @@ def test_tiers_limits_results_and_cleanup(tmp_path: Path, labs: Path) -> None:
     tenants = json.loads(pglab("report", str(results), "--table", "tenants", "--format", "json", check=True).stdout)
     assert {(r["arrangement"], r["tenant"]) for r in tenants} == {("mixed", "t01"), ("mixed", "t02"),
                                                                  ("mixed", "t03"), ("solo", "t01")}
+    for r in tenants:  # each tenant's own WAL per commit, as its run stored it
+        if r["arrangement"] == "mixed":
+            assert r["wal_bytes_per_commit"] == pytest.approx(per[r["tenant"]]["wal_bytes_per_commit"])
 
     html = tmp_path / "report.html"
     pglab("report", str(results), "--html", str(html), check=True)

@@ -144,14 +144,17 @@ METRICS: tuple[Metric, ...] = (
     # ---- why the run went as it did (issue 29): after the published shape, so its columns keep their order
     Metric("wal_bytes_per_commit", "B", True, "database", "WAL generated per commit over the window "
            "(pg_stat_wal.wal_bytes over pg_stat_database.xact_commit; PostgreSQL 14+)", 0,
-           columns=_in("points", "runs", "html-runs", header="WAL B/commit")),
+           columns=(*_in("points", "runs", "html-runs", header="WAL B/commit"),
+                    Column("tenants", header="WAL B/commit", how="value"))),
     Metric("wal_fpi_per_commit", "count", True, "database", "full-page images per commit over the window "
            "(pg_stat_wal.wal_fpi over xact_commit; many after a checkpoint: the first change of each page after it "
-           "logs the whole page)", columns=_in("points", "runs", "html-runs", header="FPI/commit")),
+           "logs the whole page)", columns=(*_in("points", "runs", "html-runs", header="FPI/commit"),
+                                            Column("tenants", header="FPI/commit", how="value"))),
     Metric("buffers_backend", "count", True, "database", "shared buffers the backends wrote themselves in the "
            "window, not left to the checkpointer or background writer (pg_stat_bgwriter.buffers_backend up to "
            "PostgreSQL 16, pg_stat_io's relation writes from 17)", 0,
-           columns=_in("points", "runs", "html-runs", header="backend writes")),
+           columns=(*_in("points", "runs", "html-runs", header="backend writes"),
+                    Column("tenants", header="backend writes", how="value"))),
     # ---- open loop (a rate, pgbench -R): how far the load fell behind its schedule (issue 29)
     Metric("schedule_lag_ms", "ms", True, "client", "mean delay from each transaction's scheduled start to its "
            "actual start (pgbench's rate limit schedule lag; latency counts from the scheduled start)",

@@ -32,7 +32,7 @@ from pglab.plan.schema import Plan
 from pglab.probes.base import now
 from pglab.scenarios.figures import phase_metrics, witness_metrics
 from pglab.scenarios.witness import evaluate
-from pglab.targets.kubernetes import exporter, prometheus
+from pglab.targets.kubernetes import exporter, prometheus, statements
 from pglab.targets.kubernetes.orchestrate import (
     POSTGRES_CONTAINER,
     JobOutcome,
@@ -577,7 +577,8 @@ class KubernetesRun(MeasuredRun):
                                     "exporter": figures.info if figures else None,
                                     "disk": disk.info if disk else None,
                                     **({"load": load_info} if load_info is not None else {}),
-                                    **({"cpu": cpu.info} if cpu is not None else {})})
+                                    **({"cpu": cpu.info} if cpu is not None else {}),
+                                    **statements.record(run_dir)})  # what the Job read of pg_stat_statements
 
     def end(self, failure: BaseException | None) -> None:
         d, injector = self.d, self.injector

@@ -2,8 +2,10 @@
 
 Each arrangement × repeat is one run. What it records: per tenant (table ``tenant_metrics``) TPS and latency as
 that tenant's pgbench reports them, p95/p99 from its transaction log, CPU and IOs from its instances' cgroups,
-memory (PSS) sampled mid-window; per tier and per host (``run_metrics``) the aggregates the tier table is made of;
-the host's disk and CPU series from the usual probes.
+memory (PSS) sampled mid-window, and why it went as it did: its primary's WAL, checkpoint and backend-write
+figures (the pg probe, one per tenant) and, where pg_stat_statements is loaded, its statements over the window
+(``tenants/<tenant>/statements.json``); per tier and per host (``run_metrics``) the aggregates the tier table is
+made of, the WAL figures summed over the tenants; the host's disk and CPU series from the usual probes.
 """
 
 from __future__ import annotations
@@ -12,8 +14,9 @@ import contextlib
 import shutil
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 from pglab.artifacts import write_json, write_samples
 from pglab.drivers.local import ProcessDriver, close_window, watch
@@ -21,8 +24,10 @@ from pglab.engine.driver import MeasuredRun
 from pglab.engine.types import Event, Observer, RunFailed, RunResult, TenantFigure
 from pglab.plan.expand import Point
 from pglab.plan.schema import Plan, Tier
-from pglab.probes import CpuProbe, DiskProbe, MemoryProbe, ProbeContext, Sample, Sampler
+from pglab.probes import CpuProbe, DiskProbe, MemoryProbe, PgStatsProbe, Probe, ProbeContext, Sample, Sampler
+from pglab.probes._util import rows_in_window
 from pglab.probes.base import now
+from pglab.probes.statements import StatementsWindow
 from pglab.targets.local.fleet import Fleet, Tenant
 from pglab.workloads import pgbench
 from pglab.workloads.pgbench import PgbenchError, PgbenchProcess, ProgressPoint, pgbench_metrics, pgbench_series
@@ -108,6 +113,8 @@ class TenantsRun(MeasuredRun):
         self.warmup_s = driver.plan.run.warmup
         self.dirs: dict[str, Path] = {}
         self.sampler: Sampler | None = None
+        self.pg: dict[str, TenantPgProbe] = {}  # each tenant's primary, by tenant
+        self.statements: dict[str, StatementsWindow] = {}
         self.settings: dict[str, object] = {}
         self.events: list[Event] = []
         self.samples: list[Sample] = []
@@ -134,8 +141,16 @@ class TenantsRun(MeasuredRun):
         ctx = ProbeContext(primary_conninfo=fleet.tenants[0].lab.endpoints().primary.conninfo(),
                            paths=fleet.probe_paths(), server_pids=fleet.server_pids,
                            client_pids=lambda: [p.pid for p in running.values()])
-        self.sampler = Sampler([DiskProbe(ctx), CpuProbe(ctx), MemoryProbe(ctx)] if self.d.plan.probes.enabled else [])
+        probes: list[Probe] = [DiskProbe(ctx), CpuProbe(ctx), MemoryProbe(ctx)] if self.d.plan.probes.enabled else []
+        if self.d.plan.probes.enabled:  # each tenant's own server: its WAL, checkpoints, statements
+            for t in fleet.tenants:
+                conninfo = t.lab.endpoints().primary.conninfo(application_name="pglab-probe")
+                self.pg[t.name] = TenantPgProbe(ProbeContext(conninfo), t.name)
+                self.statements[t.name] = StatementsWindow(conninfo, create=True)  # pglab owns the tenants' labs
+        self.sampler = Sampler([*probes, *self.pg.values()])
         self.sampler.start()
+        for window in self.statements.values():
+            window.open()
 
     def warm_up(self) -> None:
         self.events.append((now(), "warmup-start", f"{self.warmup_s:g} s"))
@@ -144,10 +159,14 @@ class TenantsRun(MeasuredRun):
 
     def measure(self) -> None:
         run = self.d.plan.run
+        for window in self.statements.values():  # every tenant's, before any measured pgbench starts
+            window.start(now())
         self.before, self.launched = self.fleet.usage(), now()
         self.codes, self.memory = self.d._all_at_once(self.dirs, "pgbench", run.measured_seconds, run.transactions,
                                                       log=True)
         self.after, self.ended = self.fleet.usage(), now()
+        for window in self.statements.values():
+            window.end(now())
 
     def close_probes(self) -> None:
         assert self.sampler is not None
@@ -171,10 +190,22 @@ class TenantsRun(MeasuredRun):
         instances = plan.tenants.instances if plan.tenants else 1
         rows, per_tenant = _tenant_rows(fleet.tenants, results, self.before, self.after, self.memory,
                                         self.ended - self.launched, instances)
+        why = {name: probe.figures(self.samples, *window) for name, probe in self.pg.items()}
+        for name, figures in why.items():  # the tenant's own server's figures, in its rows
+            tier = per_tenant[name][0]
+            per_tenant[name][1].update(figures)
+            rows += [(name, tier, k, v) for k, v in figures.items()]
         metrics = _aggregates(self.point, fleet.tenants, per_tenant, instances)
         metrics.update(sampler.summarize(*window))
-        if sampler.errors:
-            (run_dir / "probe-errors.txt").write_text("\n".join(sampler.errors) + "\n")
+        metrics.update(host_why(self.samples, list(self.pg), *window))
+        statements: dict[str, Any] = {}
+        errors = list(sampler.errors)
+        for name, statements_window in self.statements.items():
+            if summary := statements_window.write(self.dirs[name]):
+                statements[name] = {**summary, "file": f"tenants/{name}/{summary['file']}"}
+            errors += [f"tenant {name}: {e}" for e in statements_window.errors]
+        if errors:
+            (run_dir / "probe-errors.txt").write_text("\n".join(errors) + "\n")
         series = [pt for name, res in results.items()
                   for pt in pgbench_series(res, f"tenant:{name}", ("tps", "latency_ms"))]
         series += [(s.ts, s.source, s.metric, s.value) for s in self.samples]
@@ -182,7 +213,8 @@ class TenantsRun(MeasuredRun):
         _keep_server_logs(fleet, self.dirs)
         return RunResult.of(window, metrics, series=series, events=self.events, settings=self.settings,
                             tenants=rows,
-                            record={"tenants": {n: {"tier": t, **m} for n, (t, m) in per_tenant.items()}})
+                            record={"tenants": {n: {"tier": t, **m} for n, (t, m) in per_tenant.items()},
+                                    **({"statements": {"tenants": statements}} if statements else {})})
 
     def end(self, failure: BaseException | None) -> None:
         if failure is None:
@@ -190,8 +222,55 @@ class TenantsRun(MeasuredRun):
         _stop(self.d._running)
         if self.sampler:
             self.sampler.stop()
+        for window in self.statements.values():
+            window.close()
         if isinstance(failure, self.d.run_errors):
             _keep_server_logs(self.fleet, self.run_dir / "tenants")
+
+
+class TenantPgProbe(PgStatsProbe):
+    """One tenant's pg probe: its primary's counters (WAL, checkpoints, buffers written by backends), its samples
+    under ``pg:<tenant>``. Its figures are the tenant's (:meth:`figures`, into the tenant's rows), not the host's:
+    the sampler's summary gets none of them."""
+
+    def __init__(self, ctx: ProbeContext, tenant: str):
+        super().__init__(ctx)
+        self.name = f"pg:{tenant}"
+
+    def sample(self, ts: float) -> list[Sample]:
+        return [Sample(s.ts, self.name, s.metric, s.value) for s in super().sample(ts)]
+
+    def summarize(self, samples: Sequence[Sample], start: float, end: float) -> dict[str, float]:
+        return {}
+
+    def figures(self, samples: Sequence[Sample], start: float, end: float) -> dict[str, float]:
+        """The tenant's figures over the window, as a single lab's pg probe gives them."""
+        return super().summarize([s for s in samples if s.source == self.name], start, end)
+
+
+HOST_COUNTS = ("wal_records", "wal_fpi", "checkpoints_timed", "checkpoints_req", "buffers_checkpoint",
+               "buffers_backend", "buffers_backend_fsync", "buffers_clean")
+
+
+def host_why(samples: Sequence[Sample], tenants: list[str], start: float, end: float) -> dict[str, float | None]:
+    """The host's WAL and buffer figures: every tenant's counts over the window summed, WAL and full-page images
+    per commit as ratios of the sums (each tenant's rows chosen as its own figures choose them)."""
+    sources = {f"pg:{t}" for t in tenants}
+    rows = [r for t in sources for r in rows_in_window([s for s in samples if s.source == t], start, end, rate=True)]
+    if not rows:
+        return {}
+
+    def total(metric: str) -> float:
+        return sum(r.get(metric) for r in rows)
+
+    out: dict[str, float | None] = {k: total(k) for k in HOST_COUNTS
+                                    if any(k in r.values for r in rows) and k not in ("wal_records", "wal_fpi")}
+    if any("d_wal_records" in r.values for r in rows):
+        out["wal_records"], out["wal_fpi"] = total("d_wal_records"), total("d_wal_fpi")
+        if commits := total("d_commits"):
+            out["wal_bytes_per_commit"] = total("d_wal_stat_bytes") / commits
+            out["wal_fpi_per_commit"] = total("d_wal_fpi") / commits
+    return out
 
 
 def _keep_server_logs(fleet: Fleet, dirs: dict[str, Path] | Path) -> None:

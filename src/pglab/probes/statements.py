@@ -15,6 +15,7 @@ Nothing here fails a run: a failed snapshot is one line of the run's probe error
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -27,9 +28,10 @@ from pglab.probes._pg import connect
 TOP = 5  # statements summarised in run.json
 QUERY_CHARS = 120  # of each one's text there
 
-_FIGURES = ("calls", "total_exec_time", "rows", "shared_blks_hit", "shared_blks_read", "shared_blks_dirtied",
-            "shared_blks_written", "wal_bytes")
-Key = tuple[Any, ...]
+FIGURES = ("calls", "total_exec_time", "rows", "shared_blks_hit", "shared_blks_read", "shared_blks_dirtied",
+           "shared_blks_written", "wal_bytes")
+Key = tuple[Any, ...]  # userid, queryid, toplevel
+Snapshot = tuple[float, dict[Key, dict[str, Any]], float | None]  # when, every entry by key, entries evicted so far
 
 
 class StatementsWindow:
@@ -43,8 +45,8 @@ class StatementsWindow:
         self._query = ""
         self._dealloc = ""  # how many entries pg_stat_statements evicted (pg_stat_statements_info, 1.9+)
         self.version = ""
-        self._start: tuple[float, dict[Key, dict[str, Any]], float | None] | None = None
-        self._end: tuple[float, dict[Key, dict[str, Any]], float | None] | None = None
+        self._start: Snapshot | None = None
+        self._end: Snapshot | None = None
 
     def open(self) -> None:
         """Find the view (create the extension where allowed); before the warm-up, so creating it is not measured."""
@@ -79,7 +81,7 @@ class StatementsWindow:
         self._end = self._snapshot(ts)
         self.close()
 
-    def _snapshot(self, ts: float) -> tuple[float, dict[Key, dict[str, Any]], float | None] | None:
+    def _snapshot(self, ts: float) -> Snapshot | None:
         if not self.available or self._conn is None:
             return None
         try:
@@ -90,26 +92,15 @@ class StatementsWindow:
             self.available = False
             self.close()
             return None
-        entries = {}
-        for userid, queryid, toplevel, query, *figures in rows:
-            entries[(userid, queryid, toplevel)] = {"query": query, **{k: float(v or 0) for k, v in
-                                                                       zip(_FIGURES, figures, strict=True)}}
+        entries = {(userid, queryid, toplevel): entry(query, figures)
+                   for userid, queryid, toplevel, query, *figures in rows}
         return ts, entries, float(dealloc[0]) if dealloc else None
 
     def write(self, run_dir: Path) -> dict[str, Any] | None:
         """statements.json in the run's folder, and run.json's summary of it; None when nothing was measured."""
         if self._start is None or self._end is None:
             return None
-        window, statements, evicted = deltas(self._start, self._end)
-        doc: dict[str, Any] = {"window": window, "source": f"pg_stat_statements {self.version}",
-                               "evicted": evicted, "statements": statements}
-        if evicted:
-            doc["note"] = (f"pg_stat_statements evicted {evicted:g} entries during the window: the figures of "
-                           "statements evicted and tracked again are incomplete (raise pg_stat_statements.max)")
-        write_json(run_dir / "statements.json", doc)
-        top = [{"query": s["query"][:QUERY_CHARS], "calls": s["calls"], "total_exec_time_ms": s["total_exec_time"],
-                "mean_exec_time_ms": s["mean_exec_time"], "time_pct": s["time_pct"]} for s in statements[:TOP]]
-        return {"file": "statements.json", "count": len(statements), "top": top}
+        return write_statements(run_dir, self._start, self._end, f"pg_stat_statements {self.version}")
 
     def close(self) -> None:
         if self._conn is not None:
@@ -119,9 +110,30 @@ class StatementsWindow:
                 self._conn = None
 
 
-def deltas(start: tuple[float, dict[Key, dict[str, Any]], float | None],
-           end: tuple[float, dict[Key, dict[str, Any]], float | None]) -> tuple[list[float], list[dict[str, Any]],
-                                                                                float | None]:
+def write_statements(run_dir: Path, start: Snapshot, end: Snapshot, source: str,
+                     note: str | None = None) -> dict[str, Any]:
+    """``statements.json`` in ``run_dir`` from two snapshots (every target's: the local probes' and the Kubernetes
+    Job's reads), and run.json's summary of it."""
+    window, statements, evicted = deltas(start, end)
+    doc: dict[str, Any] = {"window": window, "source": source, "evicted": evicted, "statements": statements}
+    notes = [note] if note else []
+    if evicted:
+        notes.append(f"pg_stat_statements evicted {evicted:g} entries during the window: the figures of statements "
+                     "evicted and tracked again are incomplete (raise pg_stat_statements.max)")
+    if notes:
+        doc["note"] = "; ".join(notes)
+    write_json(run_dir / "statements.json", doc)
+    top = [{"query": s["query"][:QUERY_CHARS], "calls": s["calls"], "total_exec_time_ms": s["total_exec_time"],
+            "mean_exec_time_ms": s["mean_exec_time"], "time_pct": s["time_pct"]} for s in statements[:TOP]]
+    return {"file": "statements.json", "count": len(statements), "top": top}
+
+
+def entry(query: str, figures: Sequence[Any]) -> dict[str, Any]:
+    """One statement's entry of a snapshot: its text and the figures of FIGURES, in that order (None: 0)."""
+    return {"query": query, **{k: float(v or 0) for k, v in zip(FIGURES, figures, strict=True)}}
+
+
+def deltas(start: Snapshot, end: Snapshot) -> tuple[list[float], list[dict[str, Any]], float | None]:
     """The window, every statement that ran in it (by execution time, most first) and the entries evicted.
 
     An entry new at the end counts from zero; one whose calls went down was reset or evicted and tracked again: its
@@ -132,9 +144,9 @@ def deltas(start: tuple[float, dict[Key, dict[str, Any]], float | None],
     for key, a in after.items():
         b = before.get(key)
         if b is not None and a["calls"] >= b["calls"]:
-            d = {k: a[k] - b[k] for k in _FIGURES}
+            d = {k: a[k] - b[k] for k in FIGURES}
         else:
-            d = {k: a[k] for k in _FIGURES}
+            d = {k: a[k] for k in FIGURES}
         if d["calls"] <= 0:
             continue
         out.append({"queryid": key[1], "userid": key[0], "toplevel": key[2], "query": a["query"],

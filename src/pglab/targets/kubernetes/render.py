@@ -21,6 +21,7 @@ import yaml
 
 from pglab.plan.expand import Point, expand
 from pglab.plan.schema import K8sStorage, KubernetesTarget, Placement, Plan, StorageOption
+from pglab.targets.kubernetes import statements
 
 # the scripts, and (X as X) the markers that scenario and disks still import from here
 from pglab.targets.kubernetes.scripts import DISKSTATS_MARK as DISKSTATS_MARK
@@ -554,8 +555,9 @@ def pgbench_run(plan: Plan, point: Point, repeat: int = 1) -> Manifest:
         reset = f"{settings_script(parameters)}if [ \"$rc\" = 0 ]; then\n{reset}fi\n"
     load = (f"{shlex.join(args)} > pgbench.out 2> pgbench.err || rc=$?" if point.scenario is None else
             segments_script(args, seconds or 1.0))
-    script = (f"set -eu\ncd {RESULTS_DIR}\nrc=0\n{reset}"
-              f"if [ \"$rc\" = 0 ]; then {load}; fi\n"
+    before, after = statements.reads(plan, instance_parameters(plan, point), point)  # pg_stat_statements, if loaded
+    script = (f"set -eu\ncd {RESULTS_DIR}\nrc=0\n{reset}{before}"
+              f"if [ \"$rc\" = 0 ]; then {load}; fi\n{after}"
               f"{ship_results()}\nexit $rc")
     volumes, mounts = _scripts_volume(plan)
     pod = _client_pod(k8s, k8s.clients.image or k8s.image, script, env=_pg_env(k8s, point.synchronous_commit),
