@@ -14,6 +14,9 @@ order rotated each round), medians over the rounds.
   commit before a change;
 - ``polars_3_columns`` / ``polars_all_columns``: ``polars.read_csv`` of the file (its three columns pglab needs,
   or all of them), nothing computed: the target;
+- ``polars_streaming``: ``polars.scan_csv`` of the file, the three columns taken batch by batch by polars'
+  streaming engine (``collect_batches``), nothing computed (``--streaming``): whether polars itself, streaming,
+  would fit in the memory target;
 - ``former``: the line-by-line reader pglab had first (``--former``; ~17 s for 10 M lines).
 
 Every pglab reader must give the same count and percentiles (asserted).
@@ -24,7 +27,7 @@ Every pglab reader must give the same count and percentiles (asserted).
 A log with no failed or skipped line (most runs' logs), timed as it is (no .gz step):
 
     PYTHONPATH=src python bench/txlog.py --generate before/clean.log --lines 10000000 --no-failed
-    PYTHONPATH=src python bench/txlog.py --log before/clean.log --rounds 5 --before before/src
+    PYTHONPATH=src python bench/txlog.py --log before/clean.log --rounds 5 --before before/src [--streaming]
 """
 
 from __future__ import annotations
@@ -140,6 +143,22 @@ print(time.perf_counter() - t, time.perf_counter() - i, resource.getrusage(resou
       df.height)
 """
 
+POLARS_STREAMING = """
+import sys, time, resource
+t = time.perf_counter()
+import polars as pl
+i = time.perf_counter()
+c = time.process_time()
+n = 0
+for a in sys.argv[1:]:
+    lf = pl.scan_csv(a, separator=" ", has_header=False, null_values=["failed", "skipped"]).select(pl.nth(2, 4, 5))
+    for df in lf.collect_batches():
+        n += df.height
+print(time.perf_counter() - t, time.perf_counter() - i, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+      time.process_time() - c,
+      n)
+"""
+
 BASE = """
 import resource
 import numpy
@@ -173,6 +192,8 @@ def main() -> None:
     ap.add_argument("--former", action="store_true", help="also the line-by-line reader (slow)")
     ap.add_argument("--generate", type=Path, default=None, help="only write a log of --lines lines there")
     ap.add_argument("--no-failed", action="store_true", help="with --generate: no failed or skipped line")
+    ap.add_argument("--streaming", action="store_true",
+                    help="also polars' streaming engine over the file, batch by batch, nothing computed")
     ap.add_argument("--log", type=Path, default=None, help="time these readers on this log (no .gz step)")
     args = ap.parse_args()
     if args.generate:
@@ -187,6 +208,8 @@ def main() -> None:
         readers["before_read"] = (READ, args.before.resolve())
     if args.former:
         readers["former"] = (OLD, None)
+    if args.streaming:
+        readers["polars_streaming"] = (POLARS_STREAMING, None)
     results: dict[str, list[Run]] = {name: [] for name in readers}
 
     def rounds(log: Path) -> None:

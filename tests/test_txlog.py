@@ -257,6 +257,15 @@ ODD_LINES = {
     "tab past the sixth field": "0 9 600 0 1763900001 6 7\t8",
     "tab in the time field": "0 9 600\t0 1763900001 6",
     "vertical tab": "0 9 600 0 1763900001\x0b6",
+    "unit separator in the first field": "0\x1f9 600 0 1763900001 6 7",  # split(): 7 fields, latency 600
+    "form feed past the sixth field": "0 9 600 0 1763900001 6\x0c7",
+    "failed, its end time malformed": "0 9 failed 0 17639x0001 6",  # the former reader raises
+    "skipped, its end time malformed": "0 9 skipped 0 17639x0001 6",  # the former reader skips it
+    "failed as the first field": "failed 9 600 0 1763900001 6",  # a transaction
+    "failed as the fourth field": "0 9 600 failed 1763900001 6",
+    "failed, four fields": "0 9 failed 0",
+    "failed after a tab": "0\t9 x failed 0 1763900001 6",  # split(): failed is the fourth field
+    "failed twice": "0 9 failed failed 1763900001 6",  # the former reader raises
 }
 
 
@@ -336,7 +345,7 @@ def test_first_start_from_the_near_minimum_only_is_exact() -> None:
     assert txlog._first_start(lat, end) == float(f[1])
 
 
-@pytest.mark.parametrize("block", [16, 64, 4096])
+@pytest.mark.parametrize("block", [16, 64, 4096, 1 << 20])
 def test_blocks_of_a_mapped_log_are_its_lines(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, block: int) -> None:
     """A plain log is read from a memory map: blocks shorter than a line (each then runs to the next line end),
     a last line without its newline, and an empty log give the former reader's transactions."""
