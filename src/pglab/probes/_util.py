@@ -6,6 +6,7 @@ Probes emit one ``Sample`` per metric; summaries need all metrics of one tick of
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -23,6 +24,40 @@ class Row:
     def get(self, metric: str, default: float = 0.0) -> float:
         v = self.values.get(metric)
         return default if v is None else float(v)
+
+
+class FineReads:
+    """A probe that reads its counters every ``fine`` seconds (the sampler's pace, ``interval``) and emits a row of
+    figures every ``row_interval`` seconds on that grid, plus the row that closes a window off it. The fine reads,
+    kept in memory, place a window's edges; ``_sample`` reads and asks ``_row_due`` whether the read ends a row."""
+
+    def __init__(self, interval: float, fine: float):
+        self.row_interval = interval
+        self.interval = min(fine, interval)  # the sampler calls at this pace; rows come every ``row_interval``
+        self._next_row = 0.0
+
+    def sample(self, ts: float) -> list[Sample]:
+        return self._sample(ts, closing=False)
+
+    def closing_sample(self, ts: float) -> list[Sample]:
+        """A read now and the row since the last one, off the row grid: the sample that closes a window."""
+        return self._sample(ts, closing=True)
+
+    def _sample(self, ts: float, closing: bool) -> list[Sample]:
+        raise NotImplementedError
+
+    def _grid_from(self, ts: float) -> None:
+        """The next row is due at the first row boundary after the read at ``ts`` (reads land a hair off the whole
+        multiples)."""
+        self._next_row = (math.floor(ts / self.row_interval + 0.5) + 1) * self.row_interval
+
+    def _row_due(self, ts: float, closing: bool) -> bool:
+        """Whether the read at ``ts`` ends a row: it closes a window, or the next boundary is reached (within half
+        a read); if so, the next row is due at the boundary after it. Otherwise it is a fine read only."""
+        if not closing and self.interval < self.row_interval and ts < self._next_row - self.interval / 2:
+            return False
+        self._grid_from(ts)
+        return True
 
 
 def rows(samples: Iterable[Sample]) -> list[Row]:
