@@ -7,7 +7,7 @@ Probes emit one ``Sample`` per metric; summaries need all metrics of one tick of
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from pglab.probes.base import Sample, in_window
@@ -27,33 +27,29 @@ class Row:
 
 
 class FineReads:
-    """A probe that reads its counters every ``fine`` seconds (the sampler's pace, ``interval``) and emits a row of
-    figures every ``row_interval`` seconds on that grid, plus the row that closes a window off it. The fine reads,
-    kept in memory, place a window's edges; ``_sample`` reads and asks ``_row_due`` whether the read ends a row."""
+    """A probe that reads its counters every ``fine`` seconds (the sampler's pace) and emits a row every
+    ``row_interval`` on that grid, plus the row closing a window off it: ``_sample`` reads, ``_row_due`` says
+    whether the read ends a row."""
+
+    _sample: Callable[[float, bool], list[Sample]]  # the probe's read at ``ts``, ``closing`` a window or not
 
     def __init__(self, interval: float, fine: float):
-        self.row_interval = interval
-        self.interval = min(fine, interval)  # the sampler calls at this pace; rows come every ``row_interval``
+        self.row_interval, self.interval = interval, min(fine, interval)  # the sampler calls every ``interval``
         self._next_row = 0.0
 
     def sample(self, ts: float) -> list[Sample]:
-        return self._sample(ts, closing=False)
+        return self._sample(ts, False)
 
     def closing_sample(self, ts: float) -> list[Sample]:
         """A read now and the row since the last one, off the row grid: the sample that closes a window."""
-        return self._sample(ts, closing=True)
-
-    def _sample(self, ts: float, closing: bool) -> list[Sample]:
-        raise NotImplementedError
+        return self._sample(ts, True)
 
     def _grid_from(self, ts: float) -> None:
-        """The next row is due at the first row boundary after the read at ``ts`` (reads land a hair off the whole
-        multiples)."""
+        """The next row: at the first boundary after the read at ``ts`` (reads land a hair off the multiples)."""
         self._next_row = (math.floor(ts / self.row_interval + 0.5) + 1) * self.row_interval
 
     def _row_due(self, ts: float, closing: bool) -> bool:
-        """Whether the read at ``ts`` ends a row: it closes a window, or the next boundary is reached (within half
-        a read); if so, the next row is due at the boundary after it. Otherwise it is a fine read only."""
+        """Whether the read at ``ts`` ends a row (it closes a window, or is at the next boundary within half a read)."""
         if not closing and self.interval < self.row_interval and ts < self._next_row - self.interval / 2:
             return False
         self._grid_from(ts)
