@@ -365,13 +365,12 @@ class Orchestrator:
         except ApiException as exc:
             raise K8sError(f"listing the pods of Cluster/{self.k8s.cluster_name}: {_reason(exc)}", exc.status) from None
 
-    def wait_rollout(self, what: str, pods_ok: Callable[[list[Any]], str | None] | None = None,
-                     timeout_s: float | None = None) -> float:
+    def wait_rollout(self, what: str, pods_ok: Callable[[list[Any]], str | None] | None = None) -> float:
         """Until the operator reports the Cluster healthy with every instance ready and ``pods_ok`` (given the
         instance pods) has nothing left to say; returns the seconds it took. A healthy phase alone is not enough
         right after a patch (the operator may not have started yet): the pods are what proves a rolling update."""
         started = time.monotonic()
-        deadline = started + (timeout_s if timeout_s is not None else self.ready_timeout_s)
+        deadline = started + self.ready_timeout_s
         while True:
             status = self.cluster_status()
             waiting = pods_ok(self.instance_pods()) if pods_ok is not None else None
