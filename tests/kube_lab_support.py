@@ -7,6 +7,7 @@ The lab itself is the session fixture ``lab`` in conftest.py: one lab for every 
 from __future__ import annotations
 
 import gzip
+import os
 import re
 import sys
 import threading
@@ -177,3 +178,23 @@ def rows(store: Store, sql: str, *args: Any) -> list[dict[str, Any]]:
     cur = store.conn.execute(sql, args)
     cols = [c[0] for c in cur.description]
     return [dict(zip(cols, r, strict=True)) for r in cur]
+
+
+def dev_of(path: Path) -> str:
+    """The device (major:minor) a path is on, as this machine's kernel sees it."""
+    st = os.stat(path)
+    return f"{os.major(st.st_dev)}:{os.minor(st.st_dev)}"
+
+
+def storage_phase(lab: kubelab.KubeLab, results: Path,
+                  values: list[str]) -> tuple[Store, int, str, dict[str, dict[str, Any]]]:
+    """A finished storage-axis sweep's store, its id, and its storage phase's fio row of each value's data path, all
+    on one database node (that of the Cluster's one instance: fio runs before the first run), returned too."""
+    store = Store.open(results, create=False)
+    sweep = store.sweeps()[-1]
+    assert sweep["status"] == "done"
+    fio_rows = {f["label"]: f for f in store.fio_results(sweep["id"])}
+    (node,) = {label.split("@")[1] for label in fio_rows}
+    assert lab.node(node).role == "database"
+    assert set(fio_rows) == {f"{v}/data@{node}" for v in values}, fio_rows
+    return store, sweep["id"], node, {v: fio_rows[f"{v}/data@{node}"] for v in values}

@@ -23,7 +23,7 @@ from k8s_fake.routing import NS, Answer, Request, Route
 from k8s_support import PGBENCH, assert_all_deleted, check, k8s_plan, run
 from pglab.plan.load import parse_plan
 from pglab.store.sqlite import Store
-from pglab.targets.kubernetes import exporter
+from pglab.targets.kubernetes import exporter, orchestrate
 from pglab.targets.kubernetes.orchestrate import HEALTHY
 from pglab.targets.kubernetes.preflight import BARMAN_CRD, check_wal_archive
 from pglab.targets.kubernetes.render import (
@@ -413,8 +413,15 @@ def test_a_restore_check_recovers_a_cluster_from_the_backup_and_counts_what_it_l
     assert_all_deleted(api)  # the recovered Cluster too
 
 
+NO_NODE = "0/3 nodes are available: 3 Insufficient cpu. preemption: 0/3 nodes are available."
+
+
+@pytest.mark.parametrize("unschedulable", [False, True], ids=["never healthy", "no node fits"])
 def test_a_recovered_cluster_never_healthy_fails_the_run_and_is_deleted(
-        restore_fake: tuple[FakeAPI, client.ApiClient], tmp_path: Path) -> None:
+        restore_fake: tuple[FakeAPI, client.ApiClient], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        unschedulable: bool) -> None:
+    """Waited for as the measured Cluster is: until its readiness timeout, or, its pod fitting no node, until the
+    scheduler's reason has lasted POD_START_GRACE_S (the readiness timeout, 30 min, would say nothing)."""
     api, api_client = restore_fake
     read = api.store.on_read["Cluster"]
 
@@ -424,10 +431,23 @@ def test_a_recovered_cluster_never_healthy_fails_the_run_and_is_deleted(
             obj["status"] = {"phase": "Setting up primary", "readyInstances": 0}
 
     api.store.on_read["Cluster"] = stuck
-    result = run(api_client, tmp_path, RESTORE_PLAN, ready_timeout_s=1.0)
+    expected = "Cluster/pg-restore not ready after 1 s (phase: Setting up primary, ready instances: 0 of 1)"
+    if unschedulable:
+        monkeypatch.setattr(orchestrate, "POD_LOOK_S", 0.0)
+        monkeypatch.setattr(orchestrate, "POD_START_GRACE_S", 0.2)
+        pending = {"metadata": {"name": "pg-restore-1"}, "status": {"phase": "Pending", "conditions": [
+            {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": NO_NODE}]}}
+
+        def pods(req: Request) -> Answer:  # Pending while the Cluster is there
+            there = any(k.endswith("/clusters/pg-restore") for k in api.objects)
+            return 200, {"kind": "PodList", "apiVersion": "v1", "metadata": {}, "items": [pending] if there else []}
+
+        api.routes.insert(0, Route("GET", NS + "/pods", pods,
+                                   when=lambda req: req.selector == "cnpg.io/cluster=pg-restore"))
+        expected = f"Cluster/pg-restore: its pod pg-restore-1 cannot start after 0 s (Unschedulable: {NO_NODE})"
+    result = run(api_client, tmp_path, RESTORE_PLAN, ready_timeout_s=60.0 if unschedulable else 1.0)
     assert (result.ok, result.failed) == (0, 1)
-    assert ("restore check: Cluster/pg-restore recovered from the backup not healthy after 1 s (phase: Setting up "
-            "primary)") in str(result.failures), result.failures
+    assert f"restore check: {expected}" in str(result.failures), result.failures
     assert not any(b["metadata"]["name"] == READER for b in api.posted)  # nothing read from it
     assert ("DELETE", "/apis/postgresql.cnpg.io/v1/namespaces/bench/clusters/pg-restore") in api.requests
     api.objects.pop(SOURCE)

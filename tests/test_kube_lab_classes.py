@@ -7,15 +7,13 @@ pglab's own verdict, and each class's volumes must be on their node's own device
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from conftest import pglab
-from kube_lab_support import kubelab, namespace_gone, pgbench_tps, small_plan
-from pglab.store.sqlite import Store
+from kube_lab_support import dev_of, kubelab, namespace_gone, pgbench_tps, small_plan, storage_phase
 
 pytestmark = pytest.mark.kube_lab
 
@@ -29,11 +27,6 @@ matrix:
 run: {duration: 6s, repeats: 3}
 """
 CLASSES = {"fast": kubelab.STORAGE_CLASS, "throttled": kubelab.THROTTLED_CLASS}
-
-
-def dev_of(path: Path) -> str:
-    st = os.stat(path)
-    return f"{os.major(st.st_dev)}:{os.minor(st.st_dev)}"
 
 
 def test_the_throttled_class_is_slower_and_each_class_is_on_its_own_device(lab: kubelab.KubeLab,
@@ -52,17 +45,11 @@ def test_the_throttled_class_is_slower_and_each_class_is_on_its_own_device(lab: 
         loop = lab.node_device(node_name, cls)
         assert Path(f"/sys/block/{loop}/dev").read_text().strip() == dev, (node_name, cls, loop)
 
-    store = Store.open(results, create=False)
-    sweep = store.sweeps()[-1]
-    assert sweep["status"] == "done"
     # the storage phase: each class's fio volume on that class's disk of its node
-    fio_rows = {f["label"]: f for f in store.fio_results(sweep["id"])}
-    (node,) = {label.split("@")[1] for label in fio_rows}
-    assert lab.node(node).role == "database"
-    assert set(fio_rows) == {f"fast/data@{node}", f"throttled/data@{node}"}, fio_rows
+    store, sweep_id, node, fio_rows = storage_phase(lab, results, list(CLASSES))
     iops = {}
     for value, cls in CLASSES.items():
-        row = fio_rows[f"{value}/data@{node}"]
+        row = fio_rows[value]
         mount = (results / "storage" / value / "data" / node / "volume-mount.txt").read_text().split()
         assert mount[2] == disks[(node, cls)], (value, mount, disks)
         assert row["device"].split()[0] == disks[(node, cls)], row
@@ -74,7 +61,7 @@ def test_the_throttled_class_is_slower_and_each_class_is_on_its_own_device(lab: 
     assert iops["throttled"] <= kubelab.THROTTLE["write_iops_device"] * 1.25, iops
 
     # each run's instance volume: on its class's disk of the instance's node
-    runs = [r for r in store.runs(sweep["id"]) if r.status == "ok"]
+    runs = [r for r in store.runs(sweep_id) if r.status == "ok"]
     assert sorted((r.axes["storage"], r.repeat) for r in runs) == [(v, k) for v in CLASSES for k in (1, 2, 3)]
     tps: dict[str, list[float]] = {v: [] for v in CLASSES}
     for r in runs:

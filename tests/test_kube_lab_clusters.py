@@ -9,7 +9,6 @@ the two classes are different media, and each volume's device can be told apart 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,7 +17,16 @@ import numpy as np
 import pytest
 
 from conftest import pglab
-from kube_lab_support import kubelab, namespace_gone, pgbench_tps, plan_text, txn_latencies_ms, txn_times
+from kube_lab_support import (
+    dev_of,
+    kubelab,
+    namespace_gone,
+    pgbench_tps,
+    plan_text,
+    storage_phase,
+    txn_latencies_ms,
+    txn_times,
+)
 from pglab.store.sqlite import Store
 
 pytestmark = pytest.mark.kube_lab
@@ -35,11 +43,6 @@ def single_instance(text: str) -> str:
         assert text.count(old) == 1, (old, text)  # kube_lab_support.plan_text as this was written against
         text = text.replace(old, new)
     return text
-
-
-def dev_of(path: Path) -> str:
-    st = os.stat(path)
-    return f"{os.major(st.st_dev)}:{os.minor(st.st_dev)}"
 
 
 @pytest.fixture
@@ -102,18 +105,11 @@ def test_a_storage_axis_builds_a_cluster_per_class(lab: kubelab.KubeLab, tmpfs_c
     memory = dev_of(tmpfs_class)
     assert memory not in node_disks and len(node_disks) == len(lab.nodes)
 
-    store = Store.open(results, create=False)
-    sweep = store.sweeps()[-1]
-    assert sweep["status"] == "done"
     # the storage phase ran on each class's own volume: the mount its fio pod had is on that medium
-    # on the node of the Cluster's one instance (the first value's: fio runs before the first run)
-    fio_rows = {f["label"]: f for f in store.fio_results(sweep["id"])}
-    (node,) = {label.split("@")[1] for label in fio_rows}
-    assert lab.node(node).role == "database"
-    assert set(fio_rows) == {f"disk/data@{node}", f"memory/data@{node}"}, fio_rows
+    store, sweep_id, node, fio_rows = storage_phase(lab, results, ["disk", "memory"])
     fsyncs = {}
     for value in ("disk", "memory"):
-        row = fio_rows[f"{value}/data@{node}"]
+        row = fio_rows[value]
         folder = results / "storage" / value / "data" / node
         mount = (folder / "volume-mount.txt").read_text().split()
         device = mount[2]
@@ -128,7 +124,7 @@ def test_a_storage_axis_builds_a_cluster_per_class(lab: kubelab.KubeLab, tmpfs_c
     assert fsyncs["memory"] < fsyncs["disk"], fsyncs  # an fdatasync on tmpfs writes nothing to a device
 
     # each value's runs ran on a Cluster of its own class: the volume probe found its claim on that medium
-    runs = [r for r in store.runs(sweep["id"]) if r.status == "ok"]
+    runs = [r for r in store.runs(sweep_id) if r.status == "ok"]
     assert sorted((r.axes["storage"], r.repeat) for r in runs) == [(v, k) for v in ("disk", "memory") for k in (1, 2)]
     tps: dict[str, list[float]] = {"disk": [], "memory": []}
     for r in runs:

@@ -6,7 +6,8 @@ Probes emit one ``Sample`` per metric; summaries need all metrics of one tick of
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import math
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from pglab.probes.base import Sample, in_window
@@ -23,6 +24,36 @@ class Row:
     def get(self, metric: str, default: float = 0.0) -> float:
         v = self.values.get(metric)
         return default if v is None else float(v)
+
+
+class FineReads:
+    """A probe that reads its counters every ``fine`` seconds (the sampler's pace) and emits a row every
+    ``row_interval`` on that grid, plus the row closing a window off it: ``_sample`` reads, ``_row_due`` says
+    whether the read ends a row."""
+
+    _sample: Callable[[float, bool], list[Sample]]  # the probe's read at ``ts``, ``closing`` a window or not
+
+    def __init__(self, interval: float, fine: float):
+        self.row_interval, self.interval = interval, min(fine, interval)  # the sampler calls every ``interval``
+        self._next_row = 0.0
+
+    def sample(self, ts: float) -> list[Sample]:
+        return self._sample(ts, False)
+
+    def closing_sample(self, ts: float) -> list[Sample]:
+        """A read now and the row since the last one, off the row grid: the sample that closes a window."""
+        return self._sample(ts, True)
+
+    def _grid_from(self, ts: float) -> None:
+        """The next row: at the first boundary after the read at ``ts`` (reads land a hair off the multiples)."""
+        self._next_row = (math.floor(ts / self.row_interval + 0.5) + 1) * self.row_interval
+
+    def _row_due(self, ts: float, closing: bool) -> bool:
+        """Whether the read at ``ts`` ends a row (it closes a window, or is at the next boundary within half a read)."""
+        if not closing and self.interval < self.row_interval and ts < self._next_row - self.interval / 2:
+            return False
+        self._grid_from(ts)
+        return True
 
 
 def rows(samples: Iterable[Sample]) -> list[Row]:

@@ -25,13 +25,12 @@ gets no cutime from its children: their last partial interval is then lost, neve
 
 from __future__ import annotations
 
-import math
 import os
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from pglab.probes._util import counter_delta, peak_rows, rows_prorated
+from pglab.probes._util import FineReads, counter_delta, peak_rows, rows_prorated
 from pglab.probes.base import ProbeContext, Sample, now
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -141,11 +140,6 @@ _Stat = tuple[int, int, int, int]
 FINE = 0.1  # seconds between the counter reads that place a window's edges
 
 
-def _row_after(ts: float, interval: float) -> float:
-    """The first row boundary after the read at ``ts`` (reads land a hair off the whole multiples)."""
-    return (math.floor(ts / interval + 0.5) + 1) * interval
-
-
 @dataclass(frozen=True, slots=True)
 class _Ticks:
     """Clock ticks between reads: the host's (by /proc/stat field), the servers', pgbench's, the lab's."""
@@ -253,7 +247,7 @@ class _Group:
         return out
 
 
-class CpuProbe:
+class CpuProbe(FineReads):
     """Host CPU breakdown, and server/client CPU in cores (1.0 = one full core).
 
     ``other_cores`` is the CPU the host's processes used outside the lab: the host's user+nice+system time
@@ -271,9 +265,8 @@ class CpuProbe:
     name = "cpu"
 
     def __init__(self, ctx: ProbeContext, interval: float = 1.0, fine: float = FINE):
+        super().__init__(interval, fine)
         self.ctx = ctx
-        self.row_interval = interval
-        self.interval = min(fine, interval)  # the sampler calls at this pace; rows come every ``row_interval``
         self.ncpu = os.cpu_count() or 1
         self._tree = ProcessTree()
         self._server = _Group()
@@ -283,7 +276,6 @@ class CpuProbe:
         self._prev_cpu: tuple[int, ...] = ()
         self._prev_t = 0.0  # monotonic time of the last read
         self._row: _Ticks = _Ticks()  # what the reads since the last row add up to
-        self._next_row = 0.0
         self._t0 = 0.0  # epoch time of the first read
         self._reads: list[_Fine] = []
 
@@ -302,14 +294,7 @@ class CpuProbe:
         self._prev_t = time.monotonic()
         self._row = _Ticks()
         self._reads = []
-        self._next_row = _row_after(self._t0, self.row_interval)
-
-    def sample(self, ts: float) -> list[Sample]:
-        return self._sample(ts, closing=False)
-
-    def closing_sample(self, ts: float) -> list[Sample]:
-        """A read now and the row since the last one, off the row grid: the sample that closes a window."""
-        return self._sample(ts, closing=True)
+        self._grid_from(self._t0)
 
     def _sample(self, ts: float, closing: bool) -> list[Sample]:
         t_read = now()
@@ -325,9 +310,8 @@ class CpuProbe:
         ticks = _Ticks(d, server, client, lab, bool(servers))
         self._reads.append(_Fine(t_read, ticks))
         self._row = self._row + ticks
-        if not closing and self.interval < self.row_interval and ts < self._next_row - self.interval / 2:
+        if not self._row_due(ts, closing):
             return []  # a fine read only: kept for the window's edges
-        self._next_row = _row_after(ts, self.row_interval)
         t = time.monotonic()
         dt = t - self._prev_t
         row, self._row, self._prev_t = self._row, _Ticks(), t

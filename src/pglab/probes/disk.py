@@ -17,7 +17,6 @@ MB in summaries are MiB (1 048 576 bytes), as ``iostat -m`` uses.
 from __future__ import annotations
 
 import itertools
-import math
 import os
 import stat
 from collections.abc import Sequence
@@ -25,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pglab.probes._pg import ProbeOpenError
-from pglab.probes._util import Row, counter_delta, peak_rows, rows_prorated
+from pglab.probes._util import FineReads, Row, counter_delta, peak_rows, rows_prorated
 from pglab.probes.base import ProbeContext, Sample, now
 
 SYSFS = Path("/sys")
@@ -257,7 +256,7 @@ def parse_diskstats(text: str, names: Sequence[str] | None = None) -> dict[str, 
     return out
 
 
-class DiskProbe:
+class DiskProbe(FineReads):
     """Samples the block device behind each of ``ctx.paths``: a row of figures per second, counters every 0.1 s.
 
     Why the finer reads: a window's edges fall inside a second, and I/O is not spread evenly within one (fsync
@@ -268,14 +267,12 @@ class DiskProbe:
     name = "disk"
 
     def __init__(self, ctx: ProbeContext, interval: float = 1.0, fine: float = FINE):
+        super().__init__(interval, fine)
         self.ctx = ctx
-        self.row_interval = interval
-        self.interval = min(fine, interval)  # the sampler calls at this pace; rows come every ``row_interval``
         self.infos: dict[str, DeviceInfo] = {}  # label -> resolved device
         self.devices: dict[str, list[str]] = {}  # device -> labels sharing it (sampled once)
         self._prev: dict[str, _Counters] = {}
         self._prev_t = 0.0
-        self._next_row = 0.0
         self._reads: list[tuple[float, dict[str, _Counters]]] = []  # (epoch seconds, counters) of every read
 
     def resolve(self) -> None:
@@ -307,7 +304,7 @@ class DiskProbe:
         self._reads = []
         t, self._prev = self._read()
         self._prev_t = t
-        self._next_row = self._row_after(t)
+        self._grid_from(t)
 
     def _read(self) -> tuple[float, dict[str, _Counters]]:
         """The counters, stamped with the time they were read at: one stamp per read, the fine reads' and the
@@ -319,24 +316,12 @@ class DiskProbe:
         self._reads.append((t, cur))
         return t, cur
 
-    def _row_after(self, ts: float) -> float:
-        """The first row boundary after the tick at ``ts`` (ticks land a hair off the whole multiples)."""
-        return (math.floor(ts / self.row_interval + 0.5) + 1) * self.row_interval
-
-    def sample(self, ts: float) -> list[Sample]:
-        return self._sample(ts, closing=False)
-
-    def closing_sample(self, ts: float) -> list[Sample]:
-        """A read now and the row since the last one, off the row grid: the sample that closes a window."""
-        return self._sample(ts, closing=True)
-
     def _sample(self, ts: float, closing: bool) -> list[Sample]:
         if not self.devices:
             return []
         t, cur = self._read()
-        if not closing and self.interval < self.row_interval and ts < self._next_row - self.interval / 2:
+        if not self._row_due(ts, closing):
             return []  # a fine read only: kept for the window's edges
-        self._next_row = self._row_after(ts)
         dt = t - self._prev_t
         prev, self._prev, self._prev_t = self._prev, cur, t
         if dt <= 0:

@@ -107,11 +107,6 @@ class _Growing:
         return self.a
 
 
-def open_log(path: Path) -> IO[bytes]:
-    """A log as bytes, whether kept as written or gzip-compressed."""
-    return gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")  # type: ignore[return-value]
-
-
 def _blocks(f: IO[bytes]) -> Iterator[bytes]:
     """Whole lines, about BLOCK_BYTES at a time (a newline added to a last line without one)."""
     while chunk := f.read(BLOCK_BYTES):

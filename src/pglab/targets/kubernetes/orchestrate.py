@@ -278,33 +278,33 @@ class Orchestrator:
         return problems
 
     # -------------------------------------------------------------- waiting
-    def wait_cluster_ready(self) -> dict[str, Any]:
-        """Until the operator reports every instance ready and the cluster healthy."""
-        deadline = time.monotonic() + self.ready_timeout_s
+    def wait_cluster_ready(self, name: str | None = None, instances: int | None = None,
+                           timeout_s: float | None = None) -> dict[str, Any]:
+        """Until the operator reports Cluster ``name`` healthy with its ``instances`` ready (the plan's Cluster and
+        count by default); one of its pods that cannot start (no node fits it, say) fails it before the timeout."""
+        name, instances = name or self.k8s.cluster_name, instances or self.k8s.instances
+        timeout_s = self.ready_timeout_s if timeout_s is None else timeout_s
+        deadline = time.monotonic() + timeout_s
         next_look = time.monotonic() + POD_LOOK_S
         stuck_since: float | None = None  # since when one of its pods has been seen unable to start
-        status: dict[str, Any] = {}
         while True:
-            try:
-                obj = self.custom.get_namespaced_custom_object(*CNPG[:2], self.ns, CNPG[2], self.k8s.cluster_name)
-            except ApiException as exc:
-                raise K8sError(f"reading Cluster/{self.k8s.cluster_name}: {_reason(exc)}") from None
-            status = obj.get("status") or {}
-            if self.is_healthy(status):
+            status = self.cluster_status(name)
+            if self.is_healthy(status, instances):
                 return status
             if time.monotonic() >= next_look:  # a pod no node fits would otherwise wait out the whole timeout
                 next_look = time.monotonic() + POD_LOOK_S
-                stuck_since = self._pod_cannot_start(f"cnpg.io/cluster={self.k8s.cluster_name}",
-                                                     f"Cluster/{self.k8s.cluster_name}", stuck_since)
+                stuck_since = self._pod_cannot_start(f"cnpg.io/cluster={name}", f"Cluster/{name}", stuck_since)
             if time.monotonic() > deadline:
-                raise K8sError(f"Cluster/{self.k8s.cluster_name} not ready after {self.ready_timeout_s:.0f} s "
-                               f"(phase: {status.get('phase', 'none')}, ready instances: "
-                               f"{status.get('readyInstances', 0)} of {self.k8s.instances})")
+                raise K8sError(f"Cluster/{name} not ready after {timeout_s:.0f} s ({self._state(status, instances)})")
             interrupts.sleep(self.poll_s)
 
-    def is_healthy(self, status: dict[str, Any]) -> bool:
-        """The operator reports the Cluster healthy with every instance ready."""
-        return status.get("readyInstances") == self.k8s.instances and status.get("phase") == HEALTHY
+    def is_healthy(self, status: dict[str, Any], instances: int | None = None) -> bool:
+        """The operator reports the Cluster healthy with every instance (``instances``, the plan's by default) ready."""
+        return status.get("readyInstances") == (instances or self.k8s.instances) and status.get("phase") == HEALTHY
+
+    def _state(self, status: dict[str, Any], instances: int | None = None) -> str:
+        return (f"phase: {status.get('phase', 'none')}, ready instances: {status.get('readyInstances', 0)} of "
+                f"{instances or self.k8s.instances}")
 
     def custom_status(self, kind: str, name: str) -> dict[str, Any]:
         """The status of one of the custom objects pglab created (a Backup, say)."""
@@ -315,27 +315,18 @@ class Orchestrator:
             raise K8sError(f"reading {kind}/{name}: {_reason(exc)}", exc.status) from None
         return dict(obj.get("status") or {})
 
-    def cluster_status(self) -> dict[str, Any]:
-        """The operator's status of the Cluster (primary, phase, instances)."""
-        name = self.k8s.cluster_name
-        try:
-            obj = self.custom.get_namespaced_custom_object(*CNPG[:2], self.ns, CNPG[2], name)
-        except ApiException as exc:
-            raise K8sError(f"reading Cluster/{name}: {_reason(exc)}", exc.status) from None
-        return dict(obj.get("status") or {})
+    def cluster_status(self, name: str | None = None) -> dict[str, Any]:
+        """The operator's status of Cluster ``name``, the plan's by default (primary, phase, instances)."""
+        return self.custom_status("Cluster", name or self.k8s.cluster_name)
 
     def cluster_health(self) -> str | None:
         """None while the operator reports the Cluster healthy with every instance ready, else what it says."""
-        name = self.k8s.cluster_name
         try:
-            obj = self.custom.get_namespaced_custom_object(*CNPG[:2], self.ns, CNPG[2], name)
-        except ApiException as exc:
-            return f"Cluster/{name} cannot be read: {_reason(exc)}"
-        status = obj.get("status") or {}
-        if self.is_healthy(status):
-            return None
-        return (f"Cluster/{name} not healthy (phase: {status.get('phase', 'none')}, ready instances: "
-                f"{status.get('readyInstances', 0)} of {self.k8s.instances})")
+            status = self.cluster_status()
+        except K8sError as exc:
+            return str(exc)  # reading Cluster/<name>: why not
+        healthy = self.is_healthy(status)
+        return None if healthy else f"Cluster/{self.k8s.cluster_name} not healthy ({self._state(status)})"
 
     # -------------------------------------------------------------- changing the Cluster between points
     def patch_cluster(self, patch: dict[str, Any]) -> None:
@@ -374,28 +365,20 @@ class Orchestrator:
         except ApiException as exc:
             raise K8sError(f"listing the pods of Cluster/{self.k8s.cluster_name}: {_reason(exc)}", exc.status) from None
 
-    def wait_rollout(self, what: str, pods_ok: Callable[[list[Any]], str | None] | None = None,
-                     timeout_s: float | None = None) -> float:
+    def wait_rollout(self, what: str, pods_ok: Callable[[list[Any]], str | None] | None = None) -> float:
         """Until the operator reports the Cluster healthy with every instance ready and ``pods_ok`` (given the
         instance pods) has nothing left to say; returns the seconds it took. A healthy phase alone is not enough
         right after a patch (the operator may not have started yet): the pods are what proves a rolling update."""
         started = time.monotonic()
-        deadline = started + (timeout_s if timeout_s is not None else self.ready_timeout_s)
-        name = self.k8s.cluster_name
+        deadline = started + self.ready_timeout_s
         while True:
-            try:
-                obj = self.custom.get_namespaced_custom_object(*CNPG[:2], self.ns, CNPG[2], name)
-            except ApiException as exc:
-                raise K8sError(f"reading Cluster/{name}: {_reason(exc)}") from None
-            status = obj.get("status") or {}
-            healthy = self.is_healthy(status)
+            status = self.cluster_status()
             waiting = pods_ok(self.instance_pods()) if pods_ok is not None else None
-            if healthy and waiting is None:
+            if self.is_healthy(status) and waiting is None:
                 return time.monotonic() - started
             if time.monotonic() > deadline:
-                raise K8sError(f"{what}: Cluster/{name} still rolling out after {time.monotonic() - started:.0f} s "
-                               f"(phase: {status.get('phase', 'none')}, ready instances: "
-                               f"{status.get('readyInstances', 0)} of {self.k8s.instances}"
+                raise K8sError(f"{what}: Cluster/{self.k8s.cluster_name} still rolling out after "
+                               f"{time.monotonic() - started:.0f} s ({self._state(status)}"
                                f"{'; ' + waiting if waiting else ''})")
             interrupts.sleep(self.poll_s)
 

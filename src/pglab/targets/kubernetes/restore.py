@@ -17,12 +17,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kubernetes.client.rest import ApiException
-
-from pglab import interrupts
 from pglab.plan.schema import Plan
 from pglab.scenarios.witness import Attempt, acked_before_lsn, parse_lsn
-from pglab.targets.kubernetes.orchestrate import CNPG, HEALTHY, K8sError, Orchestrator
+from pglab.targets.kubernetes.orchestrate import K8sError, Orchestrator
 from pglab.targets.kubernetes.render import (
     BARMAN_PLUGIN,
     CNPG_API,
@@ -155,24 +152,6 @@ class RestoreCheck:
         return asdict(self)
 
 
-def wait_healthy(orch: Orchestrator, name: str, timeout_s: float) -> None:
-    """Until the operator reports the recovered Cluster healthy with its instance ready, or says why not."""
-    deadline = time.monotonic() + timeout_s
-    status: dict[str, Any] = {}
-    while True:
-        try:
-            obj = orch.custom.get_namespaced_custom_object(*CNPG[:2], orch.ns, CNPG[2], name)
-        except ApiException as exc:
-            raise K8sError(f"restore check: reading Cluster/{name}: {exc.reason}", exc.status) from None
-        status = obj.get("status") or {}
-        if status.get("phase") == HEALTHY and status.get("readyInstances") == 1:
-            return
-        if time.monotonic() > deadline:
-            raise K8sError(f"restore check: Cluster/{name} recovered from the backup not healthy after "
-                           f"{timeout_s:.0f} s (phase: {status.get('phase', 'none')})")
-        interrupts.sleep(orch.poll_s)
-
-
 def check(orch: Orchestrator, backup_status: dict[str, Any], attempts: list[Attempt], witness: Manifest,
           dest: Path, timeout_s: float) -> RestoreCheck:
     """Recover a Cluster from the completed backup, read the witness's ids from it, delete it (and its volumes,
@@ -189,7 +168,10 @@ def check(orch: Orchestrator, backup_status: dict[str, Any], attempts: list[Atte
     orch.create(m)
     try:
         created = time.time()
-        wait_healthy(orch, m.name, timeout_s)
+        try:
+            orch.wait_cluster_ready(m.name, m.body["spec"]["instances"], timeout_s)
+        except K8sError as exc:
+            raise K8sError(f"restore check: {exc}", exc.status) from None
         seconds = time.time() - created
         orch.log(f"restore check: Cluster/{m.name} healthy {seconds:.1f} s after its creation")
         reader = reader_job(witness, f"{m.name}-read", m.name)

@@ -21,7 +21,7 @@ from typing import Any
 from pglab import interrupts
 from pglab.errors import LabError
 from pglab.plan.schema import Arrangement, Plan, Resources, Tier
-from pglab.targets.base import Endpoints, PlanCodeUser
+from pglab.targets.base import Endpoints
 from pglab.targets.local import cgroups, procs
 from pglab.targets.local.cluster import LocalLab, Log
 from pglab.targets.local.postgres_bin import find_bindir
@@ -58,13 +58,11 @@ def pss_bytes(pid: int) -> int:
 
 
 class Fleet:
-    """The Target the runner drives for a ``tenants`` plan: the tenants of the current arrangement.
+    """The Topology the runner drives for a ``tenants`` plan: the tenants of the current arrangement.
 
     An arrangement's tenants are built when the runner first needs them and kept for its repeats; the next
     arrangement (other tiers, other limits) gets a fresh fleet, so nothing of one arrangement's state leaks into
     the next."""
-
-    read_only = False
 
     def __init__(self, plan: Plan, base_dir: Path, log: Log = lambda _m: None):
         assert plan.tenants is not None and plan.target.local is not None
@@ -174,21 +172,6 @@ class Fleet:
     def limits_in_force(self) -> dict[str, Any]:
         """Per tenant, what the kernel reports for each of its instances' groups."""
         return {t.name: {"tier": t.tier.name, **t.lab.limits_in_force()} for t in self.tenants}
-
-    def set_cpus(self, cpus: float | None) -> float | None:
-        return None  # the tiers set the CPU limits; a tenants plan has no CPU axis
-
-    def cpu_stats(self) -> dict[str, dict[str, float]]:
-        return {}
-
-    def client_procs_files(self) -> list[Path]:
-        return []
-
-    def plan_code_user(self) -> PlanCodeUser | None:
-        return None  # each tenant's pgbench runs as its own lab's user (tenant.lab.plan_code_user())
-
-    def links_in_force(self) -> dict[str, Any]:
-        return {}
 
     def reset_dataset(self) -> dict[str, Any]:
         return {t.name: t.lab.reset_dataset() for t in self.tenants}
