@@ -41,8 +41,8 @@ def _run_sampled(probe: CpuProbe, sampler: Sampler, start_proc, seconds: int) ->
     return s, samples
 
 
-def test_client_cpu_of_a_burning_process_is_one_core() -> None:
-    """What the burner itself used (its os.times), and one core."""
+def test_client_cpu_of_a_burning_process_is_what_it_used() -> None:
+    """What the burner itself used (its os.times), at most one core."""
     pids: list[int] = []
     probe = CpuProbe(ProbeContext("", client_pids=lambda: pids))
     sampler = Sampler([probe])
@@ -60,7 +60,8 @@ def test_client_cpu_of_a_burning_process_is_one_core() -> None:
     summary = probe.summarize(samples, s, s + 2)
     # all but its last 50 ms (after the window) fell inside the two seconds
     assert summary["client_cpu_cores"] * 2 == pytest.approx(reported, rel=0.1, abs=0.06), (summary, reported)
-    assert 0.8 <= summary["client_cpu_cores"] <= 1.2, summary
+    # one thread: at most one core (a whole one only on a host with a core to spare: on a loaded one it gets its share)
+    assert 0 < summary["client_cpu_cores"] <= 1.2, summary
     assert summary["client_cpu_cores_max"] <= 1.2
     assert "server_cpu_cores" not in summary  # no server named: not attributed, never claimed idle
     assert 0 < summary["cpu_pct"] <= 100
