@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 from conftest import pglab, processes_mentioning
+from k8s_support import k8s_plan
 from pglab.errors import PlanError
 from pglab.plan import expand, parse_plan
 
@@ -98,6 +99,12 @@ def test_the_deadlines_for_a_silent_part_default_as_before_and_take_the_plans_va
     assert (run.overrun_s(4), run.overrun_s(120), run.replay_stall, run.connect_timeout) == (30.0, 120.0, 60.0, 10.0)
     run = parse_plan("name: t\nrun: {duration: 4s, overrun: 10s, replay_stall: 1m, connect_timeout: 3}").run
     assert (run.overrun_s(4), run.overrun_s(120), run.replay_stall, run.connect_timeout) == (10.0, 10.0, 60.0, 3.0)
+    # the Kubernetes driver's deadlines are its own: a plan for it that sets one is refused, naming the field
+    for field in ("overrun: 10s", "replay_stall: 60s", "connect_timeout: 10"):
+        got = problems(k8s_plan("matrix: {clients: [1]}", f"run: {{duration: 4s, {field}}}"))
+        assert got == [f"run.{field.split(':')[0]}: this deadline of local and external targets is not available on a "
+                       "Kubernetes target yet; remove this"], got
+    assert parse_plan(k8s_plan("matrix: {clients: [1]}", "run: {duration: 4s}")).run.overrun is None
 
 
 def test_custom_script_file_must_exist(tmp_path: Path) -> None:
