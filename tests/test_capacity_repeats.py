@@ -35,7 +35,7 @@ dataset: {{scale: 1}}
 matrix:
   workload: [{{name: sleep, scripts: [{{file: sleep.sql}}]}}]
   clients: [2, 4]
-run: {{duration: 3s, repeats: 2, order: sequential}}
+run: {{duration: 2s, repeats: 2, order: sequential}}
 probes: {{enabled: false}}
 capacity: {{percentile: 99, target: {TARGET_MS:g}ms, precision_pct: 20, max_probes: 4}}
 """

@@ -36,8 +36,11 @@ name: chaos
 target: {{local: {{instances: {instances}, synchronous: {{method: any, number: 1}}}}}}
 dataset: {{scale: 1}}
 matrix: {{workload: [tpcb-like], clients: [2], synchronous_commit: ['on']}}
-run: {{duration: 4s, repeats: {repeats}}}
+run: {{duration: 4s, repeats: {repeats}, {deadlines}}}
 """
+# pglab's deadlines for a silent part, shorter than their defaults (a pgbench 30 s past its end, standbys 60 s without
+# replay progress, a connection 10 s): the runs below wait each out on purpose, and the sentences name these values
+DEADLINES = "overrun: 10s, replay_stall: 10s, connect_timeout: 3"
 
 
 def _start(plan: Path, results: Path) -> subprocess.Popen[str]:
@@ -65,7 +68,7 @@ def _pgbench_backends(lab: Path) -> list[tuple[int, str | None]]:
 
 def test_frozen_standbys_fail_the_run_then_stop_the_sweep_in_one_sentence(tmp_path: Path) -> None:
     plan = tmp_path / "plan.yaml"
-    plan.write_text(PLAN.format(instances=3, repeats=3))
+    plan.write_text(PLAN.format(instances=3, repeats=3, deadlines=DEADLINES))
     results = tmp_path / "results"
     proc = _start(plan, results)
     lab: Path | None = None
@@ -104,9 +107,9 @@ def test_frozen_standbys_fail_the_run_then_stop_the_sweep_in_one_sentence(tmp_pa
     # the stopped pgbench's backends (committing, waiting for the standbys' ack) were ended before the next run
     assert backends_after_failure == [], backends_after_failure
     # no wait without a word: the overrun and the replay wait are said while they last
-    assert "pgbench has not ended 5 s after its 4 s" in err
+    assert "pgbench has not ended 5 s after its 4 s (transactions stuck?); it is stopped 10 s after its end" in err
     assert "waiting for standby(s) n1, n2 to replay" in err
-    sentence = "standby(s) n1, n2 stopped answering (no replay progress for 60 s)"
+    sentence = "standby(s) n1, n2 stopped answering (no replay progress for 10 s)"
     assert sentence in err.splitlines()[-1], err[-2000:]
     status, reason = (sweep := sweep_row(results))["status"], sweep["reason"]
     ended = [d or "" for _ts, _k, d, _run, _scope in stored_events(results, "leftover-backend-ended")]
@@ -123,7 +126,7 @@ def test_frozen_standbys_fail_the_run_then_stop_the_sweep_in_one_sentence(tmp_pa
 
 def test_pgbench_frozen_then_the_primary_killed_fail_their_runs_and_the_sweep_goes_on(tmp_path: Path) -> None:
     plan = tmp_path / "plan.yaml"
-    plan.write_text(PLAN.format(instances=2, repeats=3))
+    plan.write_text(PLAN.format(instances=2, repeats=3, deadlines=DEADLINES))
     results = tmp_path / "results"
     proc = _start(plan, results)
     lab: Path | None = None
@@ -162,7 +165,7 @@ def test_pgbench_frozen_then_the_primary_killed_fail_their_runs_and_the_sweep_go
 
 def test_a_frozen_primary_fails_its_run_and_stops_the_sweep_in_one_sentence(tmp_path: Path) -> None:
     plan = tmp_path / "plan.yaml"
-    plan.write_text(PLAN.format(instances=2, repeats=2))
+    plan.write_text(PLAN.format(instances=2, repeats=2, deadlines=DEADLINES))
     results = tmp_path / "results"
     proc = _start(plan, results)
     frozen: list[int] = []
@@ -193,7 +196,7 @@ def test_a_frozen_primary_fails_its_run_and_stops_the_sweep_in_one_sentence(tmp_
     runs = stored_runs(results)
     # the run fails at pgbench's deadline, the next one finds the primary silent: one sentence, the sweep stops
     assert runs[0].status == "failed" and "the primary n0 does not answer" in (runs[0].reason or ""), runs
-    sentence = "the primary n0 stopped answering (two connections timed out, 10 s each)"
+    sentence = "the primary n0 stopped answering (two connections timed out, 3 s each)"
     assert sentence in err.splitlines()[-1], err[-2000:]
     status, reason = (sweep := sweep_row(results))["status"], sweep["reason"]
     assert status == "failed" and sentence in reason, reason
@@ -214,7 +217,7 @@ def test_toxiproxy_killed_or_frozen_fails_its_run_and_is_restarted_with_the_same
         tmp_path: Path, sig: signal.Signals, reason: str, said: str) -> None:
     plan = tmp_path / "plan.yaml"
     shaped = "network: {latency_ms: 4}, synchronous:"
-    plan.write_text(PLAN.format(instances=2, repeats=2).replace("synchronous:", shaped))
+    plan.write_text(PLAN.format(instances=2, repeats=2, deadlines=DEADLINES).replace("synchronous:", shaped))
     results = tmp_path / "results"
     proc = _start(plan, results)
     struck: list[int] = []

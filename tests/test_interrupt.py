@@ -27,7 +27,7 @@ from helpers import alive, children_of, read_store, stored_runs
 
 pytestmark = pytest.mark.postgres
 
-WARMUP_S, MEASURE_S, PAUSE_S = 3, 4, 4  # -T 3 is the warm-up's pgbench, -T 4 the measured one's
+WARMUP_S, MEASURE_S, PAUSE_S = 2, 3, 4  # -T 2 is the warm-up's pgbench, -T 3 the measured one's
 
 
 def _pgbench_for(seconds: int) -> Callable[[dict[int, tuple[str, list[str]]]], bool]:
@@ -46,8 +46,8 @@ class Moment:
     """When the signal is sent: once ``ready`` says so (given pglab's children and its results folder)."""
 
     def __init__(self, name: str, ready: Callable[[dict[int, tuple[str, list[str]]], Path], bool],
-                 runs: list[list[str]], repeats: int = 1):
-        self.name, self.ready, self.runs, self.repeats = name, ready, runs, repeats
+                 runs: list[list[str]], repeats: int = 1, pause_s: int = 0):
+        self.name, self.ready, self.runs, self.repeats, self.pause_s = name, ready, runs, repeats, pause_s
 
 
 class _Closing:
@@ -68,10 +68,12 @@ MOMENTS = {
     "warm-up": lambda: Moment("warm-up", lambda ch, _r: _pgbench_for(WARMUP_S)(ch), [["interrupted"]]),
     "measure": lambda: Moment("measure", lambda ch, _r: _pgbench_for(MEASURE_S)(ch), [["interrupted"]]),
     # in the closing tick the wait raises; in the summary, which has no wait, the run ends ok and the engine stops
-    # before the pause: either way nothing is half-stored
+    # at its next check: either way nothing is half-stored
     "closing": lambda: Moment("closing", _Closing(), [["interrupted"], ["ok"]]),
+    # the signal in the pause after run 1 (the one moment a pause is for: the engine pauses after every run, the
+    # last one too, so the other moments' sweeps go without)
     "between-runs": lambda: Moment("between-runs", lambda ch, r: _statuses(r) == ["ok"], [["ok"]],
-                                   repeats=2),
+                                   repeats=2, pause_s=PAUSE_S),
 }
 
 
@@ -106,7 +108,7 @@ name: interrupted
 target: {{local: {{instances: 2, synchronous: {{number: 1}}, paths: {{lab: {lab}}}}}}}
 dataset: {{scale: 1}}
 matrix: {{workload: [tpcb-like], clients: [2]}}
-run: {{duration: {MEASURE_S}s, warmup: {WARMUP_S}s, repeats: {when.repeats}, pause: {PAUSE_S}s}}
+run: {{duration: {MEASURE_S}s, warmup: {WARMUP_S}s, repeats: {when.repeats}, pause: {when.pause_s}s}}
 """)
     results = tmp_path / "results"
     proc = subprocess.Popen([sys.executable, "-m", "pglab.cli", "run", str(plan), "--results", str(results)],

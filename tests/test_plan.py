@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 from conftest import pglab, processes_mentioning
+from k8s_support import k8s_plan
 from pglab.errors import PlanError
 from pglab.plan import expand, parse_plan
 
@@ -69,6 +70,9 @@ def test_sizes_are_numbers_from_validation_and_the_users_text_everywhere_else() 
         ("name: t\nmatrix: {workload: [tpcb-like, nope]}", "matrix.workload[1]: must be one of tpcb-like"),
         ("name: t\nrun: {duration: 10 parsecs}", "run.duration: must be a duration"),
         ("name: t\nrun: {duration: 5, transactions: 10}", "run: give either 'duration' or 'transactions'"),
+        ("name: t\nrun: {overrun: soon}", "run.overrun: must be a duration"),
+        ("name: t\nrun: {replay_stall: 500ms}", "run.replay_stall: must be at least 1 second"),
+        ("name: t\nrun: {connect_timeout: 2.5}", "run.connect_timeout: must be a whole number of seconds, at least 2"),
         ("name: t\ndataset: {scale: 0}", "dataset.scale: must be a positive integer"),
         ("name: t\nbogus: 1", "bogus: unknown field"),
         ("name: t\ntarget: {local: {instances: 1, synchronous: {number: 1}}}", "target.local: synchronous.number"),
@@ -87,6 +91,20 @@ def test_sizes_are_numbers_from_validation_and_the_users_text_everywhere_else() 
 def test_invalid_plans_name_the_field(text: str, expected: str) -> None:
     got = problems(text)
     assert any(line.startswith(expected) or expected in line for line in got), got
+
+
+def test_the_deadlines_for_a_silent_part_default_as_before_and_take_the_plans_values() -> None:
+    """run.overrun, run.replay_stall, run.connect_timeout (pglab.drivers.local; tests/test_chaos.py waits them out)."""
+    run = parse_plan("name: t\nrun: {duration: 4s}").run
+    assert (run.overrun_s(4), run.overrun_s(120), run.replay_stall, run.connect_timeout) == (30.0, 120.0, 60.0, 10.0)
+    run = parse_plan("name: t\nrun: {duration: 4s, overrun: 10s, replay_stall: 1m, connect_timeout: 3}").run
+    assert (run.overrun_s(4), run.overrun_s(120), run.replay_stall, run.connect_timeout) == (10.0, 10.0, 60.0, 3.0)
+    # the Kubernetes driver's deadlines are its own: a plan for it that sets one is refused, naming the field
+    for field in ("overrun: 10s", "replay_stall: 60s", "connect_timeout: 10"):
+        got = problems(k8s_plan("matrix: {clients: [1]}", f"run: {{duration: 4s, {field}}}"))
+        assert got == [f"run.{field.split(':')[0]}: this deadline of local and external targets is not available on a "
+                       "Kubernetes target yet; remove this"], got
+    assert parse_plan(k8s_plan("matrix: {clients: [1]}", "run: {duration: 4s}")).run.overrun is None
 
 
 def test_custom_script_file_must_exist(tmp_path: Path) -> None:

@@ -40,8 +40,9 @@ RUN_ERRORS: tuple[type[BaseException], ...] = (RunFailed, PgbenchError, LabError
 # in an error that names it, never in a silent wait
 LOCK_TIMEOUT_S = 30  # the reset's TRUNCATE behind a lock a leftover session holds
 STATEMENT_TIMEOUT_S = 900  # VACUUM (ANALYZE) and CHECKPOINT of a large dataset
-REPLAY_STALL_S = 60.0  # no standby behind makes replay progress this long: they stopped answering
-CONTROL_CONNECT_S = 10  # pglab's own connection to the primary between runs
+# the plan's run.replay_stall (no standby behind makes replay progress that long: they stopped answering),
+# run.connect_timeout (pglab's own connection to the primary between runs) and run.overrun (how long pgbench may go on
+# past its duration) are the other deadlines; their defaults are in pglab.plan.schema.run
 REPLAY_MAX_S = 600.0  # progress, but never caught up
 
 
@@ -154,33 +155,36 @@ class ProcessDriver(Generic[TopologyT]):
             return
         # a lab whose every standby must stream names them: one missing is behind (an HA lab's membership moves)
         names = [s.name for s in endpoints.standbys] if getattr(target, "all_standbys_stream", False) else []
+        stall_s = self.plan.run.replay_stall
         with self._control(endpoints) as conn:
             if not isinstance(target, ExternalServer):  # on a server pglab does not own, others' sessions are theirs
                 self._end_leftovers(conn)  # a failed run's backends first: their locks would block the reset
-            _wait_replay(conn, names, self.ui.log)  # standbys that do not answer stop the sweep here, not in a COMMIT
+            # standbys that do not answer stop the sweep here, not in a COMMIT
+            _wait_replay(conn, names, self.ui.log, stall_s)
             if ds.reset == "vacuum":  # in the same session: the reset restarts no server
                 pgbench.reset_for_run(conn)
-                _wait_replay(conn, names, self.ui.log)
+                _wait_replay(conn, names, self.ui.log, stall_s)
                 return
         if ds.reset == "reinit":
             pgbench.initialise(target.bindir, endpoints.primary, ds, run_dir)
         elif ds.reset == "snapshot":
             write_json(run_dir / "dataset-reset.json", target.reset_dataset())
         with self._control(endpoints) as conn:
-            _wait_replay(conn, names, self.ui.log)
+            _wait_replay(conn, names, self.ui.log, stall_s)
 
     def _control(self, endpoints: Endpoints) -> psycopg.Connection[Any]:
         """pglab's session on the primary between runs. A primary that lets two connections in a row time out is
         frozen (stopped, hung, partitioned) or drowning: the sweep stops in one sentence instead of failing every
-        run after it."""
+        run after it (the plan's run.connect_timeout each)."""
+        timeout_s = int(self.plan.run.connect_timeout)
         for attempt in (1, 2):
             try:
-                return psycopg.connect(control_conninfo(endpoints, CONTROL_CONNECT_S), autocommit=True)
+                return psycopg.connect(control_conninfo(endpoints, timeout_s), autocommit=True)
             except psycopg.errors.ConnectionTimeout as exc:
                 if attempt == 2:
                     raise LabUnsound(
                         f"the primary {endpoints.primary.name} stopped answering (two connections timed out, "
-                        f"{CONTROL_CONNECT_S} s each); the lab cannot run the next point: resume with the same pglab "
+                        f"{timeout_s} s each); the lab cannot run the next point: resume with the same pglab "
                         "run and --results once it answers") from None
                 self.ui.log(f"the primary {endpoints.primary.name} does not answer ({first_line(exc)}); one more try")
         raise AssertionError("unreachable")
@@ -198,7 +202,8 @@ class ProcessDriver(Generic[TopologyT]):
         if endpoints is None or getattr(self.target, "read_only", False) or isinstance(self.target, ExternalServer):
             return
         try:
-            with psycopg.connect(control_conninfo(endpoints, connect_timeout=5), autocommit=True) as conn:
+            timeout_s = min(5, int(self.plan.run.connect_timeout))
+            with psycopg.connect(control_conninfo(endpoints, connect_timeout=timeout_s), autocommit=True) as conn:
                 self._end_leftovers(conn)
         except (psycopg.Error, PgbenchError) as exc:
             self.ui.log(f"backends of the stopped pgbench not ended yet: {first_line(exc)}")
@@ -269,13 +274,14 @@ class LocalDriver(ProcessDriver[Target]):
         self._pgbench.append(proc)
 
         def stuck(_names: list[str], late: float) -> str:
-            why = ("transactions stuck (a synchronous standby not answering?)" if _answers(endpoints)
+            answers = _answers(endpoints, min(5, int(self.plan.run.connect_timeout)))
+            why = ("transactions stuck (a synchronous standby not answering?)" if answers
                    else f"the primary {endpoints.primary.name} does not answer (a connection timed out)")
             return f"pgbench did not end {late:.0f} s after its {seconds:g} s: {why}"
 
         try:
             rc = watch({name: proc}, name, seconds, target.health if watch_health else lambda: None, self.ui.log,
-                       stuck)[name]
+                       stuck, overrun_s=self.plan.run.overrun_s(seconds) if seconds else None)[name]
         except BaseException:  # a failure or an interrupt while waiting: pgbench lives in its own session
             proc.stop()
             raise
@@ -427,13 +433,16 @@ class LocalRun(MeasuredRun):
 
 def watch(procs: dict[str, PgbenchProcess], name: str, seconds: float | None, health: Callable[[], str | None],
           log: Callable[[str], None], stuck: Callable[[list[str], float], str],
-          tick: Callable[[], None] | None = None) -> dict[str, int]:
+          tick: Callable[[], None] | None = None, overrun_s: float | None = None) -> dict[str, int]:
     """Wait for a run's pgbench processes (one, or one per tenant) and return their exit codes: the target's health
-    looked at each second, ``tick`` too, a word when they outlive their duration by 5 s, and a deadline past it (a
-    run that outlives its duration that long is stuck: commits waiting for a standby that is gone). A failure is
-    RunFailed, ``stuck`` saying why for the ones still running; the caller stops them."""
+    looked at each second, ``tick`` too, a word when they outlive their duration by 5 s, and a deadline ``overrun_s``
+    past it (the plan's run.overrun; by default the duration, at least 30 s): a run that outlives its duration that
+    long is stuck (commits waiting for a standby that is gone). A failure is RunFailed, ``stuck`` saying why for the
+    ones still running; the caller stops them."""
     started = time.monotonic()
-    deadline = started + seconds + max(30.0, seconds) if seconds else None
+    if seconds and overrun_s is None:
+        overrun_s = max(30.0, seconds)
+    deadline = started + seconds + overrun_s if seconds and overrun_s is not None else None
     overrun_said = False  # the wait past the duration is said once, not sat through in silence
     codes: dict[str, int] = {}
     while len(codes) < len(procs):
@@ -583,7 +592,7 @@ def control_conninfo(endpoints: Endpoints, connect_timeout: int = 10) -> str:
 
 
 def _wait_replay(conn: psycopg.Connection[Any], standbys: list[str], log: Callable[[str], None],
-                 stall_s: float = REPLAY_STALL_S, max_s: float = REPLAY_MAX_S) -> None:
+                 stall_s: float, max_s: float = REPLAY_MAX_S) -> None:
     """Start every run with standbys caught up, so one run's replication backlog never leaks into the next.
 
     A standby pglab expects that is not connected counts as behind (a frozen standby's walsender goes after
@@ -615,7 +624,7 @@ def _wait_replay(conn: psycopg.Connection[Any], standbys: list[str], log: Callab
             raise LabUnsound(f"standby(s) {names} still behind the primary after {max_s:.0f} s of replay; the lab "
                              "cannot run the next point: resume with the same pglab run and --results once they "
                              "have caught up")
-        if t - last_log >= 10:
+        if t - last_log >= min(10.0, stall_s / 2):  # said at least once before the sweep stops
             log(f"waiting for standby(s) {names} to replay ({t - started:.0f} s; the sweep stops after "
                 f"{stall_s:.0f} s without progress)")
             last_log = t

@@ -94,7 +94,8 @@ class TenantsDriver(ProcessDriver[Fleet]):
         def stuck(names: list[str], late: float) -> str:
             return f"pgbench of tenant(s) {', '.join(names)} did not end {late:.0f} s after its {seconds:g} s"
 
-        codes = watch(running, name, seconds, fleet.health, self.ui.log, stuck, tick=sample_memory)
+        codes = watch(running, name, seconds, fleet.health, self.ui.log, stuck, tick=sample_memory,
+                      overrun_s=self.plan.run.overrun_s(seconds) if seconds else None)
         if name == "warmup":
             bad = [t for t, rc in codes.items() if rc != 0]
             running.clear()

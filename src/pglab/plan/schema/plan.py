@@ -97,7 +97,10 @@ class Plan(Strict):
                                               "on a Kubernetes target", {"name": name, "at": f"{where}.{name}"})
         for given, field, why in (
                 (self.storage and self.storage.job_files, "storage.job_files", "custom fio job files"),
-                (self.dataset.reset == "snapshot", "dataset.reset", "resetting to a snapshot")):
+                (self.dataset.reset == "snapshot", "dataset.reset", "resetting to a snapshot"),
+                # the deadlines of the process-run targets (pglab.drivers.local); the Kubernetes driver has its own
+                *((name in self.run.model_fields_set, f"run.{name}", "this deadline of local and external targets")
+                  for name in ("overrun", "replay_stall", "connect_timeout"))):
             if given:
                 raise PydanticCustomError("kubernetes", "{why} is not available on a Kubernetes target yet; remove "
                                           "this", {"why": why, "at": field})

@@ -178,12 +178,37 @@ class Run(Strict):
         1, description="Kubernetes: pgbench pods that drive each run together (one Indexed Job, on distinct nodes "
         "where possible): the point's clients and threads split over them, TPS summed over their common window, "
         "latency from their merged transaction logs")
+    # how long pglab waits for a silent part before it gives up (docs/reliability.md): the defaults suit a local lab
+    # and most servers; a slower platform may need longer, a test that freezes a part on purpose shorter
+    overrun: Seconds | None = Field(
+        None, description="local, Patroni and external targets: seconds a pgbench may go on past its duration "
+        "before the run fails as stuck (commits waiting for a standby or a primary that stopped answering) and it is "
+        "stopped (default: the duration, at least 30 s); longer where opening the clients' connections takes long "
+        "(many clients, TLS, a remote server), shorter to fail a hung run sooner")
+    replay_stall: Seconds = Field(
+        60.0, description="local, Patroni and external targets: before each run the standbys catch up with the "
+        "primary; when none of those behind replays anything for this many seconds they count as stopped and the "
+        "sweep stops in one sentence; longer on a platform whose standbys may pause that long (a throttled disk or "
+        "VM), shorter to give up on a hung standby sooner")
+    connect_timeout: Seconds = Field(
+        10.0, description="local, Patroni and external targets: seconds pglab's own connection to the primary "
+        "between runs may take (a whole number, at least 2: libpq's connect_timeout); two in a row that time out "
+        "stop the sweep in one sentence (its quick looks right after a failed run take 5 s at most, or this if "
+        "shorter); longer for a primary slow to accept a connection (far away, behind a busy "
+        "pooler), shorter to give up on a frozen one sooner")
 
-    @field_validator("duration")
+    @field_validator("duration", "overrun", "replay_stall")
     @classmethod
     def _duration(cls, v: float | None) -> float | None:
         if v is not None and v < 1:
             raise PydanticCustomError("run", "must be at least 1 second")
+        return v
+
+    @field_validator("connect_timeout")
+    @classmethod
+    def _connect_timeout(cls, v: float) -> float:
+        if v != int(v) or v < 2:
+            raise PydanticCustomError("run", "must be a whole number of seconds, at least 2 (libpq's connect_timeout)")
         return v
 
     @model_validator(mode="after")
@@ -203,6 +228,10 @@ class Run(Strict):
     @property
     def target_ci_pct(self) -> float | None:
         return self.repeats.target_ci if isinstance(self.repeats, AdaptiveRepeats) else None
+
+    def overrun_s(self, seconds: float) -> float:
+        """How long a pgbench of ``seconds`` may go on past them before its run fails as stuck."""
+        return self.overrun if self.overrun is not None else max(30.0, seconds)
 
     @property
     def measured_seconds(self) -> float | None:
