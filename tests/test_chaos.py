@@ -20,10 +20,13 @@ import pytest
 
 from conftest import pglab, processes_mentioning, run_plan
 from helpers import (
+    born,
     fault_each_measured_pgbench,
+    identities,
     lab_dir,
     pgbench_children,
     postmaster,
+    still_running,
     stored_events,
     stored_runs,
     sweep_row,
@@ -49,10 +52,18 @@ def _start(plan: Path, results: Path) -> subprocess.Popen[str]:
                             start_new_session=True)
 
 
-def _tree(pid: int) -> list[int]:
+def _freeze(pid: int) -> list[int]:
+    """SIGSTOP a postmaster, then its children (listed once it can fork no more; one that exits meanwhile is
+    gone, not frozen): the processes stopped."""
     from pglab.targets.local.procs import descendants
 
-    return [pid, *descendants(pid)]
+    os.kill(pid, signal.SIGSTOP)
+    stopped = [pid]
+    for child in descendants(pid):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(child, signal.SIGSTOP)
+            stopped.append(child)
+    return stopped
 
 
 def _pgbench_backends(lab: Path) -> list[tuple[int, str | None]]:
@@ -81,9 +92,7 @@ def test_frozen_standbys_fail_the_run_then_stop_the_sweep_in_one_sentence(tmp_pa
         assert proc.poll() is None, proc.communicate()[1][-2000:]
         time.sleep(2.0)  # inside the measured run: commits now wait for an ack that will not come
         lab = lab_dir(results)
-        frozen = [p for n in ("n1", "n2") for p in _tree(postmaster(lab, n))]
-        for p in frozen:
-            os.kill(p, signal.SIGSTOP)
+        frozen = [p for n in ("n1", "n2") for p in _freeze(postmaster(lab, n))]
         # run 1 fails at its deadline; the next run's replay wait then finds the standbys silent
         while time.monotonic() < deadline and proc.poll() is None and stored_runs(results)[0].status != "failed":
             time.sleep(0.2)
@@ -131,11 +140,11 @@ def test_pgbench_frozen_then_the_primary_killed_fail_their_runs_and_the_sweep_go
     proc = _start(plan, results)
     lab: Path | None = None
     faults = ["pgbench", "n0"]
-    seen: list[int] = []  # the pgbench of each run struck
+    seen: dict[int, int | None] = {}  # the pgbench of each run struck (pid → start)
 
     def strike(fault: str, pgbench: int) -> None:
         nonlocal lab
-        seen.append(pgbench)
+        seen[pgbench] = born(pgbench)
         lab = lab or lab_dir(results)
         if fault == "pgbench":
             os.kill(pgbench, signal.SIGSTOP)  # alive, silent: only the deadline ends it
@@ -160,7 +169,7 @@ def test_pgbench_frozen_then_the_primary_killed_fail_their_runs_and_the_sweep_go
     assert "restarted n0" in err
     assert sweep_row(results)["status"] == "done"
     assert lab is not None and processes_mentioning(str(lab)) == []
-    assert not any(Path(f"/proc/{p}").exists() for p in seen)
+    assert not still_running(seen)
 
 
 def test_a_frozen_primary_fails_its_run_and_stops_the_sweep_in_one_sentence(tmp_path: Path) -> None:
@@ -173,9 +182,7 @@ def test_a_frozen_primary_fails_its_run_and_stops_the_sweep_in_one_sentence(tmp_
 
     def strike(_fault: str, _pgbench: int) -> None:
         labs.append(lab_dir(results))
-        frozen.extend(_tree(postmaster(labs[0], "n0")))
-        for p in frozen:
-            os.kill(p, signal.SIGSTOP)
+        frozen.extend(_freeze(postmaster(labs[0], "n0")))
 
     started = time.monotonic()
     try:
@@ -221,10 +228,12 @@ def test_toxiproxy_killed_or_frozen_fails_its_run_and_is_restarted_with_the_same
     results = tmp_path / "results"
     proc = _start(plan, results)
     struck: list[int] = []
+    struck_ids: dict[int, int | None] = {}  # pid → start: the same process, checked ended at the end
 
     def strike(_fault: str, _pgbench: int) -> None:
         lab = lab_dir(results)
         struck.extend(int(p.split(":")[0]) for p in processes_mentioning(str(lab)) if "toxiproxy-server" in p)
+        struck_ids.update(identities(struck))
         for p in struck:
             os.kill(p, sig)
 
@@ -251,7 +260,7 @@ def test_toxiproxy_killed_or_frozen_fails_its_run_and_is_restarted_with_the_same
     links = [json.loads(p.read_text()) for p in sorted((results / "runs").glob("*/network.json"))]
     assert links and all(link["n1"]["latency_ms"] == 4 for link in links), links
     assert len({link["n1"]["proxy_port"] for link in links}) == 1, links
-    assert not any(Path(f"/proc/{p}").exists() for p in struck)  # the frozen one was ended, not left behind
+    assert not still_running(struck_ids)  # the frozen one was ended, not left behind
 
 
 FULL_PLAN = """
@@ -383,7 +392,7 @@ def test_etcd_killed_then_the_leaders_patroni_killed_then_frozen_fail_their_runs
     results = tmp_path / "results"
     proc = _start(plan, results)
     struck: list[str] = []
-    frozen: list[int] = []
+    frozen: dict[int, int | None] = {}  # pid → start
     labs: list[Path] = []
 
     def strike(fault: str, _pgbench: int) -> None:
@@ -392,7 +401,7 @@ def test_etcd_killed_then_the_leaders_patroni_killed_then_frozen_fail_their_runs
         pid = state["etcd"]["pid"] if fault == "etcd" else state["nodes"][0]["patroni_pid"]
         struck.append(fault)
         if fault == "frozen patroni":
-            frozen.append(pid)
+            frozen[pid] = born(pid)
         os.kill(pid, signal.SIGSTOP if fault == "frozen patroni" else signal.SIGKILL)
 
     try:
@@ -420,7 +429,7 @@ def test_etcd_killed_then_the_leaders_patroni_killed_then_frozen_fail_their_runs
     assert "ended Patroni of n0, which did not answer its REST API (twice 2 s)" in err, err[-2000:]
     assert sweep_row(results)["status"] == "done"
     assert labs and processes_mentioning(str(labs[0])) == []
-    assert not any(Path(f"/proc/{p}").exists() for p in frozen)
+    assert not still_running(frozen)
 
 
 def test_a_frozen_etcd_stops_the_sweep_in_one_sentence(tmp_path: Path) -> None:
@@ -471,10 +480,7 @@ def test_pgbench_init_on_a_frozen_server_ends_at_its_deadline_with_the_reason(tm
     frozen: list[int] = []
     try:
         endpoint = lab.provision({}).primary
-        frozen = _tree(lab.server_pids()[0])
-        for p in frozen:
-            with contextlib.suppress(ProcessLookupError):  # a short-lived backend may be gone already
-                os.kill(p, signal.SIGSTOP)
+        frozen = _freeze(lab.server_pids()[0])
         with pytest.raises(pgbench.PgbenchError) as caught:
             pgbench.initialise(lab.bindir, endpoint, Dataset(scale=1), tmp_path / "init", timeout_s=3)
         assert str(caught.value) == (f"pgbench -i did not end within 3 s (the server stopped answering, or is far "

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from conftest import processes_mentioning, run_plan
-from helpers import alive, children_of, read_store, stored_runs
+from helpers import children_of, identities, read_store, still_running, stored_runs
 
 pytestmark = pytest.mark.postgres
 
@@ -113,12 +113,12 @@ run: {{duration: {MEASURE_S}s, warmup: {WARMUP_S}s, repeats: {when.repeats}, pau
     results = tmp_path / "results"
     proc = subprocess.Popen([sys.executable, "-m", "pglab.cli", "run", str(plan), "--results", str(results)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
-    seen: set[int] = set()  # every process pglab started while it was watched: none may outlive it
+    seen: dict[int, int | None] = {}  # every process pglab started while watched (pid → start): none may outlive it
     try:
         deadline = time.monotonic() + 300
         while proc.poll() is None and time.monotonic() < deadline:
             children = children_of(proc.pid)
-            seen.update(children)
+            seen.update(identities(p for p in children if p not in seen))
             if when.ready(children, results):
                 break
             time.sleep(0.05)
@@ -147,7 +147,7 @@ run: {{duration: {MEASURE_S}s, warmup: {WARMUP_S}s, repeats: {when.repeats}, pau
     assert [s for s, _ in runs] in when.runs, runs
     assert all(r == f"interrupted by {sig.name}" for s, r in runs if s == "interrupted"), runs
     assert processes_mentioning(str(lab)) == []
-    assert [p for p in seen if alive(p)] == []
+    assert still_running(seen) == []
     assert not lab.exists()
     if sig != RESUMED[moment]:
         return
