@@ -82,8 +82,8 @@ def test_host_path_runs_beside_each_pvc_run_and_the_table_compares_them(fake: tu
     assert columns[-3:] == ["place", "host_iops", "pod_host"]
     assert [(r["path"], r["place"]) for r in table] == [
         (p, place) for node in ("node-1", "node-2")
-        for p, place in ((f"data@{node}", "pvc:default"), (f"host:/mnt/disks/{node}/fast@{node}",
-                                                           f"host:/mnt/disks/{node}/fast")) for _ in range(2)]
+        for p, place in ((f"data@{node}", "pvc:default"), (f"host@{node}", f"host:/mnt/disks/{node}/fast"))
+        for _ in range(2)]
     assert [r["host_iops"] for r in table if r["place"] == "pvc:default"] == [real["qd1"] * 2, real["qd32"] * 2] * 2
     assert [r["pod_host"] for r in table if r["place"] == "pvc:default"] == [pytest.approx(0.5)] * 4
     assert all(r["host_iops"] is None for r in table if r["place"].startswith("host:"))

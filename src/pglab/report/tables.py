@@ -258,8 +258,8 @@ def storage_table(store: Store, sweep_id: int | None = None) -> tuple[list[str],
     for r, row in zip(results, rows, strict=True):
         host = hosts.get((r["label"], r["job"], r["direction"]))
         row["place"] = _place(r["label"], r["path"])
-        if r["label"].startswith("host:"):
-            row["path"] = r["label"]
+        if r["label"].startswith("host:"):  # the directory is in place: host@<node> beside <volume>@<node>
+            row["path"] = "host@" + r["label"].rsplit("@", 1)[1]
         row["host_iops"] = host
         row["pod_host"] = r["iops"] / host if host and r["iops"] is not None else None
     return [*STORAGE_COLUMNS, *HOST_COLUMNS], rows
@@ -471,7 +471,7 @@ def _rich_table(shown: list[str], rows: list[dict[str, Any]], title: str | None,
     table = Table(show_lines=False, header_style="bold")
     for c in shown:
         left = c in ("workload", "synchronous_commit", "status", "run_id", "dir", "reason", "path", "device", "profile",
-                     "note", "dips", "flags", "bottleneck_tag", "lat_of") or c.endswith("verdict")
+                     "note", "dips", "flags", "bottleneck_tag", "lat_of", "place") or c.endswith("verdict")
         name = headers.get(c, c)
         table.add_column(name, justify="left" if left else "right", no_wrap=True, min_width=len(name))
     for r in rows:
