@@ -122,3 +122,14 @@ def test_check_refuses_host_path_in_a_restricted_namespace(fake: tuple[FakeAPI, 
         assert [f.level for f in found] == ["ok", "FAIL"] if blocked else ["ok"]
     assert found[-1].text.startswith("storage.host_path: namespace bench enforces the restricted Pod Security "
                                      "Standard (label pod-security.kubernetes.io/enforce), which refuses the hostPath")
+
+
+def test_render_refuses_host_path_in_one_sentence(tmp_path: Path) -> None:
+    from pglab.errors import UserError
+    from pglab.targets.kubernetes import folder
+    from pglab.targets.kubernetes.render import render
+
+    plan = parse_plan(PLAN)
+    with pytest.raises(UserError, match=r"^storage\.host_path: its fio pod runs on each instance's node") as exc:
+        folder.write(plan, render(plan, tmp_path), tmp_path / "out")
+    assert "\n" not in str(exc.value) and not (tmp_path / "out").exists()
