@@ -23,6 +23,7 @@ from kubernetes.config.config_exception import ConfigException
 
 from pglab import __version__, interrupts
 from pglab.artifacts import write_json
+from pglab.drivers.fio import host_directory, job_results
 from pglab.drivers.kubernetes_figures import Figures, Readers
 from pglab.engine.driver import FioMeasurement, MeasuredRun, SweepInfo
 from pglab.engine.types import Event, Observer, RunFailed, RunResult
@@ -49,6 +50,7 @@ from pglab.targets.kubernetes.render import (
     cluster,
     cluster_patch,
     cpu_quantity,
+    fio_on_host,
     fio_on_node,
     fio_volumes,
     instance_parameters,
@@ -320,19 +322,24 @@ class KubernetesDriver:
                 outcome = self.orch.run_job(m, dest)
                 if not outcome.succeeded:
                     raise FioError(f"fio failed in Job/{m.name} on the {label} volume: {last_words(outcome.log)}")
-                results: list[fio.FioResult] = []
-                for job in jobs:
-                    json_file = dest / f"{job.name}.json"
-                    data = fio._read_json(json_file)
-                    if data is None or not data.get("jobs") or data["jobs"][0].get("error"):
-                        raise FioError(f"fio job {job.name} on the {label} volume left no result in Job/{m.name}'s "
-                                       "output (see its pod.log)")
-                    results += fio.parse_results(data, job, where, json_file, fio._log_files(dest, job))
+                results = job_results(dest, jobs, label, where, m.name)
                 for r in results:
                     for finding in r.findings:
                         self.ui.log(f"storage: {label} {r.job} {r.direction}: {finding.message}")
                 yield FioMeasurement(label, _mount_of(dest), results, fio.ceilings(results))
                 self.orch.discard(pvc)  # measured: its space goes back before the next node's and the database phase
+                directory = host_directory(spec.host_path, classes.get(role), node)
+                if directory is not None:  # the same jobs on the node's directory, no volume layer: after the PVC's
+                    host = fio_on_host(fio_claims[template.name], template, directory, node, index)
+                    host_label, host_dest = f"host:{directory}@{node}", results_dir / "storage" / volume / node / "host"
+                    self.ui.log(f"storage: fio on host path {directory} of node {node}, beside {label}")
+                    outcome = self.orch.run_job(host, host_dest)
+                    if not outcome.succeeded:
+                        raise FioError(f"fio failed in Job/{host.name} on host path {directory} of node {node}: "
+                                       f"{last_words(outcome.log)}")
+                    results = job_results(host_dest, jobs, host_label, f"host:{directory} on node {node} beside "
+                                          f"{label}", host.name)
+                    yield FioMeasurement(host_label, _mount_of(host_dest), results, fio.ceilings(results))
 
     def _instance_nodes(self) -> list[str]:
         """The nodes of the Cluster's instances, the primary's first: where the storage phase measures."""

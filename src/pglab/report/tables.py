@@ -7,6 +7,7 @@ import io
 import json
 import math
 import os
+import re
 import textwrap
 from collections import OrderedDict
 from typing import Any
@@ -36,7 +37,7 @@ DURABILITY = metrics.columns("durability")  # per level: the figure (its metric'
 DELTA_SUFFIXES = ("vs_base_pct", "ci95_low_pct", "ci95_high_pct", "verdict")  # a level's Δ against the base
 WALL_TIME_WITH_WHAT = 130  # the time table says what each phase is only on a terminal this wide (its longest: 129)
 # columns that are no stored run metric: the cost table's and fio's (the storage phase's own figures)
-DECIMALS = {**metrics.decimals(), "peak_tps": 1, "a": 1, "b": 1, "iops": 0, "mb_s": 1,
+DECIMALS = {**metrics.decimals(), "peak_tps": 1, "a": 1, "b": 1, "iops": 0, "host_iops": 0, "mb_s": 1,
             "lat_mean_ms": 3, "lat_p99_ms": 3, "lat_p999_ms": 3,
             **{f"{s.key}_{side}": s.metric.decimals for s in metrics.columns("compare") for side in ("a", "b")},
             **{f"{lv}_{s.metric.name}": s.metric.decimals for s in DURABILITY for lv in DURABILITY_ORDER}}
@@ -196,7 +197,31 @@ STORAGE_COLUMNS = ["path", "device", "profile", "iops", "mb_s", "lat_of", "lat_m
 STORAGE_SHOWN = ["path", "device", "profile", "iops", "mb_s", "lat_of", "lat_mean_ms", "lat_p99_ms", "lat_p999_ms",
                  "note"]
 STORAGE_HEADERS = {"iops": "IOPS", "mb_s": "MB/s", "lat_of": "latency of", "lat_mean_ms": "lat mean ms",
-                   "lat_p99_ms": "p99 ms", "lat_p999_ms": "p99.9 ms"}
+                   "lat_p99_ms": "p99 ms", "lat_p999_ms": "p99.9 ms", "host_iops": "host IOPS",
+                   "pod_host": "pod/host"}
+# Kubernetes with storage.host_path: where each row ran (pvc:<class>, host:<dir>), and on a PVC's row the same job's
+# IOPS on the node's host path with the ratio in-pod / host (the volume layer's cost; 1: none)
+HOST_COLUMNS = ["place", "host_iops", "pod_host"]
+_BESIDE = re.compile(r" beside (\S+)$")
+_PVC_CLASS = re.compile(r"^pvc/\S+ \((.*)\) on node ")
+
+
+def storage_shown(shown: list[str], rows: list[dict[str, Any]]) -> list[str]:
+    """The storage table's shown columns, with the place and the host-path comparison when a host path ran."""
+    if not any("place" in r for r in rows):
+        return shown
+    out = []
+    for c in shown:
+        out += {"path": ["path", "place"], "iops": ["iops", "host_iops", "pod_host"]}.get(c, [c])
+    return out
+
+
+def _place(label: str, path: str) -> str:
+    if label.startswith("host:"):
+        return label.rsplit("@", 1)[0]
+    if m := _PVC_CLASS.match(path):
+        return "pvc:" + ("default" if m.group(1) == "default storage class" else m.group(1))
+    return path
 
 
 def storage_table(store: Store, sweep_id: int | None = None) -> tuple[list[str], list[dict[str, Any]]]:
@@ -226,7 +251,18 @@ def storage_table(store: Store, sweep_id: int | None = None) -> tuple[list[str],
             "io_lat_p99_ms": r["lat_p99_ms"], "io_lat_p999_ms": r["lat_p999_ms"],
             "fdatasync_lat_mean_ms": r["sync_lat_mean_ms"], "fdatasync_lat_p99_ms": r["sync_lat_p99_ms"],
             "fdatasync_lat_p999_ms": r["sync_lat_p999_ms"], "json_file": r["json_file"]})
-    return list(STORAGE_COLUMNS), rows
+    hosts = {(m.group(1), r["job"], r["direction"]): r["iops"] for r in results if r["label"].startswith("host:")
+             and (m := _BESIDE.search(r["path"]))}
+    if not hosts:
+        return list(STORAGE_COLUMNS), rows
+    for r, row in zip(results, rows, strict=True):
+        host = hosts.get((r["label"], r["job"], r["direction"]))
+        row["place"] = _place(r["label"], r["path"])
+        if r["label"].startswith("host:"):  # the directory is in place: host@<node> beside <volume>@<node>
+            row["path"] = "host@" + r["label"].rsplit("@", 1)[1]
+        row["host_iops"] = host
+        row["pod_host"] = r["iops"] / host if host and r["iops"] is not None else None
+    return [*STORAGE_COLUMNS, *HOST_COLUMNS], rows
 
 
 def ceilings_text(store: Store, sweep_id: int | None = None) -> str:
@@ -435,7 +471,7 @@ def _rich_table(shown: list[str], rows: list[dict[str, Any]], title: str | None,
     table = Table(show_lines=False, header_style="bold")
     for c in shown:
         left = c in ("workload", "synchronous_commit", "status", "run_id", "dir", "reason", "path", "device", "profile",
-                     "note", "dips", "flags", "bottleneck_tag", "lat_of") or c.endswith("verdict")
+                     "note", "dips", "flags", "bottleneck_tag", "lat_of", "place") or c.endswith("verdict")
         name = headers.get(c, c)
         table.add_column(name, justify="left" if left else "right", no_wrap=True, min_width=len(name))
     for r in rows:
@@ -571,7 +607,7 @@ def full_report(store: Store, fmt: str, sweep_id: int | None = None, per_run: bo
     parts = []
     compared: list[dict[str, Any]] = []  # the rows of the comparison tables printed, for the note below
     if fio_rows and table in (None, "storage"):
-        shown = [c for c in STORAGE_SHOWN if c != "note"] if compact else STORAGE_SHOWN
+        shown = storage_shown([c for c in STORAGE_SHOWN if c != "note"] if compact else STORAGE_SHOWN, fio_rows)
         parts.append(render(fio_columns, fio_rows, fmt, title="storage (fio)", shown=shown, headers=STORAGE_HEADERS,
                             width=width, optional=("lat_p999_ms", "mb_s", "device") if compact else ()))
         if compact:
@@ -689,8 +725,8 @@ def _tenants_report(store: Store, fmt: str, sweep_id: int | None, table: str | N
         return render(*which.get(table or "tiers", tiers.tier_table(store, sweep_id)), fmt)
     parts = []
     if fio_rows and table in (None, "storage"):
-        parts.append(render(fio_columns, fio_rows, fmt, title="storage (fio)", shown=STORAGE_SHOWN,
-                            headers=STORAGE_HEADERS))
+        parts.append(render(fio_columns, fio_rows, fmt, title="storage (fio)",
+                            shown=storage_shown(STORAGE_SHOWN, fio_rows), headers=STORAGE_HEADERS))
         parts.append(ceilings_text(store, sweep_id))
     tier_columns, tier_rows = tiers.tier_table(store, sweep_id)
     if table in (None, "tiers") and tier_rows:

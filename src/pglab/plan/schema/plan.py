@@ -88,6 +88,10 @@ class Plan(Strict):
         """What the Kubernetes target cannot do yet is refused here, not discovered half-way through a sweep."""
         k8s = self.target.kubernetes
         if k8s is None:
+            if self.storage and self.storage.host_path is not None:
+                raise PydanticCustomError("kubernetes", "host_path runs fio in a pod on a node's directory: a "
+                                          "Kubernetes target only (on a local target, storage.paths are already "
+                                          "the host's); remove it", {"at": "storage.host_path"})
             return self
         for where, names in (("postgres.parameters", self.postgres.parameters),
                              ("matrix.parameters", self.matrix.parameters)):

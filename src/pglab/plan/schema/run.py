@@ -251,6 +251,29 @@ FioProfile = Literal["randread-8k", "randwrite-8k", "wal-fdatasync-8k", "seqread
 StoragePath = Literal["data", "wal"]
 
 
+def _host_dir(v: Any) -> str:
+    """An absolute directory of the node, as a hostPath volume takes it ({node}: the node's name)."""
+    if not isinstance(v, str) or not v.startswith("/") or len(v) > 4096 or "\0" in v or \
+            ".." in v.split("/") or v.replace("{node}", "").count("{") or v.replace("{node}", "").count("}"):
+        raise PydanticCustomError("host_path", "must be an absolute directory of the node, e.g. /mnt/disks/ssd0 "
+                                  "({node} stands for the node's name), without '..'")
+    return v.rstrip("/") or "/"
+
+
+def _host_path(v: Any) -> Any:
+    """One directory, or storage class → directory."""
+    if v is None:
+        return None
+    if not isinstance(v, dict):
+        return _host_dir(v)
+    if not v:
+        raise PydanticCustomError("host_path", "names no storage class; give a directory or class: directory")
+    for key in v:
+        if not isinstance(key, str) or not re.fullmatch(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?", key):
+            raise PydanticCustomError("host_path", "{key} is not a storage class name", {"key": show(key, 60)})
+    return {key: _host_dir(d) for key, d in v.items()}
+
+
 class Storage(Strict):
     """The storage phase: fio on the lab's own data and WAL paths, before the database phase."""
 
@@ -264,6 +287,10 @@ class Storage(Strict):
     size: PlanSize = Field("1GiB", validate_default=True, description="size of each job's test file")
     paths: list[StoragePath] = Field(default_factory=lambda: list[StoragePath](["data", "wal"]), min_length=1,
                                      description="which of the lab's paths fio measures: data, wal or both")
+    host_path: Annotated[str | dict[str, str] | None, BeforeValidator(_host_path)] = Field(
+        None, description="Kubernetes: a directory on the nodes (a hostPath, {node} replaced by the node's name) "
+        "where the same fio jobs also run, in a pod on the same node right after the PVC's, for the volume layer's "
+        "cost; one directory for every class, or storage class → directory")
 
     @field_validator("runtime")
     @classmethod

@@ -276,6 +276,9 @@ def write(plan: Plan, manifests: list[Manifest], out_dir: Path) -> Written:
         field = "matrix.storage" if plan.matrix.storage else "tenants"
         raise UserError(f"{field}: a rendered folder holds one Cluster, and this plan needs one per "
                         f"{'value' if plan.matrix.storage else 'tenant'}; run it with 'pglab run'.")
+    if plan.storage is not None and plan.storage.host_path is not None:
+        raise UserError("storage.host_path: its fio pod runs on each instance's node after that node's PVC run, "
+                        "which no Job written ahead can place; run it with 'pglab run', or remove it to render.")
     if plan.capacity is not None:  # run-jobs.sh runs a fixed list of Jobs
         raise UserError("capacity: a search picks each rate from the runs before it, which no Job written ahead "
                         "can; run it with 'pglab run', or render fixed rates (matrix.rate) instead.")

@@ -457,7 +457,25 @@ def check_storage_classes(plan: Plan, api: client.ApiClient) -> list[Finding]:
                                     f"{existing}")]
         else:
             used.append(f"{role} on {name}")
-    return [Finding("ok", f"storage classes: {', '.join(used)}")]
+    return [Finding("ok", f"storage classes: {', '.join(used)}"), *_host_path_allowed(plan, api)]
+
+
+def _host_path_allowed(plan: Plan, api: client.ApiClient) -> list[Finding]:
+    """storage.host_path's fio pod mounts a hostPath volume: the baseline and restricted Pod Security Standards,
+    enforced on the namespace by its label, refuse it."""
+    if plan.storage is None or plan.storage.host_path is None:
+        return []
+    ns = target_of(plan).namespace
+    try:
+        labels = (_read(client.CoreV1Api(api).read_namespace, ns).get("metadata") or {}).get("labels") or {}
+    except ApiException:
+        return []  # not there yet: pglab creates it without a Pod Security label
+    level = labels.get("pod-security.kubernetes.io/enforce")
+    if level in ("baseline", "restricted"):
+        return [Finding("FAIL", f"storage.host_path: namespace {ns} enforces the {level} Pod Security Standard "
+                                "(label pod-security.kubernetes.io/enforce), which refuses the hostPath volume of "
+                                "the host-path fio pod; label the namespace privileged or remove storage.host_path")]
+    return []
 
 
 # ------------------------------------------------------------------ the WAL archive's plugin

@@ -443,6 +443,19 @@ def fio_on_node(pvc: Manifest, job: Manifest, node: str, index: int) -> tuple[Ma
             Manifest(job.filename.replace("-job.yaml", f"-{index}-job.yaml"), body))
 
 
+def fio_on_host(pvc: Manifest, job: Manifest, directory: str, node: str, index: int) -> Manifest:
+    """The ``index``-th node's fio Job of ``fio_on_node`` with a hostPath volume at the node's ``directory`` in
+    place of its claim (made when missing): the same image and jobs on the same node, the volume layer left out."""
+    _, pinned = fio_on_node(pvc, job, node, index)
+    body = pinned.body
+    body["metadata"]["name"] = f"{body['metadata']['name']}-host"
+    body["metadata"]["annotations"]["pglab/host-path"] = directory
+    for volume in body["spec"]["template"]["spec"]["volumes"]:
+        if volume.pop("persistentVolumeClaim", None) is not None:
+            volume["hostPath"] = {"path": directory, "type": "DirectoryOrCreate"}
+    return Manifest(pinned.filename.replace("-job.yaml", "-host-job.yaml"), body)
+
+
 # ------------------------------------------------------------------ the storage axis: a Cluster per value
 def with_storage(plan: Plan, option: StorageOption | None) -> Plan:
     """The plan as one value of the storage axis sees it: the target's data (and WAL) volumes replaced by the
