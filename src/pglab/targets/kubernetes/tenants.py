@@ -48,13 +48,14 @@ def tier_resources(plan: Plan, tier: Tier) -> K8sResources:
 
 def tenant_plan(plan: Plan, name: str, tier: Tier) -> Plan:
     """The plan as one tenant's Cluster sees it: ``<cluster_name>-<tenant>`` in its tier's namespace, with
-    tenants.instances instances, the tier's resources and volumes; a lone instance is asynchronous."""
+    tenants.instances instances, the tier's resources and volumes (data and WAL: the tier's, else the target's); a
+    lone instance is asynchronous."""
     k8s = target_of(plan)
     assert plan.tenants is not None
     instances = plan.tenants.instances
     update = {"cluster_name": f"{k8s.cluster_name}-{name}", "namespace": tier.namespace or k8s.namespace,
               "instances": instances, "resources": tier_resources(plan, tier),
-              "storage": tier.storage or k8s.storage,
+              "storage": tier.storage or k8s.storage, "wal_storage": tier.wal_storage or k8s.wal_storage,
               "synchronous": k8s.synchronous if instances > 1 else None}
     target = plan.target.model_copy(update={"kubernetes": k8s.model_copy(update=update)})
     return plan.model_copy(update={"target": target})
