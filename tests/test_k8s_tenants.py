@@ -6,7 +6,9 @@ The real thing runs in tests/test_kube_lab_clusters.py, on the lab (a tier on it
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 from kubernetes import client
@@ -15,6 +17,8 @@ from conftest import pglab
 from k8s_fake import FakeAPI, storage_class
 from k8s_support import cli, kubeconfig
 from pglab.plan.load import parse_plan
+from pglab.plan.schema import PrometheusSource
+from pglab.targets.kubernetes import prometheus
 from pglab.targets.kubernetes.render import cluster
 
 TIERS = """
@@ -109,3 +113,104 @@ def test_k8s_check_finds_each_tiers_classes(fake: tuple[FakeAPI, client.ApiClien
     out = capsys.readouterr().out.splitlines()
     assert rc == 2 and out[-1].startswith("FAIL  storage class 'ultra' (tenants.arrangements[0].tiers[0]"
                                           ".wal_storage.class): not found"), out
+
+
+# ------------------------------------------------------------------ each tenant's primary's figures from Prometheus
+class Prometheus(prometheus.Client):
+    """Prometheus's range queries answered from raw samples, as its engine does for the expressions pglab asks: a
+    selector (the latest sample at or before each step, within 5 minutes), ``timestamp()`` of one (that sample's
+    time) and ``max by (label)`` of that. Only the HTTP round trip is left out."""
+
+    MATCHER = re.compile(r'(\w+)(=~|=)"((?:[^"\\]|\\.)*)"')
+
+    def __init__(self, raw: list[tuple[dict[str, str], list[tuple[float, float]]]]):
+        super().__init__(PrometheusSource(url="http://prometheus:9090", interval=1.0), Path("."))
+        self.raw, self.asked = raw, []  # type: list[tuple[dict[str, str], list[tuple[float, float]]]], list[str]
+
+    def range(self, expr: str, start: float, end: float, step: float) -> list[dict[str, Any]]:
+        self.asked.append(expr)
+        by = m.group(1) if (m := re.match(r"max by \((\w+)\) \((.*)\)$", expr)) else None
+        expr = m.group(2) if m else expr
+        stamps = expr.startswith("timestamp(")
+        expr = expr.removeprefix("timestamp(").removesuffix(")") if stamps else expr
+        name, _, matchers = expr.partition("{")
+        want = [(k, op, re.sub(r"\\(.)", r"\1", v)) for k, op, v in self.MATCHER.findall(matchers)]  # unquoted
+        if name:
+            want.append(("__name__", "=", name))
+        steps = [start + i * step for i in range(int((end - start) / step) + 1)]
+        out: dict[tuple[tuple[str, str], ...], dict[float, float]] = {}
+        for labels, samples in self.raw:
+            if not all(re.fullmatch(v, labels.get(k, "")) if op == "=~" else labels.get(k, "") == v
+                       for k, op, v in want):
+                continue
+            metric = {by: labels[by]} if by else {k: v for k, v in labels.items() if not (stamps and k == "__name__")}
+            key = tuple(sorted(metric.items()))
+            for t in steps:
+                seen = [(ts, v) for ts, v in samples if t - 300 < ts <= t]
+                if seen:
+                    ts, v = seen[-1]
+                    value = ts if stamps else v
+                    out.setdefault(key, {})[t] = max(out.get(key, {}).get(t, value), value) if by else value
+        return [{"metric": dict(key), "values": [[t, str(v)] for t, v in sorted(points.items())]}
+                for key, points in out.items()]
+
+
+def counter(per_s: float, times: list[float]) -> list[tuple[float, float]]:
+    return [(t, per_s * t) for t in times]
+
+
+def test_a_tenants_primary_figures_are_its_containers_and_its_volumes_device_over_its_window() -> None:
+    """The primary's container at 0.25 cores (throttled in 20 % of its periods), 100 MiB of working set in the first
+    half of the window and 120 MiB in the second (200 MiB outside it), its volume on loop7 of its node doing 50
+    writes of 8 KiB and 10 reads of 4 KiB a second; another device of the node (another tenant's class) and another
+    pod's container busy meanwhile. Samples each second, 0.3 s after the window's whole seconds."""
+    from pglab import metrics
+    from pglab.targets.kubernetes.disks import Volume
+    from pglab.targets.kubernetes.tenants import primary_figures
+
+    times = [90.3 + i for i in range(30)]  # 90.3 … 119.3; the window is [100, 110]
+    ns, pod, node = "bench", "mt-t01-1", "db-1"
+    cont = {"namespace": ns, "pod": pod, "container": "postgres", "cpu": "total"}
+    other = {**cont, "pod": "mt-t02-1"}
+    mib = float(1 << 20)
+    disk = {"instance": node}
+    raw: list[tuple[dict[str, str], list[tuple[float, float]]]] = [
+        ({"__name__": "container_cpu_usage_seconds_total", **cont}, counter(0.25, times)),
+        ({"__name__": "container_cpu_cfs_periods_total", **cont}, counter(10, times)),
+        ({"__name__": "container_cpu_cfs_throttled_periods_total", **cont}, counter(2, times)),
+        ({"__name__": "container_cpu_usage_seconds_total", **other}, counter(0.9, times)),
+        ({"__name__": "container_memory_working_set_bytes", **cont},
+         [(t, (100 if t < 105 else 120 if t < 110 else 200) * mib if t >= 100 else 200 * mib) for t in times]),
+        ({"__name__": "container_memory_working_set_bytes", **other}, [(t, 900 * mib) for t in times]),
+    ]
+    rates = {"loop7": {"node_disk_reads_completed_total": 10, "node_disk_read_bytes_total": 10 * 4096,
+                       "node_disk_writes_completed_total": 50, "node_disk_written_bytes_total": 50 * 8192,
+                       "node_disk_read_time_seconds_total": 0.01, "node_disk_write_time_seconds_total": 0.5,
+                       "node_disk_io_time_seconds_total": 0.6, "node_disk_io_time_weighted_seconds_total": 0.7},
+             "loop0": {"node_disk_reads_completed_total": 0, "node_disk_read_bytes_total": 0,
+                       "node_disk_writes_completed_total": 900, "node_disk_written_bytes_total": 900 * 16384,
+                       "node_disk_read_time_seconds_total": 0, "node_disk_write_time_seconds_total": 0.9,
+                       "node_disk_io_time_seconds_total": 0.95, "node_disk_io_time_weighted_seconds_total": 1.0}}
+    for device, counters in rates.items():
+        raw += [({"__name__": name, **disk, "device": device}, counter(rate, times)) for name, rate in counters.items()]
+        raw.append(({"__name__": "node_disk_info", **disk, "device": device, "major": "7", "minor": device[4:]},
+                    [(t, 1.0) for t in times]))
+    prom = Prometheus(raw)
+    volumes: dict[str, list[Volume] | str] = {pod: [Volume("mt-t01-data", "7:7", "ext4", "/dev/loop7")]}
+    got = primary_figures(prom, ns, pod, node, "postgres", (100.0, 110.0), volumes, cpu_limit=0.5)
+    expected = {"cpu_cores": 0.25, "cpu_s": 2.5, "cpu_limit_pct": 50.0, "cpu_throttled_pct": 20.0,
+                "memory_mb": 110.0, "read_iops": 10.0, "write_iops": 50.0, "total_iops": 60.0,
+                "read_mb_s": 10 * 4096 / mib, "write_mb_s": 50 * 8192 / mib}
+    assert got.metrics == pytest.approx(expected, rel=1e-9), (got.metrics, got.info, prom.asked)
+    assert got.info["disk"]["volumes"] == [{"claim": "mt-t01-data", "device": "loop7", "how": "ext4 on device 7:7"}]
+    assert got.info["memory"] == {"samples": 10, "max_mb": 120.0}
+    assert set(got.raw) == {"cpu", "memory", "disk"}
+    # every figure is in the catalogue, and but the total a column of the tenants table
+    assert all(metrics.get(name) is not None for name in got.metrics)
+    assert set(got.metrics) - {"total_iops"} <= set(metrics.keys("tenants")), metrics.keys("tenants")
+
+    # a volume on a device node-exporter did not sample gives no disk figure (not the busy device's), and says why
+    gone: dict[str, list[Volume] | str] = {pod: [Volume("mt-t01-data", "7:9", "ext4", "/dev/loop9")]}
+    got = primary_figures(prom, ns, pod, node, "postgres", (100.0, 110.0), gone, cpu_limit=0.5)
+    assert "write_iops" not in got.metrics and "cpu_cores" in got.metrics
+    assert "/dev/loop9" in got.info["disk"], got.info
