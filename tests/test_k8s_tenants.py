@@ -214,3 +214,18 @@ def test_a_tenants_primary_figures_are_its_containers_and_its_volumes_device_ove
     got = primary_figures(prom, ns, pod, node, "postgres", (100.0, 110.0), gone, cpu_limit=0.5)
     assert "write_iops" not in got.metrics and "cpu_cores" in got.metrics
     assert "/dev/loop9" in got.info["disk"], got.info
+
+
+def test_tenants_whose_volumes_share_a_device_are_named_to_each_other() -> None:
+    """On the lab a node has one disk per class: two tenants' volumes of a class on one node are one device, whose
+    figures both get; a device of another node, or another device of the node, is not shared."""
+    from pglab.targets.kubernetes.tenants import PrimaryFigures, mark_shared
+
+    def on(node: str, *devices: str) -> PrimaryFigures:
+        return PrimaryFigures(info={"node": node, "disk": {"volumes": [{"claim": "c", "device": d} for d in devices]}})
+
+    figures = {"t01": on("db-1", "loop1"), "t02": on("db-1", "loop1", "loop2"), "t03": on("db-2", "loop1"),
+               "t04": on("db-1", "loop2"), "t05": PrimaryFigures(info={"node": "db-1", "disk": "no sample"})}
+    mark_shared(figures)
+    assert {n: f.info["disk"].get("shared_with") for n, f in figures.items() if isinstance(f.info["disk"], dict)} == {
+        "t01": ["t02"], "t02": ["t01", "t04"], "t03": None, "t04": ["t02"]}

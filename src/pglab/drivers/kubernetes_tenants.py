@@ -39,6 +39,7 @@ from pglab.targets.kubernetes.tenants import (
     K8sTenant,
     PrimaryFigures,
     cpu_cores,
+    mark_shared,
     primary_figures,
     tenant_point,
     tenant_run,
@@ -199,16 +200,7 @@ class KubernetesTenantsDriver(KubernetesDriver):
             for name, series in figures.raw.items():
                 write_json(folder / f"{name}.json", prometheus.to_json(series))
             out[t.name] = figures
-        devices: dict[tuple[str, str], list[str]] = {}  # (node, device) → the tenants whose volumes are on it
-        for name, f in out.items():
-            disk = f.info.get("disk")
-            for v in disk.get("volumes", []) if isinstance(disk, dict) else []:
-                if v.get("device"):
-                    devices.setdefault((f.info["node"], str(v["device"])), []).append(name)
-        for names in devices.values():
-            for name in names:
-                if others := sorted(set(names) - {name}):
-                    out[name].info["disk"].setdefault("shared_with", []).extend(others)
+        mark_shared(out)
         return out
 
     def _tell_system(self, why: str) -> None:

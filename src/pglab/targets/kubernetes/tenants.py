@@ -169,3 +169,20 @@ def primary_figures(client: prometheus.Client, namespace: str, primary: str, nod
         instances: dict[str, Any] = disk.info["instances"]  # type: ignore[assignment]
         out.info["disk"] = instances[primary]
     return out
+
+
+def mark_shared(figures: dict[str, PrimaryFigures]) -> None:
+    """Tenants whose volumes are on the same device of the same node: each one's ``info['disk']['shared_with']``
+    names the others (their disk figures are that device's, not theirs alone)."""
+    devices: dict[tuple[str, str], list[str]] = {}  # (node, device) → the tenants with a volume on it
+    for name, f in figures.items():
+        disk = f.info.get("disk")
+        for v in disk.get("volumes", []) if isinstance(disk, dict) else []:
+            if v.get("device"):
+                devices.setdefault((str(f.info["node"]), str(v["device"])), []).append(name)
+    for names in devices.values():
+        for name in names:
+            disk = figures[name].info["disk"]
+            disk["shared_with"] = sorted({*disk.get("shared_with", []), *(set(names) - {name})})
+            if not disk["shared_with"]:
+                del disk["shared_with"]
