@@ -163,7 +163,8 @@ def test_a_tenants_primary_figures_are_its_containers_and_its_volumes_device_ove
     """The primary's container at 0.25 cores (throttled in 20 % of its periods), 100 MiB of working set in the first
     half of the window and 120 MiB in the second (200 MiB outside it), its volume on loop7 of its node doing 50
     writes of 8 KiB and 10 reads of 4 KiB a second; another device of the node (another tenant's class) and another
-    pod's container busy meanwhile. Samples each second, 0.3 s after the window's whole seconds."""
+    pod's container busy meanwhile, and a container of the same pod name gone before the window (an earlier
+    arrangement's Cluster of the same name). Samples each second, 0.3 s after the window's whole seconds."""
     from pglab import metrics
     from pglab.targets.kubernetes.disks import Volume
     from pglab.targets.kubernetes.tenants import primary_figures
@@ -195,6 +196,12 @@ def test_a_tenants_primary_figures_are_its_containers_and_its_volumes_device_ove
         raw += [({"__name__": name, **disk, "device": device}, counter(rate, times)) for name, rate in counters.items()]
         raw.append(({"__name__": "node_disk_info", **disk, "device": device, "major": "7", "minor": device[4:]},
                     [(t, 1.0) for t in times]))
+    # the same pod name's container of an earlier arrangement (another node, another cgroup id): one last sample
+    # before it went, which Prometheus still answers within its lookback
+    earlier = {**cont, "id": "/kubepods/pod-earlier/c0"}
+    raw += [({"__name__": name, **earlier}, [(91.0, 7.0)]) for name in
+            ("container_cpu_usage_seconds_total", "container_cpu_cfs_periods_total",
+             "container_cpu_cfs_throttled_periods_total")]
     prom = Prometheus(raw)
     volumes: dict[str, list[Volume] | str] = {pod: [Volume("mt-t01-data", "7:7", "ext4", "/dev/loop7")]}
     got = primary_figures(prom, ns, pod, node, "postgres", (100.0, 110.0), volumes, cpu_limit=0.5)
