@@ -7,11 +7,17 @@ The lab itself is the session fixture ``lab`` in conftest.py: one lab for every 
 from __future__ import annotations
 
 import gzip
+import json
+import math
 import os
 import re
+import socket
+import subprocess
 import sys
 import threading
 import time
+import urllib.parse
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -100,6 +106,109 @@ class DiskStats:
         counts = np.array([w.get(device, 0) for _, w in self.samples], dtype=float)
         assert ts[0] <= start and end <= ts[-1], ("the window is not inside the oracle's reads", start, end, ts[0])
         return float(np.interp(end, ts, counts) - np.interp(start, ts, counts))
+
+
+# ------------------------------------------------------------------ a real Prometheus scraping the lab
+SCRAPE_S = 1  # the scrape interval of the lab's Prometheus: the plan's prometheus.interval
+NODE_EXPORTER_PORT = 9100  # on each node's own address
+
+
+def prometheus_build() -> Path:
+    """The Prometheus and node-exporter tools/kube-lab/prometheus/build.sh built into the lab cache."""
+    builds = sorted((p for p in kubelab.cache_dir().glob("prometheus-*") if (p / ".complete").exists()),
+                    key=lambda p: (p / ".complete").stat().st_mtime)
+    if not builds:
+        pytest.fail(f"no Prometheus build in {kubelab.cache_dir()}: ./setup.sh test builds it "
+                    "(tools/kube-lab/prometheus/build.sh)", pytrace=False)
+    return builds[-1]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Prometheus:
+    """A real Prometheus on this machine's loopback, scraping the lab as a cluster's would: a node-exporter on each
+    node (in its network namespace, on its address; its instance label the node's name, as kube-prometheus
+    relabels it; loop devices not filtered out: they are the nodes' disks), each node's kubelet
+    /metrics/cadvisor, and the CloudNativePG instance pods' exporters found by Kubernetes service discovery."""
+
+    def __init__(self, lab: kubelab.KubeLab, root: Path, namespace: str):
+        build = prometheus_build()
+        self.url = f"http://127.0.0.1:{free_port()}"
+        pki = lab.root / "pki"
+        config = {
+            "global": {"scrape_interval": f"{SCRAPE_S}s", "scrape_timeout": f"{SCRAPE_S}s"},
+            "scrape_configs": [
+                {"job_name": "node", "static_configs": [{"targets": [f"{n.ip}:{NODE_EXPORTER_PORT}"],
+                                                         "labels": {"instance": n.name}} for n in lab.nodes]},
+                {"job_name": "cadvisor", "scheme": "https", "metrics_path": "/metrics/cadvisor",
+                 "tls_config": {"ca_file": str(pki / "ca.crt"), "cert_file": str(pki / "admin.crt"),
+                                "key_file": str(pki / "admin.key")},
+                 "static_configs": [{"targets": [f"{n.ip}:10250" for n in lab.nodes]}]},
+                {"job_name": "cnpg", "kubernetes_sd_configs": [
+                    {"role": "pod", "kubeconfig_file": str(lab.kubeconfig), "namespaces": {"names": [namespace]}}],
+                 "relabel_configs": [
+                     {"source_labels": ["__meta_kubernetes_pod_label_cnpg_io_podRole"], "regex": "instance",
+                      "action": "keep"},
+                     {"source_labels": ["__meta_kubernetes_pod_container_port_number"], "regex": "9187",
+                      "action": "keep"},
+                     {"source_labels": ["__meta_kubernetes_pod_name"], "target_label": "pod"},
+                     {"source_labels": ["__meta_kubernetes_namespace"], "target_label": "namespace"}]},
+            ],
+        }
+        root.mkdir(parents=True, exist_ok=True)
+        (root / "prometheus.yml").write_text(json.dumps(config))
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self.logs = root
+        for n in lab.nodes:
+            self._spawn(f"node_exporter-{n.name}", "nsenter", f"--net=/run/netns/{n.netns}", "--",
+                        build / "node_exporter", f"--web.listen-address={n.ip}:{NODE_EXPORTER_PORT}",
+                        "--collector.disable-defaults", "--collector.diskstats",
+                        r"--collector.diskstats.device-exclude=^(z?ram|fd)\d+$")
+        self._spawn("prometheus", build / "prometheus", f"--config.file={root / 'prometheus.yml'}",
+                    f"--storage.tsdb.path={root / 'data'}", f"--web.listen-address={self.url[7:]}")
+        deadline = time.monotonic() + 60  # a fresh Prometheus answers within seconds
+        while True:
+            try:
+                if self.query("up")["result"]:
+                    break
+            except OSError:
+                pass
+            assert time.monotonic() < deadline, f"Prometheus not answering after 60 s: {self.tail()}"
+            time.sleep(0.5)
+
+    def _spawn(self, name: str, *cmd: str | Path) -> None:
+        with open(self.logs / f"{name}.log", "wb") as log:
+            self.procs.append(subprocess.Popen([str(c) for c in cmd], stdout=log, stderr=subprocess.STDOUT))
+
+    def tail(self) -> str:
+        return (self.logs / "prometheus.log").read_text(errors="replace")[-2000:]
+
+    def query(self, expr: str, at: float | None = None) -> dict[str, Any]:
+        args = {"query": expr, **({"time": f"{at:.3f}"} if at is not None else {})}
+        with urllib.request.urlopen(f"{self.url}/api/v1/query?{urllib.parse.urlencode(args)}", timeout=10) as r:
+            body = json.loads(r.read())
+        assert body["status"] == "success", body
+        return dict(body["data"])
+
+    def sample_times(self, selector: str, start: float, end: float) -> list[float]:
+        """The raw samples' timestamps of the one series ``selector`` names, between start and end."""
+        result = self.query(f"{selector}[{math.ceil(end - start) + 1}s]", at=end)["result"]
+        assert len(result) == 1, (selector, result)
+        return [float(t) for t, _ in result[0]["values"] if start <= float(t) <= end]
+
+    def stop(self) -> None:
+        for p in self.procs:
+            p.terminate()
+        for p in self.procs:
+            try:
+                p.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
 
 
 def namespace_gone(lab: kubelab.KubeLab, namespace: str, said: str = "") -> None:

@@ -1,9 +1,11 @@
-"""Many Clusters in one plan, on the real single-node lab (tools/kube-lab) with the real CloudNativePG operator: the
-storage axis (a Cluster per storage class, one after the other) and tenants (a Cluster per tenant, loaded together).
+"""Many Clusters in one plan, on the real lab (tools/kube-lab) with the real CloudNativePG operator: the storage axis
+(a Cluster per storage class, one after the other) and tenants (a Cluster per tenant, loaded together, in tiers on
+different storage classes, each tenant's CPU, memory and disk figures from a real Prometheus scraping the lab).
 
-The lab offers one storage class of its own ("lab-local": hostPath volumes on the lab's disk). The storage-axis test
-adds a second one, "lab-tmpfs": statically provisioned hostPath volumes on a tmpfs it mounts under the lab's root, so
-the two classes are different media, and each volume's device can be told apart by this machine's kernel.
+The lab offers two storage classes of its own ("lab-local": hostPath volumes on each node's disk; "lab-throttled":
+on a second disk of each node held to 100 IOPS and 8 MiB/s each way by a blkio throttle). The storage-axis test adds
+a third, "lab-tmpfs": statically provisioned hostPath volumes on a tmpfs it mounts under the lab's root, so the
+classes are different media, and each volume's device can be told apart by this machine's kernel.
 """
 
 from __future__ import annotations
@@ -18,6 +20,9 @@ import pytest
 
 from conftest import pglab
 from kube_lab_support import (
+    SCRAPE_S,
+    DiskStats,
+    Prometheus,
     dev_of,
     kubelab,
     namespace_gone,
@@ -164,7 +169,12 @@ def test_a_storage_axis_builds_a_cluster_per_class(lab: kubelab.KubeLab, tmpfs_c
 
 
 # ------------------------------------------------------------------ tenants: a Cluster per tenant, loaded together
-def tenants_plan(lab: kubelab.KubeLab, namespace: str) -> str:
+TIER_CPUS = 0.3  # every tenant's primary: the tiers differ by their storage class alone
+
+
+def tenants_plan(lab: kubelab.KubeLab, namespace: str, prometheus_url: str) -> str:
+    """Two tiers of the same CPU: gold (2 tenants on lab-local) and slow (1 tenant on lab-throttled, in a namespace
+    of its own); the instances on the database nodes, pgbench on the client nodes, figures from Prometheus."""
     return f"""
 name: mt
 target:
@@ -173,45 +183,58 @@ target:
     namespace: {namespace}
     cluster_name: mt
     image: {lab.image_names["postgresql"]}
-    storage: {{size: 1Gi}}
+    storage: {{class: {kubelab.STORAGE_CLASS}, size: 1Gi}}
     resources: {{cpu: 0.25, memory: 384Mi}}
-    database: {{anti_affinity: none}}
-    clients: {{anti_affinity: none}}
+    database: {{node_selector: {{pglab.io/role: database}}, anti_affinity: none}}
+    clients: {{node_selector: {{pglab.io/role: client}}, anti_affinity: none}}
+    prometheus: {{url: '{prometheus_url}', interval: {SCRAPE_S}s}}
 postgres:
   parameters: {{shared_buffers: 32MB, max_connections: 20}}
 dataset: {{scale: 1}}
 tenants:
   arrangements:
-    - name: two-tiers
+    - name: io-tiers
       tiers:
-        - {{name: gold, tenants: 1, clients: 2, jobs: 1, resources: {{cpus: 0.5, memory: 512MiB}},
-           namespace: {namespace}-gold}}
-        - {{name: bronze, tenants: 2, clients: 1, jobs: 1, resources: {{cpus: 0.2}}}}
+        - {{name: gold, tenants: 2, clients: 2, jobs: 1, resources: {{cpus: {TIER_CPUS}, memory: 512MiB}}}}
+        - {{name: slow, tenants: 1, clients: 2, jobs: 1, resources: {{cpus: {TIER_CPUS}, memory: 512MiB}},
+           storage: {{class: {kubelab.THROTTLED_CLASS}, size: 1Gi}}, namespace: {namespace}-slow}}
 run: {{duration: 8s, repeats: 1}}
 """
 
 
-def test_three_tenants_in_two_tiers_run_in_the_same_window(lab: kubelab.KubeLab, tmp_path: Path) -> None:
+def test_three_tenants_in_two_io_tiers_run_in_the_same_window(lab: kubelab.KubeLab, tmp_path: Path) -> None:
+    """Each tenant's TPS and latency are its own pgbench's; the throttled tier's tenant is slower, and its disk
+    figures (its volume's device, from node-exporter through Prometheus) are those this machine's /proc/diskstats
+    counted for that loop device over the tenant's window."""
     ns = "pglab-e2e-tenants"
-    plan = tmp_path / "plan.yaml"
-    plan.write_text(tenants_plan(lab, ns))
-    results = tmp_path / "results"
-    proc = pglab("run", str(plan), "--results", str(results), timeout=1800)
+    prom = Prometheus(lab, tmp_path / "prometheus", ns)
+    slow_disks = {n.name: lab.node_device(n.name, kubelab.THROTTLED_CLASS) for n in lab.nodes if n.role == "database"}
+    oracle = DiskStats(list(slow_disks.values()))
+    try:
+        plan = tmp_path / "plan.yaml"
+        plan.write_text(tenants_plan(lab, ns, prom.url))
+        results = tmp_path / "results"
+        oracle.start()
+        proc = pglab("run", str(plan), "--results", str(results), timeout=1800)
+        oracle.stop()
+    finally:
+        prom.stop()
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    namespace_gone(lab, f"{ns}-gold", proc.stderr)
+    namespace_gone(lab, f"{ns}-slow", proc.stderr)
     namespace_gone(lab, ns, proc.stderr)
 
     store = Store.open(results, create=False)
     sweep = store.sweeps()[-1]
     assert sweep["status"] == "done"
     (run,) = store.runs(sweep["id"])
-    assert run.status == "ok" and run.axes == {"arrangement": "two-tiers"}
+    assert run.status == "ok" and run.axes == {"arrangement": "io-tiers"}
     run_dir = store.dir / run.dir
     record = json.loads((run_dir / "tenants.json").read_text())
+    assert json.loads((run_dir / "run.json").read_text())["tenants"] == record["tenants"]
     tenants = record["tenants"]
-    # one Cluster per tenant, the gold tier in its own namespace, each with its tier's resources
+    # one Cluster per tenant, the slow tier in its own namespace
     assert {n: (t["tier"], t["cluster"], t["namespace"]) for n, t in tenants.items()} == {
-        "t01": ("gold", "mt-t01", f"{ns}-gold"), "t02": ("bronze", "mt-t02", ns), "t03": ("bronze", "mt-t03", ns)}
+        "t01": ("gold", "mt-t01", ns), "t02": ("gold", "mt-t02", ns), "t03": ("slow", "mt-t03", f"{ns}-slow")}
     figures: dict[str, dict[str, float]] = {}
     for tenant, metric, value in store.conn.execute(
             "SELECT tenant, name, value FROM tenant_metrics WHERE run_id = ?", (run.id,)):
@@ -228,12 +251,43 @@ def test_three_tenants_in_two_tiers_run_in_the_same_window(lab: kubelab.KubeLab,
         assert f"PGHOST\n          value: mt-{name}-rw" in job or f"value: mt-{name}-rw" in job, job
         b, e = txn_times(tdir)
         begun[name], ended[name] = float(b.min()), float(e.max())
+        # its primary's CPU and memory: its postgres container's, within its tier's limits
+        f = figures[name]
+        assert 0 < f["cpu_cores"] <= TIER_CPUS * 1.05, f
+        assert f["cpu_limit_pct"] == pytest.approx(f["cpu_cores"] / TIER_CPUS * 100)
+        start, end = tenants[name]["window"]
+        assert f["cpu_s"] == pytest.approx(f["cpu_cores"] * (end - start))
+        assert 0 < f["memory_mb"] < 512, f
+        # its disk figures are its volume's device on its primary's node: the tier's class's disk of that node
+        seen = tenants[name]["primary_figures"]
+        node = seen["node"]
+        assert lab.node(node).role == "database"
+        (volume,) = seen["disk"]["volumes"]
+        cls = kubelab.THROTTLED_CLASS if name == "t03" else kubelab.STORAGE_CLASS
+        assert volume["device"] == lab.node_device(node, cls), (name, seen)
+        assert f["write_iops"] > 0 and f["total_iops"] == pytest.approx(f["read_iops"] + f["write_iops"])
     # the windows overlap: every tenant's first transaction began before any tenant's last one ended
     assert max(begun.values()) < min(ended.values()), (begun, ended)
     assert (run.metrics["common_window_s"] or 0) > 0
     assert run.metrics["tps"] == pytest.approx(sum(figures[n]["tps"] for n in figures))
-    assert run.metrics["tier.gold.tps"] == pytest.approx(figures["t01"]["tps"])
-    assert run.metrics["tier.bronze.tps"] == pytest.approx((figures["t02"]["tps"] + figures["t03"]["tps"]) / 2)
+    assert run.metrics["tier.slow.tps"] == pytest.approx(figures["t03"]["tps"])
+    assert run.metrics["tier.gold.tps"] == pytest.approx((figures["t01"]["tps"] + figures["t02"]["tps"]) / 2)
+    assert run.metrics["tenants_cpu_cores"] == pytest.approx(sum(figures[n]["cpu_cores"] for n in figures))
+
+    # the throttled tenant's writes as this machine counted them on its node's throttled loop device: pglab's
+    # figure comes from node-exporter's scrapes (1 s apart) around the tenant's window, the edges prorated, so it
+    # lies between the writes from 1.5 s after the window's start to 1.5 s before its end and those from 1.5 s
+    # before to 1.5 s after (a scrape's interval and its duration)
+    slow = tenants["t03"]
+    assert "shared_with" not in slow["primary_figures"]["disk"], slow  # the only volume on that device
+    device = slow_disks[slow["primary_figures"]["node"]]
+    start, end = slow["window"]
+    counted = figures["t03"]["write_iops"] * (end - start)
+    fewest, most = oracle.writes(device, start + 1.5, end - 1.5), oracle.writes(device, start - 1.5, end + 1.5)
+    assert fewest - 0.5 <= counted <= most + 0.5, (counted, fewest, most)
+    # the throttled tier's tenant, held to 100 writes a second, commits far less than either gold tenant at the
+    # same CPU (each commit waits for its WAL write)
+    assert figures["t03"]["tps"] < 0.8 * min(figures["t01"]["tps"], figures["t02"]["tps"]), figures
     store.close()
 
     for table in ("tiers", "tenants"):
@@ -241,7 +295,9 @@ def test_three_tenants_in_two_tiers_run_in_the_same_window(lab: kubelab.KubeLab,
         assert out.returncode == 0, out.stderr
         rows = json.loads(out.stdout)
         if table == "tiers":
-            assert {r["tier"] for r in rows} == {"gold", "bronze"}
+            assert {r["tier"] for r in rows} == {"gold", "slow"}
         else:
             by = {r["tenant"]: r for r in rows}
-            assert set(by) == {"t01", "t02", "t03"} and by["t01"]["tps"] == pytest.approx(figures["t01"]["tps"])
+            assert set(by) == {"t01", "t02", "t03"} and by["t03"]["tps"] == pytest.approx(figures["t03"]["tps"])
+            assert by["t03"]["write_iops"] == pytest.approx(figures["t03"]["write_iops"])
+            assert by["t03"]["memory_mb"] == pytest.approx(figures["t03"]["memory_mb"])

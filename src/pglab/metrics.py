@@ -121,10 +121,14 @@ METRICS: tuple[Metric, ...] = (
     # ---- CPU
     Metric("tenants_cpu_cores", "cores", True, "tenants", "CPU of every tenant's cgroup added up",
            columns=_in("host", header="tenants' cores", how="median")),
-    Metric("cpu_cores", "cores", True, "tenants", "CPU a tenant used (its cgroup)",
-           columns=_in("tenants", how="value")),
-    Metric("memory_mb", "MB", True, "tenants", "memory a tenant used (its cgroup)",
-           columns=_in("tenants", how="value")),
+    Metric("cpu_cores", "cores", True, "tenants", "CPU a tenant used (its cgroup; on Kubernetes its primary's "
+           "container, cAdvisor's counter)", columns=_in("tenants", how="value")),
+    Metric("cpu_s", "s", True, "tenants", "Kubernetes tenants: CPU seconds the tenant's primary's container used "
+           "over its window (cAdvisor)", columns=_in("tenants", how="value")),
+    Metric("cpu_limit_pct", "%", None, "tenants", "Kubernetes tenants: the primary's CPU use as a share of its "
+           "limit (its tier's cpus)", columns=_in("tenants", header="cpu % of limit", how="value")),
+    Metric("memory_mb", "MB", True, "tenants", "memory a tenant used (its cgroup; on Kubernetes its primary's "
+           "container's working set, mean over the window, cAdvisor)", columns=_in("tenants", how="value")),
     Metric("cpu_pct", "%", None, "cpu", "host CPU busy, mean over the window", 1,
            columns=(*_in("points", "runs"), Column("host", header="host CPU %", how="median"),
                     Column("compact", header="cpu %", at=3, optional=True))),
@@ -253,8 +257,10 @@ METRICS: tuple[Metric, ...] = (
     Metric("cpu_iowait_pct", "%", True, "cpu", "host CPU idle waiting for I/O"),
     Metric("cpu_steal_pct", "%", True, "cpu", "host CPU taken by the hypervisor"),
     Metric("util_pct_max", "%", None, "storage", "highest device utilisation in one second, device-wide"),
-    Metric("read_mb_s", "MB/s", None, "storage", "device-wide bytes read per second (every instance on the disk)"),
-    Metric("write_mb_s", "MB/s", None, "storage", "device-wide bytes written per second (every instance on the disk)"),
+    Metric("read_mb_s", "MB/s", None, "storage", "device-wide bytes read per second (every instance on the disk)",
+           columns=_in("tenants", how="value")),
+    Metric("write_mb_s", "MB/s", None, "storage", "device-wide bytes written per second (every instance on the disk)",
+           columns=_in("tenants", how="value")),
     Metric("io_per_instance", "flag", None, "storage",
            "1 when the primary_*/standby_* I/O figures come from each instance's cgroup; 0 when the run's I/O "
            "figures are device-wide only (run.json's io.reason says why)"),
@@ -303,7 +309,8 @@ METRICS: tuple[Metric, ...] = (
     Metric("limit_client_cpus", "cores", None, "limits", "pgbench's CPU limit"),
     Metric("primary_cpu_cores", "cores", True, "limits", "CPU the primary's cgroup used"),
     Metric("client_cgroup_cpu_cores", "cores", True, "limits", "CPU pgbench's cgroup used"),
-    Metric("cpu_throttled_pct", "%", True, "limits", "CFS periods in which the primary was throttled"),
+    Metric("cpu_throttled_pct", "%", True, "limits", "CFS periods in which the primary was throttled",
+           columns=_in("tenants", header="throttled %", how="value")),
     Metric("client_throttled_pct", "%", True, "limits", "CFS periods in which pgbench was throttled"),
     Metric("tenants_read_iops", "IOPS", None, "tenants", "reads per second of every tenant's cgroup added up"),
     Metric("tenants_write_iops", "IOPS", None, "tenants", "writes per second of every tenant's cgroup added up"),

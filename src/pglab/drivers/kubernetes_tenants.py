@@ -6,20 +6,24 @@ output and -l logs shipped back under tenants/<tenant>/), per tier and in all (`
 the tier table (``drivers.tenants.tier_metrics``). The tenants' Clusters are made at once and waited for together;
 between arrangements they are deleted with their claims and the next arrangement's are made.
 
-Not measured here (yet): the instances' CPU, IO and memory per tenant (the local lab reads each tenant's cgroups),
-the exporters' figures and the nodes' disk figures.
+With the cluster's Prometheus (target.kubernetes.prometheus), each tenant's primary's CPU, memory and disk figures
+over that tenant's window join its row (``targets.kubernetes.tenants.primary_figures``: cAdvisor's container
+counters, node-exporter's counters of its volumes' devices). Not measured here (yet): the standbys' figures, the
+exporters' figures, and any such figure without a Prometheus.
 """
 
 from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from pglab import interrupts
 from pglab.artifacts import write_json
 from pglab.drivers.kubernetes import KubernetesDriver, _job_failure
+from pglab.drivers.kubernetes_figures import Figures
 from pglab.drivers.tenants import tier_metrics
 from pglab.engine.driver import FioMeasurement, MeasuredRun, SweepInfo
 from pglab.engine.types import Event, Observer, RunFailed, RunResult, TenantFigure
@@ -27,9 +31,20 @@ from pglab.errors import last_words
 from pglab.plan.expand import Point
 from pglab.plan.schema import Arrangement, Plan
 from pglab.probes.base import now
-from pglab.targets.kubernetes.orchestrate import JobOutcome, K8sError, Orchestrator
-from pglab.targets.kubernetes.render import Manifest, cluster, namespace, pgbench_init, to_yaml
-from pglab.targets.kubernetes.tenants import K8sTenant, tenant_point, tenant_run, tenants_of
+from pglab.targets.kubernetes import prometheus
+from pglab.targets.kubernetes.orchestrate import POSTGRES_CONTAINER, JobOutcome, K8sError, Orchestrator
+from pglab.targets.kubernetes.prometheus import PrometheusError
+from pglab.targets.kubernetes.render import Manifest, cluster, namespace, pgbench_init, target_of, to_yaml
+from pglab.targets.kubernetes.tenants import (
+    K8sTenant,
+    PrimaryFigures,
+    cpu_cores,
+    mark_shared,
+    primary_figures,
+    tenant_point,
+    tenant_run,
+    tenants_of,
+)
 from pglab.workloads.pgbench import PgbenchError, PgbenchRun, pgbench_metrics, pgbench_series
 
 START_MARGIN_S = 10.0  # from the first run Job's creation to the common start: pods scheduled and started
@@ -47,6 +62,8 @@ class KubernetesTenantsDriver(KubernetesDriver):
         self._orchs: dict[str, Orchestrator] = {}  # tenant → its Orchestrator
         self._namespaces: dict[str, Orchestrator] = {}  # namespace → the Orchestrator that made it
         self._arrangement: Arrangement | None = None
+        self._figures: dict[str, Figures] = {}  # tenant → its volume probes (a pod's devices, probed once)
+        self._system_told = False
 
     def _orch_for(self, tenant: K8sTenant) -> Orchestrator:
         assert self.api is not None, "preflight() connects first"
@@ -103,6 +120,9 @@ class KubernetesTenantsDriver(KubernetesDriver):
         return problems
 
     # ------------------------------------------------------------ the tenants' Clusters
+    def _orch_of(self, tenant: str) -> Callable[[], Orchestrator]:
+        return lambda: self._orchs[tenant]
+
     def _build(self, arrangement: Arrangement) -> None:
         """Namespaces (as needed), every tenant's Cluster created, then each waited for until healthy."""
         self._arrangement = arrangement
@@ -113,6 +133,8 @@ class KubernetesTenantsDriver(KubernetesDriver):
                 orch.create(namespace(t.plan))  # an existing namespace is used and left in place
                 self._namespaces[t.namespace] = orch
         started = time.monotonic()
+        self._figures = {t.name: Figures(t.plan, self._orch_of(t.name), self.results_dir, self.ui,
+                                         self.figures.scrape_s, self.figures.prom) for t in self.tenants}
         for t in self.tenants:
             self._orchs[t.name] = orch = self._orch_for(t)
             orch.create(Manifest("10-cluster.yaml", cluster(t.plan, tenant_point(self.current, t.tier))))
@@ -137,6 +159,55 @@ class KubernetesTenantsDriver(KubernetesDriver):
                 raise K8sError(f"tenant {t.name}: {'; '.join(problems)}")
             orch.wait_cluster_gone(t.cluster)
         self.tenants = []
+
+    # ------------------------------------------------------------ each tenant's primary's figures
+    def primary_figures(self, windows: dict[str, tuple[float, float]], dirs: dict[str, Path]
+                        ) -> dict[str, PrimaryFigures]:
+        """Each tenant's primary's CPU, memory and disk figures over its own window, asked of the cluster's
+        Prometheus once its last scrapes are stored (``lag``); the series used are kept in
+        tenants/<tenant>/prometheus/. A tenant Prometheus or the API cannot answer for has none (said once per
+        sweep), not a failed run. Two tenants whose volumes share a device of a node are named in each other's
+        ``disk.shared_with``: their disk figures are that device's."""
+        prom = self.figures.prom
+        if prom is None:
+            self._tell_system("they are read from the cluster's Prometheus: give target.kubernetes.prometheus")
+            return {}
+        cfg = prom.cfg
+        lag = cfg.lag if cfg.lag is not None else 2 * cfg.interval + 1
+        if windows and (wait := max(end for _, end in windows.values()) + lag - now()) > 0:
+            interrupts.sleep(wait)
+        out: dict[str, PrimaryFigures] = {}
+        for t in self.tenants:
+            if t.name not in windows:
+                continue
+            try:
+                orch = self._orchs[t.name]
+                primary = str(orch.cluster_status().get("currentPrimary") or "")
+                pod = next((p for p in orch.instance_pods() if p.metadata.name == primary and p.spec is not None
+                            and p.spec.node_name), None)
+                if pod is None:
+                    self._tell_system(f"tenant {t.name}: its primary {primary or '?'} is not among its running "
+                                      "instance pods")
+                    continue
+                volumes = self._figures[t.name]._volumes([pod])
+                figures = primary_figures(prom, t.namespace, primary, pod.spec.node_name, POSTGRES_CONTAINER,
+                                          windows[t.name], volumes, cpu_cores(target_of(t.plan).resources.cpu))
+            except (K8sError, PrometheusError) as exc:
+                self._tell_system(f"tenant {t.name}: {exc}")
+                continue
+            folder = dirs[t.name] / "prometheus"
+            folder.mkdir(parents=True, exist_ok=True)
+            for name, series in figures.raw.items():
+                write_json(folder / f"{name}.json", prometheus.to_json(series))
+            out[t.name] = figures
+        mark_shared(out)
+        return out
+
+    def _tell_system(self, why: str) -> None:
+        if not self._system_told:
+            self._system_told = True
+            self.ui.log(f"tenants' CPU, memory and disk figures: {why.rstrip('.')} (none stored for such tenants, not "
+                        "zeros)")
 
     # ------------------------------------------------------------ one run: every tenant at once
     def start_run(self, point: Point, repeat: int, run_id: str, run_dir: Path) -> KubernetesTenantsRun:
@@ -198,8 +269,11 @@ class KubernetesTenantsRun(MeasuredRun):
         window = (min(starts), max(ends))
         rows: list[TenantFigure] = []
         per: dict[str, tuple[str, dict[str, float | None]]] = {}
+        system = self.d.primary_figures({n: (r.window_start, r.window_end) for n, r in results.items()}, dirs)
         for t in self.d.tenants:
             figures = pgbench_metrics(results[t.name])
+            if t.name in system:
+                figures.update(system[t.name].metrics)
             per[t.name] = (t.tier.name, figures)
             rows += [(t.name, t.tier.name, k, v) for k, v in figures.items()]
         plan = self.d.plan
@@ -211,15 +285,21 @@ class KubernetesTenantsRun(MeasuredRun):
             "start_spread_s": max(starts) - min(starts),
             "common_window_s": max(0.0, min(ends) - max(starts)),
         }
+        if cores := [c for _, f in per.values() if (c := f.get("cpu_cores")) is not None]:
+            metrics["tenants_cpu_cores"] = sum(cores)  # every tenant's primary's container, added up
         for tier in self.arrangement.tiers:
             metrics.update(tier_metrics(tier, [f for tier_name, f in per.values() if tier_name == tier.name]))
         series = [pt for name, res in results.items()
                   for pt in pgbench_series(res, f"tenant:{name}", ("tps", "latency_ms"))]
+        series += [(ts, f"tenant:{name}", metric, value) for name, f in system.items()
+                   for ts, _, metric, value in f.series]
         record = {"start_at": self.start_at,
                   "tenants": {t.name: {"tier": t.tier.name, "cluster": t.cluster, "namespace": t.namespace,
                                        "job": m.name, "window": [results[t.name].window_start,
                                                                  results[t.name].window_end],
-                                       **per[t.name][1]} for t, m in jobs}}
+                                       **per[t.name][1],
+                                       **({"primary_figures": system[t.name].info} if t.name in system else {})}
+                              for t, m in jobs}}
         write_json(self.run_dir / "tenants.json", record)
         events: list[Event] = []
         if metrics["start_spread_s"] and metrics["start_spread_s"] > 2:

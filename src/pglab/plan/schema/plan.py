@@ -122,6 +122,9 @@ class Plan(Strict):
         volumes = [("target.kubernetes.wal_storage.size", k8s.wal_storage)]
         volumes += [(f"matrix.storage.{i}.wal_storage.size", option.wal_storage)
                     for i, option in enumerate(self.matrix.storage or [])]
+        volumes += [(f"tenants.arrangements.{i}.tiers.{j}.wal_storage.size", tier.wal_storage)
+                    for i, a in enumerate(self.tenants.arrangements if self.tenants else []) for j, tier in
+                    enumerate(a.tiers)]
         for name in ("min_wal_size", "max_wal_size"):
             values = [(f"postgres.parameters.{name}", self.postgres.parameters[name])] \
                 if name in self.postgres.parameters else []
@@ -247,7 +250,7 @@ class Plan(Strict):
                                       {"at": "target"})
         for i, a in enumerate(self.tenants.arrangements):
             for j, t in enumerate(a.tiers):
-                for field in ("storage", "namespace"):
+                for field in ("storage", "wal_storage", "namespace"):
                     if getattr(t, field) is not None:
                         raise PydanticCustomError("tenants", "is for a Kubernetes target; on a local lab remove it",
                                                   {"at": f"tenants.arrangements.{i}.tiers.{j}.{field}"})

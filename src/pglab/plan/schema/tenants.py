@@ -29,6 +29,9 @@ class Tier(Strict):
     synchronous_commit: SyncCommit = Field("on", description="each tenant's synchronous_commit level")
     storage: K8sStorage | None = Field(None, description="Kubernetes: each tenant's data volumes {class, size} "
                                        "(default: target.kubernetes.storage)")
+    wal_storage: K8sStorage | None = Field(None, description="Kubernetes: each tenant's WAL volumes {class, size} "
+                                           "(default: target.kubernetes.wal_storage; none there and here: WAL on "
+                                           "the data volume)")
     namespace: DnsLabel | None = Field(None, description="Kubernetes: the namespace of this tier's Clusters "
                                        "(default: target.kubernetes.namespace)")
 

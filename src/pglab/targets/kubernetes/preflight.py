@@ -441,8 +441,10 @@ def check_storage_classes(plan: Plan, api: client.ApiClient) -> list[Finding]:
         volumes += [(f"matrix.storage[{i}].storage", f"{option.name} data", option.storage),
                     (f"matrix.storage[{i}].wal_storage", f"{option.name} WAL", option.wal_storage)]
     for i, arrangement in enumerate(plan.tenants.arrangements if plan.tenants else []):  # tenants: each tier's
-        volumes += [(f"tenants.arrangements[{i}].tiers[{j}].storage", f"tier {tier.name}", tier.storage)
-                    for j, tier in enumerate(arrangement.tiers)]
+        volumes += [v for j, tier in enumerate(arrangement.tiers)
+                    for v in ((f"tenants.arrangements[{i}].tiers[{j}].storage", f"tier {tier.name}", tier.storage),
+                              (f"tenants.arrangements[{i}].tiers[{j}].wal_storage", f"tier {tier.name} WAL",
+                               tier.wal_storage))]
     for fld, role, storage in volumes:
         if storage is None:
             continue

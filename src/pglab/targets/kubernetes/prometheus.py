@@ -256,7 +256,9 @@ def container_cpu(client: Client, namespace: str, groups: dict[str, tuple[str, s
         pod, container = d.get(cfg.pod_label), d.get(cfg.container_label)
         if pod is None or container is None or d.get("cpu", "total") != "total":
             continue
-        per.setdefault((pod, container), {})[d["__name__"]] = points  # one series each (no per-CPU split)
+        have = per.setdefault((pod, container), {}).get(d["__name__"])  # one series each (no per-CPU split), but
+        if have is None or len(_inside(points, w)) > len(_inside(have, w)):  # a container of a pod of the same
+            per[(pod, container)][d["__name__"]] = points  # name gone before the window: the one in the window
     groups_used: dict[str, dict[str, Any]] = {}
     for figure, (rx, container) in groups.items():
         total, mine = 0.0, {}  # type: float, dict[str, dict[str, float]]

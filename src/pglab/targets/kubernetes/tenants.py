@@ -3,16 +3,22 @@
 A tenant is rendered as a plan of its own (``tenant_plan``): the plan's Kubernetes target with the tenant's Cluster
 name, namespace, instances, resources and volumes, so that every manifest of a one-Cluster plan (the Cluster, the
 dataset Job, a run's Job) is made by the functions that make them for any plan. What is the tenants' own: the names,
-and a run Job that waits for a shared start time, so every tenant's pgbench starts in the same second.
+and a run Job that waits for a shared start time, so every tenant's pgbench starts in the same second; and each
+tenant's primary's CPU, memory and disk figures over its window, asked of the cluster's Prometheus
+(``primary_figures``).
 """
 
 from __future__ import annotations
 
+import re
 import shlex
-from dataclasses import dataclass
+import statistics
+from dataclasses import dataclass, field
+from typing import Any
 
 from pglab.plan.expand import Point
 from pglab.plan.schema import Arrangement, K8sResources, Plan, Tier
+from pglab.targets.kubernetes import disks, prometheus
 from pglab.targets.kubernetes.render import Manifest, cpu_quantity, pgbench_run, target_of
 
 MIB = 1 << 20
@@ -48,13 +54,14 @@ def tier_resources(plan: Plan, tier: Tier) -> K8sResources:
 
 def tenant_plan(plan: Plan, name: str, tier: Tier) -> Plan:
     """The plan as one tenant's Cluster sees it: ``<cluster_name>-<tenant>`` in its tier's namespace, with
-    tenants.instances instances, the tier's resources and volumes; a lone instance is asynchronous."""
+    tenants.instances instances, the tier's resources and volumes (data and WAL: the tier's, else the target's); a
+    lone instance is asynchronous."""
     k8s = target_of(plan)
     assert plan.tenants is not None
     instances = plan.tenants.instances
     update = {"cluster_name": f"{k8s.cluster_name}-{name}", "namespace": tier.namespace or k8s.namespace,
               "instances": instances, "resources": tier_resources(plan, tier),
-              "storage": tier.storage or k8s.storage,
+              "storage": tier.storage or k8s.storage, "wal_storage": tier.wal_storage or k8s.wal_storage,
               "synchronous": k8s.synchronous if instances > 1 else None}
     target = plan.target.model_copy(update={"kubernetes": k8s.model_copy(update=update)})
     return plan.model_copy(update={"target": target})
@@ -92,3 +99,90 @@ def tenant_run(tenant: K8sTenant, point: Point, repeat: int, start_at: int) -> M
     m.body["metadata"].setdefault("annotations", {}).update(
         {"pglab/tenant": tenant.name, "pglab/tier": tenant.tier.name, "pglab/start-at": str(start_at)})
     return Manifest(m.filename, m.body)
+
+
+# ------------------------------------------------------------------ each tenant's primary: CPU, memory, disk
+MEMORY_METRIC = "container_memory_working_set_bytes"  # cAdvisor's: what the kubelet evicts and the OOM killer counts
+DISK_FIGURES = ("read_iops", "write_iops", "total_iops", "read_mb_s", "write_mb_s")
+
+
+@dataclass
+class PrimaryFigures:
+    """One tenant's primary over its window: the figures (``cpu_cores`` …), what they were read from (``info``, for
+    tenants.json), the raw series kept (name → series) and the series of the run's charts (their source left
+    empty: the caller names the tenant)."""
+
+    metrics: dict[str, float] = field(default_factory=dict)
+    info: dict[str, Any] = field(default_factory=dict)
+    raw: dict[str, prometheus.Series] = field(default_factory=dict)
+    series: list[tuple[float, str, str, float | None]] = field(default_factory=list)
+
+
+def cpu_cores(quantity: str) -> float:
+    """Cores of a (validated) Kubernetes CPU quantity: 2, 1.5 or 500m."""
+    return float(quantity[:-1]) / 1000 if quantity.endswith("m") else float(quantity)
+
+
+def primary_figures(client: prometheus.Client, namespace: str, primary: str, node: str, container: str,
+                    window: tuple[float, float], volumes: dict[str, list[disks.Volume] | str],
+                    cpu_limit: float) -> PrimaryFigures:
+    """The primary's container CPU (cAdvisor's counter between its first and last sample inside the window, as a
+    one-Cluster run's ``primary_cpu_cores``: ``cpu_cores``, ``cpu_s`` over the window, ``cpu_limit_pct`` of its
+    limit, ``cpu_throttled_pct``), its memory (cAdvisor's working set, mean of its samples inside the window:
+    ``memory_mb``) and the I/O of its volumes' devices on its node (node-exporter's counters, the window's edges
+    prorated, as a one-Cluster run's disk figures: ``read_iops`` … ``write_mb_s``). A device is the volume's, not
+    the pod's: another tenant's volume on the same device of the same node is counted too (``info['disk']`` names
+    the devices). A part Prometheus has no samples for is left out (``info`` says why); PrometheusError propagates.
+    """
+    cfg = client.cfg
+    w = prometheus.Window(window[0], window[1], cfg.interval)
+    seconds = window[1] - window[0]
+    out = PrimaryFigures(info={"source": "prometheus", "primary": primary, "node": node, "window": list(window)})
+    cpu, out.raw["cpu"] = prometheus.container_cpu(client, namespace, {"server": (re.escape(primary), container)},
+                                                   primary, w)
+    if (cores := cpu.metrics.get("primary_cpu_cores")) is not None:
+        out.metrics.update(cpu_cores=cores, cpu_s=cores * seconds, cpu_limit_pct=cores / cpu_limit * 100)
+        if (throttled := cpu.metrics.get("cpu_throttled_pct")) is not None:
+            out.metrics["cpu_throttled_pct"] = throttled
+        out.series += [(t, "", "cpu_cores", v) for t, _, _, v in cpu.series]
+    out.info["cpu"] = cpu.info.get("groups", {}).get("server", {}).get("per_pod", {}).get(primary) or \
+        cpu.info.get("note")
+
+    on = client.matchers(**{cfg.namespace_label: namespace, cfg.pod_label: primary, cfg.container_label: container})
+    memory = client.samples(f"{MEMORY_METRIC}{on}", f"timestamp({MEMORY_METRIC}{on})", None, *w.span, w.step)
+    out.raw["memory"] = memory
+    inside = [(t, v) for points in memory.values() for t, v in points if w.start <= t <= w.end]
+    if inside:
+        out.metrics["memory_mb"] = statistics.fmean(v for _, v in inside) / MIB
+        out.series += [(t, "", "memory_mb", v / MIB) for t, v in sorted(inside)]
+        out.info["memory"] = {"samples": len(inside), "max_mb": max(v for _, v in inside) / MIB}
+    else:
+        out.info["memory"] = f"no sample of {MEMORY_METRIC} of pod/{primary} inside the window"
+
+    blocks, out.raw["disk"] = prometheus.node_blocks(client, [node], w)
+    disk = disks.summarize(blocks, {primary: node}, primary, window, volumes,
+                           " (node-exporter's diskstats filter leaves partitions, loop and ram devices out)")
+    if disk.problems or not disk.metrics:
+        out.info["disk"] = disk.info.get("note") or "no disk figures"
+    else:
+        out.metrics.update({k: disk.metrics[k] for k in DISK_FIGURES if k in disk.metrics})
+        instances: dict[str, Any] = disk.info["instances"]  # type: ignore[assignment]
+        out.info["disk"] = instances[primary]
+    return out
+
+
+def mark_shared(figures: dict[str, PrimaryFigures]) -> None:
+    """Tenants whose volumes are on the same device of the same node: each one's ``info['disk']['shared_with']``
+    names the others (their disk figures are that device's, not theirs alone)."""
+    devices: dict[tuple[str, str], list[str]] = {}  # (node, device) → the tenants with a volume on it
+    for name, f in figures.items():
+        disk = f.info.get("disk")
+        for v in disk.get("volumes", []) if isinstance(disk, dict) else []:
+            if v.get("device"):
+                devices.setdefault((str(f.info["node"]), str(v["device"])), []).append(name)
+    for names in devices.values():
+        for name in names:
+            disk = figures[name].info["disk"]
+            disk["shared_with"] = sorted({*disk.get("shared_with", []), *(set(names) - {name})})
+            if not disk["shared_with"]:
+                del disk["shared_with"]

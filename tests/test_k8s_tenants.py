@@ -1,0 +1,238 @@
+"""Tenants on Kubernetes without a cluster: a tier's storage classes (data and WAL volumes) in each tenant's Cluster,
+checked by `pglab k8s check` against the fake API server's classes and refused where they mean nothing; each
+tenant's CPU, memory and disk figures from the cluster's Prometheus over the tenant's window.
+
+The real thing runs in tests/test_kube_lab_clusters.py, on the lab (a tier on its throttled class)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+from conftest import pglab
+from k8s_fake import FakeAPI, storage_class
+from k8s_support import cli, kubeconfig
+from pglab.plan.load import parse_plan
+from pglab.plan.schema import PrometheusSource
+from pglab.targets.kubernetes import prometheus
+from pglab.targets.kubernetes.render import cluster
+
+TIERS = """
+name: mt
+target:
+  kubernetes:
+    namespace: bench
+    cluster_name: mt
+    resources: {cpu: 1, memory: 1Gi}
+    storage: {class: standard, size: 10Gi}
+tenants:
+  arrangements:
+    - name: io-tiers
+      tiers:
+        - {name: fast, tenants: 1, storage: {class: premium, size: 20Gi}, wal_storage: {class: premium, size: 4Gi}}
+        - {name: slow, tenants: 1, storage: {class: throttled, size: 20Gi}}
+        - {name: plain, tenants: 1}
+run: {duration: 10s}
+"""
+
+
+def plan_file(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "plan.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_a_tiers_storage_classes_are_its_tenants_clusters_volumes() -> None:
+    from pglab.targets.kubernetes.tenants import tenants_of
+
+    plan = parse_plan(TIERS)
+    assert plan.tenants is not None
+    specs = {t.tier.name: cluster(t.plan)["spec"] for t in tenants_of(plan, plan.tenants.arrangements[0])}
+    assert specs["fast"]["storage"] == {"size": "20Gi", "storageClass": "premium"}
+    assert specs["fast"]["walStorage"] == {"size": "4Gi", "storageClass": "premium"}
+    assert specs["slow"]["storage"] == {"size": "20Gi", "storageClass": "throttled"}
+    assert "walStorage" not in specs["slow"] and "walStorage" not in specs["plain"]  # WAL on the data volume
+    assert specs["plain"]["storage"] == {"size": "10Gi", "storageClass": "standard"}  # the target's
+
+    # a target with WAL volumes: a tier without wal_storage keeps the target's, a tier's own replaces it
+    with_wal = parse_plan(TIERS.replace("    storage: {class: standard, size: 10Gi}\n",
+                                        "    storage: {class: standard, size: 10Gi}\n"
+                                        "    wal_storage: {class: standard, size: 2Gi}\n"))
+    assert with_wal.tenants is not None
+    specs = {t.tier.name: cluster(t.plan)["spec"] for t in tenants_of(with_wal, with_wal.tenants.arrangements[0])}
+    assert specs["slow"]["walStorage"] == {"size": "2Gi", "storageClass": "standard"}
+    assert specs["fast"]["walStorage"] == {"size": "4Gi", "storageClass": "premium"}
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("name: l\ntarget: {local: {}}\ntenants:\n  arrangements:\n    - name: a\n      tiers:\n"
+     "        - {name: gold, wal_storage: {class: fast, size: 1Gi}}\n",
+     "tenants.arrangements[0].tiers[0].wal_storage: is for a Kubernetes target; on a local lab remove it"),
+    ("name: l\ntarget: {local: {}}\ntenants:\n  arrangements:\n    - name: a\n      tiers:\n"
+     "        - {name: gold, storage: {class: fast}}\n",
+     "tenants.arrangements[0].tiers[0].storage: is for a Kubernetes target; on a local lab remove it"),
+    (TIERS + "postgres: {parameters: {max_wal_size: 4GB}}\n",
+     "postgres.parameters.max_wal_size: max_wal_size 4GB is not below the WAL volume "
+     "(tenants.arrangements.0.tiers.0.wal_storage.size: 4Gi), which CloudNativePG refuses; lower it or make the "
+     "volume larger"),
+])
+def test_a_tiers_volumes_where_they_mean_nothing_are_refused_in_one_sentence(tmp_path: Path, text: str,
+                                                                              message: str) -> None:
+    proc = pglab("plan", "validate", str(plan_file(tmp_path, text)))
+    assert proc.returncode == 2, proc.stdout
+    assert proc.stderr.strip() == message, proc.stderr
+
+
+def test_k8s_check_finds_each_tiers_classes(fake: tuple[FakeAPI, client.ApiClient], tmp_path: Path,
+                                             monkeypatch: pytest.MonkeyPatch,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    api, api_client = fake
+    text = TIERS.replace("    namespace: bench\n",
+                         f"    namespace: bench\n    kubeconfig: {kubeconfig(tmp_path, api_client)}\n")
+    path = plan_file(tmp_path, text)
+    api.storage_classes = [storage_class("standard", default=True), storage_class("premium")]
+    rc = cli(monkeypatch, "k8s", "check", str(path))
+    out = capsys.readouterr().out.splitlines()
+    assert rc == 2
+    assert out[-1] == ("FAIL  storage class 'throttled' (tenants.arrangements[0].tiers[1].storage.class): not found; "
+                       "existing: premium, standard (default)"), out
+    api.storage_classes.append(storage_class("throttled"))
+    rc = cli(monkeypatch, "k8s", "check", str(path))
+    out = capsys.readouterr().out.splitlines()
+    assert rc == 0, out
+    (line,) = [x for x in out if x.startswith("ok    storage classes:")]
+    assert line == ("ok    storage classes: data on standard, tier fast on premium, tier fast WAL on premium, "
+                    "tier slow on throttled"), line
+    # the WAL class of a tier is checked as its data class is
+    path.write_text(text.replace("wal_storage: {class: premium", "wal_storage: {class: ultra"))
+    rc = cli(monkeypatch, "k8s", "check", str(path))
+    out = capsys.readouterr().out.splitlines()
+    assert rc == 2 and out[-1].startswith("FAIL  storage class 'ultra' (tenants.arrangements[0].tiers[0]"
+                                          ".wal_storage.class): not found"), out
+
+
+# ------------------------------------------------------------------ each tenant's primary's figures from Prometheus
+class Prometheus(prometheus.Client):
+    """Prometheus's range queries answered from raw samples, as its engine does for the expressions pglab asks: a
+    selector (the latest sample at or before each step, within 5 minutes), ``timestamp()`` of one (that sample's
+    time) and ``max by (label)`` of that. Only the HTTP round trip is left out."""
+
+    MATCHER = re.compile(r'(\w+)(=~|=)"((?:[^"\\]|\\.)*)"')
+
+    def __init__(self, raw: list[tuple[dict[str, str], list[tuple[float, float]]]]):
+        super().__init__(PrometheusSource(url="http://prometheus:9090", interval=1.0), Path("."))
+        self.raw, self.asked = raw, []  # type: list[tuple[dict[str, str], list[tuple[float, float]]]], list[str]
+
+    def range(self, expr: str, start: float, end: float, step: float) -> list[dict[str, Any]]:
+        self.asked.append(expr)
+        by = m.group(1) if (m := re.match(r"max by \((\w+)\) \((.*)\)$", expr)) else None
+        expr = m.group(2) if m else expr
+        stamps = expr.startswith("timestamp(")
+        expr = expr.removeprefix("timestamp(").removesuffix(")") if stamps else expr
+        name, _, matchers = expr.partition("{")
+        want = [(k, op, re.sub(r"\\(.)", r"\1", v)) for k, op, v in self.MATCHER.findall(matchers)]  # unquoted
+        if name:
+            want.append(("__name__", "=", name))
+        steps = [start + i * step for i in range(int((end - start) / step) + 1)]
+        out: dict[tuple[tuple[str, str], ...], dict[float, float]] = {}
+        for labels, samples in self.raw:
+            if not all(re.fullmatch(v, labels.get(k, "")) if op == "=~" else labels.get(k, "") == v
+                       for k, op, v in want):
+                continue
+            metric = {by: labels[by]} if by else {k: v for k, v in labels.items() if not (stamps and k == "__name__")}
+            key = tuple(sorted(metric.items()))
+            for t in steps:
+                seen = [(ts, v) for ts, v in samples if t - 300 < ts <= t]
+                if seen:
+                    ts, v = seen[-1]
+                    value = ts if stamps else v
+                    out.setdefault(key, {})[t] = max(out.get(key, {}).get(t, value), value) if by else value
+        return [{"metric": dict(key), "values": [[t, str(v)] for t, v in sorted(points.items())]}
+                for key, points in out.items()]
+
+
+def counter(per_s: float, times: list[float]) -> list[tuple[float, float]]:
+    return [(t, per_s * t) for t in times]
+
+
+def test_a_tenants_primary_figures_are_its_containers_and_its_volumes_device_over_its_window() -> None:
+    """The primary's container at 0.25 cores (throttled in 20 % of its periods), 100 MiB of working set in the first
+    half of the window and 120 MiB in the second (200 MiB outside it), its volume on loop7 of its node doing 50
+    writes of 8 KiB and 10 reads of 4 KiB a second; another device of the node (another tenant's class) and another
+    pod's container busy meanwhile, and a container of the same pod name gone before the window (an earlier
+    arrangement's Cluster of the same name). Samples each second, 0.3 s after the window's whole seconds."""
+    from pglab import metrics
+    from pglab.targets.kubernetes.disks import Volume
+    from pglab.targets.kubernetes.tenants import primary_figures
+
+    times = [90.3 + i for i in range(30)]  # 90.3 … 119.3; the window is [100, 110]
+    ns, pod, node = "bench", "mt-t01-1", "db-1"
+    cont = {"namespace": ns, "pod": pod, "container": "postgres", "cpu": "total"}
+    other = {**cont, "pod": "mt-t02-1"}
+    mib = float(1 << 20)
+    disk = {"instance": node}
+    raw: list[tuple[dict[str, str], list[tuple[float, float]]]] = [
+        ({"__name__": "container_cpu_usage_seconds_total", **cont}, counter(0.25, times)),
+        ({"__name__": "container_cpu_cfs_periods_total", **cont}, counter(10, times)),
+        ({"__name__": "container_cpu_cfs_throttled_periods_total", **cont}, counter(2, times)),
+        ({"__name__": "container_cpu_usage_seconds_total", **other}, counter(0.9, times)),
+        ({"__name__": "container_memory_working_set_bytes", **cont},
+         [(t, (100 if t < 105 else 120 if t < 110 else 200) * mib if t >= 100 else 200 * mib) for t in times]),
+        ({"__name__": "container_memory_working_set_bytes", **other}, [(t, 900 * mib) for t in times]),
+    ]
+    rates = {"loop7": {"node_disk_reads_completed_total": 10, "node_disk_read_bytes_total": 10 * 4096,
+                       "node_disk_writes_completed_total": 50, "node_disk_written_bytes_total": 50 * 8192,
+                       "node_disk_read_time_seconds_total": 0.01, "node_disk_write_time_seconds_total": 0.5,
+                       "node_disk_io_time_seconds_total": 0.6, "node_disk_io_time_weighted_seconds_total": 0.7},
+             "loop0": {"node_disk_reads_completed_total": 0, "node_disk_read_bytes_total": 0,
+                       "node_disk_writes_completed_total": 900, "node_disk_written_bytes_total": 900 * 16384,
+                       "node_disk_read_time_seconds_total": 0, "node_disk_write_time_seconds_total": 0.9,
+                       "node_disk_io_time_seconds_total": 0.95, "node_disk_io_time_weighted_seconds_total": 1.0}}
+    for device, counters in rates.items():
+        raw += [({"__name__": name, **disk, "device": device}, counter(rate, times)) for name, rate in counters.items()]
+        raw.append(({"__name__": "node_disk_info", **disk, "device": device, "major": "7", "minor": device[4:]},
+                    [(t, 1.0) for t in times]))
+    # the same pod name's container of an earlier arrangement (another node, another cgroup id): one last sample
+    # before it went, which Prometheus still answers within its lookback
+    earlier = {**cont, "id": "/kubepods/pod-earlier/c0"}
+    raw += [({"__name__": name, **earlier}, [(91.0, 7.0)]) for name in
+            ("container_cpu_usage_seconds_total", "container_cpu_cfs_periods_total",
+             "container_cpu_cfs_throttled_periods_total")]
+    prom = Prometheus(raw)
+    volumes: dict[str, list[Volume] | str] = {pod: [Volume("mt-t01-data", "7:7", "ext4", "/dev/loop7")]}
+    got = primary_figures(prom, ns, pod, node, "postgres", (100.0, 110.0), volumes, cpu_limit=0.5)
+    expected = {"cpu_cores": 0.25, "cpu_s": 2.5, "cpu_limit_pct": 50.0, "cpu_throttled_pct": 20.0,
+                "memory_mb": 110.0, "read_iops": 10.0, "write_iops": 50.0, "total_iops": 60.0,
+                "read_mb_s": 10 * 4096 / mib, "write_mb_s": 50 * 8192 / mib}
+    assert got.metrics == pytest.approx(expected, rel=1e-9), (got.metrics, got.info, prom.asked)
+    assert got.info["disk"]["volumes"] == [{"claim": "mt-t01-data", "device": "loop7", "how": "ext4 on device 7:7"}]
+    assert got.info["memory"] == {"samples": 10, "max_mb": 120.0}
+    assert set(got.raw) == {"cpu", "memory", "disk"}
+    # every figure is in the catalogue, and but the total a column of the tenants table
+    assert all(metrics.get(name) is not None for name in got.metrics)
+    assert set(got.metrics) - {"total_iops"} <= set(metrics.keys("tenants")), metrics.keys("tenants")
+
+    # a volume on a device node-exporter did not sample gives no disk figure (not the busy device's), and says why
+    gone: dict[str, list[Volume] | str] = {pod: [Volume("mt-t01-data", "7:9", "ext4", "/dev/loop9")]}
+    got = primary_figures(prom, ns, pod, node, "postgres", (100.0, 110.0), gone, cpu_limit=0.5)
+    assert "write_iops" not in got.metrics and "cpu_cores" in got.metrics
+    assert "/dev/loop9" in got.info["disk"], got.info
+
+
+def test_tenants_whose_volumes_share_a_device_are_named_to_each_other() -> None:
+    """On the lab a node has one disk per class: two tenants' volumes of a class on one node are one device, whose
+    figures both get; a device of another node, or another device of the node, is not shared."""
+    from pglab.targets.kubernetes.tenants import PrimaryFigures, mark_shared
+
+    def on(node: str, *devices: str) -> PrimaryFigures:
+        return PrimaryFigures(info={"node": node, "disk": {"volumes": [{"claim": "c", "device": d} for d in devices]}})
+
+    figures = {"t01": on("db-1", "loop1"), "t02": on("db-1", "loop1", "loop2"), "t03": on("db-2", "loop1"),
+               "t04": on("db-1", "loop2"), "t05": PrimaryFigures(info={"node": "db-1", "disk": "no sample"})}
+    mark_shared(figures)
+    assert {n: f.info["disk"].get("shared_with") for n, f in figures.items() if isinstance(f.info["disk"], dict)} == {
+        "t01": ["t02"], "t02": ["t01", "t04"], "t03": None, "t04": ["t02"]}
