@@ -137,15 +137,20 @@ def assert_all_deleted(api: FakeAPI) -> None:
     assert api.objects == {}
 
 
+def started(api: FakeAPI) -> list[tuple[int, str]]:
+    """(index in ``api.requests``, name) of the benchmark's Jobs created and of the runs exec'd in its client pods
+    (a run keeps its Job's name), in order; the volume probes, the disk figures' helpers, left out."""
+    return sorted([*((i, n) for i, n in api.job_posts if "-volumes-" not in n), *((i, n) for i, n, _ in api.execs)])
+
+
 def posted_jobs(api: FakeAPI, since: int = 0) -> list[str]:
-    """The benchmark's Jobs in creation order, from request ``since`` on (the volume probes, the disk figures'
-    helpers, left out)."""
-    return [name for i, name in api.job_posts if i >= since and "-volumes-" not in name]
+    """The benchmark's Jobs and exec'd runs (``started``) in the order they started, from request ``since`` on."""
+    return [name for i, name in started(api) if i >= since]
 
 
 def job_posts(api: FakeAPI) -> list[int]:
-    """Where in ``api.requests`` the benchmark's Jobs were created."""
-    return [i for i, name in api.job_posts if "-volumes-" not in name]
+    """Where in ``api.requests`` the benchmark's Jobs were created or its runs exec'd."""
+    return [i for i, _ in started(api)]
 
 
 # ------------------------------------------------------------------ the command line, the manifests' checker

@@ -187,7 +187,8 @@ def test_rbac_names_every_verb_pglab_uses(tmp_path: Path) -> None:
     assert {"create", "delete", "watch", "patch"} <= rules[("postgresql.cnpg.io", "clusters")]
     assert {"create", "delete", "watch"} <= rules[("batch", "jobs")]
     assert rules[("", "pods/log")] == {"get"}
-    assert "delete" in rules[("", "pods")]  # the failover scenario deletes the primary
+    assert {"create", "delete"} <= rules[("", "pods")]  # the client pods; the failover scenario deletes the primary
+    assert rules[("", "pods/exec")] == {"create", "get"}  # each run's script in a client pod
     assert not any(r == "secrets" for _, r in rules)
     (binding,) = by_kind(manifests, "RoleBinding")
     assert binding["roleRef"]["name"] == role["metadata"]["name"]

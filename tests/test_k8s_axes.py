@@ -39,6 +39,7 @@ from k8s_support import (
     posted_jobs,
     rows,
     run,
+    started,
     timed_log,
 )
 from pglab.drivers import kubernetes as k8s_sweep
@@ -86,7 +87,7 @@ def test_cpu_steps_patch_the_cluster_wait_for_the_rollout_and_record_it(fake: tu
                                 "pg-run-0003-1"]
     # the volume probes: at the first run, then again after the step recreated the pods (new pods, new attachments)
     probes = [(i, name) for i, name in api.job_posts if "-volumes-" in name]
-    runs = dict((name, i) for i, name in api.job_posts)
+    runs = {name: i for i, name in started(api)}
     assert [i < runs["pg-run-0001-1"] for i, _ in probes] == [True, True, False, False]
     assert all(runs["pg-run-0002-1"] < i < runs["pg-run-0003-1"] for i, _ in probes[2:])
 

@@ -5,6 +5,7 @@ pgbench, the transaction logs merged, and the plan's refusals. The real runs are
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import socket
@@ -17,9 +18,10 @@ from kubernetes import client
 
 from conftest import pglab
 from k8s_fake import FakeAPI
-from k8s_support import check, cli, k8s_plan, kubeconfig, posted_jobs
+from k8s_support import assert_all_deleted, check, cli, k8s_plan, kubeconfig, posted_jobs, run
 from pglab.plan.expand import expand
 from pglab.plan.load import parse_plan
+from pglab.store.sqlite import Store
 from pglab.targets.kubernetes.render import (
     LOAD_LABEL,
     client_cores,
@@ -164,6 +166,66 @@ def test_merged_logs_are_the_logs_read_together(tmp_path: Path) -> None:
     assert np.array_equal(merged.failed_end_ts, both.failed_end_ts)
     assert txlog.percentiles_ms(merged.latency_us, [50, 99]) == [
         float(np.percentile(both.latency_us / 1000.0, 50)), float(np.percentile(both.latency_us / 1000.0, 99))]
+
+
+# ------------------------------------------------------------------ the runs in long-lived client pods (exec)
+SWEEP = PLAN.replace("postgres:\n  parameters: {work_mem: 8MB}\n", "").replace(
+    "load_pods: 2}", "load_pods: 2, repeats: 2, order: sequential}")
+
+
+def test_each_load_pods_share_runs_in_its_own_client_pod_made_once(fake: tuple[FakeAPI, client.ApiClient],
+                                                                   tmp_path: Path) -> None:
+    api, api_client = fake
+    result = run(api_client, tmp_path, SWEEP)
+    assert (result.ok, result.failed) == (2, 0)
+    pods = [b for b in api.posted if b["kind"] == "Pod"]
+    assert [p["metadata"]["name"] for p in pods] == ["pg-clients-0", "pg-clients-1"]  # once for both runs
+    plan = parse_plan(SWEEP)
+    job_pod = pgbench_run(plan, expand(plan, cores=client_cores(target_of(plan)))[0]).body["spec"]["template"]["spec"]
+    for p in pods:  # the Job's pod: image, resources, placement; apart from each other
+        spec, container = p["spec"], p["spec"]["containers"][0]
+        assert container["image"] == job_pod["containers"][0]["image"]
+        assert container.get("resources") == job_pod["containers"][0].get("resources")
+        assert {e["name"] for e in container["env"]} == {"PGHOST", "PGPORT", "PGUSER", "PGPASSWORD", "PGDATABASE"}
+        anti = spec["affinity"]["podAntiAffinity"]
+        assert anti["requiredDuringSchedulingIgnoredDuringExecution"] == job_pod["affinity"]["podAntiAffinity"][
+            "requiredDuringSchedulingIgnoredDuringExecution"]  # never beside an instance
+        [apart] = anti["preferredDuringSchedulingIgnoredDuringExecution"]
+        assert apart["podAffinityTerm"]["labelSelector"]["matchLabels"] == {LOAD_LABEL: "pg-clients"}
+        assert p["metadata"]["labels"][LOAD_LABEL] == "pg-clients"
+    assert [(run_, pod) for _, run_, pod in api.execs] == [
+        ("pg-run-0000-1", "pg-clients-0"), ("pg-run-0000-1", "pg-clients-1"),
+        ("pg-run-0000-2", "pg-clients-0"), ("pg-run-0000-2", "pg-clients-1")]
+    keys = [re.search(r"^export PGLAB_JOB_UID=(\S+)$", s, re.M)[1] for s in api.exec_scripts]  # type: ignore[index]
+    indexes = [re.search(r"^export JOB_COMPLETION_INDEX=(\d+)$", s, re.M)[1] for s in api.exec_scripts]  # type: ignore[index]
+    assert indexes == ["0", "1", "0", "1"]
+    assert keys[0] == keys[1] != keys[2] == keys[3]  # one barrier per run, its pods meeting at it
+    store = Store.open(tmp_path / "results", create=False)
+    for r in store.runs():
+        assert r.metrics["load_pods"] == 2
+        record = json.loads((store.dir / r.dir / "run.json").read_text())
+        assert record["placement"]["pgbench"] == {"0": "node-4", "1": "node-3"}
+        assert "load-1/pgbench.out" in record["files"]
+    store.close()
+    assert api.stops == [] and not api.clients.running
+    assert_all_deleted(api)
+
+
+def test_a_load_pod_that_fails_stops_the_others(fake: tuple[FakeAPI, client.ApiClient], tmp_path: Path) -> None:
+    """As the load Job's backoffLimit 0 ends the others: pod 0 failed (its reset, say), pod 1 would wait at the
+    barrier until its deadline; it is stopped, the run fails naming pod 0, and the next run goes on."""
+    api, api_client = fake
+    api.failing_execs.add(("pg-run-0000-1", "pg-clients-0"))
+    api.hanging_execs.add(("pg-run-0000-1", "pg-clients-1"))
+    result = run(api_client, tmp_path, SWEEP)
+    assert (result.ok, result.failed) == (1, 1)
+    assert [(pod, run_) for pod, _, run_ in api.stops] == [("pg-clients-1", "pg-run-0000-1")]
+    store = Store.open(tmp_path / "results", create=False)
+    failed = [r for r in store.runs() if r.status == "failed"]
+    assert len(failed) == 1 and (failed[0].reason or "").startswith("load pod 0 of Job/pg-run-0000-1 failed")
+    store.close()
+    assert not api.clients.running
+    assert_all_deleted(api)
 
 
 # ------------------------------------------------------------------ the plan refuses what does not fit

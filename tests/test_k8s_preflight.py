@@ -435,7 +435,7 @@ def test_missing_pods_proxy_alone_is_a_warning(fake: tuple[FakeAPI, client.ApiCl
     rc, lines = check(monkeypatch, capsys, write_plan(tmp_path, api_client))
     assert rc == 0, lines
     assert only(lines, "warn  RBAC:").startswith("warn  RBAC: the kubeconfig's identity cannot get pods/proxy")
-    assert only(lines, "ok    RBAC:").startswith("ok    RBAC: 37 of 38 permissions granted")
+    assert only(lines, "ok    RBAC:").startswith("ok    RBAC: 40 of 41 permissions granted")
 
 
 def test_what_cannot_be_listed_is_a_warning_not_a_failure(fake: tuple[FakeAPI, client.ApiClient], tmp_path: Path,

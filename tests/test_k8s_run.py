@@ -23,7 +23,6 @@ from k8s_fake import FakeAPI, results_log
 from k8s_support import (
     DATA,
     FIO,
-    JOBS,
     PGBENCH,
     TXN_LOGS,
     Recorder,
@@ -296,7 +295,12 @@ def test_signal_during_a_run_cleans_up_and_a_rerun_resumes(fake: tuple[FakeAPI, 
     result = run(api_client, tmp_path, PLAN)
     assert (result.interrupted, result.ok, result.failed) == (True, 2, 0)
     assert_all_deleted(api)
-    assert ("DELETE", f"{JOBS}/pg-run-0001-1") in api.requests
+    # the run was stopped in its client pod before the pod was deleted: nothing of it ran on
+    assert [(pod, run) for pod, _, run in api.stops] == [("pg-clients-0", "pg-run-0001-1")]
+    assert not api.clients.running
+    pod = "/api/v1/namespaces/bench/pods/pg-clients-0"
+    last_exec = max(i for i, r in enumerate(api.requests) if r == ("GET", f"{pod}/exec"))
+    assert api.requests.index(("DELETE", pod)) > last_exec  # the stop came first
     store = Store.open(tmp_path / "results", create=False)
     sweep = store.sweeps()[-1]
     assert (sweep["status"], sweep["reason"]) == ("interrupted", f"interrupted by {sig.name}")

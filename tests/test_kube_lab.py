@@ -16,6 +16,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -47,20 +48,83 @@ run: {duration: 10s, repeats: 2}
 """  # 10 s: the primary's exporter is read at least twice inside each window (a read of 3 instances took ~4 s)
 
 
+def exporter_counts(text: str) -> tuple[float, float] | None:
+    """(the app database's commits, the exporter's collections so far) in one /metrics text, read without pglab."""
+    commits = re.search(r'^cnpg_pg_stat_database_xact_commit\{datname="app"\} (\S+)$', text, re.M)
+    collections = re.search(r"^cnpg_collector_collections_total (\S+)$", text, re.M)
+    return (float(commits.group(1)), float(collections.group(1))) if commits and collections else None
+
+
 def primary_scrapes(prom: Path) -> list[tuple[float, float, float]]:
-    """(time, the app database's commits, the exporter's collections so far) of each scrape pglab kept, read without
-    pglab."""
+    """(time, the app database's commits, the exporter's collections so far) of each scrape pglab kept."""
     out = []
     for block in prom.read_text().split("# pglab scrape ts=")[1:]:
-        commits = re.search(r'^cnpg_pg_stat_database_xact_commit\{datname="app"\} (\S+)$', block, re.M)
-        collections = re.search(r"^cnpg_collector_collections_total (\S+)$", block, re.M)
-        if commits and collections:
-            out.append((float(block.split()[0]), float(commits.group(1)), float(collections.group(1))))
+        if (counts := exporter_counts(block)) is not None:
+            out.append((float(block.split()[0]), *counts))
     return out
 
 
+class IdleExporter:
+    """The test's own reads of the primary's exporter while the Cluster is idle, every 2 s as pglab reads it in a
+    run: from the storage phase's first fio Job (the Cluster healthy, nothing of pglab's in its database: fio runs in
+    pods of its own) until the dataset Job or a client pod appears. A read counts only if the namespace held
+    nothing else just before and just after it; consecutive idle reads of one primary make a span."""
+
+    INTERVAL_S = 2.0
+
+    def __init__(self, lab: kubelab.KubeLab, ns: str, cluster: str) -> None:
+        self.lab, self.ns, self.cluster = lab, ns, cluster
+        self.spans: list[list[tuple[float, float, float]]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def start(self) -> IdleExporter:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _phase(self) -> str:
+        """'fio' while only the storage phase's Jobs are there, 'busy' once pglab works on the database, else ''."""
+        found = self.lab.kubectl("get", "jobs,pods", "-n", self.ns, "-o", "name", check=False, timeout=20)
+        names = [line.split("/", 1)[1] for line in found.stdout.split()] if found.returncode == 0 else []
+        if any(f"{self.cluster}-{what}" in n for n in names for what in ("pgbench-init", "clients-", "run-")):
+            return "busy"
+        return "fio" if any(n.startswith(f"{self.cluster}-fio-") for n in names) else ""
+
+    def _loop(self) -> None:
+        seen_fio, primary = False, ""
+        span: list[tuple[float, float, float]] = []
+        while not self._stop.wait(self.INTERVAL_S):
+            before = self._phase()
+            seen_fio |= before == "fio"
+            if before == "busy" and seen_fio:
+                break  # the dataset's load: idle no more in this sweep
+            now = self.lab.kubectl("get", f"clusters.postgresql.cnpg.io/{self.cluster}", "-n", self.ns, "-o",
+                                   "jsonpath={.status.currentPrimary}", check=False, timeout=20).stdout.strip()
+            read = None
+            if seen_fio and now:
+                t0 = time.time()
+                got = self.lab.kubectl("get", "--raw", f"/api/v1/namespaces/{self.ns}/pods/{now}:9187/proxy/metrics",
+                                       check=False, timeout=20)
+                t1 = time.time()
+                counts = exporter_counts(got.stdout) if got.returncode == 0 else None
+                if counts is not None and before == "fio" and self._phase() == "fio":
+                    read = ((t0 + t1) / 2, *counts)
+            if read is None or now != primary:
+                if len(span) > 1:
+                    self.spans.append(span)
+                span, primary = [], now
+            if read is not None:
+                span.append(read)
+        if len(span) > 1:
+            self.spans.append(span)
+
+
 def exporter_own_commits(idle: list[list[tuple[float, float, float]]]) -> float:
-    """Commits per collection of the exporter over spans of its scrapes while nothing else ran: its queries' commits
+    """Commits per collection of the exporter over spans of its reads while nothing else ran: its queries' commits
     over its collections, pooled (a backend reports its counts at most once a second, so one pair of reads alone can
     show none or two collections' worth)."""
     pairs = [(b[1] - a[1], b[2] - a[2]) for span in idle for a, b in itertools.pairwise(span) if b[2] > a[2]]
@@ -84,21 +148,32 @@ def test_a_sweep_interrupted_then_resumed_on_the_lab(lab: kubelab.KubeLab, tmp_p
     client_nodes = [n.name for n in lab.nodes if n.role == "client"]
     disks_seen: set[str] = set()
     oracle = DiskStats([lab.node_device(n.name) for n in lab.nodes]).start()  # read through both sweeps
+    idle = IdleExporter(lab, ns, "e2e").start()  # the exporter's own commits, read in the storage phase
 
-    # Ctrl-C while the second run's pgbench Job works: everything pglab created is deleted, the first run is kept
+    # Ctrl-C while the second run's pgbench works in the client pod: everything pglab created is deleted (the pod
+    # with it), the first run is kept
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    def in_client_pod() -> list[str]:  # the commands running in the client pod, read there without pglab
+        found = lab.kubectl("exec", "-n", ns, "e2e-clients-0", "--", "sh", "-c", "cat /proc/[0-9]*/comm",
+                            check=False, timeout=20)
+        return found.stdout.split() if found.returncode == 0 else []
+
     try:
         deadline = time.monotonic() + 900
-        while "e2e-run-0000-2" not in jobs(lab, ns):
+        while not ((results / "runs").is_dir() and len(list((results / "runs").iterdir())) >= 2
+                   and "pgbench" in in_client_pod()):
             assert proc.poll() is None, f"pglab ended early: {proc.communicate()}"
-            assert time.monotonic() < deadline, "the second run's Job never started"
+            assert time.monotonic() < deadline, "the second run's pgbench never started"
             time.sleep(1)
+        assert "e2e-run-0000-2" not in jobs(lab, ns)  # no Job per run
         time.sleep(2)
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=600)
     finally:
         if proc.poll() is None:
             proc.kill()
+    idle.stop()
     assert proc.returncode == 130, (out, err)
     assert "Traceback" not in err
     namespace_gone(lab, ns, err)
@@ -124,14 +199,14 @@ def test_a_sweep_interrupted_then_resumed_on_the_lab(lab: kubelab.KubeLab, tmp_p
     env = json.loads(sweep["environment"])
     assert env["kubernetes"]["server_version"].startswith("v1.34")
 
-    scrapes, idle = {}, []
+    scrapes = {}
     for r in runs:
         run_dir = store.dir / r.dir
         primary = json.loads((run_dir / "run.json").read_text())["exporter"]["primary"]
         scrapes[r.dir] = primary_scrapes(run_dir / "exporter" / f"{primary}.prom")
-        after = float(txn_times(run_dir)[1].max()) + 1.0  # pgbench's last commit reported (within a second)
-        idle.append([s for s in scrapes[r.dir] if s[0] > after])
-    own = exporter_own_commits(idle)
+    own = exporter_own_commits(idle.spans)
+    assert sum(len(span) - 1 for span in idle.spans) >= 3, idle.spans  # the storage phase was read idle
+    print(f"the exporter's own commits: {own:.1f} a collection over {idle.spans}")
     for r in runs:
         m: dict[str, Any] = r.metrics
         run_dir = store.dir / r.dir
@@ -152,9 +227,9 @@ def test_a_sweep_interrupted_then_resumed_on_the_lab(lab: kubelab.KubeLab, tmp_p
         # some time while it ran (its ts is its middle, start_read_s/end_read_s how long it took: seconds, through
         # the API server's proxy on a busy node) or a cached query result up to METRICS_QUERIES_TTL older; a few
         # commits are pglab's own. And the exporter's own: each of its collections runs its queries in the app
-        # database, a transaction each (CloudNativePG's monitoring), counted as commits: the sweep's commits per
-        # collection once pgbench had ended (from the scrapes kept with the runs) times the collections between the
-        # two reads, and one more (its counts reach pg_stat_database up to a second late, in the next collection)
+        # database, a transaction each (CloudNativePG's monitoring), counted as commits: its commits per collection
+        # while the Cluster was idle (read by the test itself in the storage phase) times the collections between
+        # the two reads, and one more (its counts reach pg_stat_database up to a second late, in the next one)
         exp = json.loads((run_dir / "run.json").read_text())["exporter"]
         assert "commits_s" in m, (exp, sorted(m))
         counted = round(m["commits_s"] * (exp["end"] - exp["start"]))
@@ -166,6 +241,7 @@ def test_a_sweep_interrupted_then_resumed_on_the_lab(lab: kubelab.KubeLab, tmp_p
         most = int(((ended >= a0) & (begun <= b1)).sum())
         collections = collections_between(scrapes[r.dir], exp["start"], exp["end"])
         extra = own * (collections + 1)
+        print(f"{r.dir}: counted {counted}, pgbench {fewest}-{most}, own {own:.1f} x {collections + 1:g}")
         assert fewest <= counted <= most + 10 + extra, (counted, fewest, most, own, collections, exp)
         assert m["wal_mb_s"] > 0
         # placed as the studies place them: one instance per database node, pgbench on the client node

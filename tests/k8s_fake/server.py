@@ -3,6 +3,8 @@ hands each request to its controller, and ``serve()``, a real HTTP server with t
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import json
 import re
 import threading
@@ -13,6 +15,7 @@ from typing import Any
 
 from kubernetes import client
 
+from .clients import ClientPods, status_frame
 from .cluster import ACCESS_REVIEWS, CNPG_CRD, CRDS, cnpg_crd, node, operator_deployment, storage_class
 from .daemonsets import MONITORING, DiskSampler, NodeExporter
 from .discovery import Discovery
@@ -59,7 +62,12 @@ class FakeAPI:
         self.on_job_created: Callable[[str], None] = lambda job: None
         self.reads: dict[str, int] = {}
         self.job_seconds = 0.0  # a Job also stays active this long after its creation (exporter samples need time)
-        self.job_created_at: dict[str, float] = {}
+        self.job_created_at: dict[str, float] = {}  # a run's Job created, or its command exec'd in a client pod
+        self.execs: list[tuple[int, str, str]] = []  # (index in requests, run, pod) of every run exec'd
+        self.exec_scripts: list[str] = []  # the script of every run exec'd (as execs)
+        self.failing_execs: set[tuple[str, str]] = set()  # (run, pod): that pod's share of the run exits 1
+        self.hanging_execs: set[tuple[str, str]] = set()  # (run, pod): that pod's share never ends unless stopped
+        self.stops: list[tuple[str, float, str | None]] = []  # (pod, time, the run it stopped) of every stop
         self.rollout_reads = 3  # Cluster reads a rolling update lasts after a PATCH
         self.stuck_rollout = False  # a rolling update that never ends (one replica never comes back)
         self.on_patch: Callable[[dict[str, Any]], None] = lambda patch: None
@@ -104,11 +112,13 @@ class FakeAPI:
 
         self.operator = Operator(self)
         self.jobs = Jobs(self)
+        self.clients = ClientPods(self)
         self.sampler = DiskSampler(self)
         self.node_exporters = NodeExporter(self)
         self.discovery = Discovery(self)
-        self.store = Store(self, on_create={"Cluster": self.operator.created, "Job": self.jobs.created},
-                           on_read={"Cluster": self.operator.read, "Job": self.jobs.read})
+        self.store = Store(self, on_create={"Cluster": self.operator.created, "Job": self.jobs.created,
+                                            "Pod": self.clients.created},
+                           on_read={"Cluster": self.operator.read, "Job": self.jobs.read, "Pod": self.clients.read})
         # the exporter of each instance: (pod, time served) -> its text; None answers 503 as a pod not ready would
         self.exporter: Callable[[str, float], str | None] = self.operator.default_exporter
         self.routes = self._routes()
@@ -195,10 +205,51 @@ def serve() -> Iterator[tuple[FakeAPI, client.ApiClient]]:
             self.end_headers()
             self.wfile.write(data)
 
-        do_GET = do_POST = do_DELETE = do_PATCH = _serve
+        do_POST = do_DELETE = do_PATCH = _serve
 
         def log_message(self, *args: object) -> None:
             pass
+
+        def do_GET(self) -> None:
+            if self.headers.get("Upgrade", "").lower() == "websocket":
+                self._exec()
+            else:
+                self._serve()
+
+        def _exec(self) -> None:
+            """A pod's exec over a WebSocket (RFC 6455 handshake, channel.k8s.io v4 frames), as the API server
+            serves it for the client library's ``stream``."""
+            req = Request.parse("GET", self.path, None)
+            found = re.fullmatch(POD + "/exec", req.path)
+            with api.lock:
+                api.requests.append(("GET", req.path))
+                ok = found is not None and api.clients.exists(found["ns"], found["pod"])
+            if found is None or not ok:
+                self.send_error(404)
+                return
+            key = self.headers["Sec-WebSocket-Key"] + "258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
+            self.send_response(101)
+            self.send_header("Upgrade", "websocket")
+            self.send_header("Connection", "Upgrade")
+            self.send_header("Sec-WebSocket-Accept", base64.b64encode(hashlib.sha1(key.encode()).digest()).decode())
+            self.send_header("Sec-WebSocket-Protocol", "v4.channel.k8s.io")
+            self.end_headers()
+            self.close_connection = True
+
+            def send(channel: int, data: bytes, opcode: int = 0x2) -> None:
+                payload = bytes([channel]) + data if opcode == 0x2 else data
+                n = len(payload)
+                head = bytes([0x80 | opcode]) + (bytes([n]) if n < 126 else bytes([126]) + n.to_bytes(2, "big")
+                                                 if n < 1 << 16 else bytes([127]) + n.to_bytes(8, "big"))
+                self.wfile.write(head + payload)
+                self.wfile.flush()
+
+            try:
+                code = api.clients.execute(found["pod"], req.query.get("command", []), send)
+                send(3, status_frame(code))
+                send(0, (1000).to_bytes(2, "big"), opcode=0x8)
+            except OSError:  # the client went away
+                pass
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)

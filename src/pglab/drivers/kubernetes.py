@@ -1,10 +1,11 @@
-"""The Kubernetes driver: a CloudNativePG Cluster and Jobs underneath the engine's sweep.
+"""The Kubernetes driver: a CloudNativePG Cluster, Jobs and long-lived client pods underneath the engine's sweep.
 
 The results folder, its rows and its resume rules are the engine's, as for every target, so ``pglab report`` and
 ``compare`` read a Kubernetes sweep unchanged. What differs is where the figures come from: every Job ships its
-files back through its pod's log (``Orchestrator.run_job``) and they are parsed here with the functions a local run
-uses (pgbench's summary, progress lines and per-transaction log; fio's JSON and per-second logs). Whatever pglab
-created in the cluster is deleted at the end, also after a failure, Ctrl-C or SIGTERM.
+files back through its pod's log (``Orchestrator.run_job``), every run's script exec'd in the client pods through
+its output (``run_in_clients``), and they are parsed here with the functions a local run uses (pgbench's summary,
+progress lines and per-transaction log; fio's JSON and per-second logs). Whatever pglab created in the cluster is
+deleted at the end, also after a failure, Ctrl-C or SIGTERM.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import math
 import sys
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -34,13 +36,16 @@ from pglab.probes.base import now
 from pglab.scenarios.figures import phase_metrics, witness_metrics
 from pglab.scenarios.witness import evaluate
 from pglab.targets.kubernetes import exporter, prometheus, statements
+from pglab.targets.kubernetes.clients import client_pods, run_command
 from pglab.targets.kubernetes.orchestrate import (
     POSTGRES_CONTAINER,
+    Exec,
     JobOutcome,
     K8sError,
     LoadOutcome,
     Orchestrator,
     api_client,
+    extract_results,
 )
 from pglab.targets.kubernetes.prometheus import PrometheusError
 from pglab.targets.kubernetes.render import (
@@ -73,7 +78,8 @@ from pglab.workloads.fio import FioError
 from pglab.workloads.pgbench import PgbenchError, PgbenchRun, pgbench_metrics, pgbench_series
 
 SCENARIO_TIMEOUT_S = 300.0  # from a fault (or a fenced standby let go) to a healthy Cluster again
-JOB_OVERHEAD_S = 15.0  # pod scheduling, image already pulled, log read back: for the ETA only
+RUN_OVERHEAD_S = 4.0  # the replay check, the exec's start, the files read back: for the ETA only (a scenario
+# run's Job adds its pod's start, about 10 s more)
 REPLAY_TIMEOUT_S = 60.0  # before each run, for the standbys to replay what the last one wrote (as a local lab)
 
 
@@ -93,7 +99,7 @@ def connect(plan: Plan) -> client.ApiClient:
 class KubernetesDriver:
     """One sweep over one Orchestrator: what it creates, it deletes; each run's figures go back to the engine."""
 
-    run_overhead_s = JOB_OVERHEAD_S
+    run_overhead_s = RUN_OVERHEAD_S
     run_errors: tuple[type[BaseException], ...] = (RunFailed, PgbenchError, K8sError, WitnessLogError, OSError)
     polls_interrupts = True  # every wait (the Jobs, the Cluster, the replay, the scenario) is an interrupts.sleep
 
@@ -117,7 +123,8 @@ class KubernetesDriver:
         self.k8s = target_of(plan)
         self.points = expand(plan, cores=client_cores(self.k8s))  # the same points (and Job names) render made
         self.current: Point = self.points[0]  # the point the Cluster is shaped for (CPU step, parameters)
-        self._load = plan.run.load_pods > 1  # each run over several pgbench pods (one Indexed Job)
+        self._load = plan.run.load_pods > 1  # each run over several pgbench pods
+        self._clients: dict[str, str] = {}  # the long-lived client pods (pod → node), made at the first run
         prom = (prometheus.Client(self.k8s.prometheus, plan_dir) if self.k8s.prometheus is not None
                 else None)  # the figures' source instead of the samplers and exporter reads
         self.figures = Figures(plan, lambda: self.orch, self.results_dir, ui, scrape_s, prom)
@@ -239,6 +246,7 @@ class KubernetesDriver:
         self.ui.log(f"storage {value}: replacing Cluster/{name} by one with {classes}")
         started = time.monotonic()
         try:
+            self._drop_clients()  # their credentials are the old Cluster's: new pods for the new one
             old = next((m for m in self.orch.created if m.kind == "Cluster"), None)
             if old is not None:
                 self.orch.discard(old)
@@ -369,6 +377,81 @@ class KubernetesDriver:
         """The run's Job (and the witness's), the exporters read meanwhile, the files it shipped parsed."""
         return KubernetesRun(self, point, repeat, run_dir)
 
+    def _client_pods(self) -> dict[str, str]:
+        """The sweep's client pods (``clients.client_pods``), made and waited for at the first run that needs them
+        (after the dataset: they take the client nodes' CPU the dataset Job would want); pod → node."""
+        if not self._clients:
+            pods = client_pods(self.plan)
+            self.ui.log(f"starting {len(pods)} pgbench client pod{'s' if len(pods) > 1 else ''} for the runs")
+            started = time.monotonic()
+            for m in pods:
+                self.orch.create(m)
+            try:
+                self._clients = self.orch.wait_pods_running([m.name for m in pods], "the pgbench client pods")
+            except BaseException:
+                self._drop_clients(pods)
+                raise
+            self.ui.log(f"client pods running in {time.monotonic() - started:.1f} s on "
+                        f"{', '.join(sorted(set(self._clients.values())))}")
+        return self._clients
+
+    def _drop_clients(self, pods: list[Manifest] | None = None) -> None:
+        """Delete the client pods now (a new Cluster, or pods found unusable): the next run makes new ones."""
+        self._clients = {}
+        for m in pods if pods is not None else [m for m in self.orch.created if m.kind == "Pod"]:
+            self.orch.discard(m)
+
+    def run_in_clients(self, m: Manifest, run_dir: Path) -> JobOutcome | LoadOutcome:
+        """The run Job ``m``'s script exec'd in the client pods (one per load pod), read until each ended: its
+        output and files as the Job's pod would have shipped them (its log). Whatever ends the wait early (Ctrl-C,
+        SIGTERM, the deadline, a lost connection) stops what the run started in every pod before it goes on, and
+        one load pod that failed stops the others (as the load Job's backoffLimit 0 does)."""
+        pods = self._client_pods()
+        names = list(pods)
+        token = f"{m.name}-{uuid.uuid4().hex[:12]}"  # the barrier's key: new for every attempt of the run
+        execs: list[Exec] = []
+        try:
+            for index, pod in enumerate(names):
+                execs.append(self.orch.exec_start(pod, run_command(m, index if self._load else None, token)))
+            self.orch.exec_wait(execs, f"the run {m.name} in pod {', '.join(names)}")
+            if running := [e.pod for e in execs if e.returncode is None]:
+                for problem in self.orch.exec_stop(running):  # another load pod failed: these would wait in vain
+                    self.ui.log(f"the run {m.name} could not be stopped in {problem}")
+                for e in execs:
+                    while e.pump(interrupts.POLL_S):  # what the stopped pods printed
+                        pass
+        except BaseException as exc:
+            for problem in self.orch.exec_stop(names):
+                self.ui.log(f"the run {m.name} could not be stopped in {problem}")
+            if isinstance(exc, K8sError) and not execs:  # the pods cannot be used: new ones for the next run
+                self._drop_clients()
+            raise
+        finally:
+            for e in execs:
+                e.close()
+        if not self._load:
+            e = execs[0]
+            try:
+                text, files = extract_results(e.output, run_dir)
+            except K8sError:
+                run_dir.mkdir(parents=True, exist_ok=True)
+                (run_dir / "pod.log").write_text(e.output)  # as read: what was wrong with it stays to be seen
+                raise
+            (run_dir / "pod.log").write_text(text)
+            return JobOutcome(m.name, e.returncode == 0, text, files, pods[e.pod])
+        outcome = LoadOutcome(m.name, all(e.returncode == 0 for e in execs), [])
+        for index, e in enumerate(execs):
+            where = run_dir / LOAD_DIR.format(index=index)
+            try:
+                text, files = extract_results(e.output, where)
+            except K8sError as exc:  # a pod stopped because another one failed printed no end
+                text, files = f"{e.output}\n{exc}", []
+            where.mkdir(parents=True, exist_ok=True)
+            (where / "pod.log").write_text(text)
+            outcome.pods.append(JobOutcome(e.pod, e.returncode == 0, text, [f"{where.name}/{f}" for f in files]))
+            outcome.nodes[index] = pods[e.pod]
+        return outcome
+
     def _placement(self, outcome: JobOutcome | LoadOutcome) -> dict[str, Any]:
         """Which node each pod of the run was on: the instances (as they are at the run's end: a scenario may have
         moved them) and pgbench's pod or pods."""
@@ -498,8 +581,9 @@ class KubernetesDriver:
 
 
 class KubernetesRun(MeasuredRun):
-    """One run's Job on the Cluster, step by step (:func:`pglab.engine.run.measure`): the warm-up and the measured
-    window are the Job's own (its pod runs pgbench twice), so the load step is the Job, pod start included."""
+    """One run on the Cluster, step by step (:func:`pglab.engine.run.measure`): the run's Job script (warm-up and
+    measured window in one pgbench) exec'd in the sweep's long-lived client pods, so no pod starts per run; a
+    scenario run keeps its Job (pod start included), whose log the fault's injector reads pgbench's start from."""
 
     load_phase = "job"
 
@@ -528,8 +612,11 @@ class KubernetesRun(MeasuredRun):
         if self.wm is not None:
             (self.run_dir / "witness-job.yaml").write_text(to_yaml(self.wm.body))
             d.orch.create(self.wm)  # writing before pgbench starts, so the fault falls inside its log
-        self.outcome = (d.orch.run_load_job(m, self.run_dir, d.plan.run.load_pods) if d._load else
-                        d.orch.run_job(m, self.run_dir, on_poll=injector.poll if injector else None))
+        if injector is None:
+            self.outcome = d.run_in_clients(m, self.run_dir)
+        else:
+            self.outcome = (d.orch.run_load_job(m, self.run_dir, d.plan.run.load_pods) if d._load else
+                            d.orch.run_job(m, self.run_dir, on_poll=injector.poll))
         if injector is not None and (self.outcome.succeeded or injector.fault_time is not None):
             injector.finish(d.scenario_timeout_s)
 

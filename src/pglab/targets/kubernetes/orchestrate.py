@@ -1,14 +1,16 @@
 """Create → wait → collect → clean up, over the official ``kubernetes`` client, with the rendered manifests.
 
 Every object applied is one ``render`` produced (so what cnpg-check decoded is what runs). Results come back
-through pod logs (a base64 tarball between markers), so pglab needs no exec permission. Whatever was created is
-deleted again on the way out, also after a failure or Ctrl-C.
+through a Job pod's log, or the output of a run's script exec'd in a long-lived client pod (a base64 tarball
+between markers either way). Whatever was created is deleted again on the way out, also after a failure or
+Ctrl-C; whatever was exec'd is stopped first.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
 import io
 import tarfile
 import time
@@ -20,6 +22,7 @@ from typing import Any
 
 from kubernetes import client, config
 from kubernetes.client.rest import ApiException
+from kubernetes.stream import stream
 
 from pglab import interrupts
 from pglab.plan.schema import Plan
@@ -132,6 +135,72 @@ class LoadOutcome:
         return "\n".join(p.log for p in self.pods)
 
 
+CLIENT_COMPONENT = "pgbench-client"  # the long-lived client pods' pglab/component label
+STOP_TIMEOUT_S = 15.0  # a stop command's own deadline (TERM, up to 5 s, then KILL)
+# every process of the container but its own (PID 1, whose children are its idle sleep) and this shell's: TERM,
+# then KILL what is left after 5 s; exit 0 once none is left. Builtins only (read, kill), so no image needs
+# procps; a process's parent is the 4th field of /proc/<pid>/stat.
+STOP_SCRIPT = r"""me=$$
+left() { n=0; for d in /proc/[0-9]*; do p=${d#/proc/}; [ "$p" = 1 ] || [ "$p" = "$me" ] || {
+  read -r _ _ _ pp _ < "$d/stat" 2>/dev/null && [ "$pp" != 1 ] && [ "$pp" != "$me" ] &&
+  kill -"$1" "$p" 2>/dev/null && n=$((n+1)); }; done; }
+left TERM; i=0
+while [ "$n" -gt 0 ] && [ "$i" -lt 50 ]; do sleep 0.1; left 0; i=$((i+1)); done
+[ "$n" = 0 ] || { left KILL; sleep 0.2; left 0; }
+[ "$n" = 0 ] || { echo "pglab: $n processes left after KILL" >&2; exit 1; }"""
+
+
+@dataclass
+class Exec:
+    """A command started in a pod by exec: its output so far, stdout and stderr in the order they came (as a
+    pod's log has them), and its exit status once it ended."""
+
+    pod: str
+    ws: Any  # kubernetes.stream.ws_client.WSClient
+    chunks: list[str] = field(default_factory=list)
+    _code: int | None = None
+
+    def pump(self, timeout: float) -> bool:
+        """Read what came within ``timeout`` seconds; whether the command still runs (a connection lost is its
+        end, without an exit status)."""
+        if self.ws.is_open():
+            try:
+                self.ws.update(timeout=timeout)
+                for channel in (1, 2):  # one frame per update: at most one of them has news
+                    if data := self.ws.read_channel(channel):
+                        self.chunks.append(data)
+            except Exception as exc:  # websocket-client's own errors: the connection went
+                self.chunks.append(f"\npglab: the connection to pod/{self.pod} was lost: {exc}\n")
+                self.close()
+        return bool(self.ws.is_open())
+
+    @property
+    def output(self) -> str:
+        return "".join(self.chunks)
+
+    @property
+    def returncode(self) -> int | None:
+        """None while it runs; its exit status once ended (-1 when the API server gave none: the connection was
+        lost, the container went)."""
+        if self.ws.is_open():
+            return None
+        if self._code is None:
+            try:
+                self._code = int(self.ws.returncode)
+            except (TypeError, KeyError, IndexError, ValueError, AttributeError):
+                self._code = -1
+        return self._code
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self.ws.close()
+
+
+def last_line(text: str) -> str:
+    lines = [line for line in text.strip().splitlines() if line.strip()]
+    return lines[-1] if lines else "no output"
+
+
 class Orchestrator:
     """Applies a plan's manifests in order and undoes them; each step waits for the operator or the Job."""
 
@@ -147,6 +216,7 @@ class Orchestrator:
         seconds = (plan.run.measured_seconds or 3600) + plan.run.warmup
         self.job_timeout_s = job_timeout_s or max(600.0, 3 * seconds + 600)
         self.created: list[Manifest] = []
+        self._exec_core: client.CoreV1Api | None = None  # exec's own client (see ``exec_start``)
 
     # -------------------------------------------------------------- create / delete one object
     def create(self, m: Manifest) -> None:
@@ -473,6 +543,87 @@ class Orchestrator:
             its = "its pod" if owner.startswith("Job/") else f"its pod {pod}"
             raise K8sError(f"{owner}: {its} cannot start after {now_ - since:.0f} s ({why})")
         return since
+
+    # -------------------------------------------------------------- commands in long-lived pods (exec)
+    def wait_pods_running(self, names: list[str], what: str) -> dict[str, str]:
+        """Until every pod of ``names`` runs with its container ready; pod → node. A pod that ended (its container
+        gone) or cannot start (an image, no node that fits: ``_pod_cannot_start``) fails, naming it."""
+        deadline = time.monotonic() + self.ready_timeout_s
+        next_look = time.monotonic() + POD_LOOK_S
+        stuck_since: float | None = None
+        while True:
+            nodes: dict[str, str] = {}
+            for name in names:
+                try:
+                    pod = self.core.read_namespaced_pod(name, self.ns)
+                except ApiException as exc:
+                    raise K8sError(f"reading pod/{name}: {_reason(exc)}") from None
+                phase = pod.status.phase if pod.status is not None else None
+                if phase in ("Succeeded", "Failed"):
+                    raise K8sError(f"{what}: pod/{name} ended ({phase}) instead of waiting for the runs")
+                ready = phase == "Running" and all(c.ready for c in (pod.status.container_statuses or [None]) if c)
+                if ready and pod.spec is not None and pod.spec.node_name:
+                    nodes[name] = str(pod.spec.node_name)
+            if len(nodes) == len(names):
+                return nodes
+            if time.monotonic() > deadline:
+                raise K8sError(f"{what}: {len(names) - len(nodes)} of {len(names)} pods not running after "
+                               f"{self.ready_timeout_s:.0f} s")
+            if time.monotonic() >= next_look:
+                next_look = time.monotonic() + POD_LOOK_S
+                stuck_since = self._pod_cannot_start(f"pglab/cluster={self.k8s.cluster_name},pglab/component="
+                                                     f"{CLIENT_COMPONENT}", what, stuck_since)
+            interrupts.sleep(self.poll_s)
+
+    def exec_start(self, pod: str, command: list[str]) -> Exec:
+        """Start ``command`` in ``pod``'s container (the API's exec, over a WebSocket); its output is read by
+        ``exec_wait``. Exec has an API client of its own: the client library's ``stream`` swaps the request method
+        of the client it is given while it connects, and the exporters' readers share the sweep's from threads."""
+        if self._exec_core is None:
+            self._exec_core = client.CoreV1Api(client.ApiClient(self.core.api_client.configuration))
+        try:
+            ws = stream(self._exec_core.connect_get_namespaced_pod_exec, pod, self.ns, command=command,
+                        stdout=True, stderr=True, stdin=False, tty=False, _preload_content=False)
+        except ApiException as exc:
+            raise K8sError(f"starting a command in pod/{pod}: {exc.reason or exc.status}") from None
+        return Exec(pod, ws)
+
+    def exec_wait(self, execs: list[Exec], what: str, on_poll: Callable[[], None] | None = None,
+                  timeout_s: float | None = None) -> None:
+        """Read the output of ``execs`` until each has ended, or one ended with a failure (the others are left
+        running: the caller stops them); ``on_poll`` runs at every look, as a Job's. Past the deadline (a Job's:
+        ``job_timeout_s``) or on an interrupt (RunInterrupted from ``interrupts.check``), raises; the caller stops
+        what still runs."""
+        limit = timeout_s if timeout_s is not None else self.job_timeout_s
+        deadline = time.monotonic() + limit
+        next_poll = time.monotonic()
+        while True:
+            interrupts.check()
+            running = [e for e in execs if e.pump(interrupts.POLL_S / max(1, len(execs)))]
+            if not running or any(e.returncode not in (None, 0) for e in execs if e not in running):
+                return
+            if on_poll is not None and time.monotonic() >= next_poll:
+                next_poll = time.monotonic() + self.poll_s
+                on_poll()
+            if time.monotonic() > deadline:
+                raise K8sError(f"{what} still running after {limit:.0f} s")
+
+    def exec_stop(self, pods: list[str]) -> list[str]:
+        """Stop whatever pglab started by exec in ``pods`` (``STOP_SCRIPT``: every process but the pod's own, TERM
+        then KILL), each waited for; the pods that could not be told (their names and why), never raises."""
+        problems = []
+        for pod in pods:
+            try:
+                e = self.exec_start(pod, ["/bin/sh", "-c", STOP_SCRIPT])
+                deadline = time.monotonic() + STOP_TIMEOUT_S
+                while e.pump(0.1) and time.monotonic() < deadline:
+                    pass
+                e.close()
+                if e.returncode != 0:
+                    problems.append(f"pod/{pod}: stopping its run ended with {e.returncode} ({last_line(e.output)})")
+            except Exception as exc:  # the API server gone, the pod gone: said, and the pod is deleted later
+                problems.append(f"pod/{pod}: {type(exc).__name__}: {exc}")
+        return problems
 
     # -------------------------------------------------------------- a run over several load pods (run.load_pods)
     def run_load_job(self, m: Manifest, dest: Path, pods: int,

@@ -2,9 +2,9 @@
 
 Pure functions of the plan (no cluster, no client library): ``pglab k8s render`` writes them for review or GitOps,
 and the orchestration applies the very same objects, so what was reviewed (and strictly decoded by cnpg-check) is
-what runs. Results leave the pods through their logs (a base64 tarball between markers), so pglab needs no exec
-permission to bring back fio's per-second logs or pgbench's output. The scripts the pods run are
-``scripts``' (text only), the rendered folder and run-jobs.sh ``folder``'s.
+what runs. Results leave the pods through their output (a base64 tarball between markers): a Job's log, or, for
+``pglab run``'s runs, the output of the run Job's script exec'd in a long-lived client pod (``clients``). The
+scripts the pods run are ``scripts``' (text only), the rendered folder and run-jobs.sh ``folder``'s.
 """
 
 from __future__ import annotations
@@ -671,8 +671,10 @@ def rbac(plan: Plan) -> list[Manifest]:
     Clusters (create, watch, patch between CPU steps and parameter points and to fence a standby, delete; their
     status patched to request a switchover, as ``kubectl cnpg promote`` does); Jobs, PVCs and the disk
     sampler's DaemonSet it creates and deletes; pods to follow Jobs, read their logs (results, the nodes'
-    /proc/diskstats), see why one cannot start, and delete the primary (failover scenario); ConfigMaps for custom
-    scripts. No secrets: pgbench gets credentials from the kubelet.
+    /proc/diskstats), see why one cannot start, and delete the primary (failover scenario); the long-lived client
+    pods it creates, runs each run's script in (pods/exec: create, and get, which older API servers check for a
+    WebSocket exec) and deletes; ConfigMaps for custom scripts. No secrets: pgbench gets credentials from the
+    kubelet.
     """
     k8s = target_of(plan)
     name = f"{k8s.cluster_name}-pglab"
@@ -682,8 +684,9 @@ def rbac(plan: Plan) -> list[Manifest]:
         {"apiGroups": ["postgresql.cnpg.io"], "resources": ["clusters/status"], "verbs": ["patch"]},
         {"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["get", "list", "watch", "create", "delete"]},
         {"apiGroups": ["apps"], "resources": ["daemonsets"], "verbs": ["get", "create", "delete"]},
-        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch", "delete"]},
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch", "create", "delete"]},
         {"apiGroups": [""], "resources": ["pods/log"], "verbs": ["get"]},
+        {"apiGroups": [""], "resources": ["pods/exec"], "verbs": ["create", "get"]},
         {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["get"]},  # its own: one made beforehand is used
         {"apiGroups": [""], "resources": ["persistentvolumeclaims", "configmaps"],
          "verbs": ["get", "list", "create", "delete"]},
