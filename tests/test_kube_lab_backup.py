@@ -203,8 +203,11 @@ def test_the_recovered_cluster_holds_every_write_acknowledged_before_the_backup_
     missing = sorted({a.id for a in acked} - present)
     assert not missing, missing[:10]
     assert present <= {a.id for a in log.attempts}  # nothing the witness never wrote
-    # pglab's figures say the same: nothing lost, at least the writes this test counted
-    assert m["restore_lost"] == 0 and m["restore_acked"] >= len(acked), m
+    # pglab's figures say the same: nothing lost, and the writes this test counted but one at most: pglab counts a
+    # write only once the next one's insert is at or before the end LSN (proof that its commit came before); by
+    # the rows' own inserts this test can hold one more, the last before the end whose successor came after it
+    # (75 here against pglab's 74 in one CI run, that row found in the restore all the same)
+    assert m["restore_lost"] == 0 and m["restore_acked"] >= len(acked) - 1, (m, len(acked))
     assert m["restore_after_found"] <= m["restore_after_acked"]
     assert m["restore_s"] > 0 and events["restore-ready"][0] - events["restore-start"][0] >= m["restore_s"] - 1
     assert events["restore-start"][0] >= events["backup-end"][0]
