@@ -164,7 +164,10 @@ def to_json(series: Series) -> list[dict[str, Any]]:
 
 @dataclass
 class Window:
-    """What one run asks: the window, and the span queried around it (edges need a sample outside)."""
+    """What one run asks: the window, and the span queried around it (edges need a sample outside). A range query
+    answers at each step the latest sample at or before it, so the span ends two steps past the window: one step
+    past it the last step can still fall before the first scrape after the end (a 9.9 s window's did, and the disk
+    rate of its last 0.7 s was extrapolated, not read)."""
 
     start: float
     end: float
@@ -172,7 +175,7 @@ class Window:
 
     @property
     def span(self) -> tuple[float, float]:
-        return self.start - 2 * self.step, self.end + self.step
+        return self.start - 2 * self.step, self.end + 2 * self.step
 
 
 # ------------------------------------------------------------------ node disk (node-exporter's series)
