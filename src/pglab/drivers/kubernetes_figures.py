@@ -306,7 +306,9 @@ class Figures:
             self._tell_prometheus(str(exc))
         try:
             groups = {"server": ("|".join(re.escape(n) for n in names), POSTGRES_CONTAINER),
-                      "client": (re.escape(job) + "-.+", "main")}  # the run's Job pods (one per load pod)
+                      # the run's pgbench: the long-lived client pods it is exec'd in, or its Job's pods (a
+                      # scenario run keeps its Job), one per load pod
+                      "client": (f"{re.escape(self.k8s.cluster_name)}-clients-[0-9]+|{re.escape(job)}-.+", "main")}
             cpu, raw = prometheus.container_cpu(client, self.k8s.namespace, groups, primary, w)
             keep("cpu", raw)
         except PrometheusError as exc:
