@@ -450,6 +450,16 @@ def test_the_phases_tile_each_attempt_of_a_sweep_failed_and_interrupted_runs_inc
     assert sum(e - s for _r, _n, s, e in both) == pytest.approx(finished - started - gap, abs=1e-6)
 
 
+def test_the_pause_is_between_runs_only(tmp_path: Path) -> None:
+    """``run.pause`` idles between two runs: not before the first, not after the last (the sweep ends then)."""
+    text = PLAN.replace("order: sequential", "order: sequential, pause: 0.05s")
+    sweep(tmp_path, Scripted(parse_plan(text)), text)
+    names = [n for _r, n, _s, _e in _phase_rows(tmp_path)]
+    assert names.count("pause") == 3  # 4 runs
+    assert names[names.index("pause") - 1] == "record" and names[names.index("pause") + 1] == "prepare"
+    assert names[-2:] == ["record", "teardown"]
+
+
 def test_the_time_table_sums_the_phases_and_the_duty_cycle_is_the_windows_over_them(tmp_path: Path) -> None:
     from pglab.report.tables import full_report
 

@@ -99,15 +99,15 @@ def _sweep(driver: Driver, plan: Plan, recorder: Recorder, ui: Observer, keep: b
                 interrupts.check()
                 recorder.phase("dataset")
                 driver.load_dataset()
-            for point, repeat in itertools.chain([upcoming] if upcoming else [], todo):
+            for n, (point, repeat) in enumerate(itertools.chain([upcoming] if upcoming else [], todo)):
                 interrupts.check()  # between runs: a run that ended before the signal was acted on is kept
+                if n and plan.run.pause:  # between runs: the runs come from generators, so before all but the first
+                    recorder.phase("pause")
+                    interrupts.sleep(plan.run.pause)
                 recorder.phase("prepare")  # the run's id comes with its row; the phase is attached to it then
                 driver.before_run(point)
                 recorder.events(driver.take_events())
                 result.record(point, repeat, recorder.run(driver, point, point_ids[point.key], repeat))
-                if plan.run.pause:
-                    recorder.phase("pause")
-                    interrupts.sleep(plan.run.pause)
             interrupts.check()  # a signal during the last run: the sweep says so (exit 130/143), its runs are kept
             if schedule.target_ci_pct is not None:
                 recorder.events(_targets(schedule, points, recorder, ui))
