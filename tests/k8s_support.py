@@ -46,6 +46,18 @@ target:
 """
 
 
+# a plan of tenants: the target their Clusters (mt-<tenant>) are made from, before its tenants: section
+TENANTS_TARGET = """
+name: mt
+target:
+  kubernetes:
+    namespace: bench
+    cluster_name: mt
+    resources: {cpu: 1, memory: 1Gi}
+    storage: {class: standard, size: 10Gi}
+"""
+
+
 def k8s_plan(*sections: str, kubernetes: tuple[str, ...] = ()) -> str:
     """The tests' plan: namespace bench, Cluster pg of 2 instances (1 CPU, 1 GiB) and the ``kubernetes`` lines
     given, then these top-level sections (``matrix: …``, ``run: …``, ``storage: …``), a line each."""

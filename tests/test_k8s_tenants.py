@@ -15,21 +15,13 @@ from kubernetes import client
 
 from conftest import pglab
 from k8s_fake import FakeAPI, storage_class
-from k8s_support import cli, kubeconfig
+from k8s_support import TENANTS_TARGET, cli, kubeconfig
 from pglab.plan.load import parse_plan
 from pglab.plan.schema import PrometheusSource
 from pglab.targets.kubernetes import prometheus
 from pglab.targets.kubernetes.render import cluster
 
-TIERS = """
-name: mt
-target:
-  kubernetes:
-    namespace: bench
-    cluster_name: mt
-    resources: {cpu: 1, memory: 1Gi}
-    storage: {class: standard, size: 10Gi}
-tenants:
+TIERS = TENANTS_TARGET + """tenants:
   arrangements:
     - name: io-tiers
       tiers:

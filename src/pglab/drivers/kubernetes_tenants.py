@@ -63,7 +63,6 @@ class KubernetesTenantsDriver(KubernetesDriver):
         self._namespaces: dict[str, Orchestrator] = {}  # namespace → the Orchestrator that made it
         self._arrangement: Arrangement | None = None
         self._figures: dict[str, Figures] = {}  # tenant → its volume probes (a pod's devices, probed once)
-        self._system_told = False
 
     def _orch_for(self, tenant: K8sTenant) -> Orchestrator:
         assert self.api is not None, "preflight() connects first"
@@ -204,10 +203,8 @@ class KubernetesTenantsDriver(KubernetesDriver):
         return out
 
     def _tell_system(self, why: str) -> None:
-        if not self._system_told:
-            self._system_told = True
-            self.ui.log(f"tenants' CPU, memory and disk figures: {why.rstrip('.')} (none stored for such tenants, not "
-                        "zeros)")
+        self.figures.once.say("tenants' figures", f"tenants' CPU, memory and disk figures: {why.rstrip('.')} (none "
+                              "stored for such tenants, not zeros)")
 
     # ------------------------------------------------------------ one run: every tenant at once
     def start_run(self, point: Point, repeat: int, run_id: str, run_dir: Path) -> KubernetesTenantsRun:
