@@ -77,6 +77,21 @@ def pod_log(job: str) -> str:
     return results_log({**files, "reset.log": "TRUNCATE TABLE\nVACUUM\n"}, text="")
 
 
+def statements_row(userid: int | None, queryid: int | None, query: str, calls: int, ms: float,
+                   **more: float) -> dict[str, Any]:
+    """A row of pg_stat_statements as to_jsonb gives it (userid an oid: text)."""
+    return {"userid": None if userid is None else str(userid), "dbid": "16384", "toplevel": True,
+            "queryid": queryid, "query": query, "calls": calls, "total_exec_time": ms, "rows": calls,
+            "shared_blks_hit": 4 * calls, "shared_blks_read": 0, "shared_blks_dirtied": 0, "shared_blks_written": 0,
+            "wal_bytes": 0, **more}
+
+
+def statements_read(epoch: float, rows: list[dict[str, Any]], dealloc: int) -> str:
+    """One read of pg_stat_statements as a run Job's psql -XAt writes it (targets.kubernetes.statements): the pod's
+    epoch, the view as one jsonb line, the evictions."""
+    return f"{epoch:.9f}\n{json.dumps({'version': '1.10', 'statements': rows})}\n{dealloc}\n"
+
+
 def timed_log(api: FakeAPI) -> Callable[[str], str]:
     """A run Job whose transactions (per-transaction log) end between 0.3 and 0.9 s after the Job was created,
     this machine's clock: the window falls among the exporter reads pglab takes while the Job runs."""
