@@ -214,7 +214,8 @@ class TenantsRun(MeasuredRun):
         _keep_server_logs(fleet, self.dirs)
         return RunResult.of(window, metrics, series=series, events=self.events, settings=self.settings,
                             tenants=rows,
-                            record={"tenants": {n: {"tier": t, **m} for n, (t, m) in per_tenant.items()},
+                            record={"tenants": {n: {"tier": t, "command": results[n].command, **m}
+                                                for n, (t, m) in per_tenant.items()},
                                     **statements_record(statements)})
 
     def end(self, failure: BaseException | None) -> None:
