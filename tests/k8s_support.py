@@ -46,6 +46,18 @@ target:
 """
 
 
+# a plan of tenants: the target their Clusters (mt-<tenant>) are made from, before its tenants: section
+TENANTS_TARGET = """
+name: mt
+target:
+  kubernetes:
+    namespace: bench
+    cluster_name: mt
+    resources: {cpu: 1, memory: 1Gi}
+    storage: {class: standard, size: 10Gi}
+"""
+
+
 def k8s_plan(*sections: str, kubernetes: tuple[str, ...] = ()) -> str:
     """The tests' plan: namespace bench, Cluster pg of 2 instances (1 CPU, 1 GiB) and the ``kubernetes`` lines
     given, then these top-level sections (``matrix: …``, ``run: …``, ``storage: …``), a line each."""
@@ -63,6 +75,21 @@ def pod_log(job: str) -> str:
         return results_log({"init.log": init}, text=init)
     files = {name: (PGBENCH / name).read_text() for name in ("pgbench.out", "pgbench.err", *TXN_LOGS)}
     return results_log({**files, "reset.log": "TRUNCATE TABLE\nVACUUM\n"}, text="")
+
+
+def statements_row(userid: int | None, queryid: int | None, query: str, calls: int, ms: float,
+                   **more: float) -> dict[str, Any]:
+    """A row of pg_stat_statements as to_jsonb gives it (userid an oid: text)."""
+    return {"userid": None if userid is None else str(userid), "dbid": "16384", "toplevel": True,
+            "queryid": queryid, "query": query, "calls": calls, "total_exec_time": ms, "rows": calls,
+            "shared_blks_hit": 4 * calls, "shared_blks_read": 0, "shared_blks_dirtied": 0, "shared_blks_written": 0,
+            "wal_bytes": 0, **more}
+
+
+def statements_read(epoch: float, rows: list[dict[str, Any]], dealloc: int) -> str:
+    """One read of pg_stat_statements as a run Job's psql -XAt writes it (targets.kubernetes.statements): the pod's
+    epoch, the view as one jsonb line, the evictions."""
+    return f"{epoch:.9f}\n{json.dumps({'version': '1.10', 'statements': rows})}\n{dealloc}\n"
 
 
 def timed_log(api: FakeAPI) -> Callable[[str], str]:

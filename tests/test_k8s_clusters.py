@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from conftest import pglab
+from k8s_support import TENANTS_TARGET
 from pglab.engine.schedule import blocks
 from pglab.plan.expand import expand
 from pglab.plan.load import parse_plan
@@ -181,15 +182,7 @@ def test_validate_counts_the_storage_values_as_points(tmp_path: Path) -> None:
 
 
 # ------------------------------------------------------------------ tenants: a Cluster per tenant
-TENANTS = """
-name: mt
-target:
-  kubernetes:
-    namespace: bench
-    cluster_name: mt
-    resources: {cpu: 1, memory: 1Gi}
-    storage: {class: standard, size: 10Gi}
-tenants:
+TENANTS = TENANTS_TARGET + """tenants:
   instances: 2
   arrangements:
     - name: qos

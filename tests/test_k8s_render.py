@@ -12,6 +12,7 @@ import os
 import shutil
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -247,3 +248,140 @@ def test_a_render_replaces_the_earlier_one(rendered: Path, tmp_path: Path) -> No
     assert proc.returncode == 2
     assert proc.stderr.startswith(f"error: -o: {rendered} holds files no pglab k8s render wrote (jobs/99-mine.yaml)")
     assert len(proc.stderr.strip().splitlines()) == 1
+
+
+# ------------------------------------------------------------------ every Kubernetes feature: rendered, or why not
+# A plan that sets every field of target.kubernetes (node_exporter, exclusive with prometheus: in a variant below),
+# every field of its placements and of the S3 store, a WAL volume measured by fio and a node-loss scenario.
+EVERY = """
+name: every
+target:
+  kubernetes:
+    kubeconfig: /nonexistent/pglab-every.kubeconfig
+    context: every-context
+    namespace: bench-all
+    cluster_name: all
+    instances: 2
+    image: registry.example/postgresql:16.4
+    storage: {class: fast, size: 20Gi}
+    wal_storage: {class: walclass, size: 4Gi}
+    resources: {cpu: 1500m, memory: 3Gi}
+    synchronous: {method: first, number: 1, data_durability: preferred}
+    database: {node_selector: {role: db}, tolerations: [{key: db, operator: Equal, value: "yes", effect: NoSchedule}],
+               anti_affinity: preferred, topology_key: topology.kubernetes.io/zone}
+    clients: {node_selector: {role: client}, tolerations: [{key: load, operator: Exists}], anti_affinity: required,
+              topology_key: kubernetes.io/hostname, image: registry.example/pgbench:16,
+              fio_image: registry.example/fio:3, cpu: 2, memory: 1Gi}
+    prometheus: {url: "http://prometheus.monitoring:9090"}
+    node_fault: {stop: [every-stop-node, "{node}"], start: [every-start-node, "{node}"]}
+    wal_archive: {s3: {endpoint: "http://s3.store:7070", destination: "s3://bench/all", credentials: store/keys,
+                       compression: gzip, max_parallel: 4, jobs: 2, immediate_checkpoint: true}}
+storage: {profiles: [randwrite-8k], runtime: 1s, size: 64MiB, paths: [data, wal]}
+matrix:
+  clients: [2]
+  scenario: [{kind: node-loss, at: 2s, down: 5s}]
+run: {duration: 10s}
+"""
+
+
+def render_every(tmp_path: Path, text: str = EVERY) -> tuple[dict[str, dict[str, Any]], str]:
+    """``pglab k8s render`` of ``text``: every manifest by its path under the folder, and run-jobs.sh's text."""
+    tmp_path.mkdir(exist_ok=True)
+    (tmp_path / "plan.yaml").write_text(text)
+    out = tmp_path / "m"
+    pglab("k8s", "render", str(tmp_path / "plan.yaml"), "-o", str(out), check=True)
+    docs = {str(f.relative_to(out)): yaml.safe_load(f.read_text()) for f in sorted(out.glob("*/*.yaml"))}
+    return docs, (out / "run-jobs.sh").read_text()
+
+
+def pod(job: dict[str, Any]) -> dict[str, Any]:
+    return job["spec"]["template"]["spec"]
+
+
+def test_every_field_of_target_kubernetes_is_rendered_or_left_to_pglab_run_by_name(tmp_path: Path) -> None:
+    """Each field has its check here, so a field added to target.kubernetes fails this test until the render writes
+    it (or says why it cannot: the connection's fields and the node fault are pglab run's, not a manifest's)."""
+    from pglab.plan.load import parse_plan
+    from pglab.plan.schema.kubernetes import K8sClients, KubernetesTarget, Placement, S3Store
+
+    k8s = parse_plan(EVERY).target.kubernetes
+    assert k8s is not None and k8s.wal_archive is not None and k8s.wal_archive.s3 is not None
+    assert set(KubernetesTarget.model_fields) - k8s.model_fields_set == {"node_exporter"}  # the variant below
+    assert k8s.database.model_fields_set == set(Placement.model_fields)
+    assert k8s.clients.model_fields_set == set(K8sClients.model_fields)
+    assert k8s.wal_archive.s3.model_fields_set == set(S3Store.model_fields)
+    docs, script = render_every(tmp_path)
+    text = yaml.safe_dump(docs) + script
+    db = docs["cluster/10-cluster.yaml"]["spec"]
+    run, fio = docs["jobs/50-run-0000-1-job.yaml"], docs["jobs/21-fio-wal-job.yaml"]
+    checked = {
+        # where pglab connects from: nothing of it in a manifest (a render needs no cluster)
+        "kubeconfig": "pglab-every.kubeconfig" not in text,
+        "context": "every-context" not in text,
+        "namespace": {d["metadata"].get("namespace") for f, d in docs.items() if d["kind"] != "Namespace"}
+        == {"bench-all"} and docs["cluster/00-namespace.yaml"]["metadata"]["name"] == "bench-all",
+        "cluster_name": docs["cluster/10-cluster.yaml"]["metadata"]["name"] == "all",
+        "instances": db["instances"] == 2 and "\nINSTANCES=2\n" in script,
+        "image": db["imageName"] == "registry.example/postgresql:16.4",
+        "storage": db["storage"] == {"size": "20Gi", "storageClass": "fast"}
+        and docs["jobs/20-fio-data-pvc.yaml"]["spec"]["storageClassName"] == "fast",
+        "wal_storage": db["walStorage"] == {"size": "4Gi", "storageClass": "walclass"}
+        and docs["jobs/20-fio-wal-pvc.yaml"]["spec"]["storageClassName"] == "walclass",
+        "resources": db["resources"] == {"requests": {"cpu": "1500m", "memory": "3Gi"},
+                                         "limits": {"cpu": "1500m", "memory": "3Gi"}},
+        "synchronous": db["postgresql"]["synchronous"] == {"method": "first", "number": 1,
+                                                           "dataDurability": "preferred"},
+        "database": db["affinity"]["nodeSelector"] == {"role": "db"}
+        and db["affinity"]["tolerations"] == [{"key": "db", "operator": "Equal", "value": "yes",
+                                               "effect": "NoSchedule"}]
+        and db["affinity"]["topologyKey"] == "topology.kubernetes.io/zone"
+        and db["affinity"]["podAntiAffinityType"] == "preferred"
+        and pod(fio)["nodeSelector"] == {"role": "db"},  # fio measures the volume where the database runs
+        "clients": pod(run)["nodeSelector"] == {"role": "client"}
+        and pod(run)["tolerations"] == [{"key": "load", "operator": "Exists"}]
+        and pod(run)["containers"][0]["image"] == "registry.example/pgbench:16"
+        and pod(run)["containers"][0]["resources"]["limits"] == {"cpu": "2", "memory": "1Gi"}
+        and [t["topologyKey"] for t in pod(run)["affinity"]["podAntiAffinity"]
+             ["requiredDuringSchedulingIgnoredDuringExecution"]] == ["kubernetes.io/hostname"]
+        and pod(fio)["containers"][0]["image"] == "registry.example/fio:3",
+        # disk counters from Prometheus: no disk sampler of pglab's (a plan without it has one, below)
+        "prometheus": not any(d["kind"] == "DaemonSet" for d in docs.values()),
+        # a node fault is a command pglab run calls: the script runs that run without it, and says so
+        "node_fault": "every-stop-node" not in text and "all-run-0000-1 runs here without the fault" in script,
+        "wal_archive": db["plugins"] == [{"name": "barman-cloud.cloudnative-pg.io", "isWALArchiver": True,
+                                          "parameters": {"barmanObjectName": "all-store"}}]
+        and docs["cluster/06-objectstore.yaml"]["spec"]["configuration"] == {
+            "destinationPath": "s3://bench/all", "endpointURL": "http://s3.store:7070",
+            "s3Credentials": {"accessKeyId": {"name": "all-store-credentials", "key": "ACCESS_KEY_ID"},
+                              "secretAccessKey": {"name": "all-store-credentials", "key": "ACCESS_SECRET_KEY"}},
+            "wal": {"maxParallel": 4, "compression": "gzip"},
+            "data": {"compression": "gzip", "jobs": 2, "immediateCheckpoint": True}}
+        and docs["cluster/05-objectstore-credentials.yaml"]["metadata"]["annotations"]["pglab/copy-from"]
+        == "store/keys",
+    }
+    variant, _ = render_every(tmp_path / "exporter", EVERY.replace(
+        'prometheus: {url: "http://prometheus.monitoring:9090"}', "node_exporter: {namespace: monitoring}"))
+    plain, _ = render_every(tmp_path / "plain", EVERY.replace(
+        'prometheus: {url: "http://prometheus.monitoring:9090"}', ""))
+    checked["node_exporter"] = not any(d["kind"] == "DaemonSet" for d in variant.values()) and [
+        f for f, d in plain.items() if d["kind"] == "DaemonSet"] == ["cluster/15-disk-sampler-daemonset.yaml"]
+    assert set(checked) == set(KubernetesTarget.model_fields)
+    assert [field for field, ok in checked.items() if not ok] == []
+
+
+def test_an_empty_copy_of_the_object_stores_secret_stops_the_script_before_anything_is_applied(tmp_path: Path) -> None:
+    """The render cannot read the Secret wal_archive.s3.credentials names (pglab run copies it): the copy it writes
+    is empty, and an archiver with empty keys fails every segment. The script refuses it, naming the Secret."""
+    render_every(tmp_path / "r")
+    out = tmp_path / "r" / "m"
+    proc, calls = run_script(out, tmp_path)
+    assert proc.returncode == 1 and calls == []  # nothing applied
+    assert proc.stderr.strip().endswith(
+        "run-jobs: cluster/05-objectstore-credentials.yaml is an empty copy of Secret store/keys: fill its data with "
+        "that Secret's (kubectl -n store get secret keys -o jsonpath='{.data}'), then run this again")
+    secret = out / "cluster" / "05-objectstore-credentials.yaml"
+    secret.write_text(secret.read_text().replace("ACCESS_KEY_ID: ''", "ACCESS_KEY_ID: a2V5")
+                      .replace("ACCESS_SECRET_KEY: ''", "ACCESS_SECRET_KEY: c2VjcmV0"))
+    proc, calls = run_script(out, tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert calls[:2] == ["apply cluster", "get cluster"]

@@ -8,13 +8,14 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 from kubernetes import client
 
 from k8s_fake import FakeAPI, results_log
 from k8s_support import PGBENCH, TXN_LOGS, k8s_plan, pod_log, run
+from k8s_support import statements_read as _read
+from k8s_support import statements_row as _row
 from pglab.plan.load import parse_plan
 from pglab.targets.kubernetes.render import render
 from pglab.targets.kubernetes.statements import END_FILE, ERR_FILE, MARK, START_FILE
@@ -44,19 +45,6 @@ def test_the_run_job_reads_the_view_around_pgbench_only_when_it_is_loaded(tmp_pa
                   PLAN.replace("duration: 4s", "duration: 4s, load_pods: 2").replace("clients: [1]", "clients: [2]"),
                   PLAN + "probes: {enabled: false}\n"):
         assert all("statements_read" not in s for s in _scripts(other, tmp_path)), other
-
-
-def _row(userid: int | None, queryid: int | None, query: str, calls: int, ms: float, **more: float) -> dict[str, Any]:
-    """A row of pg_stat_statements as to_jsonb gives it (userid an oid: text)."""
-    return {"userid": None if userid is None else str(userid), "dbid": "16384", "toplevel": True,
-            "queryid": queryid, "query": query, "calls": calls, "total_exec_time": ms, "rows": calls,
-            "shared_blks_hit": 4 * calls, "shared_blks_read": 0, "shared_blks_dirtied": 0, "shared_blks_written": 0,
-            "wal_bytes": 0, **more}
-
-
-def _read(epoch: float, rows: list[dict[str, Any]], dealloc: int) -> str:
-    """One read as the Job's psql -XAt writes it: the pod's epoch, the view as one jsonb line, the evictions."""
-    return f"{epoch:.9f}\n{json.dumps({'version': '1.10', 'statements': rows})}\n{dealloc}\n"
 
 
 START = _read(1700000000.5, [_row(16385, 11, UPDATE, 10, 5.0, wal_bytes=1000), _row(16385, 12, SELECT, 5, 1.0),

@@ -6,6 +6,7 @@ The real thing runs in tests/test_kube_lab_clusters.py, on the lab (a tier on it
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 from typing import Any
@@ -14,22 +15,26 @@ import pytest
 from kubernetes import client
 
 from conftest import pglab
-from k8s_fake import FakeAPI, storage_class
-from k8s_support import cli, kubeconfig
+from k8s_fake import FakeAPI, results_log, storage_class
+from k8s_support import (
+    PGBENCH,
+    TENANTS_TARGET,
+    TXN_LOGS,
+    Recorder,
+    cli,
+    kubeconfig,
+    pod_log,
+    statements_read,
+    statements_row,
+)
 from pglab.plan.load import parse_plan
 from pglab.plan.schema import PrometheusSource
 from pglab.targets.kubernetes import prometheus
 from pglab.targets.kubernetes.render import cluster
+from pglab.targets.kubernetes.statements import END_FILE, ERR_FILE, MARK, START_FILE
+from pglab.targets.kubernetes.tenants import START_WAIT
 
-TIERS = """
-name: mt
-target:
-  kubernetes:
-    namespace: bench
-    cluster_name: mt
-    resources: {cpu: 1, memory: 1Gi}
-    storage: {class: standard, size: 10Gi}
-tenants:
+TIERS = TENANTS_TARGET + """tenants:
   arrangements:
     - name: io-tiers
       tiers:
@@ -236,3 +241,84 @@ def test_tenants_whose_volumes_share_a_device_are_named_to_each_other() -> None:
     mark_shared(figures)
     assert {n: f.info["disk"].get("shared_with") for n, f in figures.items() if isinstance(f.info["disk"], dict)} == {
         "t01": ["t02"], "t02": ["t01", "t04"], "t03": None, "t04": ["t02"]}
+
+
+# ------------------------------------------------------------------ each tenant's statements, as its Job read them
+STATEMENTS = TENANTS_TARGET + """tenants:
+  arrangements:
+    - name: pair
+      tiers:
+        - {name: gold, tenants: 1, clients: 2}
+        - {name: bronze, tenants: 1, clients: 1}
+postgres: {parameters: {pg_stat_statements.max: '1000'}}
+run: {duration: 4s, warmup: 0s}
+"""
+UPDATE = "UPDATE pgbench_accounts SET abalance = abalance + $1 WHERE aid = $2"
+SELECT = "SELECT abalance FROM pgbench_accounts WHERE aid = $1"
+
+
+def tenant_reads(tenant: str) -> tuple[str, str]:
+    """What tenant t0N's Job printed of the view: its UPDATE called 100·N times and its SELECT 10·N times in the
+    window (N ms and N/2 ms each), the window from second 100·N to 100·N + 4; the reads' own statement and another
+    role's (no identity for the application role) left for pglab to leave out."""
+    n = int(tenant[1:])
+    start = statements_read(1700000000 + 100 * n, [statements_row(16385, 11, UPDATE, 7, 7.0),
+                                                   statements_row(16385, 12, SELECT, 3, 1.5)], 0)
+    end = statements_read(1700000004 + 100 * n, [
+        statements_row(16385, 11, UPDATE, 7 + 100 * n, 7.0 + 100 * n * n, wal_bytes=500.0 * n),
+        statements_row(16385, 12, SELECT, 3 + 10 * n, 1.5 + 5 * n * n),
+        statements_row(16385, 14, f"SELECT /* {MARK} */ jsonb_build_object($1, ...)", 1, 0.5),
+        statements_row(None, None, "<insufficient privilege>", 80, 18.0)], 0)
+    return start, end
+
+
+def test_each_tenants_statements_are_what_its_own_job_read(fake: tuple[FakeAPI, client.ApiClient],
+                                                            tmp_path: Path) -> None:
+    """Two tenants whose Jobs printed different reads: each one's statements.json and summary are its own reads'
+    deltas; each Job waits for the common start before its first read."""
+    from pglab.drivers import driver_for
+    from pglab.engine.sweep import run_sweep
+
+    api, api_client = fake
+
+    def log(job: str) -> str:
+        if "-run-" not in job:
+            return pod_log(job)
+        start, end = tenant_reads(job.split("-")[1])  # mt-t01-run-0000-1
+        files = {name: (PGBENCH / name).read_text() for name in ("pgbench.out", "pgbench.err", *TXN_LOGS)}
+        return results_log({**files, "settings.txt": "pg_stat_statements.max|1000||f|t\n",
+                            START_FILE: start, END_FILE: end, ERR_FILE: ""}, text="")
+
+    api.default_log = log
+    plan, results = parse_plan(STATEMENTS, base_dir=tmp_path), tmp_path / "results"
+    driver = driver_for(plan, STATEMENTS, tmp_path, results, Recorder(), api=api_client, poll_s=0.01,
+                        ready_timeout_s=5.0)
+    result = run_sweep(driver, plan, STATEMENTS, tmp_path, results, Recorder())
+    assert (result.ok, result.failed) == (1, 0), result.failures
+
+    jobs = [b for b in api.posted if b["kind"] == "Job" and "-run-" in b["metadata"]["name"]]
+    assert sorted(j["metadata"]["name"] for j in jobs) == ["mt-t01-run-0000-1", "mt-t02-run-0000-1"]
+    for job in jobs:
+        script = job["spec"]["template"]["spec"]["containers"][0]["command"][-1]
+        assert (script.index(START_WAIT) < script.index(f"statements_read {START_FILE}") < script.index("pgbench -n")
+                < script.index(f"statements_read {END_FILE}"))
+
+    (run_dir,) = (results / "runs").iterdir()
+    record = json.loads((run_dir / "run.json").read_text())
+    assert json.loads((run_dir / "tenants.json").read_text())["statements"] == record["statements"]
+    for tenant, n in (("t01", 1), ("t02", 2)):
+        doc = json.loads((run_dir / "tenants" / tenant / "statements.json").read_text())
+        assert doc["window"] == [1700000000 + 100 * n, 1700000004 + 100 * n]
+        assert doc["source"] == "pg_stat_statements 1.10" and "other roles' statements" in doc["note"]
+        got = {s["query"]: s for s in doc["statements"]}
+        assert list(got) == [UPDATE, SELECT]  # most time first; neither the reads' own nor the hidden row
+        assert (got[UPDATE]["calls"], got[UPDATE]["total_exec_time"], got[UPDATE]["wal_bytes"]) == (
+            100 * n, 100 * n * n, 500 * n)
+        assert (got[SELECT]["calls"], got[SELECT]["total_exec_time"]) == (10 * n, 5 * n * n)
+        assert got[UPDATE]["mean_exec_time"] == pytest.approx(n)
+        summary = record["statements"]["tenants"][tenant]
+        assert summary["file"] == f"tenants/{tenant}/statements.json" and summary["count"] == 2
+        assert summary["top"][0] == {"query": UPDATE, "calls": 100 * n, "total_exec_time_ms": 100 * n * n,
+                                     "mean_exec_time_ms": pytest.approx(n), "time_pct": pytest.approx(100 / 1.05)}
+    assert set(record["statements"]["tenants"]) == {"t01", "t02"}
+    assert not list(run_dir.rglob("probe-errors.txt"))

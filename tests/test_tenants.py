@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 import re
 import shutil
@@ -182,6 +183,59 @@ def test_interrupt_while_tenants_run_leaves_nothing_and_resumes(tmp_path: Path, 
     settings = json.loads((run_dir / "settings.json").read_text())
     assert settings["synchronous_standby_names"]["setting"] == "ANY 1 (n1)"
     assert processes_mentioning(str(labs)) == [] and _cgroups_left(labs) == []
+
+
+RATE, LATENCY_LIMIT_MS = 400, 5
+
+
+def _pgbench_line(out: str, pattern: str) -> re.Match[str]:
+    m = re.search(pattern, out, re.MULTILINE)
+    assert m is not None, f"pgbench printed no {pattern!r}"
+    return m
+
+
+def test_tenants_at_a_rate_run_open_loop_with_pgbenchs_own_rate_figures(tmp_path: Path, labs: Path) -> None:
+    """run.rate with tenants: every tenant's pgbench runs at that arrival rate (-R, with --latency-limit), and its
+    schedule lag, skipped and late shares are pgbench's own, in its tenant rows and the tenants table. The capped
+    tenants (50 write IOPS, each commit a WAL flush) cannot keep up with 400 transactions a second: they skip."""
+    plan = tmp_path / "plan.yaml"
+    plan.write_text(_plan(labs, duration=f"4s, rate: {RATE}, latency_limit: {LATENCY_LIMIT_MS}ms"))
+    results = tmp_path / "results"
+    run_plan(plan, results)
+    (run,) = stored_runs(results)
+    assert run.status == "ok"
+    run_dir = results / run.dir
+    record = json.loads((run_dir / "run.json").read_text())["tenants"]
+    with read_store(results) as store:
+        per = {tenant: figures for tenant, (_tier, figures) in store.tenant_metrics(run.id).items()}
+    table = {r["tenant"]: r for r in json.loads(pglab("report", str(results), "--table", "tenants", "--format",
+                                                         "json", check=True).stdout)}
+    for t in ("t01", "t02", "t03"):
+        command = record[t]["command"]
+        assert command[command.index("-R") + 1] == str(RATE) and f"--latency-limit={LATENCY_LIMIT_MS}" in command
+        folder = run_dir / "tenants" / t
+        out = (folder / "pgbench.out").read_text()
+        m = per[t]
+        lag = _pgbench_line(out, r"^rate limit schedule lag: avg ([\d.]+) \(max ([\d.]+)\) ms")
+        assert (m["schedule_lag_ms"], m["schedule_lag_max_ms"]) == (float(lag.group(1)), float(lag.group(2)))
+        processed = int(_pgbench_line(out, r"^number of transactions actually processed: (\d+)").group(1))
+        skipped = int(_pgbench_line(out, r"^number of transactions skipped: (\d+)").group(1))
+        late = int(_pgbench_line(out, rf"^number of transactions above the {LATENCY_LIMIT_MS}\.0 ms latency limit: "
+                                      r"(\d+)/").group(1))
+        assert m["skipped_pct"] == pytest.approx(skipped / (processed + skipped) * 100)
+        assert m["late_pct"] == pytest.approx(late / processed * 100)
+        # its -l log (every transaction) says the same: a 'skipped' line per transaction skipped, a schedule lag
+        # column on every other, each time counted from the scheduled start (so at least its lag)
+        (log,) = folder.glob("pgbench_log.*")
+        text = gzip.decompress(log.read_bytes()).decode() if log.suffix == ".gz" else log.read_text()
+        lines = [line.split() for line in text.splitlines() if line.strip()]
+        assert sum(1 for f in lines if f[2] == "skipped") == skipped
+        done = [f for f in lines if f[2] not in ("skipped", "failed")]
+        assert len(done) == processed and all(len(f) >= 7 and int(f[2]) >= int(f[6]) for f in done)
+        assert m["latency_log_mean_ms"] == pytest.approx(sum(int(f[2]) for f in done) / len(done) / 1000)
+        for key in ("schedule_lag_ms", "schedule_lag_max_ms", "skipped_pct", "late_pct"):  # the tenants table
+            assert table[t][key] == pytest.approx(m[key]), key
+    assert all((per[t]["skipped_pct"] or 0) > 0 for t in ("t02", "t03")), per
 
 
 @pytest.mark.parametrize(("change", "field"), [

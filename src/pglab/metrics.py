@@ -162,14 +162,17 @@ METRICS: tuple[Metric, ...] = (
     # ---- open loop (a rate, pgbench -R): how far the load fell behind its schedule (issue 29)
     Metric("schedule_lag_ms", "ms", True, "client", "mean delay from each transaction's scheduled start to its "
            "actual start (pgbench's rate limit schedule lag; latency counts from the scheduled start)",
-           columns=_in("points", "runs", header="sched lag ms")),
+           columns=(*_in("points", "runs", header="sched lag ms"),
+                    Column("tenants", header="sched lag ms", how="value"))),
     Metric("schedule_lag_max_ms", "ms", True, "client", "largest schedule lag of the run (pgbench)",
-           columns=_in("points", "runs", header="sched lag max ms", how="max")),
+           columns=(*_in("points", "runs", header="sched lag max ms", how="max"),
+                    Column("tenants", header="sched lag max ms", how="value"))),
     Metric("skipped_pct", "%", True, "client", "transactions skipped: already later than run.latency_limit at "
-           "their scheduled start, never run (pgbench, of those scheduled)", columns=_in("points", "runs",
-                                                                                         header="skipped %")),
+           "their scheduled start, never run (pgbench, of those scheduled)",
+           columns=(*_in("points", "runs", header="skipped %"), Column("tenants", header="skipped %", how="value"))),
     Metric("late_pct", "%", True, "client", "transactions that ran longer than run.latency_limit from their "
-           "scheduled start (pgbench, of those processed)", columns=_in("points", "runs", header="late %")),
+           "scheduled start (pgbench, of those processed)",
+           columns=(*_in("points", "runs", header="late %"), Column("tenants", header="late %", how="value"))),
     Metric("failed", "count", True, "client", "transactions that failed (pgbench)",
            columns=_in("tenants", how="value")),
     # ---- scenarios: faults and what they cost

@@ -172,7 +172,8 @@ class Operator:
         """An instance pod deleted: killed for good once its Cluster is gone, else recreated (the primary's
         deletion starting a failover)."""
         api, pod = self.api, req.params["pod"]
-        if not any("/clusters/" in k for k in api.objects):  # torn down: killed, not recreated
+        if not any(k.endswith(f"/clusters/{pod.rsplit('-', 1)[0]}") for k in api.objects):  # its Cluster torn down:
+            # killed, not recreated
             self.pods.pop(pod)
             api.killed_at_cleanup.append((pod, req.query))
             return 200, {"kind": "Pod", "apiVersion": "v1", "metadata": {"name": pod}}
@@ -184,8 +185,11 @@ class Operator:
         return 200, {"kind": "Pod", "apiVersion": "v1", "metadata": {"name": pod}}
 
     def list_pods(self, req: Request) -> Answer:
+        """The instance pods of the Cluster the selector names (``cnpg.io/cluster=<name>``, first)."""
+        cluster = req.selector.removeprefix("cnpg.io/cluster=").split(",")[0]
         return 200, {"kind": "PodList", "apiVersion": "v1", "metadata": {},
-                     "items": [self._instance_pod(n, req.params["ns"]) for n in self.pods]}
+                     "items": [self._instance_pod(n, req.params["ns"]) for n in self.pods
+                               if n.rsplit("-", 1)[0] == cluster]}
 
     def _instance_pod(self, name: str, namespace: str) -> dict[str, Any]:
         spec = self.pods[name]

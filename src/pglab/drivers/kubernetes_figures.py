@@ -52,6 +52,19 @@ class Readers:
             reader.stop()
 
 
+class Once:
+    """What is said once per sweep: the first message of each topic goes to the log, later ones are dropped."""
+
+    def __init__(self, log: Callable[[str], None]) -> None:
+        self.log = log
+        self.told: set[str] = set()
+
+    def say(self, topic: str, message: str) -> None:
+        if topic not in self.told:
+            self.told.add(topic)
+            self.log(message)
+
+
 @dataclass
 class RunFigures:
     """What the sources gave for one run: each part None when its source could not say."""
@@ -71,7 +84,7 @@ class Figures:
         self.plan, self.k8s, self._orch, self.results_dir, self.ui = plan, target_of(plan), orch, results_dir, ui
         self.scrape_s = scrape_s  # how often the instances' exporters are read while a run's Job runs
         self.prom = prom
-        self._exporter_told = self._disk_told = self._guess_told = self._prom_told = False
+        self.once = Once(ui.log)  # what is said once per sweep, by topic
         self._probed: dict[str, disks.Volume | str] = {}  # claim@node#pod uid → its mount, or why unknown
         self._tries: dict[str, int] = {}  # probes of a key so far (a failure is tried once more)
         self._probes = 0
@@ -129,10 +142,9 @@ class Figures:
 
     def _tell_exporter_errors(self, scraper: exporter.Scraper) -> None:
         """Say once per sweep when an exporter could not be read (RBAC without pods/proxy, say)."""
-        if (errors := scraper.errors()) and not self._exporter_told:
-            self._exporter_told = True
-            self.ui.log(f"exporter not read: {errors[0]} (figures from the scrapes that worked only; see "
-                        "exporter/*.prom in the run's folder)")
+        if errors := scraper.errors():
+            self.once.say("exporter", f"exporter not read: {errors[0]} (figures from the scrapes that worked only; "
+                          "see exporter/*.prom in the run's folder)")
 
     def _disks(self, run_dir: Path, launched: float, window: tuple[float, float],
                nodes_read: NodeScrapes | None = None) -> disks.RunDisks | None:
@@ -193,10 +205,9 @@ class Figures:
         if problems or not result.metrics:
             self.tell_disk(str(result.info.get("note")))
             result.metrics, result.series = {}, []
-        elif result.guessed and not self._guess_told:
-            self._guess_told = True
-            self.ui.log(f"disk figures: the volume devices of {', '.join(result.guessed)} are a guess (the busiest "
-                        "device of the node; the volume probe could not run, see disk/disk.json)")
+        elif result.guessed:
+            self.once.say("disk guess", f"disk figures: the volume devices of {', '.join(result.guessed)} are a guess "
+                          "(the busiest device of the node; the volume probe could not run, see disk/disk.json)")
         return result
 
     def _node_scrapes(self) -> NodeScrapes | None:
@@ -263,10 +274,8 @@ class Figures:
 
     def tell_disk(self, why: str) -> None:
         """Say once per sweep why a run has no disk figures (no DaemonSet permission, no sampler pod, …)."""
-        if not self._disk_told:
-            self._disk_told = True
-            self.ui.log(f"disk figures: {why.rstrip('.')} (none stored for such runs, not zeros; see disk/ in the "
-                        "run's folder and docs/kubernetes.md)")
+        self.once.say("disk", f"disk figures: {why.rstrip('.')} (none stored for such runs, not zeros; see disk/ in "
+                      "the run's folder and docs/kubernetes.md)")
 
     def _from_prometheus(self, client: prometheus.Client, run_dir: Path, window: tuple[float, float], job: str
                          ) -> tuple[exporter.RunFigures | None, disks.RunDisks | None, prometheus.RunCpu | None,
@@ -332,6 +341,4 @@ class Figures:
 
     def _tell_prometheus(self, why: str) -> None:
         """Say once per sweep why a run lacks figures from Prometheus."""
-        if not self._prom_told:
-            self._prom_told = True
-            self.ui.log(f"prometheus: {why.rstrip('.')} (no such figures stored for the run, not zeros)")
+        self.once.say("prometheus", f"prometheus: {why.rstrip('.')} (no such figures stored for the run, not zeros)")

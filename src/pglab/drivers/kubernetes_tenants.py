@@ -10,6 +10,11 @@ With the cluster's Prometheus (target.kubernetes.prometheus), each tenant's prim
 over that tenant's window join its row (``targets.kubernetes.tenants.primary_figures``: cAdvisor's container
 counters, node-exporter's counters of its volumes' devices). Not measured here (yet): the standbys' figures, the
 exporters' figures, and any such figure without a Prometheus.
+
+With a ``pg_stat_statements.*`` parameter each tenant's Job reads the view around its pgbench, as a one-Cluster
+run's does (``targets.kubernetes.statements``), after the wait for the common start; its two reads become
+tenants/<tenant>/statements.json and its summary run.json's ``statements.tenants``, as on a local lab
+(``drivers.tenants.statements_record``).
 """
 
 from __future__ import annotations
@@ -24,14 +29,14 @@ from pglab import interrupts
 from pglab.artifacts import write_json
 from pglab.drivers.kubernetes import KubernetesDriver, _job_failure
 from pglab.drivers.kubernetes_figures import Figures
-from pglab.drivers.tenants import tier_metrics
+from pglab.drivers.tenants import statements_record, tier_metrics
 from pglab.engine.driver import FioMeasurement, MeasuredRun, SweepInfo
 from pglab.engine.types import Event, Observer, RunFailed, RunResult, TenantFigure
 from pglab.errors import last_words
 from pglab.plan.expand import Point
 from pglab.plan.schema import Arrangement, Plan
 from pglab.probes.base import now
-from pglab.targets.kubernetes import prometheus
+from pglab.targets.kubernetes import prometheus, statements
 from pglab.targets.kubernetes.orchestrate import POSTGRES_CONTAINER, JobOutcome, K8sError, Orchestrator
 from pglab.targets.kubernetes.prometheus import PrometheusError
 from pglab.targets.kubernetes.render import Manifest, cluster, namespace, pgbench_init, target_of, to_yaml
@@ -63,7 +68,6 @@ class KubernetesTenantsDriver(KubernetesDriver):
         self._namespaces: dict[str, Orchestrator] = {}  # namespace → the Orchestrator that made it
         self._arrangement: Arrangement | None = None
         self._figures: dict[str, Figures] = {}  # tenant → its volume probes (a pod's devices, probed once)
-        self._system_told = False
 
     def _orch_for(self, tenant: K8sTenant) -> Orchestrator:
         assert self.api is not None, "preflight() connects first"
@@ -204,10 +208,8 @@ class KubernetesTenantsDriver(KubernetesDriver):
         return out
 
     def _tell_system(self, why: str) -> None:
-        if not self._system_told:
-            self._system_told = True
-            self.ui.log(f"tenants' CPU, memory and disk figures: {why.rstrip('.')} (none stored for such tenants, not "
-                        "zeros)")
+        self.figures.once.say("tenants' figures", f"tenants' CPU, memory and disk figures: {why.rstrip('.')} (none "
+                              "stored for such tenants, not zeros)")
 
     # ------------------------------------------------------------ one run: every tenant at once
     def start_run(self, point: Point, repeat: int, run_id: str, run_dir: Path) -> KubernetesTenantsRun:
@@ -293,13 +295,17 @@ class KubernetesTenantsRun(MeasuredRun):
                   for pt in pgbench_series(res, f"tenant:{name}", ("tps", "latency_ms"))]
         series += [(ts, f"tenant:{name}", metric, value) for name, f in system.items()
                    for ts, _, metric, value in f.series]
-        record = {"start_at": self.start_at,
-                  "tenants": {t.name: {"tier": t.tier.name, "cluster": t.cluster, "namespace": t.namespace,
-                                       "job": m.name, "window": [results[t.name].window_start,
-                                                                 results[t.name].window_end],
-                                       **per[t.name][1],
-                                       **({"primary_figures": system[t.name].info} if t.name in system else {})}
-                              for t, m in jobs}}
+        record: dict[str, Any] = {
+            "start_at": self.start_at,
+            "tenants": {t.name: {"tier": t.tier.name, "cluster": t.cluster, "namespace": t.namespace,
+                                 "job": m.name, "command": results[t.name].command,
+                                 "window": [results[t.name].window_start, results[t.name].window_end],
+                                 **per[t.name][1],
+                                 **({"primary_figures": system[t.name].info} if t.name in system else {})}
+                        for t, m in jobs}}
+        # what each tenant's Job read of pg_stat_statements (where loaded): tenants/<tenant>/statements.json
+        summaries = {t.name: s for t in self.d.tenants if (s := statements.record(dirs[t.name]).get("statements"))}
+        record.update(statements_record(summaries))
         write_json(self.run_dir / "tenants.json", record)
         events: list[Event] = []
         if metrics["start_spread_s"] and metrics["start_spread_s"] > 2:

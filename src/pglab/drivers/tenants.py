@@ -199,11 +199,11 @@ class TenantsRun(MeasuredRun):
         metrics = _aggregates(self.point, fleet.tenants, per_tenant, instances)
         metrics.update(sampler.summarize(*window))
         metrics.update(host_why(self.samples, list(self.pg), *window))
-        statements: dict[str, Any] = {}
+        statements: dict[str, dict[str, Any]] = {}
         errors = list(sampler.errors)
         for name, statements_window in self.statements.items():
             if summary := statements_window.write(self.dirs[name]):
-                statements[name] = {**summary, "file": f"tenants/{name}/{summary['file']}"}
+                statements[name] = summary
             errors += [f"tenant {name}: {e}" for e in statements_window.errors]
         if errors:
             (run_dir / "probe-errors.txt").write_text("\n".join(errors) + "\n")
@@ -214,8 +214,9 @@ class TenantsRun(MeasuredRun):
         _keep_server_logs(fleet, self.dirs)
         return RunResult.of(window, metrics, series=series, events=self.events, settings=self.settings,
                             tenants=rows,
-                            record={"tenants": {n: {"tier": t, **m} for n, (t, m) in per_tenant.items()},
-                                    **({"statements": {"tenants": statements}} if statements else {})})
+                            record={"tenants": {n: {"tier": t, "command": results[n].command, **m}
+                                                for n, (t, m) in per_tenant.items()},
+                                    **statements_record(statements)})
 
     def end(self, failure: BaseException | None) -> None:
         if failure is None:
@@ -335,6 +336,14 @@ def _aggregates(point: Point, tenants: list[Tenant], per: dict[str, tuple[str, d
     for tier in point.arrangement.tiers:
         out.update(tier_metrics(tier, [m for tname, m in per.values() if tname == tier.name]))
     return out
+
+
+def statements_record(summaries: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """run.json's entry for the tenants' statements, on every target: each tenant's summary of the
+    tenants/<tenant>/statements.json written for it (``probes.statements.write_statements``), under
+    ``statements.tenants``; nothing when no tenant has one."""
+    tenants = {name: {**s, "file": f"tenants/{name}/{s['file']}"} for name, s in summaries.items()}
+    return {"statements": {"tenants": tenants}} if tenants else {}
 
 
 def tier_metrics(tier: Tier, members: list[dict[str, float | None]]) -> dict[str, float | None]:

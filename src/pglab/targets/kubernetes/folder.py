@@ -13,6 +13,7 @@ from typing import Any
 from pglab.plan.expand import Point, expand
 from pglab.plan.schema import Plan
 from pglab.targets.kubernetes.render import (
+    COPY_FROM,
     Manifest,
     client_cores,
     cluster_patch,
@@ -20,6 +21,7 @@ from pglab.targets.kubernetes.render import (
     first_point,
     instance_parameters,
     millicores,
+    object_store,
     target_of,
     to_yaml,
 )
@@ -129,6 +131,11 @@ wait_cluster() {  # $1: what is waited for; $2: millicores every instance pod mu
   say "$1: Cluster/$CLUSTER is healthy"
 }
 
+filled() {  # $1: the rendered copy of a Secret (its data empty), $2: the Secret it copies: nothing applied until filled
+  ! grep -q "^  [A-Z_]*: ''$" "$HERE/$1" || die "$1 is an empty copy of Secret $2: fill its data with that" \
+    "Secret's (kubectl -n ${2%%/*} get secret ${2#*/} -o jsonpath='{.data}'), then run this again"
+}
+
 patch_cluster() {  # $1: the merge patch file; $2: what it changes; $3: millicores after a CPU step (or empty)
   say "$2: patching Cluster/$CLUSTER with $1"
   k patch cluster "$CLUSTER" --type merge --patch-file "$HERE/$1" || die "$2: kubectl patch cluster $CLUSTER failed"
@@ -199,8 +206,10 @@ def run_jobs_script(plan: Plan, sequence: list[Manifest | ClusterPatch]) -> str:
         f"INSTANCE_PODS={q(INSTANCE_PODS)}",
         'HERE=$(CDPATH= cd -- "$(dirname -- "$0")" && pwd)',
     ]
-    body = ["", f"say {q(f'plan {plan.name}: namespace {ns}, Cluster/{name}')}",
-            f"apply {CLUSTER_DIR}", f"wait_cluster {q(f'the environment ({CLUSTER_DIR}/)')}"]
+    body = ["", f"say {q(f'plan {plan.name}: namespace {ns}, Cluster/{name}')}"]
+    body += [f"filled {CLUSTER_DIR}/{m.filename} {q(m.body['metadata']['annotations'][COPY_FROM])}"
+             for m in object_store(plan) if COPY_FROM in (m.body["metadata"].get("annotations") or {})]
+    body += [f"apply {CLUSTER_DIR}", f"wait_cluster {q(f'the environment ({CLUSTER_DIR}/)')}"]
     pending_witness: Manifest | None = None
     pvcs = {m.name for m in sequence if isinstance(m, Manifest) and m.kind == "PersistentVolumeClaim"}
     points = {p.key: p for p in expand(plan, cores=client_cores(k8s))}

@@ -18,8 +18,8 @@ from typing import Any
 
 from pglab.plan.expand import Point
 from pglab.plan.schema import Arrangement, K8sResources, Plan, Tier
-from pglab.targets.kubernetes import disks, prometheus
-from pglab.targets.kubernetes.render import Manifest, cpu_quantity, pgbench_run, target_of
+from pglab.targets.kubernetes import disks, prometheus, statements
+from pglab.targets.kubernetes.render import Manifest, cpu_quantity, instance_parameters, pgbench_run, target_of
 
 MIB = 1 << 20
 
@@ -88,14 +88,18 @@ START_WAIT = "pglab: waiting for the common start of every tenant"
 def tenant_run(tenant: K8sTenant, point: Point, repeat: int, start_at: int) -> Manifest:
     """The tenant's run Job (``render.pgbench_run``), its pgbench held after the dataset reset until ``start_at``
     (epoch s) so that every tenant's pgbench starts in the same second; a pod that is later begins at once."""
-    m = pgbench_run(tenant.plan, tenant_point(point, tenant.tier), repeat)
+    load = tenant_point(point, tenant.tier)
+    m = pgbench_run(tenant.plan, load, repeat)
     container = m.body["spec"]["template"]["spec"]["containers"][0]
     script = container["command"][-1]
-    load = 'if [ "$rc" = 0 ]; then pgbench '
-    assert script.count(load) == 1, "render.pgbench_run's script has one pgbench line"
+    # the wait goes before pgbench, and before the first read of pg_stat_statements where the Job reads it (so the
+    # statements' window is pgbench's, not the wait's too)
+    before, _ = statements.reads(tenant.plan, instance_parameters(tenant.plan, load), load)
+    anchor = before or 'if [ "$rc" = 0 ]; then pgbench '
+    assert script.count(anchor) == 1, "render.pgbench_run's script has one pgbench line (and one first read)"
     wait = (f"echo {shlex.quote(START_WAIT)} {start_at}\nnow=$(date +%s)\n"
             f"if [ \"$now\" -lt {start_at} ]; then sleep $(({start_at} - now)); fi\n")
-    container["command"] = [*container["command"][:-1], script.replace(load, wait + load)]
+    container["command"] = [*container["command"][:-1], script.replace(anchor, wait + anchor)]
     m.body["metadata"].setdefault("annotations", {}).update(
         {"pglab/tenant": tenant.name, "pglab/tier": tenant.tier.name, "pglab/start-at": str(start_at)})
     return Manifest(m.filename, m.body)
