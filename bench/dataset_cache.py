@@ -145,12 +145,14 @@ class Bench:
                 info["checks"] = self._checks(lab, sum(r["transactions"] for r in info["runs"]))
         finally:
             lab_dataset.datasets.restore = real
-            if mounts:
-                if lab.nodes[0].postmaster_pid() is not None:
-                    lab._pg_ctl(lab.nodes[0], "-m", "fast", "stop")
-                for m in mounts:
-                    subprocess.run(["umount", str(m)], check=True)
-            lab.teardown()
+            try:
+                if mounts:  # the server off the overlay, the overlay off the data directory, then the lab removed
+                    if lab.nodes[0].postmaster_pid() is not None:
+                        lab._pg_ctl(lab.nodes[0], "-m", "fast", "stop")
+                    for m in mounts:
+                        subprocess.run(["umount", str(m)], check=True)
+            finally:
+                lab.teardown()
         c = info["cache"]
         assert c["hit"] is (arm != "miss"), c  # the arm measured what it says
         if arm != "miss":
