@@ -322,3 +322,13 @@ def test_each_tenants_statements_are_what_its_own_job_read(fake: tuple[FakeAPI, 
                                      "mean_exec_time_ms": pytest.approx(n), "time_pct": pytest.approx(100 / 1.05)}
     assert set(record["statements"]["tenants"]) == {"t01", "t02"}
     assert not list(run_dir.rglob("probe-errors.txt"))
+
+    # the HTML report shows each tenant's statements as its Job read them, the tenants in order
+    pglab("report", str(results), "--html", str(tmp_path / "report.html"), check=True)
+    page = (tmp_path / "report.html").read_text()
+    section = page[page.index('<h2 id="statements">'):]
+    section = section[:section.index("</table>")]
+    rows = [re.findall(r"<td[^>]*>(.*?)</td>", r) for r in re.findall(r"<tr>(<td.*?)</tr>", section)]
+    assert [(r[2], r[3], r[5], r[6]) for r in rows] == [
+        ("t01", "gold", "100", "100.00"), ("t01", "gold", "10", "5.00"),
+        ("t02", "bronze", "200", "400.00"), ("t02", "bronze", "20", "20.00")]
