@@ -17,6 +17,11 @@ How: one server (a lab of one instance, pglab's own settings: wal_level=replica 
       thread during the index build, to see what that overlap gains.
     Every arm starts with no pgbench tables, after a CHECKPOINT and a sync. Each records the CPU seconds of the
     server (postmaster and children) and of the client, to show what is CPU-bound where.
+    With ``--profile`` (issue 33 item 5), a thread samples every 0.1 s the CPU (user and system) of every
+    server process by kind (the loading backends, parallel workers, checkpointer, WAL and background writers …),
+    of the client (this process with its threads, and pgbench), the machine's CPU (busy, iowait, idle, steal over
+    its cores) and the writes of the data's block device; each arm's phases (pgbench -i's own step times from
+    its "done in" line; the fast load's steps and the restarts around them) then get their share of each.
 
 (b) reset, ``--repeats`` rounds, each arm after ``--dirty`` seconds of tpcb-like so there is something to undo
     (before a restore arm, the cluster is first brought back to the snapshot, untimed, when a re-init arm replaced
@@ -48,6 +53,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -101,11 +107,21 @@ class Bench:
         ep = self.lab.endpoints().primary
         return {k: v for k, v in os.environ.items() if not k.startswith("PG")} | ep.env()
 
-    def _pgbench(self, argv: list[str]) -> str:
-        proc = subprocess.run(argv, env=self._env(), capture_output=True, text=True, check=False)
+    def _pgbench(self, argv: list[str], sampler: Sampler | None = None) -> str:
+        with subprocess.Popen(argv, env=self._env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True) as proc:
+            if sampler is not None:
+                sampler.client_pids.append(proc.pid)
+            _out, err = proc.communicate()
         if proc.returncode != 0:
-            raise RuntimeError(f"{' '.join(argv[:3])} failed: {proc.stderr.strip().splitlines()[-1:]}")
-        return next((ln for ln in proc.stderr.splitlines() if ln.startswith("done in")), "")
+            raise RuntimeError(f"{' '.join(argv[:3])} failed: {err.strip().splitlines()[-1:]}")
+        return next((ln for ln in err.splitlines() if ln.startswith("done in")), "")
+
+    def _sampler(self) -> Sampler | contextlib.nullcontext[None]:
+        pm = self.node.postmaster_pid()
+        if not self.args.profile or pm is None:
+            return contextlib.nullcontext()
+        return Sampler(pm, block_device(self.node.data))
 
     def _clean_start(self) -> None:
         """No pgbench tables, nothing dirty: every arm starts from the same place."""
@@ -126,13 +142,24 @@ class Bench:
         pm = self.node.postmaster_pid()
         background = _children(pm) if pm else set()
         server0, client0 = server_cpu(pm, background), client_cpu()
-        t0 = time.monotonic()
-        done = self._pgbench(argv)
-        t1 = time.monotonic()
-        cpu = {"server_cpu_s": server_cpu(pm, background) - server0, "client_cpu_s": client_cpu() - client0}
-        with self.lab.connect(self.node) as conn:  # for information: what a checkpoint then still writes
-            conn.execute("CHECKPOINT")
-        return Timing("load", arm, rnd, t1 - t0, {"checkpoint_after": time.monotonic() - t1}, {"pgbench": done} | cpu)
+        with self._sampler() as sampler:
+            t0 = time.monotonic()
+            done = self._pgbench(argv, sampler)
+            t1 = time.monotonic()
+            cpu: dict[str, Any] = {"server_cpu_s": server_cpu(pm, background) - server0,
+                                   "client_cpu_s": client_cpu() - client0}
+            with self.lab.connect(self.node) as conn:  # for information: what a checkpoint then still writes
+                conn.execute("CHECKPOINT")
+            t2 = time.monotonic()
+        if sampler is not None:
+            steps = _pgbench_steps(done)
+            start = t1 - sum(v for _n, v in steps)  # pgbench's steps end when it exits; its connection before
+            cpu["profile"] = sampler.phases([("pgbench start, connect", t0, start), *_sequence(start, steps),
+                                             ("pgbench exit", start + sum(v for _n, v in steps), t1),
+                                             ("checkpoint after (not in the arm's time)", t1, t2),
+                                             ("whole arm", t0, t1)])
+            cpu["sampler_cpu_s"] = sampler.own_cpu
+        return Timing("load", arm, rnd, t1 - t0, {"checkpoint_after": t2 - t1}, {"pgbench": done} | cpu)
 
     def load_fast(self, rnd: int, flush_early: bool = True) -> Timing:
         self._clean_start()
@@ -144,18 +171,30 @@ class Bench:
         pm = self.node.postmaster_pid()
         background = _children(pm) if pm else set()
         server0, client0 = server_cpu(pm, background), client_cpu()
-        report = df.fast_load(self.lab.endpoints().primary, self.dataset, load, self.work / "load")
-        # the wait for the last backends to be reaped is timed with the arm: a few ms
-        cpu = {"server_cpu_s": server_cpu(pm, background) - server0, "client_cpu_s": client_cpu() - client0}
-        parts |= {f"load: {k}": v for k, v in report.steps.items()}
-        t = time.monotonic()
-        self.lab._apply({})
-        parts["restart with the lab's settings"] = time.monotonic() - t
+        with self._sampler() as sampler:
+            t_load = time.monotonic()
+            report = df.fast_load(self.lab.endpoints().primary, self.dataset, load, self.work / "load")
+            t_loaded = time.monotonic()
+            # the wait for the last backends to be reaped is timed with the arm: a few ms
+            cpu: dict[str, Any] = {"server_cpu_s": server_cpu(pm, background) - server0,
+                                   "client_cpu_s": client_cpu() - client0}
+            parts |= {f"load: {k}": v for k, v in report.steps.items()}
+            t_restart = time.monotonic()
+            self.lab._apply({})  # a new postmaster: the sampler follows the old one, so this is not in the profile
+            parts["restart with the lab's settings"] = time.monotonic() - t_restart
         t = time.monotonic()
         self.lab._pg_ctl(self.node, "-m", "fast", "stop")
         parts["clean stop"] = time.monotonic() - t
         parts["sync data and WAL"] = df.sync_tree(self.node.data)
         total = time.monotonic() - t0
+        if sampler is not None:
+            bounds = _sequence(t_load, list(report.steps.items()))
+            cpu["profile"] = sampler.phases([*bounds, ("rest of the load call", bounds[-1][2], t_loaded),
+                                             ("between", t_loaded, t_restart),
+                                             ("restart with the lab's settings (stop: its checkpoint)", t_restart,
+                                              t_restart + parts["restart with the lab's settings"]),
+                                             ("load call", t_load, t_loaded)])
+            cpu["sampler_cpu_s"] = sampler.own_cpu
         if self.snap is not None:
             shutil.rmtree(self.snap.dir)
         snap, rep = df.snapshot(self.node.data, self.node.wal, self.snap_dir, bindir=self.lab.bindir)
@@ -254,6 +293,136 @@ def client_cpu() -> float:
     return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
 
 
+class Sampler(threading.Thread):
+    """CPU of the server's processes by kind, of the client, of the machine, and the data device's writes,
+    every ``period`` seconds; :meth:`phases` splits them over consecutive phases."""
+
+    KINDS = (("parallel worker", "parallel workers"), ("checkpointer", "checkpointer"),
+             ("background writer", "bgwriter"), ("walwriter", "walwriter"), ("autovacuum", "autovacuum"),
+             ("logger", "other"), ("stats", "other"), ("launcher", "other"))
+
+    def __init__(self, postmaster: int, dev: str | None, period: float = 0.1):
+        super().__init__(daemon=True)
+        self.postmaster, self.dev, self.period = postmaster, dev, period
+        self.client_pids: list[int] = []  # pgbench, while it runs
+        self.samples: list[tuple[float, dict[str, float], list[int], int]] = []
+        # pid → kind, user s, system s, s waited on a run queue (ready, no core free) (last seen)
+        self._last: dict[int, tuple[str, float, float, float]] = {}
+        self._kind: dict[int, str] = {}
+        self._halt = threading.Event()
+        self.own_cpu = 0.0
+        self.tick = os.sysconf("SC_CLK_TCK")
+
+    def _stat(self, pid: int) -> tuple[float, float, float] | None:
+        try:
+            f = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            waited = int(Path(f"/proc/{pid}/schedstat").read_text().split()[1]) / 1e9  # all its threads
+        except (OSError, IndexError, ValueError):
+            return None
+        return int(f[11]) / self.tick, int(f[12]) / self.tick, waited
+
+    def _kind_of(self, pid: int) -> str:
+        if pid not in self._kind:
+            try:
+                cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                cmd = ""
+            self._kind[pid] = next((k for pat, k in self.KINDS if pat in cmd), "backends")
+        return self._kind[pid]
+
+    def sample(self) -> None:
+        t = time.monotonic()
+        try:
+            kids = [int(x) for x in Path(f"/proc/{self.postmaster}/task/{self.postmaster}/children").read_text()
+                    .split()]
+        except OSError:
+            kids = []
+        for pid, kind in [(self.postmaster, "postmaster"), *((k, self._kind_of(k)) for k in kids),
+                          (os.getpid(), "client (this process)"),
+                          *((c, "client (pgbench)") for c in self.client_pids)]:
+            st = self._stat(pid)
+            if st is not None:
+                self._last[pid] = (kind, *st)
+        cpu: dict[str, float] = {}
+        for kind, user, system, waited in self._last.values():
+            cpu[f"{kind} user"] = cpu.get(f"{kind} user", 0.0) + user
+            cpu[f"{kind} sys"] = cpu.get(f"{kind} sys", 0.0) + system
+            cpu[f"{kind} runq"] = cpu.get(f"{kind} runq", 0.0) + waited
+        machine_cpu = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
+        written = int(Path(self.dev + "/stat").read_text().split()[6]) * 512 if self.dev else 0
+        self.samples.append((t, cpu, machine_cpu, written))
+
+    def run(self) -> None:
+        while not self._halt.wait(self.period):
+            self.sample()
+        self.own_cpu = time.thread_time()  # the sampler's own CPU (it is in the client's figure)
+
+    def __enter__(self) -> Sampler:
+        self.sample()
+        self.start()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self._halt.set()
+        self.join(timeout=5)
+        self.sample()
+
+    def _at(self, t: float) -> tuple[dict[str, float], list[float], float]:
+        """Counters at time ``t``, interpolated between the samples around it."""
+        s = self.samples
+        i = next((k for k, row in enumerate(s) if row[0] >= t), len(s) - 1)
+        a, b = s[max(i - 1, 0)], s[i]
+        w = 0.0 if b[0] == a[0] else min(max((t - a[0]) / (b[0] - a[0]), 0.0), 1.0)
+        keys = set(a[1]) | set(b[1])
+        cpu = {k: a[1].get(k, 0.0) + w * (b[1].get(k, 0.0) - a[1].get(k, 0.0)) for k in keys}
+        m = [x + w * (y - x) for x, y in zip(a[2], b[2], strict=True)]
+        return cpu, m, a[3] + w * (b[3] - a[3])
+
+    def phases(self, bounds: list[tuple[str, float, float]]) -> dict[str, dict[str, float]]:
+        """Per phase (name, start, end): its wall, the CPU seconds of each kind of process (user and system),
+        the machine's busy/iowait/steal core-seconds, and the data device's writes."""
+        out = {}
+        for name, t0, t1 in bounds:
+            c0, m0, w0 = self._at(t0)
+            c1, m1, w1 = self._at(t1)
+            row = {"wall_s": t1 - t0}
+            row |= {f"{k} s": round(c1.get(k, 0.0) - c0.get(k, 0.0), 3) for k in sorted(set(c0) | set(c1))
+                    if abs(c1.get(k, 0.0) - c0.get(k, 0.0)) >= 0.005}
+            # /proc/stat's cpu line: user nice system idle iowait irq softirq steal
+            d = [(y - x) / self.tick for x, y in zip(m0, m1, strict=True)]
+            row |= {"machine busy core-s": round(d[0] + d[1] + d[2] + d[5] + d[6], 3), "machine iowait core-s":
+                    round(d[4], 3), "machine idle core-s": round(d[3], 3), "machine steal core-s": round(d[7], 3),
+                    "device written MiB": round((w1 - w0) / 2**20, 1)}
+            out[name] = row
+        return out
+
+
+def _sequence(start: float, steps: list[tuple[str, float]]) -> list[tuple[str, float, float]]:
+    """Consecutive phases from their durations."""
+    out, t = [], start
+    for name, seconds in steps:
+        out.append((name, t, t + seconds))
+        t += seconds
+    return out
+
+
+def _pgbench_steps(done: str) -> list[tuple[str, float]]:
+    """pgbench -i's step times from its line 'done in 17.1 s (drop tables 0.00 s, create tables 0.01 s, …)'."""
+    inner = done.split("(", 1)[1].rsplit(")", 1)[0] if "(" in done else ""
+    out = []
+    for part in inner.split(", "):
+        name, _, secs = part.removesuffix(" s").rpartition(" ")
+        with contextlib.suppress(ValueError):
+            out.append((name, float(secs)))
+    return out
+
+
+def block_device(path: Path) -> str | None:
+    st = os.stat(path)
+    sys_dir = f"/sys/dev/block/{os.major(st.st_dev)}:{os.minor(st.st_dev)}"
+    return sys_dir if os.path.exists(sys_dir + "/stat") else None
+
+
 # ------------------------------------------------------------------ reporting
 def machine(paths: Sequence[Path]) -> dict[str, Any]:
     model = ""
@@ -279,6 +448,36 @@ def part_medians(timings: list[Timing], phase: str, arm: str) -> dict[str, float
     rows = [t.parts for t in timings if t.phase == phase and t.arm == arm]
     keys = list(dict.fromkeys(k for r in rows for k in r))
     return {k: statistics.median(r.get(k, 0.0) for r in rows) for k in keys}
+
+
+def profile_medians(timings: list[Timing]) -> dict[str, dict[str, dict[str, float]]]:
+    """Per first-load arm and phase, the median of each profile figure over the rounds (absent: 0)."""
+    out: dict[str, dict[str, dict[str, float]]] = {}
+    for arm in dict.fromkeys(t.arm for t in timings if t.phase == "load" and "profile" in t.info):
+        rows = [t.info["profile"] for t in timings if t.phase == "load" and t.arm == arm and "profile" in t.info]
+        out[arm] = {}
+        for phase in rows[0]:
+            keys = list(dict.fromkeys(k for r in rows for k in r.get(phase, {})))
+            out[arm][phase] = {k: round(statistics.median(r.get(phase, {}).get(k, 0.0) for r in rows), 3)
+                               for k in keys}
+    return out
+
+
+def print_profiles(prof: dict[str, dict[str, dict[str, float]]]) -> None:
+    for arm, phases in prof.items():
+        print(f"profile of '{arm}' (medians; CPU seconds user+system; machine: core-seconds of all cores)")
+        print(f"  {'phase':44} {'wall':>6} {'backends':>8} {'(sys)':>6} {'(runq)':>6} {'par.w.':>6} {'ckpt':>5} "
+              f"{'walw':>5} {'bgw':>5} {'client':>6} {'(runq)':>6} {'busy':>6} {'iowait':>6} {'idle':>6} {'MiB':>6}")
+        for name, r in phases.items():
+            def cpu(kind: str, r: dict[str, float] = r) -> float:
+                return r.get(f"{kind} user s", 0.0) + r.get(f"{kind} sys s", 0.0)
+            client = cpu("client (this process)") + cpu("client (pgbench)")
+            runq = r.get("client (this process) runq s", 0.0) + r.get("client (pgbench) runq s", 0.0)
+            print(f"  {name[:44]:44} {r['wall_s']:6.2f} {cpu('backends'):8.2f} {r.get('backends sys s', 0.0):6.2f} "
+                  f"{r.get('backends runq s', 0.0):6.2f} {cpu('parallel workers'):6.2f} {cpu('checkpointer'):5.2f} "
+                  f"{cpu('walwriter'):5.2f} "
+                  f"{cpu('bgwriter'):5.2f} {client:6.2f} {runq:6.2f} {r['machine busy core-s']:6.2f} "
+                  f"{r['machine iowait core-s']:6.2f} {r['machine idle core-s']:6.2f} {r['device written MiB']:6.0f}")
 
 
 def report(args: argparse.Namespace, bench: Bench, timings: list[Timing], started: float) -> dict[str, Any]:
@@ -325,6 +524,8 @@ def report(args: argparse.Namespace, bench: Bench, timings: list[Timing], starte
         print(f"  (last round: {info['method']}, {info['files']} files, {info['bytes'] / 2**20:.0f} MiB"
               + (f", compared {info['compared_bytes'] / 2**20:.0f} MiB, rewrote {info['rewritten_bytes'] / 2**20:.1f}"
                  f" MiB, removed {info['removed']}" if info["method"] == "patch" else "") + ")")
+    prof = profile_medians(timings)
+    print_profiles(prof)
     snap = bench.snap_report
     if snap is not None:
         print(f"snapshot: {snap.bytes / 2**20:.0f} MiB in {snap.seconds:.2f} s (fsync {snap.sync_seconds:.2f} s), "
@@ -348,6 +549,7 @@ def report(args: argparse.Namespace, bench: Bench, timings: list[Timing], starte
                             "reset: restore": part_medians(timings, "reset", "restore"),
                             "reset: restore, copy": part_medians(timings, "reset", "restore, copy")},
         "ratios": ratios,
+        "profile_medians": prof,
         "targets": {"load": TARGET_LOAD, "reset": TARGET_RESET},
     }
     return out
@@ -363,6 +565,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--fsync", action="store_true", help="keep fsync on during the fast load (default off)")
     ap.add_argument("--compare-flush", action="store_true",
                     help="one more first-load arm: fast without the early flush of the loaded tables")
+    ap.add_argument("--no-today", action="store_true", help="leave the first-load arm 'pglab today' out")
+    ap.add_argument("--profile", action="store_true", help="sample the CPU of the server's processes, the client "
+                    "and the machine, and the disk's writes, split over each first-load arm's phases")
     ap.add_argument("--skip", action="append", default=[], choices=["load", "reset", "copy"],
                     help="leave a phase out (repeatable); copy: the restore by full copy")
     ap.add_argument("--lab-dir", type=Path, default=None,
@@ -414,6 +619,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             lambda r: bench.load_pgbench(r, "pglab today", lab_today),
             bench.load_fast,
         ]
+        if args.no_today:
+            del load_arms[1]
         if args.compare_flush:
             load_arms.append(lambda r: bench.load_fast(r, flush_early=False))
         if "load" in args.skip:

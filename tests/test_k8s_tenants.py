@@ -322,3 +322,31 @@ def test_each_tenants_statements_are_what_its_own_job_read(fake: tuple[FakeAPI, 
                                      "mean_exec_time_ms": pytest.approx(n), "time_pct": pytest.approx(100 / 1.05)}
     assert set(record["statements"]["tenants"]) == {"t01", "t02"}
     assert not list(run_dir.rglob("probe-errors.txt"))
+
+    # the HTML report shows each tenant's statements as its Job read them, the tenants in order
+    pglab("report", str(results), "--html", str(tmp_path / "report.html"), check=True)
+    page = (tmp_path / "report.html").read_text()
+    section = page[page.index('<h2 id="statements">'):]
+    section = section[:section.index("</table>")]
+    rows = [re.findall(r"<td[^>]*>(.*?)</td>", r) for r in re.findall(r"<tr>(<td.*?)</tr>", section)]
+    assert [(r[2], r[3], r[5], r[6]) for r in rows] == [
+        ("t01", "gold", "100", "100.00"), ("t01", "gold", "10", "5.00"),
+        ("t02", "bronze", "200", "400.00"), ("t02", "bronze", "20", "20.00")]
+
+
+def test_each_tenants_job_runs_at_the_plans_rate() -> None:
+    """run.rate with tenants on Kubernetes: every tenant's pgbench is open loop at that rate, with the latency limit,
+    as on a local lab (tests/test_tenants.py runs it there)."""
+    from pglab.plan.expand import expand
+    from pglab.targets.kubernetes.tenants import tenant_run, tenants_of
+
+    plan = parse_plan(TIERS.replace("run: {duration: 10s}", "run: {duration: 10s, rate: 40, latency_limit: 5ms}"))
+    assert plan.tenants is not None
+    (point,) = expand(plan)
+    tenants = tenants_of(plan, plan.tenants.arrangements[0])
+    assert len(tenants) == 3
+    for t in tenants:
+        command = tenant_run(t, point, 1, 1_800_000_000).body["spec"]["template"]["spec"]["containers"][0]["command"]
+        (line,) = [x for x in command[-1].splitlines() if "pgbench -n " in x]
+        args = line.split()
+        assert args[args.index("-R") + 1] == "40" and "--latency-limit=5" in args, line

@@ -7,12 +7,14 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
+from typing import Any
 
 from markupsafe import escape
 
 from conftest import pglab, run_plan, write_plan
 from helpers import stored_runs, views_store
 from pglab import metrics
+from pglab.store import Store
 
 PLAN = """
 name: why-html
@@ -87,3 +89,52 @@ def test_a_statements_text_is_shown_as_text_not_markup(tmp_path: Path) -> None:
     page = _html(results, tmp_path / "report.html")
     section = _section(page, "statements")
     assert str(escape(query)) in section and "<b>" not in page
+
+
+def _tenants_store(path: Path, statements: dict[str, list[dict[str, Any]]] | None) -> tuple[Path, str]:
+    """A tenants sweep of one run (two tenants of two tiers) built through the Store API, its run.json as a tenants
+    run writes it on either target: each tenant's tier, and with ``statements`` each tenant's summary of its
+    tenants/<tenant>/statements.json under statements.tenants."""
+    store = Store.open(path)
+    sweep = store.begin_sweep("mt", "name: mt\n", "h", "0")
+    ids = store.add_points(sweep, [(0, "k0", {"arrangement": "pair"})])
+    run_id, run_dir = store.start_run(sweep, ids["k0"], 0, 1)
+    tiers = {"t01": "gold", "t02": "bronze"}
+    figures = {"t01": {"tps": 100.0, "latency_avg_ms": 2.0}, "t02": {"tps": 40.0, "latency_avg_ms": 5.0}}
+    record: dict[str, Any] = {"tenants": {t: {"tier": tiers[t], **figures[t]} for t in tiers}}
+    if statements is not None:
+        record["statements"] = {"tenants": {t: {"file": f"tenants/{t}/statements.json", "count": len(top),
+                                                "top": top} for t, top in statements.items()}}
+    (path / run_dir / "run.json").write_text(json.dumps(record))
+    store.finish_run(run_id, "ok", window=(1e9, 1e9 + 10), metrics={"tps": 140.0, "tenants": 2.0},
+                     tenants=[(t, tiers[t], k, v) for t, f in figures.items() for k, v in f.items()])
+    store.end_sweep(sweep, "done")
+    store.close()
+    return path, run_id
+
+
+def _top(query: str, calls: int, total: float, pct: float) -> dict[str, Any]:
+    return {"query": query, "calls": calls, "total_exec_time_ms": total, "mean_exec_time_ms": total / calls,
+            "time_pct": pct}
+
+
+def test_each_tenants_statements_that_took_the_most_time_are_on_the_page(tmp_path: Path) -> None:
+    """A row per statement of each tenant's summary, the tenants in order, each with its run, arrangement and tier,
+    its statements in the summary's order (most time first); a statement's text escaped."""
+    update, odd = "UPDATE pgbench_accounts SET abalance = abalance + $1 WHERE aid = $2", "SELECT $1 WHERE $2 < 3"
+    statements = {"t02": [_top(update, 40, 80.0, 90.0), _top(odd, 40, 8.0, 10.0)],
+                  "t01": [_top(update, 100, 150.0, 75.0), _top("SELECT abalance FROM pgbench_accounts", 100, 50.0,
+                                                                   25.0)]}
+    results, run_id = _tenants_store(tmp_path / "r", statements)
+    page = _html(results, tmp_path / "report.html")
+    section = _section(page, "statements")
+    rows = [_cells(r) for r in re.findall(r"<tr>(<td.*?)</tr>", section, re.S)]
+    expected = [[run_id, "pair", t, tier, str(escape(s["query"])), f"{s['calls']}"]
+                for t, tier in (("t01", "gold"), ("t02", "bronze")) for s in statements[t]]
+    assert [r[:6] for r in rows] == expected
+    assert [float(r[6].replace(",", "")) for r in rows] == [150.0, 50.0, 80.0, 8.0]  # total ms
+    assert "per tenant" in section and "&lt; 3" in section
+
+    # a tenants sweep without statements (not loaded): no such section
+    results, _ = _tenants_store(tmp_path / "none", None)
+    assert 'id="statements"' not in _html(results, tmp_path / "none.html")

@@ -138,6 +138,15 @@ def test_tiers_limits_results_and_cleanup(tmp_path: Path, labs: Path) -> None:
     pglab("report", str(results), "--html", str(html), check=True)
     text = html.read_text()
     assert "Tiers (per tenant" in text and "TPS per instance, per tier" in text and ">capped<" in text
+    # each tenant's statements that took the most time, as its statements.json has them (issue 29)
+    section = text[text.index('<h2 id="statements">'):]
+    rows = [re.findall(r"<td[^>]*>(.*?)</td>", r) for r in re.findall(r"<tr>(<td.*?)</tr>",
+                                                                       section[:section.index("</table>")])]
+    for t, tier in (("t01", "free"), ("t02", "capped"), ("t03", "capped")):
+        doc = json.loads((mixed / "tenants" / t / "statements.json").read_text())
+        mine = [r for r in rows if r[0] == runs["mixed"].id and r[2] == t]
+        assert len(mine) == min(5, len(doc["statements"])) and all(r[3] == tier for r in mine)
+        assert [int(r[5].replace(",", "")) for r in mine] == [round(s["calls"]) for s in doc["statements"][:5]]
 
     # nothing left: no server, no pgbench, no cgroup, no lab directory
     assert processes_mentioning(str(labs)) == []

@@ -155,8 +155,7 @@ def build(store: Store, sweep_id: int | None = None) -> str:
         tables.append(_section("statements", "Top statements by total time in the window", *statements,
                                "pg_stat_statements, read at the measured window's start and end, of the runs charted "
                                "below; every statement of a run: runs/<id>/statements.json.",
-                               headers={"total_exec_time_ms": "total ms", "mean_exec_time_ms": "mean ms",
-                                        "time_pct": "% of time"}))
+                               headers=STATEMENT_HEADERS))
     charts = _durability_charts(points) + _capacity_charts(spec, found)
     # vs clients: a capacity search's closed-loop runs; its probes' rates are the hockey sticks'
     closed = [p for p in points if spec is None or p.get("rate") is None]
@@ -166,16 +165,36 @@ def build(store: Store, sweep_id: int | None = None) -> str:
     return _render(sweep, sweep_id, summary, tables, [c for c in charts if c["svg"]], run_charts, notes)
 
 
+STATEMENT_HEADERS = {"total_exec_time_ms": "total ms", "mean_exec_time_ms": "mean ms", "time_pct": "% of time"}
+STATEMENT_COLUMNS = ["query", "calls", "total_exec_time_ms", "mean_exec_time_ms", "time_pct"]
+
+
 def _statements(store: Store, runs: list[dict[str, Any]]) -> tuple[list[str], list[dict[str, Any]]] | None:
     """Each run's top statements by execution time in its window: run.json's summary of statements.json (written
     where pg_stat_statements was loaded); None when no run has one."""
-    columns = ["run_id", "workload", "synchronous_commit", "clients", "query", "calls", "total_exec_time_ms",
-               "mean_exec_time_ms", "time_pct"]
+    columns = ["run_id", "workload", "synchronous_commit", "clients", *STATEMENT_COLUMNS]
     rows: list[dict[str, Any]] = []
     for r in runs:
         with contextlib.suppress(OSError, TypeError, ValueError, AttributeError):  # no run.json: no statements
             top = (json.loads((store.dir / r["dir"] / "run.json").read_text()).get("statements") or {}).get("top", [])
             rows += [{**{c: r.get(c) for c in columns[:4]}, **s} for s in top]
+    return (columns, rows) if rows else None
+
+
+def _tenant_statements(store: Store, runs: list[dict[str, Any]]) -> tuple[list[str], list[dict[str, Any]]] | None:
+    """Each run's tenants' top statements by execution time in the window: run.json's ``statements.tenants`` (the
+    summary of each tenants/<tenant>/statements.json, on a local lab and on Kubernetes alike), the tenants in
+    order; None when no run has any."""
+    columns = ["run_id", "arrangement", "tenant", "tier", *STATEMENT_COLUMNS]
+    rows: list[dict[str, Any]] = []
+    for r in runs:
+        with contextlib.suppress(OSError, TypeError, ValueError, AttributeError):  # no run.json: no statements
+            record = json.loads((store.dir / r["dir"] / "run.json").read_text())
+            tiers = {name: (t or {}).get("tier") for name, t in (record.get("tenants") or {}).items()}
+            per = (record.get("statements") or {}).get("tenants") or {}
+            rows += [{"run_id": r["run_id"], "arrangement": r.get("arrangement"), "tenant": name,
+                      "tier": tiers.get(name), **s}
+                     for name in sorted(per) for s in per[name].get("top", [])]
     return (columns, rows) if rows else None
 
 
@@ -443,6 +462,13 @@ def _tenants_parts(store: Store, sweep_id: int) -> tuple[list[str], list[dict[st
               _section("host", "Host (every tenant added up, same window)", host_columns, host_rows,
                        headers=tiers.HOST_HEADERS),
               _section("tenants", "Every tenant of every run", tenant_columns, tenant_rows)]
+    _, runs = run_table(store, sweep_id)
+    charted = [r for r in runs if r["status"] == "ok"][:MAX_SERIES_RUNS]
+    if statements := _tenant_statements(store, charted):
+        tables.append(_section("statements", "Top statements by total time in the window, per tenant", *statements,
+                               "pg_stat_statements of each tenant's own server, read at its measured window's start "
+                               "and end, of the runs charted below; every statement of a tenant: "
+                               "runs/<id>/tenants/<tenant>/statements.json.", headers=STATEMENT_HEADERS))
     charts = []
     tier_names = list(dict.fromkeys(str(r["tier"]) for r in tier_rows))
     for s in metrics.columns("tier-chart"):  # the tier table's figures, bars per arrangement
@@ -453,8 +479,7 @@ def _tenants_parts(store: Store, sweep_id: int) -> tuple[list[str], list[dict[st
         unit = "TPS" if s.metric.unit == "tx/s" else s.metric.unit
         charts.append({"id": f"tiers-{s.key}", "title": s.header, "group": "tiers",
                        "svg": svg.categories(s.header, tier_names, series, unit, "tier", bars=True)})
-    _, runs = run_table(store, sweep_id)
-    for run in [r for r in runs if r["status"] == "ok"][:MAX_SERIES_RUNS]:
+    for run in charted:
         chart = _run_chart(store, {**run, "workload": run.get("arrangement", ""), "synchronous_commit": "",
                                    "clients": "all"}, sweep_id, source="tenant:")
         if chart:
