@@ -3,16 +3,20 @@
 different storage classes, each tenant's CPU, memory and disk figures from a real Prometheus scraping the lab).
 
 The lab offers two storage classes of its own ("lab-local": hostPath volumes on each node's disk; "lab-throttled":
-on a second disk of each node held to 100 IOPS and 8 MiB/s each way by a blkio throttle). The storage-axis test adds
-a third, "lab-tmpfs": statically provisioned hostPath volumes on a tmpfs it mounts under the lab's root, so the
-classes are different media, and each volume's device can be told apart by this machine's kernel.
+on a second disk of each node held to 100 IOPS and 8 MiB/s each way by a blkio throttle, kubelab.THROTTLE). The
+storage-axis sweep adds a third, "lab-tmpfs": statically provisioned hostPath volumes on a tmpfs it mounts under the
+lab's root, so the classes are different media, and each volume's device can be told apart by this machine's
+kernel. One sweep over the three (a Cluster each) carries two tests: the memory class is faster than the disk, the
+throttled class slower by pglab's own verdict, and each class's volumes are on their node's own device for it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -50,9 +54,8 @@ def single_instance(text: str) -> str:
     return text
 
 
-@pytest.fixture
-def tmpfs_class(lab: kubelab.KubeLab, tmp_path: Path) -> Iterator[Path]:
-    """A second storage class on another medium: hostPath PersistentVolumes (no provisioner) on a tmpfs under the
+def tmpfs_class(lab: kubelab.KubeLab, folder: Path) -> Iterator[Path]:
+    """A third storage class on another medium: hostPath PersistentVolumes (no provisioner) on a tmpfs under the
     lab's root; removed afterwards (the volumes, the class, the mount)."""
     mnt = lab.root / "tmpfs-pv"
     mnt.mkdir()
@@ -70,7 +73,7 @@ def tmpfs_class(lab: kubelab.KubeLab, tmp_path: Path) -> Iterator[Path]:
                      "spec": {"capacity": {"storage": "2Gi"}, "accessModes": ["ReadWriteOnce"],
                               "persistentVolumeReclaimPolicy": "Retain", "storageClassName": TMPFS_CLASS,
                               "hostPath": {"path": str(d), "type": "Directory"}}})
-    manifest = tmp_path / "tmpfs-class.json"
+    manifest = folder / "tmpfs-class.json"
     manifest.write_text(json.dumps({"apiVersion": "v1", "kind": "List", "items": docs}))
     lab.kubectl("apply", "-f", str(manifest))
     try:
@@ -83,35 +86,54 @@ def tmpfs_class(lab: kubelab.KubeLab, tmp_path: Path) -> Iterator[Path]:
         subprocess.run(["umount", str(mnt)], check=False)
 
 
-# ------------------------------------------------------------------ the storage axis
+# ------------------------------------------------------------------ the storage axis: three classes, one sweep
 STORAGE_AXIS = f"""storage: {{profiles: [wal-fdatasync-8k], runtime: 3s, size: 64MiB, paths: [data]}}
 matrix:
   clients: [1]
   jobs: [1]
   storage:
-    - {{name: disk, storage: {{class: lab-local, size: 1Gi}}, cost: {{monthly: 100}}}}
+    - {{name: disk, storage: {{class: {kubelab.STORAGE_CLASS}, size: 1Gi}}, cost: {{monthly: 100}}}}
+    - {{name: throttled, storage: {{class: {kubelab.THROTTLED_CLASS}, size: 1Gi}}, cost: {{monthly: 40}}}}
     - {{name: memory, storage: {{class: {TMPFS_CLASS}, size: 1Gi}}, cost: {{monthly: 300}}}}
-run: {{duration: 8s, repeats: 2}}
-"""
+run: {{duration: 6s, repeats: 3}}
+"""  # 3 repeats: the throttled class's slower verdict is a significant one
+VALUES = ("disk", "throttled", "memory")
+CLASSES = {"disk": kubelab.STORAGE_CLASS, "throttled": kubelab.THROTTLED_CLASS}  # the lab's own, on node disks
 
 
-def test_a_storage_axis_builds_a_cluster_per_class(lab: kubelab.KubeLab, tmpfs_class: Path, tmp_path: Path) -> None:
+@dataclass
+class StorageSweep:
+    results: Path
+    memory: Path  # the tmpfs the memory class's volumes are on
+
+
+@pytest.fixture(scope="module")
+def storage_sweep(lab: kubelab.KubeLab, tmp_path_factory: pytest.TempPathFactory) -> Iterator[StorageSweep]:
+    """One storage-axis sweep for both tests below (a Cluster per class is most of its time): one-instance
+    Clusters on lab-local, lab-throttled and the tmpfs class, one client, 3 repeats of 6 s a class."""
+    tmp = tmp_path_factory.mktemp("storage-axis")
     ns = "pglab-e2e-storage"
-    plan = tmp_path / "plan.yaml"
-    plan.write_text(single_instance(plan_text(lab, "sa", ns, STORAGE_AXIS)))
-    results = tmp_path / "results"
-    proc = pglab("run", str(plan), "--results", str(results), timeout=1800)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    lab.kubectl("delete", "pv", *(f"{TMPFS_CLASS}-{i}" for i in range(1, TMPFS_VOLUMES + 1)), "--wait=false",
-                check=False)
-    namespace_gone(lab, ns, proc.stderr)
+    with contextlib.contextmanager(tmpfs_class)(lab, tmp) as memory:
+        plan = tmp / "plan.yaml"
+        plan.write_text(single_instance(plan_text(lab, "sa", ns, STORAGE_AXIS)))
+        results = tmp / "results"
+        proc = pglab("run", str(plan), "--results", str(results), timeout=1800)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        lab.kubectl("delete", "pv", *(f"{TMPFS_CLASS}-{i}" for i in range(1, TMPFS_VOLUMES + 1)), "--wait=false",
+                    check=False)
+        namespace_gone(lab, ns, proc.stderr)
+        yield StorageSweep(results, memory)
+
+
+def test_a_storage_axis_builds_a_cluster_per_class(lab: kubelab.KubeLab, storage_sweep: StorageSweep) -> None:
+    results = storage_sweep.results
     # the lab-local class's volumes are on the disk of their pod's node: a loop device of its own, ext4 or XFS
     node_disks = {dev_of(lab.node_disk(n.name)): n.fstype for n in lab.nodes}
-    memory = dev_of(tmpfs_class)
+    memory = dev_of(storage_sweep.memory)
     assert memory not in node_disks and len(node_disks) == len(lab.nodes)
 
     # the storage phase ran on each class's own volume: the mount its fio pod had is on that medium
-    store, sweep_id, node, fio_rows = storage_phase(lab, results, ["disk", "memory"])
+    store, sweep_id, node, fio_rows = storage_phase(lab, results, list(VALUES))
     fsyncs = {}
     for value in ("disk", "memory"):
         row = fio_rows[value]
@@ -130,9 +152,11 @@ def test_a_storage_axis_builds_a_cluster_per_class(lab: kubelab.KubeLab, tmpfs_c
 
     # each value's runs ran on a Cluster of its own class: the volume probe found its claim on that medium
     runs = [r for r in store.runs(sweep_id) if r.status == "ok"]
-    assert sorted((r.axes["storage"], r.repeat) for r in runs) == [(v, k) for v in ("disk", "memory") for k in (1, 2)]
+    assert sorted((r.axes["storage"], r.repeat) for r in runs) == sorted((v, k) for v in VALUES for k in (1, 2, 3))
     tps: dict[str, list[float]] = {"disk": [], "memory": []}
     for r in runs:
+        if r.axes["storage"] not in tps:
+            continue  # the throttled class's: the test below
         run_dir = store.dir / r.dir
         assert r.metrics["tps"] == pgbench_tps((run_dir / "pgbench.out").read_text()) > 0
         lat = txn_latencies_ms(run_dir)
@@ -145,14 +169,14 @@ def test_a_storage_axis_builds_a_cluster_per_class(lab: kubelab.KubeLab, tmpfs_c
         assert volume["how"] == (f"{node_disks[node_disk]} on device {node_disk}" if r.axes["storage"] == "disk"
                                  else "tmpfs (tmpfs) has no block device on the node"), volume
     events = [d for (k, d) in store.conn.execute("SELECT kind, detail FROM events") if k == "storage-switch"]
-    assert len(events) == 1 and events[0].startswith("memory: new Cluster"), events
+    assert [e.split(":")[0] for e in events] == ["throttled", "memory"], events
+    assert all(": new Cluster" in e for e in events), events
     store.close()
 
     # one report: the uplift of memory over disk with its interval, and each class's price per TPS
     up = pglab("report", str(results), "--table", "uplift", "--format", "json")
     assert up.returncode == 0, up.stderr
-    (row,) = json.loads(up.stdout)
-    assert row["comparison"] == "storage=memory vs storage=disk"
+    (row,) = [r for r in json.loads(up.stdout) if r["comparison"] == "storage=memory vs storage=disk"]
     assert row["a"] == pytest.approx(np.mean(tps["disk"])) and row["b"] == pytest.approx(np.mean(tps["memory"]))
     assert row["uplift_pct"] == pytest.approx((np.mean(tps["memory"]) / np.mean(tps["disk"]) - 1) * 100)
     if row["ci95_low_pct"] is not None:  # unbounded (None) when a side's repeats are too far apart (Fieller)
@@ -166,6 +190,58 @@ def test_a_storage_axis_builds_a_cluster_per_class(lab: kubelab.KubeLab, tmpfs_c
     assert per["memory"]["per_tps"] == pytest.approx(300 / np.mean(tps["memory"]))
     text = pglab("report", str(results))
     assert text.returncode == 0 and "storage=memory vs storage=disk" in text.stdout, text.stdout
+
+
+def test_the_throttled_class_is_slower_and_each_class_is_on_its_own_device(lab: kubelab.KubeLab,
+                                                                             storage_sweep: StorageSweep) -> None:
+    results = storage_sweep.results
+    # every node has a disk per class, each a loop device of its own
+    disks = {(n.name, c): dev_of(lab.node_disk(n.name, c)) for n in lab.nodes for c in CLASSES.values()}
+    assert len(set(disks.values())) == len(disks), disks
+    for (node_name, cls), dev in disks.items():
+        loop = lab.node_device(node_name, cls)
+        assert Path(f"/sys/block/{loop}/dev").read_text().strip() == dev, (node_name, cls, loop)
+
+    # the storage phase: each class's fio volume on that class's disk of its node
+    store, sweep_id, node, fio_rows = storage_phase(lab, results, list(VALUES))
+    iops = {}
+    for value, cls in CLASSES.items():
+        row = fio_rows[value]
+        mount = (results / "storage" / value / "data" / node / "volume-mount.txt").read_text().split()
+        assert mount[2] == disks[(node, cls)], (value, mount, disks)
+        assert row["device"].split()[0] == disks[(node, cls)], row
+        raw = json.loads((results / "storage" / value / "data" / node / f"{row['job']}.json").read_text())["jobs"][0]
+        iops[value] = raw["write"]["iops"]
+        assert row["iops"] == iops[value] > 0
+    # in the pod, each 8 KiB write and its fdatasync are at least one request: the throttle's request rate bounds
+    # them (blk-throttle lets a slice's first burst through: a quarter over)
+    assert iops["throttled"] <= kubelab.THROTTLE["write_iops_device"] * 1.25, iops
+
+    # each run's instance volume: on its class's disk of the instance's node
+    runs = [r for r in store.runs(sweep_id) if r.status == "ok" and r.axes["storage"] in CLASSES]
+    assert sorted((r.axes["storage"], r.repeat) for r in runs) == [(v, k) for v in sorted(CLASSES) for k in (1, 2, 3)]
+    tps: dict[str, list[float]] = {v: [] for v in CLASSES}
+    for r in runs:
+        run_dir = store.dir / r.dir
+        assert r.metrics["tps"] == pgbench_tps((run_dir / "pgbench.out").read_text()) > 0
+        tps[r.axes["storage"]].append(r.metrics["tps"])
+        (instance,) = json.loads((run_dir / "disk" / "disk.json").read_text())["instances"].values()
+        (volume,) = instance["volumes"]
+        expected = disks[(instance["node"], CLASSES[r.axes["storage"]])]
+        assert volume["how"].endswith(f"on device {expected}"), (r.axes, volume, disks)
+    store.close()
+
+    # pglab's own verdict: the throttled class is slower, significantly
+    cmp = pglab("compare", str(results), "--axis", "storage", "--a", "disk", "--b", "throttled", "--format", "json")
+    assert cmp.returncode == 0, cmp.stderr
+    (row,) = json.loads(cmp.stdout)
+    assert row["tps_verdict"] == "slower", (row, tps)
+    # and its cost table from each class's own price
+    cost = pglab("report", str(results), "--table", "cost", "--format", "json")
+    assert cost.returncode == 0, cost.stderr
+    per = {c["storage"]: c for c in json.loads(cost.stdout)}
+    assert per["disk"]["per_tps"] == pytest.approx(100 / np.mean(tps["disk"]))
+    assert per["throttled"]["per_tps"] == pytest.approx(40 / np.mean(tps["throttled"]))
 
 
 # ------------------------------------------------------------------ tenants: a Cluster per tenant, loaded together
