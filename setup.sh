@@ -226,12 +226,13 @@ kube_track() {
 run_tests() {
     # Everything but the quiet tests at once, each part in a process of its own whose output is printed at the end:
     # ruff and mypy; the Kubernetes lab's build and tests; the local tests in two pytest processes, those of the
-    # files in `waiting` (they mostly wait out pglab's deadlines: frozen processes, failovers, signals) beside the
+    # files in `waiting` (they mostly wait out deadlines: frozen or killed processes, failovers, signals) beside the
     # rest. Then the tests that compare performance figures with each other (marker quiet), alone. The exit code is
     # the worst of them all. Why this split, and what it saves: docs/testing.md, "Where the local tests' time goes".
-    local -a waiting=(tests/test_chaos.py tests/test_interrupt.py tests/test_scenarios.py tests/test_cluster_cli.py)
+    local -a waiting=(tests/test_chaos.py tests/test_interrupt.py tests/test_scenarios.py tests/test_cluster_cli.py
+                      tests/test_ha.py tests/test_faults.py tests/test_resume.py)
     local -a others=() pids=() parts=(waiting lint kube)
-    local -a titles=("the local tests that mostly wait (${waiting[*]})" "ruff and mypy"
+    local -a titles=("the local tests that mostly wait (${waiting[*]#tests/})" "ruff and mypy"
                      "the Kubernetes lab's build and tests")
     local f i rc logs status=0
     for f in "${waiting[@]}"; do others+=("--ignore=$f"); done
