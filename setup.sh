@@ -224,23 +224,46 @@ kube_track() {
 }
 
 run_tests() {
-    # The Kubernetes lab's build and tests run beside the local tests; the tests that compare performance figures
-    # with each other (marker quiet) run last, alone. The exit code is the worst of the three.
-    local kube_log status=0 kube_status=0 kube
-    kube_log="$(mktemp)"
-    kube_track >"$kube_log" 2>&1 &
-    kube=$!
-    trap 'kill "$kube" 2>/dev/null || true' EXIT
-    # --durations: the critical path's slowest tests in every run's log (issue 32, docs/testing.md)
-    .venv/bin/python -m pytest -q -m "not kube_lab and not quiet" --durations=30 tests || status=$?
-    wait "$kube" || kube_status=$?
+    # Everything but the quiet tests at once, each part in a process of its own whose output is printed at the end:
+    # ruff and mypy; the Kubernetes lab's build and tests; the local tests in two pytest processes, those of the
+    # files in `waiting` (they mostly wait out deadlines: frozen or killed processes, failovers, signals) beside the
+    # rest. Then the tests that compare performance figures with each other (marker quiet), alone. The exit code is
+    # the worst of them all. Why this split, and what it saves: docs/testing.md, "Where the local tests' time goes".
+    local -a waiting=(tests/test_chaos.py tests/test_interrupt.py tests/test_scenarios.py tests/test_cluster_cli.py
+                      tests/test_ha.py tests/test_faults.py tests/test_resume.py)
+    local -a others=() pids=() parts=(waiting lint kube)
+    local -a titles=("the local tests that mostly wait (${waiting[*]#tests/})" "ruff and mypy"
+                     "the Kubernetes lab's build and tests")
+    local f i rc logs status=0
+    for f in "${waiting[@]}"; do others+=("--ignore=$f"); done
+    logs="$(mktemp -d)"
+    # The waiting tests have a lab registry of their own (PGLAB_STATE_DIR): a pglab of the others would clean up the
+    # lab a test of theirs left behind on purpose (a killed pglab's), and the others' `pglab lab clean` would too.
+    # --durations: each process's slowest tests in every run's log (issue 32, docs/testing.md)
+    PGLAB_STATE_DIR="$logs/state" .venv/bin/python -m pytest -q -m "not kube_lab and not quiet" --durations=15 \
+        "${waiting[@]}" >"$logs/waiting" 2>&1 &
+    pids+=($!)
+    { .venv/bin/ruff check src tests bench tools && .venv/bin/mypy; } >"$logs/lint" 2>&1 &  # mypy: pyproject.toml
+    pids+=($!)
+    kube_track >"$logs/kube" 2>&1 &
+    pids+=($!)
+    trap "kill ${pids[*]} 2>/dev/null || true" EXIT
+    .venv/bin/python -m pytest -q -m "not kube_lab and not quiet" --durations=30 "${others[@]}" tests || status=$?
+    for i in "${!parts[@]}"; do
+        rc=0
+        wait "${pids[i]}" || rc=$?
+        echo "setup: ${titles[i]}, run beside the others (exit $rc):"
+        cat "$logs/${parts[i]}"
+        if [ "$rc" -gt "$status" ]; then status=$rc; fi
+    done
     trap - EXIT
-    echo "setup: the Kubernetes lab's build and tests (run beside the others):"
-    cat "$kube_log"
-    rm -f "$kube_log"
-    .venv/bin/python -m pytest -q -m quiet tests || status=$?
-    if [ "$status" -ne 0 ]; then exit "$status"; fi
-    exit "$kube_status"
+    # a lab a failed waiting test left behind, which the next pglab would not find in the default registry
+    PGLAB_STATE_DIR="$logs/state" .venv/bin/pglab lab clean || true
+    rm -rf "$logs"
+    rc=0
+    .venv/bin/python -m pytest -q -m quiet tests || rc=$?
+    if [ "$rc" -gt "$status" ]; then status=$rc; fi
+    exit "$status"
 }
 
 case "${1:-}" in
@@ -275,9 +298,7 @@ case "${1:-}" in
         install_base "test,k8s,ha" "${HA_APT_PACKAGES[@]}" "${TEST_APT_PACKAGES[@]}" "${KUBE_LAB_APT_PACKAGES[@]}"
         install_toxiproxy
         install_cnpg_check
-        .venv/bin/ruff check src tests bench tools
-        .venv/bin/mypy  # src/ and tests/, as configured in pyproject.toml: the package ships py.typed
-        run_tests ;;
+        run_tests ;;  # ruff and mypy too, beside the tests
     *)
         echo "usage: ./setup.sh quickstart | test | install [ha|k8s|toxiproxy|cnpg-check|all …] | kube-lab" >&2
         exit 2 ;;

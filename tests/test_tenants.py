@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from conftest import pglab, processes_mentioning, run_plan
-from helpers import read_store, stored_runs
+from helpers import children_of, identities, read_store, still_running, stored_runs
 from pglab.errors import UserError
 from pglab.plan.load import load_plan
 from pglab.targets.local.cluster import cgroup_name
@@ -163,14 +163,20 @@ def test_interrupt_while_tenants_run_leaves_nothing_and_resumes(tmp_path: Path, 
     results = tmp_path / "results"
     proc = subprocess.Popen([sys.executable, "-m", "pglab.cli", "run", str(plan), "--results", str(results)],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+    def measured() -> dict[int, int | None]:
+        """This pglab's measured pgbench (-T 4), with their start times: not another test's on the host."""
+        return identities(p for p, (name, args) in children_of(proc.pid).items()
+                          if name == "pgbench" and "-T" in args and args[args.index("-T") + 1] == "4")
+
     deadline = time.monotonic() + 180
-    while time.monotonic() < deadline and len([p for p in processes_mentioning("pgbench") if "-T 4" in p]) < 3:
+    while time.monotonic() < deadline and len(seen := measured()) < 3:
         time.sleep(0.5)
-    assert len([p for p in processes_mentioning("pgbench") if "-T 4" in p]) == 3, "every tenant's pgbench runs"
+    assert len(seen) == 3, "every tenant's pgbench runs"
     proc.send_signal(signal.SIGINT)
     out, _ = proc.communicate(timeout=120)
     assert proc.returncode == 130, out
-    assert processes_mentioning(str(labs)) == [] and not [p for p in processes_mentioning("pgbench") if "-T 4" in p]
+    assert processes_mentioning(str(labs)) == [] and not still_running(seen)
     with read_store(results) as store:
         (run,) = store.runs()
         assert run.status == "interrupted"
