@@ -17,8 +17,8 @@ import pytest
 from kubernetes import client
 
 from conftest import pglab
-from k8s_fake import FakeAPI
-from k8s_support import assert_all_deleted, check, cli, k8s_plan, kubeconfig, posted_jobs, run
+from k8s_fake import FakeAPI, results_log
+from k8s_support import assert_all_deleted, check, cli, k8s_plan, kubeconfig, pod_log, posted_jobs, run
 from pglab.plan.expand import expand
 from pglab.plan.load import parse_plan
 from pglab.store.sqlite import Store
@@ -286,3 +286,79 @@ def test_an_unreachable_prometheus_is_refused_before_anything_is_created(
                            "reached"), err
     assert err.count("error:") == 1 and "Traceback" not in err, err
     assert posted_jobs(api) == [] and not api.created and api.objects == {}  # nothing was created
+
+
+# ------------------------------------------------------------------ a rate over the load pods
+RATED = SWEEP.replace("load_pods: 2, repeats: 2, order: sequential}",
+                      "load_pods: 2, repeats: 1, rate: 300, latency_limit: 5ms}")
+
+
+def rated_pod_files(processed: int, skipped: int, late: int, lag: tuple[float, float], first: int) -> dict[str, str]:
+    """One load pod's shipped files as pgbench 15 writes them with -R and --latency-limit: its summary (the rate's
+    lines), and a -l log of 40 transactions a second over 10 s from epoch ``first``, each with its schedule lag."""
+    out = ("pgbench (15.18 (Debian 15.18-0+deb12u1))\ntransaction type: <builtin: TPC-B (sort of)>\n"
+           "scaling factor: 1\nquery mode: simple\nnumber of clients: 3\nnumber of threads: 1\n"
+           "maximum number of tries: 1\nduration: 10 s\n"
+           f"number of transactions actually processed: {processed}\n"
+           "number of failed transactions: 0 (0.000%)\n"
+           f"number of transactions skipped: {skipped} ({skipped / (processed + skipped) * 100:.3f}%)\n"
+           f"number of transactions above the 5.0 ms latency limit: {late}/{processed} "
+           f"({late / processed * 100:.3f}%)\n"
+           "latency average = 2.393 ms\nlatency stddev = 1.635 ms\n"
+           f"rate limit schedule lag: avg {lag[0]:.3f} (max {lag[1]:.3f}) ms\n"
+           "initial connection time = 7.413 ms\ntps = 179.861729 (without initial connection time)\n")
+    txn = "".join(f"0 {i} {2000 + 10 * i} 0 {first + i // 40} {(i % 40) * 25000} {300 + i}\n" for i in range(400))
+    return {"pgbench.out": out, "pgbench.err": "", "pgbench.41": txn, "reset.log": "TRUNCATE TABLE\nVACUUM\n"}
+
+
+def test_a_rate_is_shared_by_the_load_pods_and_their_schedule_figures_merged(
+        fake: tuple[FakeAPI, client.ApiClient], tmp_path: Path) -> None:
+    """run.rate 300 over two pods of 3 and 2 clients: each pod's pgbench runs -R 180 and -R 120, and the run's
+    schedule lag is the mean of both pods' transactions (each pod's average weighted by what it processed), its
+    maximum the larger, its skipped and late shares those of the pods' counts added."""
+    api, api_client = fake
+    outputs = [results_log(rated_pod_files(1794, 3, 12, (0.321, 4.567), 1795359921), text=""),
+               results_log(rated_pod_files(1190, 40, 30, (2.5, 9.25), 1795359921), text="")]
+    calls: dict[str, int] = {}
+
+    def log(job: str) -> str:  # the fake tells the run, not the pod: the pods' outputs in the order they end
+        if "-run-" not in job:
+            return pod_log(job)
+        calls[job] = calls.get(job, 0) + 1
+        return outputs[calls[job] - 1]
+
+    api.default_log = log
+    result = run(api_client, tmp_path, RATED)
+    assert (result.ok, result.failed) == (1, 0)
+    rates = {}
+    for script in api.exec_scripts:
+        index = re.search(r"^export JOB_COMPLETION_INDEX=(\d+)$", script, re.M)[1]  # type: ignore[index]
+        branch = re.search(rf"^{index}\)\n(.*?)^;;$", script, re.M | re.S)[1]  # type: ignore[index]
+        [command] = [line for line in branch.splitlines() if line.lstrip().startswith("if") and "pgbench " in line]
+        args = command.split()
+        rates[index] = (args[args.index("-c") + 1], args[args.index("-R") + 1], "--latency-limit=5" in args)
+    assert rates == {"0": ("3", "180", True), "1": ("2", "120", True)}
+    store = Store.open(tmp_path / "results", create=False)
+    [r] = store.runs()
+    # the oracle: each pod's own pgbench.out, as shipped into its folder (whichever pod printed which)
+    pods = []
+    for i in range(2):
+        out = (store.dir / r.dir / f"load-{i}" / "pgbench.out").read_text()
+        lag = re.search(r"^rate limit schedule lag: avg ([\d.]+) \(max ([\d.]+)\) ms$", out, re.M)
+        numbers = [int(re.search(p, out, re.M)[1]) for p in (  # type: ignore[index]
+            r"^number of transactions actually processed: (\d+)", r"^number of transactions skipped: (\d+)",
+            r"^number of transactions above the 5\.0 ms latency limit: (\d+)/")]
+        assert lag is not None
+        pods.append((float(lag[1]), float(lag[2]), *numbers))
+    assert sorted(p[2] for p in pods) == [1190, 1794]  # both outputs were shipped, one per pod
+    processed, skipped, late = (sum(p[k] for p in pods) for k in (2, 3, 4))
+    m = r.metrics
+    # 1.19 ms: neither pod's own, nor their plain mean (1.41)
+    assert m["schedule_lag_ms"] == pytest.approx((0.321 * 1794 + 2.5 * 1190) / 2984)
+    assert m["schedule_lag_ms"] == pytest.approx(sum(p[0] * p[2] for p in pods) / processed)
+    assert m["schedule_lag_max_ms"] == 9.25
+    assert m["skipped_pct"] == pytest.approx(skipped / (processed + skipped) * 100) == pytest.approx(43 / 3027 * 100)
+    assert m["late_pct"] == pytest.approx(late / processed * 100) == pytest.approx(42 / 2984 * 100)
+    assert m["load_pods"] == 2 and m["transactions"] == 800  # the window's transactions: both pods' logs, all in it
+    store.close()
+    assert_all_deleted(api)

@@ -1,8 +1,9 @@
 """Which resource bounds a result, each verdict with the figures behind it.
 
 Rules over the figures the probes stored for the measured window (shares of active backends per wait event,
-CPU of the host, of the servers, of pgbench and of the host's processes outside the lab, device utilisation)
-and, when the storage phase ran, the fio ceilings. A rule fires when its figure passes a threshold; the verdicts
+CPU of the host, of the servers, of pgbench and of the host's processes outside the lab, device utilisation,
+PostgreSQL's WAL, checkpoint and buffer-write counts of the window) and, when the storage phase ran, the fio
+ceilings. A rule fires when its figure passes a threshold; the verdicts
 are ordered by how far past.
 Thresholds are deliberately plain, so a reader can check a verdict against the run's own numbers.
 """
@@ -27,6 +28,17 @@ Why a quarter of a core: an idle host's daemons (journald, sshd, cron, the kerne
 of a 2-core host, which moves a CPU-bound point's TPS by more than its repeats usually differ. One figure for
 every host size: what another process takes from the lab is cores, whatever the host has.
 """
+FPI_PER_RECORD = 0.05
+"""Full-page images per WAL record (``wal_fpi`` / ``wal_records``) past which page images are most of the WAL.
+
+An image is up to a page (8 kB) against ~100 B for the records pgbench's statements log, so one record in twenty
+carrying one makes the images about four fifths of the bytes. On its own it is no finding: pglab checkpoints
+before each window, so every run logs the first change of each page it touches in full; what makes it one is a
+checkpoint *requested* inside the window (``checkpoints_req``: the WAL reached ``max_wal_size`` before
+``checkpoint_timeout``), which starts the images over while the load runs.
+"""
+BACKEND_WRITE_SHARE = 0.5  # the backends wrote this share of the window's buffer writes themselves ...
+BACKEND_WRITES_S = 100.0  # ... and at least this many buffers a second (0.8 MB/s of 8 kB pages)
 
 WAL_WAITS = ("IO:WALSync", "IO:WALWrite", "LWLock:WALWrite", "IO:WALInitSync", "IO:WALInitWrite")
 SYNC_REP_WAITS = ("IPC:SyncRep",)
@@ -35,7 +47,8 @@ CLIENT_WAITS = ("Client:ClientRead",)
 
 @dataclass(frozen=True)
 class Verdict:
-    resource: str  # cpu | interference | client | sync-replication | wal-flush | locks | storage
+    resource: str  # cpu | interference | client | sync-replication | wal-flush | locks | storage | checkpoints
+    #                | backend-writes
     score: float  # figure / threshold: > 1 means past it; verdicts sort by it
     evidence: str  # the figures, in words
 
@@ -64,6 +77,42 @@ def _wal_detail(metrics: dict[str, float | None]) -> str:
     checkpoints = (metrics.get("checkpoints_timed") or 0.0) + (metrics.get("checkpoints_req") or 0.0)
     text = f"; {per_commit:,.0f} B of WAL and {fpi:.2f} full-page images per commit"
     return text + (f" with {checkpoints:g} checkpoint(s) in the window" if checkpoints else "")
+
+
+def _checkpoint_verdict(metrics: dict[str, float | None]) -> Verdict | None:
+    """Checkpoints requested in the window and page images a large part of its WAL: the load fills max_wal_size
+    before checkpoint_timeout, and each of those checkpoints makes every page's next change log the whole page.
+    A point's figures are means over its runs: a checkpoint in one run of three reads 0.33 per run."""
+    requested, fpi, records = metrics.get("checkpoints_req"), metrics.get("wal_fpi"), metrics.get("wal_records")
+    if not requested or fpi is None or not records:
+        return None
+    per_record = fpi / records
+    if per_record < FPI_PER_RECORD:
+        return None
+    per_commit = metrics.get("wal_bytes_per_commit")
+    detail = f"{requested:.2g} checkpoint(s) requested in the window (WAL reached max_wal_size before " \
+             f"checkpoint_timeout) and {per_record * 100:.0f} full-page images per 100 WAL records"
+    if per_commit is not None:
+        detail += f", {per_commit:,.0f} B of WAL per commit"
+    return Verdict("checkpoints", per_record / FPI_PER_RECORD,
+                   detail + "; raise max_wal_size (and checkpoint_timeout) so checkpoints come further apart")
+
+
+def _backend_writes_verdict(metrics: dict[str, float | None]) -> Verdict | None:
+    """The backends wrote most of the window's dirty buffers themselves (to free one for the page they needed),
+    not the background writer or the checkpointer: shared_buffers too small for the working set, or a background
+    writer too lazy for the load."""
+    backend, window = metrics.get("buffers_backend"), metrics.get("window_s")
+    if not backend or not window:
+        return None
+    written = backend + (metrics.get("buffers_clean") or 0.0) + (metrics.get("buffers_checkpoint") or 0.0)
+    share, rate = backend / written, backend / window
+    if share < BACKEND_WRITE_SHARE or rate < BACKEND_WRITES_S:
+        return None
+    return Verdict("backend-writes", share / BACKEND_WRITE_SHARE,
+                   f"backends wrote {backend:,.0f} shared buffers themselves ({rate:,.0f}/s, {share * 100:.0f} % of "
+                   "the window's buffer writes); raise shared_buffers if the working set does not fit, or make the "
+                   "background writer keep up (bgwriter_lru_maxpages, bgwriter_delay)")
 
 
 def interfered(metrics: dict[str, float | None]) -> bool:
@@ -167,6 +216,8 @@ def attribute(metrics: dict[str, float | None], cores: int, jobs: int | None = N
             out.append(Verdict("storage", value / (CEILING_SHARE * ceiling),
                                f"{value:,.0f} {figure.replace('_', ' ')} = {value / ceiling * 100:.0f} % of the "
                                f"fio ceiling ({ceiling:,.0f} {what} at QD 32)"))
+    # what PostgreSQL's own counters say the window cost, where they were read (none: nothing claimed)
+    out.extend(v for v in (_checkpoint_verdict(metrics), _backend_writes_verdict(metrics)) if v is not None)
     out.sort(key=lambda v: v.score, reverse=True)
     merged: dict[str, Verdict] = {}
     for v in out:  # one verdict per resource: the strongest

@@ -119,6 +119,8 @@ BOTTLENECK_LEGEND = {
     "wal-flush": "backends wait on WAL write/flush",
     "locks": "backends wait on locks",
     "storage": "the device is saturated or near its fio ceiling",
+    "checkpoints": "checkpoints requested in the window (max_wal_size) and many full-page images",
+    "backend-writes": "backends wrote most buffers themselves (shared_buffers, background writer)",
     "none": "no rule fired: nothing stood out",
 }
 """The short bottleneck tags of the compact table, each explained once in the legend below it."""

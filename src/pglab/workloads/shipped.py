@@ -161,11 +161,36 @@ def load_pods(run_dir: Path, job: str, command: list[str], run: Run, shares: lis
     files = [f for p in pods for f in txlog.compress(p[3])]
     extra: dict[str, float | None] = {"load_pods": float(run.load_pods), "load_start_skew_s":
                                       max(p[5] for p in pods) - min(p[5] for p in pods)}
+    summary.schedule_lag_ms, summary.schedule_lag_max_ms = _merged_lag([p[1] for p in pods])
+    extra.update(_merged_limit_shares([p[1] for p in pods]))
     info = {"pods": run.load_pods, "window": [start, end], "start_skew_s": extra["load_start_skew_s"],
             "nodes": len({p["node"] for p in per_pod if p["node"]}), "per_pod": per_pod}
     write_json(run_dir / "load.json", info)
     warmup_start = begun if start > begun else None
     return PgbenchRun(summary, stats, [], start, end, command, 0, files), extra, warmup_start, info, series
+
+
+def _merged_lag(summaries: list[PgbenchSummary]) -> tuple[float | None, float | None]:
+    """With a rate (each pod's pgbench kept the schedule of its share): the mean schedule lag of all the pods'
+    transactions (each pod's average weighted by the transactions it processed) and the largest; None without."""
+    if not summaries or any(s.schedule_lag_ms is None for s in summaries):
+        return None, None
+    processed = sum(s.transactions for s in summaries)
+    mean = sum((s.schedule_lag_ms or 0.0) * s.transactions for s in summaries) / processed if processed else None
+    return mean, max(s.schedule_lag_max_ms or 0.0 for s in summaries)
+
+
+def _merged_limit_shares(summaries: list[PgbenchSummary]) -> dict[str, float | None]:
+    """With a latency limit: the skipped and late shares of the pods' counts added (over each pgbench's whole run,
+    as one pgbench's are), not of the merged window's transactions, which are fewer than the pods processed."""
+    out: dict[str, float | None] = {}
+    processed = sum(s.transactions for s in summaries)
+    if summaries and all(s.skipped is not None for s in summaries):
+        skipped = sum(s.skipped or 0 for s in summaries)
+        out["skipped_pct"] = skipped / (processed + skipped) * 100 if processed + skipped else None
+    if summaries and all(s.late is not None for s in summaries):
+        out["late_pct"] = sum(s.late or 0 for s in summaries) / processed * 100 if processed else None
+    return out
 
 
 def per_second(log: txlog.TxLog, start: float, end: float,
