@@ -220,7 +220,7 @@ kube_track() {
     # tests (~30 min, mostly waiting on the cluster). The local tests need none of it: they start at once beside it.
     install_kube_lab
     install_lab_prometheus
-    .venv/bin/python -m pytest -q -m kube_lab tests
+    .venv/bin/python -m pytest -q -m kube_lab --durations=20 tests  # the track's slowest tests in every log
 }
 
 run_tests() {
@@ -231,12 +231,19 @@ run_tests() {
     # the worst of them all. Why this split, and what it saves: docs/testing.md, "Where the local tests' time goes".
     local -a waiting=(tests/test_chaos.py tests/test_interrupt.py tests/test_scenarios.py tests/test_cluster_cli.py
                       tests/test_ha.py tests/test_faults.py tests/test_resume.py)
-    local -a others=() pids=() parts=(waiting lint kube)
-    local -a titles=("the local tests that mostly wait (${waiting[*]#tests/})" "ruff and mypy"
-                     "the Kubernetes lab's build and tests")
+    local -a others=() pids=() parts=(kube waiting lint)
+    local -a titles=("the Kubernetes lab's build and tests" "the local tests that mostly wait (${waiting[*]#tests/})"
+                     "ruff and mypy")
     local f i rc logs status=0
     for f in "${waiting[@]}"; do others+=("--ignore=$f"); done
     logs="$(mktemp -d)"
+    # The Kubernetes track first, the longest (~30 min): the local tools it does not use (Toxiproxy, cnpg-check: a
+    # minute of Go builds in a fresh checkout) are built beside it, before the local tests that need them.
+    kube_track >"$logs/kube" 2>&1 &
+    pids+=($!)
+    trap "kill ${pids[*]} 2>/dev/null || true" EXIT
+    install_toxiproxy
+    install_cnpg_check
     # The waiting tests have a lab registry of their own (PGLAB_STATE_DIR): a pglab of the others would clean up the
     # lab a test of theirs left behind on purpose (a killed pglab's), and the others' `pglab lab clean` would too.
     # --durations: each process's slowest tests in every run's log (issue 32, docs/testing.md)
@@ -244,8 +251,6 @@ run_tests() {
         "${waiting[@]}" >"$logs/waiting" 2>&1 &
     pids+=($!)
     { .venv/bin/ruff check src tests bench tools && .venv/bin/mypy; } >"$logs/lint" 2>&1 &  # mypy: pyproject.toml
-    pids+=($!)
-    kube_track >"$logs/kube" 2>&1 &
     pids+=($!)
     trap "kill ${pids[*]} 2>/dev/null || true" EXIT
     .venv/bin/python -m pytest -q -m "not kube_lab and not quiet" --durations=30 "${others[@]}" tests || status=$?
@@ -296,9 +301,8 @@ case "${1:-}" in
         echo "setup: Kubernetes lab built: $PGLAB_KUBE_LAB_IMAGES (start it with: sudo .venv/bin/python tools/kube-lab/kubelab.py up)" ;;
     test)
         install_base "test,k8s,ha" "${HA_APT_PACKAGES[@]}" "${TEST_APT_PACKAGES[@]}" "${KUBE_LAB_APT_PACKAGES[@]}"
-        install_toxiproxy
-        install_cnpg_check
-        run_tests ;;  # ruff and mypy too, beside the tests
+        find_go >/dev/null || install_go  # once, before the builds that run side by side in run_tests
+        run_tests ;;  # Toxiproxy, cnpg-check, ruff and mypy too, beside the tests
     *)
         echo "usage: ./setup.sh quickstart | test | install [ha|k8s|toxiproxy|cnpg-check|all …] | kube-lab" >&2
         exit 2 ;;
