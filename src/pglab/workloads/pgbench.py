@@ -559,6 +559,17 @@ def reset_for_run(conn: Any) -> None:
     conn.execute("CHECKPOINT")
 
 
+def limit_shares(processed: int, skipped: int | None, late: int | None) -> dict[str, float | None]:
+    """With a latency limit: the shares of the scheduled transactions pgbench skipped (already late at their start)
+    and of the processed ones that ended late, each present only where pgbench counted it."""
+    out: dict[str, float | None] = {}
+    if skipped is not None:
+        out["skipped_pct"] = skipped / (processed + skipped) * 100 if processed + skipped else None
+    if late is not None:
+        out["late_pct"] = late / processed * 100 if processed else None
+    return out
+
+
 def pgbench_metrics(result: PgbenchRun) -> dict[str, float | None]:
     """A run's pgbench figures: its summary, and the percentiles of its per-transaction log."""
     s = result.summary
@@ -573,10 +584,7 @@ def pgbench_metrics(result: PgbenchRun) -> dict[str, float | None]:
     }
     if s.schedule_lag_ms is not None:  # open loop (-R): latency counts from each transaction's scheduled start
         m.update(schedule_lag_ms=s.schedule_lag_ms, schedule_lag_max_ms=s.schedule_lag_max_ms)
-    if s.skipped is not None:
-        m["skipped_pct"] = s.skipped / (s.transactions + s.skipped) * 100 if s.transactions + s.skipped else None
-    if s.late is not None:
-        m["late_pct"] = s.late / s.transactions * 100 if s.transactions else None
+    m.update(limit_shares(s.transactions, s.skipped, s.late))
     if result.log:
         m.update({
             "latency_p50_ms": result.log.percentiles_ms[50],

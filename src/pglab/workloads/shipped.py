@@ -21,6 +21,7 @@ from pglab.workloads.pgbench import (
     PgbenchError,
     PgbenchRun,
     PgbenchSummary,
+    limit_shares,
     parse_progress_line,
     parse_summary,
     pgbench_series,
@@ -183,14 +184,11 @@ def _merged_lag(summaries: list[PgbenchSummary]) -> tuple[float | None, float | 
 def _merged_limit_shares(summaries: list[PgbenchSummary]) -> dict[str, float | None]:
     """With a latency limit: the skipped and late shares of the pods' counts added (over each pgbench's whole run,
     as one pgbench's are), not of the merged window's transactions, which are fewer than the pods processed."""
-    out: dict[str, float | None] = {}
-    processed = sum(s.transactions for s in summaries)
-    if summaries and all(s.skipped is not None for s in summaries):
-        skipped = sum(s.skipped or 0 for s in summaries)
-        out["skipped_pct"] = skipped / (processed + skipped) * 100 if processed + skipped else None
-    if summaries and all(s.late is not None for s in summaries):
-        out["late_pct"] = sum(s.late or 0 for s in summaries) / processed * 100 if processed else None
-    return out
+    counted = bool(summaries)
+    skipped = sum(s.skipped or 0 for s in summaries) if counted and all(s.skipped is not None for s in summaries) \
+        else None
+    late = sum(s.late or 0 for s in summaries) if counted and all(s.late is not None for s in summaries) else None
+    return limit_shares(sum(s.transactions for s in summaries), skipped, late)
 
 
 def per_second(log: txlog.TxLog, start: float, end: float,
