@@ -307,3 +307,42 @@ def storage_phase(lab: kubelab.KubeLab, results: Path,
     assert lab.node(node).role == "database"
     assert set(fio_rows) == {f"{v}/data@{node}" for v in values}, fio_rows
     return store, sweep["id"], node, {v: fio_rows[f"{v}/data@{node}"] for v in values}
+
+
+# ------------------------------------------------------------------ what a lab leaves on the machine
+def _out(*cmd: str) -> str:
+    return subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=60).stdout
+
+
+def cni_netns() -> set[str]:
+    """The pods' network namespaces on this machine (the lab's CNI names them cni-*)."""
+    return {p.name for p in Path("/run/netns").glob("cni-*")} if Path("/run/netns").exists() else set()
+
+
+def leftovers(root: Path, cni_before: set[str]) -> dict[str, list[str]]:
+    """Everything of the lab in ``root`` still on this machine, by kind (empty lists left out)."""
+    me = os.getpid()
+    found = {
+        "processes": [f"{p.name}: {cmd[:120]}" for p in Path("/proc").iterdir() if p.name.isdigit()
+                      and int(p.name) != me and str(root) in (cmd := _cmdline(p))],
+        "mounts": [line.split()[1] for line in Path("/proc/mounts").read_text().splitlines()
+                   if line.split()[1].startswith(str(root))],
+        "node network namespaces": [n for n in _out("ip", "netns", "list").split() if n.startswith("pglab-kl-")],
+        "pod network namespaces": sorted(cni_netns() - cni_before),
+        "links": [n for line in _out("ip", "-o", "link").splitlines()
+                  if (n := line.split(": ")[1].split("@")[0]).startswith(("pglabkube", "pglabkl"))],
+        "loop devices": [line for line in _out("losetup", "-a").splitlines() if str(root) in line],
+        "cgroups": [str(h) for h in Path("/sys/fs/cgroup").glob(f"*/{kubelab.CGROUP}")],
+        "iptables rules": [r for r in _out("iptables", "-S").splitlines() if "pglab-kube-lab" in r],
+        "log links": [str(p) for p in Path("/var/log/containers").glob("*.log")
+                      if os.readlink(p).startswith(str(root))] if Path("/var/log/containers").exists() else [],
+        "folder": [str(root)] if root.exists() else [],
+    }
+    return {k: v for k, v in found.items() if v}
+
+
+def _cmdline(p: Path) -> str:
+    try:
+        return (p / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
