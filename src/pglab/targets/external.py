@@ -17,7 +17,7 @@ from typing import Any
 
 import psycopg
 
-from pglab.errors import UserError
+from pglab.errors import UserError, first_line
 from pglab.plan.schema import ExternalTarget, Plan
 from pglab.targets.base import OWN_SESSIONS, Endpoint, Endpoints, Unshaped
 from pglab.targets.local.postgres_bin import find_client_bindir
@@ -130,9 +130,8 @@ class ExternalServer(Unshaped):  # a server pglab does not own is not limited or
                     "THEN pg_has_role(current_user, 'pg_checkpoint', 'MEMBER') ELSE false END "
                     "FROM pg_roles r WHERE r.rolname = current_user").fetchone()
         except psycopg.Error as exc:
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise UserError(f"target.external.conninfo: cannot connect to {self._where()} ({first}); check the "
-                            "connection string and the passfile.") from None
+            raise UserError(f"target.external.conninfo: cannot connect to {self._where()} ({first_line(exc)}); "
+                            "check the connection string and the passfile.") from None
         self._check_connections(slots[0] if slots else None)
         if self.writes:
             if others:
@@ -211,7 +210,7 @@ class ExternalServer(Unshaped):  # a server pglab does not own is not limited or
             with psycopg.connect(self._endpoint.conninfo(application_name="pglab-control"), autocommit=True) as c:
                 c.execute("SELECT 1")
         except psycopg.Error as exc:
-            return f"{self._where()} does not answer ({str(exc).strip().splitlines()[0]})"
+            return f"{self._where()} does not answer ({first_line(exc)})"
         return None
 
     def describe(self) -> dict[str, Any]:
