@@ -255,8 +255,7 @@ class PgbenchProcess:
     and pglab decides how pgbench ends."""
 
     def __init__(self, args: list[str], endpoint: Endpoint, out_dir: Path, name: str,
-                 on_progress: Callable[[ProgressPoint], None] | None = None,
-                 env_extra: dict[str, str] | None = None, *, run_as: PlanCodeUser | None = None,
+                 on_progress: Callable[[ProgressPoint], None] | None = None, *, run_as: PlanCodeUser | None = None,
                  procs_files: Sequence[Path] = ()):
         """``procs_files``: the cgroup pgbench must be in before it runs. ``run_as``: the user pgbench (and the
         plan's ``\\shell`` commands) run as; ``out_dir`` is then that user's while pgbench runs, for its -l logs."""
@@ -267,7 +266,6 @@ class PgbenchProcess:
         self.progress: list[ProgressPoint] = []
         env = {k: v for k, v in os.environ.items() if not k.startswith("PG")}
         env.update(endpoint.env())
-        env.update(env_extra or {})
         self.stdout_path = out_dir / f"{name}.out"
         self.stderr_path = out_dir / f"{name}.err"
         self._stdout = open(self.stdout_path, "w")  # noqa: SIM115 - closed in wait()

@@ -9,9 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
-import signal
-import time
 from pathlib import Path
 from typing import Any
 
@@ -53,12 +50,7 @@ def stop_plain_lab(lab_dir: Path) -> list[str]:
         data, wal = Path(n["data"]), Path(n["wal"])
         pid = procs.postmaster_pid(data)
         if pid is not None:
-            os.kill(pid, signal.SIGQUIT)  # immediate shutdown: the postmaster takes its children down
-            deadline = time.monotonic() + 10
-            while procs.postmaster_pid(data) == pid and time.monotonic() < deadline:
-                time.sleep(0.1)
-            if procs.postmaster_pid(data) == pid:
-                procs.kill_tree(pid)
+            procs.stop_postmaster(pid)
             stopped.append(f"{n['name']} (pid {pid})")
         for d in (data.parent, wal.parent):
             if d.is_dir() and not d.is_relative_to(lab_dir):

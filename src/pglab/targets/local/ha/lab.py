@@ -371,10 +371,9 @@ class HALab(Membership):
         return out
 
 
-def clean_ha_lab(lab_dir: Path, unregister_entry: bool = True) -> list[str]:
-    """Stop what an HA lab left running (kept, or left behind by a pglab that was killed) and remove it (and its
-    registry entry unless told not to); see :func:`leftovers.stop_ha_lab`. Returns what was stopped."""
+def clean_ha_lab(lab_dir: Path) -> list[str]:
+    """Stop what an HA lab left running (kept, or left behind by a pglab that was killed) and remove it and its
+    registry entry; see :func:`leftovers.stop_ha_lab`. Returns what was stopped."""
     stopped = leftovers.stop_ha_lab(lab_dir)
-    if unregister_entry:
-        registry.unregister(lab_dir.resolve())
+    registry.unregister(lab_dir.resolve())
     return stopped
