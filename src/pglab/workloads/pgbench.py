@@ -526,15 +526,11 @@ def end_leftover_sessions(conn: Any, grace_s: float = 5.0) -> list[str]:
     for fn in ("pg_cancel_backend", "pg_terminate_backend"):
         conn.execute(f"SELECT {fn}(pid) FROM unnest(%s::int[]) AS pid", (pids,))
         step_end = min(deadline, time.monotonic() + grace_s / 2)
-        while time.monotonic() < step_end:
-            left = conn.execute("SELECT count(*) FROM pg_stat_activity WHERE pid = ANY(%s)", (pids,)).fetchone()
-            if not left or left[0] == 0:
-                break
+        while (left := {r[0] for r in conn.execute("SELECT pid FROM pg_stat_activity WHERE pid = ANY(%s)", (pids,))}
+               ) and time.monotonic() < step_end:
             time.sleep(0.1)
-        else:
-            continue
-        break
-    left = {r[0] for r in conn.execute("SELECT pid FROM pg_stat_activity WHERE pid = ANY(%s)", (pids,))}
+        if not left:
+            break
     if left:
         raise LeftoverSessions(f"{len(left)} backend(s) of a stopped pgbench did not end within {grace_s:g} s of "
                                f"pg_terminate_backend (pids {', '.join(map(str, sorted(left)))})")
