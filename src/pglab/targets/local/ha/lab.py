@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import json
 import os
 import secrets
 import signal
@@ -196,10 +195,7 @@ class HALab(Membership):
         """An HALab for a lab another pglab process started (``pglab cluster create``), rebuilt from its lab.json:
         its daemons are adopted (watched through /proc, stopped by pid), new ones are started by this process."""
         lab_dir = lab_dir.resolve()
-        try:
-            state = json.loads((lab_dir / "lab.json").read_text())
-        except (OSError, ValueError):
-            raise UserError(f"'{lab_dir}' is not a pglab lab (no readable lab.json).") from None
+        state = leftovers.read_state(lab_dir)
         if state.get("kind") != "ha" or "spec" not in state:
             raise UserError(f"'{lab_dir}' is not an HA lab made by 'pglab cluster create' (or it is too old).")
         spec = LocalTarget.model_validate(state["spec"])
