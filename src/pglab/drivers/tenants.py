@@ -27,6 +27,7 @@ from pglab.plan.schema import Plan, Tier
 from pglab.probes import CpuProbe, DiskProbe, MemoryProbe, PgStatsProbe, Probe, ProbeContext, Sample, Sampler
 from pglab.probes._util import rows_in_window
 from pglab.probes.base import now
+from pglab.probes.pgstats import why_figures
 from pglab.probes.statements import StatementsWindow
 from pglab.targets.local.fleet import Fleet, Tenant
 from pglab.workloads import pgbench
@@ -250,29 +251,12 @@ class TenantPgProbe(PgStatsProbe):
         return super().summarize([s for s in samples if s.source == self.name], start, end)
 
 
-HOST_COUNTS = ("wal_records", "wal_fpi", "checkpoints_timed", "checkpoints_req", "buffers_checkpoint",
-               "buffers_backend", "buffers_backend_fsync", "buffers_clean")
-
-
-def host_why(samples: Sequence[Sample], tenants: list[str], start: float, end: float) -> dict[str, float | None]:
+def host_why(samples: Sequence[Sample], tenants: list[str], start: float, end: float) -> dict[str, float]:
     """The host's WAL and buffer figures: every tenant's counts over the window summed, WAL and full-page images
     per commit as ratios of the sums (each tenant's rows chosen as its own figures choose them)."""
     sources = {f"pg:{t}" for t in tenants}
-    rows = [r for t in sources for r in rows_in_window([s for s in samples if s.source == t], start, end, rate=True)]
-    if not rows:
-        return {}
-
-    def total(metric: str) -> float:
-        return sum(r.get(metric) for r in rows)
-
-    out: dict[str, float | None] = {k: total(k) for k in HOST_COUNTS
-                                    if any(k in r.values for r in rows) and k not in ("wal_records", "wal_fpi")}
-    if any("d_wal_records" in r.values for r in rows):
-        out["wal_records"], out["wal_fpi"] = total("d_wal_records"), total("d_wal_fpi")
-        if commits := total("d_commits"):
-            out["wal_bytes_per_commit"] = total("d_wal_stat_bytes") / commits
-            out["wal_fpi_per_commit"] = total("d_wal_fpi") / commits
-    return out
+    return why_figures([r for t in sources
+                        for r in rows_in_window([s for s in samples if s.source == t], start, end, rate=True)])
 
 
 def _keep_server_logs(fleet: Fleet, dirs: dict[str, Path] | Path) -> None:
