@@ -35,9 +35,8 @@ class Sample:
 class ProbeContext:
     """What probes may look at. Built by the runner from the target's endpoints for each run."""
 
-    # libpq connection string of the primary (and of each standby, by node name)
+    # libpq connection string of the primary (the replication probe sees the standbys in its pg_stat_replication)
     primary_conninfo: str
-    standby_conninfos: dict[str, str] = field(default_factory=dict)
     # directories whose block devices are sampled: label -> path (e.g. "data" -> lab/n0/data)
     paths: dict[str, Path] = field(default_factory=dict)
     # callables so that pids started after the probe (pgbench) are seen
