@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from pglab.artifacts import write_json, write_samples
-from pglab.drivers.local import ProcessDriver, close_window, watch
+from pglab.drivers.local import MIB, ProcessDriver, close_window, watch
 from pglab.engine.driver import MeasuredRun
 from pglab.engine.types import Event, Observer, RunFailed, RunResult, TenantFigure
 from pglab.plan.expand import Point
@@ -32,8 +32,6 @@ from pglab.probes.statements import StatementsWindow
 from pglab.targets.local.fleet import Fleet, Tenant
 from pglab.workloads import pgbench
 from pglab.workloads.pgbench import PgbenchError, PgbenchProcess, ProgressPoint, pgbench_metrics, pgbench_series
-
-MIB = 1024 * 1024
 
 
 class TenantsDriver(ProcessDriver[Fleet]):
@@ -50,7 +48,9 @@ class TenantsDriver(ProcessDriver[Fleet]):
         super().open(first, with_storage, resumed)
 
     def _stop_pgbench(self) -> None:
-        _stop(self._running)
+        for proc in self._running.values():
+            proc.stop()
+        self._running.clear()
         super()._stop_pgbench()
 
     def start_run(self, point: Point, repeat: int, run_id: str, run_dir: Path) -> TenantsRun:
@@ -222,7 +222,7 @@ class TenantsRun(MeasuredRun):
     def end(self, failure: BaseException | None) -> None:
         if failure is None:
             return
-        _stop(self.d._running)
+        self.d._stop_pgbench()
         if self.sampler:
             self.sampler.stop()
         for window in self.statements.values():
@@ -268,12 +268,6 @@ def _keep_server_logs(fleet: Fleet, dirs: dict[str, Path] | Path) -> None:
             dest.mkdir(parents=True, exist_ok=True)
             for node, path in t.lab.server_logs().items():
                 shutil.copyfile(path, dest / f"server-{node}.log")
-
-
-def _stop(running: dict[str, PgbenchProcess]) -> None:
-    for proc in running.values():
-        proc.stop()
-    running.clear()
 
 
 def _tenant_rows(tenants: list[Tenant], results: dict[str, pgbench.PgbenchRun],
