@@ -20,6 +20,7 @@ import psycopg
 from pglab.errors import UserError, first_line
 from pglab.plan.schema import ExternalTarget, Plan
 from pglab.targets.base import OWN_SESSIONS, Endpoint, Endpoints, Unshaped
+from pglab.targets.local import procs
 from pglab.targets.local.postgres_bin import find_client_bindir
 from pglab.workloads import pgbench
 
@@ -31,15 +32,8 @@ _CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 def _proc_stat(pid: int) -> tuple[str, int, int] | None:
     """(comm, ppid, start time in clock ticks since boot) of a process on this host, or None."""
-    try:
-        data = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    comm, rest = data[data.find("(") + 1 : data.rfind(")")], data[data.rfind(")") + 2 :].split()
-    try:
-        return comm, int(rest[1]), int(rest[19])
-    except (IndexError, ValueError):
-        return None
+    fields = procs.stat_fields(pid)
+    return (procs.comm(pid), int(fields[1]), int(fields[19])) if len(fields) > 19 else None
 
 
 def _boot_time() -> float:
