@@ -8,7 +8,7 @@ failed. Nothing is raised from a handler here, so no lock, file or half-made sta
 
 What waits long in the main thread waits through :func:`sleep`, :func:`wait`, :func:`join`, :func:`wait_all` or
 :func:`run`: each looks at the flag every :data:`POLL_S` and raises :class:`RunInterrupted` once a signal is
-recorded. Outside :func:`catching` (no handler of ours), and in other threads, they are the plain waits. Once the
+recorded. Outside :class:`Catching` (no handler of ours), and in other threads, they are the plain waits. Once the
 sweep has acted on the signal it calls :meth:`Catching.shield`: teardown runs to its end, its waits not interrupted,
 further signals ignored.
 """
@@ -167,8 +167,3 @@ class Catching:
         for sig, handler in self._saved.items():
             signal.signal(sig, handler)
         _state.armed, _state.pending, _state.raise_at_once = self._before
-
-
-def catching(raise_at_once: bool = False) -> Catching:
-    """See :class:`Catching`."""
-    return Catching(raise_at_once)

@@ -341,7 +341,6 @@ class LocalRun(MeasuredRun):
         self.settings = d.settings(ep, self.run_dir)
         ctx = ProbeContext(
             primary_conninfo=ep.primary.conninfo(application_name="pglab-probe"),
-            standby_conninfos={s.name: s.conninfo(application_name="pglab-probe") for s in ep.standbys},
             paths=target.probe_paths(),
             server_pids=target.server_pids,
             client_pids=lambda: [p.pid for p in d._pgbench],

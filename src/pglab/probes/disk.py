@@ -20,7 +20,7 @@ import itertools
 import os
 import stat
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from pglab.probes._pg import ProbeOpenError
@@ -55,18 +55,7 @@ class DeviceInfo:
     backing_file: str | None = None
 
     def as_dict(self) -> dict[str, object]:
-        return {
-            "path": self.path,
-            "device": self.device,
-            "major_minor": self.major_minor,
-            "kind": self.kind,
-            "chain": list(self.chain),
-            "reason": self.reason,
-            "fstype": self.fstype,
-            "mount_source": self.mount_source,
-            "dm_name": self.dm_name,
-            "backing_file": self.backing_file,
-        }
+        return {**asdict(self), "chain": list(self.chain)}
 
 
 @dataclass(frozen=True)
