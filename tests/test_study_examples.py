@@ -2,7 +2,7 @@
 (a managed service: an external server to pglab) runs end to end against a server this test starts, at its
 smallest, and the table the study published is read back and checked against the stored runs: the client loop
 per workload, B against A as uplift % (Δ = (B − A) / A of the stored means), and the price per TPS (the plan's
-monthly price over the peak point's stored mean TPS) with the cost's parts stored beside it."""
+monthly price over the peak point's stored mean TPS) with the cost's parts (cost.breakdown) beside it."""
 
 from __future__ import annotations
 
@@ -137,10 +137,21 @@ def test_the_managed_client_loop_publishes_the_studys_table(tmp_path: Path, serv
             assert r["peak_tps"] == pytest.approx(peak, rel=1e-9) and r["monthly"] == price
             assert r["per_tps"] == pytest.approx(price / peak, rel=1e-9)
             assert (workload, r["at_clients"]) in table and table[(workload, r["at_clients"])] == pytest.approx(peak)
-    # the cost's parts are kept with the sweep's plan (no table prints them yet: the example's header says so)
-    stored = yaml.safe_load(sides["a"].sweep()["plan_text"])
-    assert stored["cost"]["breakdown"] == {"compute": 730, "storage": 620, "backup": 100}
-    assert sum(stored["cost"]["breakdown"].values()) == stored["cost"]["monthly"]
+            # the cost's parts beside it, each its monthly price, as the plan the sweep ran gives them
+            parts = {"compute": 730, "storage": price - 830, "backup": 100}
+            assert [c for c in r if c.startswith("monthly.")] == [f"monthly.{p}" for p in parts], r
+            assert {p: r[f"monthly.{p}"] for p in parts} == parts
+        stored = yaml.safe_load(sides[side].sweep()["plan_text"])
+        assert stored["cost"]["breakdown"] == parts and sum(parts.values()) == price
+        # the terminal's table: a column per part, the parts' prices in its rows
+        text = pglab("report", str(tmp_path / side), "--table", "cost", check=True,
+                     env={**os.environ, "COLUMNS": "200"}).stdout
+        header = next(line for line in text.splitlines() if "peak tps" in line)
+        assert [h for h in ("compute/month", "storage/month", "backup/month") if h in header] == [
+            "compute/month", "storage/month", "backup/month"], text
+        for workload in ("tpcb-like", "select-only"):
+            line = next(x for x in text.splitlines() if workload in x)
+            assert all(money(v) in line for v in parts.values()), (line, parts)
 
 
 def test_the_smallest_004_is_the_example_with_its_sizes_only(tmp_path: Path) -> None:
