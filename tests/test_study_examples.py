@@ -6,6 +6,7 @@ monthly price over the peak point's stored mean TPS) with the cost's parts (cost
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import os
 import re
@@ -20,6 +21,7 @@ import yaml
 
 from conftest import REPO, pglab, run_plan
 from helpers import Ran
+from kube_lab_support import STUDY_EDITS, STUDY_LAB, STUDY_SIZES, kubelab, study_plan
 from pglab.plan.schema import LocalTarget
 from pglab.targets.local.cluster import LocalLab
 from pglab.units import money
@@ -163,3 +165,33 @@ def test_the_smallest_004_is_the_example_with_its_sizes_only(tmp_path: Path) -> 
     assert small["target"]["external"]["conninfo"] == fake["conninfo"]
     assert small["cost"]["breakdown"] == {**full["cost"]["breakdown"], "storage": 170}
     assert full["matrix"]["clients"] == [4, 8, 16, 32, 64, 96] and full["run"]["repeats"] == 3
+
+
+# ------------------------------------------------------------------ the studies the lab tests run (kube_lab_support)
+def flat(data: object, prefix: str = "") -> dict[str, object]:
+    """A plan's fields by dotted path (a list's items by index)."""
+    if isinstance(data, dict):
+        return {k: v for key, value in data.items() for k, v in flat(value, f"{prefix}{key}.").items()}
+    if isinstance(data, list):
+        return {k: v for i, value in enumerate(data) for k, v in flat(value, f"{prefix}{i}.").items()}
+    return {prefix.rstrip("."): data}
+
+
+@pytest.mark.parametrize("example", sorted(STUDY_EDITS))
+def test_a_study_the_lab_runs_is_its_example_with_its_sizes_only(example: str) -> None:
+    """The plan a lab test runs for a study (kube_lab_support.study_plan) differs from the example in sizes, none
+    larger, and in what the lab needs (its kubeconfig, a fresh archive destination), nothing else; it validates."""
+    small = flat(yaml.safe_load(study_plan(example, "/lab/admin.kubeconfig", destination="s3://pglab/x")))
+    full = flat(yaml.safe_load((REPO / "examples" / example).read_text()))
+    changed = {k for k in small.keys() | full.keys() if small.get(k) != full.get(k)}
+    sizes = {k for k in changed if any(fnmatch.fnmatchcase(k, p) or fnmatch.fnmatchcase(k, f"{p}.*")
+                                       for p in STUDY_SIZES)}
+    assert changed - sizes <= set(STUDY_LAB), sorted(changed - sizes)
+    assert small["target.kubernetes.kubeconfig"] == "/lab/admin.kubeconfig"
+    for k in sizes:  # smaller: a number or a duration ("30s"), each no larger than the example's
+        assert k in small and k in full, k
+        assert float(str(small[k]).rstrip("s")) <= float(str(full[k]).rstrip("s")), (k, small[k], full[k])
+    if "target.kubernetes.wal_archive.s3.endpoint" in full:  # the lab's object store, as the example names it
+        assert full["target.kubernetes.wal_archive.s3.endpoint"] == kubelab.OBJECTSTORE_URL
+        assert full["target.kubernetes.wal_archive.s3.credentials"] == \
+            f"{kubelab.OBJECTSTORE_NS}/{kubelab.OBJECTSTORE_SECRET}"
