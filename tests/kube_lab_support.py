@@ -58,6 +58,40 @@ dataset: {{scale: 1}}
 {body}"""
 
 
+# ------------------------------------------------------------------ the studies' example plans, run on the lab
+# Each lab test that carries a study runs that study's example (examples/study-*.yaml) as written, at its smallest:
+# the edits below (each an exact text found once in the example → its replacement) change sizes only, or what the
+# lab needs (a fresh archive destination); study_plan adds the lab's kubeconfig. tests/test_study_examples.py checks
+# that each result differs from its example in those fields alone.
+STUDY_EDITS: dict[str, dict[str, str]] = {
+    "study-backup-under-load.yaml": {  # tests/test_kube_lab_backup.py; the destination: DESTINATION's value
+        "dataset: {scale: 10}": "dataset: {scale: 1}",
+        "clients: [4]": "clients: [2]",
+        "at: 10s": "at: 5s",
+        "run: {duration: 60s}": "run: {duration: 30s}",
+        "destination: s3://pglab/study-backup-under-load-1": "destination: {destination}",
+    },
+}
+# the fields a study's edits may change (dotted paths; a list's items by index); the rest must be the example's
+STUDY_SIZES = ("dataset.scale", "run.duration", "run.warmup", "run.repeats", "matrix.clients", "matrix.jobs",
+               "matrix.scenario.*.at", "storage.runtime", "storage.size")
+STUDY_LAB = ("target.kubernetes.kubeconfig", "target.kubernetes.wal_archive.s3.destination")
+
+
+def study_plan(example: str, kubeconfig: Path | str, **values: str) -> str:
+    """``examples/<example>`` with its STUDY_EDITS (``{name}`` in a replacement: ``values[name]``) and the lab's
+    kubeconfig."""
+    text = (REPO / "examples" / example).read_text()
+    for old, new in STUDY_EDITS[example].items():
+        assert text.count(old) == 1, (example, old)
+        for name, value in values.items():
+            new = new.replace(f"{{{name}}}", value)
+        text = text.replace(old, new)
+    head = "target:\n  kubernetes:\n"
+    assert text.count(head) == 1, example
+    return text.replace(head, f"{head}    kubeconfig: {kubeconfig}\n")
+
+
 def small_plan(lab: kubelab.KubeLab, name: str, namespace: str, body: str, target_extra: str = "") -> str:
     """One instance, no standby: the smallest Cluster the lab starts quickly."""
     return plan_text(lab, name, namespace, body, target_extra, instances=1)
