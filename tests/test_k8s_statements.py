@@ -18,7 +18,7 @@ from k8s_support import statements_read as _read
 from k8s_support import statements_row as _row
 from pglab.plan.load import parse_plan
 from pglab.targets.kubernetes.render import render
-from pglab.targets.kubernetes.statements import END_FILE, ERR_FILE, MARK, START_FILE
+from pglab.targets.kubernetes.statements import END_FILE, ERR_FILE, MARK, NOT_READ_FILE, START_FILE
 
 PLAN = k8s_plan("postgres:\n  parameters: {pg_stat_statements.max: '1000'}", "matrix: {clients: [1]}",
                 "run: {duration: 4s}")
@@ -40,11 +40,11 @@ def test_the_run_job_reads_the_view_around_pgbench_only_when_it_is_loaded(tmp_pa
     (warm,) = _scripts(PLAN.replace("duration: 4s", "duration: 4s, warmup: 2s"), tmp_path)
     reader = next(line for line in warm.splitlines() if line.startswith("(until [ -e pgbench.err ]"))
     assert f"sleep 2; statements_read {START_FILE}) &" in reader  # the warm-up's end, pgbench running
-    assert warm.index(reader) < warm.index("pgbench -n") < warm.index('wait "$statements_reader"')
+    assert warm.index(reader) < warm.index("pgbench -n") < warm.index('wait "$window_reader"')
     for other in (PLAN.replace("{pg_stat_statements.max: '1000'}", "{work_mem: 8MB}"),  # not loaded
-                  PLAN.replace("duration: 4s", "duration: 4s, load_pods: 2").replace("clients: [1]", "clients: [2]"),
                   PLAN + "probes: {enabled: false}\n"):
         assert all("statements_read" not in s for s in _scripts(other, tmp_path)), other
+        assert all(NOT_READ_FILE not in s for s in _scripts(other, tmp_path)), other
 
 
 START = _read(1700000000.5, [_row(16385, 11, UPDATE, 10, 5.0, wal_bytes=1000), _row(16385, 12, SELECT, 5, 1.0),
