@@ -350,3 +350,131 @@ def test_each_tenants_job_runs_at_the_plans_rate() -> None:
         (line,) = [x for x in command[-1].splitlines() if "pgbench -n " in x]
         args = line.split()
         assert args[args.index("-R") + 1] == "40" and "--latency-limit=5" in args, line
+
+
+# ------------------------------------------------------------------ each tenant's WAL, checkpoints, backend writes
+WHY = TENANTS_TARGET + """tenants:
+  arrangements:
+    - name: pair
+      tiers:
+        - {name: gold, tenants: 1, clients: 2}
+        - {name: bronze, tenants: 1, clients: 1}
+postgres: {parameters: {work_mem: 8MB}}
+run: {duration: 4s, warmup: 0s}
+"""
+
+
+def pgstats_reads(n: int) -> tuple[str, str]:
+    """What tenant t0N's Job read of its primary's counters, 4 s apart (the server's clock): 1000·N commits, 8·N MiB
+    of WAL by its position, 5000·N records of 6 000 000·N bytes with 300·N full pages, one requested checkpoint of 50
+    buffers, 20·N buffers written by backends; 990 of 1000 blocks hit. The second tenant's server has no
+    buffers_backend_fsync (an empty field, psql's NULL)."""
+    start = [1700000000.25 + 100 * n, 5000, 7, 100, 9000, 1 << 30, 3, 1, 400, 70000, 900, 8e6, 60, 0, 11]
+    step = [4.0, 1000 * n, 0, 10, 990, 8 * n << 20, 0, 1, 50, 5000 * n, 300 * n, 6e6 * n, 20 * n, 0, 3]
+    end = [a + b for a, b in zip(start, step, strict=True)]
+
+    def line(values: list[float]) -> str:
+        return "|".join("" if n == 2 and i == 13 else f"{v:.17g}"
+                        for i, v in enumerate(values)) + "\n"
+
+    return line(start), line(end)
+
+
+def test_each_tenants_wal_and_buffer_figures_are_its_own_jobs_reads(fake: tuple[FakeAPI, client.ApiClient],
+                                                                     tmp_path: Path) -> None:
+    """Two tenants whose Jobs read different counters: each one's rows are its own reads' increases under the local
+    tenants' names, the run's are both added up (per commit as ratios of the sums), tenants.json keeps the reads'
+    window and increases, and the tenants table shows them. Each Job reads after the common start, innermost."""
+    from pglab.drivers import driver_for
+    from pglab.engine.sweep import run_sweep
+    from pglab.store.sqlite import Store
+    from pglab.targets.kubernetes import pgstats
+
+    api, api_client = fake
+
+    def log(job: str) -> str:
+        if "-run-" not in job:
+            return pod_log(job)
+        start, end = pgstats_reads(int(job.split("-")[1][1:]))  # mt-t01-run-0000-1
+        files = {name: (PGBENCH / name).read_text() for name in ("pgbench.out", "pgbench.err", *TXN_LOGS)}
+        return results_log({**files, "settings.txt": "work_mem|8192|kB|f|t\n", pgstats.START_FILE: start,
+                            pgstats.END_FILE: end}, text="")
+
+    api.default_log = log
+    plan, results = parse_plan(WHY, base_dir=tmp_path), tmp_path / "results"
+    driver = driver_for(plan, WHY, tmp_path, results, Recorder(), api=api_client, poll_s=0.01, ready_timeout_s=5.0)
+    result = run_sweep(driver, plan, WHY, tmp_path, results, Recorder())
+    assert (result.ok, result.failed) == (1, 0), result.failures
+
+    for job in (b for b in api.posted if b["kind"] == "Job" and "-run-" in b["metadata"]["name"]):
+        script = job["spec"]["template"]["spec"]["containers"][0]["command"][-1]
+        assert (script.index("TRUNCATE") < script.index(START_WAIT) < script.index(f"pgstats_read {pgstats.START_FILE}")
+                < script.index("pgbench -n") < script.index(f"pgstats_gone; pgstats_read {pgstats.END_FILE}")
+                < script.index("base64"))
+
+    store = Store.open(results, create=False)
+    (run_,) = store.runs()
+    figures: dict[str, dict[str, float]] = {}
+    for tenant, name, value in store.conn.execute("SELECT tenant, name, value FROM tenant_metrics WHERE run_id = ?",
+                                                  (run_.id,)):
+        figures.setdefault(tenant, {})[name] = value
+    for tenant, n in (("t01", 1), ("t02", 2)):
+        f = figures[tenant]
+        expected = {"commits_s": 250.0 * n, "rollbacks_s": 0.0, "blks_read_s": 2.5, "blks_hit_s": 247.5,
+                    "wal_mb_s": 2.0 * n, "checkpoints_timed": 0.0, "checkpoints_req": 1.0, "buffers_checkpoint": 50.0,
+                    "wal_records": 5000.0 * n, "wal_fpi": 300.0 * n, "wal_bytes_per_commit": 6000.0,
+                    "wal_fpi_per_commit": 0.3, "buffers_backend": 20.0 * n, "buffers_clean": 3.0,
+                    "cache_hit_pct": 99.0}
+        if n == 1:
+            expected["buffers_backend_fsync"] = 0.0
+        assert {k: f[k] for k in f if k in expected or k == "buffers_backend_fsync"} == pytest.approx(expected), f
+        assert f["tps"] > 0  # beside its pgbench's figures
+    # the run: both tenants' counts added up, per commit as ratios of the sums
+    m = run_.metrics
+    assert (m["wal_records"], m["wal_fpi"], m["buffers_backend"], m["checkpoints_req"]) == (15000, 900, 60, 2)
+    assert m["wal_bytes_per_commit"] == pytest.approx(18e6 / 3000) and m["wal_fpi_per_commit"] == pytest.approx(0.3)
+    assert m["buffers_backend_fsync"] == 0.0  # the one tenant that has it
+    record = json.loads((store.dir / run_.dir / "tenants.json").read_text())["tenants"]
+    assert record["t02"]["pgstats"]["window"] == [1700000200.25, 1700000204.25]
+    assert record["t02"]["pgstats"]["deltas"]["wal_stat_bytes"] == 12e6
+    assert "buffers_backend_fsync" not in record["t02"]["pgstats"]["deltas"]
+    store.close()
+
+    # shown as a local tenants run's are: the tenants table (JSON, CSV)
+    out = pglab("report", str(results), "--table", "tenants", "--format", "json", check=True)
+    rows = {r["tenant"]: r for r in json.loads(out.stdout)}
+    assert rows["t02"]["wal_bytes_per_commit"] == pytest.approx(6000.0)
+    assert rows["t02"]["wal_fpi_per_commit"] == pytest.approx(0.3) and rows["t02"]["buffers_backend"] == 40
+    csv = pglab("report", str(results), "--table", "tenants", "--format", "csv", check=True).stdout.splitlines()
+    header = csv[0].split(",")
+    t02 = next(line.split(",") for line in csv[1:] if ",t02," in line)
+    assert float(t02[header.index("buffers_backend")]) == 40.0
+
+
+def test_a_parameter_a_tenants_primary_did_not_run_with_fails_the_run_naming_it(
+        fake: tuple[FakeAPI, client.ApiClient], tmp_path: Path) -> None:
+    """The tenant's Job waited for the parameter and gave up (exit 3): the run's reason names the tenant and the
+    parameter, as a one-Cluster run's does, not the Job's exit code."""
+    from pglab.drivers import driver_for
+    from pglab.engine.sweep import run_sweep
+    from pglab.store.sqlite import Store
+
+    api, api_client = fake
+
+    def log(job: str) -> str:
+        if "-run-" not in job:
+            return pod_log(job)
+        applied = "work_mem|8192|kB|f|t\n" if "-t01-" in job else "work_mem|4096|kB|f|f\n"
+        return results_log({"settings.txt": applied}, text="")
+
+    api.default_log = log
+    api.failing_jobs = {"mt-t02-run-0000-1"}
+    plan, results = parse_plan(WHY, base_dir=tmp_path), tmp_path / "results"
+    driver = driver_for(plan, WHY, tmp_path, results, Recorder(), api=api_client, poll_s=0.01, ready_timeout_s=5.0)
+    result = run_sweep(driver, plan, WHY, tmp_path, results, Recorder())
+    assert (result.ok, result.failed) == (0, 1), result.failures
+    store = Store.open(results, create=False)
+    (run_,) = store.runs()
+    assert run_.reason is not None and run_.reason.startswith(
+        "tenant t02 (bronze): parameter work_mem: the primary ran with 4096kB, not 8MB"), run_.reason
+    store.close()

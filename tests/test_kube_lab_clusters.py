@@ -15,8 +15,9 @@ from __future__ import annotations
 import contextlib
 import json
 import subprocess
+import threading
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -278,6 +279,47 @@ run: {{duration: 8s, repeats: 1}}
 """
 
 
+@dataclass(eq=False)
+class WalReads(threading.Thread):
+    """pg_stat_wal of one instance read by the test itself, as a superuser in its postgres container (kubectl exec),
+    as often as it answers, each row stamped by the server's clock: (epoch, records, full-page images, bytes)."""
+
+    lab: kubelab.KubeLab
+    namespace: str
+    pod: str
+    rows: list[tuple[float, float, float, float]] = field(default_factory=list)
+    halt: threading.Event = field(default_factory=threading.Event)
+
+    def __post_init__(self) -> None:
+        super().__init__(daemon=True)
+
+    def run(self) -> None:
+        sql = "SELECT extract(epoch FROM clock_timestamp()), wal_records, wal_fpi, wal_bytes FROM pg_stat_wal"
+        while not self.halt.wait(0.2):
+            proc = self.lab.kubectl("-n", self.namespace, "exec", self.pod, "-c", "postgres", "--", "psql", "-tAq",
+                                    "-d", "postgres", "-c", sql, check=False, timeout=20)
+            with contextlib.suppress(ValueError):
+                ts, records, fpi, size = (float(v) for v in proc.stdout.strip().split("|"))
+                self.rows.append((ts, records, fpi, size))
+
+    def stop(self) -> None:
+        self.halt.set()
+        self.join(timeout=30)
+
+    def bracket(self, start: float, end: float) -> tuple[tuple[float, ...], tuple[float, ...]]:
+        """The increases (records, images, bytes) from the first read at or after ``start`` to the last at or before
+        ``end`` (the least the span can have seen), and from the last read before ``start`` to the first after
+        ``end`` (the most)."""
+        inside = [r for r in self.rows if start <= r[0] <= end]
+        before, after = [r for r in self.rows if r[0] < start], [r for r in self.rows if r[0] > end]
+        assert inside and before and after, (start, end, self.rows)
+
+        def increase(a: tuple[float, ...], b: tuple[float, ...]) -> tuple[float, ...]:
+            return tuple(y - x for x, y in zip(a[1:], b[1:], strict=True))
+
+        return increase(inside[0], inside[-1]), increase(before[-1], after[0])
+
+
 def test_three_tenants_in_two_io_tiers_run_in_the_same_window(lab: kubelab.KubeLab, tmp_path: Path) -> None:
     """Each tenant's TPS and latency are its own pgbench's; the throttled tier's tenant is slower, and its disk
     figures (its volume's device, from node-exporter through Prometheus) are those this machine's /proc/diskstats
@@ -291,7 +333,12 @@ def test_three_tenants_in_two_io_tiers_run_in_the_same_window(lab: kubelab.KubeL
         plan.write_text(tenants_plan(lab, ns, prom.url))
         results = tmp_path / "results"
         oracle.start()
-        proc = pglab("run", str(plan), "--results", str(results), timeout=1800)
+        wal = WalReads(lab, ns, "mt-t01-1")  # tenant t01's one instance: reads fail until it exists
+        wal.start()
+        try:
+            proc = pglab("run", str(plan), "--results", str(results), timeout=1800)
+        finally:
+            wal.stop()
         oracle.stop()
     finally:
         prom.stop()
@@ -349,6 +396,20 @@ def test_three_tenants_in_two_io_tiers_run_in_the_same_window(lab: kubelab.KubeL
     assert run.metrics["tier.slow.tps"] == pytest.approx(figures["t03"]["tps"])
     assert run.metrics["tier.gold.tps"] == pytest.approx((figures["t01"]["tps"] + figures["t02"]["tps"]) / 2)
     assert run.metrics["tenants_cpu_cores"] == pytest.approx(sum(figures[n]["cpu_cores"] for n in figures))
+
+    # each tenant's WAL as its Job read pg_stat_wal around its window; t01's against the test's own reads of it:
+    # between the increase over the test's reads inside the Job's two and that over those around them
+    for name in ("t01", "t02", "t03"):
+        f = figures[name]
+        assert f["wal_records"] > 0 and f["wal_bytes_per_commit"] > 0 and "buffers_backend" in f, f
+    read = tenants["t01"]["pgstats"]
+    least, at_most = wal.bracket(*read["window"])
+    got = (read["deltas"]["wal_records"], read["deltas"]["wal_fpi"], read["deltas"]["wal_stat_bytes"])
+    print("t01 WAL (records, full pages, bytes): least", least, "pglab", got, "most", at_most, "over",
+          read["window"][1] - read["window"][0], "s;", len(wal.rows), "reads by the test")
+    assert all(lo <= g <= hi for lo, g, hi in zip(least, got, at_most, strict=True)), (least, got, at_most)
+    assert figures["t01"]["wal_records"] == got[0] and figures["t01"]["wal_fpi"] == got[1]
+    assert run.metrics["wal_records"] == sum(figures[n]["wal_records"] for n in figures)
 
     # the throttled tenant's writes as this machine counted them on its node's throttled loop device: pglab's
     # figure comes from node-exporter's scrapes (1 s apart) around the tenant's window, the edges prorated, so it

@@ -11,6 +11,13 @@ over that tenant's window join its row (``targets.kubernetes.tenants.primary_fig
 counters, node-exporter's counters of its volumes' devices). Not measured here (yet): the standbys' figures, the
 exporters' figures, and any such figure without a Prometheus.
 
+Why each tenant's run went as it did: its Job reads its primary's WAL, checkpoint and backend-write counters
+(pg_stat_wal, pg_stat_bgwriter or pg_stat_checkpointer and pg_stat_io, pg_stat_database) right before and after its
+window (``targets.kubernetes.pgstats``), which become its rows under the local tenants' names (``wal_records``,
+``wal_fpi``, ``wal_bytes_per_commit``, ``checkpoints_timed``, ``buffers_backend`` …), every tenant's added up in the
+run's; the reads' window and increases are in tenants.json (``pgstats``). A parameter the tenant's primary did not
+run with fails the run naming it, as on one Cluster (its settings.txt, ``_check_settings``).
+
 With a ``pg_stat_statements.*`` parameter each tenant's Job reads the view around its pgbench, as a one-Cluster
 run's does (``targets.kubernetes.statements``), after the wait for the common start; its two reads become
 tenants/<tenant>/statements.json and its summary run.json's ``statements.tenants``, as on a local lab
@@ -36,7 +43,7 @@ from pglab.errors import last_words
 from pglab.plan.expand import Point
 from pglab.plan.schema import Arrangement, Plan
 from pglab.probes.base import now
-from pglab.targets.kubernetes import prometheus, statements
+from pglab.targets.kubernetes import pgstats, prometheus, statements
 from pglab.targets.kubernetes.orchestrate import POSTGRES_CONTAINER, JobOutcome, K8sError, Orchestrator
 from pglab.targets.kubernetes.prometheus import PrometheusError
 from pglab.targets.kubernetes.render import Manifest, cluster, namespace, pgbench_init, target_of, to_yaml
@@ -254,8 +261,15 @@ class KubernetesTenantsRun(MeasuredRun):
 
     def summarize(self) -> RunResult:
         jobs, dirs, outcomes = self.jobs, self.dirs, self.outcomes
-        failed = [f"tenant {t.name} ({t.tier.name}): {_job_failure(outcomes[t.name], dirs[t.name])}"
-                  for t, _ in jobs if not outcomes[t.name].succeeded]
+        failed: list[str] = []
+        for t, m in jobs:  # first: a parameter the tenant's primary did not run with fails its Job, named
+            try:
+                self.d._check_settings(dirs[t.name], tenant_point(self.point, t.tier), m.name)
+            except RunFailed as exc:
+                failed.append(f"tenant {t.name} ({t.tier.name}): {exc}")
+        failed += [f"tenant {t.name} ({t.tier.name}): {_job_failure(outcomes[t.name], dirs[t.name])}"
+                   for t, _ in jobs if not outcomes[t.name].succeeded and not any(
+                       f.startswith(f"tenant {t.name} ") for f in failed)]
         if failed:
             raise RunFailed("; ".join(failed))
         results: dict[str, PgbenchRun] = {}
@@ -272,10 +286,14 @@ class KubernetesTenantsRun(MeasuredRun):
         rows: list[TenantFigure] = []
         per: dict[str, tuple[str, dict[str, float | None]]] = {}
         system = self.d.primary_figures({n: (r.window_start, r.window_end) for n, r in results.items()}, dirs)
+        # each tenant's primary's WAL, checkpoints and backend writes, as its Job read them around its window
+        why = {t.name: w for t in self.d.tenants if (w := pgstats.record(dirs[t.name])) is not None}
         for t in self.d.tenants:
             figures = pgbench_metrics(results[t.name])
             if t.name in system:
                 figures.update(system[t.name].metrics)
+            if t.name in why:
+                figures.update(why[t.name][0])
             per[t.name] = (t.tier.name, figures)
             rows += [(t.name, t.tier.name, k, v) for k, v in figures.items()]
         plan = self.d.plan
@@ -291,6 +309,8 @@ class KubernetesTenantsRun(MeasuredRun):
             metrics["tenants_cpu_cores"] = sum(cores)  # every tenant's primary's container, added up
         for tier in self.arrangement.tiers:
             metrics.update(tier_metrics(tier, [f for tier_name, f in per.values() if tier_name == tier.name]))
+        if why:  # every tenant's counts added up, as a local tenants run's host figures
+            metrics.update(pgstats.summed(w[2] for w in why.values()))
         series = [pt for name, res in results.items()
                   for pt in pgbench_series(res, f"tenant:{name}", ("tps", "latency_ms"))]
         series += [(ts, f"tenant:{name}", metric, value) for name, f in system.items()
@@ -301,7 +321,8 @@ class KubernetesTenantsRun(MeasuredRun):
                                  "job": m.name, "command": results[t.name].command,
                                  "window": [results[t.name].window_start, results[t.name].window_end],
                                  **per[t.name][1],
-                                 **({"primary_figures": system[t.name].info} if t.name in system else {})}
+                                 **({"primary_figures": system[t.name].info} if t.name in system else {}),
+                                 **({"pgstats": why[t.name][1]} if t.name in why else {})}
                         for t, m in jobs}}
         # what each tenant's Job read of pg_stat_statements (where loaded): tenants/<tenant>/statements.json
         summaries = {t.name: s for t in self.d.tenants if (s := statements.record(dirs[t.name]).get("statements"))}

@@ -21,7 +21,7 @@ import yaml
 
 from pglab.plan.expand import Point, expand
 from pglab.plan.schema import K8sStorage, KubernetesTarget, Placement, Plan, StorageOption
-from pglab.targets.kubernetes import statements
+from pglab.targets.kubernetes import pgstats, statements
 
 # the scripts, and (X as X) the markers that scenario and disks still import from here
 from pglab.targets.kubernetes.scripts import DISKSTATS_MARK as DISKSTATS_MARK
@@ -32,14 +32,18 @@ from pglab.targets.kubernetes.scripts import (
     VOLUME_DIR,
     barrier_script,
     disk_sampler_script,
+    end_barrier_script,
     fio_script,
     reset_script,
     segments_script,
     settings_script,
     ship_results,
+    start_wait_script,
     volume_probe_script,
+    window_reads,
     witness_script,
 )
+from pglab.targets.kubernetes.scripts import LOAD_DIR as LOAD_DIR
 from pglab.targets.kubernetes.scripts import START_MARK as START_MARK
 from pglab.targets.kubernetes.scripts import STORE_MARK as STORE_MARK
 from pglab.targets.kubernetes.scripts import VOLUME_MARK as VOLUME_MARK
@@ -550,9 +554,27 @@ def pgbench_init(plan: Plan) -> Manifest:
     return Manifest("40-pgbench-init-job.yaml", _job(k8s, f"{k8s.cluster_name}-pgbench-init", "pgbench-init", pod))
 
 
-def pgbench_run(plan: Plan, point: Point, repeat: int = 1) -> Manifest:
+def window_reads_of(plan: Plan, point: Point, with_pgstats: bool = False) -> tuple[str, str]:
+    """The shell before and after a run's pgbench line that reads what the window's reads are for this point:
+    pg_stat_statements where loaded (``statements``), and, asked for (each tenant's Job), the WAL, checkpoint and
+    backend-write counters (``pgstats``), innermost; a scenario that moves the primary ships why the view is not
+    read instead (``statements.NOT_READ_FILE``)."""
+    parameters = instance_parameters(plan, point)
+    reads = [r for r in (statements.read_part(plan, parameters, point),
+                         pgstats.read_part() if with_pgstats and plan.probes.enabled else None) if r is not None]
+    warmup = plan.run.warmup if plan.run.measured_seconds is not None else 0.0
+    before, after = window_reads(reads, warmup)
+    if (why := statements.not_read(plan, parameters, point)) is not None:
+        before = f"echo {shlex.quote(why)} > {statements.NOT_READ_FILE}\n{before}"
+    return before, after
+
+
+def pgbench_run(plan: Plan, point: Point, repeat: int = 1, *, start_at: int | None = None,
+                with_pgstats: bool = False) -> Manifest:
     """One run of one point: pgbench with the point's clients, jobs, workload and synchronous_commit (PGOPTIONS);
-    with ``run.load_pods`` > 1, one Indexed Job of that many pgbench pods (``load_job``)."""
+    with ``run.load_pods`` > 1, one Indexed Job of that many pgbench pods (``load_job``). ``start_at`` (epoch s):
+    pgbench held until then, after the dataset reset (the tenants' common start); ``with_pgstats``: the primary's
+    WAL, checkpoint and backend-write counters read at the window's edges (``pgstats``)."""
     if plan.run.load_pods > 1:
         return load_job(plan, point, repeat)
     k8s = target_of(plan)
@@ -568,8 +590,9 @@ def pgbench_run(plan: Plan, point: Point, repeat: int = 1) -> Manifest:
         reset = f"{settings_script(parameters)}if [ \"$rc\" = 0 ]; then\n{reset}fi\n"
     load = (f"{shlex.join(args)} > pgbench.out 2> pgbench.err || rc=$?" if point.scenario is None else
             segments_script(args, seconds or 1.0))
-    before, after = statements.reads(plan, instance_parameters(plan, point), point)  # pg_stat_statements, if loaded
-    script = (f"set -eu\ncd {RESULTS_DIR}\nrc=0\n{reset}{before}"
+    before, after = window_reads_of(plan, point, with_pgstats)  # pg_stat_statements if loaded, the counters
+    wait = start_wait_script(start_at) if start_at is not None else ""
+    script = (f"set -eu\ncd {RESULTS_DIR}\nrc=0\n{reset}{wait}{before}"
               f"if [ \"$rc\" = 0 ]; then {load}; fi\n{after}"
               f"{ship_results()}\nexit $rc")
     volumes, mounts = _scripts_volume(plan)
@@ -583,7 +606,6 @@ def pgbench_run(plan: Plan, point: Point, repeat: int = 1) -> Manifest:
 
 
 # ------------------------------------------------------------------ distributed load (run.load_pods)
-LOAD_DIR = "load-{index}"  # each load pod's shipped files, under the run's folder
 LOAD_LABEL = "pglab/load-job"  # the load pods' own label: their anti-affinity to each other
 LOAD_INDEX = "JOB_COMPLETION_INDEX"  # the Indexed Job's pod number, set by the Job controller
 def split(total: int, parts: int) -> list[int]:
@@ -609,13 +631,19 @@ def load_job(plan: Plan, point: Point, repeat: int = 1) -> Manifest:
     """One run of one point over ``run.load_pods`` pgbench pods: an Indexed Job (one pod per index, started
     together, preferring distinct nodes), each pod running its share of the clients and threads with its own -l
     logs and progress, shipped from its own log. Pod 0 alone waits for the point's parameters and resets the
-    dataset; a barrier in the database (``barrier_script``) starts every pgbench after that, together."""
+    dataset; a barrier in the database (``barrier_script``) starts every pgbench after that, together. Where
+    pg_stat_statements is loaded, pod 0 reads it before its barrier and once every pod's pgbench ended
+    (``end_barrier_script``)."""
     k8s = target_of(plan)
     n = plan.run.load_pods
     seconds = plan.run.measured_seconds
     if seconds is not None:
         seconds += plan.run.warmup
     cases = []
+    reads = window_reads_of(plan, point)  # pod 0's: before its barrier, after every pod's end ("" when none)
+    reading = statements.wanted(plan, instance_parameters(plan, point), point)
+    # pod 0's wait for the others' end: they run the same -T from the same barrier; -t runs end as they do
+    end_wait = 60.0 if seconds is not None else job_timeout_s(plan)
     for index, (clients, jobs) in enumerate(load_shares(plan, point)):
         rate = point.rate or plan.run.rate  # the pods share the rate as they share the clients
         args = run_args(Path(), point.workload, clients, jobs, plan.run, Path(SCRIPTS_DIR), seconds=seconds,
@@ -628,8 +656,14 @@ def load_job(plan: Plan, point: Point, repeat: int = 1) -> Manifest:
             if parameters := instance_parameters(plan, point):
                 prepare = f"{settings_script(parameters)}if [ \"$rc\" = 0 ]; then\n{prepare}fi\n"
         load = f"{shlex.join(args)} > pgbench.out 2> pgbench.err || rc=$?"
-        cases.append(f"{index})\n{prepare}{barrier_script(index, n, job_timeout_s(plan))}"
-                     f"if [ \"$rc\" = 0 ]; then {load}; fi\n;;")
+        before = reads[0] if index == 0 else ""
+        after = ending = ""
+        if reading:  # pod 0 reads pg_stat_statements: before any pod can start, after every pod's pgbench ended
+            ending = end_barrier_script(index, n, end_wait)
+            if index == 0:
+                after = f'if [ "$ended" = 1 ]; then\n{reads[1]}fi\n'
+        cases.append(f"{index})\n{prepare}{before}{barrier_script(index, n, job_timeout_s(plan))}"
+                     f"if [ \"$rc\" = 0 ]; then {load}; fi\n{ending}{after};;")
     script = (f"set -eu\ncd {RESULTS_DIR}\nrc=0\ncase \"${LOAD_INDEX}\" in\n" + "\n".join(cases) +
               f"\n*) echo \"pglab: no share for load pod ${LOAD_INDEX}\" >&2; rc=2 ;;\nesac\n"
               f"{ship_results()}\nexit $rc")

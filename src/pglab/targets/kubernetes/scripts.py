@@ -18,6 +18,9 @@ SCRIPTS_DIR = "/scripts"
 VOLUME_DIR = "/volume"
 BEGIN_MARK = "----- pglab results begin -----"
 END_MARK = "----- pglab results end -----"
+LOAD_DIR = "load-{index}"  # each load pod's shipped files, under the run's folder
+READ_MARK = "pglab-statements"  # in the text of pglab's own statements in a run's window (the reads, the load pods'
+# barrier), so that the window's pg_stat_statements leaves them out
 
 
 STORE_MARK = "pglab-store"  # the listing Job's line: "<mark> <backup objects> <bytes> <WAL objects> <bytes>"
@@ -195,15 +198,15 @@ def barrier_script(index: int, pods: int, deadline_s: float) -> str:
     table, fail = LOAD_BARRIER_TABLE, LOAD_FAILED_BARRIER
     lines = [f"deadline=$(( $(date +%s) + {round(deadline_s)} ))"]
     if index == 0:  # the table is created by pod 0 only: concurrent CREATE TABLE IF NOT EXISTS can collide
-        create = shlex.quote(f"CREATE TABLE IF NOT EXISTS {table} (job text, pod int)")
+        create = shlex.quote(f"CREATE TABLE IF NOT EXISTS {table} /* {READ_MARK} */ (job text, pod int)")
         lines.append(f'if [ "$rc" = 0 ]; then psql -XAtq -v ON_ERROR_STOP=1 -c {create} >> barrier.log 2>&1 '
                      "|| rc=$?; fi")
     lines += [
-        f'if [ "$rc" = 0 ]; then until psql -XAtq -v ON_ERROR_STOP=1 -c "INSERT INTO {table} VALUES '
+        f'if [ "$rc" = 0 ]; then until psql -XAtq -v ON_ERROR_STOP=1 -c "INSERT INTO {table} /* {READ_MARK} */ VALUES '
         f"('$PGLAB_JOB_UID', {index})\" >> barrier.log 2>&1; do",  # pod 0 has not created the table yet
         f'  [ "$(date +%s)" -lt "$deadline" ] || {{ rc={fail}; break; }}; sleep 0.5',
         "done; fi",
-        f'if [ "$rc" = 0 ]; then until [ "$(psql -XAtq -c "SELECT count(*) FROM {table} WHERE job = '
+        f'if [ "$rc" = 0 ]; then until [ "$(psql -XAtq -c "SELECT count(*) FROM {table} /* {READ_MARK} */ WHERE job = '
         f"'$PGLAB_JOB_UID'\" 2>> barrier.log)\" = {pods} ]; do",
         f'  [ "$(date +%s)" -lt "$deadline" ] || {{ rc={fail}; break; }}; sleep {LOAD_BARRIER_POLL_S:g}',
         "done; fi",
@@ -211,6 +214,53 @@ def barrier_script(index: int, pods: int, deadline_s: float) -> str:
         f'{round(deadline_s)} s (see the other pods of this Job)" >&2',
     ]
     return "\n".join(lines) + "\n"
+
+
+def end_barrier_script(index: int, pods: int, deadline_s: float) -> str:
+    """After its pgbench, every load pod enters a row of its own (``<job>-end``) whatever its pgbench did; pod 0 then
+    waits (at most ``deadline_s``) until all ``pods`` did, so that what it reads next is every pod's window. A pod
+    not done by then leaves pod 0 without its last read (``ended`` 0), not failed."""
+    table, key = LOAD_BARRIER_TABLE, "'$PGLAB_JOB_UID-end'"
+    lines = [f'psql -XAtq -c "INSERT INTO {table} /* {READ_MARK} */ VALUES ({key}, {index})" >> barrier.log 2>&1 '
+             "|| true"]
+    if index == 0:
+        lines += [f"ended=1; deadline=$(( $(date +%s) + {round(deadline_s)} ))",
+                  f'until [ "$(psql -XAtq -c "SELECT count(*) FROM {table} /* {READ_MARK} */ WHERE job = {key}" '
+                  f'2>> barrier.log)" = {pods} ]; do',
+                  f'  [ "$(date +%s)" -lt "$deadline" ] || {{ ended=0; break; }}; sleep {LOAD_BARRIER_POLL_S:g}',
+                  "done"]
+    return "\n".join(lines) + "\n"
+
+
+WindowRead = tuple[str, str, str]  # a shell function's definition, and its calls at the window's start and end
+
+
+def window_reads(reads: list[WindowRead], warmup_s: float) -> tuple[str, str]:
+    """The shell before and after a run's ``if [ "$rc" = 0 ]; then <pgbench>; fi`` line that reads ``reads`` (the
+    first outermost: its start read first, its end read last) at the measured window's edges: right before pgbench
+    starts and right after it ends, or, with a warm-up (pgbench runs it and the window in one process), the start
+    reads ``warmup_s`` after pgbench started, in the background (pgbench.err appears as the shell starts it)."""
+    if not reads:
+        return "", ""
+    defs = "".join(f"{d}\n" for d, _, _ in reads)
+    starts, ends = "; ".join(s for _, s, _ in reads), "; ".join(e for _, _, e in reversed(reads))
+    if warmup_s <= 0:
+        return (f'{defs}if [ "$rc" = 0 ]; then {starts}; fi\n', f'if [ "$rc" = 0 ]; then {ends}; fi\n')
+    before = (f"{defs}(until [ -e pgbench.err ]; do sleep 0.05; done; sleep {warmup_s:g}; {starts}) &\n"
+              "window_reader=$!\n")
+    after = (f'if [ "$rc" = 0 ]; then wait "$window_reader" || true; {ends}; '
+             'else kill "$window_reader" 2>/dev/null || true; fi\n')
+    return before, after
+
+
+START_WAIT = "pglab: waiting for the common start of every tenant"
+
+
+def start_wait_script(start_at: int) -> str:
+    """Hold the script until ``start_at`` (epoch s), every tenant's pgbench so starting in the same second; a pod
+    that is later goes on at once."""
+    return (f"echo {shlex.quote(START_WAIT)} {start_at}\nnow=$(date +%s)\n"
+            f"if [ \"$now\" -lt {start_at} ]; then sleep $(({start_at} - now)); fi\n")
 
 
 START_MARK = "pglab: pgbench start"  # the run Job's stdout, with the pod's epoch: the scenario's clock starts there

@@ -13,9 +13,15 @@ with one, the first read is taken ``run.warmup`` seconds after pgbench started (
 falls before it: a few statements at the window's start may be counted or missed), the last after it ends. The
 reads' own statements (marked ``pglab-statements``) are left out. The application role sees the text and identity
 of its own statements only: other roles' (the operator's monitoring queries, as ``postgres``) have no queryid for
-it and are left out, as pglab's own sessions are on a local lab. Not read with several load pods, nor through a
-scenario (a failover moves the ``-rw`` Service to another server, whose view started from nothing). Nothing here
-fails a run: what psql said is kept in ``statements.err``.
+it and are left out, as pglab's own sessions are on a local lab.
+
+With several load pods (``run.load_pods``), pod 0 reads: before it enters the start barrier (no pod's pgbench
+starts before that), and after every pod said its pgbench ended (``scripts.end_barrier_script``); its files are
+under load-0/, statements.json is the run's. Through a scenario that keeps the primary (standby-loss, backup) the
+Job reads as without one (the witness's writes are among the statements: they ran in the window). One that moves
+the primary (failover, switchover, node-loss, node-drain) is not read: the ``-rw`` Service then leads to another
+server, whose view holds its own history, not the window's; the Job ships why (``NOT_READ_FILE``), and run.json's
+``statements`` says it. Nothing here fails a run: what psql said is kept in ``statements.err``.
 """
 
 from __future__ import annotations
@@ -28,9 +34,12 @@ from typing import Any
 from pglab.plan.expand import Point
 from pglab.plan.schema import Plan
 from pglab.probes.statements import FIGURES, Snapshot, entry, write_statements
+from pglab.targets.kubernetes.scripts import LOAD_DIR, READ_MARK, WindowRead, window_reads
 
 START_FILE, END_FILE, ERR_FILE = "statements-start.txt", "statements-end.txt", "statements.err"
-MARK = "pglab-statements"  # in the reads' own text, so that they are left out
+NOT_READ_FILE = "statements-not-read.txt"  # why the Job did not read the view, where it would have
+MARK = READ_MARK  # in the reads' own text (and the load pods' barrier's), so that they are left out
+MOVES_PRIMARY = ("failover", "switchover", "node-loss", "node-drain")  # scenarios after which -rw is another server
 TRIGGER = "pg_stat_statements."  # a parameter with this prefix makes CloudNativePG load the library
 
 # one row: the view's every column (whatever the installed version has) for this database's statements
@@ -41,30 +50,40 @@ READ_SQL = (f"SELECT /* {MARK} */ jsonb_build_object('version', (SELECT extversi
 DEALLOC_SQL = f"SELECT /* {MARK} */ dealloc FROM pg_stat_statements_info"  # 1.9+: entries evicted so far
 
 
+def loaded(plan: Plan, parameters: dict[str, str]) -> bool:
+    """Whether the run Job reads the view at all: CloudNativePG loads it for this point, the probes are on."""
+    return plan.probes.enabled and any(k.startswith(TRIGGER) for k in parameters)
+
+
+def not_read(plan: Plan, parameters: dict[str, str], point: Point) -> str | None:
+    """Why a run whose Job would read the view does not (a scenario that moves the primary), else None."""
+    if not loaded(plan, parameters) or point.scenario is None or point.scenario.kind not in MOVES_PRIMARY:
+        return None
+    return (f"not read through a {point.scenario.kind}: the -rw Service leads to another server afterwards, whose "
+            "pg_stat_statements holds its own history, not the window's")
+
+
 def wanted(plan: Plan, parameters: dict[str, str], point: Point) -> bool:
-    """Whether the run Job reads the view: CloudNativePG loads it for this point, the probes are on, one load pod,
-    no scenario."""
-    return (plan.probes.enabled and plan.run.load_pods == 1 and point.scenario is None
-            and any(k.startswith(TRIGGER) for k in parameters))
+    """Whether the run Job reads the view: it is loaded, and no scenario moves the primary during the run."""
+    return loaded(plan, parameters) and not_read(plan, parameters, point) is None
+
+
+def read_part(plan: Plan, parameters: dict[str, str], point: Point) -> WindowRead | None:
+    """The run Job's reads of the view (``scripts.window_reads`` puts them at the window's edges), or None when it
+    does not read it. Each read writes the pod's epoch, then psql's lines."""
+    if not wanted(plan, parameters, point):
+        return None
+    psql = shlex.join(["psql", "-XAtq", "-c", READ_SQL, "-c", DEALLOC_SQL])
+    read = f'statements_read() {{ {{ date +%s.%N; {psql}; }} > "$1" 2>> {ERR_FILE} || true; }}'
+    return read, f"statements_read {START_FILE}", f"statements_read {END_FILE}"
 
 
 def reads(plan: Plan, parameters: dict[str, str], point: Point) -> tuple[str, str]:
-    """The shell around the run Job's ``if [ "$rc" = 0 ]; then <pgbench>; fi`` line: what goes before it and what
-    after it ("", "" when the view is not read). Each read writes the pod's epoch, then psql's lines."""
-    if not wanted(plan, parameters, point):
-        return "", ""
-    psql = shlex.join(["psql", "-XAtq", "-c", READ_SQL, "-c", DEALLOC_SQL])
-    read = f'statements_read() {{ {{ date +%s.%N; {psql}; }} > "$1" 2>> {ERR_FILE} || true; }}\n'
+    """The shell around the run Job's ``if [ "$rc" = 0 ]; then <pgbench>; fi`` line for the view alone: what goes
+    before it and what after it ("", "" when the view is not read)."""
+    part = read_part(plan, parameters, point)
     warmup = plan.run.warmup if plan.run.measured_seconds is not None else 0.0
-    if warmup <= 0:
-        return (f'{read}if [ "$rc" = 0 ]; then statements_read {START_FILE}; fi\n',
-                f'if [ "$rc" = 0 ]; then statements_read {END_FILE}; fi\n')
-    # the warm-up's end: pgbench.err appears as the shell starts pgbench
-    before = (f"{read}(until [ -e pgbench.err ]; do sleep 0.05; done; sleep {warmup:g}; "
-              f"statements_read {START_FILE}) &\nstatements_reader=$!\n")
-    after = ('if [ "$rc" = 0 ]; then wait "$statements_reader" || true; '
-             f'statements_read {END_FILE}; else kill "$statements_reader" 2>/dev/null || true; fi\n')
-    return before, after
+    return window_reads([part] if part is not None else [], warmup)
 
 
 class ReadError(ValueError):
@@ -97,10 +116,15 @@ def parse(text: str) -> tuple[Snapshot, str] | None:
 
 
 def record(run_dir: Path) -> dict[str, Any]:
-    """``statements.json`` from the two reads the run Job shipped into ``run_dir``, and run.json's entry for it:
-    ``{"statements": summary}``, or nothing when the Job read nothing (or the view did not answer). A read that
-    cannot be parsed is one line of the run's probe errors, not a failure."""
-    start_file, end_file = run_dir / START_FILE, run_dir / END_FILE
+    """``statements.json`` from the two reads the run Job shipped into ``run_dir`` (with several load pods, pod 0's,
+    under load-0/), and run.json's entry for it: ``{"statements": summary}``, or ``{"statements": {"not_read":
+    why}}`` when the Job said why it did not read, or nothing when it read nothing (or the view did not answer). A
+    read that cannot be parsed is one line of the run's probe errors, not a failure."""
+    reads = run_dir if (run_dir / START_FILE).is_file() else run_dir / LOAD_DIR.format(index=0)
+    for folder in (run_dir, run_dir / LOAD_DIR.format(index=0)):
+        if (why := folder / NOT_READ_FILE).is_file():
+            return {"statements": {"not_read": why.read_text(errors="replace").strip()}}
+    start_file, end_file = reads / START_FILE, reads / END_FILE
     if not (start_file.is_file() and end_file.is_file()):
         return {}
     try:

@@ -3,23 +3,23 @@
 A tenant is rendered as a plan of its own (``tenant_plan``): the plan's Kubernetes target with the tenant's Cluster
 name, namespace, instances, resources and volumes, so that every manifest of a one-Cluster plan (the Cluster, the
 dataset Job, a run's Job) is made by the functions that make them for any plan. What is the tenants' own: the names,
-and a run Job that waits for a shared start time, so every tenant's pgbench starts in the same second; and each
-tenant's primary's CPU, memory and disk figures over its window, asked of the cluster's Prometheus
-(``primary_figures``).
+and a run Job that waits for a shared start time, so every tenant's pgbench starts in the same second, and reads its
+primary's WAL, checkpoint and backend-write counters around its window (``pgstats``); and each tenant's primary's
+CPU, memory and disk figures over its window, asked of the cluster's Prometheus (``primary_figures``).
 """
 
 from __future__ import annotations
 
 import re
-import shlex
 import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
 from pglab.plan.expand import Point
 from pglab.plan.schema import Arrangement, K8sResources, Plan, Tier
-from pglab.targets.kubernetes import disks, prometheus, statements
-from pglab.targets.kubernetes.render import Manifest, cpu_quantity, instance_parameters, pgbench_run, target_of
+from pglab.targets.kubernetes import disks, prometheus
+from pglab.targets.kubernetes.render import Manifest, cpu_quantity, pgbench_run, target_of
+from pglab.targets.kubernetes.scripts import START_WAIT as START_WAIT
 
 MIB = 1 << 20
 
@@ -82,24 +82,11 @@ def tenant_point(point: Point, tier: Tier) -> Point:
     return Point(point.index, tier.workload, tier.clients, tier.jobs, tier.synchronous_commit)
 
 
-START_WAIT = "pglab: waiting for the common start of every tenant"
-
-
 def tenant_run(tenant: K8sTenant, point: Point, repeat: int, start_at: int) -> Manifest:
     """The tenant's run Job (``render.pgbench_run``), its pgbench held after the dataset reset until ``start_at``
-    (epoch s) so that every tenant's pgbench starts in the same second; a pod that is later begins at once."""
-    load = tenant_point(point, tenant.tier)
-    m = pgbench_run(tenant.plan, load, repeat)
-    container = m.body["spec"]["template"]["spec"]["containers"][0]
-    script = container["command"][-1]
-    # the wait goes before pgbench, and before the first read of pg_stat_statements where the Job reads it (so the
-    # statements' window is pgbench's, not the wait's too)
-    before, _ = statements.reads(tenant.plan, instance_parameters(tenant.plan, load), load)
-    anchor = before or 'if [ "$rc" = 0 ]; then pgbench '
-    assert script.count(anchor) == 1, "render.pgbench_run's script has one pgbench line (and one first read)"
-    wait = (f"echo {shlex.quote(START_WAIT)} {start_at}\nnow=$(date +%s)\n"
-            f"if [ \"$now\" -lt {start_at} ]; then sleep $(({start_at} - now)); fi\n")
-    container["command"] = [*container["command"][:-1], script.replace(anchor, wait + anchor)]
+    (epoch s) so that every tenant's pgbench starts in the same second (a pod that is later begins at once), its
+    primary's WAL, checkpoint and backend-write counters read at its window's edges (``pgstats``)."""
+    m = pgbench_run(tenant.plan, tenant_point(point, tenant.tier), repeat, start_at=start_at, with_pgstats=True)
     m.body["metadata"].setdefault("annotations", {}).update(
         {"pglab/tenant": tenant.name, "pglab/tier": tenant.tier.name, "pglab/start-at": str(start_at)})
     return Manifest(m.filename, m.body)
