@@ -154,6 +154,12 @@ def test_the_managed_client_loop_publishes_the_studys_table(tmp_path: Path, serv
         for workload in ("tpcb-like", "select-only"):
             line = next(x for x in text.splitlines() if workload in x)
             assert all(money(v) in line for v in parts.values()), (line, parts)
+        # and the HTML report's cost table: the parts' headers, then each row's prices in the plan's order
+        pglab("report", str(tmp_path / side), "--html", str(tmp_path / f"{side}.html"), check=True)
+        html = (tmp_path / f"{side}.html").read_text()
+        cost_html = html[html.index("Cost at peak TPS"):]
+        assert all(f"{p}/month" in cost_html for p in parts), cost_html[:2000]
+        assert re.search(".*?".join(f">{money(v)}<" for v in parts.values()), cost_html, re.S), cost_html[:2000]
 
 
 def test_the_smallest_004_is_the_example_with_its_sizes_only(tmp_path: Path) -> None:
