@@ -23,11 +23,8 @@ def stat_fields(pid: int | str) -> list[str]:
 
 def _parents() -> list[tuple[int, int]]:
     """(ppid, pid) of every process."""
-    pairs = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit() and (fields := stat_fields(entry.name)):
-            pairs.append((int(fields[1]), int(entry.name)))
-    return pairs
+    return [(int(fields[1]), int(entry.name)) for entry in Path("/proc").iterdir()
+            if entry.name.isdigit() and (fields := stat_fields(entry.name))]
 
 
 def alive(pid: int) -> bool:
