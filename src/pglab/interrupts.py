@@ -140,10 +140,9 @@ class Catching:
     """SIGINT and SIGTERM recorded for the duration of a ``with`` block (main thread only); the handlers in place
     before are put back at its end, and the flag with them.
 
-    ``raise_at_once``: the handler also raises :class:`RunInterrupted` itself, as pglab's handler did before the
-    flag, for a driver whose waits do not call this module (``Driver.polls_interrupts`` false; every driver of
-    pglab's own polls): it is how those waits are interrupted at all, with the risk the module's docstring
-    describes."""
+    ``raise_at_once``: the handler also raises :class:`RunInterrupted` itself, for a driver whose waits do not call
+    this module (``Driver.polls_interrupts`` false; every driver of pglab's own polls): it is how those waits are
+    interrupted at all, with the risk the module's docstring describes."""
 
     def __init__(self, raise_at_once: bool = False) -> None:
         self.raise_at_once = raise_at_once

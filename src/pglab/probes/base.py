@@ -218,7 +218,7 @@ class Sampler:
         future): each probe stops as soon as it has the samples its figures over the window can use. A gauge at once
         (its snapshots taken by the end are all it counts); a rate probe after its closing sample, taken at once
         (:func:`closing_sample`): a row from its last one to now, which holds the end, instead of waiting for the
-        next whole tick (0-1 s; the sampling margin before issue 33 added 0.25 s). The rate probes' figures come
+        next whole tick (0-1 s). The rate probes' figures come
         from their reads (CPU and disk: the fine reads at each edge; PostgreSQL's: the rows whose middle lies in
         the window), and the closing read is the first past the end, as the next tick's was. ``join`` waits for
         one thread (``interrupts.join`` in a run: a signal is acted on there); then :meth:`stop`, with what is

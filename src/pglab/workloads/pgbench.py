@@ -25,7 +25,7 @@ from pglab import interrupts
 from pglab.plan.load import resolve_path
 from pglab.plan.schema import CustomWorkload, Dataset, Run
 from pglab.targets.base import Endpoint, PlanCodeUser
-from pglab.targets.local import cgroups
+from pglab.targets.local import cgroups, procs
 
 if TYPE_CHECKING:  # numpy and polars (through txlog) load in the functions reading logs: `pglab --help` needs neither
     import numpy as np
@@ -374,17 +374,7 @@ class PgbenchProcess:
 
     def stop(self, grace: float = 5.0) -> None:
         """Interrupt pgbench (it then prints what it has), then kill it if it lingers."""
-        if self.proc.poll() is None:
-            for sig, wait in ((signal.SIGINT, grace), (signal.SIGKILL, 5.0)):
-                try:
-                    os.killpg(self.proc.pid, sig)
-                except ProcessLookupError:
-                    break
-                try:
-                    self.proc.wait(timeout=wait)
-                    break
-                except subprocess.TimeoutExpired:
-                    continue
+        procs.end_group(self.proc, signal.SIGINT, grace)
         self.wait(timeout=5)
 
 

@@ -6,8 +6,10 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import subprocess
 import time
 from pathlib import Path
+from typing import Any
 
 
 def stat_fields(pid: int | str) -> list[str]:
@@ -21,11 +23,8 @@ def stat_fields(pid: int | str) -> list[str]:
 
 def _parents() -> list[tuple[int, int]]:
     """(ppid, pid) of every process."""
-    pairs = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit() and (fields := stat_fields(entry.name)):
-            pairs.append((int(fields[1]), int(entry.name)))
-    return pairs
+    return [(int(fields[1]), int(entry.name)) for entry in Path("/proc").iterdir()
+            if entry.name.isdigit() and (fields := stat_fields(entry.name))]
 
 
 def alive(pid: int) -> bool:
@@ -88,6 +87,20 @@ def stop_postmaster(pid: int, grace: float = 10.0, signalled: bool = False) -> N
         time.sleep(0.05)
     if alive(pid):
         freeze_and_kill([pid, *descendants(pid)])
+
+
+def end_group(proc: subprocess.Popen[Any], first: signal.Signals, grace_s: float) -> None:
+    """End ``proc`` and its process group: ``first``, then SIGKILL if it has not exited within ``grace_s``; each
+    waited for (5 s for the SIGKILL), and nothing sent once it has exited."""
+    for sig, wait_s in ((first, grace_s), (signal.SIGKILL, 5.0)):
+        if proc.poll() is not None:
+            return
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=wait_s)
 
 
 def process_start_time(pid: int) -> int | None:
