@@ -5,13 +5,18 @@ test_k8s_disks.py and test_k8s_axes.py against their oracles."""
 from __future__ import annotations
 
 import json
+import threading
+import time
 from pathlib import Path
 
+import pytest
 from kubernetes import client
 
 from k8s_fake import FakeAPI, sampler_log
 from k8s_support import JOBS, k8s_plan, run
 from pglab.store.sqlite import Store
+from pglab.targets.kubernetes import exporter
+from pglab.targets.kubernetes.orchestrate import Orchestrator
 from test_k8s_disks import node_blocks
 
 PLAN = k8s_plan("matrix: {clients: [1], jobs: [1]}", "run: {duration: 4s, repeats: 2}")
@@ -49,3 +54,70 @@ def test_without_a_disk_sampler_no_volume_probe_runs_with_the_dataset(fake: tupl
     result = run(api_client, tmp_path, PLAN)
     assert (result.ok, result.failed) == (2, 0)
     assert not [n for _, n in api.job_posts if "-volumes-" in n]
+
+
+# ------------------------------------------------------------------ the exporters' reader
+METRICS = "cnpg_collector_up 1\n"
+
+
+def test_the_closing_read_asks_every_pod_at_once() -> None:
+    """``final`` (after the window, while nothing else runs) reads the pods together: each read here waits for the
+    other two to have begun, which one read after another never would (the barrier then breaks: an error)."""
+    barrier = threading.Barrier(3, timeout=10)
+
+    def read(pod: str) -> str:
+        barrier.wait()
+        return METRICS
+
+    scraper = exporter.Scraper(read, ["a", "b", "c"], 60.0, "a")
+    scraper.final()
+    assert sorted(s.pod for s in scraper.scrapes) == ["a", "b", "c"]
+    assert scraper.errors() == [] and all(s.values == exporter.parse(METRICS) for s in scraper.scrapes)
+
+
+def test_a_reading_round_stops_at_the_pod_it_was_reading_when_the_reader_is_stopped() -> None:
+    """Stopping the reader waits for the read under way, not for the rest of its round: those reads would begin
+    after the window, and ``final`` reads every pod just after."""
+    entered, release = threading.Event(), threading.Event()
+    asked: list[str] = []
+
+    def read(pod: str) -> str:
+        asked.append(pod)
+        entered.set()
+        release.wait(10)
+        return METRICS
+
+    scraper = exporter.Scraper(read, ["a", "b", "c"], 60.0, "a")
+    scraper.start()
+    assert entered.wait(10)
+    stopping = threading.Thread(target=scraper.stop)
+    stopping.start()
+    deadline = time.monotonic() + 10
+    while not scraper._stop.is_set() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    release.set()
+    stopping.join(10)
+    assert not stopping.is_alive()
+    assert asked == ["a"] and [s.pod for s in scraper.scrapes] == ["a"]
+
+
+def test_the_disk_samplers_logs_are_read_together(fake: tuple[FakeAPI, client.ApiClient], tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """After the window the two nodes' sampler logs are asked for together: each read here waits for the other to
+    have begun before it goes to the API server (one after the other, the barrier breaks and the sweep with it)."""
+    api, api_client = fake
+    api.diskstats_log = lambda node: sampler_log(node, node_blocks(node))
+    barrier = threading.Barrier(2, timeout=10)
+    real = Orchestrator.pod_log
+
+    def pod_log(self: Orchestrator, name: str, since_seconds: int | None = None) -> str:
+        barrier.wait()
+        return real(self, name, since_seconds)
+
+    monkeypatch.setattr(Orchestrator, "pod_log", pod_log)
+    result = run(api_client, tmp_path, PLAN.replace("repeats: 2", "repeats: 1"))
+    assert (result.ok, result.failed) == (1, 0)
+    store = Store.open(tmp_path / "results", create=False)
+    (r,) = store.runs(store.sweeps()[-1]["id"])
+    assert r.metrics["write_iops"] == pytest.approx(300 + 100, rel=1e-3)  # both nodes' vdb, as test_k8s_disks has it
+    store.close()

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -205,9 +206,12 @@ class Figures:
         else:
             since = max(1, math.ceil(now() - launched + DISK_LOG_MARGIN_S))
             problems = [f"no disk-sampler pod on node {n}" for n in nodes if n not in samplers]
-            for node in (n for n in nodes if n in samplers):
+            read = [n for n in nodes if n in samplers]
+            with ThreadPoolExecutor(max(1, len(read)), thread_name_prefix="pglab-disk-log") as pool:  # together
+                logs = [pool.submit(self.orch.pod_log, samplers[node], since) for node in read]
+            for node, log in zip(read, logs, strict=True):
                 try:
-                    text = self.orch.pod_log(samplers[node], since)
+                    text = log.result()
                 except K8sError as exc:
                     problems.append(str(exc))
                     continue
