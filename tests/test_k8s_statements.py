@@ -138,6 +138,7 @@ esac
     # pgbench: pod 1's runs a second longer than pod 0's
     "pgbench": r"""#!/bin/sh
 echo "$POD pgbench start" >> "$LOG"
+[ -n "${FAIL:-}" ] && exit 1
 [ "$POD" = 1 ] && sleep 1.5
 echo "$POD pgbench end" >> "$LOG"
 echo "tps = 1.0 (without initial connection time)"
@@ -150,16 +151,38 @@ def _load_script(text: str, tmp_path: Path) -> str:
     return script
 
 
-def test_with_load_pods_pod_zero_reads_before_any_pgbench_and_after_every_pods_end(tmp_path: Path) -> None:
-    """The load Job's script itself, by sh for both pods with stand-ins for psql and pgbench: pod 0 reads the view
-    before it enters the start barrier (so before any pod's pgbench), and again only once pod 1, whose pgbench ends
-    later, said it ended; pod 1 reads nothing. The barrier's statements are marked as pglab's own."""
+def _stubs(tmp_path: Path) -> Path:
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     for name, text in LOAD_STUBS.items():
         (bin_dir / name).write_text(text)
         (bin_dir / name).chmod(0o755)
-    log, rows = tmp_path / "log", tmp_path / "rows"
+    return bin_dir
+
+
+def test_a_pod_zero_whose_pgbench_failed_does_not_wait_for_the_others_end(tmp_path: Path) -> None:
+    """Pod 0's pgbench failed (pod 1 entered the start barrier, as the row there says): pod 0 enters the end barrier
+    and ends with pgbench's exit code, without waiting for pod 1 there, nor reading the view again."""
+    bin_dir, log, rows = _stubs(tmp_path), tmp_path / "log", tmp_path / "rows"
+    rows.write_text("row\n")  # pod 1's
+    results = tmp_path / "results-0"
+    results.mkdir()
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "LOG": str(log), "ROWS": str(rows), "POD": "0", "FAIL": "1",
+           "JOB_COMPLETION_INDEX": "0", "PGLAB_JOB_UID": "uid-1"}
+    proc = subprocess.run(["sh", "-c", _load_script(LOAD, tmp_path).replace("/results", str(results))], env=env,
+                          text=True, capture_output=True, timeout=120)
+    assert proc.returncode == 1, proc.stderr
+    lines = log.read_text().splitlines()
+    assert any("INSERT" in line and "-end'" in line for line in lines), lines
+    assert not any("SELECT count(*)" in line and "-end'" in line for line in lines), lines
+    assert (results / START_FILE).is_file() and not (results / END_FILE).exists()
+
+
+def test_with_load_pods_pod_zero_reads_before_any_pgbench_and_after_every_pods_end(tmp_path: Path) -> None:
+    """The load Job's script itself, by sh for both pods with stand-ins for psql and pgbench: pod 0 reads the view
+    before it enters the start barrier (so before any pod's pgbench), and again only once pod 1, whose pgbench ends
+    later, said it ended; pod 1 reads nothing. The barrier's statements are marked as pglab's own."""
+    bin_dir, log, rows = _stubs(tmp_path), tmp_path / "log", tmp_path / "rows"
     rows.touch()
     script = _load_script(LOAD, tmp_path)
     assert script.count("statements_read") == 3  # pod 0's: its definition and its two reads

@@ -449,6 +449,16 @@ def test_each_tenants_wal_and_buffer_figures_are_its_own_jobs_reads(fake: tuple[
     header = csv[0].split(",")
     t02 = next(line.split(",") for line in csv[1:] if ",t02," in line)
     assert float(t02[header.index("buffers_backend")]) == 40.0
+    # … and the HTML report's table of every tenant
+    pglab("report", str(results), "--html", str(tmp_path / "report.html"), check=True)
+    page = (tmp_path / "report.html").read_text()
+    section = page[page.index('<h2 id="tenants">'):]
+    section = section[:section.index("</table>")]
+    heads = [re.sub(r"<[^>]+>", "", h) for h in re.findall(r"<th[^>]*>(.*?)</th>", section)]
+    cells = {r[heads.index("tenant")]: r for r in (re.findall(r"<td[^>]*>(.*?)</td>", row)
+                                                   for row in re.findall(r"<tr>(<td.*?)</tr>", section))}
+    for head, value in (("wal_bytes_per_commit", 6000.0), ("wal_fpi_per_commit", 0.3), ("buffers_backend", 40.0)):
+        assert float(cells["t02"][heads.index(head)].replace(",", "")) == pytest.approx(value), (head, cells["t02"])
 
 
 def test_a_parameter_a_tenants_primary_did_not_run_with_fails_the_run_naming_it(

@@ -295,7 +295,7 @@ class WalReads(threading.Thread):
 
     def run(self) -> None:
         sql = "SELECT extract(epoch FROM clock_timestamp()), wal_records, wal_fpi, wal_bytes FROM pg_stat_wal"
-        while not self.halt.wait(0.2):
+        while not self.halt.wait(0.5):
             proc = self.lab.kubectl("-n", self.namespace, "exec", self.pod, "-c", "postgres", "--", "psql", "-tAq",
                                     "-d", "postgres", "-c", sql, check=False, timeout=20)
             with contextlib.suppress(ValueError):

@@ -128,7 +128,7 @@ class Figures:
     def start(self) -> Readers:
         """One run's readers, started (none with Prometheus)."""
         readers = Readers(now())
-        if self.prom is None:
+        if self.prom is None and self.plan.probes.enabled:
             readers.scraper, readers.nodes = self._scraper(), self._node_scrapes()
         for reader in readers.all:  # in threads of their own: a slow read never delays a fault or the Job's end
             reader.start()
@@ -146,7 +146,9 @@ class Figures:
         return scraper.write(run_dir / "exporter")
 
     def read(self, readers: Readers, run_dir: Path, window: tuple[float, float], job: str) -> RunFigures:
-        """The run's figures over ``window`` from whichever source the sweep has."""
+        """The run's figures over ``window`` from whichever source the sweep has (none with the probes off)."""
+        if not self.plan.probes.enabled:
+            return RunFigures(None, None, None)
         if self.prom is not None:
             return RunFigures(*self._from_prometheus(self.prom, run_dir, window, job))
         scraper = readers.scraper

@@ -177,9 +177,11 @@ class KubernetesTenantsDriver(KubernetesDriver):
         """Each tenant's primary's CPU, memory and disk figures over its own window, asked of the cluster's
         Prometheus once its last scrapes are stored (``lag``); the series used are kept in
         tenants/<tenant>/prometheus/. A tenant Prometheus or the API cannot answer for has none (said once per
-        sweep), not a failed run. Two tenants whose volumes share a device of a node are named in each other's
-        ``disk.shared_with``: their disk figures are that device's."""
+        sweep), not a failed run; none has any with the probes off. Two tenants whose volumes share a device of a
+        node are named in each other's ``disk.shared_with``: their disk figures are that device's."""
         prom = self.figures.prom
+        if not self.plan.probes.enabled:
+            return {}
         if prom is None:
             self._tell_system("they are read from the cluster's Prometheus: give target.kubernetes.prometheus")
             return {}

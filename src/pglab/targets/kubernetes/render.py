@@ -749,13 +749,13 @@ def namespace(plan: Plan) -> Manifest:
 
 
 def render(plan: Plan, base_dir: Path) -> list[Manifest]:
-    """Every manifest of the plan, in apply order: access, database, disk sampler (unless node-exporter is read),
-    storage phase, then one Job per run."""
+    """Every manifest of the plan, in apply order: access, database, disk sampler (unless node-exporter is read, or
+    the probes are off), storage phase, then one Job per run."""
     k8s = target_of(plan)
     out = [namespace(plan), *rbac(plan), *object_store(plan),
            Manifest("10-cluster.yaml", cluster(plan))]  # as the first point needs it
-    if k8s.node_exporter is None and k8s.prometheus is None:  # else the disk counters come from node-exporter
-        out.append(disk_sampler(plan))
+    if k8s.node_exporter is None and k8s.prometheus is None and plan.probes.enabled:
+        out.append(disk_sampler(plan))  # else the disk counters come from node-exporter, or are not asked for
     out += fio_manifests(plan)
     scripts = scripts_configmap(plan, base_dir)
     if scripts is not None:

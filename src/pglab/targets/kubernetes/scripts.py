@@ -218,17 +218,18 @@ def barrier_script(index: int, pods: int, deadline_s: float) -> str:
 
 def end_barrier_script(index: int, pods: int, deadline_s: float) -> str:
     """After its pgbench, every load pod enters a row of its own (``<job>-end``) whatever its pgbench did; pod 0 then
-    waits (at most ``deadline_s``) until all ``pods`` did, so that what it reads next is every pod's window. A pod
-    not done by then leaves pod 0 without its last read (``ended`` 0), not failed."""
+    waits (at most ``deadline_s``, and only when its own pgbench ran) until all ``pods`` did, so that what it reads
+    next is every pod's window. A pod not done by then leaves pod 0 without its last read (``ended`` 0), not
+    failed."""
     table, key = LOAD_BARRIER_TABLE, "'$PGLAB_JOB_UID-end'"
     lines = [f'psql -XAtq -c "INSERT INTO {table} /* {READ_MARK} */ VALUES ({key}, {index})" >> barrier.log 2>&1 '
              "|| true"]
-    if index == 0:
-        lines += [f"ended=1; deadline=$(( $(date +%s) + {round(deadline_s)} ))",
+    if index == 0:  # only after its own pgbench ran: a pod 0 that failed before ends at once
+        lines += [f'ended=0; if [ "$rc" = 0 ]; then ended=1; deadline=$(( $(date +%s) + {round(deadline_s)} ))',
                   f'until [ "$(psql -XAtq -c "SELECT count(*) FROM {table} /* {READ_MARK} */ WHERE job = {key}" '
                   f'2>> barrier.log)" = {pods} ]; do',
                   f'  [ "$(date +%s)" -lt "$deadline" ] || {{ ended=0; break; }}; sleep {LOAD_BARRIER_POLL_S:g}',
-                  "done"]
+                  "done; fi"]
     return "\n".join(lines) + "\n"
 
 
