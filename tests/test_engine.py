@@ -43,7 +43,6 @@ class Scripted:
 
     run_overhead_s = 1.0
     run_errors: tuple[type[BaseException], ...] = (RunFailed,)
-    polls_interrupts = True  # nothing here waits long: the engine's own safe points act on a signal
 
     def __init__(self, plan: Plan, script: dict[tuple[int, int], str] | None = None, leftovers: list[str] | None = None,
                  fio: bool = False):
@@ -229,22 +228,6 @@ def test_a_signal_is_only_recorded_where_it_lands_and_the_sweep_stops_at_its_nex
     result = sweep(tmp_path, second)
     assert (result.resumed, result.already_done, result.ok, result.interrupted) == (True, 2, 2, False)
     assert second.calls[2:] == ["dataset", "run 2 #1", "run 2 #2", "close keep=False"]
-
-
-class Unpolled(Scripted):
-    """A driver whose waits do not look at the recorded signal (the Kubernetes drivers, for now)."""
-
-    polls_interrupts = False
-
-
-def test_a_driver_whose_waits_do_not_poll_is_interrupted_where_the_signal_lands(tmp_path: Path) -> None:
-    driver = Unpolled(parse_plan(PLAN), {(1, 2): "signal"})
-    result = sweep(tmp_path, driver)
-    assert (result.ok, result.interrupted, result.interrupted_by) == (1, True, "SIGTERM")
-    assert rows(tmp_path, "SELECT status, reason FROM runs ORDER BY started") == [
-        ("ok", None), ("interrupted", "interrupted by SIGTERM")]
-    assert not (driver.run_dirs[-1] / "out.txt").exists()  # the handler raised inside the run
-    assert driver.calls[-1] == "close keep=False"
 
 
 def test_the_storage_phase_runs_once_before_the_runs_and_a_resume_skips_it(tmp_path: Path) -> None:

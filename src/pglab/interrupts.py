@@ -34,7 +34,6 @@ SIGNALS = (signal.SIGINT, signal.SIGTERM)
 class _State:
     armed = False  # our handlers are installed and the sweep has not acted on a signal yet
     pending: str | None = None  # the first signal recorded since they were installed
-    raise_at_once = False  # the old way, for a driver whose waits do not call these yet (see Catching)
 
 
 _state = _State()
@@ -132,26 +131,19 @@ def _record(signum: int, _frame: FrameType | None) -> None:
     """The handler: note the signal (the first one wins); nothing else, wherever the main thread was."""
     if _state.pending is None:
         _state.pending = signal.Signals(signum).name
-    if _state.raise_at_once and _state.armed:
-        raise RunInterrupted(_state.pending)
 
 
 class Catching:
     """SIGINT and SIGTERM recorded for the duration of a ``with`` block (main thread only); the handlers in place
-    before are put back at its end, and the flag with them.
+    before are put back at its end, and the flag with them."""
 
-    ``raise_at_once``: the handler also raises :class:`RunInterrupted` itself, for a driver whose waits do not call
-    this module (``Driver.polls_interrupts`` false; every driver of pglab's own polls): it is how those waits are
-    interrupted at all, with the risk the module's docstring describes."""
-
-    def __init__(self, raise_at_once: bool = False) -> None:
-        self.raise_at_once = raise_at_once
+    def __init__(self) -> None:
         self._saved: dict[int, Any] = {}
-        self._before: tuple[bool, str | None, bool] = (False, None, False)
+        self._before: tuple[bool, str | None] = (False, None)
 
     def __enter__(self) -> Catching:
-        self._before = (_state.armed, _state.pending, _state.raise_at_once)
-        _state.pending, _state.raise_at_once, _state.armed = None, self.raise_at_once, True
+        self._before = (_state.armed, _state.pending)
+        _state.pending, _state.armed = None, True
         for sig in SIGNALS:
             self._saved[sig] = signal.signal(sig, _record)
         return self
@@ -165,4 +157,4 @@ class Catching:
     def __exit__(self, *exc: object) -> None:
         for sig, handler in self._saved.items():
             signal.signal(sig, handler)
-        _state.armed, _state.pending, _state.raise_at_once = self._before
+        _state.armed, _state.pending = self._before

@@ -21,7 +21,6 @@ class FioDriver:
 
     run_overhead_s = 0.0
     run_errors: tuple[type[BaseException], ...] = ()
-    polls_interrupts = True  # fio's waits act on the recorded signal: its files are removed before the sweep ends
 
     def __init__(self, paths: dict[str, tuple[Path, str]], jobs: Sequence[fio.JobSpec], runtime_s: float,
                  size_bytes: int, log: Callable[[str], None]):

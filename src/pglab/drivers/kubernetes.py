@@ -101,7 +101,6 @@ class KubernetesDriver:
 
     run_overhead_s = RUN_OVERHEAD_S
     run_errors: tuple[type[BaseException], ...] = (RunFailed, PgbenchError, K8sError, WitnessLogError, OSError)
-    polls_interrupts = True  # every wait (the Jobs, the Cluster, the replay, the scenario) is an interrupts.sleep
 
     def __init__(self, plan: Plan, plan_text: str, plan_dir: Path, results_dir: Path, ui: Observer, *,
                  api: client.ApiClient | None = None, poll_s: float = 2.0, ready_timeout_s: float = 1800.0,

@@ -56,7 +56,6 @@ class ProcessDriver(Generic[TopologyT]):
     run_errors = RUN_ERRORS
     # its long waits go through pglab.interrupts: a signal is acted on there, not raised by the handler into whatever
     # code the main thread is in (engine.driver.Driver)
-    polls_interrupts = True
 
     def __init__(self, plan: Plan, plan_dir: Path, plan_text: str, results_dir: Path, target: TopologyT,
                  ui: Observer):

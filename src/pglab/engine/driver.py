@@ -77,11 +77,9 @@ class Driver(Protocol):
     """What the engine calls, in this order: preflight, open, storage_phase, load_dataset, then before_run and
     start_run per run, and close.
 
-    Ctrl-C and SIGTERM are only recorded by the engine's handler (:mod:`pglab.interrupts`); a driver whose long waits
-    go through that module's ``sleep``, ``wait``, ``join``, ``wait_all`` and ``run`` (or call its ``check``) says so
-    with a class attribute ``polls_interrupts = True``, and each of those waits then raises RunInterrupted from its
-    own code. The attribute is optional (not a member here): without it, the handler raises RunInterrupted itself
-    wherever the main thread is (every driver of pglab's own polls)."""
+    Ctrl-C and SIGTERM are only recorded by the engine's handler (:mod:`pglab.interrupts`): a driver's long waits go
+    through that module's ``sleep``, ``wait``, ``join``, ``wait_all`` and ``run`` (or call its ``check``), and each of
+    those waits raises RunInterrupted from its own code. A wait that does not is not interrupted until it ends."""
 
     points: list[Point]  # every point of the plan, in the order they run
     run_overhead_s: float  # seconds a run takes beyond its warm-up and measurement (for the ETA)
