@@ -85,6 +85,9 @@ def figures(db_path: Path) -> dict[str, Any]:
         tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
         phases = (db.execute("SELECT name, sum(ended - started), count(DISTINCT run_id) FROM phases "
                              "WHERE sweep_id = ? GROUP BY name", (sid,)).fetchall() if "phases" in tables else [])
+        per_run = (db.execute("SELECT p.name, p.ended - p.started FROM phases p JOIN runs r ON r.id = p.run_id "
+                              "WHERE p.sweep_id = ? ORDER BY r.started, p.started", (sid,)).fetchall()
+                   if "phases" in tables else [])
     finally:
         db.close()
     ok = [r for r in runs if r[4] == "ok" and r[2] is not None]
@@ -102,7 +105,9 @@ def figures(db_path: Path) -> dict[str, Any]:
             "before_window_median_s": statistics.median(before) if before else None,
             "after_window_median_s": statistics.median(after) if after else None,
             "between_runs_median_s": statistics.median(between) if between else None,
-            "phases": {name: {"seconds": s, "runs": n} for name, s, n in phases}}
+            "phases": {name: {"seconds": s, "runs": n} for name, s, n in phases},
+            # each run's phases in the runs' order (the first run's may carry what is done once per sweep)
+            "run_phases": {name: [s for n, s in per_run if n == name] for name in sorted({n for n, _ in per_run})}}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -140,6 +145,9 @@ def main(argv: list[str] | None = None) -> int:
             if fig["phases"]:
                 print("  phases: " + ", ".join(f"{n} {p['seconds']:.1f} s" for n, p in fig["phases"].items()),
                       flush=True)
+            if fig["run_phases"]:
+                print("  per run: " + "; ".join(f"{n} " + " ".join(f"{s:.2f}" for s in ss)
+                                                for n, ss in fig["run_phases"].items()), flush=True)
     print("\nmedians over rounds:")
     summary: dict[str, dict[str, float]] = {}
     for name, figs in out.items():

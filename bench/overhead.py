@@ -186,7 +186,6 @@ class Bench:
         eps = self.endpoints
         return ProbeContext(
             primary_conninfo=eps.primary.conninfo(application_name="pglab-probe"),
-            standby_conninfos={s.name: s.conninfo(application_name="pglab-probe") for s in eps.standbys},
             paths=self.lab.probe_paths(),
             server_pids=self.lab.server_pids,
             client_pids=lambda: [self.proc.pid] if self.proc else [],

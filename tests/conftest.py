@@ -141,11 +141,17 @@ def fake(k8s_api: tuple[FakeAPI, client.ApiClient]) -> tuple[FakeAPI, client.Api
     return k8s_api
 
 
+POD_NETNS_BEFORE_LAB: set[str] = set()  # the pods' network namespaces on the machine before the session's lab
+
+
 @pytest.fixture(scope="session")
 def lab() -> Iterator[kubelab.KubeLab]:
     """The Kubernetes lab (tools/kube-lab), started once for every kube_lab test of this pytest run and stopped
-    after them, also when they fail or are interrupted."""
-    from kube_lab_support import kubelab
+    after them, also when they fail or are interrupted (tests/test_kube_z_lab_down.py stops it first, with
+    ``kubelab.py down``, and checks it left nothing; stopping it again here is then a no-op)."""
+    from kube_lab_support import cni_netns, kubelab
+
+    POD_NETNS_BEFORE_LAB.update(cni_netns())
 
     images = os.environ.get("PGLAB_KUBE_LAB_IMAGES")
     try:

@@ -58,6 +58,40 @@ dataset: {{scale: 1}}
 {body}"""
 
 
+# ------------------------------------------------------------------ the studies' example plans, run on the lab
+# Each lab test that carries a study runs that study's example (examples/study-*.yaml) as written, at its smallest:
+# the edits below (each an exact text found once in the example → its replacement) change sizes only, or what the
+# lab needs (a fresh archive destination); study_plan adds the lab's kubeconfig. tests/test_study_examples.py checks
+# that each result differs from its example in those fields alone.
+STUDY_EDITS: dict[str, dict[str, str]] = {
+    "study-backup-under-load.yaml": {  # tests/test_kube_lab_backup.py; the destination: DESTINATION's value
+        "dataset: {scale: 10}": "dataset: {scale: 1}",
+        "clients: [4]": "clients: [2]",
+        "at: 10s": "at: 5s",
+        "run: {duration: 60s}": "run: {duration: 30s}",
+        "destination: s3://pglab/study-backup-under-load-1": "destination: {destination}",
+    },
+}
+# the fields a study's edits may change (dotted paths; a list's items by index); the rest must be the example's
+STUDY_SIZES = ("dataset.scale", "run.duration", "run.warmup", "run.repeats", "matrix.clients", "matrix.jobs",
+               "matrix.scenario.*.at", "storage.runtime", "storage.size")
+STUDY_LAB = ("target.kubernetes.kubeconfig", "target.kubernetes.wal_archive.s3.destination")
+
+
+def study_plan(example: str, kubeconfig: Path | str, **values: str) -> str:
+    """``examples/<example>`` with its STUDY_EDITS (``{name}`` in a replacement: ``values[name]``) and the lab's
+    kubeconfig."""
+    text = (REPO / "examples" / example).read_text()
+    for old, new in STUDY_EDITS[example].items():
+        assert text.count(old) == 1, (example, old)
+        for name, value in values.items():
+            new = new.replace(f"{{{name}}}", value)
+        text = text.replace(old, new)
+    head = "target:\n  kubernetes:\n"
+    assert text.count(head) == 1, example
+    return text.replace(head, f"{head}    kubeconfig: {kubeconfig}\n")
+
+
 def small_plan(lab: kubelab.KubeLab, name: str, namespace: str, body: str, target_extra: str = "") -> str:
     """One instance, no standby: the smallest Cluster the lab starts quickly."""
     return plan_text(lab, name, namespace, body, target_extra, instances=1)
@@ -307,3 +341,42 @@ def storage_phase(lab: kubelab.KubeLab, results: Path,
     assert lab.node(node).role == "database"
     assert set(fio_rows) == {f"{v}/data@{node}" for v in values}, fio_rows
     return store, sweep["id"], node, {v: fio_rows[f"{v}/data@{node}"] for v in values}
+
+
+# ------------------------------------------------------------------ what a lab leaves on the machine
+def _out(*cmd: str) -> str:
+    return subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=60).stdout
+
+
+def cni_netns() -> set[str]:
+    """The pods' network namespaces on this machine (the lab's CNI names them cni-*)."""
+    return {p.name for p in Path("/run/netns").glob("cni-*")} if Path("/run/netns").exists() else set()
+
+
+def leftovers(root: Path, cni_before: set[str]) -> dict[str, list[str]]:
+    """Everything of the lab in ``root`` still on this machine, by kind (empty lists left out)."""
+    me = os.getpid()
+    found = {
+        "processes": [f"{p.name}: {cmd[:120]}" for p in Path("/proc").iterdir() if p.name.isdigit()
+                      and int(p.name) != me and str(root) in (cmd := _cmdline(p))],
+        "mounts": [line.split()[1] for line in Path("/proc/mounts").read_text().splitlines()
+                   if line.split()[1].startswith(str(root))],
+        "node network namespaces": [n for n in _out("ip", "netns", "list").split() if n.startswith("pglab-kl-")],
+        "pod network namespaces": sorted(cni_netns() - cni_before),
+        "links": [n for line in _out("ip", "-o", "link").splitlines()
+                  if (n := line.split(": ")[1].split("@")[0]).startswith(("pglabkube", "pglabkl"))],
+        "loop devices": [line for line in _out("losetup", "-a").splitlines() if str(root) in line],
+        "cgroups": [str(h) for h in Path("/sys/fs/cgroup").glob(f"*/{kubelab.CGROUP}")],
+        "iptables rules": [r for r in _out("iptables", "-S").splitlines() if "pglab-kube-lab" in r],
+        "log links": [str(p) for p in Path("/var/log/containers").glob("*.log")
+                      if os.readlink(p).startswith(str(root))] if Path("/var/log/containers").exists() else [],
+        "folder": [str(root)] if root.exists() else [],
+    }
+    return {k: v for k, v in found.items() if v}
+
+
+def _cmdline(p: Path) -> str:
+    try:
+        return (p / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""

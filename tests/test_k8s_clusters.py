@@ -5,6 +5,7 @@ The real thing runs in tests/test_kube_lab_clusters.py, on the lab."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -304,3 +305,34 @@ def test_render_refuses_a_tenants_plan_and_writes_nothing(tmp_path: Path) -> Non
                                   "tenant"), proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "out").exists()
+
+
+def test_a_storage_value_without_any_price_shows_its_tps_alone(tmp_path: Path) -> None:
+    """A storage axis where one value has a price and the other none (and the plan none): the cost table has the
+    priced value's price per TPS, the other's TPS alone, in the terminal, CSV and the HTML report alike."""
+    from pglab.store import Store
+
+    results = tmp_path / "results"
+    store = Store.open(results)
+    sweep = store.begin_sweep("s", AXIS, "h", "0")
+    tps = {"premium-ssd-v2-zone-b": 300.0, "standard": 90.0}
+    keyed: list[tuple[int, str, dict[str, Any]]] = [
+        (i, f"k{i}", {"workload": "tpcb-like", "synchronous_commit": "on", "clients": 4, "jobs": 1, "storage": s})
+        for i, s in enumerate(tps)]
+    ids = store.add_points(sweep, keyed)
+    for i, key, axes in keyed:
+        run_id, _ = store.start_run(sweep, ids[key], i, 1)
+        store.finish_run(run_id, "ok", window=(1e9 + 100 * i, 1e9 + 100 * i + 5),
+                         metrics={"tps": tps[axes["storage"]], "write_iops": 1000.0})
+    store.end_sweep(sweep, "done")
+    store.close()
+    html = tmp_path / "report.html"
+    proc = pglab("report", str(results), "--table", "cost", "--format", "json", "--html", str(html))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = {r["storage"]: r for r in json.loads(proc.stdout)}
+    assert rows["premium-ssd-v2-zone-b"]["per_tps"] == pytest.approx(900 / 300.0)
+    assert rows["standard"]["peak_tps"] == pytest.approx(90.0)
+    assert rows["standard"]["per_tps"] is None and rows["standard"]["monthly"] is None
+    text = html.read_text()
+    assert "per TPS·month" in text and "3.00" in text
+    assert "standard: " not in text.split("<table", 1)[0]  # no price line in the summary for the unpriced value

@@ -193,12 +193,13 @@ def test_each_load_pods_share_runs_in_its_own_client_pod_made_once(fake: tuple[F
         [apart] = anti["preferredDuringSchedulingIgnoredDuringExecution"]
         assert apart["podAffinityTerm"]["labelSelector"]["matchLabels"] == {LOAD_LABEL: "pg-clients"}
         assert p["metadata"]["labels"][LOAD_LABEL] == "pg-clients"
-    assert [(run_, pod) for _, run_, pod in api.execs] == [
-        ("pg-run-0000-1", "pg-clients-0"), ("pg-run-0000-1", "pg-clients-1"),
-        ("pg-run-0000-2", "pg-clients-0"), ("pg-run-0000-2", "pg-clients-1")]
     keys = [re.search(r"^export PGLAB_JOB_UID=(\S+)$", s, re.M)[1] for s in api.exec_scripts]  # type: ignore[index]
     indexes = [re.search(r"^export JOB_COMPLETION_INDEX=(\d+)$", s, re.M)[1] for s in api.exec_scripts]  # type: ignore[index]
-    assert indexes == ["0", "1", "0", "1"]
+    # one run after the other; a run's two pods started together (the fake notes each as its exec arrives)
+    assert sorted((run_, pod, i) for (_, run_, pod), i in zip(api.execs, indexes, strict=True)) == [
+        ("pg-run-0000-1", "pg-clients-0", "0"), ("pg-run-0000-1", "pg-clients-1", "1"),
+        ("pg-run-0000-2", "pg-clients-0", "0"), ("pg-run-0000-2", "pg-clients-1", "1")]
+    assert [run_ for _, run_, _ in api.execs] == ["pg-run-0000-1"] * 2 + ["pg-run-0000-2"] * 2
     assert keys[0] == keys[1] != keys[2] == keys[3]  # one barrier per run, its pods meeting at it
     store = Store.open(tmp_path / "results", create=False)
     for r in store.runs():

@@ -7,8 +7,11 @@ Cluster's ``pg_stat_archiver`` read with psql in the primary pod while the run g
 (``restore_check: true``): pglab recovers a Cluster from that backup; the witness's log, the store's listing and the
 reader's raw psql output are read here against pglab's figures.
 
-Kept short for the CI track that runs beside the whole suite: one 1-instance Cluster on a database node, scale 1,
-one 30 s run.
+The plan is study 001's backup half, examples/study-backup-under-load.yaml, as written at its smallest
+(kube_lab_support.STUDY_EDITS: scale 1, 2 clients, one 30 s run with the backup 5 s in; a fresh destination), kept
+short for the CI track that runs beside the whole suite: one 1-instance Cluster on a database node. The table the
+study published, TPS before / during / after the backup with its seconds and MB/s (pglab report --table scenarios),
+is checked against the run's stored figures.
 """
 
 from __future__ import annotations
@@ -23,9 +26,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+import yaml
 
-from conftest import pglab
-from kube_lab_support import kubelab, namespace_gone, small_plan
+from conftest import REPO, pglab
+from kube_lab_support import kubelab, namespace_gone, study_plan
 from pglab.scenarios.witness import ACKED, parse_lsn
 from pglab.store.sqlite import Store
 from pglab.targets.kubernetes.restore import RESTORE_MARK
@@ -33,23 +37,16 @@ from pglab.targets.kubernetes.scenario import parse_witness_log
 
 pytestmark = pytest.mark.kube_lab
 
-NS, NAME = "pglab-e2e-backup", "bkp"
-LOAD = """matrix:
-  clients: [2]
-  jobs: [1]
-  scenario: [{kind: backup, at: 5s, restore_check: true}]
-run: {duration: 30s}
-"""
+STUDY = "study-backup-under-load.yaml"
+EXAMPLE = yaml.safe_load((REPO / "examples" / STUDY).read_text())
+NS, NAME = EXAMPLE["target"]["kubernetes"]["namespace"], EXAMPLE["target"]["kubernetes"]["cluster_name"]
 
 
 def backup_plan(lab: kubelab.KubeLab, destination: str) -> str:
-    return small_plan(lab, NAME, NS, LOAD, f"""    wal_archive:
-      s3:
-        endpoint: {kubelab.OBJECTSTORE_URL}
-        destination: {destination}
-        credentials: {kubelab.OBJECTSTORE_NS}/{kubelab.OBJECTSTORE_SECRET}
-        jobs: 2
-""")
+    """Study 001's backup plan at its smallest, archiving to ``destination`` of the lab's object store (the example's
+    endpoint and credentials are the lab's: tests/test_study_examples.py), on the lab's PostgreSQL image."""
+    assert EXAMPLE["target"]["kubernetes"]["image"] == lab.image_names["postgresql"]
+    return study_plan(STUDY, lab.kubeconfig, destination=destination)
 
 
 def store_data(lab: kubelab.KubeLab) -> Path:
@@ -173,6 +170,19 @@ def test_a_backup_under_load_completes_and_its_size_is_the_object_stores(sweep: 
     assert table.returncode == 0, table.stderr
     assert "backup" in table.stdout
     print(table.stdout)
+    # the study's table: one row, the backup under the load at the plan's clients, TPS and latency before, during
+    # and after it, the backup's seconds and MB/s (and the restore check's), each the run's stored figure
+    proc = pglab("report", str(sweep.results), "--table", "scenarios", "--format", "json")
+    assert proc.returncode == 0, proc.stderr
+    (row,) = json.loads(proc.stdout)
+    shape = ["tps_before", "tps_during", "tps_after", "latency_before_ms", "latency_during_ms", "latency_after_ms",
+             "backup_s", "backup_mb_s", "restore_s", "restore_acked", "restore_lost"]
+    assert set(shape) <= set(row), sorted(row)
+    assert str(row["scenario"]).startswith("backup") and row["clients"] == 2, row
+    assert row["trials"] == 1 and row.get("failed_runs", 0) == 0, row  # a column no row fills is left out
+    for key in shape:
+        assert row[key] == pytest.approx(m[key]), (key, row, m)
+    assert row["tps_during"] > 0 and row["backup_mb_s"] > 0
     print({k: round(v, 2) for k, v in m.items() if k.startswith(("backup", "archiv", "wal_seg", "pg_wal", "tps_",
                                                                   "latency_", "fault"))})
 

@@ -2,10 +2,11 @@
 (a managed service: an external server to pglab) runs end to end against a server this test starts, at its
 smallest, and the table the study published is read back and checked against the stored runs: the client loop
 per workload, B against A as uplift % (Δ = (B − A) / A of the stored means), and the price per TPS (the plan's
-monthly price over the peak point's stored mean TPS) with the cost's parts stored beside it."""
+monthly price over the peak point's stored mean TPS) with the cost's parts (cost.breakdown) beside it."""
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import os
 import re
@@ -20,6 +21,7 @@ import yaml
 
 from conftest import REPO, pglab, run_plan
 from helpers import Ran
+from kube_lab_support import STUDY_EDITS, STUDY_LAB, STUDY_SIZES, kubelab, study_plan
 from pglab.plan.schema import LocalTarget
 from pglab.targets.local.cluster import LocalLab
 from pglab.units import money
@@ -137,10 +139,27 @@ def test_the_managed_client_loop_publishes_the_studys_table(tmp_path: Path, serv
             assert r["peak_tps"] == pytest.approx(peak, rel=1e-9) and r["monthly"] == price
             assert r["per_tps"] == pytest.approx(price / peak, rel=1e-9)
             assert (workload, r["at_clients"]) in table and table[(workload, r["at_clients"])] == pytest.approx(peak)
-    # the cost's parts are kept with the sweep's plan (no table prints them yet: the example's header says so)
-    stored = yaml.safe_load(sides["a"].sweep()["plan_text"])
-    assert stored["cost"]["breakdown"] == {"compute": 730, "storage": 620, "backup": 100}
-    assert sum(stored["cost"]["breakdown"].values()) == stored["cost"]["monthly"]
+            # the cost's parts beside it, each its monthly price, as the plan the sweep ran gives them
+            parts = {"compute": 730, "storage": price - 830, "backup": 100}
+            assert [c for c in r if c.startswith("monthly.")] == [f"monthly.{p}" for p in parts], r
+            assert {p: r[f"monthly.{p}"] for p in parts} == parts
+        stored = yaml.safe_load(sides[side].sweep()["plan_text"])
+        assert stored["cost"]["breakdown"] == parts and sum(parts.values()) == price
+        # the terminal's table: a column per part, the parts' prices in its rows
+        text = pglab("report", str(tmp_path / side), "--table", "cost", check=True,
+                     env={**os.environ, "COLUMNS": "200"}).stdout
+        header = next(line for line in text.splitlines() if "peak tps" in line)
+        assert [h for h in ("compute/month", "storage/month", "backup/month") if h in header] == [
+            "compute/month", "storage/month", "backup/month"], text
+        for workload in ("tpcb-like", "select-only"):
+            line = next(x for x in text.splitlines() if workload in x)
+            assert all(money(v) in line for v in parts.values()), (line, parts)
+        # and the HTML report's cost table: the parts' headers, then each row's prices in the plan's order
+        pglab("report", str(tmp_path / side), "--html", str(tmp_path / f"{side}.html"), check=True)
+        html = (tmp_path / f"{side}.html").read_text()
+        cost_html = html[html.index("Cost at peak TPS"):]
+        assert all(f"{p}/month" in cost_html for p in parts), cost_html[:2000]
+        assert re.search(".*?".join(f">{money(v)}<" for v in parts.values()), cost_html, re.S), cost_html[:2000]
 
 
 def test_the_smallest_004_is_the_example_with_its_sizes_only(tmp_path: Path) -> None:
@@ -152,3 +171,33 @@ def test_the_smallest_004_is_the_example_with_its_sizes_only(tmp_path: Path) -> 
     assert small["target"]["external"]["conninfo"] == fake["conninfo"]
     assert small["cost"]["breakdown"] == {**full["cost"]["breakdown"], "storage": 170}
     assert full["matrix"]["clients"] == [4, 8, 16, 32, 64, 96] and full["run"]["repeats"] == 3
+
+
+# ------------------------------------------------------------------ the studies the lab tests run (kube_lab_support)
+def flat(data: object, prefix: str = "") -> dict[str, object]:
+    """A plan's fields by dotted path (a list's items by index)."""
+    if isinstance(data, dict):
+        return {k: v for key, value in data.items() for k, v in flat(value, f"{prefix}{key}.").items()}
+    if isinstance(data, list):
+        return {k: v for i, value in enumerate(data) for k, v in flat(value, f"{prefix}{i}.").items()}
+    return {prefix.rstrip("."): data}
+
+
+@pytest.mark.parametrize("example", sorted(STUDY_EDITS))
+def test_a_study_the_lab_runs_is_its_example_with_its_sizes_only(example: str) -> None:
+    """The plan a lab test runs for a study (kube_lab_support.study_plan) differs from the example in sizes, none
+    larger, and in what the lab needs (its kubeconfig, a fresh archive destination), nothing else; it validates."""
+    small = flat(yaml.safe_load(study_plan(example, "/lab/admin.kubeconfig", destination="s3://pglab/x")))
+    full = flat(yaml.safe_load((REPO / "examples" / example).read_text()))
+    changed = {k for k in small.keys() | full.keys() if small.get(k) != full.get(k)}
+    sizes = {k for k in changed if any(fnmatch.fnmatchcase(k, p) or fnmatch.fnmatchcase(k, f"{p}.*")
+                                       for p in STUDY_SIZES)}
+    assert changed - sizes <= set(STUDY_LAB), sorted(changed - sizes)
+    assert small["target.kubernetes.kubeconfig"] == "/lab/admin.kubeconfig"
+    for k in sizes:  # smaller: a number or a duration ("30s"), each no larger than the example's
+        assert k in small and k in full, k
+        assert float(str(small[k]).rstrip("s")) <= float(str(full[k]).rstrip("s")), (k, small[k], full[k])
+    if "target.kubernetes.wal_archive.s3.endpoint" in full:  # the lab's object store, as the example names it
+        assert full["target.kubernetes.wal_archive.s3.endpoint"] == kubelab.OBJECTSTORE_URL
+        assert full["target.kubernetes.wal_archive.s3.credentials"] == \
+            f"{kubelab.OBJECTSTORE_NS}/{kubelab.OBJECTSTORE_SECRET}"

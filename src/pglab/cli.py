@@ -16,7 +16,7 @@ from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeEl
 from rich.table import Table
 
 from pglab import __version__
-from pglab.cluster_cli import cluster_app, reap
+from pglab.cluster_cli import cluster_app, err, out, reap
 from pglab.errors import LabError, LabUnsound, NoSpace, PlanError, UserError
 from pglab.plan.expand import Point
 from pglab.plan.load import load_plan
@@ -55,8 +55,6 @@ app.add_typer(cache_app, name="cache")
 app.add_typer(cluster_app, name="cluster", help="Local HA labs (etcd + Patroni): create, status, switchover, "
               "failover, scale, backup, restore, destroy.")
 
-out = Console(soft_wrap=True)
-err = Console(stderr=True, soft_wrap=True)
 FORMATS = ("table", "markdown", "csv", "json")
 # a Literal option: its values are shown in --help, completed by the shell and refused with the list
 Format = Literal["table", "markdown", "csv", "json"]

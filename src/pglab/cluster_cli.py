@@ -106,14 +106,11 @@ def _attach(lab: str) -> Any:
 
 
 def _members_table(lab: Any) -> Table:
-    leader_tl = None
     members = sorted(lab.members(), key=lambda m: m.name)
+    leader_tl = next((m.timeline for m in reversed(members) if m.role == "leader"), None)
     table = Table(title=f"Cluster: {lab.name} ({lab.lab_dir})", title_justify="left")
     for column in ("Member", "Host", "Role", "State", "TL", "Lag in MB"):
         table.add_column(column, justify="right" if column in ("TL", "Lag in MB") else "left")
-    for m in members:
-        if m.role == "leader":
-            leader_tl = m.timeline
     for m in members:
         lag = "" if m.role == "leader" else ("unknown" if m.lag is None else f"{m.lag / 1024 / 1024:.0f}")
         tl = m.timeline if m.timeline is not None else leader_tl

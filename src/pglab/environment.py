@@ -12,7 +12,7 @@ from typing import Any
 import psycopg
 
 from pglab import __version__
-from pglab.probes.disk import resolve_device
+from pglab.probes.disk import mount_containing, read_mounts, resolve_device
 
 
 def _read(path: str) -> str:
@@ -39,21 +39,9 @@ def memory_info() -> dict[str, Any]:
 
 def mount_of(path: Path) -> dict[str, Any]:
     """Filesystem, mount options and source of the mount holding ``path`` (longest mount-point prefix)."""
-    real = os.path.realpath(path)
-    best: dict[str, Any] = {}
-    best_len = -1
-    for line in _read("/proc/self/mountinfo").splitlines():
-        left, _, right = line.partition(" - ")
-        parts, rparts = left.split(), right.split()
-        if len(parts) < 6 or len(rparts) < 2:
-            continue
-        mp = parts[4].replace("\\040", " ")
-        inside = real == mp or real.startswith(mp.rstrip("/") + "/") or mp == "/"
-        if inside and len(mp) > best_len:
-            best_len = len(mp)
-            best = {"mount_point": mp, "mount_options": parts[5], "fstype": rparts[0], "source": rparts[1],
-                    "super_options": rparts[2] if len(rparts) > 2 else ""}
-    return best
+    m = mount_containing(os.path.realpath(path), "", read_mounts())
+    return {} if m is None else {"mount_point": m.mount_point, "mount_options": m.options, "fstype": m.fstype,
+                                 "source": m.source, "super_options": m.super_options}
 
 
 def paths_info(paths: dict[str, Path]) -> dict[str, Any]:

@@ -62,7 +62,7 @@ class RunInterrupted(Exception):
 
 def first_line(exc: BaseException) -> str:
     """An exception's first line of text, or its type's name when it has none: what a one-line reason shows."""
-    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0].strip()
 
 
 def last_words(log: str) -> str:

@@ -8,7 +8,7 @@ failed. Nothing is raised from a handler here, so no lock, file or half-made sta
 
 What waits long in the main thread waits through :func:`sleep`, :func:`wait`, :func:`join`, :func:`wait_all` or
 :func:`run`: each looks at the flag every :data:`POLL_S` and raises :class:`RunInterrupted` once a signal is
-recorded. Outside :func:`catching` (no handler of ours), and in other threads, they are the plain waits. Once the
+recorded. Outside :class:`Catching` (no handler of ours), and in other threads, they are the plain waits. Once the
 sweep has acted on the signal it calls :meth:`Catching.shield`: teardown runs to its end, its waits not interrupted,
 further signals ignored.
 """
@@ -140,10 +140,9 @@ class Catching:
     """SIGINT and SIGTERM recorded for the duration of a ``with`` block (main thread only); the handlers in place
     before are put back at its end, and the flag with them.
 
-    ``raise_at_once``: the handler also raises :class:`RunInterrupted` itself, as pglab's handler did before the
-    flag, for a driver whose waits do not call this module (``Driver.polls_interrupts`` false; every driver of
-    pglab's own polls): it is how those waits are interrupted at all, with the risk the module's docstring
-    describes."""
+    ``raise_at_once``: the handler also raises :class:`RunInterrupted` itself, for a driver whose waits do not call
+    this module (``Driver.polls_interrupts`` false; every driver of pglab's own polls): it is how those waits are
+    interrupted at all, with the risk the module's docstring describes."""
 
     def __init__(self, raise_at_once: bool = False) -> None:
         self.raise_at_once = raise_at_once
@@ -167,8 +166,3 @@ class Catching:
         for sig, handler in self._saved.items():
             signal.signal(sig, handler)
         _state.armed, _state.pending, _state.raise_at_once = self._before
-
-
-def catching(raise_at_once: bool = False) -> Catching:
-    """See :class:`Catching`."""
-    return Catching(raise_at_once)

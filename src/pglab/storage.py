@@ -16,12 +16,7 @@ from pglab.workloads import fio
 
 
 def plan_jobs(profiles: Sequence[str], job_files: Sequence[Path]) -> list[fio.JobSpec]:
-    jobs: list[fio.JobSpec] = []
-    for name in profiles:
-        jobs += fio.jobs_for(name)
-    for f in job_files:
-        jobs += fio.custom_jobs(f)
-    return jobs
+    return [*(j for name in profiles for j in fio.jobs_for(name)), *(j for f in job_files for j in fio.custom_jobs(f))]
 
 
 def measure(results_dir: Path, paths: dict[str, tuple[Path, str]], jobs: Sequence[fio.JobSpec], *,

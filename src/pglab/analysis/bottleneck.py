@@ -61,11 +61,9 @@ def _share(metrics: dict[str, float | None], names: tuple[str, ...]) -> float:
 
 
 def _lock_share(metrics: dict[str, float | None]) -> float:
-    total = 0.0
-    for name, value in metrics.items():
-        if name.startswith(("wait.Lock:", "wait.LWLock:")) and name.removeprefix("wait.") not in WAL_WAITS:
-            total += value or 0.0
-    return total
+    locks = [value or 0.0 for name, value in metrics.items()
+             if name.startswith(("wait.Lock:", "wait.LWLock:")) and name.removeprefix("wait.") not in WAL_WAITS]
+    return sum(locks, 0.0)
 
 
 def _wal_detail(metrics: dict[str, float | None]) -> str:

@@ -162,10 +162,9 @@ def _sweep_runs(store: Store, sweep: int | None) -> list[RunRow]:
     return store.runs(sweep)
 
 
-def compare_stores(store_a: Store, store_b: Store, sweep_a: int | None = None, sweep_b: int | None = None,
-                   **kw: Any) -> tuple[list[str], list[dict[str, Any]]]:
-    """Two result folders, the latest sweep of each unless told; B is measured against A."""
-    return compare_runs(_sweep_runs(store_a, sweep_a), _sweep_runs(store_b, sweep_b), **kw)
+def compare_stores(store_a: Store, store_b: Store, **kw: Any) -> tuple[list[str], list[dict[str, Any]]]:
+    """Two result folders, the latest sweep of each; B is measured against A."""
+    return compare_runs(_sweep_runs(store_a, None), _sweep_runs(store_b, None), **kw)
 
 
 @dataclass(frozen=True)
@@ -281,13 +280,12 @@ def _flat(value: Any, prefix: str = "") -> dict[str, str]:
     return {prefix.rstrip("."): ", ".join(map(str, value)) if isinstance(value, list) else str(value)}
 
 
-def _sweep_row(store: Store, sweep: int | None) -> dict[str, Any]:
-    sweep = sweep if sweep is not None else store.latest_sweep_id()
-    return next((s for s in store.sweeps() if s["id"] == sweep), {})
+def _sweep_row(store: Store) -> dict[str, Any]:
+    latest = store.latest_sweep_id()
+    return next((s for s in store.sweeps() if s["id"] == latest), {})
 
 
-def side_differences(store_a: Store, store_b: Store, sweep_a: int | None = None,
-                     sweep_b: int | None = None) -> list[tuple[str, str, str]]:
+def side_differences(store_a: Store, store_b: Store) -> list[tuple[str, str, str]]:
     """What differs between the two sides' plans (every field but the name: scale, instances, durations,
     parameters, matrix …) and environments (PostgreSQL version, host, the disk of each path both sides have), as
     (what, A, B); "(none)" where one side has no such field."""
@@ -295,7 +293,7 @@ def side_differences(store_a: Store, store_b: Store, sweep_a: int | None = None,
 
     import yaml
 
-    sides = [_sweep_row(store_a, sweep_a), _sweep_row(store_b, sweep_b)]
+    sides = [_sweep_row(store_a), _sweep_row(store_b)]
     plans, envs = [], []
     for s in sides:
         try:

@@ -61,12 +61,28 @@ def storage_costs(store: Store, sweep_id: int) -> dict[str, Cost | None]:
         return {}
 
 
+PART = "monthly."  # a column of the cost's breakdown: PART + the part's name (compute, storage, ...)
+
+
+def part_columns(costs: list[Cost | None]) -> list[str]:
+    """The breakdown's parts of the prices shown, each a column after ``monthly`` (in the order the plan lists
+    them; none when no price has a breakdown)."""
+    return list(dict.fromkeys(PART + name for c in costs if c is not None for name in c.breakdown))
+
+
+def parts(cost: Cost | None, columns: list[str]) -> dict[str, float | None]:
+    """A row's breakdown columns: each part's monthly price (None where its price has no such part)."""
+    given = cost.breakdown if cost is not None else {}
+    return {c: given.get(c.removeprefix(PART)) for c in columns}
+
+
 def storage_cost_table(store: Store, sweep_id: int,
                        costs: dict[str, Cost | None]) -> tuple[list[str], list[dict[str, Any]]]:
-    """The storage axis: one row per value and workload — peak TPS of the value's points, its monthly price and
-    its price per TPS (values without a price show their TPS alone)."""
-    columns = ["storage", "workload", "peak_tps", "at_clients", "at_synchronous_commit", "monthly", "currency",
-               "per_tps"]
+    """The storage axis: one row per value and workload — peak TPS of the value's points, its monthly price (and its
+    breakdown's parts) and its price per TPS (values without a price show their TPS alone)."""
+    breakdown = part_columns(list(costs.values()))
+    columns = ["storage", "workload", "peak_tps", "at_clients", "at_synchronous_commit", "monthly", *breakdown,
+               "currency", "per_tps"]
     runs = store.runs(sweep_id)
     rows = []
     for name, cost in costs.items():
@@ -75,24 +91,28 @@ def storage_cost_table(store: Store, sweep_id: int,
             rows.append({"storage": name, "workload": run.axes.get("workload"), "peak_tps": tps,
                          "at_clients": run.axes.get("clients"),
                          "at_synchronous_commit": run.axes.get("synchronous_commit"),
-                         "monthly": cost.monthly if cost else None, "currency": cost.currency if cost else None,
+                         "monthly": cost.monthly if cost else None, **parts(cost, breakdown),
+                         "currency": cost.currency if cost else None,
                          "per_tps": cost.monthly / tps if cost and tps else None})
     return (columns, rows) if any(r["per_tps"] is not None for r in rows) else ([], [])
 
 
 def cost_table(store: Store, sweep_id: int | None = None) -> tuple[list[str], list[dict[str, Any]]]:
-    """One row per workload: peak TPS (mean over repeats of the best point), monthly price, price per TPS; with a
-    storage axis, one row per value and workload (``storage_cost_table``)."""
+    """One row per workload: peak TPS (mean over repeats of the best point), monthly price (and, with
+    ``cost.breakdown``, each part's monthly price: ``monthly.<part>``), price per TPS; with a storage axis, one row per
+    value and workload (``storage_cost_table``)."""
     sweep_id = sweep_id if sweep_id is not None else store.latest_sweep_id()
     if sweep_id is not None and (costs := storage_costs(store, sweep_id)):
         return storage_cost_table(store, sweep_id, costs)
     cost = sweep_cost(store, sweep_id) if sweep_id is not None else None
     if cost is None:
         return [], []
-    columns = ["workload", "peak_tps", "at_clients", "at_synchronous_commit", "monthly", "currency", "per_tps"]
+    breakdown = part_columns([cost])
+    columns = ["workload", "peak_tps", "at_clients", "at_synchronous_commit", "monthly", *breakdown, "currency",
+               "per_tps"]
     rows = [{"workload": run.axes.get("workload"), "peak_tps": tps, "at_clients": run.axes.get("clients"),
              "at_synchronous_commit": run.axes.get("synchronous_commit"), "monthly": cost.monthly,
-             "currency": cost.currency, "per_tps": cost.monthly / tps}
+             **parts(cost, breakdown), "currency": cost.currency, "per_tps": cost.monthly / tps}
             for run, tps in peak_points(store.runs(sweep_id)).values()]
     return columns, rows
 

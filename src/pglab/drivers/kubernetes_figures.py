@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,7 @@ from pglab.probes.base import now
 from pglab.targets.kubernetes import disks, exporter, prometheus
 from pglab.targets.kubernetes.orchestrate import POSTGRES_CONTAINER, K8sError, Orchestrator
 from pglab.targets.kubernetes.prometheus import PrometheusError
-from pglab.targets.kubernetes.render import DATABASE, target_of, volume_probe
+from pglab.targets.kubernetes.render import DATABASE, Manifest, target_of, volume_probe
 
 DISK_LOG_MARGIN_S = 10.0  # the disk sampler's log is read from this long before the run's Job was created
 
@@ -50,6 +51,32 @@ class Readers:
     def stop(self) -> None:
         for reader in self.all:
             reader.stop()
+
+
+@dataclass
+class Probe:
+    """A volume probe Job created on one node: the claims it probes (with their cache keys), and what it found
+    once read (None until then, or why it could not be created)."""
+
+    m: Manifest
+    todo: list[tuple[str, str]]  # (claim, key)
+    found: dict[str, disks.Volume] | str | None = None
+
+
+def _claims(pods: list[Any]) -> dict[str, list[tuple[str, str, str]]]:
+    """Node → (pod, claim, cache key) of every instance pod's claims; the key names the pod's uid (a recreated pod
+    may have its volume attached anew)."""
+    wanted: dict[str, list[tuple[str, str, str]]] = {}
+    for pod in pods:
+        node: str | None = pod.spec.node_name if pod.spec is not None else None
+        if not node:
+            continue
+        for v in pod.spec.volumes or []:
+            if v.persistent_volume_claim is not None:
+                claim = v.persistent_volume_claim.claim_name
+                key = f"{claim}@{node}#{pod.metadata.uid or ''}"
+                wanted.setdefault(node, []).append((pod.metadata.name, claim, key))
+    return wanted
 
 
 class Once:
@@ -181,9 +208,12 @@ class Figures:
         else:
             since = max(1, math.ceil(now() - launched + DISK_LOG_MARGIN_S))
             problems = [f"no disk-sampler pod on node {n}" for n in nodes if n not in samplers]
-            for node in (n for n in nodes if n in samplers):
+            read = [n for n in nodes if n in samplers]
+            with ThreadPoolExecutor(max(1, len(read)), thread_name_prefix="pglab-disk-log") as pool:  # together
+                logs = [pool.submit(self.orch.pod_log, samplers[node], since) for node in read]
+            for node, log in zip(read, logs, strict=True):
                 try:
-                    text = self.orch.pod_log(samplers[node], since)
+                    text = log.result()
                 except K8sError as exc:
                     problems.append(str(exc))
                     continue
@@ -238,34 +268,8 @@ class Figures:
         for that pod yet (a recreated pod — a rollout, a failover — may have its network volume attached anew,
         under another device), or why none could be had. A failed probe is tried once more at a later run. A probe
         is a figure's helper, not a step: its failure makes a guess, not a failed run."""
-        wanted: dict[str, list[tuple[str, str, str]]] = {}  # node → (pod, claim, cache key)
-        for pod in pods:
-            node: str | None = pod.spec.node_name if pod.spec is not None else None
-            if not node:
-                continue
-            for v in pod.spec.volumes or []:
-                if v.persistent_volume_claim is not None:
-                    claim = v.persistent_volume_claim.claim_name
-                    key = f"{claim}@{node}#{pod.metadata.uid or ''}"
-                    wanted.setdefault(node, []).append((pod.metadata.name, claim, key))
-        for node, claims in sorted(wanted.items()):
-            todo = sorted({(c, k) for _, c, k in claims
-                           if not isinstance(self._probed.get(k), disks.Volume) and self._tries.get(k, 0) < 2})
-            if not todo:
-                continue
-            self._probes += 1
-            m = volume_probe(self.plan, f"{self.k8s.cluster_name}-volumes-{self._probes}", node, [c for c, _ in todo])
-            try:
-                outcome = self.orch.run_job(m, self.results_dir / "volume-probes" / m.name)
-                found: dict[str, disks.Volume] | str = disks.parse_probe_log(outcome.log)
-                if not outcome.succeeded:
-                    found = f"Job/{m.name} failed: {last_words(outcome.log)}"
-            except K8sError as exc:
-                found = str(exc)
-            for claim, key in todo:
-                self._tries[key] = self._tries.get(key, 0) + 1
-                self._probed[key] = (found.get(claim) or f"Job/{m.name} did not see claim {claim}"
-                                     if isinstance(found, dict) else found)
+        wanted = _claims(pods)
+        self.finish_probes(self._start_probes(wanted))
         out: dict[str, list[disks.Volume] | str] = {}
         for claims in wanted.values():
             for pod, _, key in claims:
@@ -273,6 +277,57 @@ class Figures:
                 if not isinstance(have, str):  # one claim not found: the pod's devices are a guess
                     out[pod] = got if isinstance(got, str) else [*have, got]
         return out
+
+    def probe_ahead(self) -> list[Probe]:
+        """The volume probes the next run's disk figures will want, started now (``finish_probes`` reads them),
+        so that they run beside something else (the dataset's load) and not after the run's window, while
+        nothing else runs. None when the instance pods cannot be listed, or when no disk sampler runs on their
+        nodes: the run then finds no figure to probe for, as it would have without this."""
+        try:
+            pods = self.orch.instance_pods()
+            if self.prom is None and self.k8s.node_exporter is None:
+                nodes = {p.spec.node_name for p in pods if p.spec is not None and p.spec.node_name}
+                if not nodes or not nodes <= self.orch.sampler_pods().keys():
+                    return []
+        except K8sError:
+            return []  # the run's own reads say why, once
+        return self._start_probes(_claims(pods))
+
+    def _start_probes(self, wanted: dict[str, list[tuple[str, str, str]]]) -> list[Probe]:
+        """A volume probe Job created on each node with claims to probe (all created before any is waited for:
+        their pods start together)."""
+        started: list[Probe] = []
+        for node, claims in sorted(wanted.items()):
+            todo = sorted({(c, k) for _, c, k in claims
+                           if not isinstance(self._probed.get(k), disks.Volume) and self._tries.get(k, 0) < 2})
+            if not todo:
+                continue
+            self._probes += 1
+            m = volume_probe(self.plan, f"{self.k8s.cluster_name}-volumes-{self._probes}", node, [c for c, _ in todo])
+            probe = Probe(m, todo)
+            try:
+                self.orch.create(m)
+            except K8sError as exc:
+                probe.found = str(exc)
+            started.append(probe)
+        return started
+
+    def finish_probes(self, started: list[Probe]) -> None:
+        """Each probe's Job waited for, its log read into what it found (or why not), the Job deleted."""
+        for probe in started:
+            m, found = probe.m, probe.found
+            if found is None:
+                try:
+                    outcome = self.orch.finish_job(m, self.results_dir / "volume-probes" / m.name)
+                    found = disks.parse_probe_log(outcome.log)
+                    if not outcome.succeeded:
+                        found = f"Job/{m.name} failed: {last_words(outcome.log)}"
+                except K8sError as exc:
+                    found = str(exc)
+            for claim, key in probe.todo:
+                self._tries[key] = self._tries.get(key, 0) + 1
+                self._probed[key] = (found.get(claim) or f"Job/{m.name} did not see claim {claim}"
+                                     if isinstance(found, dict) else found)
 
     def tell_disk(self, why: str) -> None:
         """Say once per sweep why a run has no disk figures (no DaemonSet permission, no sampler pod, …)."""

@@ -341,7 +341,6 @@ class LocalRun(MeasuredRun):
         self.settings = d.settings(ep, self.run_dir)
         ctx = ProbeContext(
             primary_conninfo=ep.primary.conninfo(application_name="pglab-probe"),
-            standby_conninfos={s.name: s.conninfo(application_name="pglab-probe") for s in ep.standbys},
             paths=target.probe_paths(),
             server_pids=target.server_pids,
             client_pids=lambda: [p.pid for p in d._pgbench],
@@ -563,10 +562,7 @@ def checkpoint_events(log_text: str) -> list[Event]:
 def close_window(sampler: Sampler, end: float) -> list[Sample]:
     """Stop the probes once each has taken the samples that close a window ending by ``end`` (a rate probe one
     closing sample at once, its row from its last one to that read; a gauge none: :meth:`Sampler.close`), and
-    return every sample. A safe point: a recorded Ctrl-C or SIGTERM ends the wait (the caller stops the sampler).
-
-    Until issue 33 every run slept past the next whole second and a quarter of a second more (0.25-1.25 s), then
-    waited for each rate probe's next whole row (0-1 s); now the closing takes the few milliseconds of a read."""
+    return every sample. A safe point: a recorded Ctrl-C or SIGTERM ends the wait (the caller stops the sampler)."""
     return sampler.close(end, join=interrupts.join)
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from pglab.artifacts import write_json, write_samples
-from pglab.drivers.local import ProcessDriver, close_window, watch
+from pglab.drivers.local import MIB, ProcessDriver, close_window, watch
 from pglab.engine.driver import MeasuredRun
 from pglab.engine.types import Event, Observer, RunFailed, RunResult, TenantFigure
 from pglab.plan.expand import Point
@@ -27,12 +27,11 @@ from pglab.plan.schema import Plan, Tier
 from pglab.probes import CpuProbe, DiskProbe, MemoryProbe, PgStatsProbe, Probe, ProbeContext, Sample, Sampler
 from pglab.probes._util import rows_in_window
 from pglab.probes.base import now
+from pglab.probes.pgstats import why_figures
 from pglab.probes.statements import StatementsWindow
 from pglab.targets.local.fleet import Fleet, Tenant
 from pglab.workloads import pgbench
 from pglab.workloads.pgbench import PgbenchError, PgbenchProcess, ProgressPoint, pgbench_metrics, pgbench_series
-
-MIB = 1024 * 1024
 
 
 class TenantsDriver(ProcessDriver[Fleet]):
@@ -49,7 +48,9 @@ class TenantsDriver(ProcessDriver[Fleet]):
         super().open(first, with_storage, resumed)
 
     def _stop_pgbench(self) -> None:
-        _stop(self._running)
+        for proc in self._running.values():
+            proc.stop()
+        self._running.clear()
         super()._stop_pgbench()
 
     def start_run(self, point: Point, repeat: int, run_id: str, run_dir: Path) -> TenantsRun:
@@ -221,7 +222,7 @@ class TenantsRun(MeasuredRun):
     def end(self, failure: BaseException | None) -> None:
         if failure is None:
             return
-        _stop(self.d._running)
+        self.d._stop_pgbench()
         if self.sampler:
             self.sampler.stop()
         for window in self.statements.values():
@@ -250,29 +251,12 @@ class TenantPgProbe(PgStatsProbe):
         return super().summarize([s for s in samples if s.source == self.name], start, end)
 
 
-HOST_COUNTS = ("wal_records", "wal_fpi", "checkpoints_timed", "checkpoints_req", "buffers_checkpoint",
-               "buffers_backend", "buffers_backend_fsync", "buffers_clean")
-
-
-def host_why(samples: Sequence[Sample], tenants: list[str], start: float, end: float) -> dict[str, float | None]:
+def host_why(samples: Sequence[Sample], tenants: list[str], start: float, end: float) -> dict[str, float]:
     """The host's WAL and buffer figures: every tenant's counts over the window summed, WAL and full-page images
     per commit as ratios of the sums (each tenant's rows chosen as its own figures choose them)."""
     sources = {f"pg:{t}" for t in tenants}
-    rows = [r for t in sources for r in rows_in_window([s for s in samples if s.source == t], start, end, rate=True)]
-    if not rows:
-        return {}
-
-    def total(metric: str) -> float:
-        return sum(r.get(metric) for r in rows)
-
-    out: dict[str, float | None] = {k: total(k) for k in HOST_COUNTS
-                                    if any(k in r.values for r in rows) and k not in ("wal_records", "wal_fpi")}
-    if any("d_wal_records" in r.values for r in rows):
-        out["wal_records"], out["wal_fpi"] = total("d_wal_records"), total("d_wal_fpi")
-        if commits := total("d_commits"):
-            out["wal_bytes_per_commit"] = total("d_wal_stat_bytes") / commits
-            out["wal_fpi_per_commit"] = total("d_wal_fpi") / commits
-    return out
+    return why_figures([r for t in sources
+                        for r in rows_in_window([s for s in samples if s.source == t], start, end, rate=True)])
 
 
 def _keep_server_logs(fleet: Fleet, dirs: dict[str, Path] | Path) -> None:
@@ -284,12 +268,6 @@ def _keep_server_logs(fleet: Fleet, dirs: dict[str, Path] | Path) -> None:
             dest.mkdir(parents=True, exist_ok=True)
             for node, path in t.lab.server_logs().items():
                 shutil.copyfile(path, dest / f"server-{node}.log")
-
-
-def _stop(running: dict[str, PgbenchProcess]) -> None:
-    for proc in running.values():
-        proc.stop()
-    running.clear()
 
 
 def _tenant_rows(tenants: list[Tenant], results: dict[str, pgbench.PgbenchRun],

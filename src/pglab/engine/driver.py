@@ -81,7 +81,7 @@ class Driver(Protocol):
     go through that module's ``sleep``, ``wait``, ``join``, ``wait_all`` and ``run`` (or call its ``check``) says so
     with a class attribute ``polls_interrupts = True``, and each of those waits then raises RunInterrupted from its
     own code. The attribute is optional (not a member here): without it, the handler raises RunInterrupted itself
-    wherever the main thread is, as all drivers had it before (every driver of pglab's own polls now)."""
+    wherever the main thread is (every driver of pglab's own polls)."""
 
     points: list[Point]  # every point of the plan, in the order they run
     run_overhead_s: float  # seconds a run takes beyond its warm-up and measurement (for the ETA)

@@ -38,14 +38,9 @@ def plan_hash(plan_text: str, files: list[Path] | None = None) -> str:
 def plan_files(plan: Plan, plan_dir: Path) -> list[Path]:
     """Every file the plan names (fio job files, pgbench scripts): part of its identity."""
     files = [resolve_path(f, plan_dir) for f in (plan.storage.job_files if plan.storage else [])]
-    for wl in plan.matrix.workload:
-        if not isinstance(wl, str):
-            files += [resolve_path(sc.file, plan_dir) for sc in wl.scripts if sc.file]
-    for a in plan.tenants.arrangements if plan.tenants else []:
-        for t in a.tiers:
-            if not isinstance(t.workload, str):
-                files += [resolve_path(sc.file, plan_dir) for sc in t.workload.scripts if sc.file]
-    return files
+    tiers = [t.workload for a in (plan.tenants.arrangements if plan.tenants else []) for t in a.tiers]
+    return files + [resolve_path(sc.file, plan_dir) for wl in [*plan.matrix.workload, *tiers]
+                    if not isinstance(wl, str) for sc in wl.scripts if sc.file]
 
 
 class PhaseLog:
@@ -138,7 +133,7 @@ class Recorder:
         """The sweep's point ids by key, and the (key, repeat) already run ok (none unless resumed)."""
         if self.resumed:
             return self.store.point_ids(self.sweep_id), self.store.completed_runs(self.sweep_id)
-        return self.store.add_points(self.sweep_id, [(p.index, p.key, p.axes) for p in points]), set()
+        return self.register(points), set()
 
     def schedule(self, run: Run) -> Schedule:
         """The sweep's order and repeats: as recorded when resuming (its seed above all), else new and recorded."""
@@ -159,7 +154,7 @@ class Recorder:
 
     def tps_of(self, point: Point) -> list[float]:
         """TPS of the point's runs that ended ok (what adaptive repeats judge)."""
-        return self.store.ok_values(self.sweep_id, "tps").get(point.key, [])
+        return self.figures(point, "tps")
 
     def storage_done(self) -> bool:
         return self.store.storage_done(self.sweep_id)

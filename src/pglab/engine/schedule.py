@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from pglab.analysis.stats import within
@@ -44,8 +44,7 @@ class Schedule:
                    None if data.get("target_ci_pct") is None else float(data["target_ci_pct"]))
 
     def as_json(self) -> dict[str, Any]:
-        return {"order": self.order, "seed": self.seed, "min_repeats": self.min_repeats,
-                "max_repeats": self.max_repeats, "target_ci_pct": self.target_ci_pct}
+        return asdict(self)
 
     def describe(self) -> str:
         repeats = (f"{self.min_repeats}–{self.max_repeats} repeats until TPS's 95 % interval is within "

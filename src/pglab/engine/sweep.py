@@ -82,8 +82,9 @@ def _sweep(driver: Driver, plan: Plan, recorder: Recorder, ui: Observer, keep: b
     ui.sweep_started(left, per_run * left if per_run else None, at_most=plan.capacity is not None)
     status, reason = "done", None
     first = upcoming[0] if upcoming else (points or expand(plan))[0]  # `pglab fio`: no points of its own
-    # a signal is recorded, and acted on at the safe points below and in the driver's waits (interrupts.check)
-    with interrupt_signals(raise_at_once=not polls_interrupts(driver)) as signals:
+    # a signal is recorded, and acted on at the safe points below and in the driver's waits (interrupts.check); a
+    # driver without ``polls_interrupts`` (engine.driver.Driver) has the handler raise wherever the signal lands
+    with interrupt_signals(raise_at_once=not getattr(driver, "polls_interrupts", False)) as signals:
         try:
             recorder.phase("lab")
             driver.open(first, with_storage, resumed)
@@ -189,13 +190,7 @@ def results_lock(results_dir: Path) -> Iterator[None]:
 def interrupt_signals(raise_at_once: bool = False) -> interrupts.Catching:
     """SIGINT/SIGTERM recorded for the duration of a ``with`` block, acted on as RunInterrupted at the next safe point
     (:mod:`pglab.interrupts`); ignored once ``shield()`` is called, while tearing down."""
-    return interrupts.catching(raise_at_once)
-
-
-def polls_interrupts(driver: Driver) -> bool:
-    """Whether the driver's waits look at the recorded signal themselves (``polls_interrupts``, see
-    :class:`pglab.engine.driver.Driver`); if not, the handler raises at once, as before the flag."""
-    return bool(getattr(driver, "polls_interrupts", False))
+    return interrupts.Catching(raise_at_once)
 
 
 def check_results_dir(path: Path) -> None:

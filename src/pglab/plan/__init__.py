@@ -1,7 +1,6 @@
 """Plans: schema (pydantic), load (YAML → Plan with field-path errors), expand (matrix → points)."""
 
-from pglab.plan.expand import Point, expand
-from pglab.plan.load import load_plan, parse_plan
-from pglab.plan.schema import Plan
+from pglab.plan.expand import expand
+from pglab.plan.load import parse_plan
 
-__all__ = ["Plan", "Point", "expand", "load_plan", "parse_plan"]
+__all__ = ["expand", "parse_plan"]

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from pglab.probes._pg import ProbeOpenError
-from pglab.probes.base import Probe, ProbeContext, Sample, Sampler, in_window, now
+from pglab.probes.base import Probe, ProbeContext, Sample, Sampler, now
 from pglab.probes.cpu import CpuProbe
-from pglab.probes.disk import DeviceInfo, DiskProbe, resolve_device
+from pglab.probes.disk import DiskProbe, resolve_device
 from pglab.probes.memory import MemoryProbe
 from pglab.probes.pgstats import PgStatsProbe
 from pglab.probes.replication import ReplicationProbe
@@ -13,7 +13,6 @@ from pglab.probes.waits import WaitEventsProbe
 
 __all__ = [
     "CpuProbe",
-    "DeviceInfo",
     "DiskProbe",
     "MemoryProbe",
     "PgStatsProbe",
@@ -25,7 +24,6 @@ __all__ = [
     "Sampler",
     "WaitEventsProbe",
     "default_probes",
-    "in_window",
     "now",
     "resolve_device",
 ]

@@ -7,7 +7,7 @@ import contextlib
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
-from pglab.errors import UserError
+from pglab.errors import UserError, first_line
 
 # Every probe connection carries this name so the wait-event probe can leave pglab's own sessions out.
 APP_NAME = "pglab-probe"
@@ -32,11 +32,6 @@ def describe_conninfo(conninfo: str) -> str:
     return f"{where} database {dbname}" if dbname else where
 
 
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0].strip() if text else type(exc).__name__
-
-
 def connect(conninfo: str, probe: str, *, connect_timeout: int = CONNECT_TIMEOUT_S) -> psycopg.Connection:
     """Open the probe's connection; errors name the probe and where it tried to connect."""
     try:
@@ -46,7 +41,7 @@ def connect(conninfo: str, probe: str, *, connect_timeout: int = CONNECT_TIMEOUT
     except Exception as exc:
         raise ProbeOpenError(
             f"the {probe} probe cannot connect to PostgreSQL at {describe_conninfo(conninfo)}: "
-            f"{_first_line(exc)}; check that the server is running and the connection settings are right"
+            f"{first_line(exc)}; check that the server is running and the connection settings are right"
         ) from None
     try:
         # A probe must never hang the run or wait on the benchmark's locks.

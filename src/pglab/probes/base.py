@@ -35,9 +35,8 @@ class Sample:
 class ProbeContext:
     """What probes may look at. Built by the runner from the target's endpoints for each run."""
 
-    # libpq connection string of the primary (and of each standby, by node name)
+    # libpq connection string of the primary (the replication probe sees the standbys in its pg_stat_replication)
     primary_conninfo: str
-    standby_conninfos: dict[str, str] = field(default_factory=dict)
     # directories whose block devices are sampled: label -> path (e.g. "data" -> lab/n0/data)
     paths: dict[str, Path] = field(default_factory=dict)
     # callables so that pids started after the probe (pgbench) are seen
@@ -100,7 +99,7 @@ def closing_sample(probe: Probe, ts: float) -> list[Sample]:
 class Sampler:
     """Runs each probe in its own thread at its own interval; collects samples in memory."""
 
-    def __init__(self, probes: Sequence[Probe], on_error: Callable[[str, BaseException], None] | None = None):
+    def __init__(self, probes: Sequence[Probe]):
         self.probes = list(probes)
         self.samples: list[Sample] = []
         self.errors: list[str] = []
@@ -110,7 +109,6 @@ class Sampler:
         self._wake = threading.Condition()
         self._end: float | None = None
         self._threads: list[tuple[Probe, threading.Thread]] = []
-        self._on_error = on_error
 
     def start(self) -> None:
         """Open every probe, side by side (each opening is mostly a connection's round trips: one after the other
@@ -168,8 +166,6 @@ class Sampler:
                 got = closing_sample(probe, ts) if closing else probe.sample(ts)
             except Exception as exc:  # a probe failing must not kill the run; it is recorded
                 self.errors.append(f"{probe.name}: {exc}")
-                if self._on_error:
-                    self._on_error(probe.name, exc)
                 got = []
             with self._lock:
                 self.samples.extend(got)
@@ -222,7 +218,7 @@ class Sampler:
         future): each probe stops as soon as it has the samples its figures over the window can use. A gauge at once
         (its snapshots taken by the end are all it counts); a rate probe after its closing sample, taken at once
         (:func:`closing_sample`): a row from its last one to now, which holds the end, instead of waiting for the
-        next whole tick (0-1 s; the sampling margin before issue 33 added 0.25 s). The rate probes' figures come
+        next whole tick (0-1 s). The rate probes' figures come
         from their reads (CPU and disk: the fine reads at each edge; PostgreSQL's: the rows whose middle lies in
         the window), and the closing read is the first past the end, as the next tick's was. ``join`` waits for
         one thread (``interrupts.join`` in a run: a signal is acted on there); then :meth:`stop`, with what is

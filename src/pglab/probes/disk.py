@@ -20,7 +20,7 @@ import itertools
 import os
 import stat
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from pglab.probes._pg import ProbeOpenError
@@ -55,24 +55,14 @@ class DeviceInfo:
     backing_file: str | None = None
 
     def as_dict(self) -> dict[str, object]:
-        return {
-            "path": self.path,
-            "device": self.device,
-            "major_minor": self.major_minor,
-            "kind": self.kind,
-            "chain": list(self.chain),
-            "reason": self.reason,
-            "fstype": self.fstype,
-            "mount_source": self.mount_source,
-            "dm_name": self.dm_name,
-            "backing_file": self.backing_file,
-        }
+        return {**asdict(self), "chain": list(self.chain)}
 
 
 @dataclass(frozen=True)
-class _Mount:
+class Mount:
     major_minor: str
     mount_point: str
+    options: str
     fstype: str
     source: str
     super_options: str
@@ -83,18 +73,18 @@ def _unescape(field_: str) -> str:
     return field_.replace("\\040", " ").replace("\\011", "\t").replace("\\012", "\n").replace("\\134", "\\")
 
 
-def _mounts(mountinfo: Path) -> list[_Mount]:
+def read_mounts(mountinfo: Path = MOUNTINFO) -> list[Mount]:
     out = []
     for line in mountinfo.read_text().splitlines():
         left, _, right = line.partition(" - ")
         lf, rf = left.split(), right.split()
-        if len(lf) < 5 or len(rf) < 2:
+        if len(lf) < 6 or len(rf) < 2:
             continue
-        out.append(_Mount(lf[2], _unescape(lf[4]), rf[0], _unescape(rf[1]), rf[2] if len(rf) > 2 else ""))
+        out.append(Mount(lf[2], _unescape(lf[4]), lf[5], rf[0], _unescape(rf[1]), rf[2] if len(rf) > 2 else ""))
     return out
 
 
-def _mount_of(real: str, dev: str, mounts: Sequence[_Mount]) -> _Mount | None:
+def mount_containing(real: str, dev: str, mounts: Sequence[Mount]) -> Mount | None:
     """The mount a path lives on: the longest mount point containing it, preferring the matching st_dev."""
 
     def contains(mp: str) -> bool:
@@ -178,7 +168,7 @@ def resolve_device(
     major, minor = os.major(st.st_dev), os.minor(st.st_dev)
     mm = f"{major}:{minor}"
     try:
-        mount = _mount_of(real, mm, _mounts(mountinfo))
+        mount = mount_containing(real, mm, read_mounts(mountinfo))
     except OSError:
         mount = None
     fstype = mount.fstype if mount else None

@@ -24,7 +24,7 @@ import time
 from collections.abc import Sequence
 
 from pglab.probes._pg import PgConnection
-from pglab.probes._util import rows_in_window
+from pglab.probes._util import Row, rows_in_window
 from pglab.probes.base import ProbeContext, Sample
 
 MIB = 1024 * 1024
@@ -141,24 +141,31 @@ class PgStatsProbe:
         def total(metric: str) -> float:
             return sum(r.get(metric) for r in rs)
 
-        def has(metric: str) -> bool:
-            return any(metric in r.values for r in rs)
-
         out = {
             "commits_s": total("d_commits") / dt,
             "rollbacks_s": total("d_rollbacks") / dt,
             "blks_read_s": total("d_blks_read") / dt,
             "blks_hit_s": total("d_blks_hit") / dt,
             "wal_mb_s": total("d_wal_bytes") / MIB / dt,
-            **{k: total(k) for k in _COUNTS if has(k)},
+            **why_figures(rs),
         }
-        if has("d_wal_records"):
-            out["wal_records"] = total("d_wal_records")
-            out["wal_fpi"] = total("d_wal_fpi")
-            if commits := total("d_commits"):
-                out["wal_bytes_per_commit"] = total("d_wal_stat_bytes") / commits
-                out["wal_fpi_per_commit"] = total("d_wal_fpi") / commits
         accesses = total("d_blks_hit") + total("d_blks_read")
         if accesses:
             out["cache_hit_pct"] = total("d_blks_hit") / accesses * 100
         return out
+
+
+def why_figures(rows: Sequence[Row]) -> dict[str, float]:
+    """The checkpoint and buffer counts and the WAL figures of a window's rows, one server's or several servers'
+    together (a tenants host): sums, WAL and full-page images per commit as ratios of the sums."""
+
+    def total(metric: str) -> float:
+        return sum(r.get(metric) for r in rows)
+
+    out = {k: total(k) for k in _COUNTS if any(k in r.values for r in rows)}
+    if any("d_wal_records" in r.values for r in rows):
+        out["wal_records"], out["wal_fpi"] = total("d_wal_records"), total("d_wal_fpi")
+        if commits := total("d_commits"):
+            out["wal_bytes_per_commit"] = total("d_wal_stat_bytes") / commits
+            out["wal_fpi_per_commit"] = total("d_wal_fpi") / commits
+    return out

@@ -23,6 +23,7 @@ import psycopg
 from psycopg import sql
 
 from pglab.artifacts import write_json
+from pglab.errors import first_line
 from pglab.probes._pg import connect
 
 TOP = 5  # statements summarised in run.json
@@ -70,7 +71,7 @@ class StatementsWindow:
         except psycopg.errors.ObjectNotInPrerequisiteState:  # the extension without the library: nothing to read
             self.close()
         except Exception as exc:
-            self.errors.append(f"statements: {_first_line(exc)}")
+            self.errors.append(f"statements: {first_line(exc)}")
             self.close()
 
     def start(self, ts: float) -> None:
@@ -88,7 +89,7 @@ class StatementsWindow:
             rows = self._conn.execute(self._query).fetchall()
             dealloc = self._conn.execute(self._dealloc).fetchone() if self._dealloc else None
         except Exception as exc:
-            self.errors.append(f"statements: {_first_line(exc)}")
+            self.errors.append(f"statements: {first_line(exc)}")
             self.available = False
             self.close()
             return None
@@ -179,8 +180,3 @@ def _loaded(conn: psycopg.Connection) -> bool:
     except psycopg.errors.InsufficientPrivilege:
         return False
     return got is not None and "pg_stat_statements" in [x.strip().strip('"') for x in str(got[0]).split(",")]
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0].strip() if text else type(exc).__name__

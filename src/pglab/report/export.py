@@ -43,11 +43,11 @@ def export(store: Store, out_dir: Path, fmt: str, sweep_id: int | None = None) -
     frames = {
         "points": table_frame(*point_table(store, sweep_id)),
         "runs": table_frame(*run_table(store, sweep_id)),
-        "series": series_frame(store, sweep_id),
-        "events": events_frame(store, sweep_id),
+        "series": pl.DataFrame(store.sweep_series(sweep_id), schema=SERIES_SCHEMA, orient="row"),
+        "events": pl.DataFrame(store.sweep_and_run_events(sweep_id), schema=EVENTS_SCHEMA, orient="row"),
         "storage": table_frame(*storage_table(store, sweep_id)),
     }
-    fio = fio_series_frame(store, sweep_id)
+    fio = pl.DataFrame(store.fio_series(sweep_id), schema=FIO_SERIES_SCHEMA, orient="row")
     if fio.height:
         frames["fio_series"] = fio
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -95,22 +95,6 @@ def _infer(present: list[Any]) -> pl.DataType:
     if all(isinstance(v, int | float) and not isinstance(v, bool) for v in present):
         return pl.Float64()
     return pl.String()  # mixed or other values: their text, JSON for dicts and lists
-
-
-def series_frame(store: Store, sweep_id: int | None) -> pl.DataFrame:
-    """Every sample of the sweep's runs in one query, in run order; ``t_s`` counts from the measured window."""
-    return pl.DataFrame(store.sweep_series(sweep_id), schema=SERIES_SCHEMA, orient="row")
-
-
-def events_frame(store: Store, sweep_id: int | None) -> pl.DataFrame:
-    """The runs' own events and the sweep's (e.g. checkpoints), a sweep event tagged with the run whose measured
-    window it falls in, if any."""
-    return pl.DataFrame(store.sweep_and_run_events(sweep_id), schema=EVENTS_SCHEMA, orient="row")
-
-
-def fio_series_frame(store: Store, sweep_id: int | None) -> pl.DataFrame:
-    """fio's per-second IOPS and latency of each job and direction; ``t_s`` counts from the job's start."""
-    return pl.DataFrame(store.fio_series(sweep_id), schema=FIO_SERIES_SCHEMA, orient="row")
 
 
 def write(df: pl.DataFrame, path: Path, fmt: str) -> Path:

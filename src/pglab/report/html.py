@@ -14,6 +14,7 @@ from jinja2 import Environment, PackageLoader
 from pglab import metrics
 from pglab.analysis.capacity import Search, capacity_table, searches
 from pglab.analysis.compare import HOST_FIELDS, STORAGE_FIELDS, uplift_tables
+from pglab.analysis.cost import PART as COST_PART
 from pglab.analysis.cost import cost_table
 from pglab.analysis.flags import UNSTABLE_CV
 from pglab.analysis.stats import estimate
@@ -116,7 +117,8 @@ def build(store: Store, sweep_id: int | None = None) -> str:
                        + ", ".join(f"{p['workload']} {p['synchronous_commit']} {p['clients']} clients {p['flags']}"
                                    for p in flagged[:6]) + ("…" if len(flagged) > 6 else "") + ".")
     summary += [f"storage {r['path']} {r['profile']}: {r['note']}" for r in fio_rows if r.get("note")]
-    summary += [f"{r['workload']}: {money(r['per_tps'])} {r['currency']} per TPS·month at peak." for r in cost_rows]
+    summary += [f"{r['storage'] + ' ' if 'storage' in r else ''}{r['workload']}: {money(r['per_tps'])} {r['currency']} "
+                "per TPS·month at peak." for r in cost_rows if r["per_tps"] is not None]  # an unpriced value: TPS alone
     spec, found = searches(store, sweep_id)
     summary += _capacity_summary(spec, found)
 
@@ -137,9 +139,12 @@ def build(store: Store, sweep_id: int | None = None) -> str:
                                                                              if not c.endswith("_ci95")],
                                [_with_ci(r) for r in cap_rows], CAPACITY_NOTE))
     if cost_rows:
+        parts = [c for c in cost_columns if c.startswith(COST_PART)]  # cost.breakdown's parts, each a month
         tables.append(_section("cost", "Cost at peak TPS", cost_columns,
-                               [{**r, "per_tps": money(r["per_tps"]), "monthly": money(r["monthly"])}
-                                for r in cost_rows], headers={"per_tps": "per TPS·month"}))
+                               [{**r, **{c: money(r[c]) for c in ("per_tps", "monthly", *parts) if r[c] is not None}}
+                                for r in cost_rows],
+                               headers={"per_tps": "per TPS·month",
+                                        **{c: f"{c.removeprefix(COST_PART)}/month" for c in parts}}))
     if fio_rows:
         tables.append(_section("storage", "Storage profiles (fio)", STORAGE_SHOWN, fio_rows,
                                "For WAL profiles the latency columns are the fdatasync after each write: what a "

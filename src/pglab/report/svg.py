@@ -189,9 +189,8 @@ def time_panels(title: str, panels: Sequence[Panel], marks: Sequence[tuple[float
             pts = " ".join(f"{sx(x):.1f},{top + panel_h - (y - low) * scale:.1f}"
                            for x, y in zip(px, py, strict=True) if y is not None)
             body.append(f'<polyline points="{pts}" fill="none" stroke="{color}" stroke-width="1.5"/>')
-    for t in _ticks(x0, x1, 8):
-        if x0 <= t <= x1:
-            body.append(f'<text x="{sx(t):.1f}" y="{height - 8}" text-anchor="middle">{_label(t)} s</text>')
+    body += [f'<text x="{sx(t):.1f}" y="{height - 8}" text-anchor="middle">{_label(t)} s</text>'
+             for t in _ticks(x0, x1, 8) if x0 <= t <= x1]
     return _svg(height, "".join(body), title)
 
 

@@ -21,6 +21,7 @@ from pglab.analysis.bottleneck import attribute, describe, mean_metrics, storage
 from pglab.analysis.capacity import capacity_table
 from pglab.analysis.compare import TOO_FEW_REPEATS, VERDICTS, difference, uplift_tables
 from pglab.analysis.compare import none_if_nan as _number
+from pglab.analysis.cost import PART as COST_PART
 from pglab.analysis.cost import cost_table
 from pglab.analysis.flags import UNSTABLE, flag_text, flags
 from pglab.analysis.stats import estimate, within
@@ -285,7 +286,7 @@ def _fmt(col: str, value: Any) -> str:
     if isinstance(value, float):
         if math.isnan(value):
             return ""
-        if col in MONEY_COLUMNS:
+        if col in MONEY_COLUMNS or col.startswith(COST_PART):
             return money(value)
         if col.endswith("_pct") and ("_vs_" in col or "delta" in col or "ci95" in col or col == "uplift_pct"):
             return f"{value:+.1f} %"
@@ -656,11 +657,13 @@ def full_report(store: Store, fmt: str, sweep_id: int | None = None, per_run: bo
     if any(v == TOO_FEW_REPEATS for r in compared for v in r.values()):
         parts.append(_prose(TOO_FEW_NOTE, width))
     if cost_rows and table in (None, "cost") and not per_run:
+        breakdown = tuple(c for c in cost_columns if c.startswith(COST_PART))  # cost.breakdown's parts, monthly
         parts.append(render(cost_columns, cost_rows, fmt, title="cost at peak TPS", width=width,
                             headers={"per_tps": f"{next(r['currency'] for r in cost_rows if r['currency'])}/TPS·month",
                                      "peak_tps": "peak tps", "at_clients": "clients",
-                                     "at_synchronous_commit": "sync commit"},
-                            optional=("monthly", "currency") if compact else ()))
+                                     "at_synchronous_commit": "sync commit",
+                                     **{c: f"{c.removeprefix(COST_PART)}/month" for c in breakdown}},
+                            optional=("monthly", "currency", breakdown) if compact else ()))
     if table is None and not per_run:  # last: where the sweep's wall time went, and its duty cycle
         parts.append(time_report(store, fmt, sweep_id, width))
     return "\n".join(p for p in parts if p)

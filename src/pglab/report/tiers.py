@@ -7,12 +7,11 @@ over repeats. The host view sums every tenant and adds the host's own disk and C
 
 from __future__ import annotations
 
-import math
 from collections import OrderedDict
 from typing import Any
 
 from pglab import metrics
-from pglab.analysis.compare import difference
+from pglab.analysis.compare import difference, none_if_nan
 from pglab.analysis.flags import flag_text, flags
 from pglab.store.sqlite import RunRow, Store
 
@@ -28,10 +27,6 @@ def is_tenants_sweep(store: Store, sweep_id: int | None) -> bool:
     """Its points are arrangements (also before any run ended)."""
     sweep_id = sweep_id if sweep_id is not None else store.latest_sweep_id()
     return any("arrangement" in axes for axes in store.point_axes(sweep_id))
-
-
-def _number(value: float | None) -> float | None:
-    return None if value is None or math.isnan(value) else value
 
 
 def _arrangements(store: Store, sweep_id: int | None) -> OrderedDict[str, list[RunRow]]:
@@ -88,8 +83,8 @@ def tier_table(store: Store, sweep_id: int | None = None) -> tuple[list[str], li
                 row["instances"] = int(row["instances"] * instances_each)
             d = difference("tps", base, [r.metrics.get(f"tier.{tier}.tps") for r in ok]) if i > 0 else None
             low, high = d.ci95_pct if d is not None and d.ci95_pct is not None else (None, None)
-            row.update({"tps_vs_base_pct": _number(d.delta_pct) if d is not None else None,
-                        "tps_ci95_low_pct": _number(low), "tps_ci95_high_pct": _number(high),
+            row.update({"tps_vs_base_pct": none_if_nan(d.delta_pct) if d is not None else None,
+                        "tps_ci95_low_pct": none_if_nan(low), "tps_ci95_high_pct": none_if_nan(high),
                         "tps_verdict": d.verdict if d is not None else None,
                         "repeats": len(ok), "failed_runs": len(runs) - len(ok), "flags": arrangement_flags})
             rows.append(row)

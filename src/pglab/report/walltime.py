@@ -11,9 +11,7 @@ from typing import Any
 
 from pglab.store.sqlite import Store
 
-# the order phases are listed in; any other name a driver reports comes after them
-ORDER = ("setup", "lab", "storage", "dataset", "prepare", "reset", "probes", "warm-up", "measure", "job",
-         "closing-tick", "summary", "record", "pause", "teardown")
+# what each phase is, in the order phases are listed; any other name a driver reports comes after them
 WHAT = {"setup": "the results folder, the schedule",
         "lab": "building the lab (a local lab loads its dataset here), reading the environment",
         "storage": "fio",
@@ -58,7 +56,7 @@ def wall_time(store: Store, sweep_id: int) -> WallTime | None:
         if run_id is not None:
             runs.setdefault(name, set()).add(run_id)
     windows = store.measured_windows(sweep_id)
-    ordered = {n: by_phase[n] for n in ORDER if n in by_phase}
+    ordered = {n: by_phase[n] for n in WHAT if n in by_phase}
     ordered.update({n: s for n, s in by_phase.items() if n not in ordered})
     return WallTime(sum(by_phase.values()), ordered, {n: len(r) for n, r in runs.items()},
                     sum(e - s for s, e in windows), len(windows))

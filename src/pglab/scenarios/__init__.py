@@ -1,6 +1,2 @@
 """Faults and operations under load (failover, backup, rolling changes) and what measures them from the client's
 side: the witness writer, whose log of acknowledged, failed and in-doubt writes gives a fault's RTO and RPO."""
-
-from pglab.scenarios.witness import Attempt, Witness, WitnessResult, evaluate, load_log
-
-__all__ = ["Attempt", "Witness", "WitnessResult", "evaluate", "load_log"]

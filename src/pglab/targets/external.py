@@ -17,9 +17,10 @@ from typing import Any
 
 import psycopg
 
-from pglab.errors import UserError
+from pglab.errors import UserError, first_line
 from pglab.plan.schema import ExternalTarget, Plan
 from pglab.targets.base import OWN_SESSIONS, Endpoint, Endpoints, Unshaped
+from pglab.targets.local import procs
 from pglab.targets.local.postgres_bin import find_client_bindir
 from pglab.workloads import pgbench
 
@@ -31,15 +32,8 @@ _CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 def _proc_stat(pid: int) -> tuple[str, int, int] | None:
     """(comm, ppid, start time in clock ticks since boot) of a process on this host, or None."""
-    try:
-        data = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    comm, rest = data[data.find("(") + 1 : data.rfind(")")], data[data.rfind(")") + 2 :].split()
-    try:
-        return comm, int(rest[1]), int(rest[19])
-    except (IndexError, ValueError):
-        return None
+    fields = procs.stat_fields(pid)
+    return (procs.comm(pid), int(fields[1]), int(fields[19])) if len(fields) > 19 else None
 
 
 def _boot_time() -> float:
@@ -130,9 +124,8 @@ class ExternalServer(Unshaped):  # a server pglab does not own is not limited or
                     "THEN pg_has_role(current_user, 'pg_checkpoint', 'MEMBER') ELSE false END "
                     "FROM pg_roles r WHERE r.rolname = current_user").fetchone()
         except psycopg.Error as exc:
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise UserError(f"target.external.conninfo: cannot connect to {self._where()} ({first}); check the "
-                            "connection string and the passfile.") from None
+            raise UserError(f"target.external.conninfo: cannot connect to {self._where()} ({first_line(exc)}); "
+                            "check the connection string and the passfile.") from None
         self._check_connections(slots[0] if slots else None)
         if self.writes:
             if others:
@@ -211,7 +204,7 @@ class ExternalServer(Unshaped):  # a server pglab does not own is not limited or
             with psycopg.connect(self._endpoint.conninfo(application_name="pglab-control"), autocommit=True) as c:
                 c.execute("SELECT 1")
         except psycopg.Error as exc:
-            return f"{self._where()} does not answer ({str(exc).strip().splitlines()[0]})"
+            return f"{self._where()} does not answer ({first_line(exc)})"
         return None
 
     def describe(self) -> dict[str, Any]:

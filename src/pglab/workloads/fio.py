@@ -68,7 +68,7 @@ from typing import Any
 from pglab import interrupts
 from pglab.errors import UserError
 from pglab.plan.load import fio_job_file_problem
-from pglab.targets.local import registry
+from pglab.targets.local import procs, registry
 from pglab.units import human_bytes, parse_size
 
 PROFILE_NAMES: tuple[str, ...] = (
@@ -306,17 +306,7 @@ def _numjobs(job: JobSpec) -> int:
 
 def _stop(proc: subprocess.Popen[bytes]) -> None:
     """fio and whatever it forked, by process group: SIGTERM (fio removes its shared memory), then SIGKILL."""
-    for sig, grace in ((signal.SIGTERM, _STOP_GRACE_S), (signal.SIGKILL, _STOP_GRACE_S)):
-        if proc.poll() is not None:
-            break
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            break
-        try:
-            proc.wait(timeout=grace)
-        except subprocess.TimeoutExpired:
-            continue
+    procs.end_group(proc, signal.SIGTERM, _STOP_GRACE_S)
     with contextlib.suppress(ProcessLookupError, PermissionError):  # stragglers of the group after fio exited
         os.killpg(proc.pid, signal.SIGKILL)
 

@@ -25,7 +25,7 @@ from pglab import interrupts
 from pglab.plan.load import resolve_path
 from pglab.plan.schema import CustomWorkload, Dataset, Run
 from pglab.targets.base import Endpoint, PlanCodeUser
-from pglab.targets.local import cgroups
+from pglab.targets.local import cgroups, procs
 
 if TYPE_CHECKING:  # numpy and polars (through txlog) load in the functions reading logs: `pglab --help` needs neither
     import numpy as np
@@ -255,8 +255,7 @@ class PgbenchProcess:
     and pglab decides how pgbench ends."""
 
     def __init__(self, args: list[str], endpoint: Endpoint, out_dir: Path, name: str,
-                 on_progress: Callable[[ProgressPoint], None] | None = None,
-                 env_extra: dict[str, str] | None = None, *, run_as: PlanCodeUser | None = None,
+                 on_progress: Callable[[ProgressPoint], None] | None = None, *, run_as: PlanCodeUser | None = None,
                  procs_files: Sequence[Path] = ()):
         """``procs_files``: the cgroup pgbench must be in before it runs. ``run_as``: the user pgbench (and the
         plan's ``\\shell`` commands) run as; ``out_dir`` is then that user's while pgbench runs, for its -l logs."""
@@ -267,7 +266,6 @@ class PgbenchProcess:
         self.progress: list[ProgressPoint] = []
         env = {k: v for k, v in os.environ.items() if not k.startswith("PG")}
         env.update(endpoint.env())
-        env.update(env_extra or {})
         self.stdout_path = out_dir / f"{name}.out"
         self.stderr_path = out_dir / f"{name}.err"
         self._stdout = open(self.stdout_path, "w")  # noqa: SIM115 - closed in wait()
@@ -376,17 +374,7 @@ class PgbenchProcess:
 
     def stop(self, grace: float = 5.0) -> None:
         """Interrupt pgbench (it then prints what it has), then kill it if it lingers."""
-        if self.proc.poll() is None:
-            for sig, wait in ((signal.SIGINT, grace), (signal.SIGKILL, 5.0)):
-                try:
-                    os.killpg(self.proc.pid, sig)
-                except ProcessLookupError:
-                    break
-                try:
-                    self.proc.wait(timeout=wait)
-                    break
-                except subprocess.TimeoutExpired:
-                    continue
+        procs.end_group(self.proc, signal.SIGINT, grace)
         self.wait(timeout=5)
 
 
@@ -528,15 +516,11 @@ def end_leftover_sessions(conn: Any, grace_s: float = 5.0) -> list[str]:
     for fn in ("pg_cancel_backend", "pg_terminate_backend"):
         conn.execute(f"SELECT {fn}(pid) FROM unnest(%s::int[]) AS pid", (pids,))
         step_end = min(deadline, time.monotonic() + grace_s / 2)
-        while time.monotonic() < step_end:
-            left = conn.execute("SELECT count(*) FROM pg_stat_activity WHERE pid = ANY(%s)", (pids,)).fetchone()
-            if not left or left[0] == 0:
-                break
+        while (left := {r[0] for r in conn.execute("SELECT pid FROM pg_stat_activity WHERE pid = ANY(%s)", (pids,))}
+               ) and time.monotonic() < step_end:
             time.sleep(0.1)
-        else:
-            continue
-        break
-    left = {r[0] for r in conn.execute("SELECT pid FROM pg_stat_activity WHERE pid = ANY(%s)", (pids,))}
+        if not left:
+            break
     if left:
         raise LeftoverSessions(f"{len(left)} backend(s) of a stopped pgbench did not end within {grace_s:g} s of "
                                f"pg_terminate_backend (pids {', '.join(map(str, sorted(left)))})")

@@ -420,11 +420,18 @@ class Summary:
         values = np.flatnonzero(self.by_value)
         counts = np.bincount(bucket_of(values), weights=self.by_value[values]).astype(np.int64)  # exact below 2**53
         if self.long_us.size:
-            more = np.bincount(bucket_of(self.long_us))
-            counts = np.pad(counts, (0, max(more.size - counts.size, 0)))
-            counts[:more.size] += more
+            counts = _added(counts, np.bincount(bucket_of(self.long_us)))
         idx = np.flatnonzero(counts)
         return LatencyHistogram(dict(zip(idx.tolist(), counts[idx].tolist(), strict=True)), self.min_us, self.max_us)
+
+
+def _added(counts: np.ndarray, more: np.ndarray) -> np.ndarray:
+    """Two bincounts added, the shorter as if padded with zeros (one of them is reused)."""
+    if more.size > counts.size:
+        more[:counts.size] += counts
+        return more
+    counts[:more.size] += more
+    return counts
 
 
 def summarise(files: Sequence[Path]) -> Summary:
@@ -439,12 +446,7 @@ def summarise(files: Sequence[Path]) -> Summary:
     def flush() -> None:
         nonlocal by_value, gathered, size
         if gathered:
-            c = np.bincount(np.concatenate(gathered))
-            if c.size > by_value.size:
-                c[:by_value.size] += by_value
-                by_value = c
-            else:
-                by_value[:c.size] += c
+            by_value = _added(by_value, np.bincount(np.concatenate(gathered)))
         gathered, size = [], 0
 
     for b in _parsed(files, _summarise_block, PARSERS):
@@ -508,12 +510,7 @@ class LatencyHistogram:
         step = 1 << 18  # in blocks: bucket_of's int64/float64 temporaries for 10 M values would be ~300 MB
         counts = np.zeros(0, dtype=np.int64)
         for i in range(0, latency_us.size, step):
-            c = np.bincount(bucket_of(latency_us[i:i + step]))
-            if c.size > counts.size:
-                c[:counts.size] += counts
-                counts = c
-            else:
-                counts[:c.size] += c
+            counts = _added(counts, np.bincount(bucket_of(latency_us[i:i + step])))
         idx = np.flatnonzero(counts)
         return cls(dict(zip(idx.tolist(), counts[idx].tolist(), strict=True)), int(latency_us.min()),
                    int(latency_us.max()))
@@ -542,16 +539,13 @@ class LatencyHistogram:
         idx = np.array(sorted(self.counts), dtype=np.int64)
         cum = np.cumsum([self.counts[i] for i in idx.tolist()])
         rep = np.clip(bucket_value(idx), self.min_us, self.max_us)
-        virtual = (n - 1) * (np.asarray(qs, dtype=np.float64) / 100)
-        lo = np.floor(virtual).astype(np.int64)
-        hi = np.minimum(lo + 1, n - 1)
+        lo, hi, t = _ranks(n, qs)
 
         def at(rank: np.ndarray) -> np.ndarray:
             value = rep[np.searchsorted(cum, rank, side="right")]
             return np.where(rank == 0, self.min_us, np.where(rank == n - 1, self.max_us, value))
 
         a, b = at(lo), at(hi)
-        t = virtual - lo
         return [float(v) for v in (a + (b - a) * t) / 1000.0]
 
     def as_dict(self) -> dict[str, Any]:

@@ -9,9 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
-import signal
-import time
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +29,8 @@ def stop_lab(lab_dir: Path) -> list[str]:
     return stop_ha_lab(lab_dir) if is_ha_lab(lab_dir) else stop_plain_lab(lab_dir)
 
 
-def _state(lab_dir: Path) -> dict[str, Any]:
+def read_state(lab_dir: Path) -> dict[str, Any]:
+    """A lab's lab.json; UserError when the folder has none it can read."""
     try:
         state: dict[str, Any] = json.loads((lab_dir / "lab.json").read_text())
     except (OSError, ValueError):
@@ -44,7 +42,7 @@ def stop_plain_lab(lab_dir: Path) -> list[str]:
     """Stop every server a plain lab's lab.json names, and any pgbench or fio still working on it, and remove the
     lab's files. Returns what was stopped."""
     lab_dir = lab_dir.resolve()
-    state = _state(lab_dir)
+    state = read_state(lab_dir)
     node_dirs = [Path(n[k]).parent for n in state.get("nodes", []) for k in ("data", "wal")]
     procs.kill_all([p for p in procs.processes_using([lab_dir / "sock", lab_dir / "toxiproxy", *node_dirs])
                     if not _is_postmaster_child(p)])  # clients first: pgbench, fio
@@ -53,12 +51,7 @@ def stop_plain_lab(lab_dir: Path) -> list[str]:
         data, wal = Path(n["data"]), Path(n["wal"])
         pid = procs.postmaster_pid(data)
         if pid is not None:
-            os.kill(pid, signal.SIGQUIT)  # immediate shutdown: the postmaster takes its children down
-            deadline = time.monotonic() + 10
-            while procs.postmaster_pid(data) == pid and time.monotonic() < deadline:
-                time.sleep(0.1)
-            if procs.postmaster_pid(data) == pid:
-                procs.kill_tree(pid)
+            procs.stop_postmaster(pid)
             stopped.append(f"{n['name']} (pid {pid})")
         for d in (data.parent, wal.parent):
             if d.is_dir() and not d.is_relative_to(lab_dir):
@@ -80,7 +73,7 @@ def stop_ha_lab(lab_dir: Path) -> list[str]:
     stopped under it), then each postmaster, then etcd, then anything else still using the lab's directories.
     Returns what was stopped."""
     lab_dir = lab_dir.resolve()
-    state = _state(lab_dir)
+    state = read_state(lab_dir)
     if state.get("kind") != "ha":
         raise UserError(f"'{lab_dir}' is not an HA lab (clean it with cluster.clean_lab).")
     nodes = state.get("nodes", [])

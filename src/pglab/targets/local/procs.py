@@ -6,11 +6,13 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import subprocess
 import time
 from pathlib import Path
+from typing import Any
 
 
-def _stat(pid: int | str) -> list[str]:
+def stat_fields(pid: int | str) -> list[str]:
     """The fields of /proc/<pid>/stat after the command name (which may hold spaces and ')'): state, ppid, …;
     [] when the process is gone."""
     try:
@@ -21,22 +23,19 @@ def _stat(pid: int | str) -> list[str]:
 
 def _parents() -> list[tuple[int, int]]:
     """(ppid, pid) of every process."""
-    pairs = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit() and (fields := _stat(entry.name)):
-            pairs.append((int(fields[1]), int(entry.name)))
-    return pairs
+    return [(int(fields[1]), int(entry.name)) for entry in Path("/proc").iterdir()
+            if entry.name.isdigit() and (fields := stat_fields(entry.name))]
 
 
 def alive(pid: int) -> bool:
     """Running and not a zombie (a killed postmaster is reparented to init, which may not reap it at once)."""
-    fields = _stat(pid)
+    fields = stat_fields(pid)
     return bool(fields) and fields[0] != "Z"
 
 
 def stopped(pid: int) -> bool:
     """Stopped by a signal (SIGSTOP: a hung VM as a lab plays it): it would not act on a shutdown request."""
-    fields = _stat(pid)
+    fields = stat_fields(pid)
     return bool(fields) and fields[0] in ("T", "t")
 
 
@@ -90,9 +89,23 @@ def stop_postmaster(pid: int, grace: float = 10.0, signalled: bool = False) -> N
         freeze_and_kill([pid, *descendants(pid)])
 
 
+def end_group(proc: subprocess.Popen[Any], first: signal.Signals, grace_s: float) -> None:
+    """End ``proc`` and its process group: ``first``, then SIGKILL if it has not exited within ``grace_s``; each
+    waited for (5 s for the SIGKILL), and nothing sent once it has exited."""
+    for sig, wait_s in ((first, grace_s), (signal.SIGKILL, 5.0)):
+        if proc.poll() is not None:
+            return
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=wait_s)
+
+
 def process_start_time(pid: int) -> int | None:
     """Clock ticks since boot at which ``pid`` started (field 22 of /proc/pid/stat); None when it is gone."""
-    fields = _stat(pid)
+    fields = stat_fields(pid)
     return int(fields[19]) if len(fields) > 19 else None
 
 
@@ -123,7 +136,7 @@ def _ancestors() -> list[int]:
     out, pid = [], os.getppid()
     while pid > 1:
         out.append(pid)
-        fields = _stat(pid)
+        fields = stat_fields(pid)
         pid = int(fields[1]) if fields else 0
     return out
 

@@ -115,7 +115,7 @@ class ToxiproxyServer:
             for _attempt in range(3):
                 if self._start(timeout):
                     return
-                self._terminate()
+                self.stop()
             _error(f"toxiproxy-server did not start on a free port (log: {self.log_path})")
         except BaseException:
             self.stop()
@@ -159,7 +159,8 @@ class ToxiproxyServer:
             return "(no log)"
         return " / ".join(lines[-3:]) or "(empty log)"
 
-    def _terminate(self) -> None:
+    def stop(self) -> None:
+        """SIGTERM, then SIGKILL after 5 s; the process is reaped, so nothing is left behind. Idempotent."""
         proc = self.proc
         if proc is not None and proc.poll() is None:
             with contextlib.suppress(ProcessLookupError):
@@ -175,10 +176,6 @@ class ToxiproxyServer:
         if self._log is not None:
             self._log.close()
             self._log = None
-
-    def stop(self) -> None:
-        """SIGTERM, then SIGKILL after 5 s; the process is reaped, so nothing is left behind. Idempotent."""
-        self._terminate()
 
     def __enter__(self) -> ToxiproxyServer:
         return self

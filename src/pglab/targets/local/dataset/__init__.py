@@ -23,20 +23,11 @@ starts a server.
 
 from pglab.targets.local.dataset.copytree import CopyReport, filesystem_type, reflink_supported, sync_tree
 from pglab.targets.local.dataset.errors import SnapshotError
-from pglab.targets.local.dataset.load import FastLoad, LoadReport, fast_load, fast_load_settings, partition_ranges
-from pglab.targets.local.dataset.snapshots import (
-    Snapshot,
-    control_data,
-    make_standby,
-    restore,
-    server_running,
-    snapshot,
-)
+from pglab.targets.local.dataset.load import fast_load, fast_load_settings, partition_ranges
+from pglab.targets.local.dataset.snapshots import Snapshot, control_data, make_standby, restore, snapshot
 
 __all__ = [
     "CopyReport",
-    "FastLoad",
-    "LoadReport",
     "Snapshot",
     "SnapshotError",
     "control_data",
@@ -47,7 +38,6 @@ __all__ = [
     "partition_ranges",
     "reflink_supported",
     "restore",
-    "server_running",
     "snapshot",
     "sync_tree",
 ]

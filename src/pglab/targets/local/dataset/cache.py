@@ -114,11 +114,8 @@ def _build(postgres: Path) -> str:
     st = postgres.stat()
     memo = (str(postgres), st.st_ino, st.st_mtime_ns)
     if memo not in _BUILDS:
-        h = hashlib.sha256()
         with open(postgres, "rb") as f:
-            while chunk := f.read(1 << 20):
-                h.update(chunk)
-        _BUILDS[memo] = h.hexdigest()[:16]
+            _BUILDS[memo] = hashlib.file_digest(f, "sha256").hexdigest()[:16]
     return _BUILDS[memo]
 
 

@@ -16,13 +16,9 @@ Split along its seams: a core every part is given, and the parts ``HALab`` holds
     lab.py          ``HALab``: builds, attaches, adds and removes nodes, stops (teardown is the base's)
 """
 
-from pglab.targets.local.ha.config import NAMESPACE, REPLICATION_USER, TIMINGS, check_timings
-from pglab.targets.local.ha.faults import Kill, Transition
+from pglab.targets.local.ha.config import TIMINGS, check_timings
+from pglab.targets.local.ha.faults import Kill
 from pglab.targets.local.ha.lab import HALab, clean_ha_lab
-from pglab.targets.local.ha.membership import Member
-from pglab.targets.local.ha.node import HOST, HANode, Log, Proc
-from pglab.targets.local.ha.processes import Adopted, find_etcd, find_patroni
 from pglab.targets.local.leftovers import is_ha_lab  # also imported from here by cli.py and cluster_cli.py
 
-__all__ = ["HOST", "NAMESPACE", "REPLICATION_USER", "TIMINGS", "Adopted", "HALab", "HANode", "Kill", "Log", "Member",
-           "Proc", "Transition", "check_timings", "clean_ha_lab", "find_etcd", "find_patroni", "is_ha_lab"]
+__all__ = ["TIMINGS", "HALab", "Kill", "check_timings", "clean_ha_lab", "is_ha_lab"]

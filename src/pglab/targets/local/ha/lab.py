@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import json
 import os
 import secrets
 import signal
@@ -196,10 +195,7 @@ class HALab(Membership):
         """An HALab for a lab another pglab process started (``pglab cluster create``), rebuilt from its lab.json:
         its daemons are adopted (watched through /proc, stopped by pid), new ones are started by this process."""
         lab_dir = lab_dir.resolve()
-        try:
-            state = json.loads((lab_dir / "lab.json").read_text())
-        except (OSError, ValueError):
-            raise UserError(f"'{lab_dir}' is not a pglab lab (no readable lab.json).") from None
+        state = leftovers.read_state(lab_dir)
         if state.get("kind") != "ha" or "spec" not in state:
             raise UserError(f"'{lab_dir}' is not an HA lab made by 'pglab cluster create' (or it is too old).")
         spec = LocalTarget.model_validate(state["spec"])
@@ -371,10 +367,9 @@ class HALab(Membership):
         return out
 
 
-def clean_ha_lab(lab_dir: Path, unregister_entry: bool = True) -> list[str]:
-    """Stop what an HA lab left running (kept, or left behind by a pglab that was killed) and remove it (and its
-    registry entry unless told not to); see :func:`leftovers.stop_ha_lab`. Returns what was stopped."""
+def clean_ha_lab(lab_dir: Path) -> list[str]:
+    """Stop what an HA lab left running (kept, or left behind by a pglab that was killed) and remove it and its
+    registry entry; see :func:`leftovers.stop_ha_lab`. Returns what was stopped."""
     stopped = leftovers.stop_ha_lab(lab_dir)
-    if unregister_entry:
-        registry.unregister(lab_dir.resolve())
+    registry.unregister(lab_dir.resolve())
     return stopped
