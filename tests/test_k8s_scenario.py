@@ -11,6 +11,7 @@ import json
 import re
 from datetime import datetime
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 from kubernetes import client
@@ -34,6 +35,8 @@ OLD, NEW = "10.244.0.11:5432", "10.244.0.12:5432"
 
 class Story:
     """The logs of one failover run, placed around ``t0``: when the run Job started pgbench."""
+
+    extra: ClassVar[dict[str, str]] = {}  # more files the run Job ships (a test's own)
 
     def __init__(self, t0: float) -> None:
         self.t0 = t0
@@ -93,7 +96,7 @@ class Story:
                  "reset.log": "TRUNCATE TABLE\nVACUUM\n"}
         for name, ends in self.txn.items():
             files[name] = "".join(f"0 {n} 2000 0 {int(e)} {round((e - int(e)) * 1e6)}\n" for n, e in enumerate(ends))
-        return results_log(files, text=f"{START_MARK} {self.t0:.6f}\n")
+        return results_log({**files, **self.extra}, text=f"{START_MARK} {self.t0:.6f}\n")
 
 
 @pytest.fixture
@@ -381,3 +384,60 @@ def test_a_switchover_that_never_completes_fails_the_run(fake: tuple[FakeAPI, cl
     assert ("switchover: no new primary reported 0 s after the switchover request (currentPrimary pg-1, "
             "targetPrimary pg-2, phase: Switchover in progress") in result.failures[0]
     assert_all_deleted(api)
+
+
+# ------------------------------------------------------------------ pg_stat_statements through a scenario
+STATEMENTS = "postgres:\n  parameters: {pg_stat_statements.max: '1000'}\n"
+UPDATE = "UPDATE pgbench_accounts SET abalance = abalance + $1 WHERE aid = $2"
+
+
+def test_statements_are_read_through_a_standby_loss(fake: tuple[FakeAPI, client.ApiClient], tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """A standby-loss keeps the primary: its run Job reads pg_stat_statements around pgbench's segments and the run
+    keeps statements.json."""
+    from k8s_support import statements_read, statements_row
+    from pglab.targets.kubernetes.statements import END_FILE, START_FILE
+
+    api, api_client = fake
+    monkeypatch.setattr(Story, "extra", {
+        "settings.txt": "pg_stat_statements.max|1000||f|t\n",
+        START_FILE: statements_read(100.0, [statements_row(16385, 11, UPDATE, 5, 2.0)], 0),
+        END_FILE: statements_read(104.0, [statements_row(16385, 11, UPDATE, 305, 92.0)], 0)})
+    result = run(api_client, tmp_path, STANDBY_LOSS + STATEMENTS)
+    assert (result.ok, result.failed) == (1, 0), result.failures
+    (job,) = [b for b in api.posted if b["kind"] == "Job" and b["metadata"]["name"] == RUN]
+    script = job["spec"]["template"]["spec"]["containers"][0]["command"][2]
+    assert script.index(f"statements_read {START_FILE}") < script.index(START_MARK) < script.index(
+        f"statements_read {END_FILE}")
+    (run_dir,) = (tmp_path / "results" / "runs").iterdir()
+    doc = json.loads((run_dir / "statements.json").read_text())
+    assert [(s["query"], s["calls"], s["total_exec_time"]) for s in doc["statements"]] == [(UPDATE, 300, 90.0)]
+
+
+def test_statements_are_not_read_through_a_failover_and_run_json_says_why(
+        fake: tuple[FakeAPI, client.ApiClient], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A failover moves -rw to another server: its Job does not read the view, ships why instead (what the fake's
+    Job ships is what the rendered script writes), and run.json's statements say it."""
+    from pglab.targets.kubernetes.statements import NOT_READ_FILE
+
+    api, api_client = fake
+    text = PLAN + STATEMENTS
+    why = next(line for line in _run_script(text, tmp_path).splitlines() if NOT_READ_FILE in line)
+    reason = why.split("echo ", 1)[1].rsplit(" > ", 1)[0].strip("'")
+    assert reason.startswith("not read through a failover: the -rw Service leads to another server")
+    monkeypatch.setattr(Story, "extra", {"settings.txt": "pg_stat_statements.max|1000||f|t\n",
+                                         NOT_READ_FILE: reason + "\n"})
+    result = run(api_client, tmp_path, text)
+    assert (result.ok, result.failed) == (1, 0), result.failures
+    (job,) = [b for b in api.posted if b["kind"] == "Job" and b["metadata"]["name"] == RUN]
+    script = job["spec"]["template"]["spec"]["containers"][0]["command"][2]
+    assert "statements_read" not in script and why in script
+    (run_dir,) = (tmp_path / "results" / "runs").iterdir()
+    assert json.loads((run_dir / "run.json").read_text())["statements"] == {"not_read": reason}
+    assert not (run_dir / "statements.json").exists()
+
+
+def _run_script(text: str, tmp_path: Path) -> str:
+    (job,) = [m for m in render(parse_plan(text, base_dir=tmp_path), tmp_path)
+              if m.body["metadata"]["labels"].get("pglab/component") == "pgbench-run"]
+    return str(job.body["spec"]["template"]["spec"]["containers"][0]["command"][2])

@@ -18,9 +18,11 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from pglab.probes._util import Row
 from pglab.probes.pgstats import _COUNTERS as COUNTERS
 from pglab.probes.pgstats import _COUNTS as COUNTS
-from pglab.probes.pgstats import _query_for
+from pglab.probes.pgstats import _RAW as RAW
+from pglab.probes.pgstats import _query_for, why_figures
 from pglab.targets.kubernetes.scripts import READ_MARK, WindowRead
 
 START_FILE, END_FILE, ERR_FILE = "pgstats-start.txt", "pgstats-end.txt", "pgstats.err"
@@ -86,41 +88,29 @@ def deltas(start: Read, end: Read) -> dict[str, float] | None:
     return out
 
 
+def _row(d: dict[str, float]) -> Row:
+    """The increases as the local probe's row of a window (its counts as they are, its raw counters ``d_``)."""
+    return Row("pg", 0.0, {**{k: d[k] for k in COUNTS if k in d}, **{f"d_{k}": d[k] for k in RAW if k in d}})
+
+
 def figures(d: dict[str, float], seconds: float) -> dict[str, float]:
-    """The local pg probe's figures (``PgStatsProbe.summarize``) from the counters' increases over ``seconds``."""
+    """The local pg probe's figures (``PgStatsProbe.summarize``) from the counters' increases over ``seconds``: its
+    rates, and the counts and per-commit figures of ``probes.pgstats.why_figures``."""
     out: dict[str, float] = {f"{k}_s": d[k] / seconds for k in ("commits", "rollbacks", "blks_read", "blks_hit")
                              if k in d}
     if "wal_bytes" in d:
         out["wal_mb_s"] = d["wal_bytes"] / MIB / seconds
-    out.update({k: d[k] for k in COUNTS if k in d})
-    out.update(per_commit(d))
+    out.update(why_figures([_row(d)]))
     if (accesses := d.get("blks_hit", 0.0) + d.get("blks_read", 0.0)) > 0:
         out["cache_hit_pct"] = d.get("blks_hit", 0.0) / accesses * 100
     return out
 
 
-def per_commit(d: dict[str, float]) -> dict[str, float]:
-    """WAL records and full-page images, and pg_stat_wal's bytes and images per commit (PostgreSQL 14+)."""
-    if "wal_records" not in d:
-        return {}
-    out = {"wal_records": d["wal_records"], "wal_fpi": d.get("wal_fpi", 0.0)}
-    if commits := d.get("commits"):
-        out["wal_bytes_per_commit"] = d.get("wal_stat_bytes", 0.0) / commits
-        out["wal_fpi_per_commit"] = out["wal_fpi"] / commits
-    return out
-
-
 def summed(each: Iterable[dict[str, float]]) -> dict[str, float]:
-    """Every tenant's counts added up, per commit as ratios of the sums (the local tenants' host figures,
-    ``drivers.tenants.host_why``)."""
-    rows = list(each)
-    if not rows:
-        return {}
-    total: dict[str, float] = {}
-    for d in rows:
-        for k, v in d.items():
-            total[k] = total.get(k, 0.0) + v
-    return {**{k: total[k] for k in COUNTS if k in total}, **per_commit(total)}
+    """Every tenant's counts added up, per commit as ratios of the sums, as a local tenants run's host figures
+    (``probes.pgstats.why_figures`` over every tenant's rows)."""
+    rows = [_row(d) for d in each]
+    return why_figures(rows) if rows else {}
 
 
 def record(folder: Path) -> tuple[dict[str, float], dict[str, Any], dict[str, float]] | None:
