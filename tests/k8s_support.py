@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import re
 import subprocess
 import sys
@@ -207,3 +208,25 @@ def cli(monkeypatch: pytest.MonkeyPatch, *args: str) -> int:
 def check(checker: Path, *files: Path) -> subprocess.CompletedProcess[str]:
     """tools/cnpg-check on rendered manifests: CloudNativePG's Go types, strictly decoded."""
     return subprocess.run([str(checker), *map(str, files)], capture_output=True, text=True, timeout=60, check=False)
+
+
+# ------------------------------------------------------------------ a disk sampler's counters (fake nodes)
+# per second on each node: (writes, sectors per write, ms per write, I/O ms) of vdb, the database volume
+LOAD = {"node-1": (300, 16, 2, 400), "node-2": (100, 8, 1, 150)}
+
+
+def counters(k: int, node: str) -> dict[str, list[int]]:
+    """The counters after ``k`` seconds: vdb writes at the node's rate (and a few reads), vda a little."""
+    w, sect, ms, io = LOAD[node]
+    vdb = [10 * k, 0, 80 * k, 5 * k, w * k, 3 * k, w * sect * k, w * ms * k, 1, io * k, (w * ms + 5) * k,
+           0, 0, 0, 0, 2 * k, 1 * k]
+    vda = [1000 + k, 10, 8000 + 8 * k, 500 + k, 2000, 5, 16000, 900, 0, 1200 + 3 * k, 1400 + 4 * k,
+           0, 0, 0, 0, 40, 20]
+    return {"vda": vda, "vdb": vdb}
+
+
+def node_blocks(node: str) -> list[tuple[float, dict[str, list[int]]]]:
+    """One block a second over the sample run's window and 5 s either side, stamps a little off the second."""
+    lat, end = sample_latencies()
+    first, last = math.floor(float((end - lat / 1000).min())) - 5, math.ceil(float(end.max())) + 5
+    return [(first + k + 0.000217 * (k % 3), counters(k, node)) for k in range(last - first + 1)]

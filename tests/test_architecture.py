@@ -271,3 +271,16 @@ def test_the_command_line_starts_without_numpy_polars_scipy_or_psycopg() -> None
     assert "scipy" not in heavy_imported("import pglab.engine.sweep\nfrom pglab.analysis.stats import estimate\n"
                                          "estimate([1.0])")
     assert "scipy" in heavy_imported("from pglab.analysis.stats import estimate\nestimate([1.0, 2.0])")
+
+
+def test_no_test_module_imports_another() -> None:
+    """What tests share lives in the support modules (conftest, helpers, k8s_support, kube_lab_support, pg_server):
+    a test module importing another runs that module's fixtures and module-level code where it is not meant to."""
+    tests = Path(__file__).resolve().parent
+    found = []
+    for f in sorted(tests.glob("test_*.py")):
+        for node in ast.walk(ast.parse(f.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            found += [f"{f.name} imports {n}" for n in names if n.split(".")[0].startswith("test_")]
+    assert found == []

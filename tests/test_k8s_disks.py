@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import math
 import os
 import subprocess
 import time
@@ -16,7 +15,7 @@ from kubernetes import client
 
 from conftest import CHECKER, REPO
 from k8s_fake import FakeAPI, diskstats_text, node_exporter_text, sampler_log
-from k8s_support import JOB_S, Recorder, check, k8s_plan, run, sample_latencies, timed_log
+from k8s_support import JOB_S, Recorder, check, counters, k8s_plan, node_blocks, run, timed_log
 from pglab.plan.load import parse_plan
 from pglab.probes.base import ProbeContext
 from pglab.probes.disk import MIB, SECTOR, DiskProbe, _figures, parse_diskstats, read_diskstats, resolve_device
@@ -33,27 +32,6 @@ from pglab.targets.kubernetes.scripts import DISK_SAMPLE_S, disk_sampler_script,
 
 PLAN = k8s_plan("matrix: {clients: [1], jobs: [1]}", "run: {duration: 4s, repeats: 2}")
 DS = "/apis/apps/v1/namespaces/bench/daemonsets/pg-disk-sampler"
-# per second on each node: (writes, sectors per write, ms per write, I/O ms) of vdb, the database volume
-LOAD = {"node-1": (300, 16, 2, 400), "node-2": (100, 8, 1, 150)}
-
-
-def counters(k: int, node: str) -> dict[str, list[int]]:
-    """The counters after ``k`` seconds: vdb writes at the node's rate (and a few reads), vda a little."""
-    w, sect, ms, io = LOAD[node]
-    vdb = [10 * k, 0, 80 * k, 5 * k, w * k, 3 * k, w * sect * k, w * ms * k, 1, io * k, (w * ms + 5) * k,
-           0, 0, 0, 0, 2 * k, 1 * k]
-    vda = [1000 + k, 10, 8000 + 8 * k, 500 + k, 2000, 5, 16000, 900, 0, 1200 + 3 * k, 1400 + 4 * k,
-           0, 0, 0, 0, 40, 20]
-    return {"vda": vda, "vdb": vdb}
-
-
-def node_blocks(node: str) -> list[tuple[float, dict[str, list[int]]]]:
-    """One block a second over the sample run's window and 5 s either side, stamps a little off the second."""
-    lat, end = sample_latencies()
-    first, last = math.floor(float((end - lat / 1000).min())) - 5, math.ceil(float(end.max())) + 5
-    return [(first + k + 0.000217 * (k % 3), counters(k, node)) for k in range(last - first + 1)]
-
-
 @pytest.fixture
 def fake(fake: tuple[FakeAPI, client.ApiClient]) -> tuple[FakeAPI, client.ApiClient]:
     """conftest's fake, its disk sampler pods logging the counters of ``node_blocks``."""

@@ -13,11 +13,10 @@ import pytest
 from kubernetes import client
 
 from k8s_fake import FakeAPI, sampler_log
-from k8s_support import JOBS, k8s_plan, run
+from k8s_support import JOBS, k8s_plan, node_blocks, run
 from pglab.store.sqlite import Store
 from pglab.targets.kubernetes import exporter
 from pglab.targets.kubernetes.orchestrate import Orchestrator
-from test_k8s_disks import node_blocks
 
 PLAN = k8s_plan("matrix: {clients: [1], jobs: [1]}", "run: {duration: 4s, repeats: 2}")
 

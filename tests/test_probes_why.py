@@ -15,12 +15,9 @@ import json
 import os
 import re
 import shlex
-import shutil
 import subprocess
-import tempfile
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,111 +25,33 @@ import psycopg
 import pytest
 
 from conftest import pglab
-from helpers import as_server_user
+from pg_server import BINDIR, EXACT, Server, exact, quiet, read_counters, start_server
 from pglab import metrics
 from pglab.probes import PgStatsProbe, ProbeContext, Sample, now
 from pglab.probes.pgstats import _query_for
 from pglab.probes.statements import StatementsWindow
-from pglab.targets.local.postgres_bin import find_bindir
 
 pytestmark = pytest.mark.postgres
-
-BINDIR = find_bindir()
-EXACT = ("wal_records", "wal_fpi", "wal_bytes", "buffers_backend", "buffers_backend_fsync", "buffers_clean",
-         "checkpoints_req", "buffers_checkpoint")
-ORACLE = """
-SELECT w.wal_records, w.wal_fpi, w.wal_bytes::float8, b.buffers_backend, b.buffers_backend_fsync, b.buffers_clean,
-       b.checkpoints_req, b.buffers_checkpoint, d.xact_commit
-FROM pg_stat_wal w, pg_stat_bgwriter b, pg_stat_database d WHERE d.datname = current_database()
-"""
-
-
-@dataclass
-class Server:
-    base: Path
-    port: int
-    conninfo: str
-
-    def client_args(self) -> list[str]:
-        return ["-h", str(self.base), "-p", str(self.port), "-U", "postgres"]
-
-    def pgbench(self, *args: str) -> str:
-        proc = subprocess.run([str(BINDIR / "pgbench"), *args, *self.client_args(), "postgres"], capture_output=True,
-                              text=True, timeout=300)
-        assert proc.returncode == 0, proc.stdout + proc.stderr
-        return proc.stdout
-
-
-def _start(options: str) -> Iterator[Server]:
-    import socket
-
-    base = Path(tempfile.mkdtemp(prefix="pglab-why-", dir="/var/tmp"))
-    if os.geteuid() == 0:
-        shutil.chown(base, "postgres", "postgres")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    data, started = base / "data", False
-    try:
-        subprocess.run([str(BINDIR / "initdb"), "-D", str(data), "-U", "postgres", "--auth=trust", "--no-sync"],
-                       check=True, capture_output=True, **as_server_user())
-        opts = (f"-p {port} -k {base} -c listen_addresses='' -c autovacuum=off -c wal_level=minimal "
-                f"-c max_wal_senders=0 -c checkpoint_timeout=1h {options}")
-        subprocess.run([str(BINDIR / "pg_ctl"), "-D", str(data), "-o", opts, "-l", str(base / "log"), "-w", "start"],
-                       check=True, capture_output=True, **as_server_user())
-        started = True
-        server = Server(base, port, f"host={base} port={port} user=postgres dbname=postgres")
-        server.pgbench("-i", "-s", "1", "-q")
-        yield server
-    finally:
-        if started:
-            subprocess.run([str(BINDIR / "pg_ctl"), "-D", str(data), "-m", "immediate", "stop"], capture_output=True,
-                           **as_server_user())
-        shutil.rmtree(base, ignore_errors=True)
-
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[Server]:
     """Small shared buffers (1 MB for a 15 MB dataset), so the backends must write buffers themselves."""
-    yield from _start("-c shared_buffers=1MB -c shared_preload_libraries=pg_stat_statements")
+    yield from start_server("-c shared_buffers=1MB -c shared_preload_libraries=pg_stat_statements")
 
 
 @pytest.fixture(scope="module")
 def plain() -> Iterator[Server]:
     """A server without pg_stat_statements."""
-    yield from _start("-c shared_buffers=16MB")
-
-
-def _oracle(server: Server) -> dict[str, float]:
-    with psycopg.connect(server.conninfo, autocommit=True) as conn:
-        row = conn.execute(ORACLE).fetchone()
-    assert row is not None
-    return dict(zip((*EXACT, "commits"), map(float, row), strict=True))
-
-
-def _quiet(server: Server) -> dict[str, float]:
-    """The oracle once the exact counters stopped moving (two reads half a second apart agree)."""
-    last = _oracle(server)
-    for _ in range(40):
-        time.sleep(0.5)
-        cur = _oracle(server)
-        if all(cur[k] == last[k] for k in EXACT):
-            return cur
-        last = cur
-    raise AssertionError(f"the server never went quiet: {last}")
-
-
-def _exact(o: dict[str, float]) -> dict[str, float]:
-    return {k: o[k] for k in EXACT}
+    yield from start_server("-c shared_buffers=16MB")
 
 
 def test_wal_and_buffer_figures_match_pg_stat_wal_and_bgwriter_over_the_window(server: Server) -> None:
     with psycopg.connect(server.conninfo, autocommit=True) as conn:
         conn.execute("CHECKPOINT")  # nothing dirty left at the window's start: the background writer idles
-    before = _quiet(server)
+    before = quiet(server)
     probe = PgStatsProbe(ProbeContext(server.conninfo))
     probe.open()  # the window's first read
-    assert _exact(_oracle(server)) == _exact(before)  # … saw what the test saw
+    assert exact(read_counters(server)) == exact(before)  # … saw what the test saw
     samples: list[Sample] = []
     try:
         bench = subprocess.Popen([str(BINDIR / "pgbench"), "-n", "-c", "2", "-j", "2", "-T", "4", "-R", "300",
@@ -153,9 +72,9 @@ def test_wal_and_buffer_figures_match_pg_stat_wal_and_bgwriter_over_the_window(s
                                ).fetchone() != (0,):  # their statistics are published as they exit
                 time.sleep(0.1)
             conn.execute("CHECKPOINT")  # clean again: nothing left for the background writer after the window
-        after = _quiet(server)
+        after = quiet(server)
         samples += probe.sample(now())  # the window's last read
-        assert _exact(_oracle(server)) == _exact(after)
+        assert exact(read_counters(server)) == exact(after)
     finally:
         probe.close()
     s = probe.summarize(samples, 0.0, now() + 10)
