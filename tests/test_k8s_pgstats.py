@@ -15,9 +15,12 @@ from pathlib import Path
 import psycopg
 import pytest
 
+from k8s_support import k8s_plan
+from pg_server import BINDIR, Server, exact, quiet, start_server
+from pglab.plan.load import parse_plan
 from pglab.targets.kubernetes import pgstats
-from pglab.targets.kubernetes.scripts import window_reads
-from test_probes_why import BINDIR, Server, _exact, _quiet, _start
+from pglab.targets.kubernetes.render import GRANT_CHECKPOINT, cluster
+from pglab.targets.kubernetes.scripts import CHECKPOINT_REFUSED, reset_script, window_reads
 
 pytestmark = pytest.mark.postgres
 
@@ -25,7 +28,7 @@ pytestmark = pytest.mark.postgres
 @pytest.fixture(scope="module")
 def server() -> Iterator[Server]:
     """Small shared buffers (1 MB for a 15 MB dataset), so the backends must write buffers themselves."""
-    yield from _start("-c shared_buffers=1MB")
+    yield from start_server("-c shared_buffers=1MB")
 
 
 @pytest.fixture
@@ -45,7 +48,7 @@ def test_the_tenants_job_reads_are_pg_stat_wal_and_bgwriter_over_its_window(serv
                                                                             tmp_path: Path) -> None:
     with psycopg.connect(server.conninfo, autocommit=True) as conn:
         conn.execute("CHECKPOINT")  # nothing dirty at the start: the background writer idles
-    before = _quiet(server)
+    before = quiet(server)
     bench = shlex.join([str(BINDIR / "pgbench"), "-n", "-c", "2", "-j", "2", "-t", "300"])
     start, end = window_reads([pgstats.read_part()], 0.0)
     script = (f"set -eu\ncd {tmp_path}\nrc=0\n{start}"
@@ -55,12 +58,12 @@ def test_the_tenants_job_reads_are_pg_stat_wal_and_bgwriter_over_its_window(serv
     proc = subprocess.run(["/bin/sh", "-c", script], env=env, capture_output=True, text=True, timeout=120)
     err = tmp_path / pgstats.ERR_FILE
     assert proc.returncode == 0, proc.stdout + proc.stderr + (err.read_text() if err.is_file() else "")
-    after = _quiet(server)
+    after = quiet(server)
     assert not err.is_file() or not err.read_text(), err.read_text()  # the role may read every view it asks
     got = pgstats.record(tmp_path)
     assert got is not None
     figures, info, d = got
-    oracle = {k: after[k] - before[k] for k in (*_exact(after), "commits")}
+    oracle = {k: after[k] - before[k] for k in (*exact(after), "commits")}
     print(figures, oracle)
     # the Job's reads bracket pgbench alone: every WAL record, full page and backend write of the span is pgbench's
     assert d["wal_records"] == oracle["wal_records"] and d["wal_fpi"] == oracle["wal_fpi"]
@@ -90,3 +93,26 @@ def test_a_read_that_failed_gives_no_figure_and_one_that_cannot_be_parsed_is_sai
     (tmp_path / pgstats.END_FILE).write_text("|".join(["1700000004.5", *["0"] * len(pgstats.COUNTERS)]) + "\n")
     assert pgstats.record(tmp_path) is None
     assert "counters went back" in (tmp_path / "probe-errors.txt").read_text().splitlines()[-1]
+
+
+def test_the_clusters_post_init_grant_lets_the_app_role_end_its_reset_with_a_checkpoint(server: Server, app: None,
+                                                                                       tmp_path: Path) -> None:
+    """The reset a run's script runs as CloudNativePG's app role (``scripts.reset_script``) ends with a CHECKPOINT,
+    refused without pg_checkpoint; the Cluster's post-init SQL (``render.GRANT_CHECKPOINT``, run as the superuser
+    once the Cluster is made) grants it, and runs again without error (PostgreSQL 15+: this machine's server)."""
+    plan = parse_plan(k8s_plan("matrix: {clients: [1], jobs: [1]}", "run: {duration: 4s}"))
+    assert cluster(plan)["spec"]["bootstrap"]["initdb"]["postInitSQL"] == [GRANT_CHECKPOINT]
+    env = {**os.environ, "PATH": f"{BINDIR}:{os.environ['PATH']}", "PGHOST": str(server.base),
+           "PGPORT": str(server.port), "PGUSER": "app", "PGDATABASE": "postgres"}
+
+    def reset() -> str:
+        proc = subprocess.run(["/bin/sh", "-c", f"cd {tmp_path}\nrc=0\n{reset_script(plan)}exit $rc\n"],
+                              env=env, capture_output=True, text=True, timeout=120)
+        return (tmp_path / "reset.log").read_text() + proc.stdout + proc.stderr
+
+    assert CHECKPOINT_REFUSED in reset()  # the app role alone may not
+    with psycopg.connect(server.conninfo, autocommit=True) as conn:
+        conn.execute(GRANT_CHECKPOINT)
+        conn.execute(GRANT_CHECKPOINT)  # a second time changes nothing and fails nothing
+    log = reset()
+    assert CHECKPOINT_REFUSED not in log and log.count("CHECKPOINT") == 1, log

@@ -21,6 +21,7 @@ import pytest
 
 from conftest import pglab
 from kube_lab_support import kubelab, namespace_gone, pgbench_tps, small_plan, txn_latencies_ms
+from pglab.targets.kubernetes.scripts import CHECKPOINT_REFUSED
 
 pytestmark = pytest.mark.kube_lab
 
@@ -77,6 +78,9 @@ def test_run_jobs_sh_runs_the_rendered_plan_on_the_lab(lab: kubelab.KubeLab, tmp
         processed = int(found[1])
         assert "number of clients: 2" in text and "duration: 5 s" in text, text
         assert len(txn_latencies_ms(results)) == processed > 0
+        # the reset before it ended with a CHECKPOINT, which the app role may run as the Cluster granted it
+        reset = (results / "reset.log").read_text()
+        assert "CHECKPOINT" in reset and CHECKPOINT_REFUSED not in reset, reset
         # on a client node, against the Cluster the script made: its history table holds a row per transaction
         # (the Job truncates it first), its accounts the scale-1 dataset the dataset's Job loaded
         node = lab.kubectl("-n", NS, "get", "pods", "-l", f"job-name={NAME}-run-0000-1", "-o",

@@ -115,7 +115,8 @@ def fio_script(plan: Plan) -> str:
 
 RESET_SQL = ("TRUNCATE pgbench_history",
              "VACUUM (ANALYZE) pgbench_branches, pgbench_tellers, pgbench_accounts, pgbench_history")
-CHECKPOINT_REFUSED = "pglab: CHECKPOINT failed (CloudNativePG's app role lacks pg_checkpoint): dirty buffers stay"
+CHECKPOINT_REFUSED = ("pglab: CHECKPOINT failed (the app role lacks pg_checkpoint: PostgreSQL before 15): dirty "
+                      "buffers stay")
 
 
 def reset_script(plan: Plan) -> str:
