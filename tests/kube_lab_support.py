@@ -71,11 +71,31 @@ STUDY_EDITS: dict[str, dict[str, str]] = {
         "run: {duration: 60s}": "run: {duration: 30s}",
         "destination: s3://pglab/study-backup-under-load-1": "destination: {destination}",
     },
+    # tests/test_kube_lab_clusters.py (the storage-axis sweep): one client (each commit waits for its WAL flush,
+    # which is what the classes differ in), 1 s fio jobs on a small file; 3 repeats kept (the verdicts need them);
+    # {memory}: the test's own third class (MEMORY_VALUE), appended to the study's two
+    "study-storage-classes.yaml": {
+        "namespace: pglab-study-classes": "namespace: {namespace}",
+        "dataset: {scale: 10}": "dataset: {scale: 1}",
+        "runtime: 5s, size: 128MiB": "runtime: 1s, size: 16MiB",
+        "clients: [8]": "clients: [1]",
+        "jobs: [2]": "jobs: [1]",
+        "      cost: {monthly: 180, breakdown: {compute: 80, storage: 100}}\n":
+            "      cost: {monthly: 180, breakdown: {compute: 80, storage: 100}}\n{memory}",
+        "run: {duration: 20s, warmup: 2s, repeats: 3}": "run: {duration: 6s, warmup: 0s, repeats: 3}",
+    },
 }
 # the fields a study's edits may change (dotted paths; a list's items by index); the rest must be the example's
 STUDY_SIZES = ("dataset.scale", "run.duration", "run.warmup", "run.repeats", "matrix.clients", "matrix.jobs",
                "matrix.scenario.*.at", "storage.runtime", "storage.size")
-STUDY_LAB = ("target.kubernetes.kubeconfig", "target.kubernetes.wal_archive.s3.destination")
+STUDY_LAB = ("target.kubernetes.kubeconfig", "target.kubernetes.namespace",
+             "target.kubernetes.wal_archive.s3.destination")
+# Not part of study 002: the storage-axis test's third value of its storage axis, a class on memory (statically
+# provisioned hostPath volumes on a tmpfs the test mounts), which carries its memory-vs-disk check. The only field
+# a study's lab plan adds to its example beyond sizes (tests/test_study_examples.py).
+TMPFS_CLASS = "lab-tmpfs"
+MEMORY_VALUE = (f"    - name: memory\n      storage: {{class: {TMPFS_CLASS}, size: 1Gi}}\n"
+                "      cost: {monthly: 300, breakdown: {compute: 80, storage: 220}}\n")
 
 
 def study_plan(example: str, kubeconfig: Path | str, **values: str) -> str:
@@ -86,6 +106,7 @@ def study_plan(example: str, kubeconfig: Path | str, **values: str) -> str:
         assert text.count(old) == 1, (example, old)
         for name, value in values.items():
             new = new.replace(f"{{{name}}}", value)
+        assert not re.search(r"\{[a-z_]+\}", new), (example, new)  # a value the edit needs was not given
         text = text.replace(old, new)
     head = "target:\n  kubernetes:\n"
     assert text.count(head) == 1, example
@@ -330,17 +351,24 @@ def dev_of(path: Path) -> str:
 
 
 def storage_phase(lab: kubelab.KubeLab, results: Path,
-                  values: list[str]) -> tuple[Store, int, str, dict[str, dict[str, Any]]]:
-    """A finished storage-axis sweep's store, its id, and its storage phase's fio row of each value's data path, all
-    on one database node (that of the Cluster's one instance: fio runs before the first run), returned too."""
+                  values: list[str]) -> tuple[Store, int, str, dict[str, dict[str, dict[str, Any]]]]:
+    """A finished storage-axis sweep's store, its id, and its storage phase's fio rows of each value's data path by
+    job (every value the same jobs), all on one database node (that of the Cluster's one instance: fio runs before
+    the first run), returned too."""
     store = Store.open(results, create=False)
     sweep = store.sweeps()[-1]
     assert sweep["status"] == "done"
-    fio_rows = {f["label"]: f for f in store.fio_results(sweep["id"])}
-    (node,) = {label.split("@")[1] for label in fio_rows}
+    rows = store.fio_results(sweep["id"])
+    (node,) = {f["label"].split("@")[1] for f in rows}
     assert lab.node(node).role == "database"
-    assert set(fio_rows) == {f"{v}/data@{node}" for v in values}, fio_rows
-    return store, sweep["id"], node, {v: fio_rows[f"{v}/data@{node}"] for v in values}
+    assert {f["label"] for f in rows} == {f"{v}/data@{node}" for v in values}, rows
+    by_value: dict[str, dict[str, dict[str, Any]]] = {v: {} for v in values}
+    for f in rows:
+        jobs = by_value[f["label"].split("/")[0]]
+        assert f["job"] not in jobs, f  # one row per job and value
+        jobs[f["job"]] = f
+    assert all(set(jobs) == set(by_value[values[0]]) for jobs in by_value.values()), by_value
+    return store, sweep["id"], node, by_value
 
 
 # ------------------------------------------------------------------ what a lab leaves on the machine

@@ -6,8 +6,11 @@ The lab offers two storage classes of its own ("lab-local": hostPath volumes on 
 on a second disk of each node held to 100 IOPS and 8 MiB/s each way by a blkio throttle, kubelab.THROTTLE). The
 storage-axis sweep adds a third, "lab-tmpfs": statically provisioned hostPath volumes on a tmpfs it mounts under the
 lab's root, so the classes are different media, and each volume's device can be told apart by this machine's
-kernel. One sweep over the three (a Cluster each) carries two tests: the memory class is faster than the disk, the
-throttled class slower by pglab's own verdict, and each class's volumes are on their node's own device for it.
+kernel. The sweep is study 002's example (examples/study-storage-classes.yaml: lab-throttled as its capped disk,
+lab-local) at its smallest, with the tmpfs class appended as a third value of its storage axis (not the study's).
+One sweep over the three (a Cluster each) carries three tests: the memory class is faster than the disk, the
+throttled class slower by pglab's own verdict, each class's volumes are on their node's own device for it, and the
+table study 002 published (TPS, uplift with its interval, price per TPS and its parts) is the store's.
 """
 
 from __future__ import annotations
@@ -19,21 +22,25 @@ import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
+import yaml
 
 from conftest import pglab
 from kube_lab_support import (
+    MEMORY_VALUE,
     SCRAPE_S,
+    TMPFS_CLASS,
     DiskStats,
     Prometheus,
     dev_of,
     kubelab,
     namespace_gone,
     pgbench_tps,
-    plan_text,
     storage_phase,
+    study_plan,
     txn_latencies_ms,
     txn_times,
 )
@@ -41,18 +48,7 @@ from pglab.store.sqlite import Store
 
 pytestmark = pytest.mark.kube_lab
 
-TMPFS_CLASS = "lab-tmpfs"
 TMPFS_VOLUMES = 3  # the memory value's fio claim and its Cluster's one instance, and one spare
-
-
-def single_instance(text: str) -> str:
-    """The lab's plan (kube_lab_support.plan_text) with one instance per Cluster (no standby to wait for) of half a
-    core: one client's commits then wait mostly for their WAL flush, which is what the storage classes differ in."""
-    for old, new in (("instances: 3", "instances: 1"), ("    synchronous: {method: any, number: 1}\n", ""),
-                     ("resources: {cpu: 0.25, memory: 384Mi}", "resources: {cpu: 0.5, memory: 384Mi}")):
-        assert text.count(old) == 1, (old, text)  # kube_lab_support.plan_text as this was written against
-        text = text.replace(old, new)
-    return text
 
 
 def tmpfs_class(lab: kubelab.KubeLab, folder: Path) -> Iterator[Path]:
@@ -88,42 +84,51 @@ def tmpfs_class(lab: kubelab.KubeLab, folder: Path) -> Iterator[Path]:
 
 
 # ------------------------------------------------------------------ the storage axis: three classes, one sweep
-STORAGE_AXIS = f"""storage: {{profiles: [wal-fdatasync-8k], runtime: 3s, size: 64MiB, paths: [data]}}
-matrix:
-  clients: [1]
-  jobs: [1]
-  storage:
-    - {{name: disk, storage: {{class: {kubelab.STORAGE_CLASS}, size: 1Gi}}, cost: {{monthly: 100}}}}
-    - {{name: throttled, storage: {{class: {kubelab.THROTTLED_CLASS}, size: 1Gi}}, cost: {{monthly: 40}}}}
-    - {{name: memory, storage: {{class: {TMPFS_CLASS}, size: 1Gi}}, cost: {{monthly: 300}}}}
-run: {{duration: 6s, repeats: 3}}
-"""  # 3 repeats: the throttled class's slower verdict is a significant one
-VALUES = ("disk", "throttled", "memory")
-CLASSES = {"disk": kubelab.STORAGE_CLASS, "throttled": kubelab.THROTTLED_CLASS}  # the lab's own, on node disks
+STUDY = "study-storage-classes.yaml"  # study 002: its example, at its smallest (kube_lab_support.STUDY_EDITS)
+VALUES = ("capped", "local", "memory")  # the study's two classes, then this test's memory class (MEMORY_VALUE)
+CLASSES = {"capped": kubelab.THROTTLED_CLASS, "local": kubelab.STORAGE_CLASS}  # the lab's own, on node disks
+# the example's fio profiles, each of their jobs run on every class's volume
+JOBS = {"randread-8k-qd1", "randread-8k-qd32", "randwrite-8k-qd1", "randwrite-8k-qd32", "wal-fdatasync-8k-qd1",
+        "seqread-1m-qd8", "seqwrite-1m-qd8"}
 
 
 @dataclass
 class StorageSweep:
     results: Path
     memory: Path  # the tmpfs the memory class's volumes are on
+    plan: dict[str, Any]  # the plan the sweep ran (its prices)
 
 
 @pytest.fixture(scope="module")
 def storage_sweep(lab: kubelab.KubeLab, tmp_path_factory: pytest.TempPathFactory) -> Iterator[StorageSweep]:
-    """One storage-axis sweep for both tests below (a Cluster per class is most of its time): one-instance
-    Clusters on lab-local, lab-throttled and the tmpfs class, one client, 3 repeats of 6 s a class."""
+    """One storage-axis sweep for the tests below (a Cluster per class is most of its time): study 002's example
+    (examples/study-storage-classes.yaml) at its smallest — one-instance Clusters on lab-throttled and lab-local,
+    one client, 3 repeats of 6 s a class, its five fio profiles for 1 s each — with a third class appended that is
+    not the study's: the tmpfs class, for the memory-vs-disk check."""
     tmp = tmp_path_factory.mktemp("storage-axis")
     ns = "pglab-e2e-storage"
     with contextlib.contextmanager(tmpfs_class)(lab, tmp) as memory:
         plan = tmp / "plan.yaml"
-        plan.write_text(single_instance(plan_text(lab, "sa", ns, STORAGE_AXIS)))
+        plan.write_text(study_plan(STUDY, lab.kubeconfig, namespace=ns, memory=MEMORY_VALUE))
         results = tmp / "results"
         proc = pglab("run", str(plan), "--results", str(results), timeout=1800)
         assert proc.returncode == 0, proc.stdout + proc.stderr
         lab.kubectl("delete", "pv", *(f"{TMPFS_CLASS}-{i}" for i in range(1, TMPFS_VOLUMES + 1)), "--wait=false",
                     check=False)
         namespace_gone(lab, ns, proc.stderr)
-        yield StorageSweep(results, memory)
+        yield StorageSweep(results, memory, yaml.safe_load(plan.read_text()))
+
+
+def stored_tps(store: Store, sweep_id: int) -> dict[str, list[float]]:
+    """Each class's TPS of its ok runs, repeats 1 to 3, from the store."""
+    runs = [r for r in store.runs(sweep_id) if r.status == "ok"]
+    assert sorted((r.axes["storage"], r.repeat) for r in runs) == sorted((v, k) for v in VALUES for k in (1, 2, 3))
+    tps: dict[str, list[float]] = {v: [] for v in VALUES}
+    for r in runs:
+        value = r.metrics.get("tps")
+        assert value is not None, r.reason
+        tps[str(r.axes["storage"])].append(value)
+    return tps
 
 
 def test_a_storage_axis_builds_a_cluster_per_class(lab: kubelab.KubeLab, storage_sweep: StorageSweep) -> None:
@@ -136,61 +141,59 @@ def test_a_storage_axis_builds_a_cluster_per_class(lab: kubelab.KubeLab, storage
     # the storage phase ran on each class's own volume: the mount its fio pod had is on that medium
     store, sweep_id, node, fio_rows = storage_phase(lab, results, list(VALUES))
     fsyncs = {}
-    for value in ("disk", "memory"):
-        row = fio_rows[value]
+    for value in VALUES:  # every job of the example's profiles on every class, each as fio's JSON has it
+        assert set(fio_rows[value]) == JOBS, (value, sorted(fio_rows[value]))
+        for job, row in fio_rows[value].items():
+            raw = json.loads((results / "storage" / value / "data" / node / f"{job}.json").read_text())["jobs"][0]
+            assert row["iops"] == raw[row["direction"]]["iops"] > 0, (value, row)
+    for value in ("local", "memory"):
+        row = fio_rows[value]["wal-fdatasync-8k-qd1"]
         folder = results / "storage" / value / "data" / node
         mount = (folder / "volume-mount.txt").read_text().split()
         device = mount[2]
-        fstype = node_disks.get(device) if value == "disk" else "tmpfs"
+        fstype = node_disks.get(device) if value == "local" else "tmpfs"
         # lab-local's volume on that node's own disk, none of the others'
-        assert device == (dev_of(lab.node_disk(node)) if value == "disk" else memory), (value, mount, node_disks)
+        assert device == (dev_of(lab.node_disk(node)) if value == "local" else memory), (value, mount, node_disks)
         assert mount[mount.index("-") + 1] == fstype, (value, mount)
         assert row["device"].split()[:2] == [device, fstype], row
         raw = json.loads((folder / f"{row['job']}.json").read_text())["jobs"][0]
         assert row["iops"] == raw["write"]["iops"] > 0
         fsyncs[value] = raw["sync"]["lat_ns"]["mean"]
-    assert fsyncs["memory"] < fsyncs["disk"], fsyncs  # an fdatasync on tmpfs writes nothing to a device
+    assert fsyncs["memory"] < fsyncs["local"], fsyncs  # an fdatasync on tmpfs writes nothing to a device
 
     # each value's runs ran on a Cluster of its own class: the volume probe found its claim on that medium
-    runs = [r for r in store.runs(sweep_id) if r.status == "ok"]
-    assert sorted((r.axes["storage"], r.repeat) for r in runs) == sorted((v, k) for v in VALUES for k in (1, 2, 3))
-    tps: dict[str, list[float]] = {"disk": [], "memory": []}
-    for r in runs:
-        if r.axes["storage"] not in tps:
+    tps = stored_tps(store, sweep_id)
+    for r in store.runs(sweep_id):
+        if r.axes["storage"] not in ("local", "memory"):
             continue  # the throttled class's: the test below
         run_dir = store.dir / r.dir
         assert r.metrics["tps"] == pgbench_tps((run_dir / "pgbench.out").read_text()) > 0
         lat = txn_latencies_ms(run_dir)
         assert r.metrics["latency_p99_ms"] == pytest.approx(float(np.percentile(lat, 99)))
-        tps[r.axes["storage"]].append(r.metrics["tps"])
         # the volume probe read the instance's claim on the value's medium (tmpfs has no block device)
         (instance,) = json.loads((run_dir / "disk" / "disk.json").read_text())["instances"].values()
         (volume,) = instance["volumes"]
         node_disk = dev_of(lab.node_disk(instance["node"]))  # its own node's
-        assert volume["how"] == (f"{node_disks[node_disk]} on device {node_disk}" if r.axes["storage"] == "disk"
+        assert volume["how"] == (f"{node_disks[node_disk]} on device {node_disk}" if r.axes["storage"] == "local"
                                  else "tmpfs (tmpfs) has no block device on the node"), volume
     events = [d for (k, d) in store.conn.execute("SELECT kind, detail FROM events") if k == "storage-switch"]
-    assert [e.split(":")[0] for e in events] == ["throttled", "memory"], events
+    assert [e.split(":")[0] for e in events] == ["local", "memory"], events
     assert all(": new Cluster" in e for e in events), events
     store.close()
 
-    # one report: the uplift of memory over disk with its interval, and each class's price per TPS
-    up = pglab("report", str(results), "--table", "uplift", "--format", "json")
-    assert up.returncode == 0, up.stderr
-    (row,) = [r for r in json.loads(up.stdout) if r["comparison"] == "storage=memory vs storage=disk"]
-    assert row["a"] == pytest.approx(np.mean(tps["disk"])) and row["b"] == pytest.approx(np.mean(tps["memory"]))
-    assert row["uplift_pct"] == pytest.approx((np.mean(tps["memory"]) / np.mean(tps["disk"]) - 1) * 100)
-    if row["ci95_low_pct"] is not None:  # unbounded (None) when a side's repeats are too far apart (Fieller)
-        assert row["ci95_low_pct"] <= row["uplift_pct"] <= row["ci95_high_pct"], row
+    # memory against the local disk with its interval (pglab's own comparison of two values of the axis)
+    cmp = pglab("compare", str(results), "--axis", "storage", "--a", "local", "--b", "memory", "--format", "json")
+    assert cmp.returncode == 0, cmp.stderr
+    (row,) = json.loads(cmp.stdout)
+    assert row["tps_a"] == pytest.approx(np.mean(tps["local"])) and row["tps_b"] == pytest.approx(
+        np.mean(tps["memory"]))
+    assert row["tps_delta_pct"] == pytest.approx((np.mean(tps["memory"]) / np.mean(tps["local"]) - 1) * 100)
+    if row["tps_ci95_low_pct"] is not None:  # unbounded (None) when a side's repeats are too far apart (Fieller)
+        assert row["tps_ci95_low_pct"] <= row["tps_delta_pct"] <= row["tps_ci95_high_pct"], row
     # one client at a time, each commit waiting for its WAL flush: the medium whose flush costs nothing is faster
-    assert row["uplift_pct"] > 0, row
-    cost = pglab("report", str(results), "--table", "cost", "--format", "json")
-    assert cost.returncode == 0, cost.stderr
-    per = {c["storage"]: c for c in json.loads(cost.stdout)}
-    assert per["disk"]["per_tps"] == pytest.approx(100 / np.mean(tps["disk"]))
-    assert per["memory"]["per_tps"] == pytest.approx(300 / np.mean(tps["memory"]))
+    assert row["tps_delta_pct"] > 0, row
     text = pglab("report", str(results))
-    assert text.returncode == 0 and "storage=memory vs storage=disk" in text.stdout, text.stdout
+    assert text.returncode == 0 and "storage=memory vs storage=capped" in text.stdout, text.stdout
 
 
 def test_the_throttled_class_is_slower_and_each_class_is_on_its_own_device(lab: kubelab.KubeLab,
@@ -207,25 +210,24 @@ def test_the_throttled_class_is_slower_and_each_class_is_on_its_own_device(lab: 
     store, sweep_id, node, fio_rows = storage_phase(lab, results, list(VALUES))
     iops = {}
     for value, cls in CLASSES.items():
-        row = fio_rows[value]
+        row = fio_rows[value]["wal-fdatasync-8k-qd1"]
         mount = (results / "storage" / value / "data" / node / "volume-mount.txt").read_text().split()
         assert mount[2] == disks[(node, cls)], (value, mount, disks)
-        assert row["device"].split()[0] == disks[(node, cls)], row
+        assert all(r["device"].split()[0] == disks[(node, cls)] for r in fio_rows[value].values()), fio_rows[value]
         raw = json.loads((results / "storage" / value / "data" / node / f"{row['job']}.json").read_text())["jobs"][0]
         iops[value] = raw["write"]["iops"]
         assert row["iops"] == iops[value] > 0
     # in the pod, each 8 KiB write and its fdatasync are at least one request: the throttle's request rate bounds
     # them (blk-throttle lets a slice's first burst through: a quarter over)
-    assert iops["throttled"] <= kubelab.THROTTLE["write_iops_device"] * 1.25, iops
+    assert iops["capped"] <= kubelab.THROTTLE["write_iops_device"] * 1.25, iops
 
     # each run's instance volume: on its class's disk of the instance's node
-    runs = [r for r in store.runs(sweep_id) if r.status == "ok" and r.axes["storage"] in CLASSES]
-    assert sorted((r.axes["storage"], r.repeat) for r in runs) == [(v, k) for v in sorted(CLASSES) for k in (1, 2, 3)]
-    tps: dict[str, list[float]] = {v: [] for v in CLASSES}
-    for r in runs:
+    tps = stored_tps(store, sweep_id)
+    for r in store.runs(sweep_id):
+        if r.axes["storage"] not in CLASSES:
+            continue
         run_dir = store.dir / r.dir
         assert r.metrics["tps"] == pgbench_tps((run_dir / "pgbench.out").read_text()) > 0
-        tps[r.axes["storage"]].append(r.metrics["tps"])
         (instance,) = json.loads((run_dir / "disk" / "disk.json").read_text())["instances"].values()
         (volume,) = instance["volumes"]
         expected = disks[(instance["node"], CLASSES[r.axes["storage"]])]
@@ -233,16 +235,50 @@ def test_the_throttled_class_is_slower_and_each_class_is_on_its_own_device(lab: 
     store.close()
 
     # pglab's own verdict: the throttled class is slower, significantly
-    cmp = pglab("compare", str(results), "--axis", "storage", "--a", "disk", "--b", "throttled", "--format", "json")
+    cmp = pglab("compare", str(results), "--axis", "storage", "--a", "local", "--b", "capped", "--format", "json")
     assert cmp.returncode == 0, cmp.stderr
     (row,) = json.loads(cmp.stdout)
     assert row["tps_verdict"] == "slower", (row, tps)
-    # and its cost table from each class's own price
+
+
+def test_study_002s_table_of_the_storage_classes(storage_sweep: StorageSweep) -> None:
+    """The table study 002 published: each class's TPS, its uplift over the first class (the capped disk) with its
+    95 % interval and verdict, its price per TPS and the price's parts — from the store and the plan's prices."""
+    results = storage_sweep.results
+    store = Store.open(results, create=False)
+    tps = stored_tps(store, store.sweeps()[-1]["id"])
+    store.close()
+    mean = {v: float(np.mean(t)) for v, t in tps.items()}
+    prices = {s["name"]: s["cost"] for s in storage_sweep.plan["matrix"]["storage"]}
+    assert list(prices) == list(VALUES)
+
+    up = pglab("report", str(results), "--table", "uplift", "--format", "json")
+    assert up.returncode == 0, up.stderr
+    rows = json.loads(up.stdout)
+    assert [r["comparison"] for r in rows] == ["storage=local vs storage=capped", "storage=memory vs storage=capped"]
+    for r, value in zip(rows, ("local", "memory"), strict=True):
+        assert next(iter(r)) == "comparison" and list(r)[-7:] == [
+            "a", "b", "uplift_pct", "ci95_low_pct", "ci95_high_pct", "verdict", "flags"], r
+        assert (r["workload"], r["synchronous_commit"], r["clients"]) == ("tpcb-like", "on", 1), r
+        assert r["a"] == pytest.approx(mean["capped"], rel=1e-9) and r["b"] == pytest.approx(mean[value], rel=1e-9)
+        assert r["uplift_pct"] == pytest.approx((mean[value] - mean["capped"]) / mean["capped"] * 100, rel=1e-6)
+        # the study's finding: the uncapped class is faster, the interval clear of 0
+        assert r["verdict"] == "faster" and r["ci95_low_pct"] is not None, r
+        assert 0 < r["ci95_low_pct"] < r["uplift_pct"] < r["ci95_high_pct"], r
+
     cost = pglab("report", str(results), "--table", "cost", "--format", "json")
     assert cost.returncode == 0, cost.stderr
-    per = {c["storage"]: c for c in json.loads(cost.stdout)}
-    assert per["disk"]["per_tps"] == pytest.approx(100 / np.mean(tps["disk"]))
-    assert per["throttled"]["per_tps"] == pytest.approx(40 / np.mean(tps["throttled"]))
+    rows = json.loads(cost.stdout)
+    assert [r["storage"] for r in rows] == list(VALUES)
+    for r in rows:
+        price = prices[r["storage"]]
+        assert list(r) == ["storage", "workload", "peak_tps", "at_clients", "at_synchronous_commit", "monthly",
+                           *(f"monthly.{p}" for p in price["breakdown"]), "currency", "per_tps"], r
+        assert (r["workload"], r["at_clients"], r["at_synchronous_commit"]) == ("tpcb-like", 1, "on"), r
+        assert r["peak_tps"] == pytest.approx(mean[r["storage"]], rel=1e-9)
+        assert r["monthly"] == price["monthly"] == sum(price["breakdown"].values())
+        assert {p: r[f"monthly.{p}"] for p in price["breakdown"]} == price["breakdown"]
+        assert r["per_tps"] == pytest.approx(price["monthly"] / mean[r["storage"]], rel=1e-9)
 
 
 # ------------------------------------------------------------------ tenants: a Cluster per tenant, loaded together

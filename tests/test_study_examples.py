@@ -21,10 +21,18 @@ import yaml
 
 from conftest import REPO, pglab, run_plan
 from helpers import Ran
-from kube_lab_support import STUDY_EDITS, STUDY_LAB, STUDY_SIZES, kubelab, study_plan
+from kube_lab_support import (
+    MEMORY_VALUE,
+    STUDY_EDITS,
+    STUDY_LAB,
+    STUDY_SIZES,
+    TMPFS_CLASS,
+    kubelab,
+    study_plan,
+)
 from pglab.plan.schema import LocalTarget
 from pglab.targets.local.cluster import LocalLab
-from pglab.units import money
+from pglab.units import money, size_bytes
 
 STUDIES = sorted(p.name for p in (REPO / "examples").glob("study-*.yaml"))
 MANAGED = REPO / "examples" / "study-managed-client-loop.yaml"
@@ -183,20 +191,46 @@ def flat(data: object, prefix: str = "") -> dict[str, object]:
     return {prefix.rstrip("."): data}
 
 
+def magnitude(value: object) -> float:
+    """A size field's number, to compare: a count, seconds ("30s") or bytes ("16MiB")."""
+    text = str(value)
+    if text.endswith("s") and text[:-1].replace(".", "", 1).isdigit():
+        return float(text[:-1])
+    return float(size_bytes(value)) if isinstance(value, str) else float(str(value))
+
+
 @pytest.mark.parametrize("example", sorted(STUDY_EDITS))
-def test_a_study_the_lab_runs_is_its_example_with_its_sizes_only(example: str) -> None:
+def test_a_study_the_lab_runs_is_its_example_with_its_sizes_only(example: str, tmp_path: Path) -> None:
     """The plan a lab test runs for a study (kube_lab_support.study_plan) differs from the example in sizes, none
-    larger, and in what the lab needs (its kubeconfig, a fresh archive destination), nothing else; it validates."""
-    small = flat(yaml.safe_load(study_plan(example, "/lab/admin.kubeconfig", destination="s3://pglab/x")))
-    full = flat(yaml.safe_load((REPO / "examples" / example).read_text()))
-    changed = {k for k in small.keys() | full.keys() if small.get(k) != full.get(k)}
+    larger, and in what the lab needs (its kubeconfig and namespace, a fresh archive destination), nothing else; it
+    validates. The one exception: the storage-axis test's memory class (MEMORY_VALUE), appended to study 002's two
+    classes as a third value of its storage axis, the study's own values unchanged."""
+    text = study_plan(example, "/lab/admin.kubeconfig", destination="s3://pglab/x", namespace="pglab-x",
+                      memory=MEMORY_VALUE)
+    (tmp_path / example).write_text(text)
+    proc = pglab("plan", "validate", str(tmp_path / example))
+    assert proc.returncode == 0, proc.stderr
+    small, full = flat(yaml.safe_load(text)), flat(yaml.safe_load((REPO / "examples" / example).read_text()))
+    appended = set()
+    if example == "study-storage-classes.yaml":  # a third value of the axis, after the study's two
+        n = len(yaml.safe_load((REPO / "examples" / example).read_text())["matrix"]["storage"])
+        appended = {k for k in small if k.startswith(f"matrix.storage.{n}.")}
+        assert {k.removeprefix(f"matrix.storage.{n}."): small[k] for k in appended} == flat(
+            yaml.safe_load(MEMORY_VALUE)[0])
+        assert not any(k.startswith(f"matrix.storage.{n}.") for k in full)
+        assert small[f"matrix.storage.{n}.storage.class"] == TMPFS_CLASS
+    changed = {k for k in small.keys() | full.keys() if small.get(k) != full.get(k)} - appended
     sizes = {k for k in changed if any(fnmatch.fnmatchcase(k, p) or fnmatch.fnmatchcase(k, f"{p}.*")
                                        for p in STUDY_SIZES)}
     assert changed - sizes <= set(STUDY_LAB), sorted(changed - sizes)
     assert small["target.kubernetes.kubeconfig"] == "/lab/admin.kubeconfig"
-    for k in sizes:  # smaller: a number or a duration ("30s"), each no larger than the example's
+    if "target.kubernetes.namespace" in changed:
+        assert small["target.kubernetes.namespace"] == "pglab-x"
+    for k in sizes:  # smaller: a number, a duration ("30s") or a size ("16MiB"), each no larger than the example's
         assert k in small and k in full, k
-        assert float(str(small[k]).rstrip("s")) <= float(str(full[k]).rstrip("s")), (k, small[k], full[k])
+        assert magnitude(small[k]) <= magnitude(full[k]), (k, small[k], full[k])
+    if "run.repeats" in full:  # a verdict needs its repeats: the study's kept when it had 3 or more
+        assert int(str(small["run.repeats"])) >= min(3, int(str(full["run.repeats"])))
     if "target.kubernetes.wal_archive.s3.endpoint" in full:  # the lab's object store, as the example names it
         assert full["target.kubernetes.wal_archive.s3.endpoint"] == kubelab.OBJECTSTORE_URL
         assert full["target.kubernetes.wal_archive.s3.credentials"] == \
