@@ -87,7 +87,8 @@ def pglab_sweep(tree: Path, plan: Path, results: Path, python: str) -> dict[str,
     db = sqlite3.connect(results / "results.db")
     try:
         phases = dict(db.execute("SELECT name, sum(ended - started) FROM phases GROUP BY name").fetchall())
-        tps = [r[0] for r in db.execute("SELECT json_extract(metrics, '$.tps') FROM runs ORDER BY started")]
+        tps = [r[0] for r in db.execute("SELECT m.value FROM runs r JOIN run_metrics m ON m.run_id = r.id "
+                                        "WHERE m.name = 'tps' ORDER BY r.started")]
     except sqlite3.OperationalError:
         phases, tps = {}, []
     finally:
