@@ -13,7 +13,9 @@ phase):
 - the plugin: the Namespace and the Cluster as ``pglab k8s render`` writes them for the plan (the same spec), applied
   with kubectl; ``kubectl wait`` for the Cluster's Ready condition; ``kubectl cnpg pgbench -- --initialize --scale S``
   and ``kubectl wait`` for its Job; then per point and repeat ``kubectl cnpg pgbench -- --time T --client C --jobs J``,
-  waited for, its log read (the TPS parsed); then the namespace deleted. Its wall time is given with and without the
+  waited for, its log read (the TPS parsed); then the namespace deleted. The plugin's Job pulls its image Always:
+  on a lab whose nodes have the images imported and no registry, ``--if-not-present`` creates the Job the plugin
+  prints (``--dry-run``) with kubectl, its pull policy IfNotPresent. Its wall time is given with and without the
   wait for the namespace's deletion (pglab's teardown waits for the instance pods only).
 
 The sides take turns (``--rounds``: A B, then B A, …). The plugin is built by ``--build`` from the operator's Go
@@ -98,15 +100,22 @@ def pglab_sweep(tree: Path, plan: Path, results: Path, python: str) -> dict[str,
 
 def plugin_sweep(kubectl: Path, plugin: Path, kubeconfig: str, rendered: Path, namespace: str, cluster: str,
                  node_selector: str | None, scale: int, points: list[tuple[int, int]], duration: int,
-                 repeats: int) -> dict[str, Any]:
+                 repeats: int, if_not_present: bool) -> dict[str, Any]:
     def k(*args: str) -> str:
         return subprocess.run([str(kubectl), "--kubeconfig", kubeconfig, *args], check=True, capture_output=True,
                               text=True, timeout=WAIT_S + 60).stdout
 
     def pgbench(job: str, *args: str) -> str:
+        # the plugin's Job pulls its image Always; the lab's nodes have it imported and no registry to pull from:
+        # its Job as the plugin makes it (--dry-run), IfNotPresent, created by kubectl (one API call, as the plugin)
         sel = ["--node-selector", node_selector] if node_selector else []
-        subprocess.run([str(plugin), "pgbench", cluster, "--kubeconfig", kubeconfig, "-n", namespace, "--job-name",
-                        job, *sel, "--", *args], check=True, capture_output=True, text=True, timeout=120)
+        body = subprocess.run([str(plugin), "pgbench", cluster, "--kubeconfig", kubeconfig, "-n", namespace,
+                               "--job-name", job, *sel, "--dry-run", "--", *args], check=True, capture_output=True,
+                              text=True, timeout=120).stdout
+        if if_not_present:
+            body = body.replace("imagePullPolicy: Always", "imagePullPolicy: IfNotPresent")
+        subprocess.run([str(kubectl), "--kubeconfig", kubeconfig, "create", "-f", "-"], input=body, check=True,
+                       capture_output=True, text=True, timeout=120)
         k("wait", "-n", namespace, "--for=condition=complete", f"job/{job}", f"--timeout={WAIT_S}s")
         return k("logs", "-n", namespace, f"job/{job}")
 
@@ -147,6 +156,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--plugin", type=Path, help="kubectl-cnpg (default: the cached build, see --build)")
     ap.add_argument("--build", action="store_true", help="build kubectl-cnpg if it is not cached yet")
     ap.add_argument("--go", type=Path, help="the go to build it with (default: the lab's toolchain)")
+    ap.add_argument("--if-not-present", action="store_true",
+                    help="the plugin's Job with imagePullPolicy IfNotPresent (a lab whose images are imported)")
     ap.add_argument("--rounds", type=int, default=1, help="turns of both sides: A B, then B A, …")
     ap.add_argument("--python", default=sys.executable)
     ap.add_argument("--json", type=Path)
@@ -179,7 +190,8 @@ def main(argv: list[str] | None = None) -> int:
                 fig = pglab_sweep(tree, plan, work / f"pglab-{r}", args.python)
             else:
                 fig = plugin_sweep(kubectl, plugin, args.kubeconfig, work / "rendered" / "cluster", k8s.namespace,
-                                   k8s.cluster_name, selector, p.dataset.scale, points, duration, repeats)
+                                   k8s.cluster_name, selector, p.dataset.scale, points, duration, repeats,
+                                   args.if_not_present)
             fig["load_before"], fig["load_after"] = load, os.getloadavg()[0]
             out[side].append(fig)
             print(f"round {r + 1} {side}: wall {fig['wall_s']:.1f} s"
