@@ -25,7 +25,18 @@ def test_the_volume_probes_run_beside_the_dataset_load_not_after_a_window(fake: 
                                                                          tmp_path: Path) -> None:
     api, api_client = fake
     api.diskstats_log = lambda node: sampler_log(node, node_blocks(node))  # vdb busy
+    api.no_sampler_pods = True  # as on the lab: the DaemonSet's pods come a little after it, here once the dataset
+
+    def sampler_pods_later() -> None:  # is loaded (its Job deleted)
+        deadline = time.monotonic() + 60
+        while ("DELETE", f"{JOBS}/pg-pgbench-init") not in api.requests and time.monotonic() < deadline:
+            time.sleep(0.01)
+        api.no_sampler_pods = False
+
+    later = threading.Thread(target=sampler_pods_later)
+    later.start()
     result = run(api_client, tmp_path, PLAN)
+    later.join(60)
     assert (result.ok, result.failed) == (2, 0)
     probes = [(i, n) for i, n in api.job_posts if "-volumes-" in n]
     assert [n for _, n in probes] == ["pg-volumes-1", "pg-volumes-2"]  # one per instance node, once

@@ -281,14 +281,14 @@ class Figures:
     def probe_ahead(self) -> list[Probe]:
         """The volume probes the next run's disk figures will want, started now (``finish_probes`` reads them),
         so that they run beside something else (the dataset's load) and not after the run's window, while
-        nothing else runs. None when the instance pods cannot be listed, or when no disk sampler runs on their
-        nodes: the run then finds no figure to probe for, as it would have without this."""
+        nothing else runs. None when the instance pods cannot be listed, or when the disk sampler's DaemonSet was
+        refused: the runs then have no disk figure to probe for. (Its pods need not be running yet: the
+        DaemonSet was created just after the Cluster was healthy.)"""
+        if self.prom is None and self.k8s.node_exporter is None and \
+                not any(m.kind == "DaemonSet" for m in self.orch.created):
+            return []
         try:
             pods = self.orch.instance_pods()
-            if self.prom is None and self.k8s.node_exporter is None:
-                nodes = {p.spec.node_name for p in pods if p.spec is not None and p.spec.node_name}
-                if not nodes or not nodes <= self.orch.sampler_pods().keys():
-                    return []
         except K8sError:
             return []  # the run's own reads say why, once
         return self._start_probes(_claims(pods))
