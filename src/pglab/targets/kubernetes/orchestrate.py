@@ -448,7 +448,7 @@ class Orchestrator:
                 return time.monotonic() - started
             if time.monotonic() > deadline:
                 raise K8sError(f"{what}: Cluster/{self.k8s.cluster_name} still rolling out after "
-                               f"{time.monotonic() - started:.0f} s ({self._state(status)}"
+                               f"{self.ready_timeout_s:.0f} s ({self._state(status)}"
                                f"{'; ' + waiting if waiting else ''})")
             interrupts.sleep(self.poll_s)
 
