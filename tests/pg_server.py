@@ -11,6 +11,7 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -96,3 +97,20 @@ def quiet(server: Server) -> dict[str, float]:
 
 def exact(o: dict[str, float]) -> dict[str, float]:
     return {k: o[k] for k in EXACT}
+
+
+@contextmanager
+def app_role(server: Server, *then: str) -> Iterator[None]:
+    """CloudNativePG's application role on ``server`` for the duration: a login that may use the tables and
+    nothing more (``then``: more statements run as the superuser once it exists); dropped afterwards."""
+    with psycopg.connect(server.conninfo, autocommit=True) as conn:
+        conn.execute("DROP ROLE IF EXISTS app")
+        conn.execute("CREATE ROLE app LOGIN")
+        conn.execute("GRANT ALL ON ALL TABLES IN SCHEMA public TO app")
+        for statement in then:
+            conn.execute(statement)
+    yield
+    with psycopg.connect(server.conninfo, autocommit=True) as conn:
+        conn.execute("REVOKE ALL ON ALL TABLES IN SCHEMA public FROM app")
+        conn.execute("DROP OWNED BY app")
+        conn.execute("DROP ROLE app")

@@ -16,7 +16,7 @@ import psycopg
 import pytest
 
 from k8s_support import k8s_plan
-from pg_server import BINDIR, Server, exact, quiet, start_server
+from pg_server import BINDIR, Server, app_role, exact, quiet, start_server
 from pglab.plan.load import parse_plan
 from pglab.targets.kubernetes import pgstats
 from pglab.targets.kubernetes.render import GRANT_CHECKPOINT, cluster
@@ -33,15 +33,8 @@ def server() -> Iterator[Server]:
 
 @pytest.fixture
 def app(server: Server) -> Iterator[None]:
-    with psycopg.connect(server.conninfo, autocommit=True) as conn:
-        conn.execute("DROP ROLE IF EXISTS app")
-        conn.execute("CREATE ROLE app LOGIN")
-        conn.execute("GRANT ALL ON ALL TABLES IN SCHEMA public TO app")
-    yield
-    with psycopg.connect(server.conninfo, autocommit=True) as conn:
-        conn.execute("REVOKE ALL ON ALL TABLES IN SCHEMA public FROM app")
-        conn.execute("DROP OWNED BY app")
-        conn.execute("DROP ROLE app")
+    with app_role(server):
+        yield
 
 
 def test_the_tenants_job_reads_are_pg_stat_wal_and_bgwriter_over_its_window(server: Server, app: None,

@@ -25,7 +25,7 @@ import psycopg
 import pytest
 
 from conftest import pglab
-from pg_server import BINDIR, EXACT, Server, exact, quiet, read_counters, start_server
+from pg_server import BINDIR, EXACT, Server, app_role, exact, quiet, read_counters, start_server
 from pglab import metrics
 from pglab.probes import PgStatsProbe, ProbeContext, Sample, now
 from pglab.probes.pgstats import _query_for
@@ -279,16 +279,8 @@ def _job_reads(server: Server, tmp_path: Path, run: str, pgbench_args: list[str]
 @pytest.fixture
 def app(server: Server) -> Iterator[None]:
     """The application role of a CloudNativePG Cluster: may use the tables, sees its own statements' text only."""
-    with psycopg.connect(server.conninfo, autocommit=True) as conn:
-        conn.execute("DROP ROLE IF EXISTS app")
-        conn.execute("CREATE ROLE app LOGIN")
-        conn.execute("GRANT ALL ON ALL TABLES IN SCHEMA public TO app")
-        conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")  # as CloudNativePG does
-    yield
-    with psycopg.connect(server.conninfo, autocommit=True) as conn:
-        conn.execute("REVOKE ALL ON ALL TABLES IN SCHEMA public FROM app")
-        conn.execute("DROP OWNED BY app")
-        conn.execute("DROP ROLE app")
+    with app_role(server, "CREATE EXTENSION IF NOT EXISTS pg_stat_statements"):  # as CloudNativePG does
+        yield
 
 
 def test_the_kubernetes_jobs_reads_match_pg_stat_statements_over_the_window(server: Server, app: None,
