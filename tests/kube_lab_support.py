@@ -84,12 +84,47 @@ STUDY_EDITS: dict[str, dict[str, str]] = {
             "      cost: {monthly: 180, breakdown: {compute: 80, storage: 100}}\n{memory}",
         "run: {duration: 20s, warmup: 2s, repeats: 3}": "run: {duration: 6s, warmup: 0s, repeats: 3}",
     },
+    # tests/test_kube_lab_studies.py: every CPU step, workload and synchronous_commit level of the study, at 1
+    # client, for 10 s each (the primary's exporter, read every 2 s, is read twice inside the window: the commits and
+    # WAL figures; at 5 s it was read once); its two fio profiles for 1 s on 16 MiB, on the data and WAL volumes
+    "study-cpu-sync-scaling.yaml": {
+        "dataset: {scale: 10}": "dataset: {scale: 1}",
+        "runtime: 5s, size: 128MiB": "runtime: 1s, size: 16MiB",
+        "clients: [1, 4]": "clients: [1]",
+        "run: {duration: 20s, warmup: 2s}": "run: {duration: 10s, warmup: 0s}",
+    },
+    # tests/test_kube_lab_clusters.py (the tenants test): both arrangements at 3 tenants each (the no-QoS one's
+    # tenants alike, one tenant a tier in the other: the same density), 8 s runs; the lab's Prometheus ({prometheus}:
+    # each tenant's CPU, memory and disk figures) and, not the study's, the best-effort tier in a namespace of its
+    # own ({slow}: the lab's check of a tier placed apart)
+    "study-qos-tiers.yaml": {
+        "namespace: pglab-study-tiers": "namespace: {namespace}",
+        "    clients: {node_selector: {pglab.io/role: client}, anti_affinity: none}\n":
+            "    clients: {node_selector: {pglab.io/role: client}, anti_affinity: none}\n    prometheus: {prometheus}\n",
+        "run: {duration: 20s}": "run: {duration: 8s}",
+        "{name: all, tenants: 6,": "{name: all, tenants: 3,",
+        "{name: high, tenants: 2,": "{name: high, tenants: 1,",
+        "{name: medium, tenants: 2,": "{name: medium, tenants: 1,",
+        "{name: best-effort, tenants: 2,": "{name: best-effort, tenants: 1,",
+        "storage: {class: lab-throttled, size: 1Gi}}": "storage: {class: lab-throttled, size: 1Gi}, namespace: {slow}}",
+    },
+    # tests/test_kube_lab_studies.py: its five fio profiles for 1 s on 16 MiB in the pod and on the node's own
+    # directory of the same disk (the study's bare metal vs in-pod view: {host_path}, the lab's), then both
+    # workloads at 1 client, 5 s × the example's 2 repeats
+    "study-fio-then-pgbench.yaml": {
+        "dataset: {scale: 10}": "dataset: {scale: 1}",
+        "  runtime: 5s\n  size: 128MiB\n  paths: [data]\n":
+            "  runtime: 1s\n  size: 16MiB\n  paths: [data]\n  host_path: '{host_path}'\n",
+        "clients: [1, 4]": "clients: [1]",
+        "run: {duration: 20s, repeats: 2}": "run: {duration: 5s, repeats: 2}",
+    },
 }
 # the fields a study's edits may change (dotted paths; a list's items by index); the rest must be the example's
 STUDY_SIZES = ("dataset.scale", "run.duration", "run.warmup", "run.repeats", "matrix.clients", "matrix.jobs",
-               "matrix.scenario.*.at", "storage.runtime", "storage.size")
+               "matrix.scenario.*.at", "storage.runtime", "storage.size", "tenants.arrangements.*.tiers.*.tenants")
 STUDY_LAB = ("target.kubernetes.kubeconfig", "target.kubernetes.namespace",
-             "target.kubernetes.wal_archive.s3.destination")
+             "target.kubernetes.wal_archive.s3.destination", "storage.host_path", "target.kubernetes.prometheus.url",
+             "target.kubernetes.prometheus.interval")
 # Not part of study 002: the storage-axis test's third value of its storage axis, a class on memory (statically
 # provisioned hostPath volumes on a tmpfs the test mounts), which carries its memory-vs-disk check. The only field
 # a study's lab plan adds to its example beyond sizes (tests/test_study_examples.py).
@@ -104,9 +139,10 @@ def study_plan(example: str, kubeconfig: Path | str, **values: str) -> str:
     text = (REPO / "examples" / example).read_text()
     for old, new in STUDY_EDITS[example].items():
         assert text.count(old) == 1, (example, old)
-        for name, value in values.items():
-            new = new.replace(f"{{{name}}}", value)
-        assert not re.search(r"\{[a-z_]+\}", new), (example, new)  # a value the edit needs was not given
+        wanted = set(re.findall(r"\{([a-z_]+)\}", new))
+        assert wanted <= values.keys(), (example, new)  # a value the edit needs was not given
+        for name in wanted:
+            new = new.replace(f"{{{name}}}", values[name])
         text = text.replace(old, new)
     head = "target:\n  kubernetes:\n"
     assert text.count(head) == 1, example

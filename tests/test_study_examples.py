@@ -203,10 +203,12 @@ def magnitude(value: object) -> float:
 def test_a_study_the_lab_runs_is_its_example_with_its_sizes_only(example: str, tmp_path: Path) -> None:
     """The plan a lab test runs for a study (kube_lab_support.study_plan) differs from the example in sizes, none
     larger, and in what the lab needs (its kubeconfig and namespace, a fresh archive destination), nothing else; it
-    validates. The one exception: the storage-axis test's memory class (MEMORY_VALUE), appended to study 002's two
-    classes as a third value of its storage axis, the study's own values unchanged."""
+    validates. Two exceptions, each the lab's check of a feature the study does not use: the storage-axis test's
+    memory class (MEMORY_VALUE), appended to study 002's two classes as a third value of its storage axis, the
+    study's own values unchanged; and study 001's best-effort tier in a namespace of its own."""
     text = study_plan(example, "/lab/admin.kubeconfig", destination="s3://pglab/x", namespace="pglab-x",
-                      memory=MEMORY_VALUE)
+                      memory=MEMORY_VALUE, host_path="/lab/nodes/{node}/disk",
+                      prometheus="{url: 'http://127.0.0.1:9090', interval: 1s}", slow="pglab-x-slow")
     (tmp_path / example).write_text(text)
     proc = pglab("plan", "validate", str(tmp_path / example))
     assert proc.returncode == 0, proc.stderr
@@ -219,6 +221,9 @@ def test_a_study_the_lab_runs_is_its_example_with_its_sizes_only(example: str, t
             yaml.safe_load(MEMORY_VALUE)[0])
         assert not any(k.startswith(f"matrix.storage.{n}.") for k in full)
         assert small[f"matrix.storage.{n}.storage.class"] == TMPFS_CLASS
+    if example == "study-qos-tiers.yaml":  # the best-effort tier in a namespace of its own, nothing else
+        appended = {k for k in small if k.endswith(".namespace") and k.startswith("tenants.")}
+        assert {k: small[k] for k in appended} == {"tenants.arrangements.1.tiers.2.namespace": "pglab-x-slow"}
     changed = {k for k in small.keys() | full.keys() if small.get(k) != full.get(k)} - appended
     sizes = {k for k in changed if any(fnmatch.fnmatchcase(k, p) or fnmatch.fnmatchcase(k, f"{p}.*")
                                        for p in STUDY_SIZES)}
@@ -226,6 +231,12 @@ def test_a_study_the_lab_runs_is_its_example_with_its_sizes_only(example: str, t
     assert small["target.kubernetes.kubeconfig"] == "/lab/admin.kubeconfig"
     if "target.kubernetes.namespace" in changed:
         assert small["target.kubernetes.namespace"] == "pglab-x"
+    small_doc, full_doc = yaml.safe_load(text), yaml.safe_load((REPO / "examples" / example).read_text())
+    for axis in ("clients", "jobs"):  # a size axis keeps its values, each no larger, or the first of them
+        kept = small_doc.get("matrix", {}).get(axis) or []
+        values = full_doc.get("matrix", {}).get(axis) or []
+        assert len(kept) == len(values) or (0 < len(kept) < len(values) and kept == values[:len(kept)]), axis
+        sizes -= {f"matrix.{axis}.{i}" for i in range(len(kept), len(values))}
     for k in sizes:  # smaller: a number, a duration ("30s") or a size ("16MiB"), each no larger than the example's
         assert k in small and k in full, k
         assert magnitude(small[k]) <= magnitude(full[k]), (k, small[k], full[k])
