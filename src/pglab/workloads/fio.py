@@ -256,10 +256,6 @@ def _escape(path: Path | str) -> str:
     return str(path).replace(":", "\\:")  # fio splits directory and filename lists on ':'
 
 
-def _arg(key: str, value: str) -> str:
-    return f"--{key}" if value == "" else f"--{key}={value}"
-
-
 def _ms(seconds: float) -> str:
     return f"{max(0, round(seconds * 1000))}ms"
 
@@ -272,7 +268,7 @@ def _command(fio: str, job: JobSpec, scratch: Path, out_dir: Path, runtime_s: fl
     cmd += ["--time_based", f"--runtime={_ms(runtime_s)}", f"--size={size_bytes}"]
     if ramp_s > 0:
         cmd.append(f"--ramp_time={_ms(ramp_s)}")
-    cmd += [_arg(k, v) for k, v in job.options.items()]  # a custom job's own runtime/size win over ours
+    cmd += [f"--{k}={v}" if v else f"--{k}" for k, v in job.options.items()]  # a custom job's runtime/size win
     if _numjobs(job) > 1:
         cmd.append("--group_reporting")
     prefix = out_dir / job.name

@@ -201,12 +201,9 @@ class DatasetCache:
             raise SnapshotError(f"cannot create the dataset cache '{self.root}' ({exc.strerror}); set {where} to a "
                                 "folder you can write to, or PGLAB_CACHE=off") from None
 
-    def _open_lock(self, name: str) -> int:
-        return os.open(self.root / f"{name}.lock", os.O_RDWR | os.O_CREAT, 0o600)
-
     def _try_lock(self, name: str, kind: int) -> int | None:
         """The entry's lock file, flocked (``kind``: LOCK_SH or LOCK_EX) without waiting; None when held."""
-        fd = self._open_lock(name)
+        fd = os.open(self.root / f"{name}.lock", os.O_RDWR | os.O_CREAT, 0o600)
         try:
             fcntl.flock(fd, kind | fcntl.LOCK_NB)
         except BlockingIOError:

@@ -134,15 +134,13 @@ class HALab(Membership):
                       for n in self.nodes],
         }
 
-    def _dcs_config(self, parameters: dict[str, Any]) -> dict[str, Any]:
-        return config.dcs_config(self.timings, self.spec.synchronous, len(self.nodes), parameters)
-
     def _patroni_config(self, node: HANode, passwords: dict[str, str], parameters: dict[str, Any]) -> dict[str, Any]:
         assert self.lab_dir is not None
         return config.patroni_config(
             node, scope=self.name, lab_dir=self.lab_dir, etcd_port=self.dcs.port, bindir=self.bindir,
             connect_port=self.links.ports.get(node.name, node.port), passwords=passwords,
-            dcs=self._dcs_config(parameters), restore=self.restore_from is not None and node is self.nodes[0])
+            dcs=config.dcs_config(self.timings, self.spec.synchronous, len(self.nodes), parameters),
+            restore=self.restore_from is not None and node is self.nodes[0])
 
     def start(self, parameters: dict[str, Any] | None = None, timeout: float = 240) -> None:
         """Build the lab: etcd, then the first node bootstraps as leader, then the others clone it; returns once
