@@ -19,8 +19,7 @@ from rich.text import Text
 from pglab import metrics
 from pglab.analysis.bottleneck import attribute, describe, mean_metrics, storage_ceiling_share
 from pglab.analysis.capacity import capacity_table
-from pglab.analysis.compare import TOO_FEW_REPEATS, VERDICTS, difference, uplift_tables
-from pglab.analysis.compare import none_if_nan as _number
+from pglab.analysis.compare import TOO_FEW_REPEATS, VERDICTS, delta_fields, difference, uplift_tables
 from pglab.analysis.cost import PART as COST_PART
 from pglab.analysis.cost import cost_table
 from pglab.analysis.flags import UNSTABLE, flag_text, flags
@@ -376,10 +375,7 @@ def durability_table(store: Store, sweep_id: int | None = None) -> tuple[list[st
             for s in DURABILITY:
                 m = s.metric.name
                 d = difference(m, [r.metrics.get(m) for r in ref], [r.metrics.get(m) for r in mine])
-                low, high = d.ci95_pct if d is not None and d.ci95_pct is not None else (None, None)
-                row[f"{lv}_{s.key}_vs_base_pct"] = _number(d.delta_pct) if d is not None else None
-                row[f"{lv}_{s.key}_ci95_low_pct"], row[f"{lv}_{s.key}_ci95_high_pct"] = _number(low), _number(high)
-                row[f"{lv}_{s.key}_verdict"] = d.verdict if d is not None else None
+                row.update(delta_fields(d, f"{lv}_{s.key}"))
         row["flags"] = flag_text([(lv, by_level[lv]["flags"].split(", ")) for lv in levels
                                   if by_level.get(lv, {}).get("flags")])
         rows.append(row)
