@@ -449,7 +449,7 @@ def render(columns: list[str], rows: list[dict[str, Any]], fmt: str, title: str 
     droppable = [g for g in ((o,) if isinstance(o, str) else o for o in optional) if set(g) & set(shown)]
     left_out: list[str] = []
     while True:
-        text = _rich_table(shown, rows, None, headers, plain)
+        text = _rich_table(shown, rows, headers, plain)
         if width is None or not droppable or max(map(len, text.splitlines()), default=0) <= width:
             break
         for c in droppable.pop():
@@ -465,8 +465,7 @@ def render(columns: list[str], rows: list[dict[str, Any]], fmt: str, title: str 
     return text
 
 
-def _rich_table(shown: list[str], rows: list[dict[str, Any]], title: str | None, headers: dict[str, str],
-                plain: tuple[str, ...] = ()) -> str:
+def _rich_table(shown: list[str], rows: list[dict[str, Any]], headers: dict[str, str], plain: tuple[str, ...]) -> str:
     table = Table(show_lines=False, header_style="bold")
     for c in shown:
         left = c in ("workload", "synchronous_commit", "status", "run_id", "dir", "reason", "path", "device", "profile",
@@ -477,10 +476,7 @@ def _rich_table(shown: list[str], rows: list[dict[str, Any]], title: str | None,
         table.add_row(*(Text(_fmt(c, r.get(c)) if c in plain else _cell(c, r)) for c in shown))  # text, not markup
     console = Console(width=100_000, record=True, file=io.StringIO())
     console.print(table)
-    lines = [line.rstrip() for line in console.export_text().splitlines()]
-    if title:  # a line of its own, not wrapped to the table's width
-        lines.insert(0, title)
-    return "\n".join(lines) + "\n"
+    return "\n".join(line.rstrip() for line in console.export_text().splitlines()) + "\n"
 
 
 def compact_view(per_run: bool) -> tuple[list[str], dict[str, str], tuple[str, ...], tuple[str, ...]]:
