@@ -75,10 +75,7 @@ class TenantsDriver(ProcessDriver[Fleet]):
 
         for t in fleet.tenants:
             user = t.lab.plan_code_user()
-            scripts, log_prefix = self.plan_dir, dirs[t.name] / "pgbench_log"
-            if user is not None:  # as the lab user: everything relative to the tenant's folder (see LocalDriver)
-                scripts = pgbench.stage_scripts(t.tier.workload, self.plan_dir, dirs[t.name])
-                log_prefix = Path("pgbench_log")
+            scripts, log_prefix = pgbench.stage_scripts(t.tier.workload, self.plan_dir, dirs[t.name], user is not None)
             args = pgbench.run_args(fleet.bindir, t.tier.workload, t.tier.clients, t.tier.jobs,
                                     self.plan.run, scripts, seconds=seconds, transactions=transactions,
                                     log_prefix=log_prefix if log else None)
