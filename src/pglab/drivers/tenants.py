@@ -1,11 +1,9 @@
 """The driver of a tenants plan: every tenant's own pgbench at once, in the same window, per tenant and per tier.
 
-Each arrangement × repeat is one run. What it records: per tenant (table ``tenant_metrics``) TPS and latency as
-that tenant's pgbench reports them, p95/p99 from its transaction log, CPU and IOs from its instances' cgroups,
-memory (PSS) sampled mid-window, and why it went as it did: its primary's WAL, checkpoint and backend-write
-figures (the pg probe, one per tenant) and, where pg_stat_statements is loaded, its statements over the window
-(``tenants/<tenant>/statements.json``); per tier and per host (``run_metrics``) the aggregates the tier table is
-made of, the WAL figures summed over the tenants; the host's disk and CPU series from the usual probes.
+Each arrangement × repeat is one run. What it records per tenant (``tenant_metrics``), per tier and per host
+(``run_metrics``), and from where: docs/methodology.md, "Many tenants on one host"; the tenants' WAL, checkpoint
+and backend-write figures come from a pg probe per tenant, their statements from each one's server
+(``tenants/<tenant>/statements.json``).
 """
 
 from __future__ import annotations
