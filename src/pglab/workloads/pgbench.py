@@ -409,8 +409,7 @@ def finish_segments(segments: Sequence[tuple[PgbenchProcess, int]], log_prefix: 
     No single pgbench line covers the run, so its figures are recomputed from the segments: transactions and
     failures add up, TPS is all transactions over the whole window (``launched`` to ``ended``, outage included),
     latency comes from the union of the per-transaction logs, progress lines are concatenated. Also returns how
-    many times pgbench ran and how many clients were aborted (their transaction in flight lost with the server).
-    """
+    many times pgbench ran and how many clients were aborted (their transaction in flight lost with the server)."""
     summaries: list[PgbenchSummary] = []
     aborted = 0
     for proc, _rc in segments:
@@ -538,8 +537,7 @@ def reset_for_run(conn: Any) -> None:
 
     Write workloads append to pgbench_history and leave dead tuples in accounts/tellers/branches;
     truncating the history, vacuuming and checkpointing gives every run the same starting point:
-    no dead tuples, fresh statistics, no dirty buffers waiting to be flushed inside the window.
-    """
+    no dead tuples, fresh statistics, no dirty buffers waiting to be flushed inside the window."""
     conn.execute("TRUNCATE pgbench_history")
     conn.execute("VACUUM (ANALYZE) pgbench_branches, pgbench_tellers, pgbench_accounts, pgbench_history")
     conn.execute("CHECKPOINT")

@@ -123,8 +123,7 @@ def primary_figures(client: prometheus.Client, namespace: str, primary: str, nod
     ``memory_mb``) and the I/O of its volumes' devices on its node (node-exporter's counters, the window's edges
     prorated, as a one-Cluster run's disk figures: ``read_iops`` … ``write_mb_s``). A device is the volume's, not
     the pod's: another tenant's volume on the same device of the same node is counted too (``info['disk']`` names
-    the devices). A part Prometheus has no samples for is left out (``info`` says why); PrometheusError propagates.
-    """
+    the devices). A part Prometheus has no samples for is left out (``info`` says why); PrometheusError propagates."""
     cfg = client.cfg
     w = prometheus.Window(window[0], window[1], cfg.interval)
     seconds = window[1] - window[0]
