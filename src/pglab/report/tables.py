@@ -212,10 +212,8 @@ def storage_shown(shown: list[str], rows: list[dict[str, Any]]) -> list[str]:
     """The storage table's shown columns, with the place and the host-path comparison when a host path ran."""
     if not any("place" in r for r in rows):
         return shown
-    out = []
-    for c in shown:
-        out += {"path": ["path", "place"], "iops": ["iops", "host_iops", "pod_host"]}.get(c, [c])
-    return out
+    placed = {"path": ["path", "place"], "iops": ["iops", "host_iops", "pod_host"]}
+    return [c2 for c in shown for c2 in placed.get(c, [c])]
 
 
 def _place(label: str, path: str) -> str:
