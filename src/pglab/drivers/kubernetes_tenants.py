@@ -157,11 +157,9 @@ class KubernetesTenantsDriver(KubernetesDriver):
     # ------------------------------------------------------------ each tenant's primary's figures
     def primary_figures(self, windows: dict[str, tuple[float, float]], dirs: dict[str, Path]
                         ) -> dict[str, PrimaryFigures]:
-        """Each tenant's primary's CPU, memory and disk figures over its own window, asked of the cluster's
-        Prometheus once its last scrapes are stored (``lag``); the series used are kept in
-        tenants/<tenant>/prometheus/. A tenant Prometheus or the API cannot answer for has none (said once per
-        sweep), not a failed run; none has any with the probes off. Two tenants whose volumes share a device of a
-        node are named in each other's ``disk.shared_with``: their disk figures are that device's."""
+        """Each tenant's primary's CPU, memory and disk figures over its own window (``primary_figures``), once
+        Prometheus stored its last scrapes (``lag``); the series used kept in tenants/<tenant>/prometheus/. A tenant
+        Prometheus or the API cannot answer for has none (said once per sweep), never a failed run."""
         prom = self.figures.prom
         if not self.plan.probes.enabled:
             return {}
