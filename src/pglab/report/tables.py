@@ -46,7 +46,6 @@ MONEY_COLUMNS = ("per_tps", "monthly")
 POINT_EXTRAS = ("tps_cv_pct", "unstable", "storage_ceiling_pct", "tps_dips", "tps_dips_at_checkpoint", "bottleneck_tag")
 
 
-
 def _extra_axes(runs: list[RunRow]) -> list[str]:
     """Axes beyond the seed columns: parameters always, jobs only when it varies independently."""
     names: list[str] = []

@@ -91,7 +91,6 @@ def _fsync_path(path: Path) -> None:
         os.close(fd)
 
 
-
 # ------------------------------------------------------------------ copying trees
 @dataclass
 class CopyReport:
@@ -427,7 +426,6 @@ def reflink_supported(src_dir: Path, dst_dir: Path) -> bool:
     finally:
         a.unlink(missing_ok=True)
         b.unlink(missing_ok=True)
-
 
 
 def describe(report: CopyReport) -> dict[str, Any]:

@@ -54,7 +54,6 @@ def server_running(data_dir: Path) -> int | None:
     return None if state == "Z" else pid
 
 
-
 # ------------------------------------------------------------------ snapshot and restore
 @dataclass
 class Snapshot:
