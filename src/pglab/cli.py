@@ -310,7 +310,7 @@ def report(
         raise UserError(f"--table: '{table}' is not one of {', '.join(TABLES)}.")
     with closing(Store.open(results, create=False)) as store:
         ids = [s["id"] for s in store.sweeps()]
-        if not ids or store.latest_sweep_id() is None:
+        if not ids:
             raise UserError(f"'{results}' holds no sweep yet; run a plan into it first.")
         if sweep is not None and sweep not in ids:
             raise UserError(f"--sweep: '{results}' holds no sweep {sweep}; it holds {', '.join(map(str, ids))}.")
@@ -702,9 +702,7 @@ def main() -> None:
         sys.exit(1)
     except typer.Exit as exc:
         sys.exit(exc.exit_code)
-    except typer.Abort:
-        sys.exit(130)
-    except KeyboardInterrupt:
+    except (typer.Abort, KeyboardInterrupt):
         sys.exit(130)
     except Exception as exc:
         # usage errors of the command-line parser (typer vendors click, so match by shape, not by class)

@@ -245,10 +245,6 @@ def _empty_target(path: Path, what: str) -> None:
         raise UserError(f"{what}: '{path}' exists and is not an empty folder; give a new or empty one.")
 
 
-def _du(path: Path) -> int:
-    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file() and not p.is_symlink())
-
-
 @cluster_app.command("backup")
 def backup(lab: str = typer.Argument(..., help="lab name or directory"),
            target: Path = typer.Argument(..., help="folder for the backup (new or empty)"),
@@ -275,7 +271,7 @@ def backup(lab: str = typer.Argument(..., help="lab name or directory"),
         if created:
             shutil.rmtree(target, ignore_errors=True)
         raise LabError(f"pg_basebackup from {leader} failed: {(proc.stderr or proc.stdout).strip()}")
-    size = _du(target)
+    size = sum(p.stat().st_size for p in target.rglob("*") if p.is_file() and not p.is_symlink())
     out.print(f"backup of {the_lab.name} (leader {leader}, {fmt}) in {target}: {size / 1024 / 1024:.1f} MiB in "
               f"{seconds:.1f} s", markup=False, highlight=False)
 

@@ -10,8 +10,7 @@ import sqlite3
 class UserError(Exception):
     """A problem the user can fix (plan, path, permission, missing binary, busy port).
 
-    The message is shown as is: one sentence naming the field or the thing and what to do.
-    """
+    The message is shown as is: one sentence naming the field or the thing and what to do."""
 
 
 class PlanError(UserError):

@@ -1,10 +1,7 @@
 """SIGINT and SIGTERM during a sweep: the signal handler only records which came; pglab acts on it at its own safe
-points, the waits below, by raising :class:`RunInterrupted` from ordinary code.
-
-Why not raise from the handler: a handler runs between any two bytecodes of the main thread, inside library code
-too. Raised right after ``Popen._wait`` took its waitpid lock, the exception left the lock taken for good: every
-later wait on that pgbench timed out, and Ctrl-C ended in a ``TimeoutExpired`` traceback 16 s later, the sweep marked
-failed. Nothing is raised from a handler here, so no lock, file or half-made state is left behind by one.
+points, the waits below, by raising :class:`RunInterrupted` from ordinary code. Why never from the handler (it once
+left ``Popen._wait``'s lock taken for good): docs/reliability.md, "Ctrl-C and SIGTERM are acted on where pglab
+chooses".
 
 What waits long in the main thread waits through :func:`sleep`, :func:`wait`, :func:`join`, :func:`wait_all` or
 :func:`run`: each looks at the flag every :data:`POLL_S` and raises :class:`RunInterrupted` once a signal is

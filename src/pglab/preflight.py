@@ -160,10 +160,6 @@ def check_binaries(plan: Plan) -> None:
 
 
 # ------------------------------------------------------------------ limits against the host
-def host_cpus() -> int:
-    return os.cpu_count() or 1
-
-
 def host_memory() -> int | None:
     """Bytes of RAM, or None when the system does not say."""
     with contextlib.suppress(ValueError, OSError, AttributeError):
@@ -196,7 +192,7 @@ def check_limits(plan: Plan) -> list[str]:
     notes: list[str] = []
     if local is None:
         return notes
-    cores, ram = host_cpus(), host_memory()
+    cores, ram = os.cpu_count() or 1, host_memory()
     cpu_limits: list[tuple[str, float]] = []
     memory_limits: list[tuple[str, int]] = []
     if local.resources is not None:

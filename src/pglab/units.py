@@ -55,8 +55,7 @@ def parse_size(value: str | int) -> int:
 class Size(str):
     """A size as the user wrote it (stripped), with the bytes it means in ``.bytes``.
 
-    A ``str``, so that plan dumps, stored plan text, manifests and messages show what the user wrote.
-    """
+    A ``str``, so that plan dumps, stored plan text, manifests and messages show what the user wrote."""
 
     bytes: int
 

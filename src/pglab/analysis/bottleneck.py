@@ -134,8 +134,7 @@ def attribute(metrics: dict[str, float | None], cores: int, jobs: int | None = N
     Two orderings are not by score: a saturated host CPU comes first (backends then also wait for a starved
     pgbench, which is a symptom); and row/transaction lock waits come after what the lock *holders* wait on
     (with 8 clients on 2 branches, most backends queue behind the one committing, and the committing one waits
-    for the standbys or the WAL flush: that is the cause, found among the backends not waiting on a lock).
-    """
+    for the standbys or the WAL flush: that is the cause, found among the backends not waiting on a lock)."""
     out: list[Verdict] = []
     busy = metrics.get("cpu_pct")
     server = metrics.get("server_cpu_cores")

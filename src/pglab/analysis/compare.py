@@ -111,6 +111,14 @@ def none_if_nan(v: float | None) -> float | None:
     return None if v is None or math.isnan(v) else v
 
 
+def delta_fields(d: Difference | None, prefix: str, delta: str = "vs_base_pct") -> dict[str, Any]:
+    """A Δ's cells in a row: ``<prefix>_<delta>``, its 95 % interval and its verdict (None without a Δ)."""
+    low, high = d.ci95_pct if d is not None and d.ci95_pct is not None else (None, None)
+    return {f"{prefix}_{delta}": none_if_nan(d.delta_pct) if d is not None else None,
+            f"{prefix}_ci95_low_pct": none_if_nan(low), f"{prefix}_ci95_high_pct": none_if_nan(high),
+            f"{prefix}_verdict": d.verdict if d is not None else None}
+
+
 def compare_runs(a: Sequence[RunRow], b: Sequence[RunRow], metrics: Sequence[str] = DEFAULT_METRICS,
                  ignore_axes: Sequence[str] = ()) -> tuple[list[str], list[dict[str, Any]]]:
     """One row per point (axes minus ``ignore_axes``) of A or B, ``ok`` runs only; columns usable with
@@ -144,13 +152,8 @@ def compare_runs(a: Sequence[RunRow], b: Sequence[RunRow], metrics: Sequence[str
             if d is None:
                 row[f"{m}_a"], row[f"{m}_b"], row[f"{m}_verdict"] = _mean(va), _mean(vb), NO_DATA
                 continue
-            row[f"{m}_a"], row[f"{m}_b"] = d.a_mean, d.b_mean
-            row[f"{m}_delta_pct"] = none_if_nan(d.delta_pct)
-            if d.ci95_pct is not None:
-                row[f"{m}_ci95_low_pct"] = none_if_nan(d.ci95_pct[0])
-                row[f"{m}_ci95_high_pct"] = none_if_nan(d.ci95_pct[1])
-            row[f"{m}_p_value"] = d.p_value
-            row[f"{m}_verdict"] = d.verdict
+            row.update({f"{m}_a": d.a_mean, f"{m}_b": d.b_mean, f"{m}_p_value": d.p_value,
+                        **delta_fields(d, m, "delta_pct")})
         rows.append(row)
     return columns, rows
 

@@ -58,8 +58,7 @@ def tie_to_checkpoints(dips: Sequence[Dip], checkpoint_starts: Sequence[float],
     """Mark each dip with the checkpoint that began shortly before or during it.
 
     Right after a checkpoint starts, the first change to every page writes a full-page image into the WAL, and
-    the spread write-out competes with the backends for the device: the dip follows the start by seconds.
-    """
+    the spread write-out competes with the backends for the device: the dip follows the start by seconds."""
     out = []
     for dip in dips:
         tied = [cp for cp in checkpoint_starts if dip.start - lead_s <= cp <= dip.end]

@@ -581,7 +581,6 @@ class KubernetesDriver:
         return shipped.one_pod(run_dir, m.name, _command(m), self.plan.run, scenario, launched, ended)
 
 
-
 class KubernetesRun(MeasuredRun):
     """One run on the Cluster, step by step (:func:`pglab.engine.run.measure`): the run's Job script (warm-up and
     measured window in one pgbench) exec'd in the sweep's long-lived client pods, so no pod starts per run; a

@@ -1,27 +1,10 @@
 """Tenants on Kubernetes: a CloudNativePG Cluster per tenant, every tenant's pgbench Job started in the same window.
 
-Each arrangement × repeat is one run, as on a local lab (``drivers.tenants``), and it records the same things in the
-same places: per tenant (``tenant_metrics``) TPS and latency as that tenant's pgbench reports them in its pod (its
-output and -l logs shipped back under tenants/<tenant>/), per tier and in all (``run_metrics``) the aggregates of
-the tier table (``drivers.tenants.tier_metrics``). The tenants' Clusters are made at once and waited for together;
-between arrangements they are deleted with their claims and the next arrangement's are made.
-
-With the cluster's Prometheus (target.kubernetes.prometheus), each tenant's primary's CPU, memory and disk figures
-over that tenant's window join its row (``targets.kubernetes.tenants.primary_figures``: cAdvisor's container
-counters, node-exporter's counters of its volumes' devices). Not measured here (yet): the standbys' figures, the
-exporters' figures, and any such figure without a Prometheus.
-
-Why each tenant's run went as it did: its Job reads its primary's WAL, checkpoint and backend-write counters
-(pg_stat_wal, pg_stat_bgwriter or pg_stat_checkpointer and pg_stat_io, pg_stat_database) right before and after its
-window (``targets.kubernetes.pgstats``), which become its rows under the local tenants' names (``wal_records``,
-``wal_fpi``, ``wal_bytes_per_commit``, ``checkpoints_timed``, ``buffers_backend`` …), every tenant's added up in the
-run's; the reads' window and increases are in tenants.json (``pgstats``). A parameter the tenant's primary did not
-run with fails the run naming it, as on one Cluster (its settings.txt, ``_check_settings``).
-
-With a ``pg_stat_statements.*`` parameter each tenant's Job reads the view around its pgbench, as a one-Cluster
-run's does (``targets.kubernetes.statements``), after the wait for the common start; its two reads become
-tenants/<tenant>/statements.json and its summary run.json's ``statements.tenants``, as on a local lab
-(``drivers.tenants.statements_record``).
+Each arrangement × repeat is one run, recorded in the same tables, names and files as a local tenants run
+(``drivers.tenants``). What is built, measured and read, and how (the common start, each tenant's primary's figures
+from Prometheus, its WAL and checkpoint counters, its statements and parameters): docs/kubernetes.md, "Tenants: a
+Cluster per tenant". Not measured here (yet): the standbys' figures, the exporters' figures, and any CPU, memory or
+disk figure without a Prometheus.
 """
 
 from __future__ import annotations
@@ -174,11 +157,9 @@ class KubernetesTenantsDriver(KubernetesDriver):
     # ------------------------------------------------------------ each tenant's primary's figures
     def primary_figures(self, windows: dict[str, tuple[float, float]], dirs: dict[str, Path]
                         ) -> dict[str, PrimaryFigures]:
-        """Each tenant's primary's CPU, memory and disk figures over its own window, asked of the cluster's
-        Prometheus once its last scrapes are stored (``lag``); the series used are kept in
-        tenants/<tenant>/prometheus/. A tenant Prometheus or the API cannot answer for has none (said once per
-        sweep), not a failed run; none has any with the probes off. Two tenants whose volumes share a device of a
-        node are named in each other's ``disk.shared_with``: their disk figures are that device's."""
+        """Each tenant's primary's CPU, memory and disk figures over its own window (``primary_figures``), once
+        Prometheus stored its last scrapes (``lag``); the series used kept in tenants/<tenant>/prometheus/. A tenant
+        Prometheus or the API cannot answer for has none (said once per sweep), never a failed run."""
         prom = self.figures.prom
         if not self.plan.probes.enabled:
             return {}

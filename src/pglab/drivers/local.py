@@ -260,10 +260,7 @@ class LocalDriver(ProcessDriver[Target]):
         """One pgbench, watched: the target's health each second, and a deadline past its duration."""
         target = self.target
         user = target.plan_code_user()
-        scripts, log_prefix = self.plan_dir, run_dir / "pgbench_log"
-        if user is not None:  # as the lab user, pgbench may not reach the plan's or the results' folder: it
-            # starts in run_dir (entered as root) and opens everything relative to it
-            scripts, log_prefix = pgbench.stage_scripts(point.workload, self.plan_dir, run_dir), Path("pgbench_log")
+        scripts, log_prefix = pgbench.stage_scripts(point.workload, self.plan_dir, run_dir, user is not None)
         args = pgbench.run_args(target.bindir, point.workload, point.clients, point.jobs, self.plan.run,
                                 scripts, seconds=seconds, transactions=transactions,
                                 log_prefix=log_prefix if log else None, rate=point.rate)

@@ -1,11 +1,9 @@
 """The driver of a tenants plan: every tenant's own pgbench at once, in the same window, per tenant and per tier.
 
-Each arrangement × repeat is one run. What it records: per tenant (table ``tenant_metrics``) TPS and latency as
-that tenant's pgbench reports them, p95/p99 from its transaction log, CPU and IOs from its instances' cgroups,
-memory (PSS) sampled mid-window, and why it went as it did: its primary's WAL, checkpoint and backend-write
-figures (the pg probe, one per tenant) and, where pg_stat_statements is loaded, its statements over the window
-(``tenants/<tenant>/statements.json``); per tier and per host (``run_metrics``) the aggregates the tier table is
-made of, the WAL figures summed over the tenants; the host's disk and CPU series from the usual probes.
+Each arrangement × repeat is one run. What it records per tenant (``tenant_metrics``), per tier and per host
+(``run_metrics``), and from where: docs/methodology.md, "Many tenants on one host"; the tenants' WAL, checkpoint
+and backend-write figures come from a pg probe per tenant, their statements from each one's server
+(``tenants/<tenant>/statements.json``).
 """
 
 from __future__ import annotations
@@ -75,10 +73,7 @@ class TenantsDriver(ProcessDriver[Fleet]):
 
         for t in fleet.tenants:
             user = t.lab.plan_code_user()
-            scripts, log_prefix = self.plan_dir, dirs[t.name] / "pgbench_log"
-            if user is not None:  # as the lab user: everything relative to the tenant's folder (see LocalDriver)
-                scripts = pgbench.stage_scripts(t.tier.workload, self.plan_dir, dirs[t.name])
-                log_prefix = Path("pgbench_log")
+            scripts, log_prefix = pgbench.stage_scripts(t.tier.workload, self.plan_dir, dirs[t.name], user is not None)
             args = pgbench.run_args(fleet.bindir, t.tier.workload, t.tier.clients, t.tier.jobs,
                                     self.plan.run, scripts, seconds=seconds, transactions=transactions,
                                     log_prefix=log_prefix if log else None)

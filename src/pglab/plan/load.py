@@ -241,8 +241,7 @@ def format_errors(exc: ValidationError) -> list[str]:
     """One line per problem, each starting with the field path; union alternatives collapsed.
 
     For a union (a built-in workload name or a custom workload mapping), a mapping is judged against the
-    mapping branch only, and anything else gets one line listing what is accepted.
-    """
+    mapping branch only, and anything else gets one line listing what is accepted."""
     lines: list[str] = []
     skipped: list[tuple[Any, ...]] = []
     for err in exc.errors(include_url=False):

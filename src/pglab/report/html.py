@@ -174,33 +174,27 @@ STATEMENT_HEADERS = {"total_exec_time_ms": "total ms", "mean_exec_time_ms": "mea
 STATEMENT_COLUMNS = ["query", "calls", "total_exec_time_ms", "mean_exec_time_ms", "time_pct"]
 
 
-def _statements(store: Store, runs: list[dict[str, Any]]) -> tuple[list[str], list[dict[str, Any]]] | None:
-    """Each run's top statements by execution time in its window: run.json's summary of statements.json (written
-    where pg_stat_statements was loaded); None when no run has one."""
-    columns = ["run_id", "workload", "synchronous_commit", "clients", *STATEMENT_COLUMNS]
-    rows: list[dict[str, Any]] = []
-    for r in runs:
-        with contextlib.suppress(OSError, TypeError, ValueError, AttributeError):  # no run.json: no statements
-            top = (json.loads((store.dir / r["dir"] / "run.json").read_text()).get("statements") or {}).get("top", [])
-            rows += [{**{c: r.get(c) for c in columns[:4]}, **s} for s in top]
-    return (columns, rows) if rows else None
-
-
-def _tenant_statements(store: Store, runs: list[dict[str, Any]]) -> tuple[list[str], list[dict[str, Any]]] | None:
-    """Each run's tenants' top statements by execution time in the window: run.json's ``statements.tenants`` (the
-    summary of each tenants/<tenant>/statements.json, on a local lab and on Kubernetes alike), the tenants in
-    order; None when no run has any."""
-    columns = ["run_id", "arrangement", "tenant", "tier", *STATEMENT_COLUMNS]
+def _statements(store: Store, runs: list[dict[str, Any]],
+                tenants: bool = False) -> tuple[list[str], list[dict[str, Any]]] | None:
+    """Each run's top statements by execution time in its window, from run.json's summary of statements.json
+    (written where pg_stat_statements was loaded); with ``tenants``, each tenant's (``statements.tenants``, on a local
+    lab and on Kubernetes alike), the tenants in order. None when no run has any."""
+    keys = ["run_id", "arrangement", "tenant", "tier"] if tenants else ["run_id", "workload", "synchronous_commit",
+                                                                         "clients"]
     rows: list[dict[str, Any]] = []
     for r in runs:
         with contextlib.suppress(OSError, TypeError, ValueError, AttributeError):  # no run.json: no statements
             record = json.loads((store.dir / r["dir"] / "run.json").read_text())
+            statements = record.get("statements") or {}
+            if not tenants:
+                rows += [{**{c: r.get(c) for c in keys}, **s} for s in statements.get("top", [])]
+                continue
             tiers = {name: (t or {}).get("tier") for name, t in (record.get("tenants") or {}).items()}
-            per = (record.get("statements") or {}).get("tenants") or {}
+            per = statements.get("tenants") or {}
             rows += [{"run_id": r["run_id"], "arrangement": r.get("arrangement"), "tenant": name,
                       "tier": tiers.get(name), **s}
                      for name in sorted(per) for s in per[name].get("top", [])]
-    return (columns, rows) if rows else None
+    return ([*keys, *STATEMENT_COLUMNS], rows) if rows else None
 
 
 def _formatted(columns: list[str]) -> list[str]:
@@ -469,7 +463,7 @@ def _tenants_parts(store: Store, sweep_id: int) -> tuple[list[str], list[dict[st
               _section("tenants", "Every tenant of every run", tenant_columns, tenant_rows)]
     _, runs = run_table(store, sweep_id)
     charted = [r for r in runs if r["status"] == "ok"][:MAX_SERIES_RUNS]
-    if statements := _tenant_statements(store, charted):
+    if statements := _statements(store, charted, tenants=True):
         tables.append(_section("statements", "Top statements by total time in the window, per tenant", *statements,
                                "pg_stat_statements of each tenant's own server, read at its measured window's start "
                                "and end, of the runs charted below; every statement of a tenant: "

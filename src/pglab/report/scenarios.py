@@ -21,8 +21,6 @@ def _values(runs: list[RunRow], metric: str) -> list[float]:
     return [v for r in runs if (v := r.metrics.get(metric)) is not None]
 
 
-
-
 def scenario_table(store: Store, sweep_id: int | None = None) -> tuple[list[str], list[dict[str, Any]]]:
     """One row per scenario × workload × clients × synchronous_commit (the durability matrix). Columns no run
     measured are left out."""

@@ -19,8 +19,7 @@ from rich.text import Text
 from pglab import metrics
 from pglab.analysis.bottleneck import attribute, describe, mean_metrics, storage_ceiling_share
 from pglab.analysis.capacity import capacity_table
-from pglab.analysis.compare import TOO_FEW_REPEATS, VERDICTS, difference, uplift_tables
-from pglab.analysis.compare import none_if_nan as _number
+from pglab.analysis.compare import TOO_FEW_REPEATS, VERDICTS, delta_fields, difference, uplift_tables
 from pglab.analysis.cost import PART as COST_PART
 from pglab.analysis.cost import cost_table
 from pglab.analysis.flags import UNSTABLE, flag_text, flags
@@ -45,7 +44,6 @@ DECIMALS = {**metrics.decimals(), "peak_tps": 1, "a": 1, "b": 1, "iops": 0, "hos
 MONEY_COLUMNS = ("per_tps", "monthly")
 # the point table's columns for CSV/JSON (and the HTML's figures), not the terminal's
 POINT_EXTRAS = ("tps_cv_pct", "unstable", "storage_ceiling_pct", "tps_dips", "tps_dips_at_checkpoint", "bottleneck_tag")
-
 
 
 def _extra_axes(runs: list[RunRow]) -> list[str]:
@@ -213,10 +211,8 @@ def storage_shown(shown: list[str], rows: list[dict[str, Any]]) -> list[str]:
     """The storage table's shown columns, with the place and the host-path comparison when a host path ran."""
     if not any("place" in r for r in rows):
         return shown
-    out = []
-    for c in shown:
-        out += {"path": ["path", "place"], "iops": ["iops", "host_iops", "pod_host"]}.get(c, [c])
-    return out
+    placed = {"path": ["path", "place"], "iops": ["iops", "host_iops", "pod_host"]}
+    return [c2 for c in shown for c2 in placed.get(c, [c])]
 
 
 def _place(label: str, path: str) -> str:
@@ -376,10 +372,7 @@ def durability_table(store: Store, sweep_id: int | None = None) -> tuple[list[st
             for s in DURABILITY:
                 m = s.metric.name
                 d = difference(m, [r.metrics.get(m) for r in ref], [r.metrics.get(m) for r in mine])
-                low, high = d.ci95_pct if d is not None and d.ci95_pct is not None else (None, None)
-                row[f"{lv}_{s.key}_vs_base_pct"] = _number(d.delta_pct) if d is not None else None
-                row[f"{lv}_{s.key}_ci95_low_pct"], row[f"{lv}_{s.key}_ci95_high_pct"] = _number(low), _number(high)
-                row[f"{lv}_{s.key}_verdict"] = d.verdict if d is not None else None
+                row.update(delta_fields(d, f"{lv}_{s.key}"))
         row["flags"] = flag_text([(lv, by_level[lv]["flags"].split(", ")) for lv in levels
                                   if by_level.get(lv, {}).get("flags")])
         rows.append(row)
@@ -453,7 +446,7 @@ def render(columns: list[str], rows: list[dict[str, Any]], fmt: str, title: str 
     droppable = [g for g in ((o,) if isinstance(o, str) else o for o in optional) if set(g) & set(shown)]
     left_out: list[str] = []
     while True:
-        text = _rich_table(shown, rows, None, headers, plain)
+        text = _rich_table(shown, rows, headers, plain)
         if width is None or not droppable or max(map(len, text.splitlines()), default=0) <= width:
             break
         for c in droppable.pop():
@@ -469,8 +462,7 @@ def render(columns: list[str], rows: list[dict[str, Any]], fmt: str, title: str 
     return text
 
 
-def _rich_table(shown: list[str], rows: list[dict[str, Any]], title: str | None, headers: dict[str, str],
-                plain: tuple[str, ...] = ()) -> str:
+def _rich_table(shown: list[str], rows: list[dict[str, Any]], headers: dict[str, str], plain: tuple[str, ...]) -> str:
     table = Table(show_lines=False, header_style="bold")
     for c in shown:
         left = c in ("workload", "synchronous_commit", "status", "run_id", "dir", "reason", "path", "device", "profile",
@@ -481,10 +473,7 @@ def _rich_table(shown: list[str], rows: list[dict[str, Any]], title: str | None,
         table.add_row(*(Text(_fmt(c, r.get(c)) if c in plain else _cell(c, r)) for c in shown))  # text, not markup
     console = Console(width=100_000, record=True, file=io.StringIO())
     console.print(table)
-    lines = [line.rstrip() for line in console.export_text().splitlines()]
-    if title:  # a line of its own, not wrapped to the table's width
-        lines.insert(0, title)
-    return "\n".join(lines) + "\n"
+    return "\n".join(line.rstrip() for line in console.export_text().splitlines()) + "\n"
 
 
 def compact_view(per_run: bool) -> tuple[list[str], dict[str, str], tuple[str, ...], tuple[str, ...]]:

@@ -11,7 +11,7 @@ from collections import OrderedDict
 from typing import Any
 
 from pglab import metrics
-from pglab.analysis.compare import difference, none_if_nan
+from pglab.analysis.compare import delta_fields, difference
 from pglab.analysis.flags import flag_text, flags
 from pglab.store.sqlite import RunRow, Store
 
@@ -82,11 +82,8 @@ def tier_table(store: Store, sweep_id: int | None = None) -> tuple[list[str], li
             if row["instances"] is not None:  # the tier's tenants, each with its instances
                 row["instances"] = int(row["instances"] * instances_each)
             d = difference("tps", base, [r.metrics.get(f"tier.{tier}.tps") for r in ok]) if i > 0 else None
-            low, high = d.ci95_pct if d is not None and d.ci95_pct is not None else (None, None)
-            row.update({"tps_vs_base_pct": none_if_nan(d.delta_pct) if d is not None else None,
-                        "tps_ci95_low_pct": none_if_nan(low), "tps_ci95_high_pct": none_if_nan(high),
-                        "tps_verdict": d.verdict if d is not None else None,
-                        "repeats": len(ok), "failed_runs": len(runs) - len(ok), "flags": arrangement_flags})
+            row.update({**delta_fields(d, "tps"), "repeats": len(ok), "failed_runs": len(runs) - len(ok),
+                        "flags": arrangement_flags})
             rows.append(row)
     columns = [c for c in TIER_COLUMNS if c in ("arrangement", "tier", "instances", "tps_per_instance")
                or any(r.get(c) is not None for r in rows)]

@@ -160,8 +160,7 @@ def evaluate(attempts: Iterable[Attempt], present: Iterable[int], *, fault_time:
     fault time was not acknowledged (acks the old primary still gave in between are counted in
     ``acked_after_fault``); without such an attempt, at the fault time itself. ``first_ack_after`` is the first
     acknowledged write sent after that; ``rto_s`` = ``first_ack_after`` − ``fault_time``; ``gap_s`` =
-    ``first_ack_after`` − ``last_ack_before`` (the last ack done before the disruption): the outage the client saw.
-    """
+    ``first_ack_after`` − ``last_ack_before`` (the last ack done before the disruption): the outage the client saw."""
     items = sorted(attempts, key=lambda a: a.t_sent)
     have = set(present)
     acked = [a for a in items if a.outcome == ACKED]
@@ -264,8 +263,7 @@ class Witness:
     ``conninfo`` should list every server with ``target_session_attrs=read-write`` so that after a failover the
     witness follows the new primary; on a lost connection it reconnects in a loop (``connect_timeout`` per try,
     ``reconnect_s`` between tries) and goes on with the next id. ``synchronous_commit`` is set for its session
-    (None: the server's). ``interval_s`` is the pause between attempts (0: as fast as the server answers).
-    """
+    (None: the server's). ``interval_s`` is the pause between attempts (0: as fast as the server answers)."""
 
     def __init__(self, conninfo: str, log_path: Path, synchronous_commit: str | None = None,
                  interval_s: float = 0.01, connect_timeout: int = 2, reconnect_s: float = 0.02):

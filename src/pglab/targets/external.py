@@ -48,8 +48,7 @@ def local_postmaster(conninfo: str) -> int | None:
 
     The backend serving our own connection is a child of the postmaster. Its pid is only trusted when the process
     of that pid here is a postgres whose start time matches the backend's (within 2 s): a server on another host,
-    or in another pid namespace (a container), has pids that mean nothing here.
-    """
+    or in another pid namespace (a container), has pids that mean nothing here."""
     try:
         with psycopg.connect(conninfo, autocommit=True, connect_timeout=5) as c:
             row = c.execute("SELECT pid, extract(epoch FROM backend_start)::float8 FROM pg_stat_activity "

@@ -6,20 +6,12 @@ when the run is interrupted. The built-in profiles share one data file per scrat
 real writes (``overwrite=1``): reads need data, and PostgreSQL's WAL segments are pre-written files that get
 overwritten, so the commit profile must not pay for allocating blocks.
 
-Profiles (PostgreSQL's page is 8 KiB):
-
-- ``randread-8k`` / ``randwrite-8k``: direct I/O, libaio, at queue depth 1 (latency of one backend's
-  cache miss) and 32 (the IOPS ceiling).
-- ``wal-fdatasync-8k``: sequential 8 KiB buffered writes, each followed by ``fdatasync``, QD 1 — what
-  PostgreSQL does per commit with ``wal_sync_method=fdatasync`` (Linux's default). fio reports the latency of
-  the ``write()`` call under ``write`` and the latency of the ``fdatasync`` under ``sync``; a commit costs
-  both, so the write result carries the sync latency too (``sync_lat_*``), and its IOPS is the commit rate.
-- ``seqread-8k`` / ``seqwrite-8k``: the same, sequential (PostgreSQL's sequential scans and bulk writes, page
-  by page; cnp-bench's sequential figures): direct, libaio, QD 1 and 32.
-- ``seqread-1m`` / ``seqwrite-1m``: direct, libaio, QD 8: 8 MiB in flight reaches the bandwidth limit of a
-  cloud volume or a single NVMe drive; deeper queues add latency, not MB/s.
-- ``mixed-70-30-8k``: random 70 % reads / 30 % writes, direct, libaio, QD 16 (a loaded OLTP database, between
-  the two random queue depths above).
+Profiles: docs/methodology.md's table (8 KiB: PostgreSQL's page). Their queue depths: 1 for one backend's
+latency, 32 for the IOPS ceiling; 8 for 1 MiB (8 MiB in flight reaches the bandwidth of a cloud volume or an NVMe
+drive, deeper adds latency, not MB/s); 16 for the mix (a loaded OLTP database). ``wal-fdatasync-8k`` is what a commit
+does with ``wal_sync_method=fdatasync`` (Linux's default): fio reports the ``write()`` under ``write`` and the
+``fdatasync`` under ``sync``; a commit costs both, so its write result carries the sync latency (``sync_lat_*``) and
+its IOPS is the commit rate.
 
 A custom job file (``custom_jobs``) gives one job per section, [global] merged in; pglab still decides
 where fio writes (a scratch folder under the path: ``directory`` and absolute file names are refused) and
@@ -264,10 +256,6 @@ def _escape(path: Path | str) -> str:
     return str(path).replace(":", "\\:")  # fio splits directory and filename lists on ':'
 
 
-def _arg(key: str, value: str) -> str:
-    return f"--{key}" if value == "" else f"--{key}={value}"
-
-
 def _ms(seconds: float) -> str:
     return f"{max(0, round(seconds * 1000))}ms"
 
@@ -280,7 +268,7 @@ def _command(fio: str, job: JobSpec, scratch: Path, out_dir: Path, runtime_s: fl
     cmd += ["--time_based", f"--runtime={_ms(runtime_s)}", f"--size={size_bytes}"]
     if ramp_s > 0:
         cmd.append(f"--ramp_time={_ms(ramp_s)}")
-    cmd += [_arg(k, v) for k, v in job.options.items()]  # a custom job's own runtime/size win over ours
+    cmd += [f"--{k}={v}" if v else f"--{k}" for k, v in job.options.items()]  # a custom job's runtime/size win
     if _numjobs(job) > 1:
         cmd.append("--group_reporting")
     prefix = out_dir / job.name

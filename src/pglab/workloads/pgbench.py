@@ -221,19 +221,21 @@ def run_args(bindir: Path, workload: str | CustomWorkload, clients: int, jobs: i
     return args + script_args(workload, base_dir)
 
 
-def stage_scripts(workload: str | CustomWorkload, plan_dir: Path, work_dir: Path) -> Path:
-    """Copy the workload's script files to ``work_dir``/scripts, for a pgbench run as the lab user: that user may
-    not reach the plan's folder (root's), but pgbench starts in ``work_dir``. Returns the folder to resolve the
-    scripts against, relative to ``work_dir`` (the copies also keep, with the run, the code that ran)."""
+def stage_scripts(workload: str | CustomWorkload, plan_dir: Path, work_dir: Path, as_user: bool) -> tuple[Path, Path]:
+    """The folder to resolve the scripts against, and the -l log prefix. As the lab user (``as_user``) pgbench may
+    not reach the plan's folder (root's) nor the results': it starts in ``work_dir`` and opens everything relative
+    to it, the script files copied to ``work_dir``/scripts (the copies also keep, with the run, the code that ran)."""
+    if not as_user:
+        return plan_dir, work_dir / "pgbench_log"
     if isinstance(workload, str):
-        return plan_dir
+        return plan_dir, Path("pgbench_log")
     for s in workload.scripts:
         if s.file is not None:
             copy = work_dir / "scripts" / s.file
             copy.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(resolve_path(s.file, plan_dir), copy)
             os.chmod(copy, 0o644)
-    return Path("scripts")
+    return Path("scripts"), Path("pgbench_log")
 
 
 # ------------------------------------------------------------------ running
@@ -407,8 +409,7 @@ def finish_segments(segments: Sequence[tuple[PgbenchProcess, int]], log_prefix: 
     No single pgbench line covers the run, so its figures are recomputed from the segments: transactions and
     failures add up, TPS is all transactions over the whole window (``launched`` to ``ended``, outage included),
     latency comes from the union of the per-transaction logs, progress lines are concatenated. Also returns how
-    many times pgbench ran and how many clients were aborted (their transaction in flight lost with the server).
-    """
+    many times pgbench ran and how many clients were aborted (their transaction in flight lost with the server)."""
     summaries: list[PgbenchSummary] = []
     aborted = 0
     for proc, _rc in segments:
@@ -536,8 +537,7 @@ def reset_for_run(conn: Any) -> None:
 
     Write workloads append to pgbench_history and leave dead tuples in accounts/tellers/branches;
     truncating the history, vacuuming and checkpointing gives every run the same starting point:
-    no dead tuples, fresh statistics, no dirty buffers waiting to be flushed inside the window.
-    """
+    no dead tuples, fresh statistics, no dirty buffers waiting to be flushed inside the window."""
     conn.execute("TRUNCATE pgbench_history")
     conn.execute("VACUUM (ANALYZE) pgbench_branches, pgbench_tellers, pgbench_accounts, pgbench_history")
     conn.execute("CHECKPOINT")

@@ -1,12 +1,10 @@
 """Disk figures of a Kubernetes run from the database nodes' /proc/diskstats, as the local disk probe computes them.
 
-The disk-sampler DaemonSet (``render.disk_sampler``) prints each node's /proc/diskstats every second, stamped with
-the node's epoch. Which of a node's devices carries an instance's volume is what the volume probe
-(``render.volume_probe``) printed: a pod on that node mounting the instance's claims read-only gives each mount's
-device number (major:minor), the number /proc/diskstats lists the device under, as the local probe resolves a path
-by its st_dev. Measured as is (a partition, a device-mapper device), as iostat names it. Where no probe could run
-(a claim only one pod may mount, say), the node's device with the most I/O time in the run's window is taken,
-and disk.json says it was a guess. A volume on a filesystem without a block device (NFS, tmpfs) has no figures.
+The disk-sampler DaemonSet (``render.disk_sampler``) prints each node's /proc/diskstats, stamped with the node's
+epoch; the volume probe (``render.volume_probe``) gives the device number of each instance's volume, as the local
+probe resolves a path by its st_dev: docs/kubernetes.md, "Disk figures". Where no probe could run (a claim only one
+pod may mount, say), the node's device with the most I/O time in the run's window is taken, and disk.json says it
+was a guess. A volume on a filesystem without a block device (NFS, tmpfs) has no figures.
 
 The figures are ``probes.disk``'s own: its per-interval ``_figures`` and its window ``summarize``, under its metric
 names, summed over the instances' distinct (node, device) as the local probe sums the devices of the paths it

@@ -1,14 +1,8 @@
 """Why a Kubernetes tenant's run went as it did: its primary's WAL, checkpoint and backend-write counters, read by
-its own run Job right before and right after its measured window, as the local ``pg`` probe reads them.
-
-The query is the local probe's (``probes.pgstats``: pg_stat_database, pg_stat_wal from PostgreSQL 14,
-pg_stat_bgwriter or, from 17, pg_stat_checkpointer and pg_stat_io), chosen in the pod by the server's version, with
-the server's clock; the figures have the local probe's names (``wal_records``, ``wal_fpi``, ``wal_bytes_per_commit``,
-``checkpoints_timed``, ``buffers_backend`` …), over the two reads. The reads go where the window's other reads go
-(``scripts.window_reads``): right before pgbench, or ``run.warmup`` after it started, and right after it ended and
-its backends have gone (they publish their counters as they exit). pglab reads no pod by exec: the Job's psql,
-connected as pgbench is (the application role, through the ``-rw`` Service), writes each read to a file its pod
-ships. A read that failed gives no figure (psql's words in ``pgstats.err``), never a failed run.
+its own run Job right before and right after its measured window with the local ``pg`` probe's query
+(``probes.pgstats``, chosen in the pod by the server's version), under the local probe's names. When the reads fall,
+as whom, and what they give: docs/kubernetes.md, tenants' "Why each tenant's run went as it did". A read that failed
+gives no figure (psql's words in ``pgstats.err``), never a failed run.
 """
 
 from __future__ import annotations

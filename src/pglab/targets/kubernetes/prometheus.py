@@ -126,12 +126,8 @@ class Client:
                 ts, value = at.get(float(t)), float(v)
                 if ts is not None and math.isfinite(value):
                     seen[ts] = value
-            out[_labels(r["metric"])] = sorted(seen.items())
+            out[frozenset(r["metric"].items())] = sorted(seen.items())
         return out
-
-
-def _labels(metric: dict[str, str]) -> Labels:
-    return frozenset(metric.items())
 
 
 def _by(series: Series, label: str) -> dict[str, Series]:

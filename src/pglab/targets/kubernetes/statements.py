@@ -1,27 +1,8 @@
-"""Which statements took the time on a Kubernetes run: pg_stat_statements read by the run's Job, at the measured
-window's start and end, kept in ``statements.json`` exactly as a local run keeps it.
-
-Where it is read: CloudNativePG loads pg_stat_statements (``shared_preload_libraries``, managed by the operator) and
-creates the extension in every database as soon as a ``pg_stat_statements.*`` parameter is set
-(``postgres.parameters`` or a ``matrix.parameters`` axis); only then does the run Job read it. pglab reads no pod
-by exec: the Job's own psql, connected as pgbench is (the application role, through the ``-rw`` Service), writes
-each read to a file its pod ships with the others, as the settings wait does.
-
-When: pgbench runs warm-up and measured window in one process on Kubernetes (the window is cut from its
-per-transaction log), so without a warm-up the reads come right before pgbench starts and right after it ends;
-with one, the first read is taken ``run.warmup`` seconds after pgbench started (its connections' set-up, a few ms,
-falls before it: a few statements at the window's start may be counted or missed), the last after it ends. The
-reads' own statements (marked ``pglab-statements``) are left out. The application role sees the text and identity
-of its own statements only: other roles' (the operator's monitoring queries, as ``postgres``) have no queryid for
-it and are left out, as pglab's own sessions are on a local lab.
-
-With several load pods (``run.load_pods``), pod 0 reads: before it enters the start barrier (no pod's pgbench
-starts before that), and after every pod said its pgbench ended (``scripts.end_barrier_script``); its files are
-under load-0/, statements.json is the run's. Through a scenario that keeps the primary (standby-loss, backup) the
-Job reads as without one (the witness's writes are among the statements: they ran in the window). One that moves
-the primary (failover, switchover, node-loss, node-drain) is not read: the ``-rw`` Service then leads to another
-server, whose view holds its own history, not the window's; the Job ships why (``NOT_READ_FILE``), and run.json's
-``statements`` says it. Nothing here fails a run: what psql said is kept in ``statements.err``.
+"""Which statements took the time on a Kubernetes run: pg_stat_statements read by the run's Job (its own psql,
+connected as pgbench is) at the measured window's start and end, kept in ``statements.json`` exactly as a local run
+keeps it; no pod is read by exec. When the reads fall (one pgbench process holds warm-up and window), which pod reads
+with ``run.load_pods``, and why a scenario that moves the primary is not read (``NOT_READ_FILE``): docs/kubernetes.md,
+"Statements". Nothing here fails a run: what psql said is kept in ``statements.err``.
 """
 
 from __future__ import annotations

@@ -117,14 +117,10 @@ def cpu_cores(quantity: str) -> float:
 def primary_figures(client: prometheus.Client, namespace: str, primary: str, node: str, container: str,
                     window: tuple[float, float], volumes: dict[str, list[disks.Volume] | str],
                     cpu_limit: float) -> PrimaryFigures:
-    """The primary's container CPU (cAdvisor's counter between its first and last sample inside the window, as a
-    one-Cluster run's ``primary_cpu_cores``: ``cpu_cores``, ``cpu_s`` over the window, ``cpu_limit_pct`` of its
-    limit, ``cpu_throttled_pct``), its memory (cAdvisor's working set, mean of its samples inside the window:
-    ``memory_mb``) and the I/O of its volumes' devices on its node (node-exporter's counters, the window's edges
-    prorated, as a one-Cluster run's disk figures: ``read_iops`` … ``write_mb_s``). A device is the volume's, not
-    the pod's: another tenant's volume on the same device of the same node is counted too (``info['disk']`` names
-    the devices). A part Prometheus has no samples for is left out (``info`` says why); PrometheusError propagates.
-    """
+    """The primary's container CPU and memory (cAdvisor's) and its volumes' devices' I/O on its node (node-exporter's)
+    over ``window``, each figure as docs/kubernetes.md's tenants' "Each tenant's CPU, memory and disk" defines it
+    (``info['disk']`` names the devices). A part Prometheus has no samples for is left out (``info`` says why);
+    PrometheusError propagates."""
     cfg = client.cfg
     w = prometheus.Window(window[0], window[1], cfg.interval)
     seconds = window[1] - window[0]

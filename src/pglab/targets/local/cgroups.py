@@ -8,11 +8,8 @@ on one host, cgroups reproduce both. Both hierarchies are supported, detected at
 - **v1**: one directory per controller: ``cpu.cfs_quota_us``/``cpu.cfs_period_us``, ``memory.limit_in_bytes``,
   ``blkio.throttle.{read,write}_{iops,bps}_device``, ``cpuset.cpus`` (and ``cpuset.mems``).
 
-What v1 IO throttling does and does not cover: ``blkio.throttle`` counts I/O the group submits itself —
-reads, ``O_DIRECT`` writes and the writes a backend issues when it flushes WAL or evicts a dirty buffer.
-Buffered writes that the kernel's flusher threads write back later (most checkpoint and bgwriter writes,
-which PostgreSQL issues without ``O_DIRECT``) are charged to the root group and escape the limit. cgroup v2
-with the ``io`` controller attributes writeback to the group that dirtied the page, so the limits hold there.
+What v1 IO throttling does not cover (the flusher threads' writeback, most checkpoint and bgwriter writes, is
+charged to the root group; v2 charges the group that dirtied the page): docs/methodology.md, "Each instance's I/O".
 
 The same counters give each instance's own I/O over a run (``io_stat``), beside the device-wide figures of the
 disk probe; a lab without limits still makes an accounting-only group per instance for them (``account_io``).
@@ -252,14 +249,9 @@ class Group:
 
     def io_stat(self) -> dict[str, float]:
         """Read/write IOs and bytes the group submitted to its devices since it was created, and on v2 the
-        seconds some of its tasks stalled on I/O (``io_stall_s``, from ``io.pressure``; v1 gives no time).
-
-        v1 counts what ``blkio.throttle`` sees as bios are submitted: the group's own reads and the writes its
-        tasks push out themselves (a backend's or the walwriter's fdatasync of WAL, the checkpointer's fsync at
-        the end of a checkpoint); pages the kernel's flusher threads write back later are the root group's, not
-        the group's. v2 counts what the ``io`` controller attributes to the group, writeback included. Both
-        count bios before the block layer merges them, so a group's IOs can exceed the device's requests for the
-        same bytes; bytes are the figure the two sides share."""
+        seconds some of its tasks stalled on I/O (``io_stall_s``, from ``io.pressure``; v1 gives no time). What
+        each version counts (v1: no flusher writeback; both: bios before merging): docs/methodology.md, "Each
+        instance's I/O"."""
         out = {"read_ios": 0.0, "write_ios": 0.0, "read_bytes": 0.0, "write_bytes": 0.0}
         if self.version == 2:
             for line in _read(self._file("io.stat")).splitlines():

@@ -506,8 +506,7 @@ def clean_lab(lab_dir: Path) -> list[str]:
     """Stop every server a lab directory's lab.json names, and any pgbench or fio still working on it, and remove
     the lab and its registry entry. Returns what was stopped.
 
-    Used for labs kept with ``--keep``; labs left behind by a pglab that was killed are cleaned by the registry.
-    """
+    Used for labs kept with ``--keep``; labs left behind by a pglab that was killed are cleaned by the registry."""
     stopped = leftovers.stop_plain_lab(lab_dir)
     registry.unregister(lab_dir.resolve())
     return stopped

@@ -128,12 +128,8 @@ class Groups:
         limited = self.groups if self.member_limits else {}
         if not limited and self.client is None:
             return {}  # the plan asks for no limits (accounting-only groups limit nothing)
-        out: dict[str, Any] = {"applied": True}
-        for name, g in limited.items():
-            out[name] = g.in_force()
-        if self.client is not None:
-            out["client"] = self.client.in_force()
-        return out
+        return {"applied": True, **{name: g.in_force() for name, g in limited.items()},
+                **({"client": self.client.in_force()} if self.client is not None else {})}
 
     def cpu_stats(self) -> dict[str, dict[str, float]]:
         """CPU used and CFS throttling per member group (and pgbench's), for deltas over a measured window."""

@@ -1,15 +1,8 @@
-"""Every local lab a pglab process builds is registered, so that one left behind by a killed pglab is found.
-
-The scratch folders of fio runs are registered the same way. A registry entry is a small JSON file per lab in
-``<state>/labs/`` (``$PGLAB_STATE_DIR``, else ``$XDG_STATE_HOME/pglab``, else ``~/.local/state/pglab``). It
-names the lab directory, the directories created for it, and the pglab process that owns it (pid and that
-process's start time, so a reused pid is not mistaken for the owner). It is written before the first server
-starts and removed once the lab is torn down. A lab kept with ``--keep`` stays registered, marked kept, until
-``pglab lab clean``.
-
-When the owner is gone and the lab was not kept, the lab is an orphan: its servers, and any pgbench or fio
-still working on its directories, are stopped and its files removed by the next ``pglab run``, ``pglab fio``
-or ``pglab lab clean``, which says so.
+"""Every local lab (and fio scratch folder) a pglab process builds is registered, so that one left behind by a killed
+pglab is found: a JSON file per lab in ``<state>/labs/`` naming its directories and its owner (pid and start time),
+written before its first server starts, removed once it is torn down, kept (marked kept) for a lab kept with
+``--keep`` until ``pglab lab clean``. Where ``<state>`` is and how an orphan is reaped: docs/reliability.md, "SIGKILL
+of pglab itself".
 """
 
 from __future__ import annotations

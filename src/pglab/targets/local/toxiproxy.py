@@ -249,8 +249,7 @@ class ToxiproxyServer:
 
         Changed values are updated in place, so the link is never briefly unshaped. Latency comes before the
         bandwidth cap downstream: Toxiproxy then adds the two delays, as a real link does (the other way round
-        the latency would be hidden inside the time the cap already waits).
-        """
+        the latency would be hidden inside the time the cap already waits)."""
         if latency_ms < 0 or jitter_ms < 0:
             raise ValueError("latency_ms and jitter_ms must not be negative")
         if jitter_ms > latency_ms:

@@ -6,10 +6,6 @@ PostgreSQL build and dataset. So the first load of a key is kept as a snapshot (
 folder, and a later lab with the same key restores it (a reflink where the filesystem allows, else an in-kernel
 copy) and builds its standbys from it.
 
-Where: ``$PGLAB_CACHE_DIR``, else ``${XDG_CACHE_HOME:-~/.cache}/pglab/datasets``. ``PGLAB_CACHE=off`` turns it
-off for every plan (a plan turns it off with ``dataset.cache: false``); ``PGLAB_CACHE_SIZE`` caps its size
-(default 20 GiB), least recently used entries evicted first.
-
 Layout of the folder::
 
     <name>/               an entry: data/, wal/ and snapshot.json (snapshots.snapshot), secret, entry.json
@@ -18,21 +14,9 @@ Layout of the folder::
                           mtime is the entry's last use (least recently used goes first)
     .<name>.tmp-<pid>     an entry being filled (or left by a pglab killed while filling: removed by the next fill)
 
-The key (:func:`make_key`) holds what shapes the files: the PostgreSQL version and build (a hash of the
-``postgres`` executable), the dataset (scale, partitions, pgbench's init steps and fill factor, as the fast load
-builds it), initdb's options, the owner of the files (the server user), and the settings a control file records
-and a standby checks against its own (max_connections …), as the plan sets them. What pglab rewrites for every lab
-(pglab.conf: ports, sockets, the plan's other settings) is not in the key.
-
-An entry is used only if it is complete and still what it was (:meth:`DatasetCache.problem`): the key recorded in
-it is the key asked for, the control file's checksum and pg_controldata's system identifier, catalog and control
-versions are the ones recorded when it was filled, the cluster was shut down cleanly, and its files have the
-recorded count and size. File contents beyond the control file are not read back (that would cost what a copy
-costs); a damaged data file is PostgreSQL's to find, as on any disk.
-
-Every lab made from one entry has the entry's system identifier and its superuser password (kept in
-``<name>/secret``, 0600, in a 0700 folder; the servers listen on loopback and a private socket only): a standby
-built from the entry is a standby of any primary made from it, which is how the lab builds its standbys.
+The key (:func:`make_key`: what shapes the files, not what pglab rewrites for every lab), when an entry is used
+(:meth:`DatasetCache.problem`: complete and still what it was), where the cache lives, its cap and eviction, and why
+every lab from one entry shares its system identifier and password: docs/methodology.md, "The dataset cache".
 """
 
 from __future__ import annotations
@@ -201,12 +185,9 @@ class DatasetCache:
             raise SnapshotError(f"cannot create the dataset cache '{self.root}' ({exc.strerror}); set {where} to a "
                                 "folder you can write to, or PGLAB_CACHE=off") from None
 
-    def _open_lock(self, name: str) -> int:
-        return os.open(self.root / f"{name}.lock", os.O_RDWR | os.O_CREAT, 0o600)
-
     def _try_lock(self, name: str, kind: int) -> int | None:
         """The entry's lock file, flocked (``kind``: LOCK_SH or LOCK_EX) without waiting; None when held."""
-        fd = self._open_lock(name)
+        fd = os.open(self.root / f"{name}.lock", os.O_RDWR | os.O_CREAT, 0o600)
         try:
             fcntl.flock(fd, kind | fcntl.LOCK_NB)
         except BlockingIOError:

@@ -37,8 +37,7 @@ def sync_tree(*roots: Path) -> float:
     """fsync every file and directory under ``roots``, following a data directory's pg_wal symlink.
 
     What ``initdb --sync-only`` does, in this process (it may be root, the files belong to the server user).
-    Returns seconds taken.
-    """
+    Returns seconds taken."""
     t0 = time.monotonic()
     files: list[Path] = []
     dirs: list[Path] = []
@@ -92,7 +91,6 @@ def _fsync_path(path: Path) -> None:
         os.close(fd)
 
 
-
 # ------------------------------------------------------------------ copying trees
 @dataclass
 class CopyReport:
@@ -115,8 +113,7 @@ class _Copier:
     """Copies trees file by file: reflink if the filesystem can, else copy_file_range, else read/write.
 
     Ownership, modes and modification times are kept (the files belong to the server user). ``durable`` fsyncs
-    every file and directory written before returning, so no writeback of the copy runs into the next benchmark.
-    """
+    every file and directory written before returning, so no writeback of the copy runs into the next benchmark."""
 
     def __init__(self, method: str = "auto", durable: bool = True):
         if method not in ("auto", "reflink", "copy"):
@@ -245,8 +242,7 @@ class _Patcher(_Copier):
     run; a benchmark run changes a small part of the blocks. Every byte is compared (no trust in sizes or times),
     so the result is the snapshot byte for byte: extra files removed, missing ones copied, differing 8 KiB blocks
     written back, sizes, owners, modes and times set. Every file is fsynced at the end, which also flushes what
-    the server wrote before an immediate stop.
-    """
+    the server wrote before an immediate stop."""
 
     CHUNK = 4 << 20
     BLOCK = 8192
@@ -430,7 +426,6 @@ def reflink_supported(src_dir: Path, dst_dir: Path) -> bool:
     finally:
         a.unlink(missing_ok=True)
         b.unlink(missing_ok=True)
-
 
 
 def describe(report: CopyReport) -> dict[str, Any]:

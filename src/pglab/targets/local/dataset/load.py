@@ -39,8 +39,7 @@ class FastLoad:
 
     ``parameters`` go on top of the lab's settings for the load only (wal_level needs a restart, so start the
     primary with them); afterwards the lab's own settings are written back and the server restarted once, so that
-    the snapshot's last checkpoint carries wal_level=replica, which standbys need.
-    """
+    the snapshot's last checkpoint carries wal_level=replica, which standbys need."""
 
     parameters: dict[str, Any]
     pgbench_args: list[str]  # pgbench -i, steps dt: drops and creates the tables and partitions as pgbench does
@@ -59,8 +58,7 @@ def fast_load_settings(bindir: Path, dataset: Dataset, *, cores: int | None = No
     Safe because nothing else depends on the server while it loads: a crash in that window loses only the load,
     which is started again from initdb. It is made durable by a clean stop and :func:`sync_tree` before the
     snapshot. ``fsync=False`` (the default) skips the per-commit flush of the new files: the kernel writes them
-    back while the vacuum and index build run, instead of the load waiting for the disk.
-    """
+    back while the vacuum and index build run, instead of the load waiting for the disk."""
     cores = cores or os.cpu_count() or 1
     memory_bytes = memory_bytes or _memory_bytes()
     mwm_mb = max(64, min(2048, memory_bytes // 16 // 2**20))  # a 16th of the memory, at most 2 GB
@@ -112,8 +110,7 @@ def fast_load(endpoint: Endpoint, dataset: Dataset, load: FastLoad, out_dir: Pat
 
     The result is the dataset ``pgbench -i`` builds: pgbench itself creates the tables and partitions; then the
     same rows, vacuumed and analyzed, the same primary keys (constraint and index names). Only the way differs:
-    binary COPY (no text to format and parse), FREEZE, partitions side by side.
-    """
+    binary COPY (no text to format and parse), FREEZE, partitions side by side."""
     out_dir.mkdir(parents=True, exist_ok=True)
     steps: dict[str, float] = {}
     t0 = time.monotonic()
@@ -176,8 +173,7 @@ class _EarlyFlush:
     COPY: fsync passes then (every 0.5 s) made the COPY no faster and the restart no shorter in two runs on a busy
     machine. Only an optimisation: durability still comes
     from that checkpoint and :func:`sync_tree`; a file this process cannot open (another user's server, another
-    machine) is left to them.
-    """
+    machine) is left to them."""
 
     def __init__(self, conn: psycopg.Connection[Any] | None) -> None:
         """``conn``: to ask where the data directory is (None: flush nothing)."""
@@ -235,8 +231,7 @@ def _load_rows(endpoint: Endpoint, dataset: Dataset, parallel: int, steps: dict[
 
     Each table is truncated in the transaction that fills it: with wal_level=minimal its rows skip the WAL, and
     COPY FREEZE writes them frozen and all-visible, as pgbench's own client-side COPY does for an unpartitioned
-    table. Primary keys are built on the partitions first; the partitioned table's key then attaches them.
-    """
+    table. Primary keys are built on the partitions first; the partitioned table's key then attaches them."""
     scale, partitions = dataset.scale, dataset.partitions or 0
     conninfo = endpoint.conninfo(application_name="pglab-load")
     tables = ([(f"pgbench_accounts_{p}", lo, hi) for p, (lo, hi) in enumerate(partition_ranges(scale, partitions), 1)]

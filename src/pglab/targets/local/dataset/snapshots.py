@@ -54,7 +54,6 @@ def server_running(data_dir: Path) -> int | None:
     return None if state == "Z" else pid
 
 
-
 # ------------------------------------------------------------------ snapshot and restore
 @dataclass
 class Snapshot:
@@ -94,8 +93,7 @@ def snapshot(data_dir: Path, wal_dir: Path | None, dest: Path, *, bindir: Path, 
     Refuses a running server or one whose control file does not say "shut down" (a copy of it would need crash
     recovery at every restore). ``dest`` must not exist: it is built under a temporary name and renamed, so a
     snapshot directory with a snapshot.json is always complete. Keep it on the data directory's filesystem (and
-    ``wal_dest`` on the WAL's) for reflink copies.
-    """
+    ``wal_dest`` on the WAL's) for reflink copies."""
     data_dir, dest = data_dir.resolve(), dest.absolute()
     link = data_dir / "pg_wal"
     if wal_dir is None and link.is_symlink():
@@ -181,8 +179,7 @@ def restore(snap: Snapshot | Path, data_dir: Path, wal_dir: Path | None, *, meth
     any moment ``data_dir`` is the old cluster, absent (a restore that failed or was killed: run it again), or
     the complete snapshot — never a mix. data/pg_wal points to ``wal_dir``, as initdb --waldir made it.
     ``standby`` (primary_conninfo, primary_slot_name …) writes standby.signal and those settings, making the
-    copy a standby of the primary restored from the same snapshot.
-    """
+    copy a standby of the primary restored from the same snapshot."""
     snap = snap if isinstance(snap, Snapshot) else Snapshot.load(snap)
     data_dir = data_dir.absolute()
     wal_dir = wal_dir.absolute() if wal_dir else None

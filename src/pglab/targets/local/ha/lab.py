@@ -5,29 +5,19 @@ first one, clones the others, manages ``synchronous_standby_names`` (quorum ``AN
 when the leader's lock in etcd expires. pglab starts etcd and the Patroni processes, waits for a leader and
 streaming replicas, and can switch over, kill a primary and watch the election.
 
-Layout of a lab directory (owned by pglab; the servers' parts owned by the server user when root):
+Layout of a lab directory: the plain lab's (cluster.py: secrets/, client/, sock/, n0/data and n0/wal, logs/n0.log,
+lab.json, owned alike), with:
 
-    <lab>/secrets/pgpass        client credentials (0600, owner: the user running pglab)
     <lab>/server/               Patroni's pgpass files (0700, owner: the server user)
-    <lab>/client/pgpass         as root, pgbench's credentials (0600, owner: the plan user pglab-run; the folder
-                                root's, 0711)
     <lab>/etcd/                 etcd's data directory
-    <lab>/sock/                 unix sockets of every instance
     <lab>/n0/patroni.yml        n0's Patroni configuration (0600: it holds the passwords)
-    <lab>/n0/data  <lab>/n0/wal data and WAL (bases can be moved elsewhere by the plan's paths)
     <lab>/toxiproxy/            Toxiproxy's working directory, when the plan shapes the replication links
-    <lab>/logs/etcd.log  <lab>/logs/patroni-n0.log  <lab>/logs/n0.log (PostgreSQL's own log)  <lab>/logs/toxiproxy.log
-    <lab>/lab.json              what runs where; its ``nodes`` have the fields a plain lab's have, and
-                                ``kind: ha`` tells leftovers.stop_lab it is an HA lab
+    <lab>/logs/etcd.log  <lab>/logs/patroni-n0.log  <lab>/logs/toxiproxy.log
+    <lab>/lab.json              its ``nodes`` have a plain lab's fields; ``kind: ha`` tells leftovers.stop_lab it is HA
 
-Limits and links, as the plain lab has them: with ``resources`` (or a CPU axis) each node gets a cgroup
-(``pglab-<lab>-<digest>/n0`` …) and its Patroni is started inside it, so the postgres Patroni starts, restarts
-or rewinds is born there: a node's limits cover Patroni too, as a Kubernetes pod's cover CloudNativePG's instance
-manager. ``client`` gives pgbench a group of its own. ``network`` puts a Toxiproxy proxy in front of each node's
-postgres and makes it the node's ``postgresql.connect_address``, which Patroni hands to replicas as the leader's
-address: every replica → leader link crosses the current leader's proxy, also after a failover. Clients connect to
-the real ports and sockets. A CPU step (``set_cpus``) writes the new quota and restarts every node through
-Patroni's REST API, replicas first, the leader in place.
+Limits, pgbench's own group, the CPU step and shaped links work as on the plain lab, each node's group holding its
+Patroni and all it starts (:meth:`_start_proxies` for the links): docs/methodology.md, "Limits, the client's group,
+the CPU loop and shaped links on the Patroni lab".
 
 Timings (``TIMINGS``, overridable per lab): Patroni 4.1 raises a ``ttl`` below 20 s to 20 s and wants
 ``loop_wait + 2 * retry_timeout <= ttl``. The leader lock therefore lives 20 s: killing the leader node elects a
@@ -134,15 +124,13 @@ class HALab(Membership):
                       for n in self.nodes],
         }
 
-    def _dcs_config(self, parameters: dict[str, Any]) -> dict[str, Any]:
-        return config.dcs_config(self.timings, self.spec.synchronous, len(self.nodes), parameters)
-
     def _patroni_config(self, node: HANode, passwords: dict[str, str], parameters: dict[str, Any]) -> dict[str, Any]:
         assert self.lab_dir is not None
         return config.patroni_config(
             node, scope=self.name, lab_dir=self.lab_dir, etcd_port=self.dcs.port, bindir=self.bindir,
             connect_port=self.links.ports.get(node.name, node.port), passwords=passwords,
-            dcs=self._dcs_config(parameters), restore=self.restore_from is not None and node is self.nodes[0])
+            dcs=config.dcs_config(self.timings, self.spec.synchronous, len(self.nodes), parameters),
+            restore=self.restore_from is not None and node is self.nodes[0])
 
     def start(self, parameters: dict[str, Any] | None = None, timeout: float = 240) -> None:
         """Build the lab: etcd, then the first node bootstraps as leader, then the others clone it; returns once
