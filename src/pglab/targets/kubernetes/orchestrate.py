@@ -474,11 +474,27 @@ class Orchestrator:
 
     def finish_job(self, m: Manifest, dest: Path, on_poll: Callable[[], None] | None = None) -> JobOutcome:
         """Wait for a Job already created to end, bring back its log and results, delete it (also on a failure)."""
-        def kept() -> str:
-            return f" (its log so far: {log})" if (log := self.keep_log_so_far(m.name, dest)) else ""
-
+        deadline = time.monotonic() + self.job_timeout_s
+        next_look = time.monotonic() + POD_LOOK_S
+        stuck_since: float | None = None  # since when its pod has been seen unable to start
         try:
-            st = self._wait_job(m, lambda st: bool(st.succeeded or st.failed), on_poll, kept)
+            while True:
+                if on_poll is not None:
+                    on_poll()
+                try:
+                    st = self.batch.read_namespaced_job(m.name, self.ns).status  # jobs/status needs its own RBAC
+                except ApiException as exc:
+                    raise K8sError(f"reading Job/{m.name}: {_reason(exc)}") from None
+                if st is not None and (st.succeeded or st.failed):
+                    break
+                if time.monotonic() > deadline:
+                    kept = self.keep_log_so_far(m.name, dest)
+                    raise K8sError(f"Job/{m.name} still running after {self.job_timeout_s:.0f} s"
+                                   + (f" (its log so far: {kept})" if kept else ""))
+                if time.monotonic() >= next_look:  # a pod that cannot start would otherwise wait out the timeout
+                    next_look = time.monotonic() + POD_LOOK_S
+                    stuck_since = self._pod_cannot_start(f"job-name={m.name}", f"Job/{m.name}", stuck_since)
+                interrupts.sleep(self.poll_s)
             raw = self.settled_log(m.name)
             if raw is None:
                 raise K8sError(f"Job/{m.name} ended without a pod to read")
@@ -494,29 +510,6 @@ class Orchestrator:
         (dest / "pod.log").parent.mkdir(parents=True, exist_ok=True)
         (dest / "pod.log").write_text(outcome.log)
         return outcome
-
-    def _wait_job(self, m: Manifest, ended: Callable[[Any], bool], on_poll: Callable[[], None] | None,
-                  kept: Callable[[], str] = lambda: "") -> Any:
-        """Look at a created Job's status until ``ended`` says so, and return it; past the deadline, or once its pod
-        cannot start, K8sError (``kept``: what the timeout's message adds)."""
-        deadline = time.monotonic() + self.job_timeout_s
-        next_look = time.monotonic() + POD_LOOK_S
-        stuck_since: float | None = None  # since when its pod has been seen unable to start
-        while True:
-            if on_poll is not None:
-                on_poll()
-            try:
-                st = self.batch.read_namespaced_job(m.name, self.ns).status  # jobs/status needs its own RBAC
-            except ApiException as exc:
-                raise K8sError(f"reading Job/{m.name}: {_reason(exc)}") from None
-            if st is not None and ended(st):
-                return st
-            if time.monotonic() > deadline:
-                raise K8sError(f"Job/{m.name} still running after {self.job_timeout_s:.0f} s{kept()}")
-            if time.monotonic() >= next_look:  # a pod that cannot start would otherwise wait out the timeout
-                next_look = time.monotonic() + POD_LOOK_S
-                stuck_since = self._pod_cannot_start(f"job-name={m.name}", f"Job/{m.name}", stuck_since)
-            interrupts.sleep(self.poll_s)
 
     def _pod_cannot_start(self, selector: str, owner: str, since: float | None) -> float | None:
         """When a pod of ``owner`` (a Job, a Cluster; its pods are those of ``selector``) was first seen unable to
@@ -638,13 +631,28 @@ class Orchestrator:
         """Create an Indexed Job of ``pods`` load pods, wait until it is Complete (every index succeeded) or Failed
         (one failed: backoffLimit 0 ends the others), bring back each pod's log and results into
         ``dest``/load-<index>, delete it (also on a failure)."""
-        def conditions(st: Any) -> set[str]:
-            return {c.type for c in (st.conditions or []) if c.status == "True"}
-
         self.create(m)
+        deadline = time.monotonic() + self.job_timeout_s
+        next_look = time.monotonic() + POD_LOOK_S
+        stuck_since: float | None = None
         try:
-            st = self._wait_job(m, lambda st: bool(conditions(st) & {"Complete", "Failed"}), on_poll)
-            outcome = LoadOutcome(m.name, "Complete" in conditions(st), [])
+            while True:
+                if on_poll is not None:
+                    on_poll()
+                try:
+                    st = self.batch.read_namespaced_job(m.name, self.ns).status
+                except ApiException as exc:
+                    raise K8sError(f"reading Job/{m.name}: {_reason(exc)}") from None
+                conditions = {c.type for c in (st.conditions or []) if c.status == "True"} if st is not None else set()
+                if conditions & {"Complete", "Failed"}:
+                    break
+                if time.monotonic() > deadline:
+                    raise K8sError(f"Job/{m.name} still running after {self.job_timeout_s:.0f} s")
+                if time.monotonic() >= next_look:
+                    next_look = time.monotonic() + POD_LOOK_S
+                    stuck_since = self._pod_cannot_start(f"job-name={m.name}", f"Job/{m.name}", stuck_since)
+                interrupts.sleep(self.poll_s)
+            outcome = LoadOutcome(m.name, "Complete" in conditions, [])
             for index, (pod, node, ok, log) in sorted(self._load_logs(m.name).items()):
                 where = dest / LOAD_DIR.format(index=index)
                 try:
