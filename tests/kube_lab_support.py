@@ -99,8 +99,7 @@ STUDY_EDITS: dict[str, dict[str, str]] = {
     # own ({slow}: the lab's check of a tier placed apart)
     "study-qos-tiers.yaml": {
         "namespace: pglab-study-tiers": "namespace: {namespace}",
-        "    clients: {node_selector: {pglab.io/role: client}, anti_affinity: none}\n":
-            "    clients: {node_selector: {pglab.io/role: client}, anti_affinity: none}\n    prometheus: {prometheus}\n",
+        "\npostgres:\n": "\n    prometheus: {prometheus}\npostgres:\n",  # the last line of target.kubernetes
         "run: {duration: 20s}": "run: {duration: 8s}",
         "{name: all, tenants: 6,": "{name: all, tenants: 3,",
         "{name: high, tenants: 2,": "{name: high, tenants: 1,",
