@@ -11,6 +11,10 @@ lab-local) at its smallest, with the tmpfs class appended as a third value of it
 One sweep over the three (a Cluster each) carries three tests: the memory class is faster than the disk, the
 throttled class slower by pglab's own verdict, each class's volumes are on their node's own device for it, and the
 table study 002 published (TPS, uplift with its interval, price per TPS and its parts) is the store's.
+
+The tenants test runs study 001's tier half (examples/study-qos-tiers.yaml) at its smallest: no QoS, then QoS
+tiers that hold CPU (the tiers' cores) and IOPS (the best-effort tier on the throttled class), three tenants each,
+with the tests' Prometheus for each tenant's CPU, memory and disk figures; it checks the study's tiers table.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ import numpy as np
 import pytest
 import yaml
 
-from conftest import pglab
+from conftest import REPO, pglab
 from kube_lab_support import (
     MEMORY_VALUE,
     SCRAPE_S,
@@ -281,38 +285,29 @@ def test_study_002s_table_of_the_storage_classes(storage_sweep: StorageSweep) ->
         assert r["per_tps"] == pytest.approx(price["monthly"] / mean[r["storage"]], rel=1e-9)
 
 
-# ------------------------------------------------------------------ tenants: a Cluster per tenant, loaded together
-TIER_CPUS = 0.3  # every tenant's primary: the tiers differ by their storage class alone
+# ------------------------------------------------------------------ tenants: study 001's tiers, a Cluster per tenant
+TIERS = "study-qos-tiers.yaml"  # study 001's tier half: its example at its smallest (kube_lab_support.STUDY_EDITS)
+TIERS_EXAMPLE = yaml.safe_load((REPO / "examples" / TIERS).read_text())
+# the tenants of each arrangement at its smallest (t01…t03 in the order of its tiers) and their tiers
+ARRANGED = {"no-qos": {"t01": "all", "t02": "all", "t03": "all"},
+            "qos-tiers": {"t01": "high", "t02": "medium", "t03": "best-effort"}}
 
 
-def tenants_plan(lab: kubelab.KubeLab, namespace: str, prometheus_url: str) -> str:
-    """Two tiers of the same CPU: gold (2 tenants on lab-local) and slow (1 tenant on lab-throttled, in a namespace
-    of its own); the instances on the database nodes, pgbench on the client nodes, figures from Prometheus."""
-    return f"""
-name: mt
-target:
-  kubernetes:
-    kubeconfig: {lab.kubeconfig}
-    namespace: {namespace}
-    cluster_name: mt
-    image: {lab.image_names["postgresql"]}
-    storage: {{class: {kubelab.STORAGE_CLASS}, size: 1Gi}}
-    resources: {{cpu: 0.25, memory: 384Mi}}
-    database: {{node_selector: {{pglab.io/role: database}}, anti_affinity: none}}
-    clients: {{node_selector: {{pglab.io/role: client}}, anti_affinity: none}}
-    prometheus: {{url: '{prometheus_url}', interval: {SCRAPE_S}s}}
-postgres:
-  parameters: {{shared_buffers: 32MB, max_connections: 20}}
-dataset: {{scale: 1}}
-tenants:
-  arrangements:
-    - name: io-tiers
-      tiers:
-        - {{name: gold, tenants: 2, clients: 2, jobs: 1, resources: {{cpus: {TIER_CPUS}, memory: 512MiB}}}}
-        - {{name: slow, tenants: 1, clients: 2, jobs: 1, resources: {{cpus: {TIER_CPUS}, memory: 512MiB}},
-           storage: {{class: {kubelab.THROTTLED_CLASS}, size: 1Gi}}, namespace: {namespace}-slow}}
-run: {{duration: 8s, repeats: 1}}
-"""
+def tiers_plan(lab: kubelab.KubeLab, namespace: str, prometheus_url: str) -> str:
+    """Study 001's tiers at its smallest: no QoS (three tenants alike, 0.25 core on lab-local), then QoS tiers (high
+    0.5 core and medium 0.25 on lab-local, best-effort 0.1 on lab-throttled in a namespace of its own); the instances
+    on the database nodes, pgbench on the client nodes, figures from the test's Prometheus."""
+    k8s = TIERS_EXAMPLE["target"]["kubernetes"]
+    assert k8s["image"] == lab.image_names["postgresql"] and k8s["storage"]["class"] == kubelab.STORAGE_CLASS
+    return study_plan(TIERS, lab.kubeconfig, namespace=namespace, slow=f"{namespace}-slow",
+                      prometheus=f"{{url: '{prometheus_url}', interval: {SCRAPE_S}s}}")
+
+
+def tier_cpus(arrangement: str, tier: str) -> float:
+    """The tier's CPU as the example gives it (its own, or the target's)."""
+    (found,) = [t for a in TIERS_EXAMPLE["tenants"]["arrangements"] if a["name"] == arrangement
+                for t in a["tiers"] if t["name"] == tier]
+    return float(found.get("resources", {}).get("cpus", TIERS_EXAMPLE["target"]["kubernetes"]["resources"]["cpu"]))
 
 
 @dataclass(eq=False)
@@ -356,20 +351,21 @@ class WalReads(threading.Thread):
         return increase(inside[0], inside[-1]), increase(before[-1], after[0])
 
 
-def test_three_tenants_in_two_io_tiers_run_in_the_same_window(lab: kubelab.KubeLab, tmp_path: Path) -> None:
-    """Each tenant's TPS and latency are its own pgbench's; the throttled tier's tenant is slower, and its disk
-    figures (its volume's device, from node-exporter through Prometheus) are those this machine's /proc/diskstats
-    counted for that loop device over the tenant's window."""
+def test_study_001s_tiers_each_tenant_measured_in_the_same_window(lab: kubelab.KubeLab, tmp_path: Path) -> None:
+    """Study 001's tiers: each tenant's TPS and latency are its own pgbench's, its CPU its tier's share at most; the
+    throttled tier's disk figures (its volume's device, from node-exporter through Prometheus) are those this
+    machine's /proc/diskstats counted for that loop device over the tenant's window; the tiers table is the study's
+    (TPS and latency per tier, against the no-QoS arrangement) from the stored runs."""
     ns = "pglab-e2e-tenants"
     prom = Prometheus(lab, tmp_path / "prometheus", ns)
     slow_disks = {n.name: lab.node_device(n.name, kubelab.THROTTLED_CLASS) for n in lab.nodes if n.role == "database"}
     oracle = DiskStats(list(slow_disks.values()))
     try:
         plan = tmp_path / "plan.yaml"
-        plan.write_text(tenants_plan(lab, ns, prom.url))
+        plan.write_text(tiers_plan(lab, ns, prom.url))
         results = tmp_path / "results"
         oracle.start()
-        wal = WalReads(lab, ns, "mt-t01-1")  # tenant t01's one instance: reads fail until it exists
+        wal = WalReads(lab, ns, "qos-t01-1")  # tenant t01's one instance in each arrangement: reads fail between
         wal.start()
         try:
             proc = pglab("run", str(plan), "--results", str(results), timeout=1800)
@@ -385,92 +381,98 @@ def test_three_tenants_in_two_io_tiers_run_in_the_same_window(lab: kubelab.KubeL
     store = Store.open(results, create=False)
     sweep = store.sweeps()[-1]
     assert sweep["status"] == "done"
-    (run,) = store.runs(sweep["id"])
-    assert run.status == "ok" and run.axes == {"arrangement": "io-tiers"}
-    run_dir = store.dir / run.dir
-    record = json.loads((run_dir / "tenants.json").read_text())
-    assert json.loads((run_dir / "run.json").read_text())["tenants"] == record["tenants"]
-    tenants = record["tenants"]
-    # one Cluster per tenant, the slow tier in its own namespace
-    assert {n: (t["tier"], t["cluster"], t["namespace"]) for n, t in tenants.items()} == {
-        "t01": ("gold", "mt-t01", ns), "t02": ("gold", "mt-t02", ns), "t03": ("slow", "mt-t03", f"{ns}-slow")}
-    figures: dict[str, dict[str, float]] = {}
-    for tenant, metric, value in store.conn.execute(
-            "SELECT tenant, name, value FROM tenant_metrics WHERE run_id = ?", (run.id,)):
-        figures.setdefault(tenant, {})[metric] = value
-    begun, ended = {}, {}
-    for name in ("t01", "t02", "t03"):
-        tdir = run_dir / "tenants" / name
-        # each tenant's figures are its own pgbench's, in its own pod (output and -l logs shipped as artifacts)
-        assert figures[name]["tps"] == pgbench_tps((tdir / "pgbench.out").read_text()) > 0
-        lat = txn_latencies_ms(tdir)
-        assert figures[name]["logged_transactions"] == len(lat) > 0
-        assert figures[name]["latency_p99_ms"] == pytest.approx(float(np.percentile(lat, 99)))
-        job = (tdir / "job.yaml").read_text()
-        assert f"PGHOST\n          value: mt-{name}-rw" in job or f"value: mt-{name}-rw" in job, job
-        b, e = txn_times(tdir)
-        begun[name], ended[name] = float(b.min()), float(e.max())
-        # its primary's CPU and memory: its postgres container's, within its tier's limits
-        f = figures[name]
-        assert 0 < f["cpu_cores"] <= TIER_CPUS * 1.05, f
-        assert f["cpu_limit_pct"] == pytest.approx(f["cpu_cores"] / TIER_CPUS * 100)
-        start, end = tenants[name]["window"]
-        assert f["cpu_s"] == pytest.approx(f["cpu_cores"] * (end - start))
-        assert 0 < f["memory_mb"] < 512, f
-        # its disk figures are its volume's device on its primary's node: the tier's class's disk of that node
-        seen = tenants[name]["primary_figures"]
-        node = seen["node"]
-        assert lab.node(node).role == "database"
-        (volume,) = seen["disk"]["volumes"]
-        cls = kubelab.THROTTLED_CLASS if name == "t03" else kubelab.STORAGE_CLASS
-        assert volume["device"] == lab.node_device(node, cls), (name, seen)
-        assert f["write_iops"] > 0 and f["total_iops"] == pytest.approx(f["read_iops"] + f["write_iops"])
-    # the windows overlap: every tenant's first transaction began before any tenant's last one ended
-    assert max(begun.values()) < min(ended.values()), (begun, ended)
-    assert (run.metrics["common_window_s"] or 0) > 0
-    assert run.metrics["tps"] == pytest.approx(sum(figures[n]["tps"] for n in figures))
-    assert run.metrics["tier.slow.tps"] == pytest.approx(figures["t03"]["tps"])
-    assert run.metrics["tier.gold.tps"] == pytest.approx((figures["t01"]["tps"] + figures["t02"]["tps"]) / 2)
-    assert run.metrics["tenants_cpu_cores"] == pytest.approx(sum(figures[n]["cpu_cores"] for n in figures))
+    runs = {r.axes["arrangement"]: r for r in store.runs(sweep["id"])}
+    assert list(runs) == list(ARRANGED) and all(r.status == "ok" for r in runs.values())
+    for arrangement, run in runs.items():
+        run_dir = store.dir / run.dir
+        record = json.loads((run_dir / "tenants.json").read_text())
+        assert json.loads((run_dir / "run.json").read_text())["tenants"] == record["tenants"]
+        tenants = record["tenants"]
+        # one Cluster per tenant, the best-effort tier in its own namespace
+        assert {n: (t["tier"], t["cluster"], t["namespace"]) for n, t in tenants.items()} == {
+            n: (tier, f"qos-{n}", f"{ns}-slow" if tier == "best-effort" else ns)
+            for n, tier in ARRANGED[arrangement].items()}
+        figures: dict[str, dict[str, float]] = {}
+        for tenant, metric, value in store.conn.execute(
+                "SELECT tenant, name, value FROM tenant_metrics WHERE run_id = ?", (run.id,)):
+            figures.setdefault(tenant, {})[metric] = value
+        begun, ended = {}, {}
+        for name, tier in ARRANGED[arrangement].items():
+            tdir = run_dir / "tenants" / name
+            f = figures[name]
+            # each tenant's figures are its own pgbench's, in its own pod (output and -l logs shipped as artifacts)
+            assert f["tps"] == pgbench_tps((tdir / "pgbench.out").read_text()) > 0
+            lat = txn_latencies_ms(tdir)
+            assert f["logged_transactions"] == len(lat) > 0
+            assert f["latency_p99_ms"] == pytest.approx(float(np.percentile(lat, 99)))
+            job = (tdir / "job.yaml").read_text()
+            assert f"value: qos-{name}-rw" in job, job
+            b, e = txn_times(tdir)
+            begun[name], ended[name] = float(b.min()), float(e.max())
+            # its primary's CPU and memory: its postgres container's, within its tier's limits
+            cpus = tier_cpus(arrangement, tier)
+            assert 0 < f["cpu_cores"] <= cpus * 1.05, (name, tier, f)
+            assert f["cpu_limit_pct"] == pytest.approx(f["cpu_cores"] / cpus * 100)
+            start, end = tenants[name]["window"]
+            assert f["cpu_s"] == pytest.approx(f["cpu_cores"] * (end - start))
+            assert 0 < f["memory_mb"] < 512, f
+            # its disk figures are its volume's device on its primary's node: the tier's class's disk of that node
+            seen = tenants[name]["primary_figures"]
+            node = seen["node"]
+            assert lab.node(node).role == "database"
+            (volume,) = seen["disk"]["volumes"]
+            cls = kubelab.THROTTLED_CLASS if tier == "best-effort" else kubelab.STORAGE_CLASS
+            assert volume["device"] == lab.node_device(node, cls), (name, seen)
+            assert f["write_iops"] > 0 and f["total_iops"] == pytest.approx(f["read_iops"] + f["write_iops"])
+            assert f["wal_records"] > 0 and f["wal_bytes_per_commit"] > 0 and "buffers_backend" in f, f
+        # the windows overlap: every tenant's first transaction began before any tenant's last one ended
+        assert max(begun.values()) < min(ended.values()), (begun, ended)
+        assert (run.metrics["common_window_s"] or 0) > 0
+        assert run.metrics["tps"] == pytest.approx(sum(figures[n]["tps"] for n in figures))
+        for tier in set(ARRANGED[arrangement].values()):
+            mine = [figures[n]["tps"] for n, t in ARRANGED[arrangement].items() if t == tier]
+            assert run.metrics[f"tier.{tier}.tps"] == pytest.approx(sum(mine) / len(mine))
+        assert run.metrics["tenants_cpu_cores"] == pytest.approx(sum(figures[n]["cpu_cores"] for n in figures))
+        assert run.metrics["wal_records"] == sum(figures[n]["wal_records"] for n in figures)
 
-    # each tenant's WAL as its Job read pg_stat_wal around its window; t01's against the test's own reads of it:
-    # between the increase over the test's reads inside the Job's two and that over those around them
-    for name in ("t01", "t02", "t03"):
-        f = figures[name]
-        assert f["wal_records"] > 0 and f["wal_bytes_per_commit"] > 0 and "buffers_backend" in f, f
-    read = tenants["t01"]["pgstats"]
-    least, at_most = wal.bracket(*read["window"])
-    got = (read["deltas"]["wal_records"], read["deltas"]["wal_fpi"], read["deltas"]["wal_stat_bytes"])
-    print("t01 WAL (records, full pages, bytes): least", least, "pglab", got, "most", at_most, "over",
-          read["window"][1] - read["window"][0], "s;", len(wal.rows), "reads by the test")
-    assert all(lo <= g <= hi for lo, g, hi in zip(least, got, at_most, strict=True)), (least, got, at_most)
-    assert figures["t01"]["wal_records"] == got[0] and figures["t01"]["wal_fpi"] == got[1]
-    assert run.metrics["wal_records"] == sum(figures[n]["wal_records"] for n in figures)
+        # t01's WAL as its Job read pg_stat_wal around its window, against the test's own reads of it: between the
+        # increase over the test's reads inside the Job's two and that over those around them
+        read = tenants["t01"]["pgstats"]
+        least, at_most = wal.bracket(*read["window"])
+        got = (read["deltas"]["wal_records"], read["deltas"]["wal_fpi"], read["deltas"]["wal_stat_bytes"])
+        print(arrangement, "t01 WAL (records, full pages, bytes): least", least, "pglab", got, "most", at_most)
+        assert all(lo <= g <= hi for lo, g, hi in zip(least, got, at_most, strict=True)), (least, got, at_most)
+        assert figures["t01"]["wal_records"] == got[0] and figures["t01"]["wal_fpi"] == got[1]
 
-    # the throttled tenant's writes as this machine counted them on its node's throttled loop device: pglab's
-    # figure comes from node-exporter's scrapes (1 s apart) around the tenant's window, the edges prorated, so it
-    # lies between the writes from 1.5 s after the window's start to 1.5 s before its end and those from 1.5 s
-    # before to 1.5 s after (a scrape's interval and its duration)
-    slow = tenants["t03"]
-    assert "shared_with" not in slow["primary_figures"]["disk"], slow  # the only volume on that device
-    device = slow_disks[slow["primary_figures"]["node"]]
-    start, end = slow["window"]
-    counted = figures["t03"]["write_iops"] * (end - start)
-    fewest, most = oracle.writes(device, start + 1.5, end - 1.5), oracle.writes(device, start - 1.5, end + 1.5)
-    assert fewest - 0.5 <= counted <= most + 0.5, (counted, fewest, most)
-    # the throttled tier's tenant, held to 100 writes a second, commits far less than either gold tenant at the
-    # same CPU (each commit waits for its WAL write)
-    assert figures["t03"]["tps"] < 0.8 * min(figures["t01"]["tps"], figures["t02"]["tps"]), figures
+        if arrangement != "qos-tiers":
+            continue
+        # the best-effort tenant's writes as this machine counted them on its node's throttled loop device: pglab's
+        # figure comes from node-exporter's scrapes (1 s apart) around the tenant's window, the edges prorated, so
+        # it lies between the writes from 1.5 s after the window's start to 1.5 s before its end and those from
+        # 1.5 s before to 1.5 s after (a scrape's interval and its duration)
+        slow = tenants["t03"]
+        assert "shared_with" not in slow["primary_figures"]["disk"], slow  # the only volume on that device
+        device = slow_disks[slow["primary_figures"]["node"]]
+        start, end = slow["window"]
+        counted = figures["t03"]["write_iops"] * (end - start)
+        fewest, most = oracle.writes(device, start + 1.5, end - 1.5), oracle.writes(device, start - 1.5, end + 1.5)
+        assert fewest - 0.5 <= counted <= most + 0.5, (counted, fewest, most)
     store.close()
 
-    for table in ("tiers", "tenants"):
-        out = pglab("report", str(results), "--table", table, "--format", "json")
-        assert out.returncode == 0, out.stderr
-        rows = json.loads(out.stdout)
-        if table == "tiers":
-            assert {r["tier"] for r in rows} == {"gold", "slow"}
+    # the table study 001 published: per arrangement and tier, TPS and latency per instance, each QoS tier against
+    # the no-QoS arrangement's TPS per instance (one run a side: no verdict, "too few repeats")
+    table = pglab("report", str(results), "--table", "tiers", "--format", "json")
+    assert table.returncode == 0, table.stderr
+    rows = json.loads(table.stdout)
+    assert [(r["arrangement"], r["tier"]) for r in rows] == [("no-qos", "all"), ("qos-tiers", "high"),
+                                                             ("qos-tiers", "medium"), ("qos-tiers", "best-effort")]
+    base = float(runs["no-qos"].metrics["tps"] or 0) / len(ARRANGED["no-qos"])
+    for r in rows:
+        m = runs[r["arrangement"]].metrics
+        assert r["tps_per_instance"] == pytest.approx(m[f"tier.{r['tier']}.tps"]), r
+        assert r["latency_p99_ms"] == pytest.approx(m[f"tier.{r['tier']}.latency_p99_ms"]), r
+        if r["arrangement"] == "no-qos":
+            assert r["tps_vs_base_pct"] is None, r
         else:
-            by = {r["tenant"]: r for r in rows}
-            assert set(by) == {"t01", "t02", "t03"} and by["t03"]["tps"] == pytest.approx(figures["t03"]["tps"])
-            assert by["t03"]["write_iops"] == pytest.approx(figures["t03"]["write_iops"])
-            assert by["t03"]["memory_mb"] == pytest.approx(figures["t03"]["memory_mb"])
+            assert r["tps_vs_base_pct"] == pytest.approx((r["tps_per_instance"] - base) / base * 100, rel=1e-6), r
+            assert r["tps_verdict"] == "too few repeats", r
