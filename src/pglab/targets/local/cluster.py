@@ -23,6 +23,7 @@ import re
 import secrets
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -492,11 +493,20 @@ class LocalLab(LabBase[Node]):
         return {n.name: n.log for n in self.nodes if n.log.is_file()}
 
     def _stop_all(self) -> None:
-        for node in reversed(self.nodes):
+        """Every server stopped at once, side by side: each pg_ctl waits for its postmaster to go (0.1-0.25 s, most
+        of it pg_ctl's 0.1 s polls), one after the other they were half a second of every sweep's teardown."""
+        def stop(node: Node) -> None:
             try:
                 self.stop_node(node, discard=True)
             except Exception as exc:  # teardown must go on with the others
                 self.log(f"stopping {node.name}: {exc}")
+
+        if len(self.nodes) > 1:
+            with ThreadPoolExecutor(max_workers=len(self.nodes), thread_name_prefix="lab-stop") as pool:
+                list(pool.map(stop, reversed(self.nodes)))
+        else:
+            for node in self.nodes:
+                stop(node)
         self.links.stop()
         self.links.toxiproxy = None
         self.dataset.release()
