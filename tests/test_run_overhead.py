@@ -1,7 +1,7 @@
-"""What a sweep does between its windows, side by side where it can (issue 33, item 1: the duty cycle of short runs).
-Each test fails when the steps run one after the other: a barrier that all of them must reach at once, which steps
-taken in turn never pass (its timeout only ends a failing test), or the log summary's modules found loaded while
-the lab is still being built."""
+"""What a sweep does between its windows, side by side or at once where it can (issue 33, item 1: the duty cycle of
+short runs). Each test fails when the steps run one after the other: a barrier that all of them must reach at once,
+which steps taken in turn never pass (its timeout only ends a failing test); the log summary's modules found loaded
+while the lab is still being built; a wait on a program that returns at its exit with every polling sleep refused."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from types import SimpleNamespace
@@ -85,13 +86,19 @@ def test_a_runs_settings_probes_and_statements_open_side_by_side(tmp_path: Path,
     assert run.settings == {"shared_buffers": {"setting": "16384", "unit": "8kB"}} and statements == ["open"]
 
 
-def test_the_labs_servers_stop_side_by_side(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A sweep's teardown stops every server of the lab at once (each pg_ctl waits for its postmaster to go)."""
+def _lab(tmp_path: Path) -> LocalLab:
+    """A 3-node lab as pglab holds it, with no server behind it (what the tests below replace does the rest)."""
     spec = parse_plan("name: t\ntarget: {local: {instances: 3}}\nmatrix: {clients: [1]}\n").target.local
     assert spec is not None
     lab = LocalLab(spec, tmp_path)
     lab.nodes = [Node(f"n{i}", "primary" if i == 0 else "standby", tmp_path / f"n{i}", tmp_path / f"w{i}", 5432 + i,
                       tmp_path / f"n{i}.log") for i in range(3)]
+    return lab
+
+
+def test_the_labs_servers_stop_side_by_side(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A sweep's teardown stops every server of the lab at once (each pg_ctl waits for its postmaster to go)."""
+    lab = _lab(tmp_path)
     barrier = threading.Barrier(3, timeout=BARRIER_S)
     stopped: list[tuple[str, bool]] = []
 
@@ -103,6 +110,63 @@ def test_the_labs_servers_stop_side_by_side(tmp_path: Path, monkeypatch: pytest.
     lab._stop_all()
     assert not barrier.broken
     assert sorted(stopped) == [("n0", True), ("n1", True), ("n2", True)]  # every one, at once (its files go next)
+
+
+
+def test_a_parameter_change_reloads_the_labs_servers_side_by_side(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run whose point changes a parameter (the quickstart's synchronous_commit, before nearly every run) reloads
+    every server: each a connection of its own, all at once; then asks the primary what needs a restart."""
+    lab = _lab(tmp_path)
+    barrier = threading.Barrier(3, timeout=BARRIER_S)
+    statements: list[tuple[str, str]] = []
+
+    class Conn:
+        def __init__(self, node: Node):
+            self.node = node
+
+        def __enter__(self) -> Conn:
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            pass
+
+        def execute(self, query: str) -> list[tuple[str]]:
+            if "pg_reload_conf" in query:
+                barrier.wait()
+            statements.append((self.node.name, query))
+            return []  # nothing pending a restart
+
+    monkeypatch.setattr(lab, "connect", lambda node, **_kw: Conn(node))
+    monkeypatch.setattr(lab.conf, "validate", lambda parameters: None)
+    monkeypatch.setattr(lab.conf, "write", lambda node: None)
+    lab._apply({"synchronous_commit": "local"})
+    assert not barrier.broken
+    assert sorted(statements[:3]) == [(f"n{i}", "SELECT pg_reload_conf()") for i in range(3)]
+    assert statements[3] == ("n0", "SELECT name FROM pg_settings WHERE pending_restart")  # after every reload
+    assert lab.conf.parameters == {"synchronous_commit": "local"}
+
+
+def test_a_wait_on_a_program_wakes_at_its_exit_without_polling(monkeypatch: pytest.MonkeyPatch) -> None:
+    """pgbench's end is seen when it exits (its pidfd), not at Popen.wait's next look between sleeps of up to 50 ms:
+    with every sleep refused, the wait still returns the exit code (and a timeout still ends it)."""
+    from pglab import interrupts
+
+    done = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.3); raise SystemExit(3)"])
+    late = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        def refused(seconds: float) -> None:
+            raise AssertionError(f"a wait polled: sleep({seconds})")
+
+        monkeypatch.setattr(time, "sleep", refused)
+        assert interrupts.wait(done, timeout=BARRIER_S) == 3
+        with pytest.raises(subprocess.TimeoutExpired):
+            interrupts.wait(late, timeout=0.25)
+    finally:
+        monkeypatch.undo()
+        late.kill()
+        late.wait()
+        done.wait()
 
 
 SUMMARY_MODULES = """

@@ -315,9 +315,15 @@ class LocalLab(LabBase[Node]):
         self.conf.parameters = dict(parameters)
         for node in self.nodes:
             self.conf.write(node)
-        for node in self.nodes:
+
+        def reload(node: Node) -> None:
             with self.connect(node) as conn:
                 conn.execute("SELECT pg_reload_conf()")
+
+        # side by side: each is a connection's round trips (a plan that changes synchronous_commit between points
+        # reloads before nearly every run); the first failure is raised once every reload has returned
+        with ThreadPoolExecutor(max_workers=len(self.nodes), thread_name_prefix="lab-reload") as pool:
+            list(pool.map(reload, self.nodes))
         with self.connect(self.nodes[0]) as conn:
             pending = [r[0] for r in conn.execute("SELECT name FROM pg_settings WHERE pending_restart")]
         if pending:
