@@ -68,7 +68,11 @@ def wait(proc: subprocess.Popen[Any], timeout: float | None = None) -> int:
     :class:`RunInterrupted` within :data:`POLL_S` of a signal (``proc`` is left running: stopping it is the
     caller's)."""
     end = None if timeout is None else time.monotonic() + timeout
-    exited = _exit_fd(proc)
+    fd = _exit_fd(proc)
+    exited = None
+    if fd is not None:  # poll, not select: select refuses a descriptor numbered 1024 or more
+        exited = select.poll()
+        exited.register(fd, select.POLLIN)
     try:
         while True:
             check()
@@ -77,15 +81,15 @@ def wait(proc: subprocess.Popen[Any], timeout: float | None = None) -> int:
                 if (rc := proc.poll()) is not None:
                     return rc
                 raise subprocess.TimeoutExpired(proc.args, timeout or 0.0)
-            if exited is not None and not select.select([exited], [], [], step)[0]:
+            if exited is not None and not exited.poll(step * 1000):
                 continue  # still running (the descriptor is readable once it has exited)
             try:
                 return proc.wait(timeout=step)  # exited: reaped at once (or waited for, if another thread reaps it)
             except subprocess.TimeoutExpired:
                 continue
     finally:
-        if exited is not None:
-            os.close(exited)
+        if fd is not None:
+            os.close(fd)
 
 
 def _exit_fd(proc: subprocess.Popen[Any]) -> int | None:
