@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import select
 import shutil
 import signal
 import subprocess
@@ -51,16 +52,26 @@ class Moment:
 
 
 class _Closing:
-    """The measured pgbench has ended and the run is not stored yet: the closing sample, or the summary."""
-
-    def __init__(self) -> None:
-        self.measured = False
+    """The measured pgbench has ended and the run is not stored yet: the closing sample, or the summary. That lasts
+    a few tens of milliseconds (the closing sample is taken at once, pgbench's exit seen at once), less than one
+    look at pglab's children under load; so once the measured pgbench is seen the test waits on it (a pidfd, readable
+    at its exit), then for pglab to reap it (pglab is then past its wait on it), looking every millisecond."""
 
     def __call__(self, children: dict[int, tuple[str, list[str]]], results: Path) -> bool:
-        if _pgbench_for(MEASURE_S)(children):
-            self.measured = True
+        measured = [pid for pid, (name, args) in children.items()
+                    if name == "pgbench" and "-T" in args and args[args.index("-T") + 1] == str(MEASURE_S)]
+        if not measured:
             return False
-        return self.measured and _statuses(results) == ["running"]
+        with contextlib.suppress(ProcessLookupError):  # gone already: reaped
+            exited = os.pidfd_open(measured[0])
+            try:
+                select.select([exited], [], [], 120)
+            finally:
+                os.close(exited)
+        deadline = time.monotonic() + 120
+        while Path(f"/proc/{measured[0]}").exists() and time.monotonic() < deadline:
+            time.sleep(0.001)
+        return _statuses(results) == ["running"]
 
 
 MOMENTS = {

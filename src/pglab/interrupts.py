@@ -12,6 +12,8 @@ further signals ignored.
 
 from __future__ import annotations
 
+import os
+import select
 import signal
 import subprocess
 import threading
@@ -63,17 +65,40 @@ def wait(proc: subprocess.Popen[Any], timeout: float | None = None) -> int:
     :class:`RunInterrupted` within :data:`POLL_S` of a signal (``proc`` is left running: stopping it is the
     caller's)."""
     end = None if timeout is None else time.monotonic() + timeout
-    while True:
-        check()
-        step = POLL_S if end is None else min(POLL_S, end - time.monotonic())
-        if step <= 0:
-            if (rc := proc.poll()) is not None:
-                return rc
-            raise subprocess.TimeoutExpired(proc.args, timeout or 0.0)
-        try:
-            return proc.wait(timeout=step)
-        except subprocess.TimeoutExpired:
-            continue
+    fd = _exit_fd(proc)
+    exited = None
+    if fd is not None:  # poll, not select: select refuses a descriptor numbered 1024 or more
+        exited = select.poll()
+        exited.register(fd, select.POLLIN)
+    try:
+        while True:
+            check()
+            step = POLL_S if end is None else min(POLL_S, end - time.monotonic())
+            if step <= 0:
+                if (rc := proc.poll()) is not None:
+                    return rc
+                raise subprocess.TimeoutExpired(proc.args, timeout or 0.0)
+            if exited is not None and not exited.poll(step * 1000):
+                continue  # still running (the descriptor is readable once it has exited)
+            try:
+                return proc.wait(timeout=step)  # exited: reaped at once (or waited for, if another thread reaps it)
+            except subprocess.TimeoutExpired:
+                continue
+    finally:
+        if fd is not None:
+            os.close(fd)
+
+
+def _exit_fd(proc: subprocess.Popen[Any]) -> int | None:
+    """A descriptor readable from the moment ``proc`` exits (a pidfd, Linux 5.3 and later), so that a wait wakes
+    then: ``Popen.wait(timeout)`` looks between sleeps of up to 50 ms, 25 ms late on average, and a run waits so on
+    two pgbench (its warm-up's and its own). None where there is none: ``Popen.wait`` alone then."""
+    if proc.returncode is not None or not hasattr(os, "pidfd_open"):
+        return None
+    try:
+        return os.pidfd_open(proc.pid)
+    except OSError:
+        return None
 
 
 def join(thread: threading.Thread, timeout: float | None = None) -> None:

@@ -4,11 +4,14 @@ dataset, server logs, teardown); :class:`LocalDriver` does one measured run on o
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
+import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Generic, TypeVar
@@ -243,9 +246,17 @@ class ProcessDriver(Generic[TopologyT]):
 class LocalDriver(ProcessDriver[Target]):
     """One primary (and its standbys) per run: the local lab, the Patroni lab, an external server."""
 
+    def __init__(self, plan: Plan, plan_dir: Path, plan_text: str, results_dir: Path, target: Target,
+                 ui: Observer):
+        super().__init__(plan, plan_dir, plan_text, results_dir, target, ui)
+        # the per-transaction logs' summary (numpy, polars) loads while the lab builds, not in the first run's
+        # summary (0.3-0.6 s there); joined before any run's probes start, so never inside a window
+        self._summary_modules = threading.Thread(target=_load_summary_modules, name="summary-modules", daemon=True)
+
     def open(self, first: Point, with_storage: bool, resumed: bool) -> None:
         if self.plan.matrix.cpus:  # the scaling loop: build the lab at its first step, no restart needed for it
             self.target.cpus_axis, self.target.cpus = True, first.cpus
+        self._summary_modules.start()
         super().open(first, with_storage, resumed)
         if os.geteuid() == 0 and self.target.plan_code_user() is None:
             self.ui.log("pglab runs as root and this target has no lab user: pgbench and the plan's scripts "
@@ -333,8 +344,12 @@ class LocalRun(MeasuredRun):
         self.d._events += self.target.take_events()  # a snapshot reset's own
 
     def start_probes(self) -> None:
+        """The settings read, the probes opened and pg_stat_statements found, side by side: each is mostly its own
+        connection's round trips (one after the other they took 0.07-0.2 s before every run). All before the
+        window; a failure raised is the settings' first, then the probes' (the statements' never fails a run)."""
         d, target, ep = self.d, self.target, self.ep
-        self.settings = d.settings(ep, self.run_dir)
+        if d._summary_modules.ident is not None:  # started with the lab: done long before (a second at most)
+            interrupts.join(d._summary_modules)
         ctx = ProbeContext(
             primary_conninfo=ep.primary.conninfo(application_name="pglab-probe"),
             paths=target.probe_paths(),
@@ -342,12 +357,18 @@ class LocalRun(MeasuredRun):
             client_pids=lambda: [p.pid for p in d._pgbench],
             wait_hz=d.plan.probes.wait_hz,
         )
-        self.sampler = Sampler(default_probes(ctx) if d.plan.probes.enabled else [])
-        self.sampler.start()
+        self.sampler = sampler = Sampler(default_probes(ctx) if d.plan.probes.enabled else [])
         if d.plan.probes.enabled:  # pg_stat_statements where loaded (the extension made only where pglab owns it)
             self.statements = StatementsWindow(ctx.primary_conninfo,
                                                create=not (target.read_only or isinstance(target, ExternalServer)))
-            self.statements.open()
+        statements = self.statements
+        with ThreadPoolExecutor(max_workers=3, thread_name_prefix="run-open") as pool:
+            settings = pool.submit(d.settings, ep, self.run_dir)
+            opened = [pool.submit(sampler.start)] + ([pool.submit(statements.open)] if statements else [])
+            interrupts.wait_all([settings, *opened])  # a signal is acted on here; the pool's exit waits the rest
+        self.settings = settings.result()
+        for future in opened:
+            future.result()
 
     def warm_up(self) -> None:
         self.events.append((now(), "warmup-start", f"{self.warmup_s:g} s"))
@@ -553,6 +574,12 @@ def checkpoint_events(log_text: str) -> list[Event]:
             events.append((when.replace(tzinfo=UTC).timestamp(), "checkpoint-start",
                            line.split("checkpoint starting:", 1)[1].strip()))
     return events
+
+
+def _load_summary_modules() -> None:
+    """Import what summarises pgbench's per-transaction logs (a failure here is the summary's to report)."""
+    with contextlib.suppress(Exception):
+        import pglab.workloads.txlog  # noqa: F401
 
 
 def close_window(sampler: Sampler, end: float) -> list[Sample]:
