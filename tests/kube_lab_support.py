@@ -125,8 +125,9 @@ STUDY_LAB = ("target.kubernetes.kubeconfig", "target.kubernetes.namespace",
              "target.kubernetes.wal_archive.s3.destination", "storage.host_path", "target.kubernetes.prometheus.url",
              "target.kubernetes.prometheus.interval")
 # Not part of study 002: the storage-axis test's third value of its storage axis, a class on memory (statically
-# provisioned hostPath volumes on a tmpfs the test mounts), which carries its memory-vs-disk check. The only field
-# a study's lab plan adds to its example beyond sizes (tests/test_study_examples.py).
+# provisioned hostPath volumes on a tmpfs the test mounts), which carries its memory-vs-disk check. One of the two
+# additions a study's lab plan makes beyond sizes and what the lab gives it, with study 001's best-effort tier's
+# namespace (tests/test_study_examples.py checks both).
 TMPFS_CLASS = "lab-tmpfs"
 MEMORY_VALUE = (f"    - name: memory\n      storage: {{class: {TMPFS_CLASS}, size: 1Gi}}\n"
                 "      cost: {monthly: 300, breakdown: {compute: 80, storage: 220}}\n")
