@@ -411,6 +411,7 @@ def test_study_001s_tiers_each_tenant_measured_in_the_same_window(lab: kubelab.K
             begun[name], ended[name] = float(b.min()), float(e.max())
             # its primary's CPU and memory: its postgres container's, within its tier's limits
             cpus = tier_cpus(arrangement, tier)
+            assert "cpu_cores" in f, (name, tier, tenants[name]["primary_figures"].get("cpu"))
             assert 0 < f["cpu_cores"] <= cpus * 1.05, (name, tier, f)
             assert f["cpu_limit_pct"] == pytest.approx(f["cpu_cores"] / cpus * 100)
             start, end = tenants[name]["window"]

@@ -272,6 +272,7 @@ WITNESS_TABLE = witness.TABLE  # the local witness's table, same columns
 PGBENCH_THROUGH_FAULTS = ("connect_timeout=5 keepalives_idle=2 keepalives_interval=1 keepalives_count=3 "
                           "tcp_user_timeout=5000")
 WITNESS_MARGIN_S = 10  # the witness writes this much longer than pgbench (its pod may start a little later)
+WITNESS_OVERTIME_S = 180  # and, while its writes fail, up to this much longer still, until one is acknowledged
 WITNESS_READ_TRIES = 90  # read-back tries, 2 s apart: the new primary may still be on its way
 WITNESS_ATTEMPT_S = 10  # one attempt's deadline: a COMMIT can wait for a synchronous standby for ever (below)
 
@@ -301,7 +302,9 @@ def segments_script(args: list[str], seconds: float) -> str:
 def witness_script(plan: Plan, seconds: float) -> str:
     """The witness writer in a pod: the table emptied, then one id per short transaction through ``<cluster>-rw``
     for ``seconds``, each attempt one stdout line ``pglab-witness <acked|failed|in_doubt> id t_sent t_done server
-    lsn error``; then the ids read back (retried until the new primary answers) between ``present`` lines.
+    lsn error``; then the ids read back (retried until the new primary answers) between ``present`` lines. When its
+    time is up while writes fail (a failover slower than the run), it goes on, saying ``overtime``, until one is
+    acknowledged (the RTO) or WITNESS_OVERTIME_S more have passed.
 
     psql makes one session per attempt (BEGIN, INSERT … RETURNING the WAL position, COMMIT): its LSN line printed
     means the INSERT returned (the COMMIT was sent next); exit 2 is a lost connection, so a lost COMMIT is in doubt,
@@ -326,8 +329,12 @@ def witness_script(plan: Plan, seconds: float) -> str:
         f"until {psql} -c {shlex.quote(create)} -c 'TRUNCATE {WITNESS_TABLE}' > prepare.log 2>&1; do",
         f'  n=$((n+1)); [ "$n" -ge 60 ] && {{ echo "{w} prepare-failed $(tail -n 1 prepare.log)"; exit 1; }}; sleep 1',
         "done",
-        f"end=$(( $(date +%s) + {max(1, round(seconds)) + WITNESS_MARGIN_S} )); i=0",
-        'while [ "$(date +%s)" -lt "$end" ]; do',
+        f"end=$(( $(date +%s) + {max(1, round(seconds)) + WITNESS_MARGIN_S} )); i=0; down=0; over=0",
+        "while :; do",
+        '  now=$(date +%s); if [ "$now" -ge "$end" ]; then',
+        f'    [ "$down" = 0 ] || [ "$now" -ge $((end + {WITNESS_OVERTIME_S})) ] && break',
+        f'    [ "$over" = 1 ] || {{ echo "{w} overtime $now"; over=1; }}',
+        "  fi",
         "  i=$((i+1)); t0=$(date +%s.%N)",
         f'  out=$({psql} -c BEGIN -c "{insert}" -c COMMIT 2>&1); rc=$?',
         "  t1=$(date +%s.%N)",
@@ -339,7 +346,7 @@ def witness_script(plan: Plan, seconds: float) -> str:
         "  else what=failed; fi",
         '  [ "$what" = acked ] || err=$(printf %s "$out" | tr -s "\\n\\t " "   ")  # psql\'s words, one line',
         f'  echo "{w} $what $i $t0 $t1 $srv $lsn $err"',
-        '  if [ "$what" = acked ]; then sleep 0.01; else sleep 0.2; fi',
+        '  if [ "$what" = acked ]; then down=0; sleep 0.01; else down=1; sleep 0.2; fi',
         "done",
         f'echo "{w} stopped $i"', "n=0",
         f"until {psql} -c 'SELECT id FROM {WITNESS_TABLE} ORDER BY id' > present.txt 2> read.err; do",
