@@ -94,13 +94,14 @@ STUDY_EDITS: dict[str, dict[str, str]] = {
         "run: {duration: 20s, warmup: 2s}": "run: {duration: 10s, warmup: 0s}",
     },
     # tests/test_kube_lab_clusters.py (the tenants test): both arrangements at 3 tenants each (the no-QoS one's
-    # tenants alike, one tenant a tier in the other: the same density) at the study's 20 s runs (8 s left a tenant
-    # with one cAdvisor sample inside its window, so no CPU figure, on a loaded CI); the lab's Prometheus
-    # ({prometheus}: each tenant's CPU, memory and disk figures) and, not the study's, the best-effort tier in a
-    # namespace of its own ({slow}: the lab's check of a tier placed apart)
+    # tenants alike, one tenant a tier in the other: the same density), fio for 1 s on 16 MiB per class, the
+    # study's 20 s runs (8 s left a tenant with one cAdvisor sample inside its window, so no CPU figure, on a
+    # loaded CI); the lab's Prometheus ({prometheus}: each tenant's CPU, memory and disk figures) and, not the
+    # study's, the best-effort tier in a namespace of its own ({slow}: the lab's check of a tier placed apart)
     "study-qos-tiers.yaml": {
         "namespace: pglab-study-tiers": "namespace: {namespace}",
         "\npostgres:\n": "\n    prometheus: {prometheus}\npostgres:\n",  # the last line of target.kubernetes
+        "  runtime: 5s\n  size: 128MiB\n": "  runtime: 1s\n  size: 16MiB\n",
         "{name: all, tenants: 6,": "{name: all, tenants: 3,",
         "{name: high, tenants: 2,": "{name: high, tenants: 1,",
         "{name: medium, tenants: 2,": "{name: medium, tenants: 1,",

@@ -234,8 +234,6 @@ def test_each_tenant_is_a_cluster_with_its_tiers_resources_storage_and_namespace
     (("    resources: {cpu: 1, memory: 1Gi}\n", "    resources: {cpu: 1, memory: 1Gi}\n    instances: 3\n"),
      "target.kubernetes.instances: set tenants.instances instead"),
     (("run: {duration: 10s}", "run: {duration: 10s}\nmatrix: {clients: [1]}"), "matrix: each tier gives"),
-    (("run: {duration: 10s}", "run: {duration: 10s}\nstorage: {runtime: 1s}"),
-     "storage: the storage phase is not available with tenants on Kubernetes yet; remove it"),
     (("  instances: 2\n", "  instances: 2\n  parallel_builds: 4\n"), "tenants.parallel_builds: a Kubernetes cluster "),
     (("name: bronze", "name: Bronze"), "tenants.arrangements[0].tiers[1].name: on Kubernetes a tier's name labels"),
     (("resources: {cpus: 0.5}", "resources: {cpus: 0.5, write_iops: 100}"),

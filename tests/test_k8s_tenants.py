@@ -16,14 +16,18 @@ from kubernetes import client
 
 from conftest import pglab
 from k8s_fake import FakeAPI, results_log, storage_class
+from k8s_fake.routing import NS, Route
 from k8s_support import (
+    FIO,
     PGBENCH,
     TENANTS_TARGET,
     TXN_LOGS,
     Recorder,
+    assert_all_deleted,
     cli,
     kubeconfig,
     pod_log,
+    posted_jobs,
     statements_read,
     statements_row,
 )
@@ -487,4 +491,79 @@ def test_a_parameter_a_tenants_primary_did_not_run_with_fails_the_run_naming_it(
     (run_,) = store.runs()
     assert run_.reason is not None and run_.reason.startswith(
         "tenant t02 (bronze): parameter work_mem: the primary ran with 4096kB, not 8MB"), run_.reason
+    store.close()
+
+
+STORAGE = TENANTS_TARGET + """tenants:
+  instances: 1
+  arrangements:
+    - name: alike
+      tiers:
+        - {name: all, tenants: 2}
+    - name: io-tiers
+      tiers:
+        - {name: fast, tenants: 1, storage: {class: premium, size: 20Gi}, wal_storage: {class: premium, size: 4Gi}}
+        - {name: slow, tenants: 1, storage: {class: throttled, size: 20Gi}, namespace: bench-slow}
+        - {name: plain, tenants: 1}
+storage: {profiles: [randread-8k], runtime: 2s, size: 64MiB, paths: [data, wal]}
+run: {duration: 4s, warmup: 0s}
+"""
+
+
+def test_the_storage_phase_measures_each_tiers_class_once_before_the_first_arrangement_runs(
+        fake: tuple[FakeAPI, client.ApiClient], tmp_path: Path) -> None:
+    """Every storage class the tiers' volumes use, in any arrangement (data, and WAL where a tier has its own), is
+    measured once by fio on a PVC of that class, where a tenant's primary on that class runs, in the namespace of
+    the first tenant on it (a later arrangement's namespace made for it), before the first dataset is loaded; the
+    rows are labelled by class and volume."""
+    from pglab.drivers import driver_for
+    from pglab.engine.sweep import run_sweep
+    from pglab.store.sqlite import Store
+
+    api, api_client = fake
+    fio_files = {f.name: f.read_text() for f in FIO.iterdir()}
+    api.default_log = lambda job: (results_log({**fio_files, "fio-version.txt": "fio-3.33\n"}, text="")
+                                   if re.search(r"-fio-(data|wal)-\d+$", job) else pod_log(job))
+    api.routes[:0] = [Route("GET", NS + "/persistentvolumeclaims",  # the first arrangement's Clusters' claims gone
+                            lambda req: (200, {"kind": "PersistentVolumeClaimList", "apiVersion": "v1",
+                                               "metadata": {}, "items": []}))]
+    plan, results = parse_plan(STORAGE, base_dir=tmp_path), tmp_path / "results"
+    driver = driver_for(plan, STORAGE, tmp_path, results, Recorder(), api=api_client, poll_s=0.01,
+                        ready_timeout_s=5.0)
+    result = run_sweep(driver, plan, STORAGE, tmp_path, results, Recorder())
+    assert (result.ok, result.failed) == (2, 0), result.failures
+
+    fio_jobs = {b["metadata"]["name"]: b for b in api.posted if b["kind"] == "Job" and "-fio-" in b["metadata"]["name"]}
+    # the first arrangement's class, then the later one's new classes; the plain tier's class is measured once
+    assert [(n, b["metadata"]["namespace"]) for n, b in fio_jobs.items()] == [
+        ("mt-t01-fio-data-1", "bench"), ("mt-t01-fio-data-2", "bench"), ("mt-t01-fio-wal-3", "bench"),
+        ("mt-t02-fio-data-4", "bench-slow")]
+    claims = {b["metadata"]["name"]: b["spec"].get("storageClassName") for b in api.posted
+              if b["kind"] == "PersistentVolumeClaim" and "-fio-" in b["metadata"]["name"]}
+    assert claims == {"mt-t01-fio-data-1": "standard", "mt-t01-fio-data-2": "premium",
+                      "mt-t01-fio-wal-3": "premium", "mt-t02-fio-data-4": "throttled"}
+    for name, job in fio_jobs.items():  # on the node of the primary of a tenant on that class (the fake's node-1)
+        terms = job["spec"]["template"]["spec"]["affinity"]["nodeAffinity"][
+            "requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+        assert terms == [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["node-1"]}]}], name
+    # every fio volume gone before the first dataset was loaded; bench-slow made once, for its fio, and deleted
+    jobs = posted_jobs(api)
+    assert jobs[:4] == list(fio_jobs) and jobs[4].endswith("-pgbench-init"), jobs
+    first_load = api.requests.index(("POST", "/apis/batch/v1/namespaces/bench/jobs"), api.requests.index(
+        ("DELETE", "/api/v1/namespaces/bench-slow/persistentvolumeclaims/mt-t02-fio-data-4")))
+    for name, job in fio_jobs.items():
+        ns = job["metadata"]["namespace"]
+        assert api.requests.index(("DELETE", f"/api/v1/namespaces/{ns}/persistentvolumeclaims/{name}")) < first_load
+    assert [b["metadata"]["name"] for b in api.posted if b["kind"] == "Namespace"] == ["bench", "bench-slow"]
+    assert_all_deleted(api)
+
+    store = Store.open(results, create=False)
+    rows = store.fio_results(store.sweeps()[-1]["id"])
+    assert sorted({r["label"] for r in rows}) == ["premium/data@node-1", "premium/wal@node-1",
+                                                 "standard/data@node-1", "throttled/data@node-1"]
+    iops = {json.loads((FIO / f"randread-8k-{qd}.json").read_text())["jobs"][0]["read"]["iops"]
+            for qd in ("qd1", "qd32")}
+    assert len(rows) == 8 and {r["iops"] for r in rows} == iops  # fio's own JSON, both jobs of each class's row
+    assert rows[0]["path"] == "pvc/mt-t01-fio-data-1 (standard) on node node-1"
+    assert store.storage_done(store.sweeps()[-1]["id"])
     store.close()

@@ -20,6 +20,8 @@ with the tests' Prometheus for each tenant's CPU, memory and disk figures; it ch
 from __future__ import annotations
 
 import contextlib
+import csv
+import io
 import json
 import subprocess
 import threading
@@ -477,3 +479,25 @@ def test_study_001s_tiers_each_tenant_measured_in_the_same_window(lab: kubelab.K
         else:
             assert r["tps_vs_base_pct"] == pytest.approx((r["tps_per_instance"] - base) / base * 100, rel=1e-6), r
             assert r["tps_verdict"] == "too few repeats", r
+
+    # the storage phase, before the first arrangement: each tier's class once, by fio on a volume of that class on a
+    # database node; each row is fio's JSON; the throttled class is held to the lab's blkio limit, the local one not
+    table = pglab("report", str(results), "--table", "storage", "--format", "csv")
+    assert table.returncode == 0, table.stderr
+    fio_rows = list(csv.DictReader(io.StringIO(table.stdout)))
+    classes = {r["label"].split("@")[0]: r["label"].split("@")[1] for r in fio_rows}
+    assert sorted(classes) == sorted(f"{c}/data" for c in (kubelab.STORAGE_CLASS, kubelab.THROTTLED_CLASS)), classes
+    assert all(lab.node(node).role == "database" for node in classes.values()), classes
+    jobs = {"randread-8k-qd1", "randread-8k-qd32", "randwrite-8k-qd1", "randwrite-8k-qd32"}
+    iops: dict[tuple[str, str], float] = {}
+    for r in fio_rows:
+        raw = json.loads((results / r["json_file"]).read_text())["jobs"][0]
+        assert float(r["iops"]) == pytest.approx(raw[r["direction"]]["iops"], rel=1e-3), r
+        iops[(r["label"].split("/")[0], r["job"])] = float(r["iops"])
+    assert {job for _, job in iops} == jobs and len(iops) == len(fio_rows) == 2 * len(jobs), fio_rows
+    print("fio IOPS per class and job:", iops)
+    limit = kubelab.THROTTLE["write_iops_device"]
+    assert kubelab.THROTTLE["read_iops_device"] == limit
+    for job in jobs:
+        assert iops[(kubelab.THROTTLED_CLASS, job)] <= limit * 1.05, (job, iops)  # 100.0–100.3 measured
+    assert iops[(kubelab.STORAGE_CLASS, "randread-8k-qd32")] > 2 * limit, iops

@@ -307,46 +307,54 @@ class KubernetesDriver:
     def storage_phase(self, results_dir: Path) -> Iterator[FioMeasurement]:
         """fio Jobs on PVCs of the Cluster's storage classes, one per instance's node (the primary's first), parsed
         and stored as the local storage phase does, each volume labelled with its node (``data@<node>``)."""
-        spec = self.plan.storage
-        assert spec is not None
-        jobs = [job for profile in spec.profiles for job in fio.jobs_for(profile)]
         options = {o.name: o for o in self.plan.matrix.storage or []}
         nodes = self._instance_nodes()
-        fio_jobs = [m for m in self.manifests if m.kind == "Job" and _component(m) == "fio"]
         fio_claims = {m.name: m for m in self.manifests if m.kind == "PersistentVolumeClaim" and _component(m) == "fio"}
-        for template in fio_jobs:
+        for template in [m for m in self.manifests if m.kind == "Job" and _component(m) == "fio"]:
             notes = template.body["metadata"]["annotations"]
             role, option = notes["pglab/volume"], notes.get("pglab/storage")  # option: a value of the storage axis
             classes = {r: s.storage_class for r, s in fio_volumes(with_storage(self.plan, options.get(option)))}
             volume = f"{option}/{role}" if option is not None else role
             for index, node in enumerate(nodes, 1):
-                pvc, m = fio_on_node(fio_claims[template.name], template, node, index)
-                where = f"pvc/{m.name} ({classes.get(role) or 'default storage class'}) on node {node}"
-                label = f"{volume}@{node}"
-                self.ui.log(f"storage: fio on the {label} volume, {where}: {len(jobs)} jobs of {spec.runtime:g} s")
-                dest = results_dir / "storage" / volume / node
-                self.orch.create(pvc)
-                outcome = self.orch.run_job(m, dest)
-                if not outcome.succeeded:
-                    raise FioError(f"fio failed in Job/{m.name} on the {label} volume: {last_words(outcome.log)}")
-                results = job_results(dest, jobs, label, where, m.name)
-                for r in results:
-                    for finding in r.findings:
-                        self.ui.log(f"storage: {label} {r.job} {r.direction}: {finding.message}")
-                yield FioMeasurement(label, _mount_of(dest), results, fio.ceilings(results))
-                self.orch.discard(pvc)  # measured: its space goes back before the next node's and the database phase
-                directory = host_directory(spec.host_path, classes.get(role), node)
-                if directory is not None:  # the same jobs on the node's directory, no volume layer: after the PVC's
-                    host = fio_on_host(fio_claims[template.name], template, directory, node, index)
-                    host_label, host_dest = f"host:{directory}@{node}", results_dir / "storage" / volume / node / "host"
-                    self.ui.log(f"storage: fio on host path {directory} of node {node}, beside {label}")
-                    outcome = self.orch.run_job(host, host_dest)
-                    if not outcome.succeeded:
-                        raise FioError(f"fio failed in Job/{host.name} on host path {directory} of node {node}: "
-                                       f"{last_words(outcome.log)}")
-                    results = job_results(host_dest, jobs, host_label, f"host:{directory} on node {node} beside "
-                                          f"{label}", host.name)
-                    yield FioMeasurement(host_label, _mount_of(host_dest), results, fio.ceilings(results))
+                yield from self.fio_volume(self.orch, fio_claims[template.name], template, node, index, volume,
+                                           classes.get(role), results_dir / "storage" / volume / node)
+
+    def fio_volume(self, orch: Orchestrator, claim: Manifest, template: Manifest, node: str, index: int,
+                   volume: str, storage_class: str | None, dest: Path) -> Iterator[FioMeasurement]:
+        """The plan's fio jobs on a PVC of ``claim`` (``storage_class``) made on ``node``, labelled
+        ``<volume>@<node>``; then, with a ``storage.host_path`` for that class, the same jobs on the node's
+        directory, without the volume layer. The PVC is deleted once measured: its space goes back before the next
+        node's and the database phase."""
+        spec = self.plan.storage
+        assert spec is not None
+        jobs = [job for profile in spec.profiles for job in fio.jobs_for(profile)]
+        pvc, m = fio_on_node(claim, template, node, index)
+        where = f"pvc/{m.name} ({storage_class or 'default storage class'}) on node {node}"
+        label = f"{volume}@{node}"
+        self.ui.log(f"storage: fio on the {label} volume, {where}: {len(jobs)} jobs of {spec.runtime:g} s")
+        orch.create(pvc)
+        outcome = orch.run_job(m, dest)
+        if not outcome.succeeded:
+            raise FioError(f"fio failed in Job/{m.name} on the {label} volume: {last_words(outcome.log)}")
+        results = job_results(dest, jobs, label, where, m.name)
+        for r in results:
+            for finding in r.findings:
+                self.ui.log(f"storage: {label} {r.job} {r.direction}: {finding.message}")
+        yield FioMeasurement(label, _mount_of(dest), results, fio.ceilings(results))
+        orch.discard(pvc)
+        directory = host_directory(spec.host_path, storage_class, node)
+        if directory is None:
+            return
+        host = fio_on_host(claim, template, directory, node, index)
+        host_label, host_dest = f"host:{directory}@{node}", dest / "host"
+        self.ui.log(f"storage: fio on host path {directory} of node {node}, beside {label}")
+        outcome = orch.run_job(host, host_dest)
+        if not outcome.succeeded:
+            raise FioError(f"fio failed in Job/{host.name} on host path {directory} of node {node}: "
+                           f"{last_words(outcome.log)}")
+        results = job_results(host_dest, jobs, host_label, f"host:{directory} on node {node} beside {label}",
+                              host.name)
+        yield FioMeasurement(host_label, _mount_of(host_dest), results, fio.ceilings(results))
 
     def _instance_nodes(self) -> list[str]:
         """The nodes of the Cluster's instances, the primary's first: where the storage phase measures."""

@@ -29,7 +29,16 @@ from pglab.probes.base import now
 from pglab.targets.kubernetes import pgstats, prometheus, statements
 from pglab.targets.kubernetes.orchestrate import POSTGRES_CONTAINER, JobOutcome, K8sError, Orchestrator
 from pglab.targets.kubernetes.prometheus import PrometheusError
-from pglab.targets.kubernetes.render import Manifest, cluster, namespace, pgbench_init, target_of, to_yaml
+from pglab.targets.kubernetes.render import (
+    Manifest,
+    cluster,
+    fio_manifests,
+    fio_volumes,
+    namespace,
+    pgbench_init,
+    target_of,
+    to_yaml,
+)
 from pglab.targets.kubernetes.tenants import (
     K8sTenant,
     PrimaryFigures,
@@ -71,7 +80,42 @@ class KubernetesTenantsDriver(KubernetesDriver):
         self._build(first.arrangement)
 
     def storage_phase(self, results_dir: Path) -> Iterator[FioMeasurement]:
-        return iter(())  # refused in the plan: no storage phase with tenants on Kubernetes yet
+        """fio on a PVC of each storage class the tiers' volumes use, in every arrangement (data, and WAL where a
+        tier has a volume of its own; a class several tiers use, once), labelled ``<class>/<role>@<node>``: made in
+        the namespace of the first tenant on that class, on the node of a current tenant's primary on that class
+        (else another current tenant's primary's), where that tier's instances run; its host path too when given."""
+        assert self.plan.tenants is not None and self._arrangement is not None
+        arrangements = [self._arrangement, *(a for a in self.plan.tenants.arrangements if a is not self._arrangement)]
+        volumes: dict[tuple[str, str | None], tuple[K8sTenant, list[str]]] = {}  # (role, class) → first tenant, tiers
+        for arrangement in arrangements:
+            for t in tenants_of(self.plan, arrangement):
+                for key in _classes(t):
+                    tiers = volumes.setdefault(key, (t, []))[1]
+                    tiers += [] if t.tier.name in tiers else [t.tier.name]
+        for index, ((role, storage_class), (t, tiers)) in enumerate(volumes.items(), 1):
+            manifests = fio_manifests(t.plan)
+            (job,) = [m for m in manifests if m.kind == "Job" and m.body["metadata"]["annotations"]["pglab/volume"]
+                      == role]
+            (claim,) = [m for m in manifests if m.kind == "PersistentVolumeClaim" and m.name == job.name]
+            volume = f"{storage_class or 'default'}/{role}"
+            node = self._node_of(role, storage_class)
+            if t.namespace not in self._namespaces:  # a later arrangement's: made now, deleted with the others
+                self._namespaces[t.namespace] = orch = self._orch_for(t)
+                orch.create(namespace(t.plan))
+            self.ui.log(f"storage: the {volume} volume, as tiers {', '.join(tiers)} have it")
+            yield from self.fio_volume(self._orch_for(t), claim, job, node, index, volume, storage_class,
+                                       results_dir / "storage" / volume / node)
+
+    def _node_of(self, role: str, storage_class: str | None) -> str:
+        """The node of the primary of the first current tenant whose ``role`` volume is of ``storage_class``, else
+        of the first current tenant's primary that is on a node."""
+        for t in [t for t in self.tenants if (role, storage_class) in _classes(t)] + self.tenants:
+            orch = self._orchs[t.name]
+            primary = str(orch.cluster_status().get("currentPrimary") or "")
+            for pod in orch.instance_pods():
+                if pod.metadata.name == primary and pod.spec is not None and pod.spec.node_name:
+                    return str(pod.spec.node_name)
+        raise K8sError(f"no tenant's primary is on a node to measure the {storage_class or 'default'} class on")
 
     def load_dataset(self) -> None:
         """pgbench -i in every tenant's Cluster at once: one Job each, all created, then each waited for."""
@@ -316,3 +360,9 @@ class KubernetesTenantsRun(MeasuredRun):
             events.append((now(), "tenants-start-spread", f"the tenants' windows began {metrics['start_spread_s']:.1f}"
                            " s apart (a pod started after the common start)"))
         return RunResult.of(window, metrics, series=series, events=events, tenants=rows, record=record)
+
+
+def _classes(tenant: K8sTenant) -> list[tuple[str, str | None]]:
+    """(role, storage class) of each volume of the tenant that the storage phase measures."""
+    return [(role, v.storage_class) for role, v in fio_volumes(tenant.plan)]
+

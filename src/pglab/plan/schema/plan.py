@@ -278,8 +278,6 @@ class Plan(Strict):
         given = [("target.kubernetes.instances", "instances" in k8s.model_fields_set, "set tenants.instances instead"),
                  ("matrix", "matrix" in self.model_fields_set, "each tier gives its tenants' workload, clients and "
                   "synchronous_commit; remove the matrix"),
-                 ("storage", self.storage is not None, "the storage phase is not available with tenants on "
-                  "Kubernetes yet; remove it"),
                  ("tenants.parallel_builds", tenants.parallel_builds is not None, "a Kubernetes cluster builds every "
                   "tenant's Cluster at once; remove it")]
         for field, present, what in given:
