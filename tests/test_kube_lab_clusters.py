@@ -14,7 +14,8 @@ table study 002 published (TPS, uplift with its interval, price per TPS and its 
 
 The tenants test runs study 001's tier half (examples/study-qos-tiers.yaml) at its smallest: no QoS, then QoS
 tiers that hold CPU (the tiers' cores) and IOPS (the best-effort tier on the throttled class), three tenants each,
-with the tests' Prometheus for each tenant's CPU, memory and disk figures; it checks the study's tiers table.
+with the tests' Prometheus for each tenant's CPU, memory and disk figures, after the storage phase the study ran
+first (fio on a volume of each tier's class); it checks the study's tiers table and the storage table.
 """
 
 from __future__ import annotations
@@ -357,7 +358,8 @@ def test_study_001s_tiers_each_tenant_measured_in_the_same_window(lab: kubelab.K
     """Study 001's tiers: each tenant's TPS and latency are its own pgbench's, its CPU its tier's share at most; the
     throttled tier's disk figures (its volume's device, from node-exporter through Prometheus) are those this
     machine's /proc/diskstats counted for that loop device over the tenant's window; the tiers table is the study's
-    (TPS and latency per tier, against the no-QoS arrangement) from the stored runs."""
+    (TPS and latency per tier, against the no-QoS arrangement) from the stored runs; the storage phase measured each
+    tier's class once, fio's JSON in each row, the throttled class at the lab's limit."""
     ns = "pglab-e2e-tenants"
     prom = Prometheus(lab, tmp_path / "prometheus", ns)
     slow_disks = {n.name: lab.node_device(n.name, kubelab.THROTTLED_CLASS) for n in lab.nodes if n.role == "database"}
