@@ -358,6 +358,7 @@ def test_the_witness_ends_an_attempt_whose_commit_waits_for_ever(postgres: dict[
     monkeypatch.setattr(scripts, "RESULTS_DIR", str(tmp_path))
     monkeypatch.setattr(scripts, "WITNESS_ATTEMPT_S", 2)
     monkeypatch.setattr(scripts, "WITNESS_MARGIN_S", 0)
+    monkeypatch.setattr(scripts, "WITNESS_OVERTIME_S", 4)  # its writes still failing when its time is up
     plan = parse_plan(k8s_plan("matrix: {clients: [1]}", "run: {duration: 6s}"))
     env = {**os.environ, **postgres}
 
@@ -390,6 +391,10 @@ def test_the_witness_ends_an_attempt_whose_commit_waits_for_ever(postgres: dict[
     assert all(a.lsn is not None and "no answer in 2 s" in (a.error or "") for a in waited), text
     assert all(a.t_done - a.t_sent >= 2 for a in waited), text  # ended by the deadline, not by an error
     assert log.present == [a.id for a in acked]  # the waiting ones committed locally but are not visible yet
+    # its time was up with its writes in doubt: it went on, said so, and stopped at the overtime's end all the same
+    over = float(text.split(f"{WITNESS_MARK} overtime ")[1].split()[0])
+    assert any(a.t_sent >= over for a in waited), text
+    assert max(a.t_sent for a in log.attempts) < over + 4 + 1, text
 
 
 # ------------------------------------------------------------------ the exporter, through the pod proxy
