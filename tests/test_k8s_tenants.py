@@ -567,3 +567,27 @@ def test_the_storage_phase_measures_each_tiers_class_once_before_the_first_arran
     assert rows[0]["path"] == "pvc/mt-t01-fio-data-1 (standard) on node node-1"
     assert store.storage_done(store.sweeps()[-1]["id"])
     store.close()
+
+
+def test_a_failed_fio_of_a_tiers_class_fails_the_sweep_names_it_and_leaves_nothing(
+        fake: tuple[FakeAPI, client.ApiClient], tmp_path: Path) -> None:
+    """fio failing on the throttled class's volume (in the later arrangement's namespace) fails the sweep in one
+    sentence naming the Job and the volume; its claim, the Clusters and both namespaces are deleted all the same."""
+    from pglab.drivers import driver_for
+    from pglab.engine.sweep import run_sweep
+
+    api, api_client = fake
+    fio_files = {f.name: f.read_text() for f in FIO.iterdir()}
+    api.default_log = lambda job: (results_log({**fio_files, "fio-version.txt": "fio-3.33\n"}, text="")
+                                   if re.search(r"-fio-(data|wal)-\d+$", job) else pod_log(job))
+    api.failing_jobs.add("mt-t02-fio-data-4")
+    api.logs["mt-t02-fio-data-4"] = results_log({}, text="fio: pid=7, err=28/file:filesetup.c:240, error=No space "
+                                                "left on device\n")
+    plan, results = parse_plan(STORAGE, base_dir=tmp_path), tmp_path / "results"
+    driver = driver_for(plan, STORAGE, tmp_path, results, Recorder(), api=api_client, poll_s=0.01,
+                        ready_timeout_s=5.0)
+    with pytest.raises(Exception, match=r"fio failed in Job/mt-t02-fio-data-4 on the throttled/data@node-1 volume: "
+                                        r".*No space left on device"):
+        run_sweep(driver, plan, STORAGE, tmp_path, results, Recorder())
+    assert not any(j.endswith("-pgbench-init") for j in posted_jobs(api))  # nothing loaded after the failure
+    assert_all_deleted(api)

@@ -103,7 +103,8 @@ class KubernetesTenantsDriver(KubernetesDriver):
                 self._namespaces[t.namespace] = orch = self._orch_for(t)
                 orch.create(namespace(t.plan))
             self.ui.log(f"storage: the {volume} volume, as tiers {', '.join(tiers)} have it")
-            yield from self.fio_volume(self._orch_for(t), claim, job, node, index, volume, storage_class,
+            # through the namespace's Orchestrator: a volume left by a failed fio goes with it at the end
+            yield from self.fio_volume(self._namespaces[t.namespace], claim, job, node, index, volume, storage_class,
                                        results_dir / "storage" / volume / node)
 
     def _node_of(self, role: str, storage_class: str | None) -> str:
@@ -365,4 +366,3 @@ class KubernetesTenantsRun(MeasuredRun):
 def _classes(tenant: K8sTenant) -> list[tuple[str, str | None]]:
     """(role, storage class) of each volume of the tenant that the storage phase measures."""
     return [(role, v.storage_class) for role, v in fio_volumes(tenant.plan)]
-
