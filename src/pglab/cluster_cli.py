@@ -240,11 +240,6 @@ def scale(lab: str = typer.Argument(..., help="lab name or directory"),
     _print_members(the_lab)
 
 
-def _empty_target(path: Path, what: str) -> None:
-    if path.exists() and (not path.is_dir() or any(path.iterdir())):
-        raise UserError(f"{what}: '{path}' exists and is not an empty folder; give a new or empty one.")
-
-
 @cluster_app.command("backup")
 def backup(lab: str = typer.Argument(..., help="lab name or directory"),
            target: Path = typer.Argument(..., help="folder for the backup (new or empty)"),
@@ -254,7 +249,8 @@ def backup(lab: str = typer.Argument(..., help="lab name or directory"),
 
     if fmt not in ("plain", "tar"):
         raise UserError(f"--format: '{fmt}' is not one of plain, tar.")
-    _empty_target(target, "DIR")
+    if target.exists() and (not target.is_dir() or any(target.iterdir())):
+        raise UserError(f"DIR: '{target}' exists and is not an empty folder; give a new or empty one.")
     the_lab = _attach(lab)
     leader = the_lab.primary().name
     node = the_lab._node(leader)
