@@ -579,14 +579,10 @@ def full_report(store: Store, fmt: str, sweep_id: int | None = None, per_run: bo
     cost_columns, cost_rows = cost_table(store, sweep_id)
     if fmt in ("csv", "json"):
         which = table or ("database" if db_rows or not fio_rows else "storage")
-        chosen = {"storage": (fio_columns, fio_rows), "durability": (dur_columns, dur_rows),
-                  "cost": (cost_columns, cost_rows)}.get(which, (db_columns, db_rows))
-        if which == "uplift":
-            chosen = uplift_table(store, sweep_id)
-        if which == "scenarios":
-            chosen = scenario_table(store, sweep_id)
-        if which == "capacity":
-            chosen = capacity_table(store, sweep_id)
+        read = {"uplift": uplift_table, "scenarios": scenario_table, "capacity": capacity_table}.get(which)
+        chosen = read(store, sweep_id) if read else {
+            "storage": (fio_columns, fio_rows), "durability": (dur_columns, dur_rows),
+            "cost": (cost_columns, cost_rows)}.get(which, (db_columns, db_rows))
         return render(*chosen, fmt)
     compact = fmt == "table" and not wide
     width = None if wide else width
