@@ -105,8 +105,14 @@ def _attach(lab: str) -> Any:
     return HALab.attach(_find(lab), log=_log)
 
 
-def _members_table(lab: Any) -> Table:
+def _print_members(lab: Any, as_json: bool = False) -> None:
     members = sorted(lab.members(), key=lambda m: m.name)
+    if as_json:
+        rows = [{"name": m.name, "role": m.role, "state": m.state, "lag": m.lag, "timeline": m.timeline,
+                 "port": m.port} for m in members]
+        out.print(json.dumps({"name": lab.name, "dir": str(lab.lab_dir), "members": rows}), markup=False,
+                  highlight=False, soft_wrap=True)
+        return
     leader_tl = next((m.timeline for m in reversed(members) if m.role == "leader"), None)
     table = Table(title=f"Cluster: {lab.name} ({lab.lab_dir})", title_justify="left")
     for column in ("Member", "Host", "Role", "State", "TL", "Lag in MB"):
@@ -115,17 +121,7 @@ def _members_table(lab: Any) -> Table:
         lag = "" if m.role == "leader" else ("unknown" if m.lag is None else f"{m.lag / 1024 / 1024:.0f}")
         tl = m.timeline if m.timeline is not None else leader_tl
         table.add_row(m.name, f"127.0.0.1:{m.port}", m.role, m.state, "" if tl is None else str(tl), lag)
-    return table
-
-
-def _print_members(lab: Any, as_json: bool = False) -> None:
-    if as_json:
-        rows = [{"name": m.name, "role": m.role, "state": m.state, "lag": m.lag, "timeline": m.timeline,
-                 "port": m.port} for m in sorted(lab.members(), key=lambda m: m.name)]
-        out.print(json.dumps({"name": lab.name, "dir": str(lab.lab_dir), "members": rows}), markup=False,
-                  highlight=False, soft_wrap=True)
-        return
-    out.print(_members_table(lab))
+    out.print(table)
 
 
 def _build(spec: Any, parameters: dict[str, Any], base_dir: Path, restore_from: Path | None = None) -> Any:
@@ -240,11 +236,6 @@ def scale(lab: str = typer.Argument(..., help="lab name or directory"),
     _print_members(the_lab)
 
 
-def _empty_target(path: Path, what: str) -> None:
-    if path.exists() and (not path.is_dir() or any(path.iterdir())):
-        raise UserError(f"{what}: '{path}' exists and is not an empty folder; give a new or empty one.")
-
-
 @cluster_app.command("backup")
 def backup(lab: str = typer.Argument(..., help="lab name or directory"),
            target: Path = typer.Argument(..., help="folder for the backup (new or empty)"),
@@ -254,7 +245,8 @@ def backup(lab: str = typer.Argument(..., help="lab name or directory"),
 
     if fmt not in ("plain", "tar"):
         raise UserError(f"--format: '{fmt}' is not one of plain, tar.")
-    _empty_target(target, "DIR")
+    if target.exists() and (not target.is_dir() or any(target.iterdir())):
+        raise UserError(f"DIR: '{target}' exists and is not an empty folder; give a new or empty one.")
     the_lab = _attach(lab)
     leader = the_lab.primary().name
     node = the_lab._node(leader)

@@ -44,17 +44,6 @@ def mount_of(path: Path) -> dict[str, Any]:
                                  "source": m.source, "super_options": m.super_options}
 
 
-def paths_info(paths: dict[str, Path]) -> dict[str, Any]:
-    return {label: {"path": str(p), **mount_of(p), "device": resolve_device(p).as_dict()}
-            for label, p in paths.items()}
-
-
-def cgroup_info() -> dict[str, Any]:
-    info: dict[str, Any] = {"self": _read("/proc/self/cgroup").strip().splitlines()}
-    info["v2"] = Path("/sys/fs/cgroup/cgroup.controllers").exists()
-    return info
-
-
 def tool_version(binary: Path | str) -> str | None:
     try:
         out = subprocess.run([str(binary), "--version"], capture_output=True, text=True, timeout=10, check=False)
@@ -86,9 +75,11 @@ def capture(primary_conninfo: str, paths: dict[str, Path], bindir: Path, plan_te
                    "machine": uname.machine},
         "cpu": cpu_info(),
         "memory": memory_info(),
-        "cgroup": cgroup_info(),
+        "cgroup": {"self": _read("/proc/self/cgroup").strip().splitlines(),
+                   "v2": Path("/sys/fs/cgroup/cgroup.controllers").exists()},
         "postgres": postgres_info(primary_conninfo),
         "pgbench": tool_version(bindir / "pgbench"),
-        "paths": paths_info(paths),
+        "paths": {label: {"path": str(p), **mount_of(p), "device": resolve_device(p).as_dict()}
+                  for label, p in paths.items()},
         "plan": plan_text,
     }

@@ -60,12 +60,6 @@ def _share(metrics: dict[str, float | None], names: tuple[str, ...]) -> float:
     return sum(metrics.get(f"wait.{n}") or 0.0 for n in names)
 
 
-def _lock_share(metrics: dict[str, float | None]) -> float:
-    locks = [value or 0.0 for name, value in metrics.items()
-             if name.startswith(("wait.Lock:", "wait.LWLock:")) and name.removeprefix("wait.") not in WAL_WAITS]
-    return sum(locks, 0.0)
-
-
 def _wal_detail(metrics: dict[str, float | None]) -> str:
     """What the WAL waited on was made of, where pg_stat_wal was read: its bytes and full-page images per commit, and
     the checkpoints of the window (after one, each page's first change logs the whole page: WAL per commit jumps)."""
@@ -120,11 +114,6 @@ def interfered(metrics: dict[str, float | None]) -> bool:
     return other is not None and other >= INTERFERENCE_CORES
 
 
-def _servers(server: float | None, cores: int) -> str:
-    """The servers' CPU in words; without a figure (an external server not found on this host) say so."""
-    return f"servers {server:.2f} of {cores} cores" if server is not None else "servers' CPU not attributed"
-
-
 def attribute(metrics: dict[str, float | None], cores: int, jobs: int | None = None,
               ceilings: dict[str, float] | None = None) -> list[Verdict]:
     """Every rule that fires, the cause first. An empty list means nothing stood out.
@@ -145,8 +134,8 @@ def attribute(metrics: dict[str, float | None], cores: int, jobs: int | None = N
     lab = (server or 0.0) + (client or 0.0)
     if host_saturated:
         assert busy is not None
-        detail = f"host CPU {busy:.0f} % busy"
-        detail += f", {_servers(server, cores)}"
+        detail = f"host CPU {busy:.0f} % busy, " + (f"servers {server:.2f} of {cores} cores" if server is not None
+                                                   else "servers' CPU not attributed")  # None: not found on this host
         if client is not None:
             detail += f", pgbench {client:.2f}"
         if client_read >= WAIT_SHARE:
@@ -199,7 +188,8 @@ def attribute(metrics: dict[str, float | None], cores: int, jobs: int | None = N
                      if queued else f"{share * 100:.0f} % of active backends")
             detail = _wal_detail(metrics) if resource == "wal-flush" else ""
             out.append(Verdict(resource, effective / WAIT_SHARE, f"{where} {words}{detail}"))
-    locks = _lock_share(metrics)
+    locks = sum([value or 0.0 for name, value in metrics.items() if name.startswith(("wait.Lock:", "wait.LWLock:"))
+                 and name.removeprefix("wait.") not in WAL_WAITS], 0.0)
     if locks >= WAIT_SHARE:
         out.append(Verdict("locks", 0.5 * locks / WAIT_SHARE,
                            f"{locks * 100:.0f} % of active backends waiting on locks (Lock/LWLock)"))

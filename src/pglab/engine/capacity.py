@@ -15,7 +15,6 @@ the machine's noise (:func:`summarize`); a single run per rate gives the bracket
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -169,8 +168,3 @@ def _search(base: Point, spec: Capacity, repeats: int, probe: Callable[[Point, f
         rate = float(max(1, round((lo + hi) / 2)))
         if rate in (lo, hi):  # whole transactions/s: nothing left between them
             return "bracket within 1 tx/s", lo or None, hi, n
-
-
-def probe_point(base: Point, rate: float | None, index: int) -> Point:
-    """``base`` at ``rate`` (None: the closed-loop run, the base point itself)."""
-    return base if rate is None else dataclasses.replace(base, rate=rate, index=index)

@@ -6,6 +6,7 @@ folder's lock from the first row to the last, so two pglab never mix their runs 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fcntl
 import itertools
 import os
@@ -52,8 +53,8 @@ def _sweep(driver: Driver, plan: Plan, recorder: Recorder, ui: Observer, keep: b
     result.already_done = len(done)
     found: list[capacity.Found] = []
     if plan.capacity is not None:  # the rates are the search's: each probe's point is registered as it comes
-        def probe(base: Point, rate: float | None) -> Point:
-            point = capacity.probe_point(base, rate, len(point_ids))
+        def probe(base: Point, rate: float | None) -> Point:  # None: the closed-loop run, the base point itself
+            point = base if rate is None else dataclasses.replace(base, rate=rate, index=len(point_ids))
             if point.key not in point_ids:
                 point_ids.update(recorder.register([point]))
             return point

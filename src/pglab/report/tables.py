@@ -66,8 +66,9 @@ def point_table(store: Store, sweep_id: int | None = None) -> tuple[list[str], l
     extra = _extra_axes(runs)
     columns = [*AXIS_COLUMNS, *extra, *METRIC_COLUMNS, "repeats", "failed_runs", "bottleneck", "flags"]
     columns += [f"{c}_ci95" for c in CI_COLUMNS] + list(POINT_EXTRAS)
-    cores, sweep_ceilings = _cores(store, sweep_id), _data_ceilings(store, sweep_id)
     by_label = store.ceilings(sweep_id) if sweep_id is not None else {}
+    cores = _cores(store, sweep_id)
+    sweep_ceilings = volume_ceilings(by_label, "data") or next(iter(by_label.values()), None)
     recorded = store.sweep_schedule(sweep_id) if sweep_id is not None else None
     target_pct = recorded.get("target_ci_pct") if recorded else None  # adaptive repeats: the TPS interval wanted
     groups: OrderedDict[int, list[RunRow]] = OrderedDict()
@@ -154,13 +155,6 @@ def _cores(store: Store, sweep_id: int | None) -> int:
         return int(environment["cpu"]["affinity"]) if environment else (os.cpu_count() or 1)
     except (KeyError, TypeError, ValueError):
         return os.cpu_count() or 1
-
-
-def _data_ceilings(store: Store, sweep_id: int | None) -> dict[str, float] | None:
-    if sweep_id is None:
-        return None
-    by_label = store.ceilings(sweep_id)
-    return volume_ceilings(by_label, "data") or next(iter(by_label.values()), None)
 
 
 def volume_ceilings(by_label: dict[str, dict[str, float]], volume: str) -> dict[str, float] | None:
@@ -585,14 +579,10 @@ def full_report(store: Store, fmt: str, sweep_id: int | None = None, per_run: bo
     cost_columns, cost_rows = cost_table(store, sweep_id)
     if fmt in ("csv", "json"):
         which = table or ("database" if db_rows or not fio_rows else "storage")
-        chosen = {"storage": (fio_columns, fio_rows), "durability": (dur_columns, dur_rows),
-                  "cost": (cost_columns, cost_rows)}.get(which, (db_columns, db_rows))
-        if which == "uplift":
-            chosen = uplift_table(store, sweep_id)
-        if which == "scenarios":
-            chosen = scenario_table(store, sweep_id)
-        if which == "capacity":
-            chosen = capacity_table(store, sweep_id)
+        read = {"uplift": uplift_table, "scenarios": scenario_table, "capacity": capacity_table}.get(which)
+        chosen = read(store, sweep_id) if read else {
+            "storage": (fio_columns, fio_rows), "durability": (dur_columns, dur_rows),
+            "cost": (cost_columns, cost_rows)}.get(which, (db_columns, db_rows))
         return render(*chosen, fmt)
     compact = fmt == "table" and not wide
     width = None if wide else width

@@ -14,15 +14,10 @@ from typing import Any
 
 from pglab.errors import LabError, LabUnsound
 from pglab.targets.base import Endpoint, Endpoints
-from pglab.targets.local.ha import HALab, Kill
+from pglab.targets.local.ha import HALab
 from pglab.targets.local.pgconf import DBNAME, SUPERUSER
 
 PATRONI_ANSWER_S = 2.0  # Patroni's REST API answers in milliseconds; silent this long, Patroni is frozen or hung
-
-
-def _epoch(kill: Kill) -> float:
-    """A Kill's monotonic time on the run's clock (epoch seconds)."""
-    return time.time() - (time.monotonic() - kill.at)
 
 
 class PatroniTarget(HALab):
@@ -127,7 +122,7 @@ class PatroniTarget(HALab):
     # ---------------------------------------------------------------- FaultTarget
     def fail_primary(self, kill: str) -> tuple[str, float]:
         k = self.faults.kill_primary_node() if kill == "node" else self.faults.kill_primary_postgres()
-        return k.node, _epoch(k)
+        return k.node, time.time() - (time.monotonic() - k.at)  # the kill's monotonic time on the run's clock
 
     def wait_new_primary(self, old: str, since: float) -> str:
         started = time.monotonic() - (time.time() - since)

@@ -13,8 +13,8 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
+from pglab.artifacts import write_json
 from pglab.errors import UserError
 from pglab.targets.local import leftovers
 from pglab.targets.local.procs import kill_all, process_start_time, processes_using
@@ -57,16 +57,11 @@ class Entry:
         return self.owner_start is not None and process_start_time(self.owner_pid) == self.owner_start
 
 
-def _write(path: Path, data: dict[str, Any]) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, indent=1))
-    tmp.replace(path)
-
-
 def register(lab_dir: Path, dirs: list[Path]) -> None:
     pid = os.getpid()
-    _write(_entry_file(lab_dir), {"lab_dir": str(lab_dir), "owner_pid": pid, "owner_start": process_start_time(pid),
-                                  "kept": False, "dirs": [str(d) for d in dirs], "created": time.time()})
+    write_json(_entry_file(lab_dir), {"lab_dir": str(lab_dir), "owner_pid": pid,
+                                      "owner_start": process_start_time(pid), "kept": False,
+                                      "dirs": [str(d) for d in dirs], "created": time.time()})
 
 
 def mark_kept(lab_dir: Path) -> None:
@@ -74,7 +69,7 @@ def mark_kept(lab_dir: Path) -> None:
     with contextlib.suppress(OSError, ValueError):
         data = json.loads(path.read_text())
         data["kept"] = True
-        _write(path, data)
+        write_json(path, data)
 
 
 def unregister(lab_dir: Path) -> None:

@@ -149,7 +149,8 @@ class HALab(Membership):
             self._write_private(self.client_passfile, f"*:*:*:{SUPERUSER}:{passwords['superuser']}\n", server=False)
             self._write_private(self.lab_dir / "secrets" / "rest-auth", self._rest_auth + "\n", server=False)
             if self.restore_from is not None:
-                self._stage_restore(self.restore_from)
+                self.restored_system_id = restore.stage_backup(self.restore_from, self.lab_dir, self.nodes[0],
+                                                               self.server_user)
             self._make_groups()
             self._write_state()
             self._start_proxies()  # before the configurations: each names its node's proxy
@@ -267,10 +268,6 @@ class HALab(Membership):
                 remove_tree(d)
         self._write_state()
         self.log(f"node {name} removed")
-
-    def _stage_restore(self, backup: Path) -> None:
-        assert self.lab_dir is not None
-        self.restored_system_id = restore.stage_backup(backup, self.lab_dir, self.nodes[0], self.server_user)
 
     # ---------------------------------------------------------------- clients
     def conninfo_multi(self, **extra: str | int) -> str:
