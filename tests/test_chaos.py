@@ -268,8 +268,9 @@ name: full
 target: {local: {instances: 1}}
 dataset: {scale: 1}
 matrix: {workload: [tpcb-like], clients: [2]}
-run: {duration: 3s, repeats: 4}
-"""
+run: {duration: 6s, repeats: 4}
+"""  # 6 s: the faults come 2 s into run 1 and must land inside it (filling the server's tmpfs, then a WAL switch,
+# took past a 3 s run's end on a loaded CI, so run 1 was ok)
 
 
 def test_a_full_results_filesystem_stops_the_sweep_in_one_sentence_and_a_rerun_resumes(tmp_path: Path) -> None:

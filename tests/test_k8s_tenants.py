@@ -413,7 +413,7 @@ def test_each_tenants_wal_and_buffer_figures_are_its_own_jobs_reads(fake: tuple[
     for job in (b for b in api.posted if b["kind"] == "Job" and "-run-" in b["metadata"]["name"]):
         script = job["spec"]["template"]["spec"]["containers"][0]["command"][-1]
         assert (script.index("TRUNCATE") < script.index(START_WAIT) < script.index(f"pgstats_read {pgstats.START_FILE}")
-                < script.index("pgbench -n") < script.index(f"pgstats_gone; pgstats_read {pgstats.END_FILE}")
+                < script.index("pgbench -n") < script.index(f"pgstats_gone; pgstats_settled {pgstats.END_FILE}")
                 < script.index("base64"))
 
     store = Store.open(results, create=False)

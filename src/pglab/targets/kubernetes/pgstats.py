@@ -22,6 +22,7 @@ from pglab.targets.kubernetes.scripts import READ_MARK, WindowRead
 START_FILE, END_FILE, ERR_FILE = "pgstats-start.txt", "pgstats-end.txt", "pgstats.err"
 MIB = 1024 * 1024
 GONE_TRIES = 50  # the last read's wait for pgbench's backends to be gone, 0.1 s apart
+SETTLE_TRIES = 10  # then the last read again, 0.5 s apart, until the counters reported late stop moving (≤ 5 s)
 Read = tuple[float, dict[str, float | None]]  # the server's epoch, every counter (None: not on this server)
 
 
@@ -47,7 +48,13 @@ def read_part() -> WindowRead:
                        "'pgbench'")
     wait = (f'pgstats_gone() {{ n=0; until [ "$(psql -XAtq -c {gone} 2>> {ERR_FILE})" = 0 ]; do n=$((n+1)); '
             f'[ "$n" -ge {GONE_TRIES} ] && break; sleep 0.1; done; }}')
-    return f"{read}\n{wait}", f"pgstats_read {START_FILE}", f"pgstats_gone; pgstats_read {END_FILE}"
+    # up to PostgreSQL 16 the backends' writes reach pg_stat_bgwriter when the checkpointer next absorbs them, later
+    # on a busy server: the end read is the first one the counts (field 1 is the epoch) did not move after
+    counts = ",".join(str(COUNTERS.index(c) + 2) for c in COUNTS)
+    settle = (f'pgstats_settled() {{ pgstats_read "$1"; n=0; while [ "$n" -lt {SETTLE_TRIES} ]; do sleep 0.5; '
+              f'pgstats_read "$1.next"; [ "$(cut -d "|" -f {counts} "$1")" = "$(cut -d "|" -f {counts} "$1.next")" ] '
+              '&& break; mv "$1.next" "$1"; n=$((n+1)); done; rm -f "$1.next"; }')
+    return f"{read}\n{wait}\n{settle}", f"pgstats_read {START_FILE}", f"pgstats_gone; pgstats_settled {END_FILE}"
 
 
 class ReadError(ValueError):
