@@ -62,8 +62,9 @@ def test_failover_under_on_loses_no_acknowledged_write_and_recovers_within_patro
         tmp_path: Path, run_in_tmp: Callable[..., Ran]) -> None:
     # The fault at 3 s: tps_before counts the transactions from pgbench's launch to the fault, and on a loaded
     # machine (the test command runs beside the Kubernetes lab's tests) pgbench took more than the 1 s it had before
-    # to commit its first one: tps_before 0.0, so tps_during < tps_before failed. The run is 2 s longer with it, the
-    # time after the fault (Patroni's failover, then tps_after) as it was.
+    # to commit its first one: tps_before 0.0, so tps_during < tps_before failed. The run is 2 s longer with it. And
+    # 12 s more after the fault: on a loaded machine the writes had not come back by a 28 s run's end (tps_after 0.0
+    # after 18 pgbench starts, twice on 2026-11-27), though the witness's RTO was within Patroni's bound.
     os.chmod(tmp_path, 0o711)
     results = run_in_tmp("""
 name: failover
@@ -74,7 +75,7 @@ matrix:
   clients: [2]
   synchronous_commit: ["off", "on"]
   scenario: [{kind: failover, kill: node, at: 3s}]
-run: {duration: 28s, repeats: 1}
+run: {duration: 40s, repeats: 1}
 """, timeout=900).results
     runs = [record for _dir, record in run_files(results)]
     assert len(runs) == 2  # two failovers in a row: the lab heals (old leader rejoins) between them
