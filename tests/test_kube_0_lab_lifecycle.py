@@ -43,13 +43,15 @@ def test_clean_after_a_killed_up_leaves_nothing(tmp_path: Path) -> None:
     cni_before = cni_netns()
 
     # up killed with SIGKILL once its nodes' kubelets run: its processes outlive it, and clean removes them all
-    proc = subprocess.Popen(kubelab_cmd("up", "--nodes", str(NODES)), env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
+    log = tmp_path / "up.log"  # what up said before it was killed, for a failure to be read
+    with open(log, "w") as out:
+        proc = subprocess.Popen(kubelab_cmd("up", "--nodes", str(NODES)), env=env, stdout=out,
+                                stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + 600
         killed_root: Path | None = None
         while True:
-            assert proc.poll() is None, "up ended before it was killed"
+            assert proc.poll() is None, ("up ended before it was killed", log.read_text()[-3000:])
             assert time.monotonic() < deadline, "up never started its nodes' kubelets"
             if killed_root is None and (state / "kube-lab.json").exists():
                 killed_root = Path(json.loads((state / "kube-lab.json").read_text())["root"])
@@ -66,7 +68,8 @@ def test_clean_after_a_killed_up_leaves_nothing(tmp_path: Path) -> None:
             proc.kill()
     assert killed_root is not None
     left = leftovers(killed_root, cni_before)
-    assert {"processes", "node network namespaces", "loop devices", "cgroups"} <= left.keys(), left
+    assert {"processes", "node network namespaces", "loop devices", "cgroups"} <= left.keys(), (
+        left, log.read_text()[-3000:])
     clean = subprocess.run(kubelab_cmd("clean"), env=env, capture_output=True, text=True, timeout=300, check=False)
     assert clean.returncode == 0 and "stopped and removed" in clean.stdout, clean.stdout + clean.stderr
     assert leftovers(killed_root, cni_before) == {}
