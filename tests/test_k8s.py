@@ -88,7 +88,7 @@ def test_storage_classes_example_runs_the_published_pgbench_shape(tmp_path: Path
     result = check(checker, *files)
     assert result.returncode == 0, result.stdout + result.stderr
     init = next(m for m in manifests if m.filename == "40-pgbench-init-job.yaml")
-    assert "pgbench -i -s 1000 " in yaml.safe_dump(init.body, width=1000)
+    assert "pgbench -i -s 1000 -q --init-steps=dtgvp" in yaml.safe_dump(init.body, width=1000)  # rows from the client
     runs = [m for m in manifests if m.filename.startswith("50-run-")]
     assert len(runs) == 6  # one point per class × 3 repeats
     assert "pgbench -n -c 64 -j 4 -M simple -P 1 " in yaml.safe_dump(runs[0].body, width=1000)

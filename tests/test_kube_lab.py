@@ -201,6 +201,9 @@ def test_a_sweep_interrupted_then_resumed_on_the_lab(lab: kubelab.KubeLab, tmp_p
     ]
     env = json.loads(sweep["environment"])
     assert env["kubernetes"]["server_version"].startswith("v1.34")
+    # the dataset Job generated its rows in the client pod, not on the CPU-limited primary (pgbench's own line)
+    loads = sorted((results / "dataset").rglob("init.log"))
+    assert loads and all("client-side generate" in f.read_text() for f in loads), [f.read_text() for f in loads]
 
     scrapes = {}
     for r in runs:

@@ -462,8 +462,12 @@ def dataset_state(conn: Any) -> dict[str, int] | None:
     return {"scale": int(scale), "partitions": int(parts)}
 
 
-def init_args(bindir: Path, dataset: Dataset) -> list[str]:
-    args = [str(bindir / "pgbench"), "-i", "-s", str(dataset.scale), "-q", "--init-steps=dtGvp"]
+def init_args(bindir: Path, dataset: Dataset, *, client_side: bool = False) -> list[str]:
+    """``pgbench -i`` for the plan's dataset. The rows are generated in the server (``G``: no rows over the
+    connection) unless ``client_side`` (``g``, pgbench's default: COPY from the client, which spares a
+    CPU-limited server the generation; the Kubernetes Jobs' choice)."""
+    steps = "dtgvp" if client_side else "dtGvp"
+    args = [str(bindir / "pgbench"), "-i", "-s", str(dataset.scale), "-q", f"--init-steps={steps}"]
     if dataset.partitions:
         args += [f"--partitions={dataset.partitions}"]
     return args

@@ -552,7 +552,7 @@ def client_cores(k8s: KubernetesTarget) -> int:
 
 def pgbench_init(plan: Plan) -> Manifest:
     k8s = target_of(plan)
-    args = ["pgbench", *init_args(Path(), plan.dataset)[1:]]
+    args = ["pgbench", *init_args(Path(), plan.dataset, client_side=True)[1:]]
     script = (f"set -eu\n{shlex.join(args)} > {RESULTS_DIR}/init.log 2>&1 || rc=$?\ncat {RESULTS_DIR}/init.log\n"
               f"{ship_results()}\nexit ${{rc:-0}}")
     pod = _client_pod(k8s, k8s.clients.image or k8s.image, script, env=_pg_env(k8s))

@@ -125,7 +125,7 @@ def reset_script(plan: Plan) -> str:
     the run (rc set, pgbench not started)."""
     ds = plan.dataset
     if ds.reset == "reinit":
-        return f"{shlex.join(['pgbench', *init_args(Path(), ds)[1:]])} > reset.log 2>&1 || rc=$?\n"
+        return f"{shlex.join(['pgbench', *init_args(Path(), ds, client_side=True)[1:]])} > reset.log 2>&1 || rc=$?\n"
     psql = ["psql", "-X", "-v", "ON_ERROR_STOP=1"]
     for stmt in RESET_SQL:
         psql += ["-c", stmt]
