@@ -21,8 +21,8 @@ How, on a running lab (``kubelab.py up``) and a Kubernetes plan (``kduty.yaml`` 
      emptyDir);
    - ``all``: the three together.
 
-   The conditions take turns (A B C D E, then E D C B A, …). Around each Job the primary's cgroup ``cpu.stat`` is
-   read (CPU seconds used, throttled periods): how much of its 0.5 CPU each condition leaves to pgbench.
+   The conditions take turns (A B C D E, then E D C B A, …). Around each Job the primary pod's CPU cgroup is read on
+   this machine (CPU seconds used, throttled periods): how much of its 0.5 CPU each condition leaves to pgbench.
 2. The namespace deleted, then ``pglab run`` of the plan with its probes on and of the same plan with
    ``probes: {enabled: false}`` (nothing else changed), in turns (on, off, off, on, …); per run pglab's window TPS
    and pgbench's own ``tps =`` line from the run's folder.
@@ -81,14 +81,18 @@ class Lab:
         return sorted(out.split())
 
     def cpu_stat(self, pod: str) -> dict[str, int]:
-        """The instance container's cgroup (v2) cpu.stat: usage_usec, nr_periods, nr_throttled, throttled_usec."""
-        try:  # the image has no cat: the server reads its own cgroup's file (a superuser's pg_read_file)
-            out = self.k("exec", "-n", self.ns, pod, "-c", "postgres", "--", "psql", "-X", "-At", "-d", "postgres",
-                         "-c", "SELECT pg_read_file('/sys/fs/cgroup/cpu.stat')")
-        except subprocess.CalledProcessError as exc:
-            print(f"cpu.stat of {pod} not read: {exc.stderr.strip()[-300:]}", flush=True)
+        """The pod's CPU cgroup (v1) as the lab's host sees it (the lab's nodes are this machine's cgroups; the
+        image has no cat): cpuacct.usage (ns) and cpu.stat (nr_periods, nr_throttled, throttled_time ns)."""
+        uid = self.k("get", "-n", self.ns, f"pod/{pod}", "-o", "jsonpath={.metadata.uid}")
+        found = sorted(Path("/sys/fs/cgroup/cpu").glob(f"pglab-kube-lab/*/kubepods/**/pod{uid}"))
+        if not found:
+            print(f"cpu cgroup of {pod} not found", flush=True)
             return {}
-        return {a: int(b) for a, b in (line.split() for line in out.splitlines() if len(line.split()) == 2)}
+        text = (found[0] / "cpu.stat").read_text()
+        stat = {a: int(b) for a, b in (line.split() for line in text.splitlines() if len(line.split()) == 2)}
+        acct = Path("/sys/fs/cgroup/cpuacct") / found[0].relative_to("/sys/fs/cgroup/cpu")  # its own mount here
+        stat["usage_ns"] = int((acct / "cpuacct.usage").read_text())
+        return stat
 
     def psql(self, pod: str, database: str, *statements: str) -> str:
         args = ["psql", "-X", "-v", "ON_ERROR_STOP=1", "-d", database]
@@ -153,7 +157,7 @@ def one_run(lab: Lab, condition: str, clients: int, duration: int, n: int, datab
     body = lab.pgbench_job(f"{lab.cluster}-gap-{n}-{condition}-c{clients}", args, log_volume=options)
     reader = scraper(lab.kubeconfig, lab.ns, lab.instances(), primary) if condition in ("scrape", "all") else None
     cpu0 = lab.cpu_stat(primary)
-    t0 = time.time()
+    t0 = fig["started"] = time.time()
     if reader is not None:
         reader.start()
     try:
@@ -212,7 +216,7 @@ def plugin_part(lab: Lab, rendered: Path, scale: int, points: list[int], duratio
                     fig["cycle"] = cycle + 1
                     out["runs"].append(fig)
                     print(f"cycle {cycle + 1} c{clients} {condition}: tps {fig['tps']} job {fig['job_s']:.1f} s "
-                          f"primary cpu {fig['primary_cpu'].get('usage_usec', 0) / 1e6:.1f} s throttled "
+                          f"primary cpu {fig['primary_cpu'].get('usage_ns', 0) / 1e9:.1f} s throttled "
                           f"{fig['primary_cpu'].get('nr_throttled', 0)}/{fig['primary_cpu'].get('nr_periods', 0)}"
                           f"{' scrapes ' + str(fig['scrapes']) if 'scrapes' in fig else ''}; load "
                           f"{fig['load_before']:.1f} → {fig['load_after']:.1f}", flush=True)
