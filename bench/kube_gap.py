@@ -19,7 +19,9 @@ How, on a running lab (``kubelab.py up``) and a Kubernetes plan (``kduty.yaml`` 
      ``Scraper``, through the API server's pod proxy);
    - ``options``: pglab's pgbench options added (``-n -M simple -P 1 --progress-timestamp -l``, the log in an
      emptyDir);
-   - ``all``: the three together.
+   - ``novacuum``, ``log``, ``progress``: each of those options alone (``-n``: no vacuum of the small tables
+     before the run; ``-l``; ``-P 1 --progress-timestamp``);
+   - ``all``: reset, scrape and options together.
 
    The conditions take turns (A B C D E, then E D C B A, …). Around each Job the primary pod's CPU cgroup is read on
    this machine (CPU seconds used, throttled periods): how much of its 0.5 CPU each condition leaves to pgbench.
@@ -29,6 +31,7 @@ How, on a running lab (``kubelab.py up``) and a Kubernetes plan (``kduty.yaml`` 
 
     .venv/bin/python bench/kube_gap.py --kubeconfig LAB/admin.kubeconfig --plan kduty.yaml --if-not-present \\
         --cycles 4 --sweeps 2 --json out.json
+    .venv/bin/python bench/kube_gap.py --report out.json    # the tables of docs/benchmarks.md
 """
 
 from __future__ import annotations
@@ -53,11 +56,16 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from kube_plugin import CACHE, CNPG_VERSION, WAIT_S, lab_kubectl, pglab_sweep
 
-CONDITIONS = ("plain", "reset", "scrape", "options", "all")
+CONDITIONS = ("plain", "reset", "scrape", "options", "novacuum", "log", "progress", "all")
+LOG_DIR = "/pgbench-log"
+_LOG = ["-l", f"--log-prefix={LOG_DIR}/pgbench_log"]
+_PROGRESS = ["-P", "1", "--progress-timestamp"]
+OPTIONS: dict[str, tuple[list[str], list[str]]] = {  # pgbench's options before and after the plugin's own
+    "options": (["-n", "-M", "simple", *_PROGRESS], _LOG), "all": (["-n", "-M", "simple", *_PROGRESS], _LOG),
+    "novacuum": (["-n"], []), "log": ([], _LOG), "progress": (_PROGRESS, [])}
 SCRAPE_S = 2.0  # pglab's default (drivers/kubernetes.py, scrape_s)
 RESET = ("TRUNCATE pgbench_history",  # targets/kubernetes/scripts.py RESET_SQL, then its CHECKPOINT
          "VACUUM (ANALYZE) pgbench_branches, pgbench_tellers, pgbench_accounts, pgbench_history", "CHECKPOINT")
-LOG_DIR = "/pgbench-log"
 
 
 class Lab:
@@ -142,6 +150,7 @@ def scraper(kubeconfig: str, namespace: str, pods: list[str], primary: str) -> A
 
 
 def one_run(lab: Lab, condition: str, clients: int, duration: int, n: int, database: str) -> dict[str, Any]:
+    OPTIONS.setdefault(condition, ([], []))
     primary = lab.primary()
     fig: dict[str, Any] = {"condition": condition, "clients": clients, "primary": primary,
                            "load_before": os.getloadavg()[0]}
@@ -149,12 +158,10 @@ def one_run(lab: Lab, condition: str, clients: int, duration: int, n: int, datab
         t = time.time()
         lab.psql(primary, database, *RESET)
         fig["reset_s"] = time.time() - t
-    args = ["--time", str(duration), "--client", str(clients), "--jobs", "1"]
-    options = condition in ("options", "all")
-    if options:
-        args = ["-n", "-M", "simple", "-P", "1", "--progress-timestamp", *args, "-l",
-                f"--log-prefix={LOG_DIR}/pgbench_log"]
-    body = lab.pgbench_job(f"{lab.cluster}-gap-{n}-{condition}-c{clients}", args, log_volume=options)
+    args = [*OPTIONS[condition][0], "--time", str(duration), "--client", str(clients), "--jobs", "1",
+            *OPTIONS[condition][1]]
+    body = lab.pgbench_job(f"{lab.cluster}-gap-{n}-{condition}-c{clients}", args,
+                           log_volume=condition in ("options", "log", "all"))
     reader = scraper(lab.kubeconfig, lab.ns, lab.instances(), primary) if condition in ("scrape", "all") else None
     cpu0 = lab.cpu_stat(primary)
     t0 = fig["started"] = time.time()
@@ -287,7 +294,60 @@ def pglab_part(tree: Path, plan: Path, work: Path, sweeps: int, python: str, unt
     return out
 
 
+def _med(xs: list[float]) -> str:
+    return f"{statistics.median(xs):.1f}" if xs else "–"
+
+
+def report(data: dict[str, Any]) -> str:
+    """Markdown tables from a ``--json`` file: per point and condition the plugin's TPS (median, range), its ratio
+    to plain (of the medians; and the median of the ratios within a cycle, which the machine's drift affects
+    less), the primary's CPU; then pglab's sweeps by probes on and off."""
+    runs = [r for r in data["plugin_side"]["runs"] if r.get("tps")]
+    lines = ["| clients | condition | n | TPS median (range) | / plain (medians) | / plain (same cycle, median) | "
+             "primary CPU s per run | primary CPU ms per transaction | throttled periods | load (1 min) |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for clients in data["points"]:
+        mine = [r for r in runs if r["clients"] == clients]
+        plain = {r["cycle"]: r["tps"] for r in mine if r["condition"] == "plain"}
+        base = statistics.median(plain.values()) if plain else None
+        for cond in dict.fromkeys(r["condition"] for r in mine):
+            rs = [r for r in mine if r["condition"] == cond]
+            tps = [r["tps"] for r in rs]
+            paired = [r["tps"] / plain[r["cycle"]] for r in rs if r["cycle"] in plain]
+            cpu = [r["primary_cpu"]["usage_ns"] / 1e9 for r in rs if "usage_ns" in r.get("primary_cpu", {})]
+            per_tx = [r["primary_cpu"]["usage_ns"] / 1e6 / r["transactions"] for r in rs
+                      if "usage_ns" in r.get("primary_cpu", {}) and r.get("transactions")]
+            thr = [r["primary_cpu"]["nr_throttled"] for r in rs if "nr_throttled" in r.get("primary_cpu", {})]
+            lines.append(f"| {clients} | {cond} | {len(tps)} | {_med(tps)} ({min(tps):.1f}–{max(tps):.1f}) | "
+                         f"{statistics.median(tps) / base:.2f} | "
+                         f"{statistics.median(paired):.2f} | {_med(cpu)} | "
+                         f"{statistics.median(per_tx):.2f} | {_med([float(t) for t in thr])} | "
+                         f"{_med([r['load_before'] for r in rs])} |" if base and paired and per_tx else
+                         f"| {clients} | {cond} | {len(tps)} | {_med(tps)} | | | | | | |")
+    lines += ["", "| pglab sweep | probes | wall s | window TPS (c1, c1, c4, c4 as run) | pgbench's `tps =` lines |"
+              " load |", "|---|---|---|---|---|---|"]
+    for i, sw in enumerate(data.get("pglab_sweeps", [])):
+        if "failed" in sw:
+            lines.append(f"| {i + 1} | {'on' if sw['probes'] else 'off'} | failed | | | |")
+            continue
+        win = ", ".join(f"c{r['clients']} {r['metrics'].get('tps', 0):.1f}" for r in sw["runs"])
+        pg = ", ".join(f"{r['tps']:.1f}" for r in sw["pgbench_lines"])
+        lines.append(f"| {i + 1} | {'on' if sw['probes'] else 'off'} | {sw['wall_s']:.1f} | {win} | {pg} | "
+                     f"{sw['load_before']:.1f} → {sw['load_after']:.1f} |")
+    for clients in data["points"]:
+        for probes in (True, False):
+            tps = [r["metrics"]["tps"] for sw in data.get("pglab_sweeps", []) if sw.get("probes") is probes
+                   for r in sw.get("runs", []) if r["clients"] == clients and r["metrics"].get("tps")]
+            if tps:
+                lines.append(f"pglab c{clients} probes {'on' if probes else 'off'}: median {_med(tps)} "
+                             f"({min(tps):.1f}–{max(tps):.1f}, n {len(tps)})")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
+    if argv is None and len(sys.argv) == 3 and sys.argv[1] == "--report":
+        print(report(json.loads(Path(sys.argv[2]).read_text())))
+        return 0
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--kubeconfig", required=True)
     ap.add_argument("--plan", type=Path, required=True, help="a Kubernetes plan: its points and duration")
