@@ -345,12 +345,10 @@ def report(data: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    if argv is None and len(sys.argv) == 3 and sys.argv[1] == "--report":
-        print(report(json.loads(Path(sys.argv[2]).read_text())))
-        return 0
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--kubeconfig", required=True)
-    ap.add_argument("--plan", type=Path, required=True, help="a Kubernetes plan: its points and duration")
+    ap.add_argument("--report", type=Path, help="print the tables of a finished run's JSON and stop (no lab needed)")
+    ap.add_argument("--kubeconfig")
+    ap.add_argument("--plan", type=Path, help="a Kubernetes plan: its points and duration")
     ap.add_argument("--tree", default=".", help="the pglab source tree to run")
     ap.add_argument("--kubectl", type=Path)
     ap.add_argument("--plugin", type=Path, default=CACHE / "kubectl-cnpg" / f"kubectl-cnpg-{CNPG_VERSION}")
@@ -366,6 +364,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--keep", type=Path, help="keep pglab's results folders here")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
+    if args.report is not None:
+        print(report(json.loads(args.report.read_text())))
+        return 0
+    if args.kubeconfig is None or args.plan is None:
+        ap.error("--kubeconfig and --plan are needed to measure (or --report JSON to print a run's tables)")
 
     def deadline(hhmm: str | None) -> float:
         if not hhmm:
