@@ -54,7 +54,7 @@ from typing import Any
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from kube_plugin import CACHE, CNPG_VERSION, WAIT_S, lab_kubectl, pglab_sweep
+from kube_plugin import CACHE, CNPG_VERSION, WAIT_S, lab_kubectl, pglab_sweep, render_plan
 
 CONDITIONS = ("plain", "reset", "scrape", "options", "novacuum", "log", "progress", "all")
 LOG_DIR = "/pgbench-log"
@@ -381,15 +381,7 @@ def main(argv: list[str] | None = None) -> int:
     work = args.keep.resolve() if args.keep else Path(tempfile.mkdtemp(prefix="pglab-gap-"))
     work.mkdir(parents=True, exist_ok=True)
     plan = args.plan.resolve()
-    env = {**os.environ, "PYTHONPATH": str(tree / "src")}
-    subprocess.run([args.python, "-m", "pglab.cli", "k8s", "render", str(plan), "-o", str(work / "rendered")],
-                   env=env, check=True, capture_output=True)
-    sys.path.insert(0, str(tree / "src"))
-    from pglab.plan.load import parse_plan
-
-    p = parse_plan(plan.read_text(), base_dir=plan.parent)
-    k8s = p.target.kubernetes
-    assert k8s is not None
+    p, k8s = render_plan(tree, plan, args.python, work)
     if p.run.measured_seconds is None:
         raise SystemExit("--plan: give run.duration in seconds")
     duration = round(p.run.measured_seconds)

@@ -147,6 +147,21 @@ def plugin_sweep(kubectl: Path, plugin: Path, kubeconfig: str, rendered: Path, n
             "namespace_delete_s": time.time() - t1, **marks, "tps": tps}
 
 
+def render_plan(tree: Path, plan: Path, python: str, work: Path) -> tuple[Any, Any]:
+    """The plan as the tree reads it (its Kubernetes target) and rendered by the tree's `pglab k8s render` into
+    ``work/rendered``."""
+    env = {**os.environ, "PYTHONPATH": str(tree / "src")}
+    subprocess.run([python, "-m", "pglab.cli", "k8s", "render", str(plan), "-o", str(work / "rendered")],
+                   env=env, check=True, capture_output=True)
+    sys.path.insert(0, str(tree / "src"))
+    from pglab.plan.load import parse_plan  # the tree's own reading of the plan
+
+    p = parse_plan(plan.read_text(), base_dir=plan.parent)
+    k8s = p.target.kubernetes
+    assert k8s is not None
+    return p, k8s
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--kubeconfig", required=True)
@@ -168,15 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     kubectl = args.kubectl or lab_kubectl()
     work = Path(tempfile.mkdtemp(prefix="pglab-plugin-"))
     plan = args.plan.resolve()
-    env = {**os.environ, "PYTHONPATH": str(tree / "src")}
-    subprocess.run([args.python, "-m", "pglab.cli", "k8s", "render", str(plan), "-o", str(work / "rendered")],
-                   env=env, check=True, capture_output=True)
-    sys.path.insert(0, str(tree / "src"))
-    from pglab.plan.load import parse_plan  # the tree's own reading of the plan
-
-    p = parse_plan(plan.read_text(), base_dir=plan.parent)
-    k8s = p.target.kubernetes
-    assert k8s is not None
+    p, k8s = render_plan(tree, plan, args.python, work)
     points = [(c, j) for c in p.matrix.clients or [1] for j in p.matrix.jobs or [1]]
     if p.run.measured_seconds is None or not isinstance(p.run.repeats, int):
         raise SystemExit("--plan: give run.duration in seconds and a fixed number of repeats")
