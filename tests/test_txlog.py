@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from pglab.scenarios.figures import fault_phases, phase_metrics
 from pglab.workloads import pgbench, txlog
 from pglab.workloads.pgbench import LogStats
 
@@ -361,3 +362,18 @@ def test_blocks_of_a_mapped_log_are_its_lines(tmp_path: Path, monkeypatch: pytes
     empty = tmp_path / "pgbench_log.2"
     empty.write_bytes(b"")
     assert list(txlog._file_blocks(empty)) == [] and txlog.summarise([empty]).count == 0
+
+
+def test_a_recovery_after_the_load_ended_leaves_no_after_phase_rather_than_zero_tps(logs: list[Path]) -> None:
+    """The lab's backup test stored tps_after 0.0 when the backup ended after the 30 s load: an empty phase is not a
+    stalled database. Clipped to the window, "during" runs to the load's end and "after" is not reported."""
+    _, end, _ = former_reader(logs)
+    start, stop = float(end.min()), float(end.max()) + 1e-6
+    fault = start + 10
+    out = phase_metrics(logs, 1.0, fault_phases(start, fault, stop + 5, stop)[0])
+    assert "tps_after" not in out and "latency_after_ms" not in out
+    assert out["tps_during"] == pytest.approx(((end >= fault) & (end < stop)).sum() / (stop - fault))
+    assert fault_phases(start, fault, stop + 5, stop)[1] is not None  # said, in one sentence
+    after = phase_metrics(logs, 1.0, fault_phases(start, fault, fault + 5, stop)[0])["tps_after"]
+    assert after is not None and after > 0 and fault_phases(start, fault, fault + 5, stop)[1] is None
+    assert after == pytest.approx(((end >= fault + 5) & (end < stop)).sum() / (stop - fault - 5))

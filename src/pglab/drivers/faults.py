@@ -12,7 +12,7 @@ from pglab.engine.types import Event, RunFailed
 from pglab.plan.expand import Point
 from pglab.plan.schema import Plan
 from pglab.probes.base import now
-from pglab.scenarios.figures import phase_metrics, witness_metrics
+from pglab.scenarios.figures import fault_phases, phase_metrics, witness_metrics
 from pglab.scenarios.inject import FaultTarget, Injector
 from pglab.scenarios.witness import Witness
 from pglab.targets.base import Endpoints
@@ -60,6 +60,7 @@ def through_scenario(plan: Plan, target: object, log: Callable[[str], None], pgb
         if witness is not None:
             witness.stop()
     injection = injector.result
+    events = list(injection.events)
     if injection.error:
         raise RunFailed(injection.error)
     result, metrics = pgbench.finish_segments(segments, run_dir / "pgbench_log", launched, ended)
@@ -67,13 +68,15 @@ def through_scenario(plan: Plan, target: object, log: Callable[[str], None], pgb
     fault, back = injection.fault_time, injection.recovered_time
     if fault is not None:
         out["fault_at_s"] = fault - launched
-        phases = [("before", launched, fault), ("during", fault, back or ended)]
         if back is not None:
             out["recovered_s"] = back - fault
-            phases.append(("after", back, ended))
+        phases, unmeasured = fault_phases(launched, fault, back, ended)
+        if unmeasured:
+            log(unmeasured)
+            events.append((now(), "after-unmeasured", unmeasured))
         out.update(phase_metrics(sorted(run_dir.glob("pgbench_log.*")), plan.run.sampling_rate, phases))
     if witness is not None:
         w = witness.verify(fault_time=fault)
         write_json(run_dir / "witness.json", w.as_dict())
         out.update(witness_metrics(w))
-    return result, out, injection.events
+    return result, out, events

@@ -33,7 +33,7 @@ from pglab.errors import UserError, first_line, last_words
 from pglab.plan.expand import Point, expand
 from pglab.plan.schema import Plan
 from pglab.probes.base import now
-from pglab.scenarios.figures import phase_metrics, witness_metrics
+from pglab.scenarios.figures import fault_phases, phase_metrics, witness_metrics
 from pglab.scenarios.witness import evaluate
 from pglab.targets.kubernetes import exporter, prometheus, statements
 from pglab.targets.kubernetes.clients import client_pods, run_command
@@ -503,9 +503,12 @@ class KubernetesDriver:
         if injector.kind not in ("standby-loss", "backup"):
             out["leader_changed"] = 1.0 if injector.new != injector.old else 0.0
         out.update(injector.backup_figures())  # a backup's duration and the WAL it spans
+        phases, unmeasured = fault_phases(window[0], fault, back, window[1])
+        if unmeasured:
+            self.ui.log(unmeasured)
+            self._events.append((now(), "after-unmeasured", unmeasured))
         out.update(phase_metrics(sorted(f for f in run_dir.iterdir() if shipped.TXN_LOG.match(f.name)),
-                                 self.plan.run.sampling_rate,
-                                 [("before", window[0], fault), ("during", fault, back), ("after", back, window[1])]))
+                                 self.plan.run.sampling_rate, phases))
         return out
 
     def _witness(self, wm: Manifest, run_dir: Path, fault_time: float | None) -> dict[str, float | None]:

@@ -17,6 +17,20 @@ def witness_metrics(w: WitnessResult) -> dict[str, float | None]:
             "lsn_gap_bytes": float(w.lsn_gap_bytes) if w.lsn_gap_bytes is not None else None}
 
 
+def fault_phases(start: float, fault: float, back: float | None,
+                 end: float) -> tuple[list[tuple[str, float, float]], str | None]:
+    """Before, during and after a fault, each clipped to the load's window [start, end). A recovery (a failover,
+    a backup's end) that came after the load had ended leaves no "after" phase: no TPS is known there, which is not
+    0 TPS. The second value says so in one sentence, or is None."""
+    if back is not None and back < end:
+        return [("before", start, fault), ("during", fault, back), ("after", back, end)], None
+    if back is None:
+        return [("before", start, fault), ("during", fault, end)], None
+    return [("before", start, fault), ("during", fault, end)], (
+        f"the fault's recovery came {back - end:.1f} s after the load ended: no TPS after it (a longer "
+        "run.duration, or an earlier scenario `at`, measures it)")
+
+
 def phase_metrics(log_files: list[Path], sampling_rate: float,
                   phases: list[tuple[str, float, float]]) -> dict[str, float | None]:
     """``tps_<phase>`` and ``latency_<phase>_ms`` for each (phase, start, end), from pgbench's -l logs (scaled
