@@ -191,6 +191,15 @@ class DiskStats:
             self.samples.append((time.time(), writes))
             self._stop.wait(self.every_s)
 
+    def bracket(self, device: str, ts: float, lag_s: float = 0.1) -> tuple[int, int]:
+        """The device's writes completed as of ``ts`` lie between these two reads: the last one stamped at or before
+        ``ts`` (this thread stamps after reading) and the first stamped ``lag_s`` after it (a reader that stamped
+        ``ts`` then read, as pglab's sampler does, read within a few ms: 19 ms at most with the machine loaded)."""
+        before = [w.get(device, 0) for t, w in self.samples if t <= ts]
+        after = [w.get(device, 0) for t, w in self.samples if t >= ts + lag_s]
+        assert before and after, ("the time is not inside the oracle's reads", ts)
+        return before[-1], after[0]
+
     def writes(self, device: str, start: float, end: float) -> float:
         """Writes the device completed between start and end, each edge interpolated between the two reads
         around it."""
@@ -198,6 +207,24 @@ class DiskStats:
         counts = np.array([w.get(device, 0) for _, w in self.samples], dtype=float)
         assert ts[0] <= start and end <= ts[-1], ("the window is not inside the oracle's reads", start, end, ts[0])
         return float(np.interp(end, ts, counts) - np.interp(start, ts, counts))
+
+
+def sampler_writes(log: Path, device: str) -> tuple[np.ndarray, np.ndarray]:
+    """(stamps, writes completed) of ``device`` in each complete block of pglab's disk-sampler log as kept in the
+    run's folder (a block: ``pglab-diskstats <epoch> <node> <boot id>``, /proc/diskstats, ``pglab-diskstats end``),
+    read here by splitting its lines."""
+    out: list[tuple[float, int]] = []
+    stamp: float | None = None
+    writes: int | None = None
+    for line in log.read_text().splitlines():
+        f = line.split()
+        if f[:1] == ["pglab-diskstats"]:
+            if f[1:] == ["end"] and stamp is not None and writes is not None:
+                out.append((stamp, writes))
+            stamp, writes = (float(f[1]), None) if f[1:] != ["end"] else (None, None)
+        elif len(f) > 7 and f[2] == device:
+            writes = int(f[7])
+    return np.array([t for t, _ in out]), np.array([w for _, w in out], dtype=float)
 
 
 # ------------------------------------------------------------------ a real Prometheus scraping the lab
