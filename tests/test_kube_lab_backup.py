@@ -8,7 +8,7 @@ Cluster's ``pg_stat_archiver`` read with psql in the primary pod while the run g
 reader's raw psql output are read here against pglab's figures.
 
 The plan is study 001's backup half, examples/study-backup-under-load.yaml, as written at its smallest
-(kube_lab_support.STUDY_EDITS: scale 1, 2 clients, one 30 s run with the backup 5 s in; a fresh destination), kept
+(kube_lab_support.STUDY_EDITS: scale 1, 2 clients, one 40 s run with the backup 5 s in; a fresh destination), kept
 short for the CI track that runs beside the whole suite: one 1-instance Cluster on a database node. The table the
 study published, TPS before / during / after the backup with its seconds and MB/s (pglab report --table scenarios),
 is checked against the run's stored figures.
