@@ -12,9 +12,10 @@ and Cluster as ``pglab k8s render`` writes them, ready, no load. Then in turns (
 ``spec.monitoring`` is patched to one condition and the primary's answer is awaited until it serves what that
 condition serves:
 
-- ``default``: as pglab renders it (the operator's default queries, ``metricsQueriesTTL: 1s``);
+- ``default``: the operator's default queries (what pglab gave every Cluster before), ``metricsQueriesTTL: 1s``;
 - ``builtin``: ``disableDefaultQueries: true``, the instance manager's own collector alone;
-- ``pglab``: ``disableDefaultQueries: true`` and a ConfigMap of the four queries pglab reads, written here.
+- ``pglab``: as ``pglab k8s render`` writes the Cluster with ``exporter_queries: pglab`` (the tree's default):
+  ``disableDefaultQueries: true`` and the ConfigMap of the queries pglab reads, applied from the rendered folder.
 
 Per turn: the primary pod's CPU cgroup (v1, read on this machine: the lab's nodes are its cgroups) over IDLE_S with
 no read, then over READS reads of the primary alone, one every 2 s by pglab's own reader; the CPU one read costs is
@@ -37,8 +38,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from kube_gap import Lab, scraper
 from kube_plugin import WAIT_S, lab_kubectl, render_plan
@@ -46,59 +45,20 @@ from kube_plugin import WAIT_S, lab_kubectl, render_plan
 IDLE_S = 20.0
 READS = 10
 CONDITIONS = ("default", "builtin", "pglab")
-CONFIGMAP, KEY = "pglab-monitoring", "queries"
 
-
-def _metrics(**columns: str) -> list[dict[str, dict[str, str]]]:
-    return [{name: {"usage": usage, "description": name}} for name, usage in columns.items()]
-
-
-# the four queries pglab's figures come from, under the metric names the exporter serves by default
-PGLAB_QUERIES: dict[str, Any] = {
-    "pg_stat_database": {
-        "query": "SELECT datname, xact_commit, xact_rollback, blks_read, blks_hit FROM pg_catalog.pg_stat_database "
-                 "WHERE datname = pg_catalog.current_database()",
-        "metrics": _metrics(datname="LABEL", xact_commit="COUNTER", xact_rollback="COUNTER", blks_read="COUNTER",
-                            blks_hit="COUNTER")},
-    "pg_stat_bgwriter": {
-        "runonserver": "<17.0.0",
-        "query": "SELECT checkpoints_timed, checkpoints_req, buffers_checkpoint, buffers_clean, buffers_backend, "
-                 "buffers_backend_fsync FROM pg_catalog.pg_stat_bgwriter",
-        "metrics": _metrics(checkpoints_timed="COUNTER", checkpoints_req="COUNTER", buffers_checkpoint="COUNTER",
-                            buffers_clean="COUNTER", buffers_backend="COUNTER", buffers_backend_fsync="COUNTER")},
-    "pg_stat_checkpointer": {
-        "runonserver": ">=17.0.0",
-        "query": "SELECT num_timed AS checkpoints_timed, num_requested AS checkpoints_req, buffers_written "
-                 "FROM pg_catalog.pg_stat_checkpointer",
-        "metrics": _metrics(checkpoints_timed="COUNTER", checkpoints_req="COUNTER", buffers_written="COUNTER")},
-    "pg_stat_replication": {
-        "query": "SELECT application_name, EXTRACT(EPOCH FROM write_lag) AS write_lag_seconds, "
-                 "EXTRACT(EPOCH FROM flush_lag) AS flush_lag_seconds, EXTRACT(EPOCH FROM replay_lag) AS "
-                 "replay_lag_seconds, CASE WHEN pg_catalog.pg_is_in_recovery() THEN NULL ELSE "
-                 "pg_catalog.pg_wal_lsn_diff(pg_catalog.pg_current_wal_lsn(), replay_lsn) END AS replay_diff_bytes "
-                 "FROM pg_catalog.pg_stat_replication",
-        "metrics": _metrics(application_name="LABEL", write_lag_seconds="GAUGE", flush_lag_seconds="GAUGE",
-                            replay_lag_seconds="GAUGE", replay_diff_bytes="GAUGE")},
-    "pg_stat_archiver": {
-        "query": "SELECT archived_count, failed_count FROM pg_catalog.pg_stat_archiver",
-        "metrics": _metrics(archived_count="COUNTER", failed_count="COUNTER")},
-}
 
 # what each condition's answer serves (present) and does not (absent): how a patch is known to be in effect
 SERVES = {"default": ({"cnpg_pg_settings_setting", "cnpg_pg_stat_database_xact_commit"}, set()),
           "builtin": ({"cnpg_collector_wal_bytes"}, {"cnpg_pg_settings_setting", "cnpg_pg_stat_database_xact_commit"}),
-          "pglab": ({"cnpg_pg_stat_database_xact_commit", "cnpg_pg_stat_archiver_archived_count"},
-                    {"cnpg_pg_settings_setting"})}
+          "pglab": ({"cnpg_pg_stat_database_xact_commit", "cnpg_pg_stat_archiver_archived_count",
+                     "cnpg_pg_stat_replication_replay_diff_bytes"}, {"cnpg_pg_settings_setting"})}
 
 
 def monitoring(condition: str, rendered: dict[str, Any]) -> dict[str, Any]:
-    """The Cluster's ``spec.monitoring`` for ``condition``; ``rendered``: as the Cluster was made (the default)."""
-    base: dict[str, Any] = {"metricsQueriesTTL": "1s"}
-    if condition == "default":
-        return {"disableDefaultQueries": False, "customQueriesConfigMap": [], **rendered}
-    if condition == "builtin":
-        return {**base, "disableDefaultQueries": True, "customQueriesConfigMap": []}
-    return {**base, "disableDefaultQueries": True, "customQueriesConfigMap": [{"name": CONFIGMAP, "key": KEY}]}
+    """The Cluster's ``spec.monitoring`` for ``condition``; ``rendered``: as pglab made the Cluster (``pglab``)."""
+    if condition == "pglab":
+        return rendered
+    return {"metricsQueriesTTL": "1s", "disableDefaultQueries": condition == "builtin", "customQueriesConfigMap": []}
 
 
 def names(text: str) -> set[str]:
@@ -146,6 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tree", default=".", help="the pglab source tree to render the Cluster with")
     ap.add_argument("--kubectl", type=Path)
     ap.add_argument("--turns", type=int, default=4, help="turns of the conditions (forward, then backward, …)")
+    ap.add_argument("--conditions", default=",".join(CONDITIONS))
     ap.add_argument("--python", default=sys.executable)
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
@@ -154,14 +115,13 @@ def main(argv: list[str] | None = None) -> int:
     lab = Lab(args.kubectl or lab_kubectl(), Path("/nonexistent"), args.kubeconfig, k8s.namespace, k8s.cluster_name,
               None, True)
     rendered = work / "rendered" / "cluster"
+    conditions = [c for c in args.conditions.split(",") if c]
     out: dict[str, Any] = {"machine": {"cpus": os.cpu_count(), "kernel": platform.release(),
                                        "load_start": os.getloadavg()},
                            "idle_s": IDLE_S, "reads": READS, "turns": []}
     lab.k("apply", "-f", str(rendered / "00-namespace.yaml"))
     try:
-        lab.k("apply", "-f", "-", stdin=json.dumps({
-            "apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": CONFIGMAP, "namespace": lab.ns},
-            "data": {KEY: yaml.safe_dump(PGLAB_QUERIES, sort_keys=False)}}))
+        lab.k("apply", "-f", str(rendered / "08-monitoring.yaml"))  # pglab's queries, as pglab run makes them
         lab.k("apply", "-f", str(rendered / "10-cluster.yaml"))
         lab.k("wait", "-n", lab.ns, "--for=condition=Ready", f"cluster/{lab.cluster}", f"--timeout={WAIT_S}s")
         primary = lab.primary()
@@ -170,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
         out["rendered_monitoring"] = made
         read = scraper(args.kubeconfig, lab.ns, [primary], primary).read
         for turn in range(args.turns):
-            for condition in CONDITIONS if turn % 2 == 0 else CONDITIONS[::-1]:
+            for condition in conditions if turn % 2 == 0 else conditions[::-1]:
                 took = switch(lab, read, primary, condition, made)
                 row = {"turn": turn + 1, "switch_s": took, **one_turn(lab, args.kubeconfig, primary, condition)}
                 out["turns"].append(row)
@@ -183,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         lab.k("delete", "namespace", lab.ns, f"--timeout={WAIT_S}s")
     out["machine"]["load_end"] = os.getloadavg()
-    for c in CONDITIONS:
+    for c in conditions:
         rows = [r for r in out["turns"] if r["condition"] == c and r["cpu_per_read_s"] is not None]
         if rows:
             out.setdefault("medians", {})[c] = {

@@ -60,13 +60,13 @@ def test_examples_render_and_pass_the_strict_decode(example: str, tmp_path: Path
     out = tmp_path / "out"
     proc = pglab("k8s", "render", str(REPO / "examples" / f"{example}.yaml"), "-o", str(out), check=True)
     files = sorted(out.glob("*/*.yaml"))
-    assert f"{out}: {len(files)} manifests ({out}/cluster: 6, {out}/jobs: {len(files) - 6}) and {out}/run-jobs.sh" \
+    assert f"{out}: {len(files)} manifests ({out}/cluster: 7, {out}/jobs: {len(files) - 7}) and {out}/run-jobs.sh" \
         in proc.stdout
     assert f"check them with .tools/bin/cnpg-check {out}/*/*.yaml" in proc.stdout
     kinds = {f.parent.name: {yaml.safe_load(g.read_text())["kind"] for g in files if g.parent == f.parent}
              for f in files}
-    assert kinds == {"cluster": {"Namespace", "ServiceAccount", "Role", "RoleBinding", "Cluster", "DaemonSet"},
-                     "jobs": {"PersistentVolumeClaim", "Job"}}
+    assert kinds == {"cluster": {"Namespace", "ServiceAccount", "Role", "RoleBinding", "ConfigMap", "Cluster",
+                                 "DaemonSet"}, "jobs": {"PersistentVolumeClaim", "Job"}}
     result = check(checker, *files)
     assert result.returncode == 0, result.stdout + result.stderr
     assert f"ok: {len(files)} manifests valid against github.com/cloudnative-pg/api v1.29.0" in result.stdout
@@ -127,7 +127,26 @@ def test_cluster_manifest_carries_the_plan(tmp_path: Path) -> None:
     assert spec["affinity"]["nodeSelector"] == {"pglab.io/role": "db"}
     assert spec["affinity"]["tolerations"] == [{"key": "dedicated", "operator": "Equal", "value": "db",
                                                 "effect": "NoSchedule"}]
-    assert spec["monitoring"] == {"metricsQueriesTTL": "1s"}  # fresh query results at each 2 s exporter read
+    # fresh query results at each 2 s exporter read; pglab's own queries, not the operator's default set
+    assert spec["monitoring"] == {"metricsQueriesTTL": "1s", "disableDefaultQueries": True,
+                                  "customQueriesConfigMap": [{"name": "bench-monitoring", "key": "queries"}]}
+
+
+def test_the_exporter_queries_serve_every_metric_pglab_reads(tmp_path: Path) -> None:
+    """pglab's monitoring ConfigMap replaces the operator's default set: each metric the exporter reader takes a
+    figure from (the instance manager's own cnpg_collector_* aside) must be one its queries serve, under the name
+    the default set gives it, and the ConfigMap must be made before the Cluster that names it."""
+    from pglab.targets.kubernetes import exporter, monitoring
+
+    plan = parse_plan(plan_dir(tmp_path).read_text(), base_dir=tmp_path)
+    read = {*exporter._DATABASE.values(), *(m for ms in exporter._SERVER.values() for m in ms),
+            *(m for m, _ in exporter._REPLICATION.values()), exporter._ARCHIVED, exporter._FAILED}
+    assert {m for m in read if not m.startswith("cnpg_collector_")} <= monitoring.metric_names()
+    manifests = render(plan, tmp_path)
+    files = [m.filename for m in manifests]
+    (queries,) = [m for m in manifests if m.kind == "ConfigMap" and m.name == "bench-monitoring"]
+    assert files.index(queries.filename) < files.index("10-cluster.yaml")
+    assert yaml.safe_load(queries.body["data"]["queries"]) == monitoring.QUERIES
 
 
 def test_pgbench_jobs_read_the_app_secret_and_set_the_durability_level(tmp_path: Path) -> None:

@@ -121,7 +121,7 @@ def run_script(out: Path, tmp_path: Path, **env: str) -> tuple[subprocess.Comple
 def test_the_environment_and_what_runs_are_apart(rendered: Path) -> None:
     assert kinds(rendered / "cluster") == {
         "00-namespace.yaml": "Namespace", "01-serviceaccount.yaml": "ServiceAccount", "02-role.yaml": "Role",
-        "03-rolebinding.yaml": "RoleBinding", "10-cluster.yaml": "Cluster",
+        "03-rolebinding.yaml": "RoleBinding", "08-monitoring.yaml": "ConfigMap", "10-cluster.yaml": "Cluster",
         "15-disk-sampler-daemonset.yaml": "DaemonSet"}
     jobs = kinds(rendered / "jobs")
     assert set(jobs.values()) == {"Job", "PersistentVolumeClaim"}  # no Cluster, Namespace, Role there
@@ -273,6 +273,7 @@ target:
               topology_key: kubernetes.io/hostname, image: registry.example/pgbench:16,
               fio_image: registry.example/fio:3, cpu: 2, memory: 1Gi}
     prometheus: {url: "http://prometheus.monitoring:9090"}
+    exporter_queries: default
     node_fault: {stop: [every-stop-node, "{node}"], start: [every-start-node, "{node}"]}
     wal_archive: {s3: {endpoint: "http://s3.store:7070", destination: "s3://bench/all", credentials: store/keys,
                        compression: gzip, max_parallel: 4, jobs: 2, immediate_checkpoint: true}}
@@ -365,6 +366,12 @@ def test_every_field_of_target_kubernetes_is_rendered_or_left_to_pglab_run_by_na
         'prometheus: {url: "http://prometheus.monitoring:9090"}', ""))
     checked["node_exporter"] = not any(d["kind"] == "DaemonSet" for d in variant.values()) and [
         f for f, d in plain.items() if d["kind"] == "DaemonSet"] == ["cluster/15-disk-sampler-daemonset.yaml"]
+    # the operator's default queries: the Cluster names no ConfigMap of pglab's (pglab's own set: below)
+    pglab_set, _ = render_every(tmp_path / "queries", EVERY.replace("    exporter_queries: default\n", ""))
+    checked["exporter_queries"] = db["monitoring"] == {"metricsQueriesTTL": "1s"} and not any(
+        d["kind"] == "ConfigMap" and "monitoring" in f for f, d in docs.items()) and pglab_set[
+        "cluster/10-cluster.yaml"]["spec"]["monitoring"]["customQueriesConfigMap"] == [
+        {"name": "all-monitoring", "key": "queries"}] and "cluster/08-monitoring.yaml" in pglab_set
     assert set(checked) == set(KubernetesTarget.model_fields)
     assert [field for field, ok in checked.items() if not ok] == []
 

@@ -34,6 +34,7 @@ from pglab.targets.kubernetes.render import (
     cluster,
     fio_manifests,
     fio_volumes,
+    monitoring_queries,
     namespace,
     pgbench_init,
     target_of,
@@ -176,6 +177,8 @@ class KubernetesTenantsDriver(KubernetesDriver):
                                          self.figures.scrape_s, self.figures.prom) for t in self.tenants}
         for t in self.tenants:
             self._orchs[t.name] = orch = self._orch_for(t)
+            for m in monitoring_queries(t.plan):  # the ConfigMap the tenant's Cluster names, in its namespace
+                orch.create(m)
             orch.create(Manifest("10-cluster.yaml", cluster(t.plan, tenant_point(self.current, t.tier))))
         self.ui.log(f"arrangement {arrangement.name}: {len(self.tenants)} Clusters created ("
                     + ", ".join(f"{t.tier.name}: {t.cluster} in {t.namespace}" for t in self.tenants)

@@ -248,6 +248,11 @@ class KubernetesTarget(Strict):
     prometheus: PrometheusSource | None = Field(None, description="read the runs' node disk, container CPU and "
                                                 "CloudNativePG figures from this Prometheus (range queries over each "
                                                 "run's window) instead of pglab's own samplers and exporter reads")
+    exporter_queries: Literal["pglab", "default"] = Field(
+        "pglab", description="what each instance's exporter runs when read: 'pglab', the queries of the figures pglab "
+        "reads (pg_stat_database, pg_stat_bgwriter or pg_stat_checkpointer, pg_stat_replication, pg_stat_archiver; "
+        "a read costs the instance about half the CPU of the default set), or 'default', the operator's whole "
+        "default set (for dashboards of your own)")
     node_fault: NodeFault | None = Field(None, description="commands that stop and start a node, for the node-loss "
                                          "scenario")
     wal_archive: WalArchive | None = Field(None, description="archive WAL continuously to an object store through "

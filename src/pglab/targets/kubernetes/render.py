@@ -21,7 +21,7 @@ import yaml
 
 from pglab.plan.expand import Point, expand
 from pglab.plan.schema import K8sStorage, KubernetesTarget, Placement, Plan, StorageOption
-from pglab.targets.kubernetes import pgstats, statements
+from pglab.targets.kubernetes import monitoring, pgstats, statements
 
 # the scripts, and (X as X) the markers that scenario and disks still import from here
 from pglab.targets.kubernetes.scripts import DISKSTATS_MARK as DISKSTATS_MARK
@@ -177,9 +177,7 @@ def cluster(plan: Plan, point: Point | None = None) -> dict[str, Any]:
         "storage": _storage(k8s.storage),
         "resources": instance_resources(plan, point),  # requests = limits: Guaranteed QoS
         "affinity": affinity,
-        # CloudNativePG 1.28+ caches its monitoring queries' results (30 s by default): pglab reads the exporter
-        # every 2 s and takes window deltas between reads, so each read must run the queries again
-        "monitoring": {"metricsQueriesTTL": METRICS_QUERIES_TTL},
+        "monitoring": monitoring_spec(k8s),
     }
     if k8s.wal_storage is not None:
         spec["walStorage"] = _storage(k8s.wal_storage)
@@ -188,6 +186,33 @@ def cluster(plan: Plan, point: Point | None = None) -> dict[str, Any]:
                             "parameters": {"barmanObjectName": object_store_name(k8s)}}]
     meta = _meta(k8s, k8s.cluster_name, "database", annotations={"pglab/plan": plan.name})
     return {"apiVersion": CNPG_API, "kind": "Cluster", "metadata": meta, "spec": spec}
+
+
+def monitoring_spec(k8s: KubernetesTarget) -> dict[str, Any]:
+    """The Cluster's ``monitoring``. CloudNativePG 1.28+ caches its monitoring queries' results (30 s by default):
+    pglab reads the exporter every 2 s and takes window deltas between reads, so each read must run the queries
+    again. With ``exporter_queries: pglab`` the queries are pglab's own (``monitoring_queries``), not the default
+    set."""
+    spec: dict[str, Any] = {"metricsQueriesTTL": METRICS_QUERIES_TTL}
+    if k8s.exporter_queries == "pglab":
+        spec["disableDefaultQueries"] = True
+        spec["customQueriesConfigMap"] = [{"name": monitoring_name(k8s), "key": monitoring.KEY}]
+    return spec
+
+
+def monitoring_name(k8s: KubernetesTarget) -> str:
+    return f"{k8s.cluster_name}-monitoring"
+
+
+def monitoring_queries(plan: Plan) -> list[Manifest]:
+    """The ConfigMap of pglab's monitoring queries, made before the Cluster that names it; none with the default
+    set."""
+    k8s = target_of(plan)
+    if k8s.exporter_queries != "pglab":
+        return []
+    body = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": _meta(k8s, monitoring_name(k8s), "monitoring"),
+            "data": {monitoring.KEY: yaml.safe_dump(monitoring.QUERIES, sort_keys=False, width=1000)}}
+    return [Manifest("08-monitoring.yaml", body)]
 
 
 def object_store_name(k8s: KubernetesTarget) -> str:
@@ -757,7 +782,7 @@ def render(plan: Plan, base_dir: Path) -> list[Manifest]:
     """Every manifest of the plan, in apply order: access, database, disk sampler (unless node-exporter is read, or
     the probes are off), storage phase, then one Job per run."""
     k8s = target_of(plan)
-    out = [namespace(plan), *rbac(plan), *object_store(plan),
+    out = [namespace(plan), *rbac(plan), *object_store(plan), *monitoring_queries(plan),
            Manifest("10-cluster.yaml", cluster(plan))]  # as the first point needs it
     if k8s.node_exporter is None and k8s.prometheus is None and plan.probes.enabled:
         out.append(disk_sampler(plan))  # else the disk counters come from node-exporter, or are not asked for
