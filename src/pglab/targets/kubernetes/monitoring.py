@@ -2,7 +2,7 @@
 
 Why: each read of an instance's exporter runs its monitoring queries in that instance (``metricsQueriesTTL`` is
 below pglab's read interval, so none is served from the cache). The operator's default set (sessions, locks,
-database sizes, every setting, the extensions of every database, …) cost the primary 0.24 s of CPU per read on the
+database sizes, every setting, the extensions of every database, …) cost the primary 0.25 s of CPU per read on the
 lab, a quarter of a 0.5-CPU instance's quota at pglab's 2 s reads; these four cost it about half that
 (docs/benchmarks.md, "What one exporter read costs"). They serve the metrics ``exporter`` reads under the names
 the default set gives them, so a Prometheus that scrapes the Cluster finds them too.
