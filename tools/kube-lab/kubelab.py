@@ -499,7 +499,9 @@ state = "{r}/run/containerd"
         imports = []
         for node in self.nodes:
             sock = node_root(self.root, node.name) / "run/containerd.sock"
-            self._wait(f"{node.name}/containerd", "serving", sock.exists)
+            # answering, not only its socket made: once an import found the socket there and was refused (CI, loaded)
+            self._wait(f"{node.name}/containerd", "serving",
+                       lambda sock=sock: run("ctr", "-a", sock, "version", check=False, timeout=10).returncode == 0)
             cmd = " && ".join(f"ctr -a {sock} -n k8s.io images import --no-unpack=false {tar}"
                               for tar in sorted(self.images.glob("*.tar")))
             imports.append((node, subprocess.Popen(["sh", "-c", cmd], stdout=subprocess.PIPE,
