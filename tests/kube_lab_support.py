@@ -165,11 +165,12 @@ def node_fault(lab: kubelab.KubeLab) -> str:
 
 class DiskStats:
     """This machine's /proc/diskstats read every 0.1 s in a thread of the test while pglab runs: the oracle of
-    the nodes' disk figures (the lab's nodes share this kernel; each node's disk is a loop device of its own)."""
+    the nodes' disk figures (the lab's nodes share this kernel; each node's disk is a loop device of its own).
+    Each read is kept with the time just before and just after it."""
 
     def __init__(self, devices: list[str], every_s: float = 0.1) -> None:
         self.devices, self.every_s = set(devices), every_s
-        self.samples: list[tuple[float, dict[str, int]]] = []
+        self.samples: list[tuple[float, float, dict[str, int]]] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._read, daemon=True)
 
@@ -183,48 +184,51 @@ class DiskStats:
 
     def _read(self) -> None:
         while not self._stop.is_set():
+            before = time.time()
+            text = Path("/proc/diskstats").read_text()
+            after = time.time()
             writes = {}
-            for line in Path("/proc/diskstats").read_text().splitlines():
+            for line in text.splitlines():
                 f = line.split()
                 if f[2] in self.devices:
                     writes[f[2]] = int(f[7])  # writes completed
-            self.samples.append((time.time(), writes))
+            self.samples.append((before, after, writes))
             self._stop.wait(self.every_s)
 
-    def bracket(self, device: str, ts: float, lag_s: float = 0.1) -> tuple[int, int]:
-        """The device's writes completed as of ``ts`` lie between these two reads: the last one stamped at or before
-        ``ts`` (this thread stamps after reading) and the first stamped ``lag_s`` after it (a reader that stamped
-        ``ts`` then read, as pglab's sampler does, read within a few ms: 19 ms at most with the machine loaded)."""
-        before = [w.get(device, 0) for t, w in self.samples if t <= ts]
-        after = [w.get(device, 0) for t, w in self.samples if t >= ts + lag_s]
-        assert before and after, ("the time is not inside the oracle's reads", ts)
+    def bracket(self, device: str, first: float, last: float) -> tuple[int, int]:
+        """The device's writes completed as of a read made between ``first`` and ``last`` lie between two of these
+        reads: the last one over by ``first`` and the next one begun at ``last`` or later."""
+        before = [w.get(device, 0) for _, t, w in self.samples if t <= first]
+        after = [w.get(device, 0) for t, _, w in self.samples if t >= last]
+        assert before and after, ("the read is not inside the oracle's reads", first, last)
         return before[-1], after[0]
 
     def writes(self, device: str, start: float, end: float) -> float:
         """Writes the device completed between start and end, each edge interpolated between the two reads
-        around it."""
-        ts = np.array([t for t, _ in self.samples])
-        counts = np.array([w.get(device, 0) for _, w in self.samples], dtype=float)
+        around it (each read placed in the middle of its own before and after)."""
+        ts = np.array([(t0 + t1) / 2 for t0, t1, _ in self.samples])
+        counts = np.array([w.get(device, 0) for _, _, w in self.samples], dtype=float)
         assert ts[0] <= start and end <= ts[-1], ("the window is not inside the oracle's reads", start, end, ts[0])
         return float(np.interp(end, ts, counts) - np.interp(start, ts, counts))
 
 
-def sampler_writes(log: Path, device: str) -> tuple[np.ndarray, np.ndarray]:
-    """(stamps, writes completed) of ``device`` in each complete block of pglab's disk-sampler log as kept in the
-    run's folder (a block: ``pglab-diskstats <epoch> <node> <boot id>``, /proc/diskstats, ``pglab-diskstats end``),
-    read here by splitting its lines."""
-    out: list[tuple[float, int]] = []
+def sampler_writes(log: Path, device: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(epochs before, epochs after, writes completed) of ``device`` in each complete block of pglab's disk-sampler
+    log as kept in the run's folder (a block: ``pglab-diskstats <epoch> <node> <boot id>``, /proc/diskstats,
+    ``pglab-diskstats end <epoch>``), read here by splitting its lines."""
+    out: list[tuple[float, float, int]] = []
     stamp: float | None = None
     writes: int | None = None
     for line in log.read_text().splitlines():
         f = line.split()
         if f[:1] == ["pglab-diskstats"]:
-            if f[1:] == ["end"] and stamp is not None and writes is not None:
-                out.append((stamp, writes))
-            stamp, writes = (float(f[1]), None) if f[1:] != ["end"] else (None, None)
+            if f[1:2] == ["end"] and len(f) == 3 and stamp is not None and writes is not None:
+                out.append((stamp, float(f[2]), writes))
+            stamp, writes = (float(f[1]), None) if f[1] != "end" else (None, None)
         elif len(f) > 7 and f[2] == device:
             writes = int(f[7])
-    return np.array([t for t, _ in out]), np.array([w for _, w in out], dtype=float)
+    return (np.array([t for t, _, _ in out]), np.array([u for _, u, _ in out]),
+            np.array([w for _, _, w in out], dtype=float))
 
 
 # ------------------------------------------------------------------ a real Prometheus scraping the lab

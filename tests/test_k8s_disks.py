@@ -68,9 +68,25 @@ def test_sampler_script_prints_this_machines_diskstats_in_blocks_pglab_reads(tmp
                           env={"NODE_NAME": "node-a", "PATH": "/usr/bin:/bin"}, check=False)
     blocks = disks.parse_log(proc.stdout)
     assert len(blocks) >= 2 and {b.node for b in blocks} == {"node-a"}
+    # each block is stamped in the middle of the epochs printed before and after its file was read
+    marks = [line.split()[1:] for line in proc.stdout.splitlines() if line.startswith("pglab-diskstats ")]
+    heads = [float(m[0]) for m in marks if m[0] != "end"]
+    ends = [float(m[1]) for m in marks if m[0] == "end"]
+    assert [b.ts for b in blocks] == [(h + e) / 2 for h, e in zip(heads, ends, strict=False)]
+    assert all(h <= e for h, e in zip(heads, ends, strict=False))
     assert {b.kernel for b in blocks} == {Path("/proc/sys/kernel/random/boot_id").read_text().strip()}
     assert DISK_SAMPLE_S * 0.9 < blocks[1].ts - blocks[0].ts < DISK_SAMPLE_S + 0.5
     assert set(blocks[0].counters) == set(read_diskstats())  # every device of this machine, parsed as disk.py does
+
+
+def test_a_block_is_stamped_when_its_file_was_read_and_a_garbled_end_leaves_it_out() -> None:
+    text = sampler_log("n", [(10.0, {"vdb": [1] * 17})])
+    both = text.replace("pglab-diskstats end 10.000000000", "pglab-diskstats end 10.5")
+    assert [b.ts for b in disks.parse_log(both)] == [10.25]  # the middle of the epochs before and after the read
+    older = text.replace("pglab-diskstats end 10.000000000", "pglab-diskstats end")
+    assert [b.ts for b in disks.parse_log(older)] == [10.0]  # an older sampler's log: its one epoch
+    for garbled in ("pglab-diskstats end 9.5", "pglab-diskstats end x", "pglab-diskstats end 11 12"):
+        assert disks.parse_log(text.replace("pglab-diskstats end 10.000000000", garbled)) == [], garbled
 
 
 def test_a_block_cut_short_is_left_out() -> None:

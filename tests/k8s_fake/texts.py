@@ -174,7 +174,8 @@ def boot_id(node: str) -> str:
 
 def sampler_log(node: str, blocks: list[tuple[float, dict[str, list[int]]]], kernel: str | None = None) -> str:
     """The disk sampler pod's log as its script prints it: per sample a header with the node's epoch (date
-    +%s.%N, nine decimals), name and kernel boot id (a machine per node by default), the file, an end line."""
+    +%s.%N, nine decimals), name and kernel boot id (a machine per node by default), the file, an end line with
+    the epoch again (here the same: the file read at ``ts``)."""
     kernel = kernel or boot_id(node)
-    return "".join(f"{DISKSTATS_MARK} {ts:.9f} {node} {kernel}\n{diskstats_text(c)}\n{DISKSTATS_MARK} end\n"
+    return "".join(f"{DISKSTATS_MARK} {ts:.9f} {node} {kernel}\n{diskstats_text(c)}\n{DISKSTATS_MARK} end {ts:.9f}\n"
                    for ts, c in blocks)

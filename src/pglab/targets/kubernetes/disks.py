@@ -12,7 +12,7 @@ measures. Nodes that are containers on one kernel (kind, k3d: the same boot id, 
 sampler) see one host's devices: each device is counted once. Every device of a node is kept in disk.json.
 
 Clocks: the samples carry the node's clock, the window the client node's (pgbench's log); on NTP-synchronised
-machines the difference is far below the 1 s sampling interval.
+machines the difference is far below the sampling interval (``scripts.DISK_SAMPLE_S``).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from pglab.targets.kubernetes.render import DISKSTATS_MARK, VOLUME_MARK
 
 @dataclass(frozen=True)
 class Block:
-    """One sample of one node: when (the node's epoch), every device's counters, and their numbers."""
+    """One sample of one node: when (the node's epoch at the read), every device's counters, and their numbers."""
 
     ts: float
     node: str
@@ -67,9 +67,20 @@ def parse_probe_log(text: str) -> dict[str, Volume]:
     return out
 
 
+def _read_at(before: float, after: list[str]) -> float:
+    """When the block's file was read: the middle of the epochs before and after it (a log of an older sampler has
+    no epoch after: its one epoch). An epoch after that is garbled or earlier than the first raises ValueError."""
+    if not after:
+        return before
+    end = float(after[0])
+    if not end >= before:
+        raise ValueError(f"the end epoch {end} is before the block's {before}")
+    return (before + end) / 2
+
+
 def parse_log(text: str) -> list[Block]:
-    """The sampler's log → its complete blocks in order; a block cut short (the log read while it printed) or
-    garbled is left out, never half-read."""
+    """The sampler's log → its complete blocks in order, each stamped when its file was read; a block cut short
+    (the log read while it printed) or garbled is left out, never half-read."""
     out: list[Block] = []
     head: tuple[float, str, str | None] | None = None
     body: list[str] = []
@@ -79,11 +90,12 @@ def parse_log(text: str) -> list[Block]:
                 body.append(line)
             continue
         rest = line[len(DISKSTATS_MARK) + 1:].split()
-        if rest == ["end"]:
+        if rest[:1] == ["end"] and len(rest) <= 2:
             if head is not None:
                 with contextlib.suppress(ValueError):  # a garbled line: the whole block is left out
                     text = "\n".join(body)
-                    out.append(Block(head[0], head[1], parse_diskstats(text), _numbers(text), head[2]))
+                    out.append(Block(_read_at(head[0], rest[1:]), head[1], parse_diskstats(text), _numbers(text),
+                                     head[2]))
             head, body = None, []
             continue
         head, body = None, []

@@ -45,7 +45,8 @@ def ship_results() -> str:
     return (f"echo '{BEGIN_MARK}'; tar -C {RESULTS_DIR} -czf - . | base64; echo '{END_MARK}'")
 
 
-DISKSTATS_MARK = "pglab-diskstats"  # a block of the sampler's log: "<mark> <epoch> <node> <boot id>", the file, end
+DISKSTATS_MARK = "pglab-diskstats"  # a block of the sampler's log: "<mark> <epoch> <node> <boot id>", the file,
+# "<mark> end <epoch>" (the epoch read again once the file was read)
 
 
 DISK_SAMPLE_S = 0.2  # a window's edges fall inside an interval, pro-rated as if its I/O were even: with 1 s
@@ -53,16 +54,17 @@ DISK_SAMPLE_S = 0.2  # a window's edges fall inside an interval, pro-rated as if
 
 
 def disk_sampler_script() -> str:
-    """Every DISK_SAMPLE_S: the node's epoch, its name, its kernel's boot id, /proc/diskstats, an end line, printed
-    at once (a block cut by the log's end is recognised). /proc/diskstats is not namespaced: an unprivileged
-    container reads the host's; the boot id tells nodes that are containers on one kernel (kind, k3d) apart from
-    real ones."""
+    """Every DISK_SAMPLE_S: the node's epoch, its name, its kernel's boot id, /proc/diskstats, an end line with the
+    epoch again, printed at once (a block cut by the log's end is recognised). The two epochs bound the file's read
+    (forking ``cat`` takes its time on a loaded node): the block's time is their middle. /proc/diskstats is not
+    namespaced: an unprivileged container reads the host's; the boot id tells nodes that are containers on one
+    kernel (kind, k3d) apart from real ones."""
     return "\n".join([
         "trap 'exit 0' TERM",
         "k=$(cat /proc/sys/kernel/random/boot_id 2>/dev/null || echo -)",
         "while :; do",
-        "  t=$(date +%s.%N); s=$(cat /proc/diskstats)",
-        f'  printf \'%s\\n\' "{DISKSTATS_MARK} $t $NODE_NAME $k" "$s" "{DISKSTATS_MARK} end"',
+        "  t=$(date +%s.%N); s=$(cat /proc/diskstats); u=$(date +%s.%N)",
+        f'  printf \'%s\\n\' "{DISKSTATS_MARK} $t $NODE_NAME $k" "$s" "{DISKSTATS_MARK} end $u"',
         f"  sleep {DISK_SAMPLE_S:g}",
         "done",
     ])
