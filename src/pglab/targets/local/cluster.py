@@ -37,7 +37,8 @@ from pglab.targets.local import leftovers, procs, registry
 from pglab.targets.local.cgroups import cgroup_name as cgroup_name  # tests import it from here
 from pglab.targets.local.lab_base import LabBase
 from pglab.targets.local.lab_dataset import LabDataset
-from pglab.targets.local.pgconf import DBNAME, SUPERUSER, Configuration, Node, free_port
+from pglab.targets.local.pgconf import DBNAME, SUPERUSER, Configuration, Node
+from pglab.targets.local.ports import free_port
 from pglab.targets.local.procs import kill_tree as kill_tree  # tests import it from here
 
 FULL_FREE_BYTES = 16 << 20  # less than one WAL segment free: the servers cannot go on writing there

@@ -5,7 +5,6 @@ restarts they need are the lab's (cluster.py)."""
 from __future__ import annotations
 
 import re
-import socket
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,12 +23,6 @@ def conf_value(value: Any) -> str:
     if isinstance(value, int | float):
         return str(value)
     return "'" + str(value).replace("\\", "\\\\").replace("'", "''") + "'"  # postgresql.conf escapes both
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass

@@ -26,7 +26,6 @@ import json
 import os
 import secrets
 import signal
-import socket
 import subprocess
 import time
 import urllib.error
@@ -38,6 +37,7 @@ from types import TracebackType
 from typing import IO, Any, NoReturn
 
 from pglab.errors import LabError, UserError
+from pglab.targets.local.ports import free_port
 
 REPO_BINARY = Path(__file__).resolve().parents[4] / ".tools" / "bin" / "toxiproxy-server"
 HOST = "127.0.0.1"
@@ -85,12 +85,6 @@ def _q(name: str) -> str:
     return urllib.parse.quote(name, safe="")
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((HOST, 0))
-        return int(s.getsockname()[1])
-
-
 class ToxiproxyServer:
     """One toxiproxy-server on 127.0.0.1, started on construction; ``stop()`` (or leaving a ``with``) ends it."""
 
@@ -124,7 +118,7 @@ class ToxiproxyServer:
     # ---------------------------------------------------------------- process
     def _start(self, timeout: float) -> bool:
         """Start on a fresh port; True once the API answers as this server, False when the port was taken."""
-        self.port = _free_port()
+        self.port = free_port()
         self._log = open(self.log_path, "ab")  # noqa: SIM115 - open for the server's lifetime, closed in stop()
         self._log_offset = self._log.tell()  # this attempt's lines only: an earlier one may have failed
         env = {**os.environ, "LOG_LEVEL": "info"}  # the default logs every API request

@@ -54,9 +54,10 @@ from pglab.targets.local.ha.config import TIMINGS, check_timings
 from pglab.targets.local.ha.faults import Faults
 from pglab.targets.local.ha.membership import Membership
 from pglab.targets.local.ha.node import HOST, HANode, Log
-from pglab.targets.local.ha.processes import Adopted, Etcd, Patronis, find_etcd, find_patroni, free_ports
+from pglab.targets.local.ha.processes import Adopted, Etcd, Patronis, find_etcd, find_patroni
 from pglab.targets.local.ha.settings import Settings
 from pglab.targets.local.pgconf import DBNAME, SUPERUSER
+from pglab.targets.local.ports import free_ports
 from pglab.targets.local.removal import remove_tree
 from pglab.targets.local.toxiproxy import find_toxiproxy
 

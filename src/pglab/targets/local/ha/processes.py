@@ -10,7 +10,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -25,6 +24,7 @@ from pglab.targets.local import cgroups, procs
 from pglab.targets.local.ha.config import NAMESPACE
 from pglab.targets.local.ha.membership import OPENER, Membership
 from pglab.targets.local.ha.node import HOST, HANode, Proc
+from pglab.targets.local.ports import free_ports
 
 
 class Adopted:
@@ -58,20 +58,6 @@ class Adopted:
                 raise subprocess.TimeoutExpired(str(self.pid), timeout or 0)
             time.sleep(0.02)
         return -1
-
-
-def free_ports(n: int) -> list[int]:
-    """``n`` distinct free ports on loopback (held together while chosen, so none is handed out twice)."""
-    socks = []
-    try:
-        for _ in range(n):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind((HOST, 0))
-            socks.append(s)
-        return [int(s.getsockname()[1]) for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 def find_etcd() -> Path:
