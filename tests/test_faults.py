@@ -50,7 +50,8 @@ run: {duration: 6s, repeats: 4}
     assert proc.returncode == 1, err  # failed runs: exit 1, after the sweep went on
     assert "Traceback" not in err
     runs = stored_runs(results)
-    assert [(r.repeat, r.status) for r in runs] == [(1, "failed"), (2, "failed"), (3, "failed"), (4, "ok")], runs
+    assert [(r.repeat, r.status) for r in runs] == [(1, "failed"), (2, "failed"), (3, "failed"), (4, "ok")], (
+        [(r.repeat, r.status, r.reason) for r in runs], err[-3000:])
     reasons = [r.reason or "" for r in runs]
     assert "pgbench was killed by SIGKILL" in reasons[0]
     assert "n1 not running" in reasons[1]
