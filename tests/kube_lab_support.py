@@ -11,7 +11,6 @@ import json
 import math
 import os
 import re
-import socket
 import subprocess
 import sys
 import threading
@@ -26,6 +25,7 @@ import pytest
 
 from conftest import REPO
 from pglab.store.sqlite import Store
+from pglab.targets.local.ports import free_port
 
 sys.path.insert(0, str(REPO / "tools" / "kube-lab"))
 import kubelab
@@ -244,12 +244,6 @@ def prometheus_build() -> Path:
         pytest.fail(f"no Prometheus build in {kubelab.cache_dir()}: ./setup.sh test builds it "
                     "(tools/kube-lab/prometheus/build.sh)", pytrace=False)
     return builds[-1]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class Prometheus:
