@@ -269,7 +269,7 @@ class KubeLab:
                 state_file().unlink()
         shutil.rmtree(self.root, ignore_errors=True)
 
-    def kubectl(self, *args: str, check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    def kubectl(self, *args: str | Path, check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess[str]:
         return run(self.bin / "kubectl", "--kubeconfig", self.kubeconfig, *args, check=check, timeout=timeout)
 
     def node(self, name: str) -> Node:
@@ -411,9 +411,9 @@ class KubeLab:
             path.mkdir(parents=True, exist_ok=True)
             if (hierarchy / "cpuset.cpus").exists():  # a cpuset takes no process before it has CPUs and memory
                 for part in (hierarchy / CGROUP, path):
-                    for f in ("cpuset.cpus", "cpuset.mems"):
-                        if not (part / f).read_text().strip():
-                            (part / f).write_text((part.parent / f).read_text())
+                    for knob in ("cpuset.cpus", "cpuset.mems"):
+                        if not (part / knob).read_text().strip():
+                            (part / knob).write_text((part.parent / knob).read_text())
         (r / "etc/containerd.toml").write_text(f"""version = 2
 root = "{r}/var/containerd"
 state = "{r}/run/containerd"
