@@ -231,16 +231,19 @@ def test_commit_cut_off_while_waiting_for_a_standby_is_in_doubt_and_survives(sha
         with contextlib.suppress(Exception):
             w.stop()
         sync_to(None)
-    first, second = w.attempts
-    assert (first.id, first.outcome) == (1, IN_DOUBT)  # neither acknowledged nor failed
+    # pg_reload_conf() only signals: until the checkpointer has read the new synchronous_standby_names, commits do
+    # not wait, so the witness may have committed a few plain acks first (a loaded CI had three attempts once)
+    *before, first, second = w.attempts
+    assert all((a.outcome, a.warning) == (ACKED, None) for a in before), w.attempts
+    assert (first.id, first.outcome) == (len(before) + 1, IN_DOUBT), w.attempts  # neither acknowledged nor failed
     assert first.error and "server closed the connection" in first.error
     assert first.warning and "terminating connection due to administrator command" in first.warning
     assert "already committed locally" in first.warning  # still in doubt: no client can count on the warning
-    assert (second.id, second.outcome) == (2, ACKED)  # a cancelled wait returns COMMIT with a warning
+    assert (second.id, second.outcome) == (first.id + 1, ACKED)  # a cancelled wait returns COMMIT with a warning
     assert second.warning and "canceling wait for synchronous replication" in second.warning
     res = w.verify()
-    assert res.in_doubt_survived == [1] and res.in_doubt_lost == []  # PostgreSQL had committed it locally
-    assert res.acked_lost == 0 and res.unexpected == [] and res.present == 2 == _count(lab, primary)
+    assert res.in_doubt_survived == [first.id] and res.in_doubt_lost == []  # PostgreSQL had committed it locally
+    assert res.acked_lost == 0 and res.unexpected == [] and res.present == second.id == _count(lab, primary)
 
 
 def test_writes_acknowledged_after_the_standby_stopped_are_the_losses(make_lab: Callable[[], LocalLab],
