@@ -392,3 +392,21 @@ def test_an_empty_copy_of_the_object_stores_secret_stops_the_script_before_anyth
     proc, calls = run_script(out, tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert calls[:2] == ["apply cluster", "get cluster"]
+
+
+def test_the_dataset_job_waits_for_the_server_with_a_deadline_and_says_so() -> None:
+    """The wait the dataset Job runs before pgbench -i, in a real shell with this machine's pg_isready: against a
+    port nothing listens on it says why once and gives up at its deadline (pgbench -i then fails with its own
+    message); where the image has no pg_isready it does not wait."""
+    from pglab.targets.kubernetes.scripts import wait_for_server
+    from pglab.targets.local.ports import free_port
+
+    env = {"PATH": "/usr/bin:/bin", "PGHOST": "127.0.0.1", "PGPORT": str(free_port()), "PGCONNECT_TIMEOUT": "2"}
+    script = "set -eu\n" + wait_for_server(2) + "echo after $w\n"
+    proc = subprocess.run(["/bin/sh", "-c", script], env=env, capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == [f"pglab: waiting up to 2 s for 127.0.0.1:{env['PGPORT']} to accept "
+                                        "connections", "after 2"], proc.stdout
+    no_tool = subprocess.run(["/bin/sh", "-c", script], env={**env, "PATH": "/nonexistent"}, capture_output=True,
+                             text=True, timeout=60, check=False)
+    assert no_tool.stdout.splitlines() == ["after 0"], no_tool

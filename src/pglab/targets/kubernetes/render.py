@@ -40,6 +40,7 @@ from pglab.targets.kubernetes.scripts import (
     ship_results,
     start_wait_script,
     volume_probe_script,
+    wait_for_server,
     window_reads,
     witness_script,
 )
@@ -578,7 +579,8 @@ def client_cores(k8s: KubernetesTarget) -> int:
 def pgbench_init(plan: Plan) -> Manifest:
     k8s = target_of(plan)
     args = ["pgbench", *init_args(Path(), plan.dataset, client_side=True)[1:]]
-    script = (f"set -eu\n{shlex.join(args)} > {RESULTS_DIR}/init.log 2>&1 || rc=$?\ncat {RESULTS_DIR}/init.log\n"
+    script = (f"set -eu\n{wait_for_server()}{shlex.join(args)} > {RESULTS_DIR}/init.log 2>&1 || rc=$?\n"
+              f"cat {RESULTS_DIR}/init.log\n"
               f"{ship_results()}\nexit ${{rc:-0}}")
     pod = _client_pod(k8s, k8s.clients.image or k8s.image, script, env=_pg_env(k8s))
     return Manifest("40-pgbench-init-job.yaml", _job(k8s, f"{k8s.cluster_name}-pgbench-init", "pgbench-init", pod))

@@ -40,6 +40,23 @@ print("{STORE_MARK}", *total(base + "/base/" + os.environ["BACKUP_ID"] + "/"), *
 """
 
 
+SERVER_WAIT_S = 60  # how long the dataset Job waits for the primary's service to accept connections
+
+
+def wait_for_server(seconds: int = SERVER_WAIT_S) -> str:
+    """Shell that waits until libpq's PGHOST:PGPORT accepts connections (pg_isready, where the image has it), for at
+    most ``seconds``, saying so once: a Cluster just made again is healthy before its ``-rw`` Service routes to the
+    new primary on every node (a loaded lab's pgbench -i was refused there once), and pgbench -i tries only once."""
+    return "\n".join([
+        "w=0",
+        f"while command -v pg_isready >/dev/null && ! pg_isready -q -t 2 && [ $w -lt {seconds} ]; do",
+        f'  [ $w -gt 0 ] || echo "pglab: waiting up to {seconds} s for $PGHOST:$PGPORT to accept connections"',
+        "  sleep 1; w=$((w + 1))",
+        "done",
+        "",
+    ])
+
+
 def ship_results() -> str:
     """Shell that prints RESULTS_DIR as a base64 tarball between markers: pglab reads it from the pod's log."""
     return (f"echo '{BEGIN_MARK}'; tar -C {RESULTS_DIR} -czf - . | base64; echo '{END_MARK}'")
