@@ -251,7 +251,7 @@ def test_the_measured_run_is_written_once_in_the_engine() -> None:
 
 
 # a third of pglab's start-up once (psycopg a fifth of the rest): only reading logs and stores, and servers, need them
-HEAVY = ("numpy", "polars", "scipy", "psycopg")
+HEAVY = ("numpy", "polars", "scipy", "psycopg", "scipy.stats")
 
 
 def heavy_imported(statement: str) -> list[str]:
@@ -271,6 +271,10 @@ def test_the_command_line_starts_without_numpy_polars_scipy_or_psycopg() -> None
     assert "scipy" not in heavy_imported("import pglab.engine.sweep\nfrom pglab.analysis.stats import estimate\n"
                                          "estimate([1.0])")
     assert "scipy" in heavy_imported("from pglab.analysis.stats import estimate\nestimate([1.0, 2.0])")
+    # …and then scipy.special's function only: scipy.stats costs a second more at the end of every sweep
+    assert "scipy.stats" not in heavy_imported("from pglab.analysis.stats import contrast\n"
+                                               "from pglab.analysis.noise import noise_floor\n"
+                                               "contrast([1.0, 2.0, 3.5], [2.0, 3.0, 5.0])")
 
 
 def test_no_test_module_imports_another() -> None:

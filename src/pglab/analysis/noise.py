@@ -10,10 +10,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from scipy import stats as scipy_stats
-
 from pglab.analysis.compare import Difference, difference
-from pglab.analysis.stats import estimate
+from pglab.analysis.stats import estimate, t_quantile
 from pglab.store.sqlite import Store
 
 SIDES = (2, 3, 5, 10)  # runs per side a user might plan
@@ -47,6 +45,6 @@ def noise_floor(store: Store, sweep_id: int) -> NoiseFloor | None:
     if e is None or e.sd is None or not e.mean:
         return None
     aa = difference("tps", tps[0::2], tps[1::2]) if len(tps) >= 4 else None
-    resolvable = {n: float(scipy_stats.t.ppf(0.975, 2 * n - 2)) * e.sd * math.sqrt(2 / n) / abs(e.mean) * 100
+    resolvable = {n: t_quantile(0.975, 2 * n - 2) * e.sd * math.sqrt(2 / n) / abs(e.mean) * 100
                   for n in SIDES}
     return NoiseFloor(tps, e.mean, e.sd / abs(e.mean) * 100, aa, resolvable)

@@ -21,6 +21,21 @@ class Estimate:
         return self.sd / abs(self.mean)
 
 
+def t_quantile(p: float, df: float) -> float:
+    """Student's t quantile: scipy.stats' ``t.ppf`` is this very function (``special.stdtrit``), but importing
+    scipy.stats costs about a second more than scipy.special, at the end of every sweep and report."""
+    from scipy import special  # here, not at the top: one run has no interval
+
+    return float(special.stdtrit(df, p))
+
+
+def t_sf(x: float, df: float) -> float:
+    """Student's t survival function, as scipy.stats' ``t.sf`` computes it (``special.stdtr(df, -x)``)."""
+    from scipy import special
+
+    return float(special.stdtr(df, -x))
+
+
 def estimate(values: Sequence[float | None]) -> Estimate | None:
     xs = [float(v) for v in values if v is not None and not math.isnan(float(v))]
     if not xs:
@@ -29,10 +44,8 @@ def estimate(values: Sequence[float | None]) -> Estimate | None:
     mean = sum(xs) / n
     if n == 1:
         return Estimate(mean, 1, None, None)
-    from scipy import stats  # here, not at the top: a second of start-up for every pglab command, and one run has none
-
     sd = math.sqrt(sum((x - mean) ** 2 for x in xs) / (n - 1))
-    half = float(stats.t.ppf(0.975, n - 1)) * sd / math.sqrt(n)
+    half = t_quantile(0.975, n - 1) * sd / math.sqrt(n)
     return Estimate(mean, n, sd, half)
 
 
@@ -85,12 +98,10 @@ def contrast(a_values: Sequence[float | None], b_values: Sequence[float | None],
     if se2 == 0:  # no spread on either side: the difference is exactly what was measured
         exact = (ratio, ratio) if ratio is not None else None
         return Contrast(ea, eb, diff, (diff, diff), ratio, exact, 1.0 if diff == 0 else 0.0, math.inf)
-    from scipy import stats
-
     df = se2 ** 2 / (sa2 ** 2 / (ea.n - 1) + sb2 ** 2 / (eb.n - 1))
-    t = float(stats.t.ppf(0.5 + level / 2, df))
+    t = t_quantile(0.5 + level / 2, df)
     half = t * math.sqrt(se2)
-    p_value = float(2 * stats.t.sf(abs(diff) / math.sqrt(se2), df))
+    p_value = 2 * t_sf(abs(diff) / math.sqrt(se2), df)
     return Contrast(ea, eb, diff, (diff - half, diff + half), ratio, _fieller(ma, mb, sa2, sb2, t), p_value, df)
 
 
