@@ -38,6 +38,7 @@ from pglab.scenarios.witness import evaluate
 from pglab.targets.kubernetes import exporter, prometheus, statements
 from pglab.targets.kubernetes.clients import client_pods, run_command
 from pglab.targets.kubernetes.orchestrate import (
+    POLL_S,
     POSTGRES_CONTAINER,
     Exec,
     JobOutcome,
@@ -103,7 +104,7 @@ class KubernetesDriver:
     run_errors: tuple[type[BaseException], ...] = (RunFailed, PgbenchError, K8sError, WitnessLogError, OSError)
 
     def __init__(self, plan: Plan, plan_text: str, plan_dir: Path, results_dir: Path, ui: Observer, *,
-                 api: client.ApiClient | None = None, poll_s: float = 2.0, ready_timeout_s: float = 1800.0,
+                 api: client.ApiClient | None = None, poll_s: float = POLL_S, ready_timeout_s: float = 1800.0,
                  job_timeout_s: float | None = None, scrape_s: float = 2.0,
                  scenario_timeout_s: float = SCENARIO_TIMEOUT_S):
         self.plan, self.plan_text, self.plan_dir, self.ui = plan, plan_text, plan_dir, ui

@@ -41,6 +41,9 @@ CUSTOM = {"Cluster": CNPG, "Backup": ("postgresql.cnpg.io", "v1", "backups"),
           "ObjectStore": ("barmancloud.cnpg.io", "v1", "objectstores")}  # the custom kinds pglab creates
 HEALTHY = "Cluster in healthy state"
 SCRAPE_TIMEOUT = (3.0, 5.0)  # connect, read: a pod port the API server cannot reach is a gap, not a stall
+# how often a wait reads the object it waits for (a Cluster healthy, a Job ended, pods running): kubectl wait
+# watches and learns at once; a read every 2 s cost a second a wait on average, four waits in a short sweep
+POLL_S = 0.5
 POD_LOOK_S = 10.0  # how often a running Job's pod is looked at for a reason it cannot start
 POD_START_GRACE_S = 120.0  # how long such a reason may last (a slow pull, a node being added) before the Job fails
 LOG_SETTLE_S = 10.0  # how long the log of a Job that ended may take to hold the whole of its results
@@ -204,7 +207,7 @@ def last_line(text: str) -> str:
 class Orchestrator:
     """Applies a plan's manifests in order and undoes them; each step waits for the operator or the Job."""
 
-    def __init__(self, plan: Plan, base_dir: Path, api: client.ApiClient, *, poll_s: float = 2.0,
+    def __init__(self, plan: Plan, base_dir: Path, api: client.ApiClient, *, poll_s: float = POLL_S,
                  ready_timeout_s: float = 1800.0, job_timeout_s: float | None = None,
                  log: Callable[[str], None] = lambda _: None):
         self.plan, self.base_dir, self.log = plan, base_dir, log
