@@ -380,3 +380,28 @@ def test_a_node_exporter_scrape_is_the_kernels_counters_again() -> None:
     block = disks.node_exporter_block(exporter.parse(node_exporter_text(c)), 5.0, "n")
     assert block.counters["vdb"] == parse_diskstats(_text(c))["vdb"]  # bytes ÷ 512, seconds × 1000: exact
     assert block.numbers["254:16"] == "vdb" and "loop0" not in block.counters  # node-exporter's filter
+
+
+def test_every_devices_figures_come_from_the_blocks_near_the_window_and_equal_the_whole_logs() -> None:
+    """``node_devices`` reads only the intervals that reach into the window: its figures are those of the whole
+    log's intervals, bit for bit, wherever the window falls (inside, across an edge of, or outside the log)."""
+    blocks: list[disks.Block] = []
+    rng = list(itertools.accumulate([0.2 + 0.013 * (i % 7) for i in range(300)], initial=1000.0))
+    for i, ts in enumerate(rng):
+        text = diskstats_text({"vdb": [i * 3, 0, i * 40, i * 5, i * 2 + i % 5, 0, i * 30, i * 7, 0, i * 9, i * 11,
+                                       0, 0, 0, 0, 0, 0],
+                               "vda": [i, 0, i * 8, i, 0, 0, 0, 0, 0, i, i, 0, 0, 0, 0, 0, 0]})
+        blocks.append(disks.Block(ts, "n", parse_diskstats(text), {}))
+
+    def whole_log(window: tuple[float, float]) -> dict[str, float]:
+        samples = [s for d in sorted(blocks[0].counters) for s in disks.device_samples(blocks, d, f"disk:{d}")]
+        return DiskProbe(ProbeContext("")).summarize(samples, *window)
+
+    for window in ((1010.0, 1040.0), (1010.05, 1010.31), (990.0, 1003.3), (1050.0, 1200.0),
+                   (blocks[5].ts, blocks[40].ts)):
+        expected = {k[5:]: v for k, v in whole_log(window).items() if k.startswith("disk.")}
+        got = {f"{dev}.{name}": v for dev, figures in disks.node_devices(blocks, window).items()
+               for name, v in figures.items()}
+        assert got and got == expected, window
+    near = disks.near_window(blocks, (1010.0, 1011.0))
+    assert len(near) < 20 and near[0].ts < 1009.0 and near[-1].ts > 1012.0  # a few, bounding the window and more

@@ -150,10 +150,25 @@ def _summarize(samples: list[Sample], window: tuple[float, float]) -> dict[str, 
     return DiskProbe(ProbeContext("")).summarize(samples, *window)
 
 
+# an interval ending this long before the window or starting this long after it has no share of it (rounding
+# moves an interval's ends by a few tenths of a microsecond)
+_NO_SHARE_S = 1.0
+
+
+def near_window(blocks: list[Block], window: tuple[float, float]) -> list[Block]:
+    """The blocks bounding the intervals that reach into ``window``: the window figures of the rest are 0 shares
+    (``rows_prorated`` drops them), and every device of a node over a whole log costs a tenth of a second a node."""
+    start, end = window[0] - _NO_SHARE_S, window[1] + _NO_SHARE_S
+    first = next((i for i in range(1, len(blocks)) if blocks[i].ts >= start), len(blocks)) - 1
+    last = next((i for i in range(len(blocks) - 2, -1, -1) if blocks[i].ts <= end), -1) + 1
+    return blocks[max(first, 0):last + 1]
+
+
 def node_devices(blocks: list[Block], window: tuple[float, float]) -> dict[str, dict[str, float]]:
     """Every device of one node: its window figures (``disk.<dev>.*`` of the local probe, prefix removed)."""
     devices = sorted({d for b in blocks for d in b.counters})
-    samples = [s for d in devices for s in device_samples(blocks, d, f"disk:{d}")]
+    near = near_window(blocks, window)
+    samples = [s for d in devices for s in device_samples(near, d, f"disk:{d}")]
     out: dict[str, dict[str, float]] = {}
     for key, value in _summarize(samples, window).items():
         if key.startswith("disk."):
