@@ -89,13 +89,15 @@ def pglab_sweep(tree: Path, plan: Path, results: Path, python: str) -> dict[str,
     db = sqlite3.connect(results / "results.db")
     try:
         phases = dict(db.execute("SELECT name, sum(ended - started) FROM phases GROUP BY name").fetchall())
+        # the plugin's side stops its clock at its last TPS, before deleting anything: pglab's at its last row
+        last_row = db.execute("SELECT max(ended) FROM phases WHERE name = 'record'").fetchone()[0]
         tps = [r[0] for r in db.execute("SELECT m.value FROM runs r JOIN run_metrics m ON m.run_id = r.id "
                                         "WHERE m.name = 'tps' ORDER BY r.started")]
     except sqlite3.OperationalError:
-        phases, tps = {}, []
+        phases, tps, last_row = {}, [], None
     finally:
         db.close()
-    return {"wall_s": wall, "phases": phases, "tps": tps}
+    return {"wall_s": wall, "to_last_result_s": last_row - t0 if last_row else None, "phases": phases, "tps": tps}
 
 
 def plugin_sweep(kubectl: Path, plugin: Path, kubeconfig: str, rendered: Path, namespace: str, cluster: str,
@@ -204,12 +206,21 @@ def main(argv: list[str] | None = None) -> int:
             print(f"round {r + 1} {side}: wall {fig['wall_s']:.1f} s"
                   + (f" ({fig['wall_with_namespace_delete_s']:.1f} s with the namespace's deletion; Cluster "
                      f"{fig['cluster_s']:.1f} s, dataset {fig['dataset_s']:.1f} s)" if side == "plugin" else
-                     " (phases: " + ", ".join(f"{n} {s:.1f}" for n, s in sorted(fig["phases"].items())) + ")")
+                     f" ({fig['to_last_result_s']:.1f} s to its last run's row; phases: "
+                     + ", ".join(f"{n} {s:.1f}" for n, s in sorted(fig["phases"].items())) + ")")
                   + f"; tps {fig['tps']}; load average {fig['load_before']:.1f} → {fig['load_after']:.1f}",
                   flush=True)
     med = {side: statistics.median(f["wall_s"] for f in figs) for side, figs in out.items()}
+    # like for like: each side to its last result (pglab's last row, the plugin's last TPS), and each side with
+    # what it created gone (pglab's whole process, the plugin's namespace deleted)
+    med["pglab_to_last_result"] = statistics.median(f["to_last_result_s"] for f in out["pglab"])
+    med["plugin_with_namespace_delete"] = statistics.median(f["wall_with_namespace_delete_s"] for f in out["plugin"])
     print(f"medians: pglab {med['pglab']:.1f} s, plugin {med['plugin']:.1f} s; pglab / plugin "
           f"{med['pglab'] / med['plugin']:.2f}")
+    print(f"to the last result: pglab {med['pglab_to_last_result']:.1f} s, plugin {med['plugin']:.1f} s "
+          f"({med['pglab_to_last_result'] / med['plugin']:.2f}); with what each created gone: pglab "
+          f"{med['pglab']:.1f} s, plugin {med['plugin_with_namespace_delete']:.1f} s "
+          f"({med['pglab'] / med['plugin_with_namespace_delete']:.2f})")
     if args.json:
         args.json.write_text(json.dumps({"machine": {"cpus": os.cpu_count(), "kernel": platform.release()},
                                          "plugin": CNPG_VERSION, "points": points, "duration_s": duration,

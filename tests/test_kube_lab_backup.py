@@ -146,7 +146,7 @@ def test_a_backup_under_load_completes_and_its_size_is_the_object_stores(sweep: 
     # from the request to the completion: at least the operator's wait and the plugin's backup (whole seconds; the
     # operator marks it completed later still, once the end WAL is archived), and pglab saw it completed when this
     # test's own reads of the Backup did: not before the operator marked it (after this test's last read that found it
-    # pending began: pglab stamps the end once its read has returned), and within pglab's 2 s poll and one read of
+    # pending began: pglab stamps the end once its read has returned), and within pglab's 0.5 s poll and one read of
     # this test's first read that found it completed (this test reads every 1 s plus a kubectl get and exec: 3-7 s a
     # cycle on the loaded lab, so the two readers' times differ by that much on the other side)
     assert m["backup_operator_s"] + m["backup_wait_s"] - 1 <= m["backup_s"], m
