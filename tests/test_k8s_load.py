@@ -212,6 +212,19 @@ def test_each_load_pods_share_runs_in_its_own_client_pod_made_once(fake: tuple[F
     assert_all_deleted(api)
 
 
+def test_the_client_pods_start_beside_the_dataset_load(fake: tuple[FakeAPI, client.ApiClient],
+                                                       tmp_path: Path) -> None:
+    """Created once the dataset's Job is, before pglab waits for that Job to end: their start is hidden in the
+    load's wait, not paid at the first run."""
+    api, api_client = fake
+    result = run(api_client, tmp_path, SWEEP)
+    assert (result.ok, result.failed) == (2, 0)
+    [(init, name)] = [(i, n) for i, n in api.job_posts if n.endswith("-pgbench-init")]
+    pods = [i for i, (method, path) in enumerate(api.requests) if method == "POST" and path.endswith("/pods")]
+    reads = [i for i, (method, path) in enumerate(api.requests) if method == "GET" and path.endswith(f"/jobs/{name}")]
+    assert len(pods) == 2 and init < pods[0] < pods[1] < reads[0], (init, pods, reads[:1])
+
+
 def test_a_load_pod_that_fails_stops_the_others(fake: tuple[FakeAPI, client.ApiClient], tmp_path: Path) -> None:
     """As the load Job's backoffLimit 0 ends the others: pod 0 failed (its reset, say), pod 1 would wait at the
     barrier until its deadline; it is stopped, the run fails naming pod 0, and the next run goes on."""

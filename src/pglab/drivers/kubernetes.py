@@ -124,7 +124,9 @@ class KubernetesDriver:
         self.points = expand(plan, cores=client_cores(self.k8s))  # the same points (and Job names) render made
         self.current: Point = self.points[0]  # the point the Cluster is shaped for (CPU step, parameters)
         self._load = plan.run.load_pods > 1  # each run over several pgbench pods
-        self._clients: dict[str, str] = {}  # the long-lived client pods (pod → node), made at the first run
+        self._clients: dict[str, str] = {}  # the long-lived client pods (pod → node), waited for at the first run
+        self._clients_made: list[Manifest] = []  # created (beside the dataset's load), not yet waited for
+        self._clients_since = 0.0  # when they were created
         prom = (prometheus.Client(self.k8s.prometheus, plan_dir) if self.k8s.prometheus is not None
                 else None)  # the figures' source instead of the samplers and exporter reads
         self.figures = Figures(plan, lambda: self.orch, self.results_dir, ui, scrape_s, prom)
@@ -377,6 +379,11 @@ class KubernetesDriver:
         dest = self.results_dir / "dataset"
         self.orch.create(m)
         probes = self.figures.probe_ahead()  # the first run's volume probes run beside the load, not after its window
+        if any(p.scenario is None for p in self.points):  # the runs' client pods start beside it too
+            try:
+                self._make_clients()
+            except K8sError:
+                self._drop_clients()  # the first run makes them again, and fails with the reason if it must
         outcome = self.orch.finish_job(m, dest / self.current.storage.name if self.current.storage else dest)
         self.figures.finish_probes(probes)
         if not outcome.succeeded:
@@ -388,27 +395,35 @@ class KubernetesDriver:
         """The run's Job (and the witness's), the exporters read meanwhile, the files it shipped parsed."""
         return KubernetesRun(self, point, repeat, run_dir)
 
-    def _client_pods(self) -> dict[str, str]:
-        """The sweep's client pods (``clients.client_pods``), made and waited for at the first run that needs them
-        (after the dataset: they take the client nodes' CPU the dataset Job would want); pod → node."""
-        if not self._clients:
+    def _make_clients(self) -> list[Manifest]:
+        """The sweep's client pods (``clients.client_pods``) created, not waited for: beside the dataset's load,
+        whose Job waits far longer than a pod takes to start (an idle pod costs its node nothing once started)."""
+        if not self._clients_made:
             pods = client_pods(self.plan)
             self.ui.log(f"starting {len(pods)} pgbench client pod{'s' if len(pods) > 1 else ''} for the runs")
-            started = time.monotonic()
+            self._clients_since = time.monotonic()
+            self._clients_made = pods
             for m in pods:
                 self.orch.create(m)
+        return self._clients_made
+
+    def _client_pods(self) -> dict[str, str]:
+        """The sweep's client pods, made if the dataset's load did not, and waited for at the first run that needs
+        them; pod → node."""
+        if not self._clients:
+            pods = self._make_clients()
             try:
                 self._clients = self.orch.wait_pods_running([m.name for m in pods], "the pgbench client pods")
             except BaseException:
                 self._drop_clients(pods)
                 raise
-            self.ui.log(f"client pods running in {time.monotonic() - started:.1f} s on "
-                        f"{', '.join(sorted(set(self._clients.values())))}")
+            self.ui.log(f"client pods running {time.monotonic() - self._clients_since:.1f} s after their creation, "
+                        f"on {', '.join(sorted(set(self._clients.values())))}")
         return self._clients
 
     def _drop_clients(self, pods: list[Manifest] | None = None) -> None:
         """Delete the client pods now (a new Cluster, or pods found unusable): the next run makes new ones."""
-        self._clients = {}
+        self._clients, self._clients_made = {}, []
         for m in pods if pods is not None else [m for m in self.orch.created if m.kind == "Pod"]:
             self.orch.discard(m)
 
