@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import socket
 import subprocess
 from pathlib import Path
@@ -26,6 +27,7 @@ from pglab.targets.kubernetes.render import (
     LOAD_LABEL,
     client_cores,
     load_shares,
+    pgbench_init,
     pgbench_run,
     render,
     split,
@@ -193,13 +195,17 @@ def test_each_load_pods_share_runs_in_its_own_client_pod_made_once(fake: tuple[F
         [apart] = anti["preferredDuringSchedulingIgnoredDuringExecution"]
         assert apart["podAffinityTerm"]["labelSelector"]["matchLabels"] == {LOAD_LABEL: "pg-clients"}
         assert p["metadata"]["labels"][LOAD_LABEL] == "pg-clients"
-    keys = [re.search(r"^export PGLAB_JOB_UID=(\S+)$", s, re.M)[1] for s in api.exec_scripts]  # type: ignore[index]
-    indexes = [re.search(r"^export JOB_COMPLETION_INDEX=(\d+)$", s, re.M)[1] for s in api.exec_scripts]  # type: ignore[index]
+    (_, init, first), *runs = api.execs  # the dataset's pgbench -i first, in pod 0 alone, as a one-pod Job
+    assert (init, first) == ("pg-pgbench-init", "pg-clients-0")
+    assert "JOB_COMPLETION_INDEX" not in api.exec_scripts[0] and "PGLAB_JOB_UID" not in api.exec_scripts[0]
+    scripts = api.exec_scripts[1:]
+    keys = [re.search(r"^export PGLAB_JOB_UID=(\S+)$", s, re.M)[1] for s in scripts]  # type: ignore[index]
+    indexes = [re.search(r"^export JOB_COMPLETION_INDEX=(\d+)$", s, re.M)[1] for s in scripts]  # type: ignore[index]
     # one run after the other; a run's two pods started together (the fake notes each as its exec arrives)
-    assert sorted((run_, pod, i) for (_, run_, pod), i in zip(api.execs, indexes, strict=True)) == [
+    assert sorted((run_, pod, i) for (_, run_, pod), i in zip(runs, indexes, strict=True)) == [
         ("pg-run-0000-1", "pg-clients-0", "0"), ("pg-run-0000-1", "pg-clients-1", "1"),
         ("pg-run-0000-2", "pg-clients-0", "0"), ("pg-run-0000-2", "pg-clients-1", "1")]
-    assert [run_ for _, run_, _ in api.execs] == ["pg-run-0000-1"] * 2 + ["pg-run-0000-2"] * 2
+    assert [run_ for _, run_, _ in runs] == ["pg-run-0000-1"] * 2 + ["pg-run-0000-2"] * 2
     assert keys[0] == keys[1] != keys[2] == keys[3]  # one barrier per run, its pods meeting at it
     store = Store.open(tmp_path / "results", create=False)
     for r in store.runs():
@@ -212,17 +218,21 @@ def test_each_load_pods_share_runs_in_its_own_client_pod_made_once(fake: tuple[F
     assert_all_deleted(api)
 
 
-def test_the_client_pods_start_beside_the_dataset_load(fake: tuple[FakeAPI, client.ApiClient],
-                                                       tmp_path: Path) -> None:
-    """Created once the dataset's Job is, before pglab waits for that Job to end: their start is hidden in the
-    load's wait, not paid at the first run."""
+def test_the_client_pods_start_while_the_cluster_comes_up_and_load_the_dataset(
+        fake: tuple[FakeAPI, client.ApiClient], tmp_path: Path) -> None:
+    """Created once every instance has its node, before the Cluster reads healthy: their start is hidden in the
+    Cluster's wait. The dataset's pgbench -i is then the init Job's script exec'd in pod 0: no Job, no pod start."""
     api, api_client = fake
     result = run(api_client, tmp_path, SWEEP)
     assert (result.ok, result.failed) == (2, 0)
-    [(init, name)] = [(i, n) for i, n in api.job_posts if n.endswith("-pgbench-init")]
     pods = [i for i, (method, path) in enumerate(api.requests) if method == "POST" and path.endswith("/pods")]
-    reads = [i for i, (method, path) in enumerate(api.requests) if method == "GET" and path.endswith(f"/jobs/{name}")]
-    assert len(pods) == 2 and init < pods[0] < pods[1] < reads[0], (init, pods, reads[:1])
+    reads = [i for i, (method, path) in enumerate(api.requests) if method == "GET" and path.endswith("/clusters/pg")]
+    healthy = reads[api.ready_after]  # the first read that says so
+    assert len(pods) == 2 and pods[1] < healthy, (pods, healthy)
+    assert not [n for _, n in api.job_posts if n.endswith("-pgbench-init")]
+    assert api.execs[0][1:] == ("pg-pgbench-init", "pg-clients-0")
+    init = pgbench_init(parse_plan(SWEEP)).body["spec"]["template"]["spec"]["containers"][0]["command"][2]
+    assert f"exec /bin/sh -c {shlex.quote(init)}" in api.exec_scripts[0]
 
 
 def test_a_load_pod_that_fails_stops_the_others(fake: tuple[FakeAPI, client.ApiClient], tmp_path: Path) -> None:
@@ -345,7 +355,7 @@ def test_a_rate_is_shared_by_the_load_pods_and_their_schedule_figures_merged(
     result = run(api_client, tmp_path, RATED)
     assert (result.ok, result.failed) == (1, 0)
     rates = {}
-    for script in api.exec_scripts:
+    for script in api.exec_scripts[1:]:  # the runs' (the dataset's load first)
         index = re.search(r"^export JOB_COMPLETION_INDEX=(\d+)$", script, re.M)[1]  # type: ignore[index]
         branch = re.search(rf"^{index}\)\n(.*?)^;;$", script, re.M | re.S)[1]  # type: ignore[index]
         [command] = [line for line in branch.splitlines() if line.lstrip().startswith("if") and "pgbench " in line]

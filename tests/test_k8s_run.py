@@ -228,7 +228,7 @@ def test_failed_dataset_load_fails_the_sweep_and_cleans_up(fake: tuple[FakeAPI, 
     api, api_client = fake
     api.failing_jobs.add("pg-pgbench-init")
     api.logs["pg-pgbench-init"] = results_log({}, text=(PGBENCH / "unreachable.err").read_text())
-    with pytest.raises(Exception, match=r'pgbench -i failed in Job/pg-pgbench-init: .*could not create connection'):
+    with pytest.raises(Exception, match=r'pgbench -i failed in pod/pg-clients-0: .*could not create connection'):
         run(api_client, tmp_path, PLAN)
     assert posted_jobs(api) == ["pg-fio-data-1", "pg-fio-data-2", "pg-pgbench-init"]
     assert_all_deleted(api)
@@ -251,11 +251,11 @@ def test_a_job_whose_pod_cannot_start_fails_with_the_kubelets_reason(fake: tuple
     api, api_client = fake
     monkeypatch.setattr(orchestrate, "POD_LOOK_S", 0.0)
     monkeypatch.setattr(orchestrate, "POD_START_GRACE_S", 0.2)
-    api.hanging_jobs = {"pg-pgbench-init"}
-    api.pod_waiting = {"pg-pgbench-init": list(waiting)}
+    api.hanging_jobs = {"pg-fio-data-1"}
+    api.pod_waiting = {"pg-fio-data-1": list(waiting)}
     with pytest.raises(K8sError) as caught:
         run(api_client, tmp_path, PLAN, job_timeout_s=10)  # not the Job's own timeout: its pod's reason
-    assert str(caught.value).startswith("Job/pg-pgbench-init: its pod cannot start after 0 s (")
+    assert str(caught.value).startswith("Job/pg-fio-data-1: its pod cannot start after 0 s (")
     assert any(f"({r}: {m})" in str(caught.value) for r, m in waiting), str(caught.value)
     assert_all_deleted(api)
 

@@ -137,6 +137,9 @@ def test_failover_deletes_the_primary_pod_and_stores_rto_rpo_and_events(fake: tu
     assert api.log_not_ready[RUN] == 0
     story: Story = api.story()  # type: ignore[attr-defined]
     assert posted_jobs(api) == ["pg-pgbench-init", WITNESS, RUN]  # the witness writes before pgbench starts
+    # the dataset was loaded in a client pod; scenario runs are Jobs, so it went before they started
+    client_gone = api.requests.index(("DELETE", "/api/v1/namespaces/bench/pods/pg-clients-0"))
+    assert client_gone < min(i for i, n in api.job_posts if n in (WITNESS, RUN))
     assert [pod for pod, _ in api.deleted_pods] == ["pg-1"]  # the primary, once
     assert api.pod_delete_queries == [{"gracePeriodSeconds": ["1"]}]  # killed, not a smart shutdown
     assert api.primary == "pg-2"

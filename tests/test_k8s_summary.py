@@ -27,9 +27,12 @@ def test_the_volume_probes_run_beside_the_dataset_load_not_after_a_window(fake: 
     api.diskstats_log = lambda node: sampler_log(node, node_blocks(node))  # vdb busy
     api.no_sampler_pods = True  # as on the lab: the DaemonSet's pods come a little after it, here once the dataset
 
-    def sampler_pods_later() -> None:  # is loaded (its Job deleted)
+    def volume_read(requests: list[tuple[str, str]]) -> bool:
+        return any(m == "GET" and p.startswith(f"{JOBS}/pg-volumes-") for m, p in requests)
+
+    def sampler_pods_later() -> None:  # is loaded (the probes then read)
         deadline = time.monotonic() + 60
-        while ("DELETE", f"{JOBS}/pg-pgbench-init") not in api.requests and time.monotonic() < deadline:
+        while not volume_read(list(api.requests)) and time.monotonic() < deadline:
             time.sleep(0.01)
         api.no_sampler_pods = False
 
@@ -40,13 +43,11 @@ def test_the_volume_probes_run_beside_the_dataset_load_not_after_a_window(fake: 
     assert (result.ok, result.failed) == (2, 0)
     probes = [(i, n) for i, n in api.job_posts if "-volumes-" in n]
     assert [n for _, n in probes] == ["pg-volumes-1", "pg-volumes-2"]  # one per instance node, once
-    init_deleted = api.requests.index(("DELETE", f"{JOBS}/pg-pgbench-init"))
-    init_posted = next(i for i, n in api.job_posts if n == "pg-pgbench-init")
-    # both created while the dataset's Job ran, before either was waited for, and before the first run started
-    assert all(init_posted < i < init_deleted for i, _ in probes)
+    [init] = [i for i, n, _ in api.execs if n == "pg-pgbench-init"]  # the dataset's load, exec'd in a client pod
+    # both created once the dataset's load was under way, read after it, before the first run started
     first_read = min(i for i, (m, p) in enumerate(api.requests) if m == "GET" and p.startswith(f"{JOBS}/pg-volumes-"))
-    assert max(i for i, _ in probes) < first_read
-    assert max(i for i, _ in probes) < min(i for i, _, _ in api.execs)
+    assert init < min(i for i, _ in probes) and max(i for i, _ in probes) < first_read
+    assert first_read < min(i for i, n, _ in api.execs if n != "pg-pgbench-init")
     # and what they found is what the runs' disk figures name (the probe's device numbers, not a guess)
     store = Store.open(tmp_path / "results", create=False)
     for r in store.runs(store.sweeps()[-1]["id"]):

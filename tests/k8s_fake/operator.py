@@ -54,9 +54,10 @@ class Operator:
         """The Cluster's status at this read."""
         api = self.api
         ready = not api.never_ready and not self.degraded and api.reads[key] > api.ready_after
+        coming = not ready and not api.never_ready and not self.degraded and api.reads[key] > 1  # the primary up
         n = obj["spec"]["instances"]
-        obj["status"] = {"readyInstances": n if ready else 0,
-                         "phase": HEALTHY if ready else "Setting up primary",
+        obj["status"] = {"readyInstances": n if ready else 1 if coming else 0,
+                         "phase": HEALTHY if ready else "Creating a new replica" if coming else "Setting up primary",
                          "currentPrimary": api.primary, "targetPrimary": api.primary}
         if ready and self.failover is not None:
             obj["status"].update(self._failing_over(n))

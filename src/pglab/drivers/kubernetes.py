@@ -2,10 +2,10 @@
 
 The results folder, its rows and its resume rules are the engine's, as for every target, so ``pglab report`` and
 ``compare`` read a Kubernetes sweep unchanged. What differs is where the figures come from: every Job ships its
-files back through its pod's log (``Orchestrator.run_job``), every run's script exec'd in the client pods through
-its output (``run_in_clients``), and they are parsed here with the functions a local run uses (pgbench's summary,
-progress lines and per-transaction log; fio's JSON and per-second logs). Whatever pglab created in the cluster is
-deleted at the end, also after a failure, Ctrl-C or SIGTERM.
+files back through its pod's log (``Orchestrator.run_job``), the dataset's and every run's script exec'd in the
+client pods through its output (``run_in_clients``), and they are parsed here with the functions a local run uses
+(pgbench's summary, progress lines and per-transaction log; fio's JSON and per-second logs). Whatever pglab
+created in the cluster is deleted at the end, also after a failure, Ctrl-C or SIGTERM.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from kubernetes.config.config_exception import ConfigException
 from pglab import __version__, interrupts
 from pglab.artifacts import write_json
 from pglab.drivers.fio import host_directory, job_results
-from pglab.drivers.kubernetes_figures import Figures, Readers
+from pglab.drivers.kubernetes_figures import Figures, Probe, Readers
 from pglab.engine.driver import FioMeasurement, MeasuredRun, SweepInfo
 from pglab.engine.types import Event, Observer, RunFailed, RunResult
 from pglab.errors import UserError, first_line, last_words
@@ -169,7 +169,7 @@ class KubernetesDriver:
             self.orch.create(m)
             if m.kind == "Cluster":
                 self.ui.log(f"waiting for Cluster/{m.name} to be healthy ({self.k8s.instances} instances)")
-                status = self.orch.wait_cluster_ready()
+                status = self.orch.wait_cluster_ready(on_poll=self._clients_once_placed)
                 self.ui.log(f"Cluster/{m.name} healthy, primary {status.get('currentPrimary', '?')}")
                 self._info = SweepInfo(self._environment(status), self.k8s.model_dump(mode="json"))
 
@@ -256,7 +256,7 @@ class KubernetesDriver:
             self.current = point
             new = Manifest(old.filename if old is not None else "10-cluster.yaml", cluster(self.plan, point))
             self.orch.create(new)
-            status = self.orch.wait_cluster_ready()
+            status = self.orch.wait_cluster_ready(on_poll=self._clients_once_placed)
         except K8sError as exc:
             self._events.append((now(), "storage-switch-failed", f"{value}: {exc}"))
             raise
@@ -370,34 +370,52 @@ class KubernetesDriver:
         return first + sorted(set(pods.values()) - set(first))
 
     def load_dataset(self) -> None:
-        """pgbench -i in a Job: every sweep (and resume) starts on a new Cluster, so the dataset is loaded each time."""
+        """pgbench -i: the dataset Job's script exec'd in the first client pod, which started while the Cluster came
+        up, so no pod starts for it and its end is known at once. Every sweep (and resume) starts on a new Cluster,
+        so the dataset is loaded each time. A plan of scenario runs only, whose runs are Jobs, drops the pods then."""
         ds = self.plan.dataset
         m = pgbench_init(self.plan)
         on = f" on storage {self.current.storage.name}" if self.current.storage is not None else ""
-        self.ui.log(f"loading the dataset{on}: pgbench -i -s {ds.scale} (Job/{m.name})")
+        self.ui.log(f"loading the dataset{on}: pgbench -i -s {ds.scale} (Job/{m.name}'s script in a client pod)")
         started = time.monotonic()
         dest = self.results_dir / "dataset"
-        self.orch.create(m)
-        probes = self.figures.probe_ahead()  # the first run's volume probes run beside the load, not after its window
-        if any(p.scenario is None for p in self.points):  # the runs' client pods start beside it too
-            try:
-                self._make_clients()
-            except K8sError:
-                self._drop_clients()  # the first run makes them again, and fails with the reason if it must
-        outcome = self.orch.finish_job(m, dest / self.current.storage.name if self.current.storage else dest)
-        self.figures.finish_probes(probes)
+        probes: list[Probe] | None = None
+
+        def probe_ahead() -> None:  # the first run's volume probes, beside the load (under way), not after a window
+            nonlocal probes
+            if probes is None:
+                probes = self.figures.probe_ahead()
+
+        outcome = self.run_in_clients(m, dest / self.current.storage.name if self.current.storage else dest,
+                                      first_only=True, on_poll=probe_ahead)
+        self.figures.finish_probes(probes or [])
         if not outcome.succeeded:
-            raise PgbenchError(f"pgbench -i failed in Job/{m.name}: {last_words(outcome.log)}")
-        self.ui.log(f"dataset loaded in {time.monotonic() - started:.1f} s (pod start included)")
+            raise PgbenchError(f"pgbench -i failed in pod/{next(iter(self._clients), '?')}: "
+                               f"{last_words(outcome.log)}")
+        if all(p.scenario is not None for p in self.points):
+            self._drop_clients()
+        self.ui.log(f"dataset loaded in {time.monotonic() - started:.1f} s")
 
     # ------------------------------------------------------------ one run
     def start_run(self, point: Point, repeat: int, run_id: str, run_dir: Path) -> MeasuredRun:
         """The run's Job (and the witness's), the exporters read meanwhile, the files it shipped parsed."""
         return KubernetesRun(self, point, repeat, run_dir)
 
+    def _clients_once_placed(self, status: dict[str, Any]) -> None:
+        """The client pods created while the Cluster comes up, once every instance has its node: their anti-affinity
+        to the instances cannot move one then, and they start while the standbys catch up (an idle pod costs its
+        node nothing once started). Any trouble leaves them to the dataset's load, which makes them again."""
+        if self._clients_made or (status.get("readyInstances") or 0) < 1:
+            return
+        try:
+            pods = self.orch.instance_pods()
+            if len(pods) >= self.k8s.instances and all(p.spec is not None and p.spec.node_name for p in pods):
+                self._make_clients()
+        except K8sError:
+            self._drop_clients()
+
     def _make_clients(self) -> list[Manifest]:
-        """The sweep's client pods (``clients.client_pods``) created, not waited for: beside the dataset's load,
-        whose Job waits far longer than a pod takes to start (an idle pod costs its node nothing once started)."""
+        """The sweep's client pods (``clients.client_pods``) created, not waited for."""
         if not self._clients_made:
             pods = client_pods(self.plan)
             self.ui.log(f"starting {len(pods)} pgbench client pod{'s' if len(pods) > 1 else ''} for the runs")
@@ -408,8 +426,8 @@ class KubernetesDriver:
         return self._clients_made
 
     def _client_pods(self) -> dict[str, str]:
-        """The sweep's client pods, made if the dataset's load did not, and waited for at the first run that needs
-        them; pod → node."""
+        """The sweep's client pods, made if the Cluster's wait did not, and waited for when first needed (the
+        dataset's load); pod → node."""
         if not self._clients:
             pods = self._make_clients()
             try:
@@ -427,19 +445,22 @@ class KubernetesDriver:
         for m in pods if pods is not None else [m for m in self.orch.created if m.kind == "Pod"]:
             self.orch.discard(m)
 
-    def run_in_clients(self, m: Manifest, run_dir: Path) -> JobOutcome | LoadOutcome:
-        """The run Job ``m``'s script exec'd in the client pods (one per load pod), read until each ended: its
-        output and files as the Job's pod would have shipped them (its log). Whatever ends the wait early (Ctrl-C,
-        SIGTERM, the deadline, a lost connection) stops what the run started in every pod before it goes on, and
-        one load pod that failed stops the others (as the load Job's backoffLimit 0 does)."""
+    def run_in_clients(self, m: Manifest, run_dir: Path, first_only: bool = False,
+                       on_poll: Callable[[], None] | None = None) -> JobOutcome | LoadOutcome:
+        """The Job ``m``'s script exec'd in the client pods (one per load pod; ``first_only``: in the first, as a
+        one-pod Job), read until each ended (``on_poll`` at every look): its output and files as the Job's pod
+        would have shipped them (its log). Whatever ends the wait early (Ctrl-C, SIGTERM, the deadline, a lost
+        connection) stops what it started in every pod before it goes on, and one load pod that failed stops the
+        others (as the load Job's backoffLimit 0 does)."""
         pods = self._client_pods()
-        names = list(pods)
+        names = list(pods)[:1] if first_only else list(pods)
+        load = self._load and not first_only
         token = f"{m.name}-{uuid.uuid4().hex[:12]}"  # the barrier's key: new for every attempt of the run
         execs: list[Exec] = []
         try:
             for index, pod in enumerate(names):
-                execs.append(self.orch.exec_start(pod, run_command(m, index if self._load else None, token)))
-            self.orch.exec_wait(execs, f"the run {m.name} in pod {', '.join(names)}")
+                execs.append(self.orch.exec_start(pod, run_command(m, index if load else None, token)))
+            self.orch.exec_wait(execs, f"the run {m.name} in pod {', '.join(names)}", on_poll)
             if running := [e.pod for e in execs if e.returncode is None]:
                 for problem in self.orch.exec_stop(running):  # another load pod failed: these would wait in vain
                     self.ui.log(f"the run {m.name} could not be stopped in {problem}")
@@ -455,7 +476,7 @@ class KubernetesDriver:
         finally:
             for e in execs:
                 e.close()
-        if not self._load:
+        if not load:
             e = execs[0]
             try:
                 text, files = extract_results(e.output, run_dir)

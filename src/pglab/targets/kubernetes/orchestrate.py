@@ -352,9 +352,11 @@ class Orchestrator:
 
     # -------------------------------------------------------------- waiting
     def wait_cluster_ready(self, name: str | None = None, instances: int | None = None,
-                           timeout_s: float | None = None) -> dict[str, Any]:
+                           timeout_s: float | None = None,
+                           on_poll: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
         """Until the operator reports Cluster ``name`` healthy with its ``instances`` ready (the plan's Cluster and
-        count by default); one of its pods that cannot start (no node fits it, say) fails it before the timeout."""
+        count by default); one of its pods that cannot start (no node fits it, say) fails it before the timeout.
+        ``on_poll`` is given each status read before then: what can start while the Cluster comes up."""
         name, instances = name or self.k8s.cluster_name, instances or self.k8s.instances
         timeout_s = self.ready_timeout_s if timeout_s is None else timeout_s
         deadline = time.monotonic() + timeout_s
@@ -364,6 +366,8 @@ class Orchestrator:
             status = self.cluster_status(name)
             if self.is_healthy(status, instances):
                 return status
+            if on_poll is not None:
+                on_poll(status)
             if time.monotonic() >= next_look:  # a pod no node fits would otherwise wait out the whole timeout
                 next_look = time.monotonic() + POD_LOOK_S
                 stuck_since = self._pod_cannot_start(f"cnpg.io/cluster={name}", f"Cluster/{name}", stuck_since)
