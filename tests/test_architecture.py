@@ -267,6 +267,8 @@ def test_the_command_line_starts_without_numpy_polars_scipy_or_psycopg() -> None
     them when they do."""
     assert heavy_imported("import pglab.workloads.txlog") == ["numpy", "polars"]  # the check sees them
     assert heavy_imported("import pglab.cli") == []
+    # the Kubernetes driver loads the log summary's beside the Cluster's start (a thread), not before asking for it
+    assert not {"numpy", "polars"} & set(heavy_imported("import pglab.drivers.kubernetes"))
     # a run's statistics: scipy's t quantile when there are repeats to spread, not before
     assert "scipy" not in heavy_imported("import pglab.engine.sweep\nfrom pglab.analysis.stats import estimate\n"
                                          "estimate([1.0])")

@@ -10,8 +10,10 @@ created in the cluster is deleted at the end, also after a failure, Ctrl-C or SI
 
 from __future__ import annotations
 
+import contextlib
 import math
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -33,7 +35,6 @@ from pglab.errors import UserError, first_line, last_words
 from pglab.plan.expand import Point, expand
 from pglab.plan.schema import Plan
 from pglab.probes.base import now
-from pglab.scenarios.figures import fault_phases, phase_metrics, witness_metrics
 from pglab.scenarios.witness import evaluate
 from pglab.targets.kubernetes import exporter, prometheus, statements
 from pglab.targets.kubernetes.clients import client_pods, run_command
@@ -74,7 +75,7 @@ from pglab.targets.kubernetes.render import (
 )
 from pglab.targets.kubernetes.scenario import Injector, WitnessLogError, parse_witness_log
 from pglab.targets.kubernetes.scripts import SETTINGS_FILE, SETTINGS_WAIT_S, VOLUME_MOUNT_FILE
-from pglab.workloads import fio, shipped
+from pglab.workloads import fio
 from pglab.workloads.fio import FioError
 from pglab.workloads.pgbench import PgbenchError, PgbenchRun, pgbench_metrics, pgbench_series
 
@@ -130,6 +131,8 @@ class KubernetesDriver:
         prom = (prometheus.Client(self.k8s.prometheus, plan_dir) if self.k8s.prometheus is not None
                 else None)  # the figures' source instead of the samplers and exporter reads
         self.figures = Figures(plan, lambda: self.orch, self.results_dir, ui, scrape_s, prom)
+        # what reads the runs' files (numpy, polars) loads while the Cluster comes up, not before it is asked for
+        self._summary_modules = threading.Thread(target=_load_summary_modules, name="summary-modules", daemon=True)
 
     @property
     def orch(self) -> Orchestrator:
@@ -154,6 +157,7 @@ class KubernetesDriver:
     def open(self, first: Point, with_storage: bool, resumed: bool) -> None:
         """Namespace, RBAC, the Cluster (waited for until healthy), fio volumes, the scripts' ConfigMap."""
         self.figures.resumed()  # a resumed sweep's volume probes go beside the earlier ones
+        self._summary_modules.start()
         self.current = first  # the first point to run (a resume may start further on) decides the Cluster's shape
         for m in self.manifests:
             if m.kind == "Job" or (m.kind == "PersistentVolumeClaim" and _component(m) == "fio"):
@@ -399,6 +403,8 @@ class KubernetesDriver:
     # ------------------------------------------------------------ one run
     def start_run(self, point: Point, repeat: int, run_id: str, run_dir: Path) -> MeasuredRun:
         """The run's Job (and the witness's), the exporters read meanwhile, the files it shipped parsed."""
+        if self._summary_modules.ident is not None:  # started with the Cluster: done long before
+            interrupts.join(self._summary_modules)
         return KubernetesRun(self, point, repeat, run_dir)
 
     def _clients_once_placed(self, status: dict[str, Any]) -> None:
@@ -534,6 +540,9 @@ class KubernetesDriver:
         """The local runner's scenario figures: when the fault fell in the window, how long until the operator
         reported the new primary or the standby was let go (``recovered_s``), TPS and latency before, during and
         after (per-transaction log)."""
+        from pglab.scenarios.figures import fault_phases, phase_metrics
+        from pglab.workloads import shipped
+
         fault, back = injector.fault_time, injector.recovered_time
         assert fault is not None and back is not None
         out: dict[str, float | None] = {"fault_at_s": fault - window[0], "recovered_s": back - fault}
@@ -551,6 +560,8 @@ class KubernetesDriver:
     def _witness(self, wm: Manifest, run_dir: Path, fault_time: float | None) -> dict[str, float | None]:
         """The witness Job's log, evaluated by the local witness's own ``evaluate``; its figures under the local
         runner's names, and witness.json beside them."""
+        from pglab.scenarios.figures import witness_metrics
+
         outcome = self.orch.finish_job(wm, run_dir / "witness")
         log = parse_witness_log(outcome.log)
         w = evaluate(log.attempts, log.present, fault_time=fault_time, verified_on=f"{self.k8s.cluster_name}-rw",
@@ -625,6 +636,8 @@ class KubernetesDriver:
     def collect(self, run_dir: Path, m: Manifest, launched: float,
                 ended: float) -> tuple[PgbenchRun, dict[str, float | None], float | None]:
         """One pod's pgbench files of the run Job ``m`` (:func:`pglab.workloads.shipped.one_pod`)."""
+        from pglab.workloads import shipped
+
         scenario = m.body["metadata"]["annotations"].get("pglab/scenario") is not None
         return shipped.one_pod(run_dir, m.name, _command(m), self.plan.run, scenario, launched, ended)
 
@@ -683,6 +696,8 @@ class KubernetesRun(MeasuredRun):
         if isinstance(outcome, LoadOutcome):
             if not outcome.succeeded:
                 raise RunFailed(_load_failure(outcome, run_dir))
+            from pglab.workloads import shipped
+
             result, extra, warmup_start, load_info, load_series = shipped.load_pods(
                 run_dir, m.name, _command(m), d.plan.run, load_shares(d.plan, point),
                 lambda i: (outcome.pods[i].name if i < len(outcome.pods) else None, outcome.nodes.get(i)), LOAD_DIR)
@@ -740,6 +755,13 @@ class KubernetesRun(MeasuredRun):
                 d._restore(injector)                          # away: that first
             if self.wm is not None:
                 d.orch.discard(self.wm)  # a witness still writing after a failed run goes now, not at the end
+
+
+def _load_summary_modules() -> None:
+    """Import what summarises the runs' shipped files (a failure here is the summary's to report)."""
+    with contextlib.suppress(Exception):
+        import pglab.scenarios.figures
+        import pglab.workloads.shipped  # noqa: F401
 
 
 def _load_failure(outcome: LoadOutcome, run_dir: Path) -> str:
