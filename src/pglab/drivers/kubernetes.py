@@ -10,7 +10,6 @@ created in the cluster is deleted at the end, also after a failure, Ctrl-C or SI
 
 from __future__ import annotations
 
-import contextlib
 import math
 import sys
 import threading
@@ -29,7 +28,7 @@ from pglab import __version__, interrupts
 from pglab.artifacts import write_json
 from pglab.drivers.fio import host_directory, job_results
 from pglab.drivers.kubernetes_figures import Figures, Probe, Readers
-from pglab.engine.driver import FioMeasurement, MeasuredRun, SweepInfo
+from pglab.engine.driver import FioMeasurement, MeasuredRun, SweepInfo, load_summary_modules
 from pglab.engine.types import Event, Observer, RunFailed, RunResult
 from pglab.errors import UserError, first_line, last_words
 from pglab.plan.expand import Point, expand
@@ -131,8 +130,9 @@ class KubernetesDriver:
         prom = (prometheus.Client(self.k8s.prometheus, plan_dir) if self.k8s.prometheus is not None
                 else None)  # the figures' source instead of the samplers and exporter reads
         self.figures = Figures(plan, lambda: self.orch, self.results_dir, ui, scrape_s, prom)
-        # what reads the runs' files (numpy, polars) loads while the Cluster comes up, not before it is asked for
-        self._summary_modules = threading.Thread(target=_load_summary_modules, name="summary-modules", daemon=True)
+        # what reads the runs' files (numpy, polars) and the closing tables' intervals (scipy.special) load while
+        # the Cluster comes up, not before it is asked for nor at the sweep's end
+        self._summary_modules = threading.Thread(target=load_summary_modules, name="summary-modules", daemon=True)
 
     @property
     def orch(self) -> Orchestrator:
@@ -755,13 +755,6 @@ class KubernetesRun(MeasuredRun):
                 d._restore(injector)                          # away: that first
             if self.wm is not None:
                 d.orch.discard(self.wm)  # a witness still writing after a failed run goes now, not at the end
-
-
-def _load_summary_modules() -> None:
-    """Import what summarises the runs' shipped files (a failure here is the summary's to report)."""
-    with contextlib.suppress(Exception):
-        import pglab.scenarios.figures
-        import pglab.workloads.shipped  # noqa: F401
 
 
 def _load_failure(outcome: LoadOutcome, run_dir: Path) -> str:

@@ -4,7 +4,6 @@ dataset, server logs, teardown); :class:`LocalDriver` does one measured run on o
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
 import shutil
@@ -20,7 +19,7 @@ import psycopg
 
 from pglab import environment, interrupts
 from pglab.artifacts import write_json, write_samples
-from pglab.engine.driver import FioMeasurement, MeasuredRun, SweepInfo
+from pglab.engine.driver import FioMeasurement, MeasuredRun, SweepInfo, load_summary_modules
 from pglab.engine.types import Event, Observer, RunFailed, RunResult
 from pglab.errors import LabError, LabUnsound, RunInterrupted, first_line
 from pglab.plan.expand import Point, expand
@@ -249,9 +248,10 @@ class LocalDriver(ProcessDriver[Target]):
     def __init__(self, plan: Plan, plan_dir: Path, plan_text: str, results_dir: Path, target: Target,
                  ui: Observer):
         super().__init__(plan, plan_dir, plan_text, results_dir, target, ui)
-        # the per-transaction logs' summary (numpy, polars) loads while the lab builds, not in the first run's
-        # summary (0.3-0.6 s there); joined before any run's probes start, so never inside a window
-        self._summary_modules = threading.Thread(target=_load_summary_modules, name="summary-modules", daemon=True)
+        # the per-transaction logs' summary (numpy, polars) and the closing tables' intervals (scipy.special) load
+        # while the lab builds, not in the first run's summary (0.3-0.6 s there) nor at the sweep's end (0.35 s);
+        # joined before any run's probes start, so never inside a window
+        self._summary_modules = threading.Thread(target=load_summary_modules, name="summary-modules", daemon=True)
 
     def open(self, first: Point, with_storage: bool, resumed: bool) -> None:
         if self.plan.matrix.cpus:  # the scaling loop: build the lab at its first step, no restart needed for it
@@ -574,12 +574,6 @@ def checkpoint_events(log_text: str) -> list[Event]:
             events.append((when.replace(tzinfo=UTC).timestamp(), "checkpoint-start",
                            line.split("checkpoint starting:", 1)[1].strip()))
     return events
-
-
-def _load_summary_modules() -> None:
-    """Import what summarises pgbench's per-transaction logs (a failure here is the summary's to report)."""
-    with contextlib.suppress(Exception):
-        import pglab.workloads.txlog  # noqa: F401
 
 
 def close_window(sampler: Sampler, end: float) -> list[Sample]:

@@ -8,6 +8,7 @@ steps are a :class:`MeasuredRun` the driver returns; :func:`pglab.engine.run.mea
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -119,3 +120,14 @@ class Driver(Protocol):
 
     def close(self, keep: bool) -> list[str]:
         """Stop and delete what the driver started (also after a failure or an interrupt); what it could not."""
+
+
+def load_summary_modules() -> None:
+    """Import what the runs' summaries and the sweep's closing tables need and ``pglab --help`` does not (numpy and
+    polars for the logs, scipy.special for the intervals). A driver runs it in a thread while its target comes up,
+    so that neither the first run's summary nor the sweep's end pays for it (a failure here is theirs to report)."""
+    with contextlib.suppress(Exception):
+        import scipy.special  # noqa: F401
+
+        import pglab.scenarios.figures
+        import pglab.workloads.shipped  # noqa: F401

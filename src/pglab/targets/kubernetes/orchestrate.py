@@ -54,6 +54,7 @@ PROMOTE_TRIES = 5  # a switchover request conflicting with the operator's own st
 KILL_GRACE_S = 1  # a failover's pod deletion: SIGTERM, then the kubelet's SIGKILL a second later
 CLUSTER_GONE_S = 300.0  # a deleted Cluster and its claims gone (their volumes' deletion included)
 INSTANCES_GONE_S = 60  # killed instance pods gone (the kubelet stops their containers; seconds on the lab)
+GONE_POLL_S = 0.1  # killed instance pods go within a second or two: the sweep's end looks often, briefly
 SWITCHOVER = "Switchover in progress"  # the phase a requested switchover starts in
 FENCED = "cnpg.io/fencedInstances"  # the Cluster annotation listing the instances whose postgres is stopped
 POSTGRES_CONTAINER = "postgres"  # the instance pods' PostgreSQL container, as CloudNativePG names it
@@ -330,7 +331,7 @@ class Orchestrator:
                 self.log(f"the instance pods of Cluster/{cluster} were still there {INSTANCES_GONE_S} s after being "
                          "killed; the namespace may take up to CloudNativePG's stopDelay to go")
                 return
-            interrupts.sleep(self.poll_s)
+            interrupts.sleep(min(self.poll_s, GONE_POLL_S))
         self.log(f"the instance pods of Cluster/{cluster} killed and gone in {time.monotonic() - started:.1f} s")
 
     def _api(self, kind: str) -> Any:
