@@ -124,8 +124,8 @@ class KubernetesDriver:
         self.points = expand(plan, cores=client_cores(self.k8s))  # the same points (and Job names) render made
         self.current: Point = self.points[0]  # the point the Cluster is shaped for (CPU step, parameters)
         self._load = plan.run.load_pods > 1  # each run over several pgbench pods
-        self._clients: dict[str, str] = {}  # the long-lived client pods (pod → node), waited for at the first run
-        self._clients_made: list[Manifest] = []  # created (beside the dataset's load), not yet waited for
+        self._clients: dict[str, str] = {}  # the long-lived client pods (pod → node), waited for at the dataset's load
+        self._clients_made: list[Manifest] = []  # created (while the Cluster comes up), not yet waited for
         self._clients_since = 0.0  # when they were created
         prom = (prometheus.Client(self.k8s.prometheus, plan_dir) if self.k8s.prometheus is not None
                 else None)  # the figures' source instead of the samplers and exporter reads
