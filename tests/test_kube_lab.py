@@ -69,9 +69,10 @@ def primary_scrapes(prom: Path) -> list[tuple[float, float, float]]:
 
 class IdleExporter:
     """The test's own reads of the primary's exporter while the Cluster is idle, every 2 s as pglab reads it in a
-    run: from the storage phase's first fio Job (the Cluster healthy, nothing of pglab's in its database: fio runs in
-    pods of its own) until the dataset Job or a client pod appears. A read counts only if the namespace held
-    nothing else just before and just after it; consecutive idle reads of one primary make a span."""
+    run: while a fio Job of the storage phase is there (the Cluster healthy, nothing of pglab's in its database: fio
+    runs in pods of its own, and the client pods, made while the Cluster came up, idle until the dataset's load,
+    which starts once the last fio Job is deleted). A read counts only if a fio Job was there just before and just
+    after it and no Job of pglab's database work was; consecutive idle reads of one primary make a span."""
 
     INTERVAL_S = 2.0
 
@@ -90,10 +91,10 @@ class IdleExporter:
         self._thread.join()
 
     def _phase(self) -> str:
-        """'fio' while only the storage phase's Jobs are there, 'busy' once pglab works on the database, else ''."""
-        found = self.lab.kubectl("get", "jobs,pods", "-n", self.ns, "-o", "name", check=False, timeout=20)
+        """'fio' while a storage phase's Job is there, 'busy' once a Job of pglab's database work is, else ''."""
+        found = self.lab.kubectl("get", "jobs", "-n", self.ns, "-o", "name", check=False, timeout=20)
         names = [line.split("/", 1)[1] for line in found.stdout.split()] if found.returncode == 0 else []
-        if any(f"{self.cluster}-{what}" in n for n in names for what in ("pgbench-init", "clients-", "run-")):
+        if any(f"{self.cluster}-{what}" in n for n in names for what in ("pgbench-init", "run-")):
             return "busy"
         return "fio" if any(n.startswith(f"{self.cluster}-fio-") for n in names) else ""
 
@@ -202,7 +203,7 @@ def test_a_sweep_interrupted_then_resumed_on_the_lab(lab: kubelab.KubeLab, tmp_p
     ]
     env = json.loads(sweep["environment"])
     assert env["kubernetes"]["server_version"].startswith("v1.34")
-    # the dataset Job generated its rows in the client pod, not on the CPU-limited primary (pgbench's own line)
+    # the dataset's load (its Job's script in a client pod) generated the rows there, not on the CPU-limited primary
     loads = sorted((results / "dataset").rglob("init.log"))
     assert loads and all("client-side generate" in f.read_text() for f in loads), [f.read_text() for f in loads]
 
