@@ -23,6 +23,7 @@ from k8s_support import assert_all_deleted, check, cli, k8s_plan, kubeconfig, po
 from pglab.plan.expand import expand
 from pglab.plan.load import parse_plan
 from pglab.store.sqlite import Store
+from pglab.targets.kubernetes.orchestrate import K8sError
 from pglab.targets.kubernetes.render import (
     LOAD_LABEL,
     client_cores,
@@ -35,6 +36,7 @@ from pglab.targets.kubernetes.render import (
     to_yaml,
 )
 from pglab.workloads import txlog
+from pglab.workloads.pgbench import PgbenchError
 
 PLAN = """
 name: lp
@@ -221,7 +223,8 @@ def test_each_load_pods_share_runs_in_its_own_client_pod_made_once(fake: tuple[F
 def test_the_client_pods_start_while_the_cluster_comes_up_and_load_the_dataset(
         fake: tuple[FakeAPI, client.ApiClient], tmp_path: Path) -> None:
     """Created once every instance has its node, before the Cluster reads healthy: their start is hidden in the
-    Cluster's wait. The dataset's pgbench -i is then the init Job's script exec'd in pod 0: no Job, no pod start."""
+    Cluster's wait. The dataset's pgbench -i is then the init Job's script exec'd in pod 0: no Job, no pod start;
+    with no storage phase to come first, it starts as soon as that pod runs, while the standbys join."""
     api, api_client = fake
     result = run(api_client, tmp_path, SWEEP)
     assert (result.ok, result.failed) == (2, 0)
@@ -229,10 +232,39 @@ def test_the_client_pods_start_while_the_cluster_comes_up_and_load_the_dataset(
     reads = [i for i, (method, path) in enumerate(api.requests) if method == "GET" and path.endswith("/clusters/pg")]
     healthy = reads[api.ready_after]  # the first read that says so
     assert len(pods) == 2 and pods[1] < healthy, (pods, healthy)
+    assert api.execs[0][0] < healthy, (api.execs[0], healthy)
     assert not [n for _, n in api.job_posts if n.endswith("-pgbench-init")]
     assert api.execs[0][1:] == ("pg-pgbench-init", "pg-clients-0")
     init = pgbench_init(parse_plan(SWEEP)).body["spec"]["template"]["spec"]["containers"][0]["command"][2]
     assert f"exec /bin/sh -c {shlex.quote(init)}" in api.exec_scripts[0]
+
+
+def test_a_load_begun_while_the_cluster_comes_up_is_stopped_when_it_never_does(
+        fake: tuple[FakeAPI, client.ApiClient], tmp_path: Path) -> None:
+    """The primary ready, the Cluster never healthy: the dataset's load under way in pod 0 is stopped before the
+    sweep fails with the Cluster's reason, and nothing is left."""
+    api, api_client = fake
+    api.ready_after = 10**9
+    api.hanging_execs.add(("pg-pgbench-init", "pg-clients-0"))
+    with pytest.raises(K8sError, match=r"^Cluster/pg not ready after 1 s \(phase: Creating a new replica"):
+        run(api_client, tmp_path, SWEEP, ready_timeout_s=1.0)
+    assert [(pod, run_) for pod, _, run_ in api.stops] == [("pg-clients-0", "pg-pgbench-init")]
+    assert not api.clients.running
+    assert_all_deleted(api)
+
+
+def test_a_load_that_failed_while_the_cluster_came_up_fails_the_sweep_once_it_is_up(
+        fake: tuple[FakeAPI, client.ApiClient], tmp_path: Path) -> None:
+    api, api_client = fake
+    api.ready_after = 4
+    api.failing_execs.add(("pg-pgbench-init", "pg-clients-0"))
+    api.logs["pg-pgbench-init"] = results_log({}, text="pgbench: error: connection to server failed\n")
+    with pytest.raises(PgbenchError, match=r"^pgbench -i failed in pod/pg-clients-0: pgbench: error: connection "):
+        run(api_client, tmp_path, SWEEP)
+    reads = [i for i, (method, path) in enumerate(api.requests) if method == "GET" and path.endswith("/clusters/pg")]
+    assert [run_ for _, run_, _ in api.execs] == ["pg-pgbench-init"] and api.execs[0][0] < reads[-1]
+    assert not api.stops and not posted_jobs(api, since=api.execs[0][0] + 1)
+    assert_all_deleted(api)
 
 
 def test_a_load_pod_that_fails_stops_the_others(fake: tuple[FakeAPI, client.ApiClient], tmp_path: Path) -> None:

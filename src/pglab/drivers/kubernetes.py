@@ -16,6 +16,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -127,6 +128,9 @@ class KubernetesDriver:
         self._clients: dict[str, str] = {}  # the long-lived client pods (pod → node), waited for at the dataset's load
         self._clients_made: list[Manifest] = []  # created (while the Cluster comes up), not yet waited for
         self._clients_since = 0.0  # when they were created
+        self._ahead = True  # the client pods (and the dataset's load) may start while the Cluster comes up
+        self._load_ahead = False  # the dataset's load may: nothing is measured between the Cluster and it
+        self._loading: InClients | None = None  # the dataset's load, started while the Cluster came up
         prom = (prometheus.Client(self.k8s.prometheus, plan_dir) if self.k8s.prometheus is not None
                 else None)  # the figures' source instead of the samplers and exporter reads
         self.figures = Figures(plan, lambda: self.orch, self.results_dir, ui, scrape_s, prom)
@@ -173,7 +177,8 @@ class KubernetesDriver:
             self.orch.create(m)
             if m.kind == "Cluster":
                 self.ui.log(f"waiting for Cluster/{m.name} to be healthy ({self.k8s.instances} instances)")
-                status = self.orch.wait_cluster_ready(on_poll=self._clients_once_placed)
+                self._load_ahead = not with_storage  # fio measures the volumes before anything is written
+                status = self._wait_coming_up()
                 self.ui.log(f"Cluster/{m.name} healthy, primary {status.get('currentPrimary', '?')}")
                 self._info = SweepInfo(self._environment(status), self.k8s.model_dump(mode="json"))
 
@@ -260,7 +265,8 @@ class KubernetesDriver:
             self.current = point
             new = Manifest(old.filename if old is not None else "10-cluster.yaml", cluster(self.plan, point))
             self.orch.create(new)
-            status = self.orch.wait_cluster_ready(on_poll=self._clients_once_placed)
+            self._ahead = self._load_ahead = True
+            status = self._wait_coming_up()
         except K8sError as exc:
             self._events.append((now(), "storage-switch-failed", f"{value}: {exc}"))
             raise
@@ -373,15 +379,23 @@ class KubernetesDriver:
         first = [pods[primary]] if primary in pods else []
         return first + sorted(set(pods.values()) - set(first))
 
-    def load_dataset(self) -> None:
-        """pgbench -i: the dataset Job's script exec'd in the first client pod, which started while the Cluster came
-        up, so no pod starts for it and its end is known at once. Every sweep (and resume) starts on a new Cluster,
-        so the dataset is loaded each time. A plan of scenario runs only, whose runs are Jobs, drops the pods then."""
-        ds = self.plan.dataset
+    def _start_load(self, why: str = "") -> InClients:
+        """pgbench -i started: the dataset Job's script exec'd in the first client pod."""
         m = pgbench_init(self.plan)
         on = f" on storage {self.current.storage.name}" if self.current.storage is not None else ""
-        self.ui.log(f"loading the dataset{on}: pgbench -i -s {ds.scale} (Job/{m.name}'s script in a client pod)")
-        started = time.monotonic()
+        self.ui.log(f"loading the dataset{on}: pgbench -i -s {self.plan.dataset.scale} (Job/{m.name}'s script in a "
+                    f"client pod){why}")
+        return self._start_in_clients(m, first_only=True)
+
+    def load_dataset(self) -> None:
+        """pgbench -i: the dataset Job's script exec'd in the first client pod, which started while the Cluster came
+        up, so no pod starts for it and its end is known at once. It began then too, once that pod ran, unless a
+        storage phase came between (``_while_coming_up``); it is waited for here. Every sweep (and resume) starts
+        on a new Cluster, so the dataset is loaded each time. A plan of scenario runs only, whose runs are Jobs,
+        drops the pods then."""
+        underway, self._loading = self._loading, None
+        if underway is None:
+            underway = self._start_load()
         dest = self.results_dir / "dataset"
         probes: list[Probe] | None = None
 
@@ -390,15 +404,14 @@ class KubernetesDriver:
             if probes is None:
                 probes = self.figures.probe_ahead()
 
-        outcome = self.run_in_clients(m, dest / self.current.storage.name if self.current.storage else dest,
-                                      first_only=True, on_poll=probe_ahead)
+        outcome = self._finish_in_clients(underway, dest / self.current.storage.name if self.current.storage
+                                          else dest, on_poll=probe_ahead)
         self.figures.finish_probes(probes or [])
         if not outcome.succeeded:
-            raise PgbenchError(f"pgbench -i failed in pod/{next(iter(self._clients), '?')}: "
-                               f"{last_words(outcome.log)}")
+            raise PgbenchError(f"pgbench -i failed in pod/{underway.names[0]}: {last_words(outcome.log)}")
         if all(p.scenario is not None for p in self.points):
             self._drop_clients()
-        self.ui.log(f"dataset loaded in {time.monotonic() - started:.1f} s")
+        self.ui.log(f"dataset loaded in {time.monotonic() - underway.started:.1f} s")
 
     # ------------------------------------------------------------ one run
     def start_run(self, point: Point, repeat: int, run_id: str, run_dir: Path) -> MeasuredRun:
@@ -407,17 +420,47 @@ class KubernetesDriver:
             interrupts.join(self._summary_modules)
         return KubernetesRun(self, point, repeat, run_dir)
 
-    def _clients_once_placed(self, status: dict[str, Any]) -> None:
-        """The client pods created while the Cluster comes up, once every instance has its node: their anti-affinity
-        to the instances cannot move one then, and they start while the standbys catch up (an idle pod costs its
-        node nothing once started). Any trouble leaves them to the dataset's load, which makes them again."""
-        if self._clients_made or (status.get("readyInstances") or 0) < 1:
+    def _wait_coming_up(self) -> dict[str, Any]:
+        """The Cluster waited for until healthy (its status), with what may start meanwhile
+        (``_while_coming_up``); a load started then is stopped if the Cluster fails or the wait is interrupted."""
+        try:
+            return self.orch.wait_cluster_ready(on_poll=self._while_coming_up)
+        except BaseException:
+            underway, self._loading = self._loading, None
+            if underway is not None:
+                self._stop_in_clients(underway)
+            raise
+
+    def _while_coming_up(self, status: dict[str, Any]) -> None:
+        """At each read of the Cluster's status while it comes up: the client pods created once every instance has
+        its node (their anti-affinity to the instances cannot move one then; they start while the standbys join,
+        and an idle pod costs its node nothing once started); then, when no storage phase comes first, the
+        dataset's load started once the first of them runs, the primary being ready: the standbys join while
+        pgbench -i writes, and stream what it wrote (every run waits for their replay first). Any trouble leaves
+        both to ``load_dataset``, after the Cluster, which makes the pods again and says what is wrong."""
+        if self._loading is not None:
+            for e in self._loading.execs:
+                e.drain()  # its output read as it comes, so that none backs up while the Cluster is waited for
+            return
+        if not self._ahead or (status.get("readyInstances") or 0) < 1:
             return
         try:
-            pods = self.orch.instance_pods()
-            if len(pods) >= self.k8s.instances and all(p.spec is not None and p.spec.node_name for p in pods):
-                self._make_clients()
+            if not self._clients_made:
+                pods = self.orch.instance_pods()
+                if len(pods) >= self.k8s.instances and all(p.spec is not None and p.spec.node_name for p in pods):
+                    self._make_clients()
+            if not self._load_ahead or not self._clients_made:
+                return
+            if not self._clients:
+                names = [m.name for m in self._clients_made]
+                running = self.orch.pods_running(names, "the pgbench client pods")
+                if len(running) < len(names):
+                    return
+                self._clients = running
+                self._say_clients_running()
+            self._loading = self._start_load(" while the standbys join")
         except K8sError:
+            self._ahead = False
             self._drop_clients()
 
     def _make_clients(self) -> list[Manifest]:
@@ -441,9 +484,12 @@ class KubernetesDriver:
             except BaseException:
                 self._drop_clients(pods)
                 raise
-            self.ui.log(f"client pods running {time.monotonic() - self._clients_since:.1f} s after their creation, "
-                        f"on {', '.join(sorted(set(self._clients.values())))}")
+            self._say_clients_running()
         return self._clients
+
+    def _say_clients_running(self) -> None:
+        self.ui.log(f"client pods running {time.monotonic() - self._clients_since:.1f} s after their creation, "
+                    f"on {', '.join(sorted(set(self._clients.values())))}")
 
     def _drop_clients(self, pods: list[Manifest] | None = None) -> None:
         """Delete the client pods now (a new Cluster, or pods found unusable): the next run makes new ones."""
@@ -455,17 +501,44 @@ class KubernetesDriver:
                        on_poll: Callable[[], None] | None = None) -> JobOutcome | LoadOutcome:
         """The Job ``m``'s script exec'd in the client pods (one per load pod; ``first_only``: in the first, as a
         one-pod Job), read until each ended (``on_poll`` at every look): its output and files as the Job's pod
-        would have shipped them (its log). Whatever ends the wait early (Ctrl-C, SIGTERM, the deadline, a lost
-        connection) stops what it started in every pod before it goes on, and one load pod that failed stops the
-        others (as the load Job's backoffLimit 0 does)."""
+        would have shipped them (its log)."""
+        return self._finish_in_clients(self._start_in_clients(m, first_only), run_dir, on_poll)
+
+    def _start_in_clients(self, m: Manifest, first_only: bool = False) -> InClients:
+        """The Job ``m``'s script started by exec in the client pods (made and waited for if need be); if one
+        cannot start, those started are stopped."""
         pods = self._client_pods()
         names = list(pods)[:1] if first_only else list(pods)
         load = self._load and not first_only
         token = f"{m.name}-{uuid.uuid4().hex[:12]}"  # the barrier's key: new for every attempt of the run
-        execs: list[Exec] = []
+        underway = InClients(m, pods, names, load, [], time.monotonic())
         try:
             for index, pod in enumerate(names):
-                execs.append(self.orch.exec_start(pod, run_command(m, index if load else None, token)))
+                underway.execs.append(self.orch.exec_start(pod, run_command(m, index if load else None, token)))
+        except BaseException as exc:
+            self._stop_in_clients(underway, dropped=isinstance(exc, K8sError) and not underway.execs)
+            raise
+        return underway
+
+    def _stop_in_clients(self, underway: InClients, dropped: bool = False) -> None:
+        """Whatever ``underway`` started stopped in every pod and its connections closed; ``dropped``: the pods
+        cannot be used (no command could start in them), new ones for the next run."""
+        try:
+            for problem in self.orch.exec_stop(underway.names):
+                self.ui.log(f"the run {underway.m.name} could not be stopped in {problem}")
+        finally:
+            for e in underway.execs:
+                e.close()
+            if dropped:
+                self._drop_clients()
+
+    def _finish_in_clients(self, underway: InClients, run_dir: Path,
+                           on_poll: Callable[[], None] | None = None) -> JobOutcome | LoadOutcome:
+        """Read ``underway`` until each pod's command ended, within a Job's deadline from now. Whatever ends the
+        wait early (Ctrl-C, SIGTERM, the deadline, a lost connection) stops what it started in every pod before it
+        goes on, and one load pod that failed stops the others (as the load Job's backoffLimit 0 does)."""
+        m, pods, names, load, execs = underway.m, underway.pods, underway.names, underway.load, underway.execs
+        try:
             self.orch.exec_wait(execs, f"the run {m.name} in pod {', '.join(names)}", on_poll)
             if running := [e.pod for e in execs if e.returncode is None]:
                 for problem in self.orch.exec_stop(running):  # another load pod failed: these would wait in vain
@@ -473,11 +546,8 @@ class KubernetesDriver:
                 for e in execs:
                     while e.pump(interrupts.POLL_S):  # what the stopped pods printed
                         pass
-        except BaseException as exc:
-            for problem in self.orch.exec_stop(names):
-                self.ui.log(f"the run {m.name} could not be stopped in {problem}")
-            if isinstance(exc, K8sError) and not execs:  # the pods cannot be used: new ones for the next run
-                self._drop_clients()
+        except BaseException:
+            self._stop_in_clients(underway)
             raise
         finally:
             for e in execs:
@@ -755,6 +825,18 @@ class KubernetesRun(MeasuredRun):
                 d._restore(injector)                          # away: that first
             if self.wm is not None:
                 d.orch.discard(self.wm)  # a witness still writing after a failed run goes now, not at the end
+
+
+@dataclass
+class InClients:
+    """A Job's script under way by exec in the sweep's client pods (``KubernetesDriver._start_in_clients``)."""
+
+    m: Manifest
+    pods: dict[str, str]  # every client pod → its node
+    names: list[str]  # the pods it runs in
+    load: bool  # a share per load pod (run.load_pods), rather than the whole script in the first pod
+    execs: list[Exec]
+    started: float  # time.monotonic() at its start
 
 
 def _load_failure(outcome: LoadOutcome, run_dir: Path) -> str:

@@ -54,6 +54,7 @@ PROMOTE_TRIES = 5  # a switchover request conflicting with the operator's own st
 KILL_GRACE_S = 1  # a failover's pod deletion: SIGTERM, then the kubelet's SIGKILL a second later
 CLUSTER_GONE_S = 300.0  # a deleted Cluster and its claims gone (their volumes' deletion included)
 INSTANCES_GONE_S = 60  # killed instance pods gone (the kubelet stops their containers; seconds on the lab)
+DRAIN_FRAMES = 64  # at most this many frames read at one look of a command left running (its output is short)
 GONE_POLL_S = 0.1  # killed instance pods go within a second or two: the sweep's end looks often, briefly
 SWITCHOVER = "Switchover in progress"  # the phase a requested switchover starts in
 FENCED = "cnpg.io/fencedInstances"  # the Cluster annotation listing the instances whose postgres is stopped
@@ -176,6 +177,15 @@ class Exec:
             except Exception as exc:  # websocket-client's own errors: the connection went
                 self.chunks.append(f"\npglab: the connection to pod/{self.pod} was lost: {exc}\n")
                 self.close()
+        return bool(self.ws.is_open())
+
+    def drain(self) -> bool:
+        """Read what has already come, without waiting (a command left running while something else is waited
+        for, so that its output never backs up); whether it still runs."""
+        for _ in range(DRAIN_FRAMES):
+            before = len(self.chunks)
+            if not self.pump(0) or len(self.chunks) == before:
+                break
         return bool(self.ws.is_open())
 
     @property
@@ -560,18 +570,7 @@ class Orchestrator:
         next_look = time.monotonic() + POD_LOOK_S
         stuck_since: float | None = None
         while True:
-            nodes: dict[str, str] = {}
-            for name in names:
-                try:
-                    pod = self.core.read_namespaced_pod(name, self.ns)
-                except ApiException as exc:
-                    raise K8sError(f"reading pod/{name}: {_reason(exc)}") from None
-                phase = pod.status.phase if pod.status is not None else None
-                if phase in ("Succeeded", "Failed"):
-                    raise K8sError(f"{what}: pod/{name} ended ({phase}) instead of waiting for the runs")
-                ready = phase == "Running" and all(c.ready for c in (pod.status.container_statuses or [None]) if c)
-                if ready and pod.spec is not None and pod.spec.node_name:
-                    nodes[name] = str(pod.spec.node_name)
+            nodes = self.pods_running(names, what)
             if len(nodes) == len(names):
                 return nodes
             if time.monotonic() > deadline:
@@ -582,6 +581,23 @@ class Orchestrator:
                 stuck_since = self._pod_cannot_start(f"pglab/cluster={self.k8s.cluster_name},pglab/component="
                                                      f"{CLIENT_COMPONENT}", what, stuck_since)
             interrupts.sleep(self.poll_s)
+
+    def pods_running(self, names: list[str], what: str) -> dict[str, str]:
+        """One look at ``names``: those running with their container ready, pod → node. A pod that ended fails,
+        naming it."""
+        nodes: dict[str, str] = {}
+        for name in names:
+            try:
+                pod = self.core.read_namespaced_pod(name, self.ns)
+            except ApiException as exc:
+                raise K8sError(f"reading pod/{name}: {_reason(exc)}") from None
+            phase = pod.status.phase if pod.status is not None else None
+            if phase in ("Succeeded", "Failed"):
+                raise K8sError(f"{what}: pod/{name} ended ({phase}) instead of waiting for the runs")
+            ready = phase == "Running" and all(c.ready for c in (pod.status.container_statuses or [None]) if c)
+            if ready and pod.spec is not None and pod.spec.node_name:
+                nodes[name] = str(pod.spec.node_name)
+        return nodes
 
     def exec_start(self, pod: str, command: list[str]) -> Exec:
         """Start ``command`` in ``pod``'s container (the API's exec, over a WebSocket); its output is read by
