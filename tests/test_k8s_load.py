@@ -23,6 +23,7 @@ from k8s_support import assert_all_deleted, check, cli, k8s_plan, kubeconfig, po
 from pglab.plan.expand import expand
 from pglab.plan.load import parse_plan
 from pglab.store.sqlite import Store
+from pglab.targets.kubernetes.clients import pools_apart
 from pglab.targets.kubernetes.orchestrate import K8sError
 from pglab.targets.kubernetes.render import (
     LOAD_LABEL,
@@ -237,6 +238,27 @@ def test_the_client_pods_start_while_the_cluster_comes_up_and_load_the_dataset(
     assert api.execs[0][1:] == ("pg-pgbench-init", "pg-clients-0")
     init = pgbench_init(parse_plan(SWEEP)).body["spec"]["template"]["spec"]["containers"][0]["command"][2]
     assert f"exec /bin/sh -c {shlex.quote(init)}" in api.exec_scripts[0]
+
+
+APART = SWEEP.replace("    instances: 1\n", "    instances: 1\n    database: {node_selector: {pglab.io/role: db}}\n"
+                     "    clients: {node_selector: {pglab.io/role: client}}\n")
+
+
+def test_client_pods_on_nodes_no_instance_may_use_start_with_the_primary(
+        fake: tuple[FakeAPI, client.ApiClient], tmp_path: Path) -> None:
+    """Node selectors that no node can meet both: the client pods are created at the first read showing the primary
+    ready, without waiting for the instances' nodes (they cannot turn one away), and the load starts in them."""
+    assert pools_apart(parse_plan(APART)) and not pools_apart(parse_plan(SWEEP))
+    assert not pools_apart(parse_plan(APART.replace("role: client", "role: db")))
+    assert not pools_apart(parse_plan(APART.replace("{pglab.io/role: client}", "{pool: clients}")))
+    api, api_client = fake
+    result = run(api_client, tmp_path, APART)
+    assert (result.ok, result.failed) == (2, 0)
+    reads = [i for i, (method, path) in enumerate(api.requests) if method == "GET" and path.endswith("/clusters/pg")]
+    pods = [i for i, (method, path) in enumerate(api.requests) if method == "POST" and path.endswith("/pods")]
+    lists = [i for i, (method, path) in enumerate(api.requests) if method == "GET" and path.endswith("/pods")]
+    assert reads[1] < pods[0] < reads[2] and not [i for i in lists if i < pods[0]], (reads, pods, lists)
+    assert reads[1] < api.execs[0][0] < reads[2]
 
 
 def test_a_load_begun_while_the_cluster_comes_up_is_stopped_when_it_never_does(

@@ -37,7 +37,7 @@ from pglab.plan.schema import Plan
 from pglab.probes.base import now
 from pglab.scenarios.witness import evaluate
 from pglab.targets.kubernetes import exporter, prometheus, statements
-from pglab.targets.kubernetes.clients import client_pods, run_command
+from pglab.targets.kubernetes.clients import client_pods, pools_apart, run_command
 from pglab.targets.kubernetes.orchestrate import (
     POLL_S,
     POSTGRES_CONTAINER,
@@ -131,6 +131,7 @@ class KubernetesDriver:
         self._ahead = True  # the client pods (and the dataset's load) may start while the Cluster comes up
         self._load_ahead = False  # the dataset's load may: nothing is measured between the Cluster and it
         self._loading: InClients | None = None  # the dataset's load, started while the Cluster came up
+        self._pools_apart = pools_apart(plan)  # client pods may start before the standbys have nodes
         prom = (prometheus.Client(self.k8s.prometheus, plan_dir) if self.k8s.prometheus is not None
                 else None)  # the figures' source instead of the samplers and exporter reads
         self.figures = Figures(plan, lambda: self.orch, self.results_dir, ui, scrape_s, prom)
@@ -432,12 +433,13 @@ class KubernetesDriver:
             raise
 
     def _while_coming_up(self, status: dict[str, Any]) -> None:
-        """At each read of the Cluster's status while it comes up: the client pods created once every instance has
-        its node (their anti-affinity to the instances cannot move one then; they start while the standbys join,
-        and an idle pod costs its node nothing once started); then, when no storage phase comes first, the
-        dataset's load started once the first of them runs, the primary being ready: the standbys join while
-        pgbench -i writes, and stream what it wrote (every run waits for their replay first). Any trouble leaves
-        both to ``load_dataset``, after the Cluster, which makes the pods again and says what is wrong."""
+        """At each read of the Cluster's status while it comes up, once the primary is ready: the client pods
+        created, at once when no node can take both (``pools_apart``), else once every instance has its node
+        (their anti-affinity to the instances cannot turn one away then); an idle pod costs its node nothing once
+        started. Then, when no storage phase comes first, the dataset's load started as soon as the first of them
+        runs: the standbys join while pgbench -i writes, and stream what it wrote (every run waits for their replay
+        first). Any trouble leaves both to ``load_dataset``, after the Cluster, which makes the pods again and says
+        what is wrong."""
         if self._loading is not None:
             for e in self._loading.execs:
                 e.drain()  # its output read as it comes, so that none backs up while the Cluster is waited for
@@ -446,9 +448,13 @@ class KubernetesDriver:
             return
         try:
             if not self._clients_made:
-                pods = self.orch.instance_pods()
-                if len(pods) >= self.k8s.instances and all(p.spec is not None and p.spec.node_name for p in pods):
+                if self._pools_apart:
                     self._make_clients()
+                else:
+                    pods = self.orch.instance_pods()
+                    if len(pods) >= self.k8s.instances and all(p.spec is not None and p.spec.node_name
+                                                               for p in pods):
+                        self._make_clients()
             if not self._load_ahead or not self._clients_made:
                 return
             if not self._clients:

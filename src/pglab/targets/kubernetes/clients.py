@@ -32,6 +32,15 @@ IDLE_SCRIPT = "trap 'exit 0' TERM INT\nwhile :; do sleep 3600 & wait $!; done"
 GRACE_S = 2  # the pods' termination grace: their deletion at the sweep's end is quick
 
 
+def pools_apart(plan: Plan) -> bool:
+    """Whether no node can take both an instance and a client pod: their node selectors ask one label for different
+    values. The client pods may then be created before every instance has its node, since their anti-affinity to
+    the instances (which the scheduler honours both ways) cannot turn an instance away from a node."""
+    k8s = target_of(plan)
+    db, clients = k8s.database.node_selector, k8s.clients.node_selector
+    return any(key in clients and clients[key] != value for key, value in db.items())
+
+
 def client_pods(plan: Plan) -> list[Manifest]:
     """One pod per load pod, each the run Job's pod template with an idle command; a run's per-run environment
     (synchronous_commit's PGOPTIONS, the barrier's key) is left to the exec."""
