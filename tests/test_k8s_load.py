@@ -261,6 +261,21 @@ def test_client_pods_on_nodes_no_instance_may_use_start_with_the_primary(
     assert reads[1] < api.execs[0][0] < reads[2]
 
 
+def test_the_load_waits_for_every_standby_to_have_joined(fake: tuple[FakeAPI, client.ApiClient],
+                                                          tmp_path: Path) -> None:
+    """A standby's pod exists once its join Job has taken its base backup, which waits for a checkpoint spread over
+    the dirty buffers (111 s after a load on the lab): the load starts only once every instance pod exists, the
+    client pods (apart) long before."""
+    api, api_client = fake
+    api.ready_after, api.standbys_listed_after = 6, 4
+    result = run(api_client, tmp_path, APART.replace("instances: 1", "instances: 2"))
+    assert (result.ok, result.failed) == (2, 0)
+    reads = [i for i, (method, path) in enumerate(api.requests) if method == "GET" and path.endswith("/clusters/pg")]
+    pods = [i for i, (method, path) in enumerate(api.requests) if method == "POST" and path.endswith("/pods")]
+    assert reads[1] < pods[0] < reads[2]
+    assert reads[4] < api.execs[0][0] < reads[5], (reads, api.execs[0])
+
+
 def test_a_load_begun_while_the_cluster_comes_up_is_stopped_when_it_never_does(
         fake: tuple[FakeAPI, client.ApiClient], tmp_path: Path) -> None:
     """The primary ready, the Cluster never healthy: the dataset's load under way in pod 0 is stopped before the

@@ -188,9 +188,12 @@ class Operator:
     def list_pods(self, req: Request) -> Answer:
         """The instance pods of the Cluster the selector names (``cnpg.io/cluster=<name>``, first)."""
         cluster = req.selector.removeprefix("cnpg.io/cluster=").split(",")[0]
+        api = self.api
+        reads = max((n for key, n in api.reads.items() if key.endswith(f"/clusters/{cluster}")), default=0)
+        joined = reads > api.standbys_listed_after  # before that, the standbys' join Jobs run: no pod of theirs
         return 200, {"kind": "PodList", "apiVersion": "v1", "metadata": {},
                      "items": [self._instance_pod(n, req.params["ns"]) for n in self.pods
-                               if n.rsplit("-", 1)[0] == cluster]}
+                               if n.rsplit("-", 1)[0] == cluster and (joined or n == api.primary)]}
 
     def _instance_pod(self, name: str, namespace: str) -> dict[str, Any]:
         spec = self.pods[name]

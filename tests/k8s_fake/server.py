@@ -44,6 +44,7 @@ class FakeAPI:
         self.posted: list[dict[str, Any]] = []  # every object body ever created, as posted
         self.job_posts: list[tuple[int, str]] = []  # (index in requests, name) of every Job created
         self.ready_after = 2  # Cluster reads before it is healthy
+        self.standbys_listed_after = 0  # Cluster reads before its standbys' pods exist (each after its join)
         self.never_ready = False
         self.unhealthy_after_jobs: set[str] = set()  # the Cluster reads unhealthy once one of these Jobs was read
         self.failing_jobs: set[str] = set()
