@@ -463,8 +463,9 @@ class KubernetesDriver:
                 running = self.orch.pods_running(names, "the pgbench client pods")
                 if len(running) < len(names):
                     return
-                self._clients = running
-                self._say_clients_running()
+                self._clients = running  # seen running at this look, maybe long after they started
+                self.ui.log(f"client pods running on {', '.join(sorted(set(running.values())))} (created "
+                            f"{time.monotonic() - self._clients_since:.1f} s before)")
             self._loading = self._start_load(" while the last standby starts")
         except K8sError:
             self._ahead = False
@@ -499,12 +500,9 @@ class KubernetesDriver:
             except BaseException:
                 self._drop_clients(pods)
                 raise
-            self._say_clients_running()
+            self.ui.log(f"client pods running {time.monotonic() - self._clients_since:.1f} s after their creation, "
+                        f"on {', '.join(sorted(set(self._clients.values())))}")
         return self._clients
-
-    def _say_clients_running(self) -> None:
-        self.ui.log(f"client pods running {time.monotonic() - self._clients_since:.1f} s after their creation, "
-                    f"on {', '.join(sorted(set(self._clients.values())))}")
 
     def _drop_clients(self, pods: list[Manifest] | None = None) -> None:
         """Delete the client pods now (a new Cluster, or pods found unusable): the next run makes new ones."""
