@@ -234,6 +234,8 @@ def test_the_client_pods_start_while_the_cluster_comes_up_and_load_the_dataset(
     healthy = reads[api.ready_after]  # the first read that says so
     assert len(pods) == 2 and pods[1] < healthy, (pods, healthy)
     assert api.execs[0][0] < healthy, (api.execs[0], healthy)
+    probes = [i for i, name in api.job_posts if "-volumes-" in name]  # the first run's, beside the load
+    assert probes and api.execs[0][0] < probes[0] < healthy, (probes, healthy)
     assert not [n for _, n in api.job_posts if n.endswith("-pgbench-init")]
     assert api.execs[0][1:] == ("pg-pgbench-init", "pg-clients-0")
     init = pgbench_init(parse_plan(SWEEP)).body["spec"]["template"]["spec"]["containers"][0]["command"][2]

@@ -133,6 +133,7 @@ class KubernetesDriver:
         self._loading: InClients | None = None  # the dataset's load, started while the Cluster came up
         self._pools_apart = pools_apart(plan)  # client pods may start before the standbys have nodes
         self._placed = False  # every instance pod of the Cluster coming up has its node
+        self._probes: list[Probe] | None = None  # the volume probes started beside that load
         prom = (prometheus.Client(self.k8s.prometheus, plan_dir) if self.k8s.prometheus is not None
                 else None)  # the figures' source instead of the samplers and exporter reads
         self.figures = Figures(plan, lambda: self.orch, self.results_dir, ui, scrape_s, prom)
@@ -400,7 +401,7 @@ class KubernetesDriver:
         if underway is None:
             underway = self._start_load()
         dest = self.results_dir / "dataset"
-        probes: list[Probe] | None = None
+        probes, self._probes = self._probes, None
 
         def probe_ahead() -> None:  # the first run's volume probes, beside the load (under way), not after a window
             nonlocal probes
@@ -429,7 +430,7 @@ class KubernetesDriver:
         try:
             return self.orch.wait_cluster_ready(on_poll=self._while_coming_up)
         except BaseException:
-            underway, self._loading = self._loading, None
+            underway, self._loading, self._probes = self._loading, None, None  # the probes' Jobs go at the end
             if underway is not None:
                 self._stop_in_clients(underway)
             raise
@@ -467,6 +468,9 @@ class KubernetesDriver:
                 self.ui.log(f"client pods running on {', '.join(sorted(set(running.values())))} (created "
                             f"{time.monotonic() - self._clients_since:.1f} s before)")
             self._loading = self._start_load(" while the last standby starts")
+            # the first run's volume probes beside it, not after that run's window (the load may end before the
+            # Cluster is healthy)
+            self._probes = self.figures.probe_ahead(any(m.kind == "DaemonSet" for m in self.manifests))
         except K8sError:
             self._ahead = False
             self._drop_clients()
