@@ -134,6 +134,7 @@ class KubernetesDriver:
         self._pools_apart = pools_apart(plan)  # client pods may start before the standbys have nodes
         self._placed = False  # every instance pod of the Cluster coming up has its node
         self._probes: list[Probe] | None = None  # the volume probes started beside that load
+        self._sampler_asked = False  # the disk sampler's DaemonSet created (or refused)
         prom = (prometheus.Client(self.k8s.prometheus, plan_dir) if self.k8s.prometheus is not None
                 else None)  # the figures' source instead of the samplers and exporter reads
         self.figures = Figures(plan, lambda: self.orch, self.results_dir, ui, scrape_s, prom)
@@ -171,11 +172,8 @@ class KubernetesDriver:
                 continue  # the Jobs run later; fio's volumes are made per node by the storage phase
             if m.kind == "Cluster":
                 m = Manifest(m.filename, cluster(self.plan, self.current))
-            if m.kind == "DaemonSet":  # the disk figures are a figure, not a step: refused, the sweep goes on
-                try:
-                    self.orch.create(m)
-                except K8sError as exc:
-                    self.figures.tell_disk(f"{exc}")
+            if m.kind == "DaemonSet":
+                self._start_sampler()  # unless the dataset's load, begun while the Cluster came up, did
                 continue
             self.orch.create(m)
             if m.kind == "Cluster":
@@ -469,11 +467,25 @@ class KubernetesDriver:
                             f"{time.monotonic() - self._clients_since:.1f} s before)")
             self._loading = self._start_load(" while the last standby starts")
             # the first run's volume probes beside it, not after that run's window (the load may end before the
-            # Cluster is healthy)
-            self._probes = self.figures.probe_ahead(any(m.kind == "DaemonSet" for m in self.manifests))
+            # Cluster is healthy); they are for the disk figures, so the sampler is asked for first
+            self._start_sampler()
+            self._probes = self.figures.probe_ahead()
         except K8sError:
             self._ahead = False
             self._drop_clients()
+
+    def _start_sampler(self) -> None:
+        """The disk sampler's DaemonSet created, once a sweep. The disk figures are a figure, not a step: refused,
+        that is told and the sweep goes on."""
+        if self._sampler_asked:
+            return
+        self._sampler_asked = True
+        for m in self.manifests:
+            if m.kind == "DaemonSet":
+                try:
+                    self.orch.create(m)
+                except K8sError as exc:
+                    self.figures.tell_disk(f"{exc}")
 
     def _instances_placed(self) -> bool:
         """Whether every instance pod of the Cluster coming up exists with its node (once true, not asked again)."""

@@ -278,14 +278,13 @@ class Figures:
                     out[pod] = got if isinstance(got, str) else [*have, got]
         return out
 
-    def probe_ahead(self, sampler_to_come: bool = False) -> list[Probe]:
+    def probe_ahead(self) -> list[Probe]:
         """The volume probes the next run's disk figures will want, started now (``finish_probes`` reads them),
         so that they run beside something else (the dataset's load) and not after the run's window, while
         nothing else runs. None when the instance pods cannot be listed, or when the disk sampler's DaemonSet was
         refused: the runs then have no disk figure to probe for. (Its pods need not be running yet: the
-        DaemonSet was created just after the Cluster was healthy; ``sampler_to_come``: it will be, the Cluster
-        still coming up.)"""
-        if self.prom is None and self.k8s.node_exporter is None and not sampler_to_come and \
+        DaemonSet was created just before.)"""
+        if self.prom is None and self.k8s.node_exporter is None and \
                 not any(m.kind == "DaemonSet" for m in self.orch.created):
             return []
         try:
