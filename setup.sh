@@ -12,7 +12,8 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 
-APT_PACKAGES=(postgresql postgresql-contrib fio sysstat python3 python3-venv python3-pip procps util-linux)
+# gcc and the Python headers (python3.X-dev, added below for the interpreter picked) compile the log scanner
+APT_PACKAGES=(postgresql postgresql-contrib fio sysstat python3 python3-venv python3-pip procps util-linux gcc)
 HA_APT_PACKAGES=(etcd-server etcd-client)  # the HA lab's DCS (the ha extra and the tests)
 TEST_APT_PACKAGES=(chromium)  # the HTML report's browser test (Debian's Chromium; no downloaded browser)
 # The Kubernetes lab the tests run pglab's Kubernetes target on (tools/kube-lab): containerd, runc and the CNI
@@ -67,16 +68,32 @@ pick_python() {
     exit 2
 }
 
+install_python_headers() {
+    # Python.h of the interpreter .venv was made from, for the log scanner's compilation: Debian's python3.X-dev
+    # for a Debian interpreter (one built by hand has its headers)
+    local py=.venv/bin/python include pkg
+    include="$("$py" -c 'import sysconfig; print(sysconfig.get_paths()["include"])')"
+    [ -f "$include/Python.h" ] && return 0
+    pkg="$("$py" -c 'import sys; print("python%d.%d-dev" % sys.version_info[:2])')"
+    echo "setup: installing $pkg (Python's headers, to compile the log scanner)"
+    sudo_cmd apt-get update -qq
+    sudo_cmd env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$pkg" >/dev/null
+}
+
 install_python_packages() {
     # pglab and the Python extras named (pyproject.toml: test, k8s, ha); the stamp holds every extra installed so
     # far, so asking for fewer later installs nothing and asking for one more installs it.
     if [ ! -x .venv/bin/python ]; then
         "$(pick_python)" -m venv .venv
     fi
-    local stamp=.venv/.pglab-installed have want
+    install_python_headers
+    local stamp=.venv/.pglab-installed have want built
     have="$(cat "$stamp" 2>/dev/null || true)"
     want="$(for e in ${have//,/ } "$@"; do echo "$e"; done | sort -u | paste -sd, -)"
-    if [ ! -f "$stamp" ] || [ "$want" != "$have" ] || [ pyproject.toml -nt "$stamp" ] || [ constraints.txt -nt "$stamp" ]; then
+    # the log scanner is compiled at install (setup.py): a changed source, or no module built, installs again
+    built="$(ls src/pglab/workloads/_txscan.*.so 2>/dev/null | head -n 1)"
+    if [ ! -f "$stamp" ] || [ "$want" != "$have" ] || [ pyproject.toml -nt "$stamp" ] || [ constraints.txt -nt "$stamp" ] \
+            || [ setup.py -nt "$stamp" ] || [ src/pglab/workloads/_txscan.pyx -nt "$stamp" ] || [ -z "$built" ]; then
         echo "setup: installing pglab into .venv${want:+ with $want}"
         .venv/bin/python -m pip install -q --disable-pip-version-check --upgrade pip
         .venv/bin/python -m pip install -q --disable-pip-version-check -c constraints.txt -e ".${want:+[$want]}"

@@ -10,9 +10,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from pglab.scenarios.figures import fault_phases, phase_metrics
-from pglab.workloads import pgbench, txlog
+from pglab.workloads import _txscan, pgbench, txlog
 from pglab.workloads.pgbench import LogStats
 
 
@@ -207,7 +209,7 @@ def test_merged_histograms_within_documented_error(tmp_path: Path) -> None:
     assert approx[0] == exact[0] and approx[-1] == exact[-1]  # min and max kept exactly
 
 
-def test_pgbench_blocks_are_parsed_by_polars_not_line_by_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_pgbench_blocks_are_scanned_not_read_line_by_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Lines as pgbench writes them (with or without lag/retries columns, failed and skipped among them) never
     take the slow rule, and give what the former reader gives."""
     calls: list[int] = []
@@ -229,7 +231,7 @@ def test_pgbench_blocks_are_parsed_by_polars_not_line_by_line(tmp_path: Path, mo
         now, before = pgbench.log_figures([path], tmp_path / "h.json"), former_stats(lat, end)
         assert now == pgbench.txlog_stats(txlog.read([path])) and now is not None and before is not None
         assert now.percentiles_ms == before.percentiles_ms
-    for words in (False, True):  # blocks with neither "f" nor "k" are parsed without polars' null values
+    for words in (False, True):  # blocks with and without failed and skipped lines
         path = tmp_path / f"pgbench_log.w{int(words)}"
         write_log(path, 4000, seed=12, lag=True, retries=False)
         if not words:
@@ -246,6 +248,11 @@ ODD_LINES = {
     "minus": "0 9 -600 0 1763900001 6",
     "doubled space, five fields": "0  600 0 1763900001 6",  # split(): 5 fields, no transaction
     "tab, seven fields": "0\t9 600 0 1763900001 6 7",  # split(): 7 fields, latency 600
+    "twenty digits in the first field": "99999999999999999999 9 600 0 1763900001 6",
+    "nineteen-digit latency": "0 9 9000000000000000000 0 1763900001 6",  # below 2**63: the line rule keeps it
+    "thirteen-digit end seconds": "0 9 600 0 1763900001000 6",
+    "letters in the fourth field": "0 9 600 zero 1763900001 6",
+    "a NUL byte in the first field": "0\x009 600 0 1763900001 6",  # no whitespace to split(): one field
     "no-break space": "0\u00a09 600 0 1763900001 6 7",
     "leading space": " 0 9 600 0 1763900001 6",
     "trailing space": "0 9 600 0 1763900001 6 ",
@@ -273,8 +280,8 @@ ODD_LINES = {
 @pytest.mark.parametrize("at", [0, 20])
 @pytest.mark.parametrize("odd", ODD_LINES)
 def test_an_odd_line_among_pgbench_lines_reads_as_before(tmp_path: Path, odd: str, at: int) -> None:
-    """One line the CSV reader would take differently from str.split(), first or among lines as pgbench writes
-    them: the block it is in takes the former rule, so every figure is the former reader's."""
+    """One line not as pgbench writes it, first or among lines as pgbench writes them: the scanner reads it as
+    str.split() does, or gives the block to the former rule, so every figure is the former reader's."""
     path = tmp_path / "pgbench_log.1"
     good = [f"{i % 4} {i} {500 + i} 0 1763900000 {i * 7}" for i in range(50)]
     path.write_text("\n".join([*good[:at], ODD_LINES[odd], *good[at:]]) + "\n", encoding="utf-8")
@@ -377,3 +384,71 @@ def test_a_recovery_after_the_load_ended_leaves_no_after_phase_rather_than_zero_
     after = phase_metrics(logs, 1.0, fault_phases(start, fault, fault + 5, stop)[0])["tps_after"]
     assert after is not None and after > 0 and fault_phases(start, fault, fault + 5, stop)[1] is None
     assert after == pytest.approx(((end >= fault + 5) & (end < stop)).sum() / (stop - fault - 5))
+
+
+def test_the_scanner_refuses_a_block_it_could_read_past() -> None:
+    """The compiled scan reads up to a line end without looking for the buffer's end: a block without its last
+    newline, or outputs without room for a transaction per line, are refused before any byte is read."""
+    room = np.empty(8, np.int64)
+    with pytest.raises(ValueError, match="whole lines"):
+        _txscan.scan_into(b"0 0 500 0 1763900000 100", room, room.copy(), np.empty(8))
+    with pytest.raises(ValueError, match="room"):
+        _txscan.scan_into(b"0 0 5 0 1 1\n" * 40, room, room.copy(), np.empty(8))
+    lat, end, failed = np.empty(5, np.int64), np.empty(5, np.int64), np.empty(5)
+    assert _txscan.scan_into(b"0 0 500 0 1763900000 100\n0 1 failed 0 1763900001 5\n", lat, end, failed) == (
+        1, 1, 0, True)
+    assert (lat[0], end[0], failed[0]) == (500, 1763900000000100, 1763900001 + 5 / 1e6)
+
+
+# bytes that decide how a line splits: separators str.split() knows, line ends, a byte past ASCII, signs, and the
+# letters of the two words
+_TRICKY = st.sampled_from([*"0123456789", " ", " ", "  ", "\t", "\r", "\x0b", "\x1f", "\x00", "+", "-", "é",
+                           "failed", "skipped", "fail", "x"])
+
+_GAP = st.sampled_from(["  ", "\t", "\x0b", "\x0c", "\x1c", "\x1f", "\r", " \t", "\u00a0", "\x85"])  # not one space
+
+
+@st.composite
+def _log_text(draw: st.DrawFn) -> str:
+    """Lines as pgbench writes them, some of them bent: a field replaced by tricky bytes, fields apart by other
+    than one space."""
+    lines = []
+    for i in range(draw(st.integers(1, 12))):
+        time = draw(st.sampled_from([str(draw(st.integers(0, 10**7)))] * 3 + ["failed", "skipped"]))
+        fields = [str(i % 3), str(i), time, "0", str(1763900000 + i % 2),
+                  str(draw(st.integers(0, 999999)))][:draw(st.sampled_from([6, 6, 6, 5, 7]))]
+        if draw(st.booleans()):
+            at = draw(st.integers(0, len(fields) - 1))
+            fields[at] = "".join(draw(st.lists(_TRICKY, min_size=0, max_size=4)))
+        gaps = [draw(_GAP) if draw(st.integers(0, 3)) == 0 else " " for _ in fields[1:]]
+        lines.append(fields[0] + "".join(g + f for g, f in zip(gaps, fields[1:], strict=True)))
+    return "\n".join(lines) + draw(st.sampled_from(["\n", "", "\r\n"]))
+
+
+@settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(text=_log_text())
+def test_any_log_reads_as_the_former_reader_reads_it(tmp_path: Path, text: str) -> None:
+    """Whatever the bytes, the scanner, with the line rule for the blocks it gives up on, gives what the former
+    reader gives, or fails where it fails; the summary too."""
+    path = tmp_path / "pgbench_log.1"
+    path.write_text(text, encoding="utf-8")
+    try:
+        lat, end, failed = former_reader([path])
+    except ValueError:
+        with pytest.raises(ValueError):
+            txlog.read([path])
+        return
+    got = txlog.read([path])
+    assert np.array_equal(got.latency_ms, lat) and np.array_equal(got.end_ts(), end)
+    assert np.array_equal(got.failed_end_ts, np.asarray(failed))
+    assert got.skipped == sum(len(p) >= 6 and p[2] == "skipped" for p in (line.split() for line in
+                                                                            path.open(encoding="utf-8")))
+    summary, before = txlog.summarise([path]), former_stats(lat, end)
+    if before is None:
+        assert summary.count == 0
+        return
+    now = pgbench.txlog_stats(got)
+    assert now is not None and summary.count == before.count
+    assert summary.percentiles_ms(pgbench.PERCENTILES) == [before.percentiles_ms[p] for p in pgbench.PERCENTILES]
+    assert (summary.first_start, summary.last_end) == (before.first_start, before.last_end) == (
+        now.first_start, now.last_end)

@@ -138,8 +138,8 @@ class KubernetesDriver:
         prom = (prometheus.Client(self.k8s.prometheus, plan_dir) if self.k8s.prometheus is not None
                 else None)  # the figures' source instead of the samplers and exporter reads
         self.figures = Figures(plan, lambda: self.orch, self.results_dir, ui, scrape_s, prom)
-        # what reads the runs' files (numpy, polars) and the closing tables' intervals (scipy.special) load while
-        # the Cluster comes up, not before it is asked for nor at the sweep's end
+        # what reads the runs' files (numpy, the log scanner) and the closing tables' intervals (scipy.special) load
+        # while the Cluster comes up, not before it is asked for nor at the sweep's end
         self._summary_modules = threading.Thread(target=load_summary_modules, name="summary-modules", daemon=True)
 
     @property

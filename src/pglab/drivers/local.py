@@ -248,7 +248,7 @@ class LocalDriver(ProcessDriver[Target]):
     def __init__(self, plan: Plan, plan_dir: Path, plan_text: str, results_dir: Path, target: Target,
                  ui: Observer):
         super().__init__(plan, plan_dir, plan_text, results_dir, target, ui)
-        # the per-transaction logs' summary (numpy, polars) and the closing tables' intervals (scipy.special) load
+        # the logs' summary (numpy, the log scanner) and the closing tables' intervals (scipy.special) load
         # while the lab builds, not in the first run's summary (0.3-0.6 s there) nor at the sweep's end (0.35 s);
         # joined before any run's probes start, so never inside a window
         self._summary_modules = threading.Thread(target=load_summary_modules, name="summary-modules", daemon=True)

@@ -124,7 +124,7 @@ class Driver(Protocol):
 
 def load_summary_modules() -> None:
     """Import what the runs' summaries and the sweep's closing tables need and ``pglab --help`` does not (numpy and
-    polars for the logs, scipy.special for the intervals). A driver runs it in a thread while its target comes up,
+    the log scanner, scipy.special for the intervals). A driver runs it in a thread while its target comes up,
     so that neither the first run's summary nor the sweep's end pays for it (a failure here is theirs to report)."""
     with contextlib.suppress(Exception):
         import scipy.special  # noqa: F401

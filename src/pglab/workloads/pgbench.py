@@ -27,7 +27,7 @@ from pglab.plan.schema import CustomWorkload, Dataset, Run
 from pglab.targets.base import Endpoint, PlanCodeUser
 from pglab.targets.local import cgroups, procs
 
-if TYPE_CHECKING:  # numpy and polars (through txlog) load in the functions reading logs: `pglab --help` needs neither
+if TYPE_CHECKING:  # numpy and the log scanner (txlog) load in the functions reading logs: `pglab --help` needs neither
     import numpy as np
 
     from pglab.workloads import txlog

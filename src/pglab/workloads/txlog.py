@@ -1,8 +1,9 @@
 """pgbench's per-transaction logs (``-l``), read in bounded memory, and a mergeable latency histogram.
 
 A 60 s run at 170 k TPS writes 10 M lines; parsing them line by line in Python took ~47 s and ~1 GB, so the
-logs are read in blocks of bytes and each block is parsed by polars' CSV reader (no Python loop per line), two
-blocks at a time in threads. :func:`read` keeps per successful transaction its latency (int32 µs) and its end
+logs are read in blocks of bytes and each block is scanned by compiled code (``_txscan.pyx``, built by Cython
+at install: a CSV reader such as polars' tokenises every field and took 1.5× the CPU), two blocks at a time in
+threads. :func:`read` keeps per successful transaction its latency (int32 µs) and its end
 time (int32 µs from the first; as float64 epoch s on demand, computed as ``time_epoch + time_us / 1e6`` as
 before): 10 M transactions, 80 MB, for the windowed figures. :func:`summarise` keeps none: the run's figures
 need only the count of each latency value (exact percentiles), the sum, the extremes, the first start and the
@@ -33,11 +34,12 @@ from pathlib import Path
 from typing import IO, Any, TypeVar
 
 import numpy as np
-import polars as pl
 
-BLOCK_BYTES = 2 << 20  # bytes parsed at once (~55 k lines): polars' working memory grows with it (4 MB: +24 MB)
+from pglab.workloads import _txscan
+
+BLOCK_BYTES = 2 << 20  # bytes parsed at once (~55 k lines): the parse's arrays grow with it
 _T = TypeVar("_T")
-PARSERS = 2  # blocks summarised at the same time, in threads (polars and numpy let go of the GIL)
+PARSERS = 2  # blocks summarised at the same time, in threads (the scanner and numpy let go of the GIL)
 
 
 @dataclass
@@ -143,87 +145,30 @@ def _file_blocks(path: Path) -> Iterator[bytes]:
 
 
 _Parsed = tuple[np.ndarray, np.ndarray, np.ndarray, int]  # latencies, end times (µs), failed end times, skipped
-
-# Bytes pgbench never writes that would make the CSV reader's first six fields of a line other than str.split()'s
-# (or a line end other than a file read as text's: the carriage return), or a "+" (polars reads "+5" as 5,
-# isdigit() refuses it). Non-ASCII bytes, a block starting with a byte below "0" and two such bytes in a row (a space
-# doubled, a line starting or ending with one) are looked for separately.
-_NEVER = (b"\t", b"\r", b"\x0b", b"\x0c", b"\x1c", b"\x1d", b"\x1e", b"\x1f", b"+")
-_FAILED_OR_SKIPPED = ["failed", "skipped"]
-# polars compares every field with the words only in a block where one could be: a block with neither an "f" (failed)
-# nor a "k" (skipped), most of a run's logs, is parsed without (12 % of polars' parse)
-_WORD_BYTES = (b"f", b"k")
+SHORTEST_LINE = 12  # "0 0 0 0 0 0\n": a block of n bytes holds at most n // 12 + 1 transactions
 
 
-def _plain(data: bytes) -> bool:
-    """Whether every line's fields are split by single spaces, as pgbench writes them (then polars' fields are
-    str.split()'s): no byte of _NEVER, no byte past ASCII, no two bytes below "0" in a row (a doubled space, a
-    space starting a line or ending one, an empty line) nor one starting the block. Stricter than needed (a
-    block refused takes the line rule, which gives the same figures), and in three passes over the bytes."""
-    if data[:1] < b"0" or any(b in data for b in _NEVER):
-        return False
-    a = np.frombuffer(data, np.uint8)
-    if a.max() >= 0x80:
-        return False
-    low = a < 0x30
-    return not bool((low[1:] & low[:-1]).any())
-
-
-def _schema(fields: int, kinds: bool) -> dict[str, Any]:
-    """The columns of a block whose first line has ``fields`` fields: the end time's two integers, ``time`` as
-    text when failed and skipped lines are told apart (``kinds``), else an integer (null for either)."""
-    return {f"c{i}": pl.Int64 if i in (4, 5) or (i == 2 and not kinds) else pl.String for i in range(fields)}
-
-
-def _read_block(data: bytes, kinds: bool) -> pl.DataFrame | None:
-    """A block's ``time`` field (``c2``) and its end times' seconds and µs (``c4``, ``c5``, integers), when every
-    line is as pgbench writes it: six fields or more, single spaces, end times integers, ``time`` an integer or
-    ``failed``/``skipped`` (unless ``kinds``: then any text). None for any other block: it takes the former
-    line-by-line rule (:func:`_parse_lines`), which gives the same result on these and handles the rest (a line
-    cut short, a malformed end time raising, a latency beyond int64)."""
-    if not _plain(data):
-        return None
-    fields = data.count(b" ", 0, data.find(b"\n")) + 1
-    if fields < 6:
-        return None
-    try:  # fields past the sixth are not read; a line with fewer has nulls
-        df = pl.read_csv(data, separator=" ", has_header=False, quote_char=None, schema=_schema(fields, kinds),
-                         columns=[2, 4, 5], truncate_ragged_lines=True,
-                         null_values=None if kinds or not any(b in data for b in _WORD_BYTES) else _FAILED_OR_SKIPPED)
-    except pl.exceptions.PolarsError:  # a field that is no integer (a malformed end time, one beyond int64)
-        return None
-    sec = df["c4"]
-    if sec.null_count() or df["c5"].null_count():
-        return None
-    if max(int(sec.max()), -int(sec.min())) >= 2**63 // 1_000_000 - 1:  # type: ignore[arg-type]  # µs beyond int64
-        return None
-    return df
-
-
-def _latencies(t: pl.Series) -> pl.Series | None:
-    """The ``time`` field as µs, null where ``failed`` or ``skipped``; None if another word or a negative number
-    is there (not a transaction to the former rule, which the block then takes)."""
-    lat = t.cast(pl.Int64, strict=False)
-    if lat.null_count() and not t.filter(lat.is_null()).is_in(_FAILED_OR_SKIPPED).all():
-        return None
-    low = lat.min()
-    return None if isinstance(low, int) and low < 0 else lat
+def _scanned(data: bytes) -> _Parsed:
+    """One block of whole lines, scanned by compiled code (:mod:`pglab.workloads._txscan`: a single pass over the
+    bytes, only ``time``, ``time_epoch`` and ``time_us`` converted, without the GIL), or by the line rule when a
+    line is not as pgbench writes it (any byte where ``str.split()`` or a text file would cut other than a single
+    space or a newline, a number too long for 64 bits, an end time that is no plain integer): rare, and exact by
+    construction. The arrays have room for a transaction per line; only the pages written become resident."""
+    room = len(data) // SHORTEST_LINE + 1
+    latency, end, failed = np.empty(room, np.int64), np.empty(room, np.int64), np.empty(room, np.float64)
+    ok, lost, skipped, plain = _txscan.scan_into(data, latency, end, failed)
+    if not plain:
+        return _parse_lines(data)
+    return latency[:ok], end[:ok], failed[:lost], skipped
 
 
 def _parse_block(data: bytes) -> _Parsed:
-    """One block of whole lines: latencies (µs), end times (int64 µs), failed end times (s), skipped count."""
-    df = _read_block(data, kinds=True)
-    lat = _latencies(df["c2"]) if df is not None else None
-    if df is None or lat is None:
-        return _parse_lines(data)
-    t, sec, us = df["c2"], df["c4"].to_numpy(), df["c5"].to_numpy()
-    ok = lat.is_not_null()
-    latency = lat.filter(ok).to_numpy()
+    """One block of whole lines: latencies (µs; int32 when they fit), end times (int64 µs), failed end times
+    (s), skipped count."""
+    latency, end, failed, skipped = _scanned(data)
     if latency.size and latency.max() < 2**31:
         latency = latency.astype(np.int32)
-    keep, lost = ok.to_numpy(), (t == "failed").to_numpy()
-    return (latency, sec[keep] * 1_000_000 + us[keep], sec[lost].astype(np.float64) + us[lost] / 1e6,
-            int((t == "skipped").sum()))
+    return latency, end, failed, skipped
 
 
 def _parse_lines(data: bytes) -> _Parsed:
@@ -359,12 +304,7 @@ class _BlockSummary:
 def _summarise_block(data: bytes) -> _BlockSummary:
     """A block's share of :class:`Summary`, in the parsing thread: start and end as :func:`first_start` and
     :meth:`TxLog.last_end` compute them."""
-    df = _read_block(data, kinds=False)
-    if df is not None:
-        df = df.drop_nulls()  # failed and skipped lines
-        latency, end = df["c2"].to_numpy(), df["c4"].to_numpy() * 1_000_000 + df["c5"].to_numpy()
-    if df is None or (latency.size and latency.min() < 0):  # "-5" is no latency to isdigit()
-        latency, end, _failed, _skipped = _parse_lines(data)
+    latency, end, _failed, _skipped = _scanned(data)
     if not latency.size:
         return _BlockSummary(latency, 0, 0, 0, float("inf"), -(2**63))
     return _BlockSummary(latency, int(latency.sum(dtype=np.int64)), int(latency.min()), int(latency.max()),

@@ -1,0 +1,3 @@
+import numpy as np
+
+def scan_into(buf: bytes, latency: np.ndarray, end: np.ndarray, failed: np.ndarray) -> tuple[int, int, int, bool]: ...
