@@ -91,9 +91,9 @@ install_python_packages() {
     have="$(cat "$stamp" 2>/dev/null || true)"
     want="$(for e in ${have//,/ } "$@"; do echo "$e"; done | sort -u | paste -sd, -)"
     # the log scanner is compiled at install (setup.py): a changed source, or no module built, installs again
-    built="$(ls src/pglab/workloads/_txscan.*.so 2>/dev/null | head -n 1)"
+    built=(src/pglab/workloads/_txscan.*.so)  # the pattern itself when none is there
     if [ ! -f "$stamp" ] || [ "$want" != "$have" ] || [ pyproject.toml -nt "$stamp" ] || [ constraints.txt -nt "$stamp" ] \
-            || [ setup.py -nt "$stamp" ] || [ src/pglab/workloads/_txscan.pyx -nt "$stamp" ] || [ -z "$built" ]; then
+            || [ setup.py -nt "$stamp" ] || [ src/pglab/workloads/_txscan.pyx -nt "$stamp" ] || [ ! -e "${built[0]}" ]; then
         echo "setup: installing pglab into .venv${want:+ with $want}"
         .venv/bin/python -m pip install -q --disable-pip-version-check --upgrade pip
         .venv/bin/python -m pip install -q --disable-pip-version-check -c constraints.txt -e ".${want:+[$want]}"
