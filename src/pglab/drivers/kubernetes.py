@@ -128,12 +128,8 @@ class KubernetesDriver:
         self._clients: dict[str, str] = {}  # the long-lived client pods (pod → node), waited for at the dataset's load
         self._clients_made: list[Manifest] = []  # created (while the Cluster comes up), not yet waited for
         self._clients_since = 0.0  # when they were created
-        self._ahead = True  # the client pods (and the dataset's load) may start while the Cluster comes up
-        self._load_ahead = False  # the dataset's load may: nothing is measured between the Cluster and it
-        self._loading: InClients | None = None  # the dataset's load, started while the Cluster came up
+        self._coming = ComingUp(load=False)  # what began while the last Cluster came up (none yet)
         self._pools_apart = pools_apart(plan)  # client pods may start before the standbys have nodes
-        self._placed = False  # every instance pod of the Cluster coming up has its node
-        self._probes: list[Probe] | None = None  # the volume probes started beside that load
         self._sampler_asked = False  # the disk sampler's DaemonSet created (or refused)
         prom = (prometheus.Client(self.k8s.prometheus, plan_dir) if self.k8s.prometheus is not None
                 else None)  # the figures' source instead of the samplers and exporter reads
@@ -178,7 +174,7 @@ class KubernetesDriver:
             self.orch.create(m)
             if m.kind == "Cluster":
                 self.ui.log(f"waiting for Cluster/{m.name} to be healthy ({self.k8s.instances} instances)")
-                self._load_ahead = not with_storage  # fio measures the volumes before anything is written
+                self._coming = ComingUp(load=not with_storage)  # fio measures the volumes before any write
                 status = self._wait_coming_up()
                 self.ui.log(f"Cluster/{m.name} healthy, primary {status.get('currentPrimary', '?')}")
                 self._info = SweepInfo(self._environment(status), self.k8s.model_dump(mode="json"))
@@ -266,8 +262,7 @@ class KubernetesDriver:
             self.current = point
             new = Manifest(old.filename if old is not None else "10-cluster.yaml", cluster(self.plan, point))
             self.orch.create(new)
-            self._ahead = self._load_ahead = True
-            self._placed = False
+            self._coming = ComingUp(load=True)
             status = self._wait_coming_up()
         except K8sError as exc:
             self._events.append((now(), "storage-switch-failed", f"{value}: {exc}"))
@@ -395,11 +390,11 @@ class KubernetesDriver:
         storage phase came between (``_while_coming_up``); it is waited for here. Every sweep (and resume) starts
         on a new Cluster, so the dataset is loaded each time. A plan of scenario runs only, whose runs are Jobs,
         drops the pods then."""
-        underway, self._loading = self._loading, None
+        underway, self._coming.loading = self._coming.loading, None
         if underway is None:
             underway = self._start_load()
         dest = self.results_dir / "dataset"
-        probes, self._probes = self._probes, None
+        probes, self._coming.probes = self._coming.probes, None
 
         def probe_ahead() -> None:  # the first run's volume probes, beside the load (under way), not after a window
             nonlocal probes
@@ -428,7 +423,8 @@ class KubernetesDriver:
         try:
             return self.orch.wait_cluster_ready(on_poll=self._while_coming_up)
         except BaseException:
-            underway, self._loading, self._probes = self._loading, None, None  # the probes' Jobs go at the end
+            coming = self._coming
+            underway, coming.loading, coming.probes = coming.loading, None, None  # the probes' Jobs go at the end
             if underway is not None:
                 self._stop_in_clients(underway)
             raise
@@ -443,19 +439,20 @@ class KubernetesDriver:
         last standby then starts while pgbench -i writes, and streams what it wrote (every run waits for the
         standbys' replay first). Any trouble leaves both to ``load_dataset``, after the Cluster, which makes the
         pods again and says what is wrong."""
-        if self._loading is not None:
-            for e in self._loading.execs:
+        coming = self._coming
+        if coming.loading is not None:
+            for e in coming.loading.execs:
                 e.drain()  # its output read as it comes, so that none backs up while the Cluster is waited for
             return
-        if not self._ahead or (status.get("readyInstances") or 0) < 1:
+        if not coming.ahead or (status.get("readyInstances") or 0) < 1:
             return
         try:
             if not self._clients_made and self._pools_apart:
                 self._make_clients()
-            if (not self._clients_made or self._load_ahead) and not self._instances_placed():
+            if (not self._clients_made or coming.load) and not self._instances_placed():
                 return
             self._make_clients()
-            if not self._load_ahead:
+            if not coming.load:
                 return
             if not self._clients:
                 names = [m.name for m in self._clients_made]
@@ -465,13 +462,13 @@ class KubernetesDriver:
                 self._clients = running  # seen running at this look, maybe long after they started
                 self.ui.log(f"client pods running on {', '.join(sorted(set(running.values())))} (created "
                             f"{time.monotonic() - self._clients_since:.1f} s before)")
-            self._loading = self._start_load(" while the last standby starts")
+            coming.loading = self._start_load(" while the last standby starts")
             # the first run's volume probes beside it, not after that run's window (the load may end before the
             # Cluster is healthy); they are for the disk figures, so the sampler is asked for first
             self._start_sampler()
-            self._probes = self.figures.probe_ahead()
+            coming.probes = self.figures.probe_ahead()
         except K8sError:
-            self._ahead = False
+            coming.ahead = False
             self._drop_clients()
 
     def _start_sampler(self) -> None:
@@ -489,11 +486,11 @@ class KubernetesDriver:
 
     def _instances_placed(self) -> bool:
         """Whether every instance pod of the Cluster coming up exists with its node (once true, not asked again)."""
-        if not self._placed:
+        if not self._coming.placed:
             pods = self.orch.instance_pods()
-            self._placed = len(pods) >= self.k8s.instances and all(p.spec is not None and p.spec.node_name
-                                                                   for p in pods)
-        return self._placed
+            self._coming.placed = len(pods) >= self.k8s.instances and all(p.spec is not None and p.spec.node_name
+                                                                          for p in pods)
+        return self._coming.placed
 
     def _make_clients(self) -> list[Manifest]:
         """The sweep's client pods (``clients.client_pods``) created, not waited for."""
@@ -854,6 +851,18 @@ class KubernetesRun(MeasuredRun):
                 d._restore(injector)                          # away: that first
             if self.wm is not None:
                 d.orch.discard(self.wm)  # a witness still writing after a failed run goes now, not at the end
+
+
+@dataclass
+class ComingUp:
+    """What may begin while one Cluster comes up (``KubernetesDriver._while_coming_up``), and what did: a new one
+    for each Cluster created."""
+
+    load: bool  # the dataset's load may begin: nothing is measured between the Cluster and it
+    ahead: bool = True  # anything may still begin (not after a refusal: load_dataset does it all after the Cluster)
+    placed: bool = False  # every instance pod exists with its node
+    loading: InClients | None = None  # the dataset's load, begun
+    probes: list[Probe] | None = None  # the first run's volume probes, begun beside it
 
 
 @dataclass
