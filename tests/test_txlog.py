@@ -51,6 +51,20 @@ def former_stats(latency_ms: np.ndarray, end_ts: np.ndarray) -> LogStats | None:
     )
 
 
+def read_as_the_former_reader(path: Path) -> tuple[txlog.TxLog, np.ndarray, np.ndarray] | None:
+    """txlog.read of the log, checked against the former reader's transactions (and None when both raise)."""
+    try:
+        lat, end, failed = former_reader([path])
+    except ValueError:
+        with pytest.raises(ValueError):
+            txlog.read([path])
+        return None
+    got = txlog.read([path])
+    assert np.array_equal(got.latency_ms, lat) and np.array_equal(got.end_ts(), end)
+    assert np.array_equal(got.failed_end_ts, np.asarray(failed))
+    return got, lat, end
+
+
 def write_log(path: Path, n: int, seed: int, lag: bool, retries: bool, cut: bool = False) -> None:
     """n lines as pgbench writes them: ~1 % failed, ~1 % skipped, a long tail, optional lag and retries; ``cut``
     ends the file in the middle of a line (pgbench killed)."""
@@ -285,15 +299,10 @@ def test_an_odd_line_among_pgbench_lines_reads_as_before(tmp_path: Path, odd: st
     path = tmp_path / "pgbench_log.1"
     good = [f"{i % 4} {i} {500 + i} 0 1763900000 {i * 7}" for i in range(50)]
     path.write_text("\n".join([*good[:at], ODD_LINES[odd], *good[at:]]) + "\n", encoding="utf-8")
-    try:
-        lat, end, failed = former_reader([path])
-    except ValueError:
-        with pytest.raises(ValueError):
-            txlog.read([path])
+    read = read_as_the_former_reader(path)
+    if read is None:
         return
-    got = txlog.read([path])
-    assert np.array_equal(got.latency_ms, lat) and np.array_equal(got.end_ts(), end)
-    assert np.array_equal(got.failed_end_ts, np.asarray(failed))
+    _, lat, end = read
     now, before = pgbench.log_figures([path], tmp_path / "h.json"), former_stats(lat, end)
     assert now is not None and before is not None
     assert (now.count, now.percentiles_ms, now.latency_max_ms, now.first_start, now.last_end) == (
@@ -432,15 +441,10 @@ def test_any_log_reads_as_the_former_reader_reads_it(tmp_path: Path, text: str) 
     reader gives, or fails where it fails; the summary too."""
     path = tmp_path / "pgbench_log.1"
     path.write_text(text, encoding="utf-8")
-    try:
-        lat, end, failed = former_reader([path])
-    except ValueError:
-        with pytest.raises(ValueError):
-            txlog.read([path])
+    read = read_as_the_former_reader(path)
+    if read is None:
         return
-    got = txlog.read([path])
-    assert np.array_equal(got.latency_ms, lat) and np.array_equal(got.end_ts(), end)
-    assert np.array_equal(got.failed_end_ts, np.asarray(failed))
+    got, lat, end = read
     assert got.skipped == sum(len(p) >= 6 and p[2] == "skipped" for p in (line.split() for line in
                                                                             path.open(encoding="utf-8")))
     summary, before = txlog.summarise([path]), former_stats(lat, end)
