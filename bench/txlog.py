@@ -24,6 +24,9 @@ Every pglab reader must give the same count and percentiles (asserted).
     mkdir -p before && git archive <commit> src | tar -x -C before
     PYTHONPATH=src python bench/txlog.py --lines 10000000 --rounds 5 [--before before/src] [--former]
 
+A commit with the compiled scanner (bd2cae1 on) needs it built in the extracted tree: archive the whole tree, then
+``python setup.py build_ext --inplace`` there with Cython and setuptools installed (src/ alone imports nothing).
+
 A log with no failed or skipped line (most runs' logs), timed as it is (no .gz step):
 
     PYTHONPATH=src python bench/txlog.py --generate before/clean.log --lines 10000000 --no-failed
