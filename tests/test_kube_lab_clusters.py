@@ -92,6 +92,7 @@ def tmpfs_class(lab: kubelab.KubeLab, folder: Path) -> Iterator[Path]:
 
 # ------------------------------------------------------------------ the storage axis: three classes, one sweep
 STUDY = "study-storage-classes.yaml"  # study 002: its example, at its smallest (kube_lab_support.STUDY_EDITS)
+REPEATS = 5  # kube_lab_support.STUDY_EDITS
 VALUES = ("capped", "local", "memory")  # the study's two classes, then this test's memory class (MEMORY_VALUE)
 CLASSES = {"capped": kubelab.THROTTLED_CLASS, "local": kubelab.STORAGE_CLASS}  # the lab's own, on node disks
 # the example's fio profiles, each of their jobs run on every class's volume
@@ -110,13 +111,14 @@ class StorageSweep:
 def storage_sweep(lab: kubelab.KubeLab, tmp_path_factory: pytest.TempPathFactory) -> Iterator[StorageSweep]:
     """One storage-axis sweep for the tests below (a Cluster per class is most of its time): study 002's example
     (examples/study-storage-classes.yaml) at its smallest — one-instance Clusters on lab-throttled and lab-local,
-    one client, 3 repeats of 6 s a class, its five fio profiles for 1 s each — with a third class appended that is
+    one client, 5 repeats of 6 s a class, its five fio profiles for 1 s each — with a third class appended that is
     not the study's: the tmpfs class, for the memory-vs-disk check."""
     tmp = tmp_path_factory.mktemp("storage-axis")
     ns = "pglab-e2e-storage"
     with contextlib.contextmanager(tmpfs_class)(lab, tmp) as memory:
         plan = tmp / "plan.yaml"
         plan.write_text(study_plan(STUDY, lab.kubeconfig, namespace=ns, memory=MEMORY_VALUE))
+        assert yaml.safe_load(plan.read_text())["run"]["repeats"] == REPEATS
         results = tmp / "results"
         proc = pglab("run", str(plan), "--results", str(results), timeout=1800)
         assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -127,9 +129,10 @@ def storage_sweep(lab: kubelab.KubeLab, tmp_path_factory: pytest.TempPathFactory
 
 
 def stored_tps(store: Store, sweep_id: int) -> dict[str, list[float]]:
-    """Each class's TPS of its ok runs, repeats 1 to 3, from the store."""
+    """Each class's TPS of its ok runs, every repeat, from the store."""
     runs = [r for r in store.runs(sweep_id) if r.status == "ok"]
-    assert sorted((r.axes["storage"], r.repeat) for r in runs) == sorted((v, k) for v in VALUES for k in (1, 2, 3))
+    repeats = range(1, REPEATS + 1)
+    assert sorted((r.axes["storage"], r.repeat) for r in runs) == sorted((v, k) for v in VALUES for k in repeats)
     tps: dict[str, list[float]] = {v: [] for v in VALUES}
     for r in runs:
         value = r.metrics.get("tps")
