@@ -238,8 +238,32 @@ SCRAPE_S = 1  # the scrape interval of the lab's Prometheus: the plan's promethe
 NODE_EXPORTER_PORT = 9100  # on each node's own address
 
 
+# ------------------------------------------------------------------ builds ./setup.sh test makes beside the first tests
+BUILD_WAIT_S = 3600  # from nothing, on 2 cores shared with the tests: the object store ~15 min, then Prometheus ~15
+
+
+def built_beside(name: str) -> Path | None:
+    """The folder of the lab build ``name`` (objectstore, prometheus) that ./setup.sh test runs beside the lab's first
+    tests (it names the folder where each says it is done: PGLAB_KUBE_LAB_BUILDING), waited for; None when nothing
+    builds beside the tests (the build is then the lab cache's)."""
+    folder = os.environ.get("PGLAB_KUBE_LAB_BUILDING")
+    if not folder:
+        return None
+    done, failed, log = (Path(folder) / f"{name}.{ext}" for ext in ("path", "failed", "log"))
+    deadline = time.monotonic() + BUILD_WAIT_S
+    while not done.exists():
+        if failed.exists() or time.monotonic() > deadline:
+            said = log.read_text()[-1500:] if log.exists() else ""
+            how = f"failed (exit {failed.read_text().strip()})" if failed.exists() else f"took over {BUILD_WAIT_S} s"
+            pytest.fail(f"the lab's {name} build beside the tests {how}: {said}", pytrace=False)
+        time.sleep(2)
+    return Path(done.read_text().strip())
+
+
 def prometheus_build() -> Path:
     """The Prometheus and node-exporter tools/kube-lab/prometheus/build.sh built into the lab cache."""
+    if built := built_beside("prometheus"):
+        return built
     builds = sorted((p for p in kubelab.cache_dir().glob("prometheus-*") if (p / ".complete").exists()),
                     key=lambda p: (p / ".complete").stat().st_mtime)
     if not builds:

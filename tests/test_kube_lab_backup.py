@@ -29,7 +29,7 @@ import pytest
 import yaml
 
 from conftest import REPO, pglab
-from kube_lab_support import kubelab, namespace_gone, study_plan
+from kube_lab_support import built_beside, kubelab, namespace_gone, study_plan
 from pglab.scenarios.witness import ACKED, parse_lsn
 from pglab.store.sqlite import Store
 from pglab.targets.kubernetes.restore import RESTORE_MARK
@@ -108,8 +108,9 @@ class Sweep:
 @pytest.fixture(scope="module")
 def sweep(lab: kubelab.KubeLab, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sweep]:
     tmp = tmp_path_factory.mktemp("backup")
+    build = built_beside("objectstore")  # from nothing, ./setup.sh test builds it beside the lab's first tests
     t0 = time.monotonic()
-    timings = lab.objectstore()
+    timings = lab.objectstore(build)
     print(f"kube-lab: object store and plugin {timings}")
     prefix = f"{NAME}-{uuid.uuid4().hex[:8]}"  # an empty path: barman refuses to archive over another server's WAL
     plan = tmp / "plan.yaml"

@@ -293,9 +293,9 @@ class KubeLab:
     def stop_node(self, name: str) -> None:
         stop_node(self.root, self.node(name).name)
 
-    def objectstore(self) -> dict[str, float]:
+    def objectstore(self, build: Path | None = None) -> dict[str, float]:
         """Starts the object store and the Barman Cloud plugin in this lab (``start_objectstore``)."""
-        return start_objectstore(self.root)
+        return start_objectstore(self.root, build)
 
     def start_node(self, name: str) -> None:
         start_node(self.root, self.node(name).name)
