@@ -142,10 +142,10 @@ def test_a_rollout_that_never_ends_fails_the_step_and_cleans_up(fake: tuple[Fake
                                                                 tmp_path: Path) -> None:
     api, api_client = fake
     api.stuck_rollout = True
-    with pytest.raises(K8sError) as exc:
-        run(api_client, tmp_path, CPU_PLAN, ready_timeout_s=0.3)
+    with pytest.raises(K8sError) as exc:  # 3 s: the Cluster's creation waits as long, and took over 0.3 s once
+        run(api_client, tmp_path, CPU_PLAN, ready_timeout_s=3)
     message = str(exc.value)
-    assert message.startswith("CPU step cpus=2: Cluster/pg still rolling out after 0 s (phase: Upgrading cluster, "
+    assert message.startswith("CPU step cpus=2: Cluster/pg still rolling out after 3 s (phase: Upgrading cluster, "
                               "ready instances: 1 of 2; instance pods with cpu 2: 1 of 2)"), message
     assert posted_jobs(api)[-1] == "pg-run-0001-1"  # nothing ran on a half-rolled Cluster
     assert_all_deleted(api)
