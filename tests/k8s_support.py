@@ -192,13 +192,14 @@ def kubeconfig(tmp_path: Path, api_client: client.ApiClient) -> Path:
     return path
 
 
-def cli(monkeypatch: pytest.MonkeyPatch, *args: str) -> int:
-    """pglab's own entry point in this process, with the sweep's polling shortened (the plan is untouched)."""
+def cli(monkeypatch: pytest.MonkeyPatch, *args: str, ready_timeout_s: float = 3.0) -> int:
+    """pglab's own entry point in this process, with the sweep's polling shortened (the plan is untouched). The fake
+    Cluster is healthy at its third read: 3 s for it leaves room on a loaded machine (0.3 s once did not)."""
     from pglab import cli as cli_module
 
     # the factory looks the driver up when it builds it: a faster-polling one, the plan untouched
     monkeypatch.setattr(k8s_driver, "KubernetesDriver", functools.partial(k8s_driver.KubernetesDriver, poll_s=0.01,
-                                                                          ready_timeout_s=0.3))
+                                                                          ready_timeout_s=ready_timeout_s))
     monkeypatch.setattr(sys, "argv", ["pglab", *args])
     with pytest.raises(SystemExit) as exc:
         cli_module.main()

@@ -366,7 +366,7 @@ def test_cli_cluster_never_healthy_is_one_line_exit_1(fake: tuple[FakeAPI, clien
     config = kubeconfig(tmp_path, api_client)
     plan = tmp_path / "plan.yaml"
     plan.write_text(PLAN.replace("namespace: bench", f"namespace: bench\n    kubeconfig: {config}"))
-    assert cli(monkeypatch, "run", str(plan), "--results", str(tmp_path / "r")) == 1
+    assert cli(monkeypatch, "run", str(plan), "--results", str(tmp_path / "r"), ready_timeout_s=0.3) == 1
     err = capsys.readouterr().err
     assert "error: Cluster/pg not ready after 0 s (phase: Setting up primary, ready instances: 0 of 2)" in err
     assert "Traceback" not in err
