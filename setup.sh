@@ -195,13 +195,20 @@ lab_go() {
     echo "$go"
 }
 
-install_kube_lab() {
+install_kube_lab_images() {
     # Kubernetes, etcd, CloudNativePG and CoreDNS from the Go module proxy, images from Debian's packages, all in the
-    # lab cache outside the checkout (~30 min the first time on 2 cores, seconds when the cache has this build).
+    # lab cache outside the checkout (~15 min the first time on 2 cores, seconds when the cache has this build).
     local go
     go="$(lab_go)"
     PGLAB_KUBE_LAB_IMAGES="$(tools/kube-lab/build.sh "$go" | tail -n 1)"
     export PGLAB_KUBE_LAB_IMAGES
+}
+
+install_kube_lab() {
+    # The lab, then what it starts only when asked (~30 min the first time on 2 cores, seconds from the cache).
+    local go
+    install_kube_lab_images
+    go="$(lab_go)"
     # The object store (versitygw) and CloudNativePG's Barman Cloud plugin, which `kubelab.py objectstore` starts in a
     # running lab for the backup and WAL-archiving tests (~15 min the first time on 2 cores; it needs the lab's
     # kubectl, so after build.sh)
@@ -251,10 +258,8 @@ kube_track() {
     # tests (~35 min, mostly waiting on the cluster). The local tests need none of it: they start at once beside it.
     # The object store and Prometheus (~25 min more of Go builds from nothing) are built beside the lab's first tests,
     # which wait on the cluster more than they compute; the backup test and the tests with a Prometheus wait for them.
-    local go building builds f rc=0
-    go="$(lab_go)"
-    PGLAB_KUBE_LAB_IMAGES="$(tools/kube-lab/build.sh "$go" | tail -n 1)"
-    export PGLAB_KUBE_LAB_IMAGES
+    local building builds f rc=0
+    install_kube_lab_images
     building="$(mktemp -d)"
     export PGLAB_KUBE_LAB_BUILDING="$building"
     { build_beside objectstore tools/kube-lab/objectstore/build.sh
