@@ -263,6 +263,7 @@ target:
     cluster_name: all
     instances: 2
     image: registry.example/postgresql:16.4
+    startup_probe_period: 2
     storage: {class: fast, size: 20Gi}
     wal_storage: {class: walclass, size: 4Gi}
     resources: {cpu: 1500m, memory: 3Gi}
@@ -372,6 +373,10 @@ def test_every_field_of_target_kubernetes_is_rendered_or_left_to_pglab_run_by_na
         d["kind"] == "ConfigMap" and "monitoring" in f for f, d in docs.items()) and pglab_set[
         "cluster/10-cluster.yaml"]["spec"]["monitoring"]["customQueriesConfigMap"] == [
         {"name": "all-monitoring", "key": "queries"}] and "cluster/08-monitoring.yaml" in pglab_set
+    # the startup probe's period where the plan sets it; where it does not, the operator's own probes, untouched
+    default_probes, _ = render_every(tmp_path / "probes", EVERY.replace("    startup_probe_period: 2\n", ""))
+    checked["startup_probe_period"] = db["probes"] == {"startup": {"periodSeconds": 2}} and "probes" not in \
+        default_probes["cluster/10-cluster.yaml"]["spec"]
     assert set(checked) == set(KubernetesTarget.model_fields)
     assert [field for field, ok in checked.items() if not ok] == []
 

@@ -236,6 +236,11 @@ class KubernetesTarget(Strict):
     cluster_name: DnsLabel = Field("pglab", description="name of the Cluster (and prefix of what pglab creates)")
     instances: Annotated[int, _int_between(1, 16)] = Field(3, description="primary + standbys")
     image: Image = Field("ghcr.io/cloudnative-pg/postgresql:17.5", description="PostgreSQL operand image")
+    startup_probe_period: Annotated[int, _int_between(1, 60, "a whole number of seconds from 1")] | None = Field(
+        None, description="seconds between the kubelet's startup probes of an instance (.spec.probes.startup."
+        "periodSeconds; default: CloudNativePG's, 10). An instance is ready at the first probe after its "
+        "PostgreSQL is, so the Cluster's creation and each rolling update (a CPU step) wait up to this long per "
+        "instance; 1 shortens them, and no figure of a run's window depends on it")
     storage: K8sStorage = Field(default_factory=K8sStorage, description="data volumes (.spec.storage)")
     wal_storage: K8sStorage | None = Field(None, description="separate WAL volumes (.spec.walStorage)")
     resources: K8sResources = Field(description="per instance; requests = limits (Guaranteed QoS)")

@@ -182,6 +182,8 @@ def cluster(plan: Plan, point: Point | None = None) -> dict[str, Any]:
     }
     if k8s.wal_storage is not None:
         spec["walStorage"] = _storage(k8s.wal_storage)
+    if k8s.startup_probe_period is not None:  # the operator derives the probe's failure threshold from startDelay
+        spec["probes"] = {"startup": {"periodSeconds": k8s.startup_probe_period}}
     if k8s.wal_archive is not None:  # the plugin archives WAL continuously (and takes the backups) to the store
         spec["plugins"] = [{"name": BARMAN_PLUGIN, "isWALArchiver": True,
                             "parameters": {"barmanObjectName": object_store_name(k8s)}}]
