@@ -132,8 +132,14 @@ def test_failover_deletes_the_primary_pod_and_stores_rto_rpo_and_events(fake: tu
                                                                         tmp_path: Path) -> None:
     api, api_client = fake
     api.log_not_ready[RUN] = 3  # the run pod's container is still starting at the first looks
+    api.witness_margin_s = 20.0  # the witness writes its margin out unless pglab tells it that pgbench ended
     result = run(api_client, tmp_path, PLAN)
     assert (result.ok, result.failed) == (1, 0), result.failures
+    # told once, after the run's Job was seen ended
+    run_read_ended = max(i for i, (verb, path) in enumerate(api.requests)
+                         if verb == "GET" and path == f"/apis/batch/v1/namespaces/bench/jobs/{RUN}")
+    told = [i for i, (verb, path) in enumerate(api.requests) if path.endswith(f"/pods/{WITNESS}-pod/exec")]
+    assert [job for job, _ in api.witness_told] == [WITNESS] and len(told) == 1 and told[0] > run_read_ended
     assert api.log_not_ready[RUN] == 0
     story: Story = api.story()  # type: ignore[attr-defined]
     assert posted_jobs(api) == ["pg-pgbench-init", WITNESS, RUN]  # the witness writes before pgbench starts

@@ -19,7 +19,7 @@ from pg_server import BINDIR, Server, start_server
 from pglab.plan.load import parse_plan
 from pglab.scenarios.witness import evaluate
 from pglab.targets.kubernetes.scenario import parse_witness_log
-from pglab.targets.kubernetes.scripts import RESULTS_DIR, WITNESS_MARK, witness_script
+from pglab.targets.kubernetes.scripts import RESULTS_DIR, WITNESS_MARK, WITNESS_STOP, witness_script
 
 pytestmark = pytest.mark.postgres
 
@@ -77,3 +77,30 @@ def test_writes_failing_when_the_time_is_up_go_on_until_one_is_acknowledged(serv
     # and the witness stopped at that ack: nothing written after it
     assert max(a.id for a in log.attempts) == max(a.id for a in log.attempts if a.outcome == "acked")
     assert f"{WITNESS_MARK} stopped {max(a.id for a in log.attempts)}" in out.read_text()
+
+
+def test_told_that_pgbench_ended_the_witness_stops_without_writing_its_margin(server: Server, tmp_path: Path) -> None:
+    """pglab makes WITNESS_STOP in the witness's folder once pgbench's Job has ended: a witness given 10 minutes
+    (and its margin) then stops writing at once, says when, and still reads its ids back."""
+    plan = parse_plan(k8s_plan("matrix: {clients: [1], scenario: [{kind: failover, at: 1s}]}", "run: {duration: 2s}"))
+    script = witness_script(plan, 600.0).replace(f"cd {RESULTS_DIR}", f"cd {tmp_path}")
+    env = {**os.environ, "PATH": f"{BINDIR}:{os.environ['PATH']}", "PGHOST": str(server.base),
+           "PGPORT": str(server.port), "PGUSER": "postgres", "PGDATABASE": "postgres"}
+    out = tmp_path / "pod.log"
+    with open(out, "w") as stdout:
+        proc = subprocess.Popen(["/bin/sh", "-c", script], env=env, stdout=stdout, stderr=subprocess.STDOUT)
+    try:
+        wait_for(out, f"{WITNESS_MARK} acked 3 ", 60)
+        (tmp_path / WITNESS_STOP).touch()
+        told = time.time()
+        assert proc.wait(timeout=120) == 0, out.read_text()  # 600 s and more otherwise
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    text = out.read_text()
+    log = parse_witness_log(text)
+    asked = float(text.split(f"{WITNESS_MARK} stop-asked ")[1].split()[0])
+    assert told - 1 <= asked  # whole seconds: seen at its next attempt
+    assert f"{WITNESS_MARK} overtime" not in text and f"{WITNESS_MARK} stopped {len(log.attempts)}" in text
+    assert all(a.outcome == "acked" for a in log.attempts) and log.present == [a.id for a in log.attempts]

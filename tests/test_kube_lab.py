@@ -39,6 +39,7 @@ from kube_lab_support import (
 )
 from pglab.store.sqlite import RunRow, Store
 from pglab.targets.kubernetes.render import METRICS_QUERIES_TTL
+from pglab.targets.kubernetes.scripts import WITNESS_MARK
 
 pytestmark = pytest.mark.kube_lab
 
@@ -350,6 +351,10 @@ def test_failover_switchover_and_standby_loss_on_the_lab(lab: kubelab.KubeLab, t
     store = Store.open(results, create=False)
     runs = {r.axes["scenario"]: r for r in store.runs()}
     assert set(runs) == {"failover-node", "switchover", "standby-loss", "node-drain"}, runs
+    # pglab told each witness, in its pod, that pgbench had ended; one told before its own time was up stopped then
+    assert "the witness was not told" not in proc.stderr, proc.stderr
+    assert any(f"{WITNESS_MARK} stop-asked " in (store.dir / r.dir / "witness" / "pod.log").read_text()
+               for r in runs.values())
     for label, r in runs.items():
         m: dict[str, Any] = r.metrics
         assert r.status == "ok", (label, m)

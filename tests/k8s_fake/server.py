@@ -69,6 +69,8 @@ class FakeAPI:
         self.failing_execs: set[tuple[str, str]] = set()  # (run, pod): that pod's share of the run exits 1
         self.hanging_execs: set[tuple[str, str]] = set()  # (run, pod): that pod's share never ends unless stopped
         self.stops: list[tuple[str, float, str | None]] = []  # (pod, time, the run it stopped) of every stop
+        self.witness_margin_s = 0.0  # a witness Job runs this much longer unless pglab tells it that pgbench ended
+        self.witness_told: list[tuple[str, float]] = []  # (Job, time) of every witness told that pgbench ended
         self.rollout_reads = 3  # Cluster reads a rolling update lasts after a PATCH
         self.stuck_rollout = False  # a rolling update that never ends (one replica never comes back)
         self.on_patch: Callable[[dict[str, Any]], None] = lambda patch: None
@@ -224,7 +226,8 @@ def serve() -> Iterator[tuple[FakeAPI, client.ApiClient]]:
             found = re.fullmatch(POD + "/exec", req.path)
             with api.lock:
                 api.requests.append(("GET", req.path))
-                ok = found is not None and api.clients.exists(found["ns"], found["pod"])
+                ok = found is not None and (api.clients.exists(found["ns"], found["pod"])
+                                            or api.jobs.exists(found["ns"], found["pod"]))
             if found is None or not ok:
                 self.send_error(404)
                 return
@@ -246,7 +249,8 @@ def serve() -> Iterator[tuple[FakeAPI, client.ApiClient]]:
                 self.wfile.flush()
 
             try:
-                code = api.clients.execute(found["pod"], req.query.get("command", []), send)
+                pods = api.jobs if api.jobs.exists(found["ns"], found["pod"]) else api.clients
+                code = pods.execute(found["pod"], req.query.get("command", []), send)
                 send(3, status_frame(code))
                 send(0, (1000).to_bytes(2, "big"), opcode=0x8)
             except OSError:  # the client went away

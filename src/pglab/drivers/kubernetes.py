@@ -74,7 +74,13 @@ from pglab.targets.kubernetes.render import (
     witness_job,
 )
 from pglab.targets.kubernetes.scenario import Injector, WitnessLogError, parse_witness_log
-from pglab.targets.kubernetes.scripts import SETTINGS_FILE, SETTINGS_WAIT_S, VOLUME_MOUNT_FILE
+from pglab.targets.kubernetes.scripts import (
+    RESULTS_DIR,
+    SETTINGS_FILE,
+    SETTINGS_WAIT_S,
+    VOLUME_MOUNT_FILE,
+    WITNESS_STOP,
+)
 from pglab.workloads import fio
 from pglab.workloads.fio import FioError
 from pglab.workloads.pgbench import PgbenchError, PgbenchRun, pgbench_metrics, pgbench_series
@@ -777,6 +783,11 @@ class KubernetesRun(MeasuredRun):
                             d.orch.run_job(m, self.run_dir, on_poll=injector.poll))
         if injector is not None and (self.outcome.succeeded or injector.fault_time is not None):
             injector.finish(d.scenario_timeout_s)
+        if self.wm is not None and self.outcome.succeeded:  # pgbench has ended: so has the witness's time (else it
+            # writes its margin out; a failed run's witness is deleted instead)
+            stop = ["/bin/sh", "-c", f"touch {RESULTS_DIR}/{WITNESS_STOP}"]
+            if why := d.orch.tell_job(self.wm.name, stop):
+                d.ui.log(f"the witness was not told that pgbench ended ({why}); it stops at its own time")
 
     def close_probes(self) -> None:
         assert self.readers is not None

@@ -25,6 +25,7 @@ from kubernetes.client.rest import ApiException
 from kubernetes.stream import stream
 
 from pglab import interrupts
+from pglab.errors import first_line
 from pglab.plan.schema import Plan
 from pglab.targets.kubernetes.render import (
     COPY_FROM,
@@ -631,6 +632,23 @@ class Orchestrator:
                 on_poll()
             if time.monotonic() > deadline:
                 raise K8sError(f"{what} still running after {limit:.0f} s")
+
+    def tell_job(self, job: str, command: list[str]) -> str | None:
+        """Run a short ``command`` in Job ``job``'s running pod and wait for it (STOP_TIMEOUT_S); None once it
+        succeeded, else why not (its pod not running, the exec refused or failing): never raises."""
+        try:
+            pods = self.core.list_namespaced_pod(self.ns, label_selector=f"job-name={job}").items
+            running = [p.metadata.name for p in pods if p.status is not None and p.status.phase == "Running"]
+            if not running:
+                return f"no pod of Job/{job} is running"
+            e = self.exec_start(running[0], command)
+            deadline = time.monotonic() + STOP_TIMEOUT_S
+            while e.pump(0.1) and time.monotonic() < deadline:
+                pass
+            e.close()
+            return None if e.returncode == 0 else f"pod/{running[0]}: exit {e.returncode} ({last_line(e.output)})"
+        except Exception as exc:  # the API server or the pod gone: the caller goes on without it
+            return f"Job/{job}: {type(exc).__name__}: {first_line(exc)}"
 
     def exec_stop(self, pods: list[str]) -> list[str]:
         """Stop whatever pglab started by exec in ``pods`` (``STOP_SCRIPT``: every process but the pod's own, TERM

@@ -290,7 +290,8 @@ WITNESS_TABLE = witness.TABLE  # the local witness's table, same columns
 # pgbench's dbname argument through a fault, a libpq connection string (PGDATABASE and the rest still apply)
 PGBENCH_THROUGH_FAULTS = ("connect_timeout=5 keepalives_idle=2 keepalives_interval=1 keepalives_count=3 "
                           "tcp_user_timeout=5000")
-WITNESS_MARGIN_S = 10  # the witness writes this much longer than pgbench (its pod may start a little later)
+WITNESS_MARGIN_S = 10  # the witness writes this much longer than pgbench (its pod may start a little later)…
+WITNESS_STOP = "pgbench-ended"  # …unless pglab makes this file in its RESULTS_DIR once pgbench has ended
 WITNESS_OVERTIME_S = 180  # and, while its writes fail, up to this much longer still, until one is acknowledged
 WITNESS_READ_TRIES = 90  # read-back tries, 2 s apart: the new primary may still be on its way
 WITNESS_ATTEMPT_S = 10  # one attempt's deadline: a COMMIT can wait for a synchronous standby for ever (below)
@@ -323,7 +324,8 @@ def witness_script(plan: Plan, seconds: float) -> str:
     for ``seconds``, each attempt one stdout line ``pglab-witness <acked|failed|in_doubt> id t_sent t_done server
     lsn error``; then the ids read back (retried until the new primary answers) between ``present`` lines. When its
     time is up while writes fail (a failover slower than the run), it goes on, saying ``overtime``, until one is
-    acknowledged (the RTO) or WITNESS_OVERTIME_S more have passed.
+    acknowledged (the RTO) or WITNESS_OVERTIME_S more have passed. Its time is up sooner when pglab, pgbench's Job
+    ended, makes WITNESS_STOP in its RESULTS_DIR (``stop-asked``): the margin is for a pgbench that started late.
 
     psql makes one session per attempt (BEGIN, INSERT … RETURNING the WAL position, COMMIT): its LSN line printed
     means the INSERT returned (the COMMIT was sent next); exit 2 is a lost connection, so a lost COMMIT is in doubt,
@@ -350,7 +352,9 @@ def witness_script(plan: Plan, seconds: float) -> str:
         "done",
         f"end=$(( $(date +%s) + {max(1, round(seconds)) + WITNESS_MARGIN_S} )); i=0; down=0; over=0",
         "while :; do",
-        '  now=$(date +%s); if [ "$now" -ge "$end" ]; then',
+        '  now=$(date +%s)',
+        f'  [ "$now" -lt "$end" ] && [ -e {WITNESS_STOP} ] && {{ echo "{w} stop-asked $now"; end=$now; }}',
+        '  if [ "$now" -ge "$end" ]; then',
         f'    [ "$down" = 0 ] || [ "$now" -ge $((end + {WITNESS_OVERTIME_S})) ] && break',
         f'    [ "$over" = 1 ] || {{ echo "{w} overtime $now"; over=1; }}',
         "  fi",
