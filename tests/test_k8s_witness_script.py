@@ -45,14 +45,20 @@ def wait_for(path: Path, what: str, seconds: float) -> str:
     raise AssertionError(f"the witness never printed {what!r} in {seconds} s:\n{path.read_text()}")
 
 
-def test_writes_failing_when_the_time_is_up_go_on_until_one_is_acknowledged(server: Server, tmp_path: Path) -> None:
+def start_witness(server: Server, tmp_path: Path, seconds: float) -> tuple[subprocess.Popen[bytes], Path]:
+    """The witness of a failover plan run by sh against ``server`` for ``seconds`` (and its margin), in
+    ``tmp_path`` as its results folder; its stdout and stderr in ``tmp_path``/pod.log."""
     plan = parse_plan(k8s_plan("matrix: {clients: [1], scenario: [{kind: failover, at: 1s}]}", "run: {duration: 2s}"))
-    script = witness_script(plan, 1.0).replace(f"cd {RESULTS_DIR}", f"cd {tmp_path}")
+    script = witness_script(plan, seconds).replace(f"cd {RESULTS_DIR}", f"cd {tmp_path}")
     env = {**os.environ, "PATH": f"{BINDIR}:{os.environ['PATH']}", "PGHOST": str(server.base),
            "PGPORT": str(server.port), "PGUSER": "postgres", "PGDATABASE": "postgres"}
     out = tmp_path / "pod.log"
     with open(out, "w") as stdout:
-        proc = subprocess.Popen(["/bin/sh", "-c", script], env=env, stdout=stdout, stderr=subprocess.STDOUT)
+        return subprocess.Popen(["/bin/sh", "-c", script], env=env, stdout=stdout, stderr=subprocess.STDOUT), out
+
+
+def test_writes_failing_when_the_time_is_up_go_on_until_one_is_acknowledged(server: Server, tmp_path: Path) -> None:
+    proc, out = start_witness(server, tmp_path, 1.0)
     try:
         wait_for(out, f"{WITNESS_MARK} acked 3 ", 60)
         fault = time.time()
@@ -82,13 +88,7 @@ def test_writes_failing_when_the_time_is_up_go_on_until_one_is_acknowledged(serv
 def test_told_that_pgbench_ended_the_witness_stops_without_writing_its_margin(server: Server, tmp_path: Path) -> None:
     """pglab makes WITNESS_STOP in the witness's folder once pgbench's Job has ended: a witness given 10 minutes
     (and its margin) then stops writing at once, says when, and still reads its ids back."""
-    plan = parse_plan(k8s_plan("matrix: {clients: [1], scenario: [{kind: failover, at: 1s}]}", "run: {duration: 2s}"))
-    script = witness_script(plan, 600.0).replace(f"cd {RESULTS_DIR}", f"cd {tmp_path}")
-    env = {**os.environ, "PATH": f"{BINDIR}:{os.environ['PATH']}", "PGHOST": str(server.base),
-           "PGPORT": str(server.port), "PGUSER": "postgres", "PGDATABASE": "postgres"}
-    out = tmp_path / "pod.log"
-    with open(out, "w") as stdout:
-        proc = subprocess.Popen(["/bin/sh", "-c", script], env=env, stdout=stdout, stderr=subprocess.STDOUT)
+    proc, out = start_witness(server, tmp_path, 600.0)
     try:
         wait_for(out, f"{WITNESS_MARK} acked 3 ", 60)
         (tmp_path / WITNESS_STOP).touch()
