@@ -641,14 +641,19 @@ class Orchestrator:
             running = [p.metadata.name for p in pods if p.status is not None and p.status.phase == "Running"]
             if not running:
                 return f"no pod of Job/{job} is running"
-            e = self.exec_start(running[0], command)
-            deadline = time.monotonic() + STOP_TIMEOUT_S
-            while e.pump(0.1) and time.monotonic() < deadline:
-                pass
-            e.close()
-            return None if e.returncode == 0 else f"pod/{running[0]}: exit {e.returncode} ({last_line(e.output)})"
+            code, output = self._exec_short(running[0], command)
+            return None if code == 0 else f"pod/{running[0]}: exit {code} ({last_line(output)})"
         except Exception as exc:  # the API server or the pod gone: the caller goes on without it
             return f"Job/{job}: {type(exc).__name__}: {first_line(exc)}"
+
+    def _exec_short(self, pod: str, command: list[str]) -> tuple[int | None, str]:
+        """A short command run in ``pod`` and waited for, STOP_TIMEOUT_S at most: its exit status and output."""
+        e = self.exec_start(pod, command)
+        deadline = time.monotonic() + STOP_TIMEOUT_S
+        while e.pump(0.1) and time.monotonic() < deadline:
+            pass
+        e.close()
+        return e.returncode, e.output
 
     def exec_stop(self, pods: list[str]) -> list[str]:
         """Stop whatever pglab started by exec in ``pods`` (``STOP_SCRIPT``: every process but the pod's own, TERM
@@ -656,13 +661,9 @@ class Orchestrator:
         problems = []
         for pod in pods:
             try:
-                e = self.exec_start(pod, ["/bin/sh", "-c", STOP_SCRIPT])
-                deadline = time.monotonic() + STOP_TIMEOUT_S
-                while e.pump(0.1) and time.monotonic() < deadline:
-                    pass
-                e.close()
-                if e.returncode != 0:
-                    problems.append(f"pod/{pod}: stopping its run ended with {e.returncode} ({last_line(e.output)})")
+                code, output = self._exec_short(pod, ["/bin/sh", "-c", STOP_SCRIPT])
+                if code != 0:
+                    problems.append(f"pod/{pod}: stopping its run ended with {code} ({last_line(output)})")
             except Exception as exc:  # the API server gone, the pod gone: said, and the pod is deleted later
                 problems.append(f"pod/{pod}: {type(exc).__name__}: {exc}")
         return problems
