@@ -15,7 +15,8 @@ from kubernetes import client
 
 from conftest import CHECKER, REPO
 from k8s_fake import FakeAPI, diskstats_text, node_exporter_text, sampler_log
-from k8s_support import JOB_S, Recorder, check, counters, k8s_plan, node_blocks, run, timed_log
+from k8s_support import JOB_S, Recorder, check, counters, k8s_plan, node_blocks, run, sample_latencies, timed_log
+from pglab.drivers import kubernetes_figures
 from pglab.plan.load import parse_plan
 from pglab.probes.base import ProbeContext
 from pglab.probes.disk import MIB, SECTOR, DiskProbe, _figures, parse_diskstats, read_diskstats, resolve_device
@@ -155,6 +156,52 @@ def probes(api: FakeAPI) -> list[tuple[str, list[str]]]:
 
 def _text(c: dict[str, list[int]]) -> str:
     return diskstats_text(c)
+
+
+def test_a_log_without_its_sample_after_the_window_is_read_again_until_it_has_one(
+        fake: tuple[FakeAPI, client.ApiClient], tmp_path: Path) -> None:
+    """pgbench's end is seen at once; the sampler's block after it may not be in its log yet. Each node's first read
+    here ends before the window does: the figures are those of the whole log, read a second time."""
+    api, api_client = fake
+    _lat, ends = sample_latencies()
+    reads: dict[str, int] = {}
+
+    def log(node: str) -> str:
+        reads[node] = reads.get(node, 0) + 1
+        blocks = node_blocks(node)
+        first_read_of_a_run = reads[node] % 2 == 1
+        return sampler_log(node, [b for b in blocks if b[0] < float(ends.min())] if first_read_of_a_run else blocks)
+
+    api.diskstats_log = log
+    ui = Recorder()
+    result = run(api_client, tmp_path, PLAN, observer=ui)
+    assert (result.ok, result.failed) == (2, 0)
+    assert reads == {"node-1": 4, "node-2": 4}  # twice per run
+    store = Store.open(tmp_path / "results", create=False)
+    for r in store.runs(store.sweeps()[-1]["id"]):
+        assert r.metrics["write_iops"] == pytest.approx(300 + 100, rel=1e-3)
+        assert (store.dir / r.dir / "disk" / "node-1.log").read_text() == sampler_log("node-1", node_blocks("node-1"))
+    store.close()
+    assert not [msg for msg in ui.messages if msg.startswith("disk figures")]
+
+
+def test_a_log_that_never_reaches_past_the_window_gives_no_figures(
+        fake: tuple[FakeAPI, client.ApiClient], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A figure over part of the window only would be wrong: none, said once, once the wait is over."""
+    api, api_client = fake
+    _lat, ends = sample_latencies()
+    monkeypatch.setattr(kubernetes_figures, "DISK_LOG_WAIT_S", 1.0)
+    api.diskstats_log = lambda node: sampler_log(node, [b for b in node_blocks(node) if b[0] < float(ends.max())])
+    ui = Recorder()
+    result = run(api_client, tmp_path, PLAN, observer=ui)
+    assert (result.ok, result.failed) == (2, 0)
+    store = Store.open(tmp_path / "results", create=False)
+    for r in store.runs(store.sweeps()[-1]["id"]):
+        assert "write_iops" not in r.metrics and r.metrics["tps"] == 832.861729
+    store.close()
+    told = [msg for msg in ui.messages if msg.startswith("disk figures")]
+    assert len(told) == 1 and "printed no sample after the run's window" in told[0], ui.messages
+    assert len(api.log_queries) > 4  # read again while it waited
 
 
 @pytest.mark.parametrize("break_it", ["no pods", "log forbidden", "no DaemonSet permission", "empty log"])

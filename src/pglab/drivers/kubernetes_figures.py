@@ -24,8 +24,10 @@ from pglab.targets.kubernetes import disks, exporter, prometheus
 from pglab.targets.kubernetes.orchestrate import POSTGRES_CONTAINER, K8sError, Orchestrator
 from pglab.targets.kubernetes.prometheus import PrometheusError
 from pglab.targets.kubernetes.render import DATABASE, Manifest, target_of, volume_probe
+from pglab.targets.kubernetes.scripts import DISK_SAMPLE_S
 
 DISK_LOG_MARGIN_S = 10.0  # the disk sampler's log is read from this long before the run's Job was created
+DISK_LOG_WAIT_S = 10.0  # for the disk sampler's first sample after a run's window, its log read again until then
 
 
 @dataclass
@@ -206,21 +208,16 @@ class Figures:
                 stems = {pod: node for node, pod in nodes_read.pods.items()}
                 files = nodes_read.scraper.write(folder, stems, keep="node_disk_")
         else:
-            since = max(1, math.ceil(now() - launched + DISK_LOG_MARGIN_S))
             problems = [f"no disk-sampler pod on node {n}" for n in nodes if n not in samplers]
-            read = [n for n in nodes if n in samplers]
-            with ThreadPoolExecutor(max(1, len(read)), thread_name_prefix="pglab-disk-log") as pool:  # together
-                logs = [pool.submit(self.orch.pod_log, samplers[node], since) for node in read]
-            for node, log in zip(read, logs, strict=True):
-                try:
-                    text = log.result()
-                except K8sError as exc:
-                    problems.append(str(exc))
-                    continue
+            texts, blocks, unread = self._sampler_logs({n: samplers[n] for n in nodes if n in samplers}, launched,
+                                                       window[1])
+            problems += unread
+            for node, text in sorted(texts.items()):
                 folder.mkdir(parents=True, exist_ok=True)
                 (folder / f"{node}.log").write_text(text)
                 files.append(f"disk/{node}.log")
-                blocks[node] = disks.parse_log(text)
+            problems += [f"the disk sampler of node {n} printed no sample after the run's window in "
+                         f"{DISK_LOG_WAIT_S:g} s" for n, b in sorted(blocks.items()) if b and b[-1].ts < window[1]]
         volumes = self._volumes(pods) if blocks and not problems else {}
         hint = (" (node-exporter's diskstats filter leaves partitions, loop and ram devices out; the sampler "
                 "DaemonSet, without node_exporter in the plan, does not)") if nodes_read is not None else ""
@@ -241,6 +238,36 @@ class Figures:
             self.once.say("disk guess", f"disk figures: the volume devices of {', '.join(result.guessed)} are a guess "
                           "(the busiest device of the node; the volume probe could not run, see disk/disk.json)")
         return result
+
+    def _sampler_logs(self, samplers: dict[str, str], launched: float, end: float
+                      ) -> tuple[dict[str, str], dict[str, list[disks.Block]], list[str]]:
+        """Each node's disk sampler log (node → its pod), read together, and read again every DISK_SAMPLE_S for
+        DISK_LOG_WAIT_S at most while it has samples but none after the window's ``end`` yet: pgbench's end is seen
+        at once, and the block after it can be a fraction of a second from the log (more on a loaded node); a
+        window without its closing block would be figured short. Returns the texts, their blocks and what could not
+        be read."""
+        texts: dict[str, str] = {}
+        blocks: dict[str, list[disks.Block]] = {}
+        problems: list[str] = []
+        waiting, deadline = sorted(samplers), now() + DISK_LOG_WAIT_S
+        while waiting:
+            since = max(1, math.ceil(now() - launched + DISK_LOG_MARGIN_S))
+            with ThreadPoolExecutor(len(waiting), thread_name_prefix="pglab-disk-log") as pool:  # together
+                logs = {node: pool.submit(self.orch.pod_log, samplers[node], since) for node in waiting}
+            for node, log in logs.items():
+                try:
+                    texts[node] = log.result()
+                except K8sError as exc:
+                    problems.append(str(exc))
+                    texts.pop(node, None)
+                    blocks.pop(node, None)
+                    continue
+                blocks[node] = disks.parse_log(texts[node])
+            waiting = [n for n in waiting if blocks.get(n) and blocks[n][-1].ts < end]
+            if not waiting or now() >= deadline:
+                break
+            interrupts.sleep(DISK_SAMPLE_S)
+        return texts, blocks, problems
 
     def _node_scrapes(self) -> NodeScrapes | None:
         """With ``node_exporter`` in the plan: a reader of the node-exporter pods on the instances' nodes for the
