@@ -527,3 +527,26 @@ def test_a_cluster_no_node_fits_fails_with_the_schedulers_reason_and_leaves_noth
         proc.stderr,
     ), proc.stderr[-2000:]
     namespace_gone(lab, ns, proc.stderr)
+
+
+# ------------------------------------------------------------------ the nodes' images
+def test_each_nodes_images_are_the_seeds_files_and_its_databases_its_own(lab: kubelab.KubeLab) -> None:
+    """Every node's containerd holds the images as hard links of the lab cache's seed (its blobs and unpacked layers,
+    which no containerd writes again), its databases as its own files: linked, one node's writes would be every
+    node's. (The lab's pods, on every node, run from these images: the other tests.)"""
+    seed = kubelab.seed_path(lab.images) / "root"
+    if os.stat(lab.root).st_dev != os.stat(seed.parent.parent).st_dev:  # no links across filesystems: imported
+        blobs = kubelab.node_root(lab.root, lab.nodes[0].name) / "var/containerd/io.containerd.content.v1.content"
+        assert all(f.stat().st_nlink == 1 for f in blobs.rglob("*") if f.is_file())
+        return
+    assert (seed.parent / ".complete").exists(), seed
+    blob = next((seed / "io.containerd.content.v1.content/blobs/sha256").iterdir())
+    layer = next(f for f in (seed / "io.containerd.snapshotter.v1.overlayfs/snapshots").rglob("*") if f.is_file())
+    databases = ["io.containerd.metadata.v1.bolt/meta.db", "io.containerd.snapshotter.v1.overlayfs/metadata.db"]
+    for node in lab.nodes:
+        root = kubelab.node_root(lab.root, node.name) / "var/containerd"
+        for shared in (blob, layer):
+            assert (root / shared.relative_to(seed)).stat().st_ino == shared.stat().st_ino, (node.name, shared)
+        for db in databases:
+            assert (root / db).stat().st_ino != (seed / db).stat().st_ino and (root / db).stat().st_nlink == 1, (
+                node.name, db)

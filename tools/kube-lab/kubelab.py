@@ -640,9 +640,10 @@ SEED_LINKED = ("io.containerd.content.v1.content/blobs", "io.containerd.snapshot
 
 
 def seed_path(images: Path) -> Path:
-    """The lab cache's seed for an images build: ``root/`` (a stopped containerd's root holding every image,
-    unpacked) and ``.complete``."""
-    return images.parent / f"seed-{images.name}"
+    """The lab cache's seed for an images build and this machine's containerd (whose databases' layout it is):
+    ``root/`` (a stopped containerd's root holding every image, unpacked) and ``.complete``."""
+    version = run("containerd", "--version").stdout.strip()
+    return images.parent / f"seed-{images.name}-{hashlib.sha256(version.encode()).hexdigest()[:8]}"
 
 
 def import_images(sock: Path, images: Path) -> subprocess.Popen[str]:
