@@ -70,18 +70,27 @@ def test_the_capacity_search_runs_its_probes_at_their_rates_in_the_cluster(lab: 
     events = store.conn.execute("SELECT detail FROM events WHERE kind = 'capacity'").fetchall()
     store.close()
     assert len(events) == 1, events
-    m = re.search(r": (\d+) tx/s \(below (\d+)\)", events[0][0] or "")
+    m = re.search(r": (\d+) tx/s(?: \(below (\d+)\))?, ", events[0][0] or "")
     assert m is not None, events
     held = {r.axes["rate"]: (r.metrics["latency_p99_ms"] or 1e9) <= 200 and (r.metrics.get("skipped_pct") or 0) <= 1
             for r in probes}
-    capacity, failing = float(m.group(1)), float(m.group(2))
-    # the answer is the highest rate that held and the bound the lowest that failed above it, below what the
-    # server can serve at all (how far below depends on the lab's network and load: 18 tx/s held, 36 failed once)
-    assert held[capacity] and not held[failing] and capacity == max(r for r, ok in held.items() if ok)
-    assert failing == min(r for r, ok in held.items() if not ok and r > capacity)
+    capacity = float(m.group(1))
     assert capacity < CLIENTS / SERVICE_S
-    assert failing - capacity <= failing * 0.10 or len(probes) + 1 == 6  # the precision, or max_probes spent
+    failing: float | None = None
+    if m.group(2) is None:
+        # The first probe, at the closed loop's own pace, held: no rate above it can be offered by these clients, so
+        # the search ends there. Seen once in CI, the machine loaded: the closed loop ran slow and its rate then held.
+        assert "the clients bound it" in events[0][0], events
+        assert [r.axes["rate"] for r in probes] == [capacity] == [float(round(top))] and held[capacity]
+    else:
+        failing = float(m.group(2))
+        # the answer is the highest rate that held and the bound the lowest that failed above it, below what the
+        # server can serve at all (how far below depends on the lab's network and load: 18 tx/s held, 36 failed once)
+        assert held[capacity] and not held[failing] and capacity == max(r for r, ok in held.items() if ok)
+        assert failing == min(r for r, ok in held.items() if not ok and r > capacity)
+        assert failing - capacity <= failing * 0.10 or len(probes) + 1 == 6  # the precision, or max_probes spent
 
     table = pglab("report", str(results), "--table", "capacity", "--format", "csv", check=True).stdout
     row = dict(zip(*(line.split(",") for line in table.splitlines()), strict=True))
-    assert (float(row["capacity_tps"]), float(row["failed_at_tps"])) == (capacity, failing)
+    assert (float(row["capacity_tps"]), float(row["failed_at_tps"]) if row["failed_at_tps"] else None) == (capacity,
+                                                                                                          failing)
