@@ -6,6 +6,8 @@ The lab itself is the session fixture ``lab`` in conftest.py: one lab for every 
 
 from __future__ import annotations
 
+import concurrent.futures
+import contextlib
 import gzip
 import json
 import math
@@ -17,8 +19,10 @@ import threading
 import time
 import urllib.parse
 import urllib.request
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar, TypeVar
 
 import numpy as np
 import pytest
@@ -30,6 +34,7 @@ from pglab.targets.local.ports import free_port
 sys.path.insert(0, str(REPO / "tools" / "kube-lab"))
 import kubelab
 
+T = TypeVar("T")
 NAMESPACE_GONE_S = 300  # a namespace's deletion waits for its pods and claims
 
 
@@ -244,6 +249,13 @@ NODE_EXPORTER_PORT = 9100  # on each node's own address
 BUILD_WAIT_S = 3600  # from nothing, on 2 cores shared with the tests: the object store ~15 min, then Prometheus ~15
 
 
+def built_already(name: str) -> bool:
+    """Whether the lab build ``name`` is there now: the lab cache's, or done beside the tests (not failed, not under
+    way), so that a test can start what needs it without waiting for a build from nothing."""
+    folder = os.environ.get("PGLAB_KUBE_LAB_BUILDING")
+    return not folder or (Path(folder) / f"{name}.path").exists()
+
+
 def built_beside(name: str) -> Path | None:
     """The folder of the lab build ``name`` (objectstore, prometheus) that ./setup.sh test runs beside the lab's first
     tests (it names the folder where each says it is done: PGLAB_KUBE_LAB_BUILDING), waited for; None when nothing
@@ -260,6 +272,34 @@ def built_beside(name: str) -> Path | None:
             pytest.fail(f"the lab's {name} build beside the tests {how}: {said}", pytrace=False)
         time.sleep(0.5)
     return Path(done.read_text().strip())
+
+
+class Beside:
+    """A sweep a test starts in a thread beside its own (its own namespace: as two teams share a cluster), ended
+    before that test ends, its outcome (a value or the failure) kept for the module that checks it, which runs the
+    sweep itself when nothing started it (run alone, say). A suite's track shorter by the sweep's length."""
+
+    done: ClassVar[dict[str, Future[Any]]] = {}
+
+    @classmethod
+    @contextlib.contextmanager
+    def running(cls, name: str, sweep: Callable[[], Any]) -> Iterator[None]:
+        """``sweep`` under way while the block runs, waited for at its end whatever happened in it; its failure is
+        raised where its outcome is taken, not here."""
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"beside-{name}") as pool:
+            future = pool.submit(sweep)
+            try:
+                yield
+            finally:
+                concurrent.futures.wait([future])
+                cls.done[name] = future
+
+    @classmethod
+    def take(cls, name: str, sweep: Callable[[], T]) -> T:
+        """The outcome of the sweep ``name`` that ran beside another test (its failure raised here), else
+        ``sweep()`` run now."""
+        future = cls.done.pop(name, None)
+        return future.result() if future is not None else sweep()
 
 
 def prometheus_build() -> Path:
@@ -356,7 +396,9 @@ class Prometheus:
                 p.wait()
 
 
-def namespace_gone(lab: kubelab.KubeLab, namespace: str, said: str = "") -> None:
+def namespace_gone(lab: kubelab.KubeLab, namespace: str, said: str = "", beside: tuple[str, ...] = ()) -> None:
+    """pglab left nothing: its namespace gone, no volume left, no Cluster anywhere; the namespaces ``beside``
+    (a sweep running beside this one) excepted."""
     deadline = time.monotonic() + NAMESPACE_GONE_S
     while time.monotonic() < deadline:
         proc = lab.kubectl("get", "namespace", namespace, check=False)
@@ -381,10 +423,18 @@ def namespace_gone(lab: kubelab.KubeLab, namespace: str, said: str = "") -> None
         )
     # the claims' volumes were released and removed too (the lab's provisioner deletes Released volumes)
     deadline = time.monotonic() + 60
-    while lab.kubectl("get", "pv", "-o", "name").stdout.strip() and time.monotonic() < deadline:
+    while _left(lab, "pv", beside) and time.monotonic() < deadline:
         time.sleep(1)
-    assert lab.kubectl("get", "pv", "-o", "name").stdout.strip() == ""
-    assert lab.kubectl("get", "clusters.postgresql.cnpg.io", "-A", "-o", "name").stdout.strip() == ""
+    assert _left(lab, "pv", beside) == []
+    assert _left(lab, "clusters.postgresql.cnpg.io", beside) == []
+
+
+def _left(lab: kubelab.KubeLab, kind: str, beside: tuple[str, ...]) -> list[str]:
+    """The objects of ``kind`` in the whole lab but those of the namespaces ``beside`` (a volume's: its claim's)."""
+    where = "{.spec.claimRef.namespace}" if kind == "pv" else "{.metadata.namespace}"
+    jsonpath = "jsonpath={range .items[*]}{.metadata.name} " + where + '{"\\n"}{end}'
+    rows = [line.split(" ", 1) for line in lab.kubectl("get", kind, "-A", "-o", jsonpath).stdout.splitlines()]
+    return [row[0] for row in rows if row[0] and row[1:] not in [[n] for n in beside]]
 
 
 def jobs(lab: kubelab.KubeLab, namespace: str) -> list[str]:

@@ -5,6 +5,11 @@ The same kinds of assertions as the local tests: figures against their oracles (
 kept as artifacts, fio's JSON, PostgreSQL's statistics, the device of the volumes as this machine's kernel names
 it), what the operator did (a CPU step's rolling update, a parameter in force, a failover, a switchover, a fenced
 standby), and nothing left in the cluster afterwards, also after Ctrl-C.
+
+Study 001's backup sweep (checked in tests/test_kube_lab_backup.py) runs beside the interrupted sweep, in its own
+namespace, as another team's would: that sweep's figures are each compared with their own oracles, never with
+another run's, and its Cluster and the backup's fit the database nodes together (at most 1.5 of 2 cores a node).
+The fault tests after it run alone: a drained or lost node would take the backup's instance with it.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,8 +31,12 @@ import numpy as np
 import pytest
 
 from conftest import pglab
+from kube_lab_backup_support import NS as BACKUP_NS
+from kube_lab_backup_support import backup_sweep
 from kube_lab_support import (
+    Beside,
     DiskStats,
+    built_already,
     jobs,
     kubelab,
     namespace_gone,
@@ -144,8 +154,24 @@ def collections_between(scrapes: list[tuple[float, float, float]], start: float,
     return last[2] - first[2]
 
 
+SWEEP_NS = "pglab-e2e-sweep"
+
+
+@pytest.fixture
+def backup_beside(lab: kubelab.KubeLab, tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Study 001's backup sweep under way while the test that asks for it runs, ended before that test ends; not
+    started while the object store is still being built (from nothing): tests/test_kube_lab_backup.py then runs it
+    later, as the builds allow, instead of this test waiting for them."""
+    if not built_already("objectstore"):
+        yield
+        return
+    with Beside.running("backup", lambda: backup_sweep(lab, tmp_path_factory.mktemp("backup"), (SWEEP_NS,))):
+        yield
+
+
+@pytest.mark.usefixtures("backup_beside")
 def test_a_sweep_interrupted_then_resumed_on_the_lab(lab: kubelab.KubeLab, tmp_path: Path) -> None:
-    ns = "pglab-e2e-sweep"
+    ns = SWEEP_NS
     plan = tmp_path / "plan.yaml"
     plan.write_text(plan_text(lab, "e2e", ns, SWEEP))
     results = tmp_path / "results"
@@ -183,7 +209,7 @@ def test_a_sweep_interrupted_then_resumed_on_the_lab(lab: kubelab.KubeLab, tmp_p
     idle.stop()
     assert proc.returncode == 130, (out, err)
     assert "Traceback" not in err
-    namespace_gone(lab, ns, err)
+    namespace_gone(lab, ns, err, (BACKUP_NS,))
     store = Store.open(results, create=False)
     assert [(r.axes["cpus"], r.axes["parameters.work_mem"], r.status) for r in store.runs()] == [
         (0.25, "4MB", "ok"), (0.25, "8MB", "interrupted")]
@@ -195,7 +221,7 @@ def test_a_sweep_interrupted_then_resumed_on_the_lab(lab: kubelab.KubeLab, tmp_p
     finally:
         oracle.stop()
     assert again.returncode == 0, again.stdout + again.stderr
-    namespace_gone(lab, ns, again.stderr)
+    namespace_gone(lab, ns, again.stderr, (BACKUP_NS,))
 
     store = Store.open(results, create=False)
     sweep = store.sweeps()[-1]

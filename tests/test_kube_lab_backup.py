@@ -1,5 +1,5 @@
 """Continuous WAL archiving and a base backup under load on the multi-node lab (issue 28): the lab's object store
-(versitygw) and CloudNativePG's Barman Cloud plugin started for this module (``kubelab.py objectstore``), one
+(versitygw) and CloudNativePG's Barman Cloud plugin started for it (``kubelab.py objectstore``), one
 pglab sweep whose Cluster archives WAL through the plugin and whose run takes a ``Backup`` (method plugin) 5 s into
 the load. Its figures are checked against readings taken here without pglab: versitygw's own data folder on the
 system node's disk (the objects and bytes of the backup and of the WAL archive, as the server stores them), and the
@@ -12,24 +12,21 @@ The plan is study 001's backup half, examples/study-backup-under-load.yaml, as w
 short for the CI track that runs beside the whole suite: one 1-instance Cluster on a database node. The table the
 study published, TPS before / during / after the backup with its seconds and MB/s (pglab report --table scenarios),
 is checked against the run's stored figures.
+
+The sweep and its readings are tests/kube_lab_backup_support.py's. In the test command the sweep runs beside the
+interrupted sweep of tests/test_kube_lab.py (its own namespace, as another team's), and this module checks what it
+left; run alone, this module runs it first.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
-import threading
-import time
-import uuid
-from collections.abc import Iterator
-from dataclasses import dataclass, field
-from pathlib import Path
 
 import pytest
-import yaml
 
-from conftest import REPO, pglab
-from kube_lab_support import built_beside, kubelab, namespace_gone, study_plan
+from conftest import pglab
+from kube_lab_backup_support import Sweep, backup_sweep
+from kube_lab_support import Beside, kubelab
 from pglab.scenarios.witness import ACKED, parse_lsn
 from pglab.store.sqlite import Store
 from pglab.targets.kubernetes.restore import RESTORE_MARK
@@ -37,102 +34,11 @@ from pglab.targets.kubernetes.scenario import parse_witness_log
 
 pytestmark = pytest.mark.kube_lab
 
-STUDY = "study-backup-under-load.yaml"
-EXAMPLE = yaml.safe_load((REPO / "examples" / STUDY).read_text())
-NS, NAME = EXAMPLE["target"]["kubernetes"]["namespace"], EXAMPLE["target"]["kubernetes"]["cluster_name"]
-
-
-def backup_plan(lab: kubelab.KubeLab, destination: str) -> str:
-    """Study 001's backup plan at its smallest, archiving to ``destination`` of the lab's object store (the example's
-    endpoint and credentials are the lab's: tests/test_study_examples.py), on the lab's PostgreSQL image."""
-    assert EXAMPLE["target"]["kubernetes"]["image"] == lab.image_names["postgresql"]
-    return study_plan(STUDY, lab.kubeconfig, destination=destination)
-
-
-def store_data(lab: kubelab.KubeLab) -> Path:
-    """versitygw's data folder (an emptyDir, its posix backend's root) on the system node's disk, as the kubelet made
-    it."""
-    pod = lab.kubectl("-n", kubelab.OBJECTSTORE_NS, "get", "pod", "-l", "app=versitygw", "-o",
-                      "jsonpath={.items[0].metadata.uid} {.items[0].spec.nodeName}").stdout.split()
-    uid, node = pod
-    path = kubelab.node_root(lab.root, node) / "var/kubelet/pods" / uid / "volumes/kubernetes.io~empty-dir/data"
-    assert path.is_dir(), path
-    return path
-
-
-def objects(folder: Path) -> dict[str, int]:
-    """The objects versitygw stores under a prefix folder, read from its posix backend's layout: the bucket is a
-    top-level folder, an object the file at its key's path (a multipart upload's parts joined into it once
-    complete; its metadata in the file's xattrs). Key → its bytes."""
-    return {str(f.relative_to(folder)): f.stat().st_size for f in folder.rglob("*") if f.is_file()}
-
-
-@dataclass
-class ArchiverReads:
-    """pg_stat_archiver read with psql in the primary pod every 2 s while pglab runs: the oracle of the archived and
-    failed counts."""
-
-    lab: kubelab.KubeLab
-    rows: list[tuple[float, int, int]] = field(default_factory=list)
-    halt: threading.Event = field(default_factory=threading.Event)
-    completed: float | None = None  # when this thread's first read of the Backup's phase as completed returned
-    pending: float | None = None  # when its last read that found the Backup not completed (or absent) began
-
-    def run(self) -> None:
-        while not self.halt.wait(1):
-            if self.completed is None:
-                asked = time.time()
-                phase = self.lab.kubectl("-n", NS, "get", "backups", "-o", "jsonpath={.items[*].status.phase}",
-                                         check=False, timeout=20).stdout.strip()
-                if phase == "completed":
-                    self.completed = time.time()
-                else:
-                    self.pending = asked
-            proc = self.lab.kubectl("-n", NS, "exec", f"{NAME}-1", "-c", "postgres", "--", "psql", "-tAq", "-d",
-                                    "postgres", "-c", "SELECT archived_count, failed_count FROM pg_stat_archiver",
-                                    check=False, timeout=20)
-            with contextlib.suppress(ValueError):
-                archived, failed = (int(v) for v in proc.stdout.strip().split("|"))
-                self.rows.append((time.time(), archived, failed))
-
-
-@dataclass
-class Sweep:
-    results: Path
-    destination: str
-    listing: dict[str, int]  # the object store's objects under the destination after the run, key → bytes
-    archiver: ArchiverReads
-    seconds: float
-
 
 @pytest.fixture(scope="module")
-def sweep(lab: kubelab.KubeLab, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sweep]:
-    tmp = tmp_path_factory.mktemp("backup")
-    build = built_beside("objectstore")  # from nothing, ./setup.sh test builds it beside the lab's first tests
-    t0 = time.monotonic()
-    timings = lab.objectstore(build)
-    print(f"kube-lab: object store and plugin {timings}")
-    prefix = f"{NAME}-{uuid.uuid4().hex[:8]}"  # an empty path: barman refuses to archive over another server's WAL
-    plan = tmp / "plan.yaml"
-    plan.write_text(backup_plan(lab, f"s3://pglab/{prefix}"))
-    results = tmp / "results"
-    reads = ArchiverReads(lab)
-    reader = threading.Thread(target=reads.run, daemon=True)
-    reader.start()
-    try:
-        proc = pglab("run", str(plan), "--results", str(results), timeout=1200)
-    finally:
-        reads.halt.set()
-        reader.join()
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    # the preflight found the real plugin where the operator looks for it, and the Secret the plan names
-    assert (f"ok    Barman Cloud plugin: Service cnpg-system/barman-cloud; Secret {kubelab.OBJECTSTORE_NS}/"
-            f"{kubelab.OBJECTSTORE_SECRET} present") in proc.stderr.splitlines(), proc.stderr[:3000]
-    listing = objects(store_data(lab) / "pglab" / prefix / NAME)
-    namespace_gone(lab, NS, proc.stderr)
-    seconds = time.monotonic() - t0
-    print(f"backup test: the sweep {seconds:.0f} s")
-    yield Sweep(results, prefix, listing, reads, seconds)
+def sweep(lab: kubelab.KubeLab, tmp_path_factory: pytest.TempPathFactory) -> Sweep:
+    """The sweep the interrupted sweep's test ran beside its own (tests/test_kube_lab.py), else run here."""
+    return Beside.take("backup", lambda: backup_sweep(lab, tmp_path_factory.mktemp("backup")))
 
 
 def test_a_backup_under_load_completes_and_its_size_is_the_object_stores(sweep: Sweep) -> None:
