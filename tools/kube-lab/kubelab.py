@@ -548,7 +548,7 @@ state = "{r}/run/containerd"
             _kill([pid] if pid else [], signal.SIGTERM, 30)
             _kill([pid] if pid and start_time(pid) else [], signal.SIGKILL, 5)
         self.timings["image_seed_s"] = time.monotonic() - t0
-        return publish_seed(made / "root", self.images)
+        return publish_seed(made / "root", cached)
 
     def _spawn(self, name: str, *cmd: str | Path) -> None:
         _spawn(self.root, name, [str(c) for c in cmd], {}, None)
@@ -667,10 +667,9 @@ def link_seed(seed: Path, dest: Path) -> None:
             run("cp", "-al", seed / part, dest / part, timeout=300)
 
 
-def publish_seed(made: Path, images: Path) -> Path:
-    """The seed made in a lab's folder moved into the lab cache (a rename: the same filesystem), complete or not
-    there at all; the folder it is in now."""
-    final = seed_path(images)
+def publish_seed(made: Path, final: Path) -> Path:
+    """The seed made in a lab's folder moved into the lab cache at ``final`` (its ``seed_path``: a rename, the same
+    filesystem), complete or not there at all; the folder it is in now."""
     for stale in final.parent.glob(f"{final.name}.tmp-*"):  # a publish interrupted between its two renames
         shutil.rmtree(stale, ignore_errors=True)
     tmp = final.parent / f"{final.name}.tmp-{os.getpid()}"
