@@ -8,6 +8,7 @@ a cluster is: the snapshot rules (clean stop, which WAL to keep, atomic swaps) a
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import errno
 import fcntl
 import os
@@ -30,6 +31,10 @@ from pglab.targets.local.dataset.errors import SnapshotError
 FICLONE = 0x40049409  # _IOW(0x94, 9, int): clone a whole file (btrfs, XFS with reflink=1, bcachefs, OCFS2)
 _COPY_THREADS = 4  # copies overlap the kernel's writeback; more threads than that only add seeks
 _UNSUPPORTED = {errno.EOPNOTSUPP, errno.ENOTTY, errno.EXDEV, errno.EINVAL, errno.ENOSYS, errno.EBADF}
+_SYNC_FILE_RANGE = getattr(ctypes.CDLL(None, use_errno=True), "sync_file_range", None)  # Linux, glibc and musl
+if _SYNC_FILE_RANGE is not None:
+    _SYNC_FILE_RANGE.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+_SYNC_FILE_RANGE_WRITE = 2  # <linux/fs.h>: start writing the range's dirty pages back, do not wait
 
 
 # ------------------------------------------------------------------ durability and state
@@ -81,6 +86,16 @@ def _all(fn: Callable[..., None], jobs: list[tuple[Any, ...]]) -> None:
             for f in futures:
                 f.cancel()
             raise
+
+
+def _start_writeback(fd: int) -> None:
+    """Ask the kernel to start writing ``fd``'s dirty pages now, without waiting (``sync_file_range`` with
+    SYNC_FILE_RANGE_WRITE, as PostgreSQL's ``initdb --sync-only`` does before its fsyncs). Why: a copy's pages then
+    go to the disk while the next files are copied, and the fsyncs at the end mostly find them written (restoring
+    the cached dataset: build 0.46 s shorter, docs/benchmarks.md). A hint only: where the call is missing or
+    refused, the fsync writes them all as before."""
+    if _SYNC_FILE_RANGE is not None:
+        _SYNC_FILE_RANGE(fd, 0, 0, _SYNC_FILE_RANGE_WRITE)
 
 
 def _fsync_path(path: Path) -> None:
@@ -178,6 +193,8 @@ class _Copier:
             fout = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
             try:
                 how = self._copy_data(fin, fout, st.st_size)
+                if self.durable and how != "reflink":
+                    _start_writeback(fout)
                 os.fchown(fout, st.st_uid, st.st_gid)
                 os.fchmod(fout, stat.S_IMODE(st.st_mode))
                 os.utime(fout, ns=(st.st_atime_ns, st.st_mtime_ns))
