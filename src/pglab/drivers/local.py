@@ -70,6 +70,7 @@ class ProcessDriver(Generic[TopologyT]):
         self._logs_dir = self.results_dir / "server-logs"
         self._endpoints: Endpoints | None = None
         self._info: SweepInfo | None = None
+        self._untouched = False  # only runs that change no row since the last full reset (LocalRun.reset)
 
     # ------------------------------------------------------------ the sweep's steps
     def preflight(self) -> None:
@@ -149,8 +150,10 @@ class ProcessDriver(Generic[TopologyT]):
     def parameters(self, point: Point) -> dict[str, Any]:
         return {**self.plan.postgres.parameters, **point.parameters, "synchronous_commit": point.synchronous_commit}
 
-    def prepare_dataset(self, target: Target, endpoints: Endpoints, run_dir: Path) -> None:
-        """Put the dataset back as the plan's ``dataset.reset`` says, and wait for the standbys to catch up."""
+    def prepare_dataset(self, target: Target, endpoints: Endpoints, run_dir: Path, untouched: bool = False) -> None:
+        """Put the dataset back as the plan's ``dataset.reset`` says, and wait for the standbys to catch up.
+        ``untouched``: only runs that change no row ran on this lab since its last full reset (the vacuum reset is
+        then its CHECKPOINT alone; a server pglab does not own may have had other writers)."""
         ds = self.plan.dataset
         if target.read_only:  # a server pglab may not write to: the dataset is used as it is
             return
@@ -163,7 +166,7 @@ class ProcessDriver(Generic[TopologyT]):
             # standbys that do not answer stop the sweep here, not in a COMMIT
             _wait_replay(conn, names, self.ui.log, stall_s)
             if ds.reset == "vacuum":  # in the same session: the reset restarts no server
-                pgbench.reset_for_run(conn)
+                pgbench.reset_for_run(conn, untouched=untouched and not isinstance(target, ExternalServer))
                 _wait_replay(conn, names, self.ui.log, stall_s)
                 return
         if ds.reset == "reinit":
@@ -340,8 +343,11 @@ class LocalRun(MeasuredRun):
             write_json(self.run_dir / "network.json", links)
 
     def reset(self) -> None:
-        self.d.prepare_dataset(self.target, self.ep, self.run_dir)
-        self.d._events += self.target.take_events()  # a snapshot reset's own
+        d = self.d
+        untouched, d._untouched = d._untouched, False  # a reset that fails leaves the dataset's state unknown
+        d.prepare_dataset(self.target, self.ep, self.run_dir, untouched)
+        d._untouched = self.point.reads_only  # this run, whatever its end, leaves the dataset as reset if it reads
+        d._events += self.target.take_events()  # a snapshot reset's own
 
     def start_probes(self) -> None:
         """The settings read, the probes opened and pg_stat_statements found, side by side: each is mostly its own

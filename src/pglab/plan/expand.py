@@ -54,6 +54,15 @@ class Point:
         return out
 
     @property
+    def reads_only(self) -> bool:
+        """Whether this point's runs change no row: pgbench's built-in select-only is all they run (a script file
+        may write), and no fault or operation runs beside them (one may)."""
+        scripts = ([self.workload] if isinstance(self.workload, str)
+                   else [s.builtin for s in self.workload.scripts])
+        return (self.arrangement is None and self.scenario is None
+                and all(name == "select-only" for name in scripts))
+
+    @property
     def key(self) -> str:
         """Stable identity of the point across reruns of the same plan (used to resume)."""
         blob = json.dumps(self.axes, sort_keys=True, default=str)
