@@ -52,7 +52,7 @@ postgres:
     max_wal_size: 1GB
 dataset: {{scale: {scale}}}
 matrix:
-  workload: [tpcb-like]
+  workload: [{workload}]
   clients: [1, 4, 8]
 run:
   duration: {duration}s
@@ -117,6 +117,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--duration", type=float, default=30.0, help="measured seconds per run (default 30)")
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--scale", type=int, default=10)
+    ap.add_argument("--workload", default="tpcb-like", choices=["tpcb-like", "select-only", "simple-update"],
+                    help="the generated plan's workload (default tpcb-like)")
     ap.add_argument("--rounds", type=int, default=1, help="sweeps per tree, the trees taking turns")
     ap.add_argument("--plan", type=Path, help="run this plan file instead of the generated one")
     ap.add_argument("--python", default=sys.executable)
@@ -128,7 +130,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.plan is not None:
         plan = args.plan.resolve()
     else:
-        plan.write_text(PLAN.format(scale=args.scale, duration=f"{args.duration:g}", repeats=args.repeats))
+        plan.write_text(PLAN.format(scale=args.scale, duration=f"{args.duration:g}", repeats=args.repeats,
+                                     workload=args.workload))
     out: dict[str, list[dict[str, Any]]] = {name: [] for name in trees}
     for r in range(args.rounds):
         order = list(trees) if r % 2 == 0 else list(reversed(trees))
